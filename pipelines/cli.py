@@ -1,0 +1,123 @@
+"""sessionctl: the operator CLI. Expected errors are one line on stderr and a non-zero exit."""
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from dataclasses import asdict
+
+from pipelines.config import ConfigError, SessionsConfig
+from state_store.checkpoint import LifecycleError
+
+
+def _print(obj) -> None:
+    print(json.dumps(obj, default=str))
+
+
+def cmd_catch_up(config, args):
+    from pipelines.job import catch_up
+
+    _print(asdict(catch_up(config)))
+
+
+def cmd_run(config, args):
+    from pipelines.job import run_continuously
+
+    def progress(summary, sink):
+        print(f"batches={summary.batches} input_rows={summary.input_rows} "
+              f"sessions_written={sink.sessions_written} quarantined={sink.quarantined}", flush=True)
+
+    print("running; Ctrl-C stops cleanly", file=sys.stderr, flush=True)
+    _print(asdict(run_continuously(config, poll_seconds=args.poll_seconds, on_progress=progress)))
+
+
+def cmd_status(config, args):
+    from pipelines.job import status
+
+    report = status(config, with_state=not args.no_state)
+    if args.json:
+        _print(report)
+    else:
+        for key, value in report.items():
+            print(f"{key:>22}: {value}")
+
+
+def cmd_savepoint(config, args):
+    from state_store.lifecycle import take_savepoint
+
+    _print(take_savepoint(config, trigger="manual"))
+
+
+def cmd_savepoints(config, args):
+    from state_store.savepoints import list_savepoints
+
+    _print(list_savepoints(config.savepoint_uri))
+
+
+def cmd_restore(config, args):
+    from state_store.lifecycle import restore
+
+    _print(restore(config, args.savepoint, partitions=args.partitions, migrate=args.migrate))
+
+
+def cmd_rescale(config, args):
+    from state_store.lifecycle import rescale
+
+    _print(rescale(config, args.partitions))
+
+
+def cmd_compact(config, args):
+    from state_store.maintenance import compact
+
+    _print(compact(config, keep_last=args.keep_last, keep_daily_days=args.keep_daily_days, dry_run=args.dry_run))
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="sessionctl", description=__doc__)
+    sub = parser.add_subparsers(dest="command", required=True)
+    sub.add_parser("catch-up", help="process everything in landing, then stop").set_defaults(fn=cmd_catch_up)
+    run = sub.add_parser("run", help="process continuously until interrupted")
+    run.add_argument("--poll-seconds", type=float, default=5.0)
+    run.set_defaults(fn=cmd_run)
+    st = sub.add_parser("status", help="provider, partitions, last batch, state keys and bytes, watermark")
+    st.add_argument("--json", action="store_true")
+    st.add_argument("--no-state", action="store_true", help="skip reading the state (no Spark)")
+    st.set_defaults(fn=cmd_status)
+    sp = sub.add_parser("savepoint", help="savepoint of the stopped job at its last committed batch")
+    sp.add_argument("--json", action="store_true")
+    sp.set_defaults(fn=cmd_savepoint)
+    sps = sub.add_parser("savepoints", help="the savepoint catalog, newest first")
+    sps.add_argument("--json", action="store_true")
+    sps.set_defaults(fn=cmd_savepoints)
+    rs = sub.add_parser("restore", help="put state, source position and outputs back to a savepoint")
+    rs.add_argument("--savepoint", required=True, help="savepoint id or 'latest'")
+    rs.add_argument("--partitions", type=int, default=None)
+    rs.add_argument("--migrate", action="store_true", help="accept a savepoint made with other gap/lateness settings")
+    rs.set_defaults(fn=cmd_restore)
+    rc = sub.add_parser("rescale", help="change the state partitions of the stopped job")
+    rc.add_argument("--partitions", type=int, required=True)
+    rc.set_defaults(fn=cmd_rescale)
+    cp = sub.add_parser("compact", help="compaction and retention")
+    cp.add_argument("--keep-last", type=int, default=5)
+    cp.add_argument("--keep-daily-days", type=int, default=7)
+    cp.add_argument("--dry-run", action="store_true")
+    cp.set_defaults(fn=cmd_compact)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    try:
+        config = SessionsConfig.from_env()
+        args.fn(config, args)
+        return 0
+    except (LifecycleError, ConfigError) as error:
+        print(f"sessionctl {args.command}: {error}", file=sys.stderr)
+        return 1
+    except KeyboardInterrupt:
+        print(f"sessionctl {args.command}: interrupted", file=sys.stderr)
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,231 @@
+"""The session-tracking job: ingest, the streaming query, and its operator commands."""
+from __future__ import annotations
+
+import fcntl
+import os
+import sys
+import threading
+import time
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from pipelines.config import SessionsConfig
+from pipelines.ingest import ingest
+from pipelines.tables import QUARANTINE_SCHEMA, SESSIONS_SCHEMA, MicroBatchSink, ensure_table, table_rows
+from state_store.checkpoint import (
+    PROVIDER_CLASSES, JobMetadata, LifecycleError, directory_size, inspect_checkpoint,
+    read_job_metadata, write_job_metadata,
+)
+
+
+def spark_conf(config: SessionsConfig) -> dict[str, str]:
+    """Spark settings for the job; shared by the CLI's session and Dagster's PySparkResource."""
+    return {
+        "spark.master": os.environ.get("SESSIONS_SPARK_MASTER", "local[2]"),
+        "spark.app.name": "sessions",
+        "spark.sql.session.timeZone": "UTC",
+        "spark.sql.shuffle.partitions": str(config.state_partitions),
+        "spark.sql.streaming.stateStore.providerClass": PROVIDER_CLASSES[config.state_store],
+        "spark.sql.execution.arrow.pyspark.enabled": "true",
+        "spark.ui.enabled": os.environ.get("SESSIONS_SPARK_UI", "false"),
+        "spark.driver.memory": os.environ.get("SESSIONS_SPARK_DRIVER_MEMORY", "4g"),
+        "spark.sql.streaming.stopTimeout": "60000",
+    }
+
+
+def get_spark(config: SessionsConfig):
+    os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
+    os.environ.setdefault("PYSPARK_DRIVER_PYTHON", sys.executable)
+    from pyspark.sql import SparkSession
+
+    builder = SparkSession.builder
+    for key, value in spark_conf(config).items():
+        builder = builder.config(key, value)
+    spark = builder.getOrCreate()
+    spark.sparkContext.setLogLevel("ERROR")
+    return spark
+
+
+def _prepare_session(spark, config: SessionsConfig) -> None:
+    from pipelines.source import RawEventsSource
+
+    # SQL confs are read when a query starts; an existing checkpoint's own values still win.
+    spark.conf.set("spark.sql.shuffle.partitions", str(config.state_partitions))
+    spark.conf.set("spark.sql.streaming.stateStore.providerClass", PROVIDER_CLASSES[config.state_store])
+    spark.conf.set("spark.sql.session.timeZone", "UTC")
+    spark.dataSource.register(RawEventsSource)
+
+
+@contextmanager
+def job_lock(config: SessionsConfig, what: str):
+    """One process at a time may run the job or a lifecycle operation on it (CLI and Dagster alike)."""
+    config.lock_dir.mkdir(parents=True, exist_ok=True)
+    path = config.lock_dir / "job.lock"
+    handle = open(path, "a+")
+    try:
+        fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        handle.seek(0)
+        holder = handle.read().strip() or "another process"
+        handle.close()
+        raise LifecycleError(f"the job is busy: {holder} holds {path}; stop it first") from None
+    handle.seek(0)
+    handle.truncate()
+    handle.write(f"{what} (pid {os.getpid()})")
+    handle.flush()
+    try:
+        yield
+    finally:
+        handle.seek(0)
+        handle.truncate()
+        fcntl.flock(handle, fcntl.LOCK_UN)
+        handle.close()
+
+
+def ensure_tables(config: SessionsConfig) -> None:
+    config.warehouse.mkdir(parents=True, exist_ok=True)
+    ensure_table(config.sessions_table, SESSIONS_SCHEMA)
+    ensure_table(config.quarantine_table, QUARANTINE_SCHEMA)
+
+
+def checkpoint_metadata(config: SessionsConfig) -> JobMetadata:
+    """The checkpoint's job metadata, created for a new checkpoint; refuses settings that do not fit."""
+    meta = read_job_metadata(config.checkpoint)
+    if meta is None:
+        if table_rows(config.sessions_table) > 0:
+            raise LifecycleError(
+                f"no checkpoint at {config.checkpoint} but the sessions table already has rows: "
+                "restore one with `sessionctl restore --savepoint latest` (a fresh start would write them again)")
+        meta = JobMetadata.new(config.gap_ms, config.lateness_ms, config.state_buckets)
+        write_job_metadata(config.checkpoint, meta)
+        return meta
+    if (meta.gap_ms, meta.lateness_ms, meta.buckets) != (config.gap_ms, config.lateness_ms, config.state_buckets):
+        raise LifecycleError(
+            f"the checkpoint was made with gap {meta.gap_ms // 60000} min, lateness {meta.lateness_ms // 60000} min, "
+            f"{meta.buckets} buckets; the settings say gap {config.gap_minutes}, lateness {config.lateness_minutes}, "
+            f"{config.state_buckets} buckets: restore a savepoint with --migrate to change them")
+    return meta
+
+
+def start_query(spark, config: SessionsConfig, meta: JobMetadata, trigger: dict):
+    from pipelines.operator import sessionize
+    from pipelines.source import BOOTSTRAP_FILE, SOURCE_NAME
+
+    _prepare_session(spark, config)
+    reader = (spark.readStream.format(SOURCE_NAME)
+              .option("path", config.raw_events_table)
+              .option("bootstrap", str(config.checkpoint / BOOTSTRAP_FILE)))
+    if config.max_versions_per_batch:
+        reader = reader.option("maxVersionsPerTrigger", str(config.max_versions_per_batch))
+    output = sessionize(reader.load(), meta.gap_ms, meta.lateness_ms, meta.buckets)
+    sink = MicroBatchSink(config.sessions_table, config.quarantine_table, meta.incarnation)
+    query = (output.writeStream.queryName("sessions")
+             .option("checkpointLocation", str(config.checkpoint))
+             .trigger(**trigger)
+             .foreachBatch(sink)
+             .start())
+    return query, sink
+
+
+@dataclass
+class RunSummary:
+    ingested_files: int = 0
+    ingested_rows: int = 0
+    rejected_lines: int = 0
+    batches: int = 0
+    input_rows: int = 0
+    sessions_written: int = 0
+    quarantined: int = 0
+    last_committed_batch: int | None = None
+    seconds: float = 0.0
+    extra: dict = field(default_factory=dict)
+
+
+def _absorb_progress(query, summary: RunSummary, seen: set) -> None:
+    for progress in query.recentProgress:
+        if progress.batchId in seen:
+            continue
+        seen.add(progress.batchId)
+        summary.batches += 1
+        summary.input_rows += int(progress.numInputRows)
+
+
+def catch_up(config: SessionsConfig, spark=None) -> RunSummary:
+    """Ingest everything landed, process it all (trigger availableNow), stop."""
+    started = time.monotonic()
+    with job_lock(config, "catch-up"):
+        result = ingest(config)
+        ensure_tables(config)
+        meta = checkpoint_metadata(config)
+        spark = spark or get_spark(config)
+        query, sink = start_query(spark, config, meta, {"availableNow": True})
+        query.awaitTermination()
+        summary = RunSummary(result.files, result.rows, result.rejected)
+        _absorb_progress(query, summary, set())
+        summary.sessions_written, summary.quarantined = sink.sessions_written, sink.quarantined
+        summary.last_committed_batch = inspect_checkpoint(config.checkpoint).last_committed_batch
+        summary.seconds = round(time.monotonic() - started, 3)
+        return summary
+
+
+def run_continuously(config: SessionsConfig, spark=None, stop: threading.Event | None = None,
+                     poll_seconds: float = 5.0, on_progress=None) -> RunSummary:
+    """Ingest and process until `stop` is set (or KeyboardInterrupt), then stop the query cleanly."""
+    stop = stop or threading.Event()
+    started = time.monotonic()
+    with job_lock(config, "run"):
+        ensure_tables(config)
+        meta = checkpoint_metadata(config)
+        spark = spark or get_spark(config)
+        summary = RunSummary()
+        result = ingest(config)
+        query, sink = start_query(spark, config, meta, {"processingTime": f"{poll_seconds} seconds"})
+        seen: set = set()
+        try:
+            while not stop.is_set() and query.isActive:
+                result = ingest(config)
+                summary.ingested_files += result.files
+                summary.ingested_rows += result.rows
+                summary.rejected_lines += result.rejected
+                before = summary.batches
+                _absorb_progress(query, summary, seen)
+                if on_progress and summary.batches != before:
+                    on_progress(summary, sink)
+                stop.wait(poll_seconds)
+        except KeyboardInterrupt:
+            pass
+        finally:
+            query.stop()
+        if query.exception():
+            raise RuntimeError(f"the streaming query failed: {query.exception()}")
+        _absorb_progress(query, summary, seen)
+        summary.sessions_written, summary.quarantined = sink.sessions_written, sink.quarantined
+        summary.last_committed_batch = inspect_checkpoint(config.checkpoint).last_committed_batch
+        summary.seconds = round(time.monotonic() - started, 3)
+        return summary
+
+
+def status(config: SessionsConfig, spark=None, with_state: bool = True) -> dict:
+    """What the job holds now: provider, partitions, last batch, state keys and bytes, watermark."""
+    info = inspect_checkpoint(config.checkpoint)
+    files, size = directory_size(config.checkpoint / "state")
+    report = {
+        "checkpoint": info.path,
+        "provider": info.provider or config.state_store,
+        "partitions": info.partitions or config.state_partitions,
+        "last_committed_batch": info.last_committed_batch,
+        "watermark_ms": info.next_watermark_ms if info.next_watermark_ms is not None else info.batch_watermark_ms,
+        "source_offset": info.source_offset,
+        "state_files": files,
+        "state_bytes": size,
+        "sessions_rows": table_rows(config.sessions_table),
+        "quarantine_rows": table_rows(config.quarantine_table),
+    }
+    if with_state and info.last_committed_batch is not None:
+        from state_store.state import state_summary
+
+        report.update(state_summary(spark or get_spark(config), config.checkpoint))
+    else:
+        report.update({"state_keys": 0, "open_events": 0, "state_buckets": 0})
+    return report

@@ -1,0 +1,160 @@
+"""A streaming source over the raw_events Delta table, built on Spark 4's Python Data Source API.
+
+Offsets are `{"seq": N, "boot": bool, "settled": bool}`: N is the raw table's ingest sequence number; rows with
+ingest_seq in (start, end] make a micro-batch. A checkpoint made by a restore starts with
+`boot: false`: its first micro-batch carries only the savepoint's state rows and one watermark marker
+(origin "state"/"marker"), so the operator loads state at the savepoint's watermark before any event
+is judged late or on time. Events after the savepoint's source position follow from the next batch on.
+"""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from pyspark.sql.datasource import DataSource, DataSourceStreamReader, InputPartition
+from pyspark.sql.streaming.datasource import ReadAllAvailable, ReadMaxFiles, SupportsTriggerAvailableNow
+
+SOURCE_NAME = "sessions_raw"
+SOURCE_SCHEMA = (
+    "event_id string, user_id string, event_time timestamp, event_type string, page string, "
+    "source_file string, line_no long, ingest_seq long, reject_reason string, raw string, origin string"
+)
+BOOTSTRAP_FILE = "_bootstrap.json"  # written into a fresh checkpoint by a restore
+
+
+class _Range(InputPartition):
+    def __init__(self, kind: str, target: str, low: int = 0, high: int = 0):
+        super().__init__(kind)
+        self.kind, self.target, self.low, self.high = kind, target, low, high
+
+
+def _arrow_schema():
+    import pyarrow as pa
+
+    types = {"string": pa.string(), "long": pa.int64(), "timestamp": pa.timestamp("us", tz="UTC")}
+    return pa.schema([(name, types[kind]) for name, kind in
+                      (field.strip().split(" ") for field in SOURCE_SCHEMA.split(","))])
+
+
+def _with_origin(batch, origin: str):
+    """Conform a batch to the source schema: missing columns become nulls, origin is set."""
+    import pyarrow as pa
+
+    schema = _arrow_schema()
+    arrays = []
+    for field in schema:
+        if field.name == "origin":
+            arrays.append(pa.array([origin] * batch.num_rows, pa.string()))
+        elif field.name in batch.schema.names:
+            arrays.append(batch.column(field.name).cast(field.type))
+        else:
+            arrays.append(pa.nulls(batch.num_rows, field.type))
+    return pa.RecordBatch.from_arrays(arrays, schema=schema)
+
+
+class RawEventsStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
+    def __init__(self, options: dict):
+        self.table = options["path"]
+        self.bootstrap_file = options.get("bootstrap")
+        max_versions = options.get("maxVersionsPerTrigger")
+        self.max_versions = int(max_versions) if max_versions else None
+        self.target_seq: int | None = None  # set by Trigger.AvailableNow
+
+    def _bootstrap(self) -> dict | None:
+        if self.bootstrap_file and Path(self.bootstrap_file).exists():
+            return json.loads(Path(self.bootstrap_file).read_text())
+        return None
+
+    def _latest_seq(self) -> int:
+        from pipelines.ingest import latest_ingest_seq
+
+        return latest_ingest_seq(self.table)[0]
+
+    def initialOffset(self) -> dict:
+        boot = self._bootstrap()
+        if boot is not None:
+            return {"seq": int(boot["source_seq"]), "boot": False, "settled": True}
+        return {"seq": 0, "boot": True, "settled": True}
+
+    def prepareForTriggerAvailableNow(self) -> None:
+        self.target_seq = self._latest_seq()
+
+    def getDefaultReadLimit(self):
+        return ReadMaxFiles(self.max_versions) if self.max_versions else ReadAllAvailable()
+
+    def latestOffset(self, start: dict, limit) -> dict:
+        if not start["boot"]:
+            return {"seq": start["seq"], "boot": True, "settled": False}  # the state-only batch
+        latest = self._latest_seq()
+        if self.target_seq is not None:
+            latest = min(latest, self.target_seq)
+        if isinstance(limit, ReadMaxFiles):
+            latest = min(latest, start["seq"] + limit.max_files)
+        if latest > start["seq"]:
+            return {"seq": latest, "boot": True, "settled": False}
+        if not start.get("settled", True):
+            # One empty batch after data: it runs with the watermark the data advanced, so sessions
+            # it closes are written now, not when the next event happens to arrive.
+            return {"seq": start["seq"], "boot": True, "settled": True}
+        return start
+
+    def partitions(self, start: dict, end: dict):
+        if not start["boot"] and end["boot"]:
+            boot = self._bootstrap()
+            return [_Range("state", json.dumps(boot)), _Range("marker", json.dumps(boot))]
+        if end["seq"] <= start["seq"]:
+            return []
+        import pyarrow as pa
+        from deltalake import DeltaTable
+
+        table = DeltaTable(self.table)
+        adds = pa.table(table.get_add_actions(flatten=True))
+        low, high = start["seq"], end["seq"]
+        lows, highs = adds["min.ingest_seq"].to_pylist(), adds["max.ingest_seq"].to_pylist()
+        root = table.table_uri.rstrip("/")
+        return [
+            _Range("events", f"{root}/{path}", low, high)
+            for path, lo, hi in zip(adds["path"].to_pylist(), lows, highs)
+            if lo is None or hi is None or (hi > low and lo <= high)
+        ]
+
+    def read(self, partition: _Range):
+        import pyarrow as pa
+        import pyarrow.compute as pc
+        import pyarrow.parquet as pq
+
+        if partition.kind == "events":
+            path = partition.target.removeprefix("file://")
+            table = pq.read_table(path)
+            seq = table["ingest_seq"]
+            table = table.filter(pc.and_(pc.greater(seq, partition.low), pc.less_equal(seq, partition.high)))
+            for batch in table.to_batches(max_chunksize=65536):
+                yield _with_origin(batch, "event")
+        elif partition.kind == "state":
+            from state_store.savepoints import read_savepoint_state
+
+            boot = json.loads(partition.target)
+            table = read_savepoint_state(boot["savepoint_uri"], boot["savepoint_id"])
+            for batch in table.to_batches(max_chunksize=65536):
+                yield _with_origin(batch, "state")
+        elif partition.kind == "marker":
+            # Carries the savepoint's max event time so the restored watermark equals the original.
+            boot = json.loads(partition.target)
+            marker_us = (int(boot["watermark_ms"]) + int(boot["lateness_ms"])) * 1000
+            yield _with_origin(pa.RecordBatch.from_pydict(
+                {"event_time": pa.array([marker_us], pa.timestamp("us", tz="UTC"))}), "marker")
+
+    def commit(self, end: dict) -> None:
+        pass
+
+
+class RawEventsSource(DataSource):
+    @classmethod
+    def name(cls) -> str:
+        return SOURCE_NAME
+
+    def schema(self) -> str:
+        return SOURCE_SCHEMA
+
+    def streamReader(self, schema) -> DataSourceStreamReader:
+        return RawEventsStreamReader(self.options)

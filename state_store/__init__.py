@@ -1,0 +1,1 @@
+"""State lifecycle library: checkpoint inspection, savepoints, restore, rescale, compaction."""

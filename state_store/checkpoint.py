@@ -1,0 +1,111 @@
+"""Reading a Structured Streaming checkpoint without Spark: its logs, provider and our job metadata."""
+from __future__ import annotations
+
+import json
+import uuid
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+PROVIDER_CLASSES = {
+    "rocksdb": "org.apache.spark.sql.execution.streaming.state.RocksDBStateStoreProvider",
+    "hdfs": "org.apache.spark.sql.execution.streaming.state.HDFSBackedStateStoreProvider",
+}
+JOB_FILE = "_job.json"
+
+
+class LifecycleError(RuntimeError):
+    """An expected operator error: printed as one line, never as a traceback."""
+
+
+def provider_name(provider_class: str) -> str:
+    for name, cls in PROVIDER_CLASSES.items():
+        if cls == provider_class:
+            return name
+    return provider_class
+
+
+@dataclass(frozen=True)
+class JobMetadata:
+    """Written when a checkpoint is created. The incarnation names the sink's idempotency keys, so a
+    restored checkpoint (batch ids from 0 again) never collides with its predecessor's."""
+    incarnation: str
+    gap_ms: int
+    lateness_ms: int
+    buckets: int
+    created_from: str | None = None  # savepoint id for a restored checkpoint
+
+    @classmethod
+    def new(cls, gap_ms: int, lateness_ms: int, buckets: int, created_from: str | None = None) -> "JobMetadata":
+        return cls(uuid.uuid4().hex, gap_ms, lateness_ms, buckets, created_from)
+
+
+def read_job_metadata(checkpoint: Path) -> JobMetadata | None:
+    path = Path(checkpoint) / JOB_FILE
+    if not path.exists():
+        return None
+    return JobMetadata(**json.loads(path.read_text()))
+
+
+def write_job_metadata(checkpoint: Path, meta: JobMetadata) -> None:
+    Path(checkpoint).mkdir(parents=True, exist_ok=True)
+    tmp = Path(checkpoint) / (JOB_FILE + ".tmp")
+    tmp.write_text(json.dumps(asdict(meta)))
+    tmp.replace(Path(checkpoint) / JOB_FILE)
+
+
+def _batch_files(directory: Path) -> list[int]:
+    if not directory.exists():
+        return []
+    return sorted(int(p.name) for p in directory.iterdir() if p.name.isdigit())
+
+
+def _log_entry(path: Path) -> list[str]:
+    return [line for line in path.read_text().splitlines() if line.strip()]
+
+
+@dataclass(frozen=True)
+class CheckpointInfo:
+    path: str
+    last_committed_batch: int | None
+    source_offset: dict | None       # our source's offset at the last committed batch
+    batch_watermark_ms: int | None   # watermark the last committed batch ran with
+    next_watermark_ms: int | None    # watermark the next batch will run with
+    provider: str | None
+    partitions: int | None
+
+
+def inspect_checkpoint(checkpoint: Path) -> CheckpointInfo:
+    checkpoint = Path(checkpoint)
+    commits = _batch_files(checkpoint / "commits")
+    if not commits:
+        return CheckpointInfo(str(checkpoint), None, None, None, None, None, None)
+    last = commits[-1]
+    offsets = _log_entry(checkpoint / "offsets" / str(last))
+    meta = json.loads(offsets[1])
+    conf = meta.get("conf", {})
+    source = json.loads(offsets[2]) if len(offsets) > 2 and offsets[2] != "-" else None
+    commit = _log_entry(checkpoint / "commits" / str(last))
+    next_wm = json.loads(commit[1]).get("nextBatchWatermarkMs") if len(commit) > 1 else None
+    provider_cls = conf.get("spark.sql.streaming.stateStore.providerClass")
+    partitions = conf.get("spark.sql.shuffle.partitions")
+    state_dir = checkpoint / "state" / "0"
+    if state_dir.exists():  # repartition rewrites the layout without updating the conf
+        dirs = [p for p in state_dir.iterdir() if p.name.isdigit()]
+        partitions = len(dirs) or partitions
+    return CheckpointInfo(
+        str(checkpoint), last, source, meta.get("batchWatermarkMs"), next_wm,
+        provider_name(provider_cls) if provider_cls else None, int(partitions) if partitions else None,
+    )
+
+
+def directory_size(path: Path) -> tuple[int, int]:
+    """(files, bytes) under a directory."""
+    files = total = 0
+    path = Path(path)
+    if not path.exists():
+        return 0, 0
+    for item in path.rglob("*"):
+        if item.is_file():
+            files += 1
+            total += item.stat().st_size
+    return files, total
