@@ -58,10 +58,15 @@ def _prepare_session(spark, config: SessionsConfig) -> None:
 
 
 @contextmanager
-def job_lock(config: SessionsConfig, what: str):
-    """One process at a time may run the job or a lifecycle operation on it (CLI and Dagster alike)."""
+def job_lock(config: SessionsConfig, what: str, name: str = "job"):
+    """One process at a time may run the job or a lifecycle operation on it (CLI and Dagster alike).
+
+    `job` is held by the running stream and by operations that need it stopped (savepoint, restore,
+    rescale); `lifecycle` by every lifecycle operation, compaction included, which may run beside
+    the stream but never beside another lifecycle operation.
+    """
     config.lock_dir.mkdir(parents=True, exist_ok=True)
-    path = config.lock_dir / "job.lock"
+    path = config.lock_dir / f"{name}.lock"
     handle = open(path, "a+")
     try:
         fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
@@ -69,7 +74,8 @@ def job_lock(config: SessionsConfig, what: str):
         handle.seek(0)
         holder = handle.read().strip() or "another process"
         handle.close()
-        raise LifecycleError(f"the job is busy: {holder} holds {path}; stop it first") from None
+        busy = "the job is running" if name == "job" else "another lifecycle operation is running"
+        raise LifecycleError(f"{busy}: {holder} holds {path}; wait for it or stop it first") from None
     handle.seek(0)
     handle.truncate()
     handle.write(f"{what} (pid {os.getpid()})")
@@ -108,7 +114,7 @@ def checkpoint_metadata(config: SessionsConfig) -> JobMetadata:
     return meta
 
 
-def start_query(spark, config: SessionsConfig, meta: JobMetadata, trigger: dict):
+def start_query(spark, config: SessionsConfig, meta: JobMetadata, trigger: dict, source_options: dict | None = None):
     from pipelines.operator import sessionize
     from pipelines.source import BOOTSTRAP_FILE, SOURCE_NAME
 
@@ -118,6 +124,8 @@ def start_query(spark, config: SessionsConfig, meta: JobMetadata, trigger: dict)
               .option("bootstrap", str(config.checkpoint / BOOTSTRAP_FILE)))
     if config.max_versions_per_batch:
         reader = reader.option("maxVersionsPerTrigger", str(config.max_versions_per_batch))
+    for key, value in (source_options or {}).items():
+        reader = reader.option(key, str(value))
     output = sessionize(reader.load(), meta.gap_ms, meta.lateness_ms, meta.buckets)
     sink = MicroBatchSink(config.sessions_table, config.quarantine_table, meta.incarnation)
     query = (output.writeStream.queryName("sessions")

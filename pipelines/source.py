@@ -58,7 +58,8 @@ class RawEventsStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow)
         self.bootstrap_file = options.get("bootstrap")
         max_versions = options.get("maxVersionsPerTrigger")
         self.max_versions = int(max_versions) if max_versions else None
-        self.target_seq: int | None = None  # set by Trigger.AvailableNow
+        # Trigger.AvailableNow sets it; a restore caps it at the savepoint (state-only batch).
+        self.target_seq: int | None = int(options["targetSeq"]) if options.get("targetSeq") else None
 
     def _bootstrap(self) -> dict | None:
         if self.bootstrap_file and Path(self.bootstrap_file).exists():
@@ -77,7 +78,8 @@ class RawEventsStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow)
         return {"seq": 0, "boot": True, "settled": True}
 
     def prepareForTriggerAvailableNow(self) -> None:
-        self.target_seq = self._latest_seq()
+        latest = self._latest_seq()
+        self.target_seq = latest if self.target_seq is None else min(self.target_seq, latest)
 
     def getDefaultReadLimit(self):
         return ReadMaxFiles(self.max_versions) if self.max_versions else ReadAllAvailable()

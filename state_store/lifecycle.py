@@ -1,0 +1,230 @@
+"""Savepoint, restore and rescale of the stopped job: the operations `sessionctl` and Dagster call."""
+from __future__ import annotations
+
+import datetime as dt
+import json
+import shutil
+import time
+from contextlib import ExitStack
+from pathlib import Path
+
+from deltalake import DeltaTable
+
+from pipelines.config import SessionsConfig
+from state_store import savepoints as sp
+from state_store.checkpoint import (
+    JobMetadata, LifecycleError, inspect_checkpoint, read_job_metadata, write_job_metadata,
+)
+
+REPLACED_SUFFIX = ".replaced-"
+
+
+def _locks(config: SessionsConfig, what: str) -> ExitStack:
+    from pipelines.job import job_lock
+
+    stack = ExitStack()
+    stack.enter_context(job_lock(config, what, name="lifecycle"))
+    stack.enter_context(job_lock(config, what, name="job"))
+    return stack
+
+
+def _spark(config: SessionsConfig, spark):
+    from pipelines.job import get_spark
+
+    return spark or get_spark(config)
+
+
+def live_state(spark, checkpoint: Path, batch_id: int | None):
+    """Canonical Arrow table of the state at a committed batch (Spark's state data source)."""
+    from state_store.state import read_state
+
+    return sp.canonical_state(read_state(spark, checkpoint, batch_id).toArrow())
+
+
+# ---- savepoint ---------------------------------------------------------------------------------
+
+def _take_savepoint(config: SessionsConfig, trigger: str, spark) -> dict:
+    started = time.monotonic()
+    info = inspect_checkpoint(config.checkpoint)
+    meta = read_job_metadata(config.checkpoint)
+    if info.last_committed_batch is None or meta is None:
+        raise LifecycleError(f"nothing to savepoint: no committed batch in {config.checkpoint}")
+    spark = _spark(config, spark)
+    state = live_state(spark, config.checkpoint, info.last_committed_batch)
+    checksum = sp.state_checksum(state)
+    now = dt.datetime.now(dt.timezone.utc)
+    savepoint_id = sp.new_savepoint_id(info.last_committed_batch, now)
+    watermark = info.next_watermark_ms if info.next_watermark_ms is not None else info.batch_watermark_ms
+    row = {
+        "savepoint_id": savepoint_id, "trigger": trigger, "created_at": now,
+        "batch_id": info.last_committed_batch, "source_seq": int((info.source_offset or {}).get("seq", 0)),
+        "watermark_ms": int(watermark or 0), "gap_ms": meta.gap_ms, "lateness_ms": meta.lateness_ms,
+        "buckets": meta.buckets, "provider": info.provider, "partitions": info.partitions,
+        "state_schema": sp.STATE_SCHEMA_ID, "rows": state.num_rows, "checksum": checksum,
+        "sessions_version": DeltaTable(config.sessions_table).version(),
+        "quarantine_version": DeltaTable(config.quarantine_table).version(),
+        "incarnation": meta.incarnation, "state_uri": sp.state_uri(config.savepoint_uri, savepoint_id),
+    }
+    try:
+        sp.write_state(config.savepoint_uri, savepoint_id, state)
+        reread = sp.read_savepoint_state(config.savepoint_uri, savepoint_id)
+        if reread.num_rows != state.num_rows or sp.state_checksum(reread) != checksum:
+            raise LifecycleError(f"re-read of {row['state_uri']} does not match the live state")
+        row.update(status="complete", bytes=sp.table_bytes(row["state_uri"]),
+                   seconds=round(time.monotonic() - started, 3))
+        sp.record(config.savepoint_uri, row)
+    except Exception as error:  # noqa: BLE001 -- any failure must leave no complete row behind
+        row.update(status="failed", error=f"{type(error).__name__}: {error}"[:500],
+                   seconds=round(time.monotonic() - started, 3))
+        try:
+            sp.record(config.savepoint_uri, row)
+        except Exception:  # noqa: BLE001 -- the store is down; the attempt is simply not listed
+            pass
+        raise LifecycleError(f"savepoint {savepoint_id} failed and is not listed as complete: "
+                             f"{type(error).__name__}: {str(error).splitlines()[0][:300]}") from None
+    return _public(row)
+
+
+def _public(row: dict) -> dict:
+    out = dict(row)
+    out["uri"] = out.get("state_uri")
+    if isinstance(out.get("created_at"), dt.datetime):
+        out["created_at"] = out["created_at"].isoformat()
+    return out
+
+
+def take_savepoint(config: SessionsConfig, trigger: str = "manual", spark=None) -> dict:
+    """Savepoint of the stopped job at its last committed batch (state + source position + watermark
+    + output table versions, all of the same batch)."""
+    with _locks(config, "savepoint"):
+        return _take_savepoint(config, trigger, spark)
+
+
+# ---- validate / restore ------------------------------------------------------------------------
+
+def validate_savepoint(config: SessionsConfig, savepoint: str = "latest", migrate: bool = False) -> dict:
+    """Exists, complete, state re-read matches count and checksum, fits the current job settings."""
+    row = sp.get_savepoint(config.savepoint_uri, savepoint)
+    if row["state_schema"] != sp.STATE_SCHEMA_ID:
+        raise LifecycleError(f"savepoint {row['savepoint_id']} has state schema {row['state_schema']!r}; "
+                             f"this job reads {sp.STATE_SCHEMA_ID!r}")
+    if not migrate and (row["gap_ms"], row["lateness_ms"]) != (config.gap_ms, config.lateness_ms):
+        raise LifecycleError(
+            f"savepoint {row['savepoint_id']} was taken with gap {row['gap_ms'] // 60000} min and lateness "
+            f"{row['lateness_ms'] // 60000} min; the job is set to {config.gap_minutes} and "
+            f"{config.lateness_minutes}: pass --migrate to restore it under the new settings")
+    state = sp.read_savepoint_state(config.savepoint_uri, row["savepoint_id"])
+    checksum = sp.state_checksum(sp.canonical_state(state))
+    if state.num_rows != row["rows"] or checksum != row["checksum"]:
+        raise LifecycleError(f"savepoint {row['savepoint_id']} is damaged: {state.num_rows} rows / {checksum}, "
+                             f"catalog says {row['rows']} / {row['checksum']}")
+    return {**_public(row), "verified": True}
+
+
+def _set_aside(checkpoint: Path) -> str | None:
+    if not checkpoint.exists():
+        return None
+    stamp = dt.datetime.now(dt.timezone.utc).strftime("%Y%m%dT%H%M%S%f")
+    target = checkpoint.with_name(checkpoint.name + REPLACED_SUFFIX + stamp)
+    checkpoint.rename(target)
+    return str(target)
+
+
+def _roll_back_outputs(config: SessionsConfig, row: dict) -> dict:
+    """Remove what the job wrote after the savepoint; the replay writes it again, exactly once."""
+    removed = {}
+    for name, uri, version in (("sessions", config.sessions_table, row["sessions_version"]),
+                               ("quarantine", config.quarantine_table, row["quarantine_version"])):
+        if DeltaTable.is_deltatable(uri):
+            metrics = DeltaTable(uri).delete(f"written_version > {int(version)}")
+            removed[name] = int(metrics.get("num_deleted_rows", 0) or 0)
+    return removed
+
+
+def _restore(config: SessionsConfig, savepoint: str, partitions: int | None, migrate: bool, spark) -> dict:
+    from pipelines.job import ensure_tables, start_query
+    from pipelines.source import BOOTSTRAP_FILE
+
+    started = time.monotonic()
+    row = validate_savepoint(config, savepoint, migrate)
+    target = config.with_(state_partitions=partitions or row["partitions"] or config.state_partitions)
+    replaced = _set_aside(config.checkpoint)
+    meta = JobMetadata.new(config.gap_ms, config.lateness_ms, config.state_buckets, created_from=row["savepoint_id"])
+    write_job_metadata(config.checkpoint, meta)
+    (config.checkpoint / BOOTSTRAP_FILE).write_text(json.dumps({
+        "savepoint_uri": config.savepoint_uri, "savepoint_id": row["savepoint_id"],
+        "source_seq": row["source_seq"], "watermark_ms": row["watermark_ms"], "lateness_ms": config.lateness_ms,
+    }))
+    removed = _roll_back_outputs(config, row)
+    ensure_tables(config)
+    spark = _spark(target, spark)
+    # Only the state-only batch (and the empty batch after it): events after the savepoint are the
+    # next catch-up's or run's to process.
+    query, _ = start_query(spark, target, meta, {"availableNow": True}, source_options={"targetSeq": row["source_seq"]})
+    query.awaitTermination()
+    restored = live_state(spark, config.checkpoint, 0)
+    checksum = sp.state_checksum(restored)
+    if restored.num_rows != row["rows"] or checksum != row["checksum"]:
+        raise LifecycleError(f"restored state does not match savepoint {row['savepoint_id']}: "
+                             f"{restored.num_rows} rows / {checksum} vs {row['rows']} / {row['checksum']}")
+    info = inspect_checkpoint(config.checkpoint)
+    return {
+        "savepoint_id": row["savepoint_id"], "batch_id": row["batch_id"], "rows": row["rows"],
+        "checksum": checksum, "verified": True, "source_seq": row["source_seq"],
+        "watermark_ms": row["watermark_ms"], "provider": info.provider, "partitions": info.partitions,
+        "rolled_back": removed, "previous_checkpoint": replaced,
+        "seconds": round(time.monotonic() - started, 3),
+    }
+
+
+def restore(config: SessionsConfig, savepoint: str = "latest", partitions: int | None = None,
+            migrate: bool = False, spark=None) -> dict:
+    """Put state, source position and outputs back to a savepoint, into a fresh checkpoint built from
+    the canonical Delta form alone (the old checkpoint is kept aside, not deleted)."""
+    with _locks(config, "restore"):
+        return _restore(config, savepoint, partitions, migrate, spark)
+
+
+# ---- rescale -----------------------------------------------------------------------------------
+
+def rescale(config: SessionsConfig, partitions: int, spark=None) -> dict:
+    """Change the state partitions of the stopped job, keeping all state. A pre-rescale savepoint is
+    taken first; RocksDB uses Spark's offline repartition, the HDFS-backed provider savepoint+restore."""
+    if partitions < 1:
+        raise LifecycleError(f"--partitions must be >= 1, got {partitions}")
+    started = time.monotonic()
+    with _locks(config, "rescale"):
+        info = inspect_checkpoint(config.checkpoint)
+        if info.last_committed_batch is None:
+            raise LifecycleError(f"nothing to rescale: no committed batch in {config.checkpoint}")
+        if info.partitions == partitions:
+            return {"partitions_before": partitions, "partitions_after": partitions, "method": "none",
+                    "savepoint_id": None, "seconds": 0.0}
+        spark = _spark(config, spark)
+        saved = _take_savepoint(config, "pre-rescale", spark)
+        method = "savepoint-restore"
+        if info.provider == "rocksdb":
+            spark._streamingCheckpointManager.repartition(str(config.checkpoint), partitions)
+            method = "repartition"
+            after = inspect_checkpoint(config.checkpoint)
+            state = live_state(spark, config.checkpoint, after.last_committed_batch)
+            if state.num_rows != saved["rows"] or sp.state_checksum(state) != saved["checksum"]:
+                raise LifecycleError(f"repartitioned state does not match the pre-rescale savepoint "
+                                     f"{saved['savepoint_id']}; restore it with `sessionctl restore --savepoint "
+                                     f"{saved['savepoint_id']} --partitions {partitions}`")
+        else:
+            _restore(config.with_(state_store=info.provider), saved["savepoint_id"], partitions, False, spark)
+        return {"partitions_before": info.partitions, "partitions_after": inspect_checkpoint(config.checkpoint).partitions,
+                "method": method, "savepoint_id": saved["savepoint_id"], "rows": saved["rows"],
+                "seconds": round(time.monotonic() - started, 3)}
+
+
+def replaced_checkpoints(config: SessionsConfig) -> list[Path]:
+    parent = config.checkpoint.parent
+    if not parent.exists():
+        return []
+    return sorted(p for p in parent.iterdir() if p.name.startswith(config.checkpoint.name + REPLACED_SUFFIX))
+
+
+def remove_tree(path: Path) -> None:
+    shutil.rmtree(path, ignore_errors=True)

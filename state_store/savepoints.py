@@ -1,0 +1,153 @@
+"""Savepoints as Delta tables (delta-rs) on a local path or S3: canonical state rows + a catalog.
+
+Layout under SESSIONS_SAVEPOINT_URI:
+  catalog/          one row per savepoint attempt (status complete | failed); the only index
+  state/<id>/       the open events in canonical form: user_id, event_id, event_time, event_type
+A savepoint is listed as complete only after its state table was written, re-read and its count and
+checksum matched the live state; a half-written state table is never referenced by a complete row.
+"""
+from __future__ import annotations
+
+import datetime as dt
+import hashlib
+import os
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+from deltalake import DeltaTable, write_deltalake
+
+from state_store.checkpoint import LifecycleError
+
+STATE_SCHEMA = pa.schema([
+    ("user_id", pa.string()),
+    ("event_id", pa.string()),
+    ("event_time", pa.timestamp("us", tz="UTC")),
+    ("event_type", pa.string()),
+])
+STATE_SCHEMA_ID = "open_events/v1:user_id string,event_id string,event_time timestamp,event_type string"
+CATALOG_SCHEMA = pa.schema([
+    ("savepoint_id", pa.string()),
+    ("status", pa.string()),            # complete | failed
+    ("trigger", pa.string()),           # manual | scheduled | pre-rescale | sensor
+    ("created_at", pa.timestamp("us", tz="UTC")),
+    ("batch_id", pa.int64()),
+    ("source_seq", pa.int64()),         # raw_events ingest sequence the state has consumed
+    ("watermark_ms", pa.int64()),       # the watermark the next batch would have run with
+    ("gap_ms", pa.int64()),
+    ("lateness_ms", pa.int64()),
+    ("buckets", pa.int64()),
+    ("provider", pa.string()),
+    ("partitions", pa.int64()),
+    ("state_schema", pa.string()),
+    ("rows", pa.int64()),
+    ("checksum", pa.string()),
+    ("sessions_version", pa.int64()),
+    ("quarantine_version", pa.int64()),
+    ("incarnation", pa.string()),
+    ("state_uri", pa.string()),
+    ("bytes", pa.int64()),
+    ("seconds", pa.float64()),
+    ("error", pa.string()),
+])
+
+
+def storage_options(uri: str) -> dict | None:
+    """delta-rs options for S3 from the standard AWS_* variables (never logged)."""
+    if not uri.startswith("s3://"):
+        return None
+    options = {k: v for k, v in os.environ.items() if k.startswith("AWS_") and v}
+    endpoint = options.get("AWS_ENDPOINT_URL", "")
+    if endpoint.startswith("http://"):
+        options.setdefault("AWS_ALLOW_HTTP", "true")
+    options.setdefault("AWS_CONDITIONAL_PUT", "etag")  # safe concurrent commits on S3
+    options.setdefault("AWS_REGION", os.environ.get("AWS_DEFAULT_REGION", "us-east-1"))
+    os.environ.setdefault("AWS_EC2_METADATA_DISABLED", "true")  # else delta-rs probes instance metadata
+    return options
+
+
+def _join(uri: str, *parts: str) -> str:
+    return "/".join([uri.rstrip("/"), *parts])
+
+
+def catalog_uri(uri: str) -> str:
+    return _join(uri, "catalog")
+
+
+def state_uri(uri: str, savepoint_id: str) -> str:
+    return _join(uri, "state", savepoint_id)
+
+
+def new_savepoint_id(batch_id: int, now: dt.datetime) -> str:
+    return f"sp-{now.strftime('%Y%m%dT%H%M%S')}-b{batch_id}-{os.urandom(2).hex()}"
+
+
+def canonical_state(table: pa.Table) -> pa.Table:
+    """The canonical form: schema fixed, rows sorted by (user_id, event_time, event_id)."""
+    table = table.select(STATE_SCHEMA.names).cast(STATE_SCHEMA)
+    return table.sort_by([("user_id", "ascending"), ("event_time", "ascending"), ("event_id", "ascending")])
+
+
+def state_checksum(table: pa.Table) -> str:
+    """Order-independent checksum of canonical state rows: sum of per-row 64-bit hashes, and the count."""
+    times = pc.cast(pc.cast(table["event_time"], pa.int64()), pa.string())
+    keys = pc.binary_join_element_wise(
+        pc.fill_null(table["user_id"], ""), pc.fill_null(table["event_id"], ""), times,
+        pc.fill_null(table["event_type"], "\x00"), "\x1f")
+    total = np.uint64(0)
+    with np.errstate(over="ignore"):
+        for key in keys.to_pylist():
+            total += np.uint64(int.from_bytes(hashlib.blake2b(key.encode(), digest_size=8).digest(), "little"))
+    return f"{table.num_rows}:{int(total):016x}"
+
+
+def write_state(uri: str, savepoint_id: str, table: pa.Table) -> str:
+    target = state_uri(uri, savepoint_id)
+    write_deltalake(target, canonical_state(table), mode="error", storage_options=storage_options(target))
+    return target
+
+
+def read_savepoint_state(uri: str, savepoint_id: str) -> pa.Table:
+    target = state_uri(uri, savepoint_id)
+    return DeltaTable(target, storage_options=storage_options(target)).to_pyarrow_table()
+
+
+def table_bytes(uri: str) -> int:
+    table = DeltaTable(uri, storage_options=storage_options(uri))
+    adds = pa.table(table.get_add_actions(flatten=True))
+    return int(pc.sum(adds["size_bytes"]).as_py() or 0)
+
+
+def record(uri: str, row: dict) -> None:
+    target = catalog_uri(uri)
+    full = {name: row.get(name) for name in CATALOG_SCHEMA.names}
+    write_deltalake(target, pa.Table.from_pylist([full], schema=CATALOG_SCHEMA), mode="append",
+                    storage_options=storage_options(target))
+
+
+def list_savepoints(uri: str) -> list[dict]:
+    """The catalog, newest first (failed attempts included, with status and error)."""
+    target = catalog_uri(uri)
+    options = storage_options(target)
+    if not DeltaTable.is_deltatable(target, storage_options=options):
+        return []
+    rows = DeltaTable(target, storage_options=options).to_pyarrow_table().to_pylist()
+    for row in rows:
+        row["uri"] = row["state_uri"]
+        row["created_at"] = row["created_at"].isoformat() if row["created_at"] else None
+    return sorted(rows, key=lambda r: (r["created_at"] or "", r["savepoint_id"]), reverse=True)
+
+
+def get_savepoint(uri: str, savepoint: str = "latest") -> dict:
+    rows = list_savepoints(uri)
+    if savepoint == "latest":
+        complete = [r for r in rows if r["status"] == "complete"]
+        if not complete:
+            raise LifecycleError(f"no complete savepoint in {uri}")
+        return complete[0]
+    for row in rows:
+        if row["savepoint_id"] == savepoint:
+            if row["status"] != "complete":
+                raise LifecycleError(f"savepoint {savepoint} is {row['status']} ({row.get('error')}); it cannot be restored")
+            return row
+    raise LifecycleError(f"no such savepoint: {savepoint} in {uri}")
