@@ -31,6 +31,8 @@ def spark_conf(config: SessionsConfig) -> dict[str, str]:
         "spark.ui.enabled": os.environ.get("SESSIONS_SPARK_UI", "false"),
         "spark.driver.memory": os.environ.get("SESSIONS_SPARK_DRIVER_MEMORY", "4g"),
         "spark.sql.streaming.stopTimeout": "60000",
+        # Savepoints are the long-term recovery points; the checkpoint keeps a short tail of versions.
+        "spark.sql.streaming.minBatchesToRetain": os.environ.get("SESSIONS_MIN_BATCHES_TO_RETAIN", "20"),
     }
 
 

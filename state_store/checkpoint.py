@@ -88,10 +88,8 @@ def inspect_checkpoint(checkpoint: Path) -> CheckpointInfo:
     next_wm = json.loads(commit[1]).get("nextBatchWatermarkMs") if len(commit) > 1 else None
     provider_cls = conf.get("spark.sql.streaming.stateStore.providerClass")
     partitions = conf.get("spark.sql.shuffle.partitions")
-    state_dir = checkpoint / "state" / "0"
-    if state_dir.exists():  # repartition rewrites the layout without updating the conf
-        dirs = [p for p in state_dir.iterdir() if p.name.isdigit()]
-        partitions = len(dirs) or partitions
+    # Spark's offline repartition records the new count here (state-metadata may still show the old
+    # one, and stale partition directories stay on disk), so the offset log is the authority.
     return CheckpointInfo(
         str(checkpoint), last, source, meta.get("batchWatermarkMs"), next_wm,
         provider_name(provider_cls) if provider_cls else None, int(partitions) if partitions else None,

@@ -1,0 +1,145 @@
+"""Compaction and retention: Delta OPTIMIZE + VACUUM, savepoint retention, checkpoint retention."""
+from __future__ import annotations
+
+import datetime as dt
+import time
+
+import pyarrow as pa
+from deltalake import DeltaTable
+
+from pipelines.config import SessionsConfig
+from state_store import savepoints as sp
+from state_store.checkpoint import directory_size
+from state_store.lifecycle import remove_tree, replaced_checkpoints
+
+
+def _table_footprint(uri: str) -> tuple[int, int]:
+    """(files, bytes) of everything under a Delta table, log included, local or S3."""
+    if uri.startswith("s3://"):
+        import boto3
+
+        bucket, _, prefix = uri[len("s3://"):].partition("/")
+        options = sp.storage_options(uri) or {}
+        client = boto3.client("s3", endpoint_url=options.get("AWS_ENDPOINT_URL"), region_name=options.get("AWS_REGION"))
+        files = size = 0
+        for page in client.get_paginator("list_objects_v2").paginate(Bucket=bucket, Prefix=prefix.rstrip("/") + "/"):
+            for item in page.get("Contents", []):
+                files += 1
+                size += item["Size"]
+        return files, size
+    from pathlib import Path
+
+    return directory_size(Path(uri))
+
+
+def _data_files(table: DeltaTable) -> int:
+    return pa.table(table.get_add_actions(flatten=True)).num_rows
+
+
+def _maintain_table(uri: str, retention_hours: int, dry_run: bool) -> dict:
+    """files_* count the table's live data files (what OPTIMIZE merges); bytes_* everything stored."""
+    options = sp.storage_options(uri)
+    if not DeltaTable.is_deltatable(uri, storage_options=options):
+        return {}
+    _, bytes_before = _table_footprint(uri)
+    table = DeltaTable(uri, storage_options=options)
+    report = {"files_before": _data_files(table), "bytes_before": bytes_before}
+    if dry_run:
+        report["would_vacuum"] = len(table.vacuum(retention_hours=retention_hours, dry_run=True,
+                                                  enforce_retention_duration=False))
+        return report
+    optimized = table.optimize.compact()
+    vacuumed = table.vacuum(retention_hours=retention_hours, dry_run=False, enforce_retention_duration=False)
+    if table.version() >= 10:  # a log checkpoint lets old commit files go
+        table.create_checkpoint()
+        table.cleanup_metadata()
+    _, bytes_after = _table_footprint(uri)
+    report.update(files_after=_data_files(DeltaTable(uri, storage_options=options)), bytes_after=bytes_after,
+                  compacted_files=optimized.get("numFilesRemoved", 0), vacuumed_files=len(vacuumed))
+    return report
+
+
+def savepoints_to_delete(rows: list[dict], keep_last: int, keep_daily_days: int, now: dt.datetime) -> list[dict]:
+    """Keep the newest `keep_last` complete savepoints and the newest one of each of the last
+    `keep_daily_days` days; never the newest complete one. Failed attempts go."""
+    complete = [r for r in rows if r["status"] == "complete"]  # rows are newest first
+    keep = {r["savepoint_id"] for r in complete[:max(1, keep_last)]}
+    horizon = (now - dt.timedelta(days=keep_daily_days)).date()
+    seen_days = set()
+    for row in complete:
+        day = dt.datetime.fromisoformat(row["created_at"]).date()
+        if day > horizon and day not in seen_days:
+            seen_days.add(day)
+            keep.add(row["savepoint_id"])
+    return [r for r in rows if r["savepoint_id"] not in keep]
+
+
+def _delete_savepoint(uri: str, row: dict) -> None:
+    state = row.get("state_uri") or sp.state_uri(uri, row["savepoint_id"])
+    if state.startswith("s3://"):
+        import boto3
+
+        bucket, _, prefix = state[len("s3://"):].partition("/")
+        options = sp.storage_options(state) or {}
+        client = boto3.client("s3", endpoint_url=options.get("AWS_ENDPOINT_URL"), region_name=options.get("AWS_REGION"))
+        for page in client.get_paginator("list_objects_v2").paginate(Bucket=bucket, Prefix=prefix.rstrip("/") + "/"):
+            keys = [{"Key": item["Key"]} for item in page.get("Contents", [])]
+            if keys:
+                client.delete_objects(Bucket=bucket, Delete={"Objects": keys})
+    else:
+        from pathlib import Path
+
+        remove_tree(Path(state))
+    catalog = sp.catalog_uri(uri)
+    DeltaTable(catalog, storage_options=sp.storage_options(catalog)).delete(
+        f"savepoint_id = '{row['savepoint_id']}'")
+
+
+def compact(config: SessionsConfig, keep_last: int = 5, keep_daily_days: int = 7, dry_run: bool = False,
+            vacuum_retention_hours: int = 168, spark=None) -> dict:
+    """OPTIMIZE and VACUUM every Delta table, apply savepoint retention, drop checkpoints set aside by
+    restores once a newer savepoint exists. Runs beside the stream; never beside another lifecycle op."""
+    from pipelines.job import job_lock
+
+    started = time.monotonic()
+    with job_lock(config, "compaction", name="lifecycle"):
+        now = dt.datetime.now(dt.timezone.utc)
+        catalog = sp.list_savepoints(config.savepoint_uri)
+        doomed = savepoints_to_delete(catalog, keep_last, keep_daily_days, now)
+        deleted = []
+        for row in doomed:
+            if not dry_run:
+                _delete_savepoint(config.savepoint_uri, row)
+            deleted.append(row["savepoint_id"])
+        old_checkpoints = replaced_checkpoints(config)
+        checkpoint_bytes = sum(directory_size(p)[1] for p in old_checkpoints)
+        if not dry_run:
+            for path in old_checkpoints:
+                remove_tree(path)
+        tables = {}
+        uris = {"sessions": config.sessions_table, "quarantine": config.quarantine_table,
+                "raw_events": config.raw_events_table, "savepoint_catalog": sp.catalog_uri(config.savepoint_uri)}
+        for row in catalog:
+            if row["savepoint_id"] not in deleted and row["status"] == "complete":
+                uris[f"savepoint:{row['savepoint_id']}"] = row["state_uri"]
+        for name, uri in uris.items():
+            report = _maintain_table(uri, vacuum_retention_hours, dry_run)
+            if report:
+                tables[name] = report
+        state_files, state_bytes = directory_size(config.checkpoint / "state")
+        files_before = sum(t["files_before"] for t in tables.values())
+        bytes_before = sum(t["bytes_before"] for t in tables.values()) + checkpoint_bytes
+        files_after = sum(t.get("files_after", t["files_before"]) for t in tables.values())
+        bytes_after = sum(t.get("bytes_after", t["bytes_before"]) for t in tables.values())
+        return {
+            "dry_run": dry_run,
+            "files_before": files_before, "files_after": files_after,
+            "bytes_before": bytes_before, "bytes_after": bytes_after,
+            "bytes_reclaimed": bytes_before - bytes_after,
+            "savepoints_deleted": deleted,
+            "replaced_checkpoints_removed": [str(p) for p in old_checkpoints] if not dry_run else [],
+            "replaced_checkpoint_bytes": checkpoint_bytes,
+            "state_files": state_files, "state_bytes": state_bytes,
+            "tables": tables,
+            "seconds": round(time.monotonic() - started, 3),
+        }
