@@ -3,7 +3,7 @@ VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: setup demo test bench clean-data check-java
+.PHONY: setup system-deps demo test bench clean-data check-java
 
 check-java:
 	@command -v java >/dev/null 2>&1 || { echo "Java 17+ is required by Spark and was not found on PATH. Install it (Debian: apt-get install -y openjdk-17-jre-headless) and run make again." >&2; exit 1; }
@@ -15,12 +15,18 @@ $(STAMP): pyproject.toml
 	$(PY) -m pip install -q -e '.[test]'
 	touch $(STAMP)
 
+# Headless Chromium for the Dagster UI test (Debian packages; needs root, as on CI machines).
+system-deps:
+	@command -v chromium >/dev/null 2>&1 || { \
+	  if [ "$$(id -u)" = 0 ]; then apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium chromium-driver >/dev/null; \
+	  else echo "chromium is missing: install the Debian packages chromium and chromium-driver (the UI test will be skipped)" >&2; fi; }
+
 setup: check-java $(STAMP)
 
 demo: setup
 	$(PY) -m pipelines.demo
 
-test: setup
+test: setup system-deps
 	$(PY) -m pytest -q tests
 
 bench: setup

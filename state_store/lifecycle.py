@@ -8,6 +8,7 @@ import time
 from contextlib import ExitStack
 from pathlib import Path
 
+import pyarrow.parquet as pq
 from deltalake import DeltaTable
 
 from pipelines.config import SessionsConfig
@@ -151,8 +152,10 @@ def _restore(config: SessionsConfig, savepoint: str, partitions: int | None, mig
     replaced = _set_aside(config.checkpoint)
     meta = JobMetadata.new(config.gap_ms, config.lateness_ms, config.state_buckets, created_from=row["savepoint_id"])
     write_job_metadata(config.checkpoint, meta)
+    staged = config.checkpoint / "_bootstrap_state.parquet"
+    pq.write_table(sp.read_savepoint_state(config.savepoint_uri, row["savepoint_id"]), staged)
     (config.checkpoint / BOOTSTRAP_FILE).write_text(json.dumps({
-        "savepoint_uri": config.savepoint_uri, "savepoint_id": row["savepoint_id"],
+        "savepoint_uri": config.savepoint_uri, "savepoint_id": row["savepoint_id"], "state_path": str(staged),
         "source_seq": row["source_seq"], "watermark_ms": row["watermark_ms"], "lateness_ms": config.lateness_ms,
     }))
     removed = _roll_back_outputs(config, row)

@@ -1,0 +1,226 @@
+"""State lifecycle against real Spark, real Delta tables, and a real S3 HTTP endpoint (moto server on
+loopback): exactly-once across savepoint -> restore -> rescale, restore from the savepoint alone,
+injected savepoint failure, refusal of incompatible savepoints, retention, and the CLI's one-line errors."""
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import socket
+import subprocess
+import sys
+from pathlib import Path
+
+import boto3
+import pytest
+from deltalake import DeltaTable
+
+from pipelines.config import SessionsConfig
+from pipelines.ingest import ingest
+from pipelines.job import catch_up, get_spark, job_lock
+from pipelines.sample_data import arrival_order, generate_events, land
+from state_store import savepoints as sp
+from state_store.checkpoint import LifecycleError
+from state_store.lifecycle import rescale, restore, take_savepoint, validate_savepoint
+from state_store.maintenance import compact
+from tests.lifecycle_expectations import expected_closed_sessions
+
+REPO = Path(__file__).resolve().parent.parent
+GAP_MIN, LATENESS_MIN = 30, 10
+
+
+@pytest.fixture(scope="module")
+def spark_session():
+    return get_spark(SessionsConfig.from_env({"SESSIONS_HOME": "/tmp/unused"}))
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.fixture(scope="module")
+def s3_endpoint():
+    """A real S3 HTTP API on loopback; AWS_* env points delta-rs and boto3 at it."""
+    from moto.server import ThreadedMotoServer
+
+    port = _free_port()
+    server = ThreadedMotoServer(ip_address="127.0.0.1", port=port)
+    server.start()
+    env = {"AWS_ACCESS_KEY_ID": "testing", "AWS_SECRET_ACCESS_KEY": "testing", "AWS_REGION": "us-east-1",
+           "AWS_DEFAULT_REGION": "us-east-1", "AWS_ENDPOINT_URL": f"http://127.0.0.1:{port}",
+           "AWS_ALLOW_HTTP": "true", "AWS_EC2_METADATA_DISABLED": "true"}
+    saved = {k: os.environ.get(k) for k in env}
+    os.environ.update(env)
+    boto3.client("s3", endpoint_url=env["AWS_ENDPOINT_URL"]).create_bucket(Bucket="savepoints")
+    yield {"server": server, "port": port, "env": env}
+    server.stop()
+    for key, value in saved.items():
+        if value is None:
+            os.environ.pop(key, None)
+        else:
+            os.environ[key] = value
+
+
+def _config(tmp_path: Path, provider: str, savepoint_uri: str | None = None, **extra) -> SessionsConfig:
+    env = {"SESSIONS_HOME": str(tmp_path / "home"), "SESSIONS_STATE_STORE": provider,
+           "SESSIONS_GAP_MINUTES": str(GAP_MIN), "SESSIONS_LATENESS_MINUTES": str(LATENESS_MIN),
+           "SESSIONS_MAX_VERSIONS_PER_BATCH": "1", **extra}
+    if savepoint_uri:
+        env["SESSIONS_SAVEPOINT_URI"] = savepoint_uri
+    return SessionsConfig.from_env(env)
+
+
+def _chunks(users=60, sessions=3, seed=11, parts=6) -> list[list[dict]]:
+    # Disorder (120 s) well inside the lateness (10 min): no event is late, whatever the split.
+    events = arrival_order(generate_events(users, sessions, seed=seed), seed=seed, jitter_seconds=120)
+    size = -(-len(events) // parts)
+    return [events[i * size:(i + 1) * size] for i in range(parts)]
+
+
+def _land_and_ingest(config: SessionsConfig, chunks: list[list[dict]], start: int) -> None:
+    for offset, chunk in enumerate(chunks):
+        land(config.landing, f"part-{start + offset:04d}.jsonl", [json.dumps(e) for e in chunk])
+        ingest(config, files_per_commit=1)  # one file = one ingest seq = one micro-batch
+
+
+def _sessions(config: SessionsConfig) -> list[tuple]:
+    frame = DeltaTable(config.sessions_table).to_pandas()
+    return sorted(
+        (r.session_id, r.user_id, int(r.session_start.value // 1_000_000), int(r.session_end.value // 1_000_000),
+         int(r.event_count), int(r.page_views), r.end_reason)
+        for r in frame.itertuples())
+
+
+def _expected(chunks: list[list[dict]]) -> list[tuple]:
+    return sorted(expected_closed_sessions(chunks, GAP_MIN * 60_000, LATENESS_MIN * 60_000))
+
+
+@pytest.mark.parametrize("provider,store", [("rocksdb", "s3"), ("hdfs", "local")])
+def test_savepoint_restore_rescale_is_exactly_once(tmp_path, spark_session, s3_endpoint, provider, store):
+    uri = "s3://savepoints/" + tmp_path.name if store == "s3" else str(tmp_path / "savepoints")
+    config = _config(tmp_path, provider, uri)
+    chunks = _chunks()
+    _land_and_ingest(config, chunks[:2], 0)
+    catch_up(config, spark_session)
+    saved = take_savepoint(config, spark=spark_session)
+    assert saved["status"] == "complete" and saved["rows"] > 0 and saved["uri"].startswith(uri)
+    assert sp.list_savepoints(uri)[0]["savepoint_id"] == saved["savepoint_id"]
+
+    _land_and_ingest(config, chunks[2:4], 2)
+    catch_up(config, spark_session)  # these sessions must not survive the restore twice
+    restored = restore(config, "latest", spark=spark_session)
+    assert restored["verified"] and restored["rows"] == saved["rows"]
+    assert restored["rolled_back"]["sessions"] > 0
+
+    scaled = rescale(config, 3, spark=spark_session)
+    assert scaled["partitions_after"] == 3
+    assert scaled["method"] == ("repartition" if provider == "rocksdb" else "savepoint-restore")
+    assert sp.list_savepoints(uri)[0]["trigger"] == "pre-rescale"
+
+    _land_and_ingest(config, chunks[4:], 4)
+    catch_up(config, spark_session)
+    got = _sessions(config)
+    assert len({row[0] for row in got}) == len(got), "a session was written twice"
+    assert got == _expected(chunks)
+
+
+def test_restore_rebuilds_a_lost_checkpoint_from_s3_alone(tmp_path, spark_session, s3_endpoint):
+    config = _config(tmp_path, "rocksdb", f"s3://savepoints/{tmp_path.name}")
+    chunks = _chunks(seed=5, parts=4)
+    _land_and_ingest(config, chunks[:2], 0)
+    catch_up(config, spark_session)
+    take_savepoint(config, spark=spark_session)
+    shutil.rmtree(config.checkpoint)  # the checkpoint is gone entirely
+    with pytest.raises(LifecycleError, match="no checkpoint"):
+        catch_up(config, spark_session)  # refuses to start over and write sessions twice
+    restore(config, "latest", partitions=2, spark=spark_session)
+    _land_and_ingest(config, chunks[2:], 2)
+    catch_up(config, spark_session)
+    assert _sessions(config) == _expected(chunks)
+
+
+def test_savepoint_failure_mid_write_is_never_listed(tmp_path, spark_session, s3_endpoint, monkeypatch):
+    uri = f"s3://savepoints/{tmp_path.name}"
+    config = _config(tmp_path, "rocksdb", uri)
+    chunks = _chunks(seed=3, parts=3)
+    _land_and_ingest(config, chunks[:2], 0)
+    catch_up(config, spark_session)
+    first = take_savepoint(config, spark=spark_session)
+
+    real_read = sp.read_savepoint_state
+
+    def endpoint_dies_after_the_state_write(*args, **kwargs):
+        s3_endpoint["server"].stop()  # the S3 endpoint goes away between write and verification
+        return real_read(*args, **kwargs)
+
+    monkeypatch.setattr(sp, "read_savepoint_state", endpoint_dies_after_the_state_write)
+    with pytest.raises(LifecycleError, match="not listed as complete"):
+        take_savepoint(config, spark=spark_session)
+    monkeypatch.setattr(sp, "read_savepoint_state", real_read)
+    s3_endpoint["server"].start()  # moto keeps its buckets in process memory across restarts
+
+    listed = sp.list_savepoints(uri)
+    assert [r["savepoint_id"] for r in listed if r["status"] == "complete"] == [first["savepoint_id"]]
+    assert sp.get_savepoint(uri, "latest")["savepoint_id"] == first["savepoint_id"]
+    retried = take_savepoint(config, spark=spark_session)
+    assert sp.get_savepoint(uri, "latest")["savepoint_id"] == retried["savepoint_id"]
+    assert validate_savepoint(config, "latest")["verified"]
+
+
+def test_incompatible_savepoint_is_refused_unless_migrating(tmp_path, spark_session):
+    config = _config(tmp_path, "hdfs")
+    chunks = _chunks(seed=9, parts=2)
+    _land_and_ingest(config, chunks[:1], 0)
+    catch_up(config, spark_session)
+    saved = take_savepoint(config, spark=spark_session)
+    other = config.with_(gap_minutes=20)
+    with pytest.raises(LifecycleError, match="--migrate"):
+        restore(other, saved["savepoint_id"], spark=spark_session)
+    with pytest.raises(LifecycleError, match="no such savepoint"):
+        restore(config, "sp-does-not-exist", spark=spark_session)
+    migrated = restore(other, saved["savepoint_id"], migrate=True, spark=spark_session)
+    assert migrated["verified"]
+
+
+def test_compaction_and_retention(tmp_path, spark_session):
+    config = _config(tmp_path, "rocksdb")
+    chunks = _chunks(seed=4, parts=4)
+    ids = []
+    for i, chunk in enumerate(chunks):
+        _land_and_ingest(config, [chunk], i)
+        catch_up(config, spark_session)
+        ids.append(take_savepoint(config, spark=spark_session)["savepoint_id"])
+    restore(config, ids[-1], spark=spark_session)  # leaves a replaced checkpoint behind
+    files_before = len(DeltaTable(config.sessions_table).file_uris())
+    report = compact(config, keep_last=2, keep_daily_days=0, vacuum_retention_hours=0)
+    assert sorted(report["savepoints_deleted"]) == sorted(ids[:2])
+    assert [r["savepoint_id"] for r in sp.list_savepoints(config.savepoint_uri)] == ids[:1:-1]
+    assert report["replaced_checkpoints_removed"] and report["bytes_reclaimed"] > 0
+    assert report["tables"]["sessions"]["files_before"] == files_before > report["tables"]["sessions"]["files_after"] == 1
+    assert sum(1 for _ in (Path(config.savepoint_uri) / "state").iterdir()) == 2
+    assert _sessions(config) == sorted(_sessions(config))  # still readable after VACUUM
+
+
+def _sessionctl(home: Path, *args: str) -> subprocess.CompletedProcess:
+    env = {**os.environ, "SESSIONS_HOME": str(home), "PYSPARK_PYTHON": sys.executable}
+    return subprocess.run([str(REPO / ".venv" / "bin" / "sessionctl"), *args], env=env,
+                          capture_output=True, text=True, timeout=300)
+
+
+def test_cli_expected_errors_are_one_line(tmp_path):
+    home = tmp_path / "home"
+    missing = _sessionctl(home, "restore", "--savepoint", "nope")
+    assert missing.returncode != 0 and "Traceback" not in missing.stderr
+    assert missing.stderr.strip().count("\n") == 0 and "no complete savepoint" in missing.stderr or \
+        "no such savepoint" in missing.stderr
+    config = SessionsConfig.from_env({"SESSIONS_HOME": str(home)})
+    with job_lock(config, "run"):  # as if `sessionctl run` were going
+        busy = _sessionctl(home, "savepoint", "--json")
+    assert busy.returncode != 0 and "Traceback" not in busy.stderr
+    assert busy.stderr.strip().count("\n") == 0 and "the job is running" in busy.stderr
+    nothing = _sessionctl(home, "savepoint", "--json")
+    assert nothing.returncode != 0 and "nothing to savepoint" in nothing.stderr
+    listing = _sessionctl(home, "savepoints", "--json")
+    assert listing.returncode == 0 and json.loads(listing.stdout) == []
