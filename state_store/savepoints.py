@@ -62,6 +62,11 @@ def storage_options(uri: str) -> dict | None:
         options.setdefault("AWS_ALLOW_HTTP", "true")
     options.setdefault("AWS_CONDITIONAL_PUT", "etag")  # safe concurrent commits on S3
     options.setdefault("AWS_REGION", os.environ.get("AWS_DEFAULT_REGION", "us-east-1"))
+    # Fail in seconds, not after object_store's default 10 retries over 3 minutes: an operator
+    # waiting on a savepoint wants the error.
+    options.setdefault("max_retries", os.environ.get("SESSIONS_S3_MAX_RETRIES", "3"))
+    options.setdefault("retry_timeout", os.environ.get("SESSIONS_S3_RETRY_TIMEOUT", "15s"))
+    options.setdefault("connect_timeout", "5s")
     os.environ.setdefault("AWS_EC2_METADATA_DISABLED", "true")  # else delta-rs probes instance metadata
     return options
 

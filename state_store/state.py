@@ -8,6 +8,9 @@ def read_state(spark, checkpoint: Path, batch_id: int | None = None):
     """Open events of all open sessions: user_id, event_id, event_time, event_type (one row each)."""
     from pyspark.sql import functions as F
 
+    # The RocksDB provider calls the driver's StateStoreCoordinator, which Spark registers only when
+    # the streaming query manager is first used; a fresh process (sessionctl) must touch it first.
+    spark.streams.active
     reader = spark.read.format("statestore")
     if batch_id is not None:
         reader = reader.option("batchId", batch_id)

@@ -159,14 +159,21 @@ def test_savepoint_failure_mid_write_is_never_listed(tmp_path, spark_session, s3
     with pytest.raises(LifecycleError, match="not listed as complete"):
         take_savepoint(config, spark=spark_session)
     monkeypatch.setattr(sp, "read_savepoint_state", real_read)
+    from moto.server import ThreadedMotoServer
+
+    s3_endpoint["server"] = ThreadedMotoServer(ip_address="127.0.0.1", port=s3_endpoint["port"])
     s3_endpoint["server"].start()  # moto keeps its buckets in process memory across restarts
 
-    listed = sp.list_savepoints(uri)
+    # The operator's next commands are new processes (this one's S3 connections died with the server).
+    env = {"SESSIONS_SAVEPOINT_URI": uri, "SESSIONS_MAX_VERSIONS_PER_BATCH": "1", **s3_endpoint["env"]}
+    listed = json.loads(_sessionctl(config.home, "savepoints", "--json", env=env).stdout)
     assert [r["savepoint_id"] for r in listed if r["status"] == "complete"] == [first["savepoint_id"]]
-    assert sp.get_savepoint(uri, "latest")["savepoint_id"] == first["savepoint_id"]
-    retried = take_savepoint(config, spark=spark_session)
-    assert sp.get_savepoint(uri, "latest")["savepoint_id"] == retried["savepoint_id"]
-    assert validate_savepoint(config, "latest")["verified"]
+    assert [r["status"] for r in listed if r["savepoint_id"] != first["savepoint_id"]] in ([], ["failed"])
+    retried = _sessionctl(config.home, "savepoint", "--json", env=env)
+    assert retried.returncode == 0, retried.stderr
+    retried_id = json.loads(retried.stdout)["savepoint_id"]
+    listed = json.loads(_sessionctl(config.home, "savepoints", "--json", env=env).stdout)
+    assert [r["savepoint_id"] for r in listed if r["status"] == "complete"] == [retried_id, first["savepoint_id"]]
 
 
 def test_incompatible_savepoint_is_refused_unless_migrating(tmp_path, spark_session):
@@ -203,8 +210,8 @@ def test_compaction_and_retention(tmp_path, spark_session):
     assert _sessions(config) == sorted(_sessions(config))  # still readable after VACUUM
 
 
-def _sessionctl(home: Path, *args: str) -> subprocess.CompletedProcess:
-    env = {**os.environ, "SESSIONS_HOME": str(home), "PYSPARK_PYTHON": sys.executable}
+def _sessionctl(home: Path, *args: str, env: dict | None = None) -> subprocess.CompletedProcess:
+    env = {**os.environ, "SESSIONS_HOME": str(home), "PYSPARK_PYTHON": sys.executable, **(env or {})}
     return subprocess.run([str(REPO / ".venv" / "bin" / "sessionctl"), *args], env=env,
                           capture_output=True, text=True, timeout=300)
 
