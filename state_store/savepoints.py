@@ -67,6 +67,7 @@ def storage_options(uri: str) -> dict | None:
     options.setdefault("max_retries", os.environ.get("SESSIONS_S3_MAX_RETRIES", "3"))
     options.setdefault("retry_timeout", os.environ.get("SESSIONS_S3_RETRY_TIMEOUT", "15s"))
     options.setdefault("connect_timeout", "5s")
+    options.setdefault("timeout", os.environ.get("SESSIONS_S3_TIMEOUT", "30s"))
     os.environ.setdefault("AWS_EC2_METADATA_DISABLED", "true")  # else delta-rs probes instance metadata
     return options
 

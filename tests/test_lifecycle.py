@@ -6,9 +6,11 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import signal
 import socket
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import boto3
@@ -42,20 +44,29 @@ def _free_port() -> int:
 
 @pytest.fixture(scope="module")
 def s3_endpoint():
-    """A real S3 HTTP API on loopback; AWS_* env points delta-rs and boto3 at it."""
-    from moto.server import ThreadedMotoServer
-
+    """A real S3 HTTP API on loopback (moto server in its own process); AWS_* env points delta-rs
+    and boto3 at it. SIGSTOP/SIGCONT of that process is the injected outage."""
     port = _free_port()
-    server = ThreadedMotoServer(ip_address="127.0.0.1", port=port)
-    server.start()
+    server = subprocess.Popen([str(REPO / ".venv" / "bin" / "moto_server"), "-H", "127.0.0.1", "-p", str(port)],
+                              stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     env = {"AWS_ACCESS_KEY_ID": "testing", "AWS_SECRET_ACCESS_KEY": "testing", "AWS_REGION": "us-east-1",
            "AWS_DEFAULT_REGION": "us-east-1", "AWS_ENDPOINT_URL": f"http://127.0.0.1:{port}",
-           "AWS_ALLOW_HTTP": "true", "AWS_EC2_METADATA_DISABLED": "true"}
+           "AWS_ALLOW_HTTP": "true", "AWS_EC2_METADATA_DISABLED": "true", "SESSIONS_S3_TIMEOUT": "5s",
+           "SESSIONS_S3_RETRY_TIMEOUT": "5s", "SESSIONS_S3_MAX_RETRIES": "1"}
     saved = {k: os.environ.get(k) for k in env}
     os.environ.update(env)
-    boto3.client("s3", endpoint_url=env["AWS_ENDPOINT_URL"]).create_bucket(Bucket="savepoints")
-    yield {"server": server, "port": port, "env": env}
-    server.stop()
+    deadline = time.monotonic() + 30
+    while True:
+        try:
+            boto3.client("s3", endpoint_url=env["AWS_ENDPOINT_URL"]).create_bucket(Bucket="savepoints")
+            break
+        except Exception:  # noqa: BLE001 -- not listening yet
+            if time.monotonic() > deadline:
+                raise
+            time.sleep(0.3)
+    yield {"process": server, "port": port, "env": env}
+    server.kill()
+    server.wait()
     for key, value in saved.items():
         if value is None:
             os.environ.pop(key, None)
@@ -152,17 +163,14 @@ def test_savepoint_failure_mid_write_is_never_listed(tmp_path, spark_session, s3
     real_read = sp.read_savepoint_state
 
     def endpoint_dies_after_the_state_write(*args, **kwargs):
-        s3_endpoint["server"].stop()  # the S3 endpoint goes away between write and verification
+        os.kill(s3_endpoint["process"].pid, signal.SIGSTOP)  # S3 stops answering mid-savepoint
         return real_read(*args, **kwargs)
 
     monkeypatch.setattr(sp, "read_savepoint_state", endpoint_dies_after_the_state_write)
     with pytest.raises(LifecycleError, match="not listed as complete"):
         take_savepoint(config, spark=spark_session)
     monkeypatch.setattr(sp, "read_savepoint_state", real_read)
-    from moto.server import ThreadedMotoServer
-
-    s3_endpoint["server"] = ThreadedMotoServer(ip_address="127.0.0.1", port=s3_endpoint["port"])
-    s3_endpoint["server"].start()  # moto keeps its buckets in process memory across restarts
+    os.kill(s3_endpoint["process"].pid, signal.SIGCONT)  # the endpoint is back, with its data
 
     # The operator's next commands are new processes (this one's S3 connections died with the server).
     env = {"SESSIONS_SAVEPOINT_URI": uri, "SESSIONS_MAX_VERSIONS_PER_BATCH": "1", **s3_endpoint["env"]}
