@@ -1,0 +1,545 @@
+"""Steady-state throughput: the session-tracking job vs Spark's native `session_window`.
+
+One run generates one clickstream (pipelines.sample_data), ingests it into a raw_events Delta table
+with exactly one ingest commit per micro-batch, and then runs, one after the other on that same table:
+
+  job     pipelines.job.start_query: the "sessions_raw" source -> applyInPandasWithState
+          (sessionize) -> foreachBatch MicroBatchSink (exactly-once Delta append)
+  native  the same "sessions_raw" source -> withWatermark (same lateness) ->
+          groupBy(session_window(event_time, gap), user_id) counting events and page views,
+          append mode -> foreachBatch Delta append through the same idempotent_append
+
+Both use the same state store provider, the same partitions, the same read limit (one ingest commit per
+batch) and trigger availableNow. Throughput = sum(numInputRows) / sum(durationMs.triggerExecution) over
+the measured batches (data batches after the warm-up batches), taken from query.recentProgress.
+
+Run `python benchmarks/throughput.py --help`; `--quick` is a ~2 minute smoke run.
+"""
+from __future__ import annotations
+
+import argparse
+import datetime as dt
+import json
+import math
+import os
+import platform
+import shlex
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+REPO = HERE.parent
+if str(REPO) not in sys.path:
+    sys.path.insert(0, str(REPO))
+
+import pyarrow as pa  # noqa: E402
+
+from pipelines.config import SessionsConfig  # noqa: E402
+from pipelines.ingest import ingest  # noqa: E402
+from pipelines.sample_data import arrival_order, generate_events, land  # noqa: E402
+from pipelines.tables import ensure_table, idempotent_append  # noqa: E402
+from state_store.checkpoint import PROVIDER_CLASSES, directory_size  # noqa: E402
+
+# Average events per generated session (1..12 events, +1 logout 30% of the time) and the duplicate rate
+# of arrival_order; only used to size the generation, the batches are cut exactly afterwards.
+EVENTS_PER_SESSION = 6.5 + 0.3
+DUPLICATE_RATE = 0.01
+LINES_PER_FILE = 50_000
+
+FULL = {"events_per_batch": 200_000, "users": 50_000, "warmup": 2, "batches": 5}
+QUICK = {"events_per_batch": 20_000, "users": 5_000, "warmup": 1, "batches": 3}
+
+NATIVE_SCHEMA = pa.schema([
+    ("session_id", pa.string()),
+    ("user_id", pa.string()),
+    ("session_start", pa.timestamp("us", tz="UTC")),
+    ("session_end", pa.timestamp("us", tz="UTC")),
+    ("event_count", pa.int64()),
+    ("page_views", pa.int64()),
+    ("batch_id", pa.int64()),
+    ("written_version", pa.int64()),
+])
+
+
+def log(message: str) -> None:
+    print(f"[{dt.datetime.now().strftime('%H:%M:%S')}] {message}", file=sys.stderr, flush=True)
+
+
+# ---------------------------------------------------------------------------------------------------
+# Data: generate once, ingest once (one ingest commit = one micro-batch), copy per provider.
+
+def make_config(home: Path, provider: str, args) -> SessionsConfig:
+    env = dict(os.environ)
+    env.update({
+        "SESSIONS_HOME": str(home),
+        "SESSIONS_STATE_STORE": provider,
+        "SESSIONS_MAX_VERSIONS_PER_BATCH": "1",
+    })
+    if args.partitions:
+        env["SESSIONS_STATE_PARTITIONS"] = str(args.partitions)
+    if args.buckets:
+        env["SESSIONS_STATE_BUCKETS"] = str(args.buckets)
+    return SessionsConfig.from_env(env)
+
+
+def prepare_data(home: Path, args) -> dict:
+    """Generate the clickstream and ingest it into home/warehouse/raw_events, one commit per batch."""
+    total_batches = args.warmup + args.batches
+    wanted = total_batches * args.events_per_batch
+    sessions_per_user = max(1, math.ceil(wanted / (args.users * EVENTS_PER_SESSION * (1 + DUPLICATE_RATE)) * 1.1))
+    started = time.monotonic()
+    events = arrival_order(generate_events(args.users, sessions_per_user, seed=args.seed), seed=args.seed)
+    while len(events) < wanted:  # the estimate fell short (unusual seeds/sizes): generate more
+        sessions_per_user += 1
+        events = arrival_order(generate_events(args.users, sessions_per_user, seed=args.seed), seed=args.seed)
+    generated = len(events)
+    events = events[:wanted]  # arrival order: dropping the tail keeps every batch a contiguous time slice
+    distinct_users = len({e["user_id"] for e in events})
+    generate_s = time.monotonic() - started
+
+    config = make_config(home, "rocksdb", args)
+    files_per_batch = max(1, math.ceil(args.events_per_batch / LINES_PER_FILE))
+    started = time.monotonic()
+    ingested_rows = 0
+    for b in range(total_batches):
+        chunk = events[b * args.events_per_batch:(b + 1) * args.events_per_batch]
+        per_file = math.ceil(len(chunk) / files_per_batch)
+        for f in range(files_per_batch):
+            lines = [json.dumps(e) for e in chunk[f * per_file:(f + 1) * per_file]]
+            land(config.landing, f"bench-{b:05d}-{f:03d}.jsonl", lines)
+        result = ingest(config, files_per_commit=files_per_batch)
+        if result.first_seq != result.last_seq or result.rows != len(chunk):
+            raise RuntimeError(f"batch {b}: expected one ingest commit of {len(chunk)} rows, got {result}")
+        ingested_rows += result.rows
+    ingest_s = time.monotonic() - started
+    first, last = events[0]["event_time"], events[-1]["event_time"]
+    return {
+        "sessions_per_user_generated": sessions_per_user,
+        "events_generated": generated,
+        "events_used": len(events),
+        "distinct_users": distinct_users,
+        "ingest_commits": total_batches,
+        "files_per_commit": files_per_batch,
+        "ingested_rows": ingested_rows,
+        "first_event_time_in_arrival_order": first,
+        "last_event_time_in_arrival_order": last,
+        "generate_seconds": round(generate_s, 1),
+        "ingest_seconds": round(ingest_s, 1),
+    }
+
+
+def provider_home(work: Path, data_home: Path, provider: str) -> Path:
+    home = work / provider
+    raw = home / "warehouse" / "raw_events"
+    raw.parent.mkdir(parents=True, exist_ok=True)
+    shutil.copytree(data_home / "warehouse" / "raw_events", raw)
+    return home
+
+
+# ---------------------------------------------------------------------------------------------------
+# The two queries.
+
+def _source_options(target_seq: int | None) -> dict:
+    # targetSeq caps the source at that ingest commit (used by the priming pass only).
+    return {"targetSeq": target_seq} if target_seq else {}
+
+
+def start_job(spark, config: SessionsConfig, target_seq: int | None = None):
+    from pipelines.job import checkpoint_metadata, ensure_tables, start_query
+
+    ensure_tables(config)
+    meta = checkpoint_metadata(config)
+    query, sink = start_query(spark, config, meta, {"availableNow": True}, _source_options(target_seq))
+    return query, lambda: {"sessions_written": sink.sessions_written, "quarantined": sink.quarantined}
+
+
+class NativeSink:
+    """foreachBatch target for the native query: one exactly-once Delta append per batch, like the job's."""
+
+    def __init__(self, uri: str, app_id: str):
+        self.uri, self.app_id = uri, app_id
+        self.sessions_written = 0
+
+    def __call__(self, batch_df, batch_id: int) -> None:
+        rows = batch_df.toArrow()
+        n = rows.num_rows
+        if not n:
+            return
+        out = pa.table({
+            "session_id": rows["session_id"], "user_id": rows["user_id"],
+            "session_start": rows["session_start"].cast(pa.timestamp("us", tz="UTC")),
+            "session_end": rows["session_end"].cast(pa.timestamp("us", tz="UTC")),
+            "event_count": rows["event_count"].cast(pa.int64()),
+            "page_views": rows["page_views"].cast(pa.int64()),
+            "batch_id": pa.array([batch_id] * n, pa.int64()),
+            "written_version": pa.nulls(n, pa.int64()),
+        }, schema=NATIVE_SCHEMA)
+        if idempotent_append(self.uri, out, self.app_id, batch_id):
+            self.sessions_written += n
+
+
+def start_native(spark, config: SessionsConfig, target_seq: int | None = None):
+    from pyspark.sql import functions as F
+
+    from pipelines.source import BOOTSTRAP_FILE, SOURCE_NAME, RawEventsSource
+
+    # The same session settings start_query applies for the job.
+    spark.conf.set("spark.sql.shuffle.partitions", str(config.state_partitions))
+    spark.conf.set("spark.sql.streaming.stateStore.providerClass", PROVIDER_CLASSES[config.state_store])
+    spark.conf.set("spark.sql.session.timeZone", "UTC")
+    spark.dataSource.register(RawEventsSource)
+
+    checkpoint = config.home / "checkpoints" / "native"
+    checkpoint.mkdir(parents=True, exist_ok=True)
+    out_uri = str(config.warehouse / "native_sessions")
+    ensure_table(out_uri, NATIVE_SCHEMA)
+
+    reader = (spark.readStream.format(SOURCE_NAME)
+              .option("path", config.raw_events_table)
+              .option("bootstrap", str(checkpoint / BOOTSTRAP_FILE))  # never exists: a fresh start
+              .option("maxVersionsPerTrigger", str(config.max_versions_per_batch or 1)))
+    for key, value in _source_options(target_seq).items():
+        reader = reader.option(key, str(value))
+    events = reader.load()
+    valid = (events.withWatermark("event_time", f"{config.lateness_ms} milliseconds")
+             .where((F.col("origin") == "event") & F.col("reject_reason").isNull()))
+    sessions = (valid.groupBy(F.session_window("event_time", f"{config.gap_ms} milliseconds").alias("w"), "user_id")
+                .agg(F.count(F.lit(1)).alias("event_count"),
+                     F.sum(F.when(F.col("event_type") == "page_view", 1).otherwise(0)).cast("long").alias("page_views")))
+    end = F.col("w.end") - F.expr(f"INTERVAL {config.gap_ms} MILLISECONDS")  # session_window end = last event + gap
+    output = sessions.select(
+        F.substring(F.sha2(F.concat_ws("\u001f", "user_id", F.unix_millis("w.start").cast("string")), 256), 1, 32)
+        .alias("session_id"),
+        "user_id", F.col("w.start").alias("session_start"), end.alias("session_end"), "event_count", "page_views",
+    )
+    sink = NativeSink(out_uri, "native-sessions")
+    query = (output.writeStream.queryName("native_session_window")
+             .outputMode("append")
+             .option("checkpointLocation", str(checkpoint))
+             .trigger(availableNow=True)
+             .foreachBatch(sink)
+             .start())
+    return query, lambda: {"sessions_written": sink.sessions_written}
+
+
+def checkpoint_dir(config: SessionsConfig, which: str) -> Path:
+    return config.checkpoint if which == "job" else config.home / "checkpoints" / "native"
+
+
+def batch_record(progress: dict) -> dict:
+    ops = progress.get("stateOperators") or []
+    return {
+        "batch_id": progress["batchId"],
+        "input_rows": int(progress.get("numInputRows") or 0),
+        "trigger_ms": int((progress.get("durationMs") or {}).get("triggerExecution") or 0),
+        "duration_ms": progress.get("durationMs") or {},
+        "watermark": (progress.get("eventTime") or {}).get("watermark"),
+        "state": [{
+            "operator": op.get("operatorName"),
+            "rows_total": op.get("numRowsTotal"),
+            "rows_updated": op.get("numRowsUpdated"),
+            "rows_removed": op.get("numRowsRemoved"),
+            "memory_used_bytes": op.get("memoryUsedBytes"),
+            "rows_dropped_by_watermark": op.get("numRowsDroppedByWatermark"),
+        } for op in ops],
+    }
+
+
+def prime(which: str, spark, config: SessionsConfig, batches: int) -> dict:
+    """A throwaway pass over the first `batches` ingest commits in its own checkpoint: JIT, Python
+    workers, provider code and delta-rs get warm before anything is measured, whatever runs first."""
+    started = time.monotonic()
+    query, _ = (start_job if which == "job" else start_native)(spark, config, target_seq=batches)
+    query.awaitTermination()
+    if query.exception():
+        raise RuntimeError(f"priming {which} query failed: {query.exception()}")
+    rows = sum(int(p.numInputRows) for p in query.recentProgress)
+    log(f"{config.state_store}: primed {which} with {rows} events in {time.monotonic() - started:.0f} s (discarded)")
+    return {"events": rows, "seconds": round(time.monotonic() - started, 1)}
+
+
+def run_query(which: str, spark, config: SessionsConfig, args) -> dict:
+    log(f"{config.state_store}: starting {which} query")
+    load_before = os.getloadavg()
+    started = time.monotonic()
+    query, counters = (start_job if which == "job" else start_native)(spark, config)
+    query.awaitTermination()
+    wall = time.monotonic() - started
+    load_after = os.getloadavg()
+    if query.exception():
+        raise RuntimeError(f"{which} query failed: {query.exception()}")
+    progresses = sorted((json.loads(p.json) for p in query.recentProgress), key=lambda p: p["batchId"])
+    batches = [batch_record(p) for p in progresses]
+    data = [b for b in batches if b["input_rows"] > 0]
+    expected = args.warmup + args.batches
+    if len(data) != expected:
+        raise RuntimeError(f"{which}: expected {expected} data batches, progress shows {len(data)} "
+                           f"(batches: {[(b['batch_id'], b['input_rows']) for b in batches]})")
+    measured = data[args.warmup:]
+    rows = sum(b["input_rows"] for b in measured)
+    ms = sum(b["trigger_ms"] for b in measured)
+    for b in batches:
+        b["role"] = ("measured" if b in measured else "warmup" if b in data else "no-data")
+    state_files, state_bytes = directory_size(checkpoint_dir(config, which) / "state")
+    state_at_end = None
+    if which == "job":
+        try:  # open users/events the job keeps, read through the state data source (not timed)
+            from state_store.state import state_summary
+
+            state_at_end = state_summary(spark, config.checkpoint)
+        except Exception as exc:  # noqa: BLE001 - informational only
+            state_at_end = {"error": str(exc).splitlines()[0][:200]}
+    result = {
+        "events_per_s": round(rows / (ms / 1000.0), 1) if ms else None,
+        "measured_batches": len(measured),
+        "measured_events": rows,
+        "measured_seconds": round(ms / 1000.0, 3),
+        "mean_batch_seconds": round(ms / 1000.0 / len(measured), 3),
+        "min_max_batch_seconds": [min(b["trigger_ms"] for b in measured) / 1000.0,
+                                  max(b["trigger_ms"] for b in measured) / 1000.0],
+        "wall_seconds_incl_startup_and_warmup": round(wall, 1),
+        "state_dir_files_at_end": state_files,
+        "state_dir_bytes_at_end": state_bytes,
+        **({"state_at_end": state_at_end} if state_at_end is not None else {}),
+        "loadavg_before": [round(x, 2) for x in load_before],
+        "loadavg_after": [round(x, 2) for x in load_after],
+        "batches": batches,
+        **counters(),
+    }
+    log(f"{config.state_store}: {which}: {result['events_per_s']} events/s over {len(measured)} batches "
+        f"({rows} events in {ms / 1000.0:.1f} s; wall {wall:.0f} s)")
+    return result
+
+
+# ---------------------------------------------------------------------------------------------------
+# Reporting.
+
+def machine_info() -> dict:
+    def cmd(*argv):
+        try:
+            out = subprocess.run(argv, capture_output=True, text=True, timeout=30)
+            return (out.stdout + out.stderr).strip()
+        except Exception as exc:  # noqa: BLE001 - informational only
+            return f"unavailable: {exc}"
+
+    cpu_model = None
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                cpu_model = line.split(":", 1)[1].strip()
+                break
+    except OSError:
+        pass
+    mem_total_gb = None
+    try:
+        kb = int(next(ln for ln in Path("/proc/meminfo").read_text().splitlines() if ln.startswith("MemTotal")).split()[1])
+        mem_total_gb = round(kb / 1024 / 1024, 1)
+    except (OSError, StopIteration, ValueError):
+        pass
+    import pyspark
+
+    nproc = cmd("nproc")
+    return {
+        "nproc": int(nproc) if nproc.isdigit() else os.cpu_count(),
+        "cpu_model": cpu_model,
+        "mem_total_gb": mem_total_gb,
+        "platform": platform.platform(),
+        "python": platform.python_version(),
+        "pyspark": pyspark.__version__,
+        "java": cmd("java", "-version").splitlines()[0] if cmd("java", "-version") else None,
+    }
+
+
+def _fmt(n) -> str:
+    if n is None:
+        return "-"
+    return f"{n:,.0f}"
+
+
+def _mb(n) -> str:
+    return "-" if n is None else f"{n / 1e6:.1f}"
+
+
+def write_markdown(path: Path, results: dict) -> None:
+    s, m = results["settings"], results["machine"]
+    title = "QUICK smoke run (small scale; not a steady-state figure)" if s["quick"] else "Full run"
+    lines = [
+        f"# Throughput: job vs native `session_window` -- {title}",
+        "",
+        f"Measured {results['date']} on {m['nproc']} cores ({m['cpu_model']}, {m['mem_total_gb']} GB), "
+        f"Spark master `{s['master']}`, PySpark {m['pyspark']}, {m['java']}.",
+        *([f"Note: {s['note']}"] if s["note"] else []),
+        f"Settings: {s['events_per_batch']:,} events per micro-batch over {s['users']:,} users, "
+        f"{s['warmup']} warm-up + {s['batches']} measured batches, {s['partitions']} state partitions, "
+        f"{s['buckets']} job state buckets, gap {s['gap_minutes']} min, lateness {s['lateness_minutes']} min, "
+        f"order {s['order']}, seed {s['seed']}, priming pass {s['prime_batches']} batches per provider (discarded).",
+        "Throughput = sum(numInputRows) / sum(durationMs.triggerExecution) over the measured batches.",
+        "",
+        "| provider | job events/s | native events/s | job / native | job s/batch | native s/batch "
+        "| load avg 1m (job; native) |",
+        "|---|---:|---:|---:|---:|---:|---|",
+    ]
+    for run in results["runs"]:
+        job, native = run["job"], run["native"]
+        ratio = "-" if run["ratio_job_over_native"] is None else f"{run['ratio_job_over_native']:.3f}"
+        lines.append(f"| {run['provider']} | {_fmt(job['events_per_s'])} | {_fmt(native['events_per_s'])} | {ratio} "
+                     f"| {job['mean_batch_seconds']:.2f} | {native['mean_batch_seconds']:.2f} "
+                     f"| {job['loadavg_before'][0]:.1f}-{job['loadavg_after'][0]:.1f}; "
+                     f"{native['loadavg_before'][0]:.1f}-{native['loadavg_after'][0]:.1f} |")
+    lines += ["", "## Per-batch state (from query progress)", "",
+              "Job state rows are hash buckets of users (each holds the bucket's open events as JSON); "
+              "native state rows are open session windows. Memory = state operator memoryUsedBytes.", "",
+              "| provider | query | batch | role | input rows | s | state rows | state MB |",
+              "|---|---|---:|---|---:|---:|---:|---:|"]
+    for run in results["runs"]:
+        for which in ("job", "native"):
+            for b in run[which]["batches"]:
+                op = b["state"][0] if b["state"] else {}
+                lines.append(f"| {run['provider']} | {which} | {b['batch_id']} | {b['role']} | {b['input_rows']:,} "
+                             f"| {b['trigger_ms'] / 1000:.2f} | {_fmt(op.get('rows_total'))} "
+                             f"| {_mb(op.get('memory_used_bytes'))} |")
+    lines += ["", "Sessions written (all batches): " + "; ".join(
+        f"{r['provider']}: job {r['job']['sessions_written']:,}, native {r['native']['sessions_written']:,}"
+        for r in results["runs"]) + " (the native query has no dedup and no logout rule, so counts differ).", ""]
+    for r in results["runs"]:
+        end = r["job"].get("state_at_end") or {}
+        if "open_events" in end:
+            lines.append(f"Job state after the run ({r['provider']}): {end['state_keys']:,} users with open sessions, "
+                         f"{end['open_events']:,} open events in {end['state_buckets']} buckets; checkpoint state dir "
+                         f"{_mb(r['job']['state_dir_bytes_at_end'])} MB (native: {_mb(r['native']['state_dir_bytes_at_end'])} MB).")
+    lines.append("")
+    path.write_text("\n".join(lines))
+
+
+# ---------------------------------------------------------------------------------------------------
+
+def parse_args(argv=None):
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--quick", action="store_true",
+                        help=f"smoke run (~2 min): defaults become {QUICK}")
+    parser.add_argument("--events-per-batch", type=int, help=f"events per micro-batch (full default {FULL['events_per_batch']})")
+    parser.add_argument("--users", type=int, help=f"distinct users (full default {FULL['users']})")
+    parser.add_argument("--batches", type=int, help=f"measured batches (full default {FULL['batches']})")
+    parser.add_argument("--warmup", type=int, help=f"warm-up batches discarded (full default {FULL['warmup']})")
+    parser.add_argument("--provider", default="rocksdb",
+                        help="state store provider: rocksdb (default), hdfs, both (= rocksdb,hdfs) or a comma list "
+                             "giving the order, e.g. hdfs,rocksdb; every provider runs on the same data")
+    parser.add_argument("--partitions", type=int, help="state/shuffle partitions (default: SESSIONS_STATE_PARTITIONS or 4)")
+    parser.add_argument("--buckets", type=int, help="job state buckets (default: SESSIONS_STATE_BUCKETS or 64)")
+    parser.add_argument("--order", choices=["job-first", "native-first"], default="job-first",
+                        help="which query runs first for each provider (default job-first)")
+    parser.add_argument("--prime-batches", type=int, default=2,
+                        help="before measuring each provider, run both queries over this many batches in a throwaway "
+                             "checkpoint (warms the JVM and Python workers; 0 = off; default 2)")
+    parser.add_argument("--seed", type=int, default=7, help="generator seed (default 7)")
+    parser.add_argument("--master", default=None, help="Spark master (default: SESSIONS_SPARK_MASTER or local[2])")
+    parser.add_argument("--work-dir", type=Path, default=None,
+                        help="where data and checkpoints go (default: a fresh temp dir, removed afterwards)")
+    parser.add_argument("--keep", action="store_true", help="keep the work dir")
+    parser.add_argument("--results-dir", type=Path, default=HERE / "results",
+                        help="where throughput.json and throughput.md go (default benchmarks/results)")
+    parser.add_argument("--note", default="",
+                        help="free text for the results, e.g. 'shared CPU: a test suite ran at the same time'")
+    args = parser.parse_args(argv)
+    defaults = QUICK if args.quick else FULL
+    for key, value in defaults.items():
+        if getattr(args, key) is None:
+            setattr(args, key, value)
+    for key in ("events_per_batch", "users", "batches"):
+        if getattr(args, key) < 1:
+            parser.error(f"--{key.replace('_', '-')} must be >= 1")
+    names = ["rocksdb", "hdfs"] if args.provider == "both" else [p.strip().lower() for p in args.provider.split(",")]
+    if not names or any(p not in PROVIDER_CLASSES for p in names) or len(set(names)) != len(names):
+        parser.error(f"--provider {args.provider!r}: expected rocksdb, hdfs, both or a comma list of distinct providers")
+    args.providers = names
+    args.prime_batches = max(0, min(args.prime_batches, args.warmup + args.batches))
+    if args.warmup < 0:
+        parser.error("--warmup must be >= 0")
+    return args
+
+
+def main(argv=None) -> int:
+    args = parse_args(argv)
+    if args.master:
+        os.environ["SESSIONS_SPARK_MASTER"] = args.master
+    # Quieter logs: no console progress bars, and no per-task pandas FutureWarning from PySpark's own
+    # serializer in the Python workers (they inherit this environment). Neither changes the work done.
+    os.environ.setdefault("PYSPARK_SUBMIT_ARGS", "--conf spark.ui.showConsoleProgress=false pyspark-shell")
+    os.environ.setdefault("PYTHONWARNINGS", "ignore::FutureWarning")
+    providers = args.providers
+    order = ["job", "native"] if args.order == "job-first" else ["native", "job"]
+    work = args.work_dir or Path(tempfile.mkdtemp(prefix="sessions-bench-"))
+    if args.work_dir and work.exists() and any(work.iterdir()):
+        raise SystemExit(f"--work-dir {work} is not empty; give an empty or new directory")
+    work.mkdir(parents=True, exist_ok=True)
+    date = dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds")
+    started = time.monotonic()
+    try:
+        log(f"work dir {work}; generating {(args.warmup + args.batches) * args.events_per_batch:,} events "
+            f"over {args.users:,} users")
+        data_home = work / "data"
+        data = prepare_data(data_home, args)
+        log(f"data ready: {data}")
+
+        from pipelines.job import get_spark
+
+        first = make_config(provider_home(work, data_home, providers[0]), providers[0], args)
+        spark = get_spark(first)
+        spark.conf.set("spark.sql.streaming.numRecentProgressUpdates", "10000")
+        runs = []
+        for provider in providers:
+            config = first if provider == providers[0] else make_config(
+                provider_home(work, data_home, provider), provider, args)
+            run = {"provider": provider}
+            if args.prime_batches:
+                prime_config = make_config(provider_home(work, data_home, f"prime-{provider}"), provider, args)
+                run["priming"] = {which: prime(which, spark, prime_config, args.prime_batches) for which in order}
+            for which in order:
+                run[which] = run_query(which, spark, config, args)
+            job_eps, native_eps = run["job"]["events_per_s"], run["native"]["events_per_s"]
+            run["ratio_job_over_native"] = round(job_eps / native_eps, 4) if job_eps and native_eps else None
+            runs.append(run)
+        config = first
+        results = {
+            "date": date,
+            "machine": machine_info(),
+            "settings": {
+                "quick": args.quick, "events_per_batch": args.events_per_batch, "users": args.users,
+                "warmup": args.warmup, "batches": args.batches, "providers": providers,
+                "partitions": config.state_partitions, "buckets": config.state_buckets,
+                "gap_minutes": config.gap_minutes, "lateness_minutes": config.lateness_minutes,
+                "master": os.environ.get("SESSIONS_SPARK_MASTER", "local[2]"), "order": args.order,
+                "prime_batches": args.prime_batches,
+                "seed": args.seed, "trigger": "availableNow, one raw_events ingest commit per batch",
+                "note": args.note,
+                "command": shlex.join([Path(sys.argv[0]).name] + list(argv if argv is not None else sys.argv[1:])),
+            },
+            "method": "events/s = sum(numInputRows) / sum(durationMs.triggerExecution) over measured batches "
+                      "(data batches after the warm-up ones) from query.recentProgress",
+            "data": data,
+            "runs": runs,
+            "total_seconds": round(time.monotonic() - started, 1),
+        }
+        spark.stop()
+        args.results_dir.mkdir(parents=True, exist_ok=True)
+        (args.results_dir / "throughput.json").write_text(json.dumps(results, indent=2) + "\n")
+        write_markdown(args.results_dir / "throughput.md", results)
+        log(f"wrote {args.results_dir / 'throughput.json'} and throughput.md in {results['total_seconds']} s")
+        for run in runs:
+            print(json.dumps({"provider": run["provider"], "job_events_per_s": run["job"]["events_per_s"],
+                              "native_events_per_s": run["native"]["events_per_s"],
+                              "ratio_job_over_native": run["ratio_job_over_native"], "quick": args.quick}))
+        return 0
+    finally:
+        if not args.keep:
+            shutil.rmtree(work, ignore_errors=True)
+        else:
+            log(f"kept {work}")
+
+
+if __name__ == "__main__":
+    sys.exit(main())
