@@ -1,0 +1,1 @@
+"""Dagster surface: thin wiring of the pipelines/ and state_store/ library into jobs, assets, schedules, sensors."""

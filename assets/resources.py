@@ -1,0 +1,35 @@
+"""The one configuration object, as a Dagster resource (env vars by default, overridable per run)."""
+from __future__ import annotations
+
+from typing import Optional
+
+from dagster import ConfigurableResource, Failure
+
+from pipelines.config import SessionsConfig
+from state_store.checkpoint import LifecycleError
+
+
+class SessionsResource(ConfigurableResource):
+    """Settings of the session-tracking job; unset fields come from SESSIONS_* environment variables."""
+
+    home: Optional[str] = None
+    state_store: Optional[str] = None
+    savepoint_uri: Optional[str] = None
+
+    def config(self) -> SessionsConfig:
+        import os
+
+        env = dict(os.environ)
+        for key, value in (("SESSIONS_HOME", self.home), ("SESSIONS_STATE_STORE", self.state_store),
+                           ("SESSIONS_SAVEPOINT_URI", self.savepoint_uri)):
+            if value:
+                env[key] = value
+        return SessionsConfig.from_env(env)
+
+
+def expected_errors(fn, *args, **kwargs):
+    """Run a library call; an expected operator error becomes a clean Dagster Failure."""
+    try:
+        return fn(*args, **kwargs)
+    except LifecycleError as error:
+        raise Failure(description=str(error)) from None
