@@ -8,6 +8,7 @@ no state: rejected input lines (to quarantine) and the restore's watermark marke
 from __future__ import annotations
 
 import json
+import warnings
 from typing import Iterator
 
 import pandas as pd
@@ -31,6 +32,9 @@ OUTPUT_COLUMNS = [
 OUTPUT_SCHEMA = ", ".join(f"{name} {kind}" for name, kind in OUTPUT_COLUMNS)
 _INT_COLUMNS = {name for name, kind in OUTPUT_COLUMNS if kind == "long"}
 NO_STATE_BUCKET = -1
+# PySpark's own serializer concatenates our frames with all-null columns; pandas 2.x warns about a
+# future change on every task. The output schema is fixed, so the warning is noise in worker logs.
+warnings.filterwarnings("ignore", category=FutureWarning, module="pyspark.sql.pandas.serializers")
 
 
 def bucket_column(buckets: int):
