@@ -18,6 +18,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import pyarrow as pa
+import pyarrow.compute as pc
 from deltalake import CommitProperties, DeltaTable, write_deltalake
 
 from pipelines.config import SessionsConfig
@@ -35,7 +36,7 @@ RAW_SCHEMA = pa.schema([
     ("raw", pa.string()),            # the line as landed, kept only for rejected lines
 ])
 INGESTED_DIR = "_ingested"
-HISTORY_PAGE = 100
+HISTORY_PAGE = 50  # commits searched for files ingested just before a crash
 
 
 @contextmanager
@@ -120,21 +121,24 @@ def parse_file(path: Path, seq: int) -> pa.Table:
 
 
 def latest_ingest_seq(table_uri: str) -> tuple[int, set[str]]:
-    """The newest ingest sequence number and the files of the newest ingest commits.
+    """The newest ingest sequence number, and the files of the most recent ingest commits.
 
-    Read from the commit history (newest first) so OPTIMIZE/VACUUM commits in between do not matter.
+    The number comes from the data files' statistics (max of ingest_seq), so it survives OPTIMIZE,
+    VACUUM and log cleanup; the file names (to skip a file committed just before a crash) come from
+    the newest commits only.
     """
     if not DeltaTable.is_deltatable(table_uri):
         return 0, set()
     table = DeltaTable(table_uri)
-    recent_files: set[str] = set()
+    adds = pa.table(table.get_add_actions(flatten=True))
     seq = 0
-    for commit in table.history():
+    if adds.num_rows:
+        seq = int(pc.max(adds["max.ingest_seq"]).as_py() or 0)
+    recent_files: set[str] = set()
+    for commit in table.history(limit=HISTORY_PAGE):
         if "ingest_seq" in commit:
             seq = max(seq, int(commit["ingest_seq"]))
             recent_files.update(json.loads(commit.get("ingested_files", "[]")))
-            if len(recent_files) >= HISTORY_PAGE:
-                break
     return seq, recent_files
 
 

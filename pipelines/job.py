@@ -14,7 +14,7 @@ from pipelines.config import SessionsConfig
 from pipelines.ingest import ingest
 from pipelines.tables import QUARANTINE_SCHEMA, SESSIONS_SCHEMA, MicroBatchSink, ensure_table, table_rows
 from state_store.checkpoint import (
-    PROVIDER_CLASSES, JobMetadata, LifecycleError, directory_size, inspect_checkpoint,
+    PROVIDER_CLASSES, JobMetadata, LifecycleError, batch_source_range, directory_size, inspect_checkpoint,
     read_job_metadata, write_job_metadata,
 )
 
@@ -129,7 +129,9 @@ def start_query(spark, config: SessionsConfig, meta: JobMetadata, trigger: dict,
     for key, value in (source_options or {}).items():
         reader = reader.option(key, str(value))
     output = sessionize(reader.load(), meta.gap_ms, meta.lateness_ms, meta.buckets)
-    sink = MicroBatchSink(config.sessions_table, config.quarantine_table, meta.incarnation)
+    checkpoint = config.checkpoint
+    sink = MicroBatchSink(config.sessions_table, config.quarantine_table, config.raw_events_table, meta.incarnation,
+                          seq_range=lambda batch_id: batch_source_range(checkpoint, batch_id))
     query = (output.writeStream.queryName("sessions")
              .option("checkpointLocation", str(config.checkpoint))
              .trigger(**trigger)

@@ -2,8 +2,11 @@
 
 State is keyed by a hash bucket of user_id (SESSIONS_STATE_BUCKETS), so one Python call advances the
 sessions of many users with vectorised pandas instead of one call per user. applyInPandasWithState
-runs on both the RocksDB and the HDFS-backed state store providers. Bucket -1 carries rows that need
-no state: rejected input lines (to quarantine) and the restore's watermark marker.
+runs on both the RocksDB and the HDFS-backed state store providers.
+
+Only what sessionization needs crosses the shuffle and the JVM/Python boundary: rejected lines and the
+restore's watermark marker are dropped right after the watermark node (which has already counted
+them), and a late event travels as (ingest_seq, line_no) -- the sink fetches the rest from raw_events.
 """
 from __future__ import annotations
 
@@ -11,6 +14,7 @@ import json
 import warnings
 from typing import Iterator
 
+import numpy as np
 import pandas as pd
 from pyspark.sql import DataFrame
 from pyspark.sql import functions as F
@@ -25,13 +29,13 @@ STATE_JSON_SCHEMA = "user_ids array<string>, event_ids array<string>, event_time
 OUTPUT_COLUMNS = [
     ("kind", "string"), ("session_id", "string"), ("user_id", "string"),
     ("session_start_ms", "long"), ("session_end_ms", "long"), ("event_count", "long"),
-    ("page_views", "long"), ("end_reason", "string"), ("reason", "string"),
-    ("event_id", "string"), ("event_time_ms", "long"), ("event_type", "string"), ("page", "string"),
-    ("source_file", "string"), ("line_no", "long"), ("ingest_seq", "long"), ("raw", "string"),
+    ("page_views", "long"), ("end_reason", "string"),
+    ("event_id", "string"), ("event_time_ms", "long"), ("event_type", "string"),
+    ("ingest_seq", "long"), ("line_no", "long"),
 ]
 OUTPUT_SCHEMA = ", ".join(f"{name} {kind}" for name, kind in OUTPUT_COLUMNS)
 _INT_COLUMNS = {name for name, kind in OUTPUT_COLUMNS if kind == "long"}
-NO_STATE_BUCKET = -1
+FROM_STATE = 1  # `from_state` column: a savepoint row being restored, not an event
 # PySpark's own serializer concatenates our frames with all-null columns; pandas 2.x warns about a
 # future change on every task. The output schema is fixed, so the warning is noise in worker logs.
 warnings.filterwarnings("ignore", category=FutureWarning, module="pyspark.sql.pandas.serializers")
@@ -42,16 +46,17 @@ def bucket_column(buckets: int):
 
 
 def _output(frame: pd.DataFrame, kind: str) -> pd.DataFrame:
-    out = pd.DataFrame(index=range(len(frame)))
+    n = len(frame)
+    columns = {}
     for name, _ in OUTPUT_COLUMNS:
         if name == "kind":
-            out[name] = kind
+            columns[name] = np.full(n, kind, dtype=object)
         elif name in frame.columns:
             values = frame[name].to_numpy()
-            out[name] = pd.array(values, dtype="Int64") if name in _INT_COLUMNS else values
+            columns[name] = pd.array(values, dtype="Int64") if name in _INT_COLUMNS else values
         else:
-            out[name] = pd.array([None] * len(frame), dtype="Int64" if name in _INT_COLUMNS else object)
-    return out
+            columns[name] = pd.array([None] * n, dtype="Int64" if name in _INT_COLUMNS else object)
+    return pd.DataFrame(columns)
 
 
 def _state_frame(state: GroupState) -> pd.DataFrame:
@@ -63,53 +68,51 @@ def _state_frame(state: GroupState) -> pd.DataFrame:
                          "event_type": stored["event_types"]})
 
 
+def _state_json(open_events: pd.DataFrame) -> str:
+    return json.dumps({
+        "user_ids": open_events["user_id"].tolist(), "event_ids": open_events["event_id"].tolist(),
+        "event_times": open_events["event_time_ms"].astype("int64").tolist(),
+        "event_types": open_events["event_type"].tolist(),
+    }, separators=(",", ":"))
+
+
 def make_session_function(gap_ms: int):
     def sessions_for_bucket(key, frames: Iterator[pd.DataFrame], state: GroupState) -> Iterator[pd.DataFrame]:
-        batch = pd.concat(list(frames), ignore_index=True) if not state.hasTimedOut else None
-        if key[0] == NO_STATE_BUCKET:
-            rejected = batch[batch["origin"] == "event"].rename(columns={"reject_reason": "reason"})
-            if len(rejected):
-                yield _output(rejected, "quarantine")
-            return
         stored = _state_frame(state)
-        if batch is not None and len(batch):
-            restored = batch.loc[batch["origin"] == "state", STATE_FIELDS]
-            if len(restored):
+        events = empty_state()
+        if not state.hasTimedOut:
+            batch = pd.concat(list(frames), ignore_index=True)
+            from_state = batch["from_state"].to_numpy() == FROM_STATE
+            if from_state.any():
+                restored = batch.loc[from_state, STATE_FIELDS]
                 stored = pd.concat([stored, restored], ignore_index=True) if len(stored) else restored
-            events = batch[batch["origin"] == "event"]
-        else:
-            events = batch.iloc[:0] if batch is not None else pd.DataFrame(columns=STATE_FIELDS)
+            events = batch[~from_state]
         step = advance(stored, events, state.getCurrentWatermarkMs(), gap_ms)
         if len(step.open_events):
-            open_events = step.open_events
-            state.update((json.dumps({
-                "user_ids": open_events["user_id"].tolist(), "event_ids": open_events["event_id"].tolist(),
-                "event_times": open_events["event_time_ms"].astype("int64").tolist(),
-                "event_types": open_events["event_type"].tolist(),
-            }, separators=(",", ":")),))
+            state.update((_state_json(step.open_events),))
             state.setTimeoutTimestamp(step.next_close_ms - 1)  # Spark fires when timeout < watermark
         elif state.exists:
             state.remove()
         if len(step.closed):
             yield _output(step.closed, "session")
         if len(step.late):
-            late = step.late
-            raw = [json.dumps({"event_id": e, "user_id": u, "event_time": t.isoformat(), "event_type": k, "page": p})
-                   for e, u, t, k, p in zip(late["event_id"], late["user_id"], late["event_time"],
-                                            late["event_type"], late["page"])]
-            yield _output(late.assign(reason="late", raw=raw), "quarantine")
+            yield _output(step.late, "late")
 
     return sessions_for_bucket
 
 
 def sessionize(events: DataFrame, gap_ms: int, lateness_ms: int, buckets: int) -> DataFrame:
-    """Raw source rows -> session rows and quarantine rows (column `kind`)."""
+    """Source rows -> rows of kind `session` (closed sessions) and `late` (events below the watermark)."""
     with_watermark = events.withWatermark("event_time", f"{lateness_ms} milliseconds")
-    stateful = (F.col("origin") == "state") | ((F.col("origin") == "event") & F.col("reject_reason").isNull())
-    keyed = with_watermark.select(
-        "*",  # keeps event_time, and with it the watermark the state functions read
+    stateful = with_watermark.where(
+        (F.col("origin") == "state") | ((F.col("origin") == "event") & F.col("reject_reason").isNull()))
+    keyed = stateful.select(
+        bucket_column(buckets).alias("bucket"),
+        "user_id", "event_id",
+        "event_time",  # as is: it carries the watermark the state functions read
         F.unix_millis("event_time").alias("event_time_ms"),
-        F.when(stateful, bucket_column(buckets)).otherwise(F.lit(NO_STATE_BUCKET)).alias("bucket"),
+        "event_type", "ingest_seq", "line_no",
+        F.when(F.col("origin") == "state", F.lit(FROM_STATE)).otherwise(F.lit(0)).alias("from_state"),
     )
     return keyed.groupBy("bucket").applyInPandasWithState(
         make_session_function(gap_ms), OUTPUT_SCHEMA, STATE_SCHEMA, "append", GroupStateTimeout.EventTimeTimeout,

@@ -2,9 +2,11 @@
 from __future__ import annotations
 
 import datetime as dt
+import json
 
 import pyarrow as pa
 import pyarrow.compute as pc
+import pyarrow.dataset as ds
 from deltalake import CommitProperties, DeltaTable, Transaction, write_deltalake
 
 SESSIONS_SCHEMA = pa.schema([
@@ -65,19 +67,73 @@ def idempotent_append(uri: str, rows: pa.Table, app_id: str, batch_id: int) -> b
     return True
 
 
-class MicroBatchSink:
-    """foreachBatch target: session rows -> sessions, quarantine rows -> quarantine, each exactly once."""
+def _late_raw(rows: pa.Table) -> list[str]:
+    """A late event's line as landed is not carried through the stream; rebuild it as JSON."""
+    times = rows["event_time"].to_pylist()
+    return [json.dumps({"event_id": e, "user_id": u, "event_time": t.isoformat().replace("+00:00", "Z") if t else None,
+                        "event_type": k, "page": p})
+            for e, u, t, k, p in zip(rows["event_id"].to_pylist(), rows["user_id"].to_pylist(), times,
+                                     rows["event_type"].to_pylist(), rows["page"].to_pylist())]
 
-    def __init__(self, sessions_uri: str, quarantine_uri: str, incarnation: str):
-        self.sessions_uri, self.quarantine_uri, self.incarnation = sessions_uri, quarantine_uri, incarnation
+
+class MicroBatchSink:
+    """foreachBatch target: sessions -> sessions; late events and rejected lines -> quarantine; each
+    exactly once per (checkpoint incarnation, batch id).
+
+    Rejected lines never enter the stateful operator: the sink reads them, and the provenance of late
+    events, from raw_events for the batch's source range (from the checkpoint's offset log)."""
+
+    def __init__(self, sessions_uri: str, quarantine_uri: str, raw_uri: str, incarnation: str, seq_range):
+        self.sessions_uri, self.quarantine_uri, self.raw_uri = sessions_uri, quarantine_uri, raw_uri
+        self.incarnation, self.seq_range = incarnation, seq_range
         self.sessions_written = 0
         self.quarantined = 0
+
+    def _raw_rows(self, low: int, high: int, columns: list[str], extra=None) -> pa.Table:
+        dataset = DeltaTable(self.raw_uri).to_pyarrow_dataset()
+        condition = (ds.field("ingest_seq") > low) & (ds.field("ingest_seq") <= high)
+        if extra is not None:
+            condition = condition & extra
+        return dataset.to_table(columns=columns, filter=condition)
+
+    def _quarantine_rows(self, batch_id: int, late: pa.Table) -> pa.Table | None:
+        low, high = self.seq_range(batch_id)
+        parts = []
+        if high > low:
+            rejected = self._raw_rows(low, high, ["reject_reason", "raw", "source_file", "line_no", "ingest_seq",
+                                                  "event_id", "user_id", "event_time", "event_type"],
+                                      ds.field("reject_reason").is_valid())
+            if rejected.num_rows:
+                parts.append(rejected.rename_columns(["reason", *rejected.column_names[1:]]))
+        if late.num_rows:
+            provenance = self._raw_rows(int(pc.min(late["ingest_seq"]).as_py()) - 1, int(pc.max(late["ingest_seq"]).as_py()),
+                                        ["ingest_seq", "line_no", "source_file", "page"])
+            joined = late.select(["event_id", "user_id", "event_time_ms", "event_type", "ingest_seq", "line_no"]) \
+                .join(provenance, ["ingest_seq", "line_no"], join_type="left outer")
+            joined = joined.append_column("event_time", _millis_to_ts(joined["event_time_ms"]))
+            parts.append(pa.table({
+                "reason": pa.array(["late"] * joined.num_rows, pa.string()), "raw": _late_raw(joined),
+                "source_file": joined["source_file"], "line_no": joined["line_no"],
+                "ingest_seq": joined["ingest_seq"], "event_id": joined["event_id"], "user_id": joined["user_id"],
+                "event_time": joined["event_time"], "event_type": joined["event_type"]}))
+        if not parts:
+            return None
+        rows = pa.concat_tables([p.select(parts[0].column_names).cast(parts[0].schema) for p in parts])
+        m = rows.num_rows
+        now = dt.datetime.now(dt.timezone.utc)
+        return pa.table({
+            **{name: rows[name] for name in ("reason", "raw", "source_file", "line_no", "ingest_seq",
+                                             "event_id", "user_id", "event_time", "event_type")},
+            "batch_id": pa.array([batch_id] * m, pa.int64()),
+            "incarnation": pa.array([self.incarnation] * m, pa.string()),
+            "written_version": pa.nulls(m, pa.int64()),
+            "quarantined_at": pa.array([now] * m, pa.timestamp("us", tz="UTC")),
+        }, schema=QUARANTINE_SCHEMA)
 
     def __call__(self, batch_df, batch_id: int) -> None:
         rows = batch_df.toArrow()
         kind = rows["kind"]
         sessions = rows.filter(pc.equal(kind, "session"))
-        quarantine = rows.filter(pc.equal(kind, "quarantine"))
         n = sessions.num_rows
         if n:
             out = pa.table({
@@ -92,19 +148,7 @@ class MicroBatchSink:
             }, schema=SESSIONS_SCHEMA)
             if idempotent_append(self.sessions_uri, out, f"sessions-{self.incarnation}", batch_id):
                 self.sessions_written += n
-        m = quarantine.num_rows
-        if m:
-            now = dt.datetime.now(dt.timezone.utc)
-            out = pa.table({
-                "reason": quarantine["reason"], "raw": quarantine["raw"],
-                "source_file": quarantine["source_file"], "line_no": quarantine["line_no"],
-                "ingest_seq": quarantine["ingest_seq"], "event_id": quarantine["event_id"],
-                "user_id": quarantine["user_id"], "event_time": _millis_to_ts(quarantine["event_time_ms"]),
-                "event_type": quarantine["event_type"],
-                "batch_id": pa.array([batch_id] * m, pa.int64()),
-                "incarnation": pa.array([self.incarnation] * m, pa.string()),
-                "written_version": pa.nulls(m, pa.int64()),
-                "quarantined_at": pa.array([now] * m, pa.timestamp("us", tz="UTC")),
-            }, schema=QUARANTINE_SCHEMA)
-            if idempotent_append(self.quarantine_uri, out, f"quarantine-{self.incarnation}", batch_id):
-                self.quarantined += m
+        quarantine = self._quarantine_rows(batch_id, rows.filter(pc.equal(kind, "late")))
+        if quarantine is not None and idempotent_append(
+                self.quarantine_uri, quarantine, f"quarantine-{self.incarnation}", batch_id):
+            self.quarantined += quarantine.num_rows

@@ -107,3 +107,19 @@ def directory_size(path: Path) -> tuple[int, int]:
             files += 1
             total += item.stat().st_size
     return files, total
+
+
+def batch_source_range(checkpoint: Path, batch_id: int) -> tuple[int, int]:
+    """(low, high]: the raw_events ingest_seq range micro-batch `batch_id` read, from the offset log."""
+    checkpoint = Path(checkpoint)
+
+    def seq_at(batch: int) -> int:
+        lines = _log_entry(checkpoint / "offsets" / str(batch))
+        return int(json.loads(lines[2])["seq"])
+
+    high = seq_at(batch_id)
+    if batch_id > 0 and (checkpoint / "offsets" / str(batch_id - 1)).exists():
+        return seq_at(batch_id - 1), high
+    bootstrap = checkpoint / "_bootstrap.json"
+    low = int(json.loads(bootstrap.read_text())["source_seq"]) if bootstrap.exists() else 0
+    return low, high
