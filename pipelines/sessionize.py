@@ -43,6 +43,32 @@ def empty_sessions() -> pd.DataFrame:
     })
 
 
+def _dedup_and_order(events: pd.DataFrame) -> tuple[pd.DataFrame, int]:
+    """Drop repeated (user_id, event_id) -- the first row wins, and state rows come first -- and order
+    by (user, event_time, event_id). Users only need to be contiguous, not sorted, so users and ids are
+    hashed to integer codes (pd.factorize) and sorted as integers; event_id strings are compared only
+    to break ties of the same user and millisecond."""
+    user_codes, _ = pd.factorize(events["user_id"])
+    id_codes, ids = pd.factorize(events["event_id"])
+    pair = user_codes.astype("int64") * (len(ids) + 1) + id_codes
+    _, first = np.unique(pair, return_index=True)
+    duplicates = len(events) - len(first)
+    if duplicates:
+        first.sort()
+        events, user_codes = events.iloc[first], user_codes[first]
+    times = events["event_time_ms"].to_numpy(dtype="int64")
+    order = np.lexsort((times, user_codes))
+    same = (user_codes[order][1:] == user_codes[order][:-1]) & (times[order][1:] == times[order][:-1])
+    if same.any():
+        event_ids = events["event_id"].to_numpy()
+        starts = np.flatnonzero(np.diff(np.concatenate(([0], same.astype("int8"), [0]))) == 1)
+        ends = np.flatnonzero(np.diff(np.concatenate(([0], same.astype("int8"), [0]))) == -1)
+        for lo, hi in zip(starts, ends + 1):  # runs of equal (user, ms): order by event_id
+            run = order[lo:hi + 0]
+            order[lo:hi] = run[np.argsort(event_ids[run], kind="stable")]
+    return events.iloc[order].reset_index(drop=True), duplicates
+
+
 @dataclass(frozen=True)
 class Advance:
     closed: pd.DataFrame       # SESSION_FIELDS, sessions the watermark has closed
@@ -66,10 +92,7 @@ def advance(open_events: pd.DataFrame, new_events: pd.DataFrame, watermark_ms: i
     if not parts:
         return Advance(empty_sessions(), empty_state(), late, 0, None)
     events = pd.concat(parts, ignore_index=True) if len(parts) > 1 else parts[0].reset_index(drop=True)
-    before = len(events)
-    events = events.drop_duplicates(["user_id", "event_id"], keep="first")  # state copy wins
-    duplicates = before - len(events)
-    events = events.sort_values(["user_id", "event_time_ms", "event_id"], kind="mergesort", ignore_index=True)
+    events, duplicates = _dedup_and_order(events)
 
     users = events["user_id"].to_numpy()
     times = events["event_time_ms"].to_numpy(dtype="int64")
