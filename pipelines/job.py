@@ -191,15 +191,19 @@ def run_continuously(config: SessionsConfig, spark=None, stop: threading.Event |
         meta = checkpoint_metadata(config)
         spark = spark or get_spark(config)
         summary = RunSummary()
-        result = ingest(config)
+
+        def ingest_landed() -> None:
+            result = ingest(config)
+            summary.ingested_files += result.files
+            summary.ingested_rows += result.rows
+            summary.rejected_lines += result.rejected
+
+        ingest_landed()
         query, sink = start_query(spark, config, meta, {"processingTime": f"{poll_seconds} seconds"})
         seen: set = set()
         try:
             while not stop.is_set() and query.isActive:
-                result = ingest(config)
-                summary.ingested_files += result.files
-                summary.ingested_rows += result.rows
-                summary.rejected_lines += result.rejected
+                ingest_landed()
                 before = summary.batches
                 _absorb_progress(query, summary, seen)
                 if on_progress and summary.batches != before:
