@@ -1,12 +1,17 @@
 """The one configuration object, as a Dagster resource (env vars by default, overridable per run)."""
 from __future__ import annotations
 
+import os
+import sys
 from typing import Optional
 
 from dagster import ConfigurableResource, Failure
 
 from pipelines.config import SessionsConfig
 from state_store.checkpoint import LifecycleError
+
+# Spark's Python workers must use this environment's interpreter (pandas, pyarrow, the pipeline).
+os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
 
 
 class SessionsResource(ConfigurableResource):
@@ -17,8 +22,6 @@ class SessionsResource(ConfigurableResource):
     savepoint_uri: Optional[str] = None
 
     def config(self) -> SessionsConfig:
-        import os
-
         env = dict(os.environ)
         for key, value in (("SESSIONS_HOME", self.home), ("SESSIONS_STATE_STORE", self.state_store),
                            ("SESSIONS_SAVEPOINT_URI", self.savepoint_uri)):
@@ -33,3 +36,12 @@ def expected_errors(fn, *args, **kwargs):
         return fn(*args, **kwargs)
     except LifecycleError as error:
         raise Failure(description=str(error)) from None
+
+
+def pyspark_resource():
+    """dagster-pyspark's resource, configured with the job's own Spark settings."""
+    from dagster_pyspark import PySparkResource
+
+    from pipelines.job import spark_conf
+
+    return PySparkResource(spark_config=spark_conf(SessionsConfig.from_env()))

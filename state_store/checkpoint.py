@@ -123,3 +123,13 @@ def batch_source_range(checkpoint: Path, batch_id: int) -> tuple[int, int]:
     bootstrap = checkpoint / "_bootstrap.json"
     low = int(json.loads(bootstrap.read_text())["source_seq"]) if bootstrap.exists() else 0
     return low, high
+
+
+def last_commit_age_seconds(checkpoint: Path) -> float | None:
+    """Seconds since the newest committed batch (None when nothing was committed)."""
+    import time
+
+    commits = _batch_files(Path(checkpoint) / "commits")
+    if not commits:
+        return None
+    return time.time() - (Path(checkpoint) / "commits" / str(commits[-1])).stat().st_mtime

@@ -1,0 +1,46 @@
+"""Daily session metrics derived from the sessions table (delta-rs + pandas; no Spark needed)."""
+from __future__ import annotations
+
+import datetime as dt
+
+import pandas as pd
+import pyarrow as pa
+import pyarrow.dataset as ds
+from deltalake import DeltaTable, write_deltalake
+
+from pipelines.config import SessionsConfig
+
+METRICS_SCHEMA = pa.schema([
+    ("day", pa.string()), ("sessions", pa.int64()), ("users", pa.int64()),
+    ("median_duration_s", pa.float64()), ("page_views", pa.int64()), ("logout_sessions", pa.int64()),
+    ("computed_at", pa.timestamp("us", tz="UTC")),
+])
+
+
+def metrics_table(config: SessionsConfig) -> str:
+    return str(config.warehouse / "daily_session_metrics")
+
+
+def daily_metrics(config: SessionsConfig, day: str) -> dict:
+    """Metrics of sessions that started on `day` (UTC), written as that day's slice of the metrics table
+    (replacing it, so a backfill can run any day any number of times)."""
+    start = dt.datetime.fromisoformat(day).replace(tzinfo=dt.timezone.utc)
+    end = start + dt.timedelta(days=1)
+    sessions = DeltaTable(config.sessions_table).to_pyarrow_dataset().to_table(
+        columns=["user_id", "session_start", "session_end", "page_views", "end_reason"],
+        filter=(ds.field("session_start") >= pa.scalar(start, pa.timestamp("us", tz="UTC")))
+        & (ds.field("session_start") < pa.scalar(end, pa.timestamp("us", tz="UTC")))).to_pandas()
+    durations = (sessions["session_end"] - sessions["session_start"]).dt.total_seconds()
+    row = {
+        "day": day, "sessions": int(len(sessions)), "users": int(sessions["user_id"].nunique()),
+        "median_duration_s": float(durations.median()) if len(sessions) else 0.0,
+        "page_views": int(sessions["page_views"].sum()), "logout_sessions": int((sessions["end_reason"] == "logout").sum()),
+        "computed_at": pd.Timestamp.now(tz="UTC").to_pydatetime(),
+    }
+    table = pa.Table.from_pylist([row], schema=METRICS_SCHEMA)
+    uri = metrics_table(config)
+    if DeltaTable.is_deltatable(uri):
+        write_deltalake(uri, table, mode="overwrite", predicate=f"day = '{day}'")
+    else:
+        write_deltalake(uri, table, mode="append")
+    return {k: v for k, v in row.items() if k != "computed_at"}
