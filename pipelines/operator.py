@@ -109,8 +109,12 @@ def sessionize(events: DataFrame, gap_ms: int, lateness_ms: int, buckets: int) -
     keyed = stateful.select(
         bucket_column(buckets).alias("bucket"),
         "user_id", "event_id",
-        "event_time",  # as is: it carries the watermark the state functions read
         F.unix_millis("event_time").alias("event_time_ms"),
+        # The operator needs a column marked with the watermark (else no event-time timers and no
+        # GroupState watermark), but with an event-time timeout Spark also drops input rows at or below
+        # the *previous* batch's watermark before Python sees them -- those late events would vanish
+        # instead of reaching quarantine. A null timestamp carrying the mark gives the one without the other.
+        F.lit(None).cast("timestamp").alias("event_time", metadata={"spark.watermarkDelayMs": lateness_ms}),
         "event_type", "ingest_seq", "line_no",
         F.when(F.col("origin") == "state", F.lit(FROM_STATE)).otherwise(F.lit(0)).alias("from_state"),
     )

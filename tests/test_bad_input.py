@@ -149,8 +149,15 @@ def test_very_late_event_is_quarantined(spark, tmp_path):
     q = read_quarantine(config)
     got = sorted(zip(q["reason"], q["event_id"], q["source_file"], q["line_no"].astype(int)))
     assert got == [("late", "late", "00002.jsonl", 2), ("late", "very-late", "00002.jsonl", 1)]
-    assert read_sessions(config) == []
-    assert read_open_events(spark, config) == [("c", "c1"), ("c", "c2")]
+    # c1's session (ends t0+60) closes at t0+90 <= the final watermark t0+110; c2 stays open.
+    batches = [[{"user_id": "c", "event_id": "c1", "event_time_ms": t0 + 60 * MIN, "event_type": "click"}],
+               [{"user_id": "c", "event_id": "c2", "event_time_ms": t0 + 120 * MIN, "event_type": "click"}],
+               [{"user_id": "v", "event_id": "very-late", "event_time_ms": t0 + 10 * MIN, "event_type": "page_view"},
+                {"user_id": "v", "event_id": "late", "event_time_ms": t0 + 100 * MIN, "event_type": "page_view"}]]
+    expected = run_oracle(batches, 30 * MIN, 10 * MIN)
+    assert sorted(expected.late) == ["late", "very-late"]
+    assert read_sessions(config) == sorted(expected.closed) and len(expected.closed) == 1
+    assert read_open_events(spark, config) == [("c", "c2")]
 
 
 def test_late_event_in_first_batch_of_a_new_run_is_quarantined(spark, tmp_path):
