@@ -80,6 +80,18 @@ def _run(client: DagsterGraphQLClient, job: str, run_config: dict | None = None,
         time.sleep(2)
 
 
+def json_files_pending(config) -> bool:
+    return any(config.landing.glob("*.jsonl"))
+
+
+def pipeline_batches(config) -> int:
+    """Micro-batches committed since the restore (its checkpoint starts again at batch 0)."""
+    from state_store.checkpoint import inspect_checkpoint
+
+    last = inspect_checkpoint(config.checkpoint).last_committed_batch
+    return -1 if last is None else last - 1  # batches 0 and 1 are the restore's own
+
+
 BACKFILL = """
 mutation Backfill($params: LaunchBackfillParams!) {
   launchPartitionBackfill(backfillParams: $params) {
@@ -109,6 +121,26 @@ def test_launch_backfill_and_restore_through_graphql(dagster_dev):
         "savepoint": "latest", "partitions": 3}}}})
     assert DeltaTable(config.sessions_table).to_pandas()["session_id"].sort_values().tolist() == \
         sessions["session_id"].sort_values().tolist()
+
+    # session_stream is long-running: it picks up a new file, then stops cleanly when cancelled.
+    stream_run = client.submit_job_execution("session_stream", repository_location_name=LOCATION, run_config={
+        "ops": {"stream_op": {"config": {"poll_seconds": 1.0}}}})
+    land_sample(config.landing, users=30, sessions_per_user=2, files=1, seed=99)
+    deadline = time.monotonic() + 240
+    while json_files_pending(config) or pipeline_batches(config) < 1:
+        assert client.get_run_status(stream_run) in (DagsterRunStatus.STARTING, DagsterRunStatus.STARTED,
+                                                     DagsterRunStatus.QUEUED, DagsterRunStatus.NOT_STARTED)
+        assert time.monotonic() < deadline, "the stream run did not process the new file"
+        time.sleep(2)
+    client.terminate_run(stream_run)
+    deadline = time.monotonic() + 120
+    while client.get_run_status(stream_run) != DagsterRunStatus.CANCELED:
+        assert time.monotonic() < deadline, f"stream run ended {client.get_run_status(stream_run)}"
+        time.sleep(2)
+    from pipelines.job import job_lock
+
+    with job_lock(config, "test"):  # released: the query stopped and the run process let go
+        pass
 
     metrics_uri = str(config.warehouse / "daily_session_metrics")
     deadline = time.monotonic() + 300

@@ -112,3 +112,25 @@ def test_schedules_request_their_jobs():
     assert request.run_config["ops"]["savepoint_op"]["config"]["trigger"] == "scheduled"
     assert savepoint_schedule.job_name == "savepoint" and compaction_schedule.job_name == "compaction"
     assert compaction_schedule.cron_schedule == "30 2 * * *"
+
+
+def test_stream_failure_sensor_records_and_optionally_restores(tmp_path, monkeypatch):
+    from assets.definitions import stream_failure_sensor
+
+    blocker = tmp_path / "not-a-directory"
+    blocker.write_text("SESSIONS_HOME cannot live under a file")
+    failed = defs.get_job_def("session_stream").execute_in_process(
+        resources={"sessions": SessionsResource(home=str(blocker / "home")), "pyspark": pyspark_resource()},
+        raise_on_error=False)
+    assert not failed.success
+    with DagsterInstance.ephemeral() as instance:
+        failure_event = [e for e in failed.all_events if e.event_type_value == "PIPELINE_FAILURE"][0]
+        context = build_run_status_sensor_context(
+            sensor_name="stream_failure_sensor", dagster_instance=instance, dagster_run=failed.dagster_run,
+            dagster_event=failure_event).for_run_failure()
+        monkeypatch.delenv("SESSIONS_AUTO_RESTORE", raising=False)
+        assert isinstance(stream_failure_sensor(context), SkipReason)
+        monkeypatch.setenv("SESSIONS_AUTO_RESTORE", "true")
+        request = stream_failure_sensor(context)
+        assert isinstance(request, RunRequest)
+        assert request.run_config["ops"]["validate_savepoint_op"]["config"]["savepoint"] == "latest"
