@@ -105,6 +105,12 @@ def take_savepoint(config: SessionsConfig, trigger: str = "manual", spark=None) 
 
 def validate_savepoint(config: SessionsConfig, savepoint: str = "latest", migrate: bool = False) -> dict:
     """Exists, complete, state re-read matches count and checksum, fits the current job settings."""
+    row, _ = _validated(config, savepoint, migrate)
+    return {**_public(row), "verified": True}
+
+
+def _validated(config: SessionsConfig, savepoint: str, migrate: bool):
+    """The catalog row and the verified state rows (restore stages the very rows it checked)."""
     row = sp.get_savepoint(config.savepoint_uri, savepoint)
     if row["state_schema"] != sp.STATE_SCHEMA_ID:
         raise LifecycleError(f"savepoint {row['savepoint_id']} has state schema {row['state_schema']!r}; "
@@ -119,7 +125,7 @@ def validate_savepoint(config: SessionsConfig, savepoint: str = "latest", migrat
     if state.num_rows != row["rows"] or checksum != row["checksum"]:
         raise LifecycleError(f"savepoint {row['savepoint_id']} is damaged: {state.num_rows} rows / {checksum}, "
                              f"catalog says {row['rows']} / {row['checksum']}")
-    return {**_public(row), "verified": True}
+    return row, state
 
 
 def _set_aside(checkpoint: Path) -> str | None:
@@ -147,13 +153,13 @@ def _restore(config: SessionsConfig, savepoint: str, partitions: int | None, mig
     from pipelines.source import BOOTSTRAP_FILE
 
     started = time.monotonic()
-    row = validate_savepoint(config, savepoint, migrate)
+    row, state = _validated(config, savepoint, migrate)
     target = config.with_(state_partitions=partitions or row["partitions"] or config.state_partitions)
     replaced = _set_aside(config.checkpoint)
     meta = JobMetadata.new(config.gap_ms, config.lateness_ms, config.state_buckets, created_from=row["savepoint_id"])
     write_job_metadata(config.checkpoint, meta)
     staged = config.checkpoint / "_bootstrap_state.parquet"
-    pq.write_table(sp.read_savepoint_state(config.savepoint_uri, row["savepoint_id"]), staged)
+    pq.write_table(state, staged)
     (config.checkpoint / BOOTSTRAP_FILE).write_text(json.dumps({
         "savepoint_uri": config.savepoint_uri, "savepoint_id": row["savepoint_id"], "state_path": str(staged),
         "source_seq": row["source_seq"], "watermark_ms": row["watermark_ms"], "lateness_ms": config.lateness_ms,

@@ -9,10 +9,10 @@ checksum matched the live state; a half-written state table is never referenced 
 from __future__ import annotations
 
 import datetime as dt
-import hashlib
 import os
 
 import numpy as np
+import pandas as pd
 import pyarrow as pa
 import pyarrow.compute as pc
 from deltalake import DeltaTable, write_deltalake
@@ -95,16 +95,14 @@ def canonical_state(table: pa.Table) -> pa.Table:
 
 
 def state_checksum(table: pa.Table) -> str:
-    """Order-independent checksum of canonical state rows: sum of per-row 64-bit hashes, and the count."""
+    """Order-independent checksum of canonical state rows: the count and the wrapping sum of per-row
+    64-bit SipHash values (pandas' deterministic `hash_array`, fixed key), labelled with the algorithm."""
     times = pc.cast(pc.cast(table["event_time"], pa.int64()), pa.string())
     keys = pc.binary_join_element_wise(
         pc.fill_null(table["user_id"], ""), pc.fill_null(table["event_id"], ""), times,
         pc.fill_null(table["event_type"], "\x00"), "\x1f")
-    total = np.uint64(0)
-    with np.errstate(over="ignore"):
-        for key in keys.to_pylist():
-            total += np.uint64(int.from_bytes(hashlib.blake2b(key.encode(), digest_size=8).digest(), "little"))
-    return f"{table.num_rows}:{int(total):016x}"
+    hashes = pd.util.hash_array(keys.to_numpy(zero_copy_only=False), categorize=False)
+    return f"siphash64:{table.num_rows}:{int(hashes.sum(dtype=np.uint64)):016x}"
 
 
 def write_state(uri: str, savepoint_id: str, table: pa.Table) -> str:

@@ -134,3 +134,26 @@ def test_stream_failure_sensor_records_and_optionally_restores(tmp_path, monkeyp
         request = stream_failure_sensor(context)
         assert isinstance(request, RunRequest)
         assert request.run_config["ops"]["validate_savepoint_op"]["config"]["savepoint"] == "latest"
+
+
+def test_lifecycle_runs_never_overlap(resources):
+    """Two guards: the run queue lets one lifecycle-tagged run go at a time, and the library's lock makes a
+    lifecycle op that starts anyway (another instance, or the CLI) fail with one clear line."""
+    import yaml
+
+    from pipelines.job import job_lock
+
+    limits = {(l["key"], l.get("value")): l["limit"]
+              for l in yaml.safe_load((REPO / "deploy" / "dagster.yaml").read_text())
+              ["run_coordinator"]["config"]["tag_concurrency_limits"]}
+    assert limits[("sessions/lifecycle", "true")] == 1
+    lifecycle_jobs = {"savepoint", "restore_from_snapshot", "rescale", "compaction"}
+    assert all(defs.get_job_def(name).tags.get("sessions/lifecycle") == "true" for name in lifecycle_jobs)
+
+    config = resources["sessions"].config()
+    with job_lock(config, "sessionctl compact", name="lifecycle"):
+        busy = defs.get_job_def("compaction").execute_in_process(resources=resources, raise_on_error=False)
+    assert not busy.success
+    failure = [e for e in busy.all_events if e.event_type_value == "STEP_FAILURE"][0]
+    message = str(failure.event_specific_data.error.message)
+    assert "another lifecycle operation is running" in message and "sessionctl compact" in message

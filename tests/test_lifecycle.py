@@ -15,7 +15,8 @@ from pathlib import Path
 
 import boto3
 import pytest
-from deltalake import DeltaTable
+import pyarrow as pa
+from deltalake import DeltaTable, write_deltalake
 
 from pipelines.config import SessionsConfig
 from pipelines.ingest import ingest
@@ -197,6 +198,40 @@ def test_incompatible_savepoint_is_refused_unless_migrating(tmp_path, spark_sess
         restore(config, "sp-does-not-exist", spark=spark_session)
     migrated = restore(other, saved["savepoint_id"], migrate=True, spark=spark_session)
     assert migrated["verified"]
+
+
+def test_damaged_savepoint_is_refused_and_the_job_is_left_alone(tmp_path, spark_session):
+    """One event's type flipped inside the savepoint's Delta table (count unchanged): validate and restore
+    refuse it with the catalog's and the re-read's figures, and the checkpoint is not touched."""
+    config = _config(tmp_path, "rocksdb")
+    _land_and_ingest(config, _chunks(seed=5, parts=2)[:1], 0)
+    catch_up(config, spark_session)
+    saved = take_savepoint(config, spark=spark_session)
+    rows = DeltaTable(saved["uri"]).to_pyarrow_table()
+    flipped = pa.array(["logout"] + rows["event_type"].to_pylist()[1:], pa.string())
+    write_deltalake(saved["uri"], rows.set_column(rows.schema.get_field_index("event_type"), "event_type", flipped),
+                    mode="overwrite")
+    commits_before = sorted(p.name for p in (config.checkpoint / "commits").iterdir())
+    with pytest.raises(LifecycleError, match="damaged"):
+        validate_savepoint(config, saved["savepoint_id"])
+    with pytest.raises(LifecycleError, match="damaged"):
+        restore(config, "latest", spark=spark_session)
+    assert sorted(p.name for p in (config.checkpoint / "commits").iterdir()) == commits_before
+
+
+def test_state_checksum_ignores_order_and_sees_every_field():
+    rows = pa.table({"user_id": ["u1", "u1", "u2"], "event_id": ["a", "b", "c"],
+                     "event_time": pa.array([1_000_000, 2_000_000, 3_000_000], pa.timestamp("us", tz="UTC")),
+                     "event_type": ["page_view", None, "logout"]})
+    base = sp.state_checksum(rows)
+    assert sp.state_checksum(rows.take([2, 0, 1])) == base
+    assert base.startswith("siphash64:3:")
+    for name, changed in [("user_id", ["u1", "u1", "u3"]), ("event_id", ["a", "b", "d"]),
+                          ("event_type", ["page_view", "click", "logout"]),
+                          ("event_time", pa.array([1_000_000, 2_000_000, 3_001_000], pa.timestamp("us", tz="UTC")))]:
+        other = rows.set_column(rows.schema.get_field_index(name), name, pa.array(changed, rows[name].type))
+        assert sp.state_checksum(other) != base, name
+    assert sp.state_checksum(rows.slice(0, 2)) != base
 
 
 def test_compaction_and_retention(tmp_path, spark_session):
