@@ -18,6 +18,7 @@ from state_store.checkpoint import (
 )
 
 REPLACED_SUFFIX = ".replaced-"
+FAILED_SUFFIX = ".failed-restore-"  # a half-built checkpoint, kept for a post-mortem
 
 
 def _locks(config: SessionsConfig, what: str) -> ExitStack:
@@ -156,26 +157,33 @@ def _restore(config: SessionsConfig, savepoint: str, partitions: int | None, mig
     row, state = _validated(config, savepoint, migrate)
     target = config.with_(state_partitions=partitions or row["partitions"] or config.state_partitions)
     replaced = _set_aside(config.checkpoint)
-    meta = JobMetadata.new(config.gap_ms, config.lateness_ms, config.state_buckets, created_from=row["savepoint_id"])
-    write_job_metadata(config.checkpoint, meta)
-    staged = config.checkpoint / "_bootstrap_state.parquet"
-    pq.write_table(state, staged)
-    (config.checkpoint / BOOTSTRAP_FILE).write_text(json.dumps({
-        "savepoint_uri": config.savepoint_uri, "savepoint_id": row["savepoint_id"], "state_path": str(staged),
-        "source_seq": row["source_seq"], "watermark_ms": row["watermark_ms"], "lateness_ms": config.lateness_ms,
-    }))
-    removed = _roll_back_outputs(config, row)
-    ensure_tables(config)
-    spark = _spark(target, spark)
-    # Only the state-only batch (and the empty batch after it): events after the savepoint are the
-    # next catch-up's or run's to process.
-    query, _ = start_query(spark, target, meta, {"availableNow": True}, source_options={"targetSeq": row["source_seq"]})
-    query.awaitTermination()
-    restored = live_state(spark, config.checkpoint, 0)
-    checksum = sp.state_checksum(restored)
-    if restored.num_rows != row["rows"] or checksum != row["checksum"]:
-        raise LifecycleError(f"restored state does not match savepoint {row['savepoint_id']}: "
-                             f"{restored.num_rows} rows / {checksum} vs {row['rows']} / {row['checksum']}")
+    outputs_rolled_back = False
+    try:
+        meta = JobMetadata.new(config.gap_ms, config.lateness_ms, config.state_buckets,
+                               created_from=row["savepoint_id"])
+        write_job_metadata(config.checkpoint, meta)
+        staged = config.checkpoint / "_bootstrap_state.parquet"
+        pq.write_table(state, staged)
+        (config.checkpoint / BOOTSTRAP_FILE).write_text(json.dumps({
+            "savepoint_uri": config.savepoint_uri, "savepoint_id": row["savepoint_id"], "state_path": str(staged),
+            "source_seq": row["source_seq"], "watermark_ms": row["watermark_ms"], "lateness_ms": config.lateness_ms,
+        }))
+        outputs_rolled_back = True  # from here the tables may differ from what the old checkpoint wrote
+        removed = _roll_back_outputs(config, row)
+        ensure_tables(config)
+        spark = _spark(target, spark)
+        # Only the state-only batch (and the empty batch after it): events after the savepoint are the
+        # next catch-up's or run's to process.
+        query, _ = start_query(spark, target, meta, {"availableNow": True},
+                               source_options={"targetSeq": row["source_seq"]})
+        query.awaitTermination()
+        restored = live_state(spark, config.checkpoint, 0)
+        checksum = sp.state_checksum(restored)
+        if restored.num_rows != row["rows"] or checksum != row["checksum"]:
+            raise LifecycleError(f"restored state does not match the savepoint: "
+                                 f"{restored.num_rows} rows / {checksum} vs {row['rows']} / {row['checksum']}")
+    except Exception as error:  # noqa: BLE001 -- whatever broke, leave the operator a known next step
+        raise _failed_restore(config, row["savepoint_id"], replaced, outputs_rolled_back, error) from None
     info = inspect_checkpoint(config.checkpoint)
     return {
         "savepoint_id": row["savepoint_id"], "batch_id": row["batch_id"], "rows": row["rows"],
@@ -184,6 +192,22 @@ def _restore(config: SessionsConfig, savepoint: str, partitions: int | None, mig
         "rolled_back": removed, "previous_checkpoint": replaced,
         "seconds": round(time.monotonic() - started, 3),
     }
+
+
+def _failed_restore(config: SessionsConfig, savepoint_id: str, replaced: str | None,
+                    outputs_rolled_back: bool, error: Exception) -> LifecycleError:
+    """Put things where a rerun (or the old job) can go on, and say which it is."""
+    cause = f"{type(error).__name__}: {str(error).splitlines()[0][:300] if str(error) else ''}"
+    if config.checkpoint.exists():
+        stamp = dt.datetime.now(dt.timezone.utc).strftime("%Y%m%dT%H%M%S%f")
+        config.checkpoint.rename(config.checkpoint.with_name(config.checkpoint.name + FAILED_SUFFIX + stamp))
+    if not outputs_rolled_back and replaced is not None:
+        Path(replaced).rename(config.checkpoint)
+        return LifecycleError(f"restore from {savepoint_id} failed before any table was changed ({cause}); "
+                              f"the previous checkpoint is back in place")
+    kept = f"; the previous checkpoint (ahead of the tables now) is kept at {replaced}" if replaced else ""
+    return LifecycleError(f"restore from {savepoint_id} failed once the output tables were being rolled back to it "
+                          f"({cause}): run the same restore again{kept}")
 
 
 def restore(config: SessionsConfig, savepoint: str = "latest", partitions: int | None = None,
@@ -232,7 +256,8 @@ def replaced_checkpoints(config: SessionsConfig) -> list[Path]:
     parent = config.checkpoint.parent
     if not parent.exists():
         return []
-    return sorted(p for p in parent.iterdir() if p.name.startswith(config.checkpoint.name + REPLACED_SUFFIX))
+    prefixes = (config.checkpoint.name + REPLACED_SUFFIX, config.checkpoint.name + FAILED_SUFFIX)
+    return sorted(p for p in parent.iterdir() if p.name.startswith(prefixes))
 
 
 def remove_tree(path: Path) -> None:

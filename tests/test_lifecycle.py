@@ -23,7 +23,7 @@ from pipelines.ingest import ingest
 from pipelines.job import catch_up, get_spark, job_lock
 from pipelines.sample_data import arrival_order, generate_events, land
 from state_store import savepoints as sp
-from state_store.checkpoint import LifecycleError
+from state_store.checkpoint import LifecycleError, inspect_checkpoint
 from state_store.lifecycle import rescale, restore, take_savepoint, validate_savepoint
 from state_store.maintenance import compact
 from tests.lifecycle_expectations import expected_closed_sessions
@@ -183,6 +183,43 @@ def test_savepoint_failure_mid_write_is_never_listed(tmp_path, spark_session, s3
     retried_id = json.loads(retried.stdout)["savepoint_id"]
     listed = json.loads(_sessionctl(config.home, "savepoints", "--json", env=env).stdout)
     assert [r["savepoint_id"] for r in listed if r["status"] == "complete"] == [retried_id, first["savepoint_id"]]
+
+
+def test_failed_restore_leaves_a_known_next_step(tmp_path, spark_session, monkeypatch):
+    """A restore that breaks before touching the tables puts the old checkpoint back (the old job goes on);
+    one that breaks after the roll-back says to run it again, and the rerun ends exactly-once."""
+    import pipelines.job
+    import state_store.lifecycle as lifecycle
+
+    config = _config(tmp_path, "hdfs", str(tmp_path / "savepoints"))
+    chunks = _chunks(seed=13, parts=4)
+    _land_and_ingest(config, chunks[:2], 0)
+    catch_up(config, spark_session)
+    take_savepoint(config, spark=spark_session)
+    _land_and_ingest(config, chunks[2:3], 2)
+    catch_up(config, spark_session)
+    batch_before, sessions_before = inspect_checkpoint(config.checkpoint).last_committed_batch, _sessions(config)
+
+    def broken(*args, **kwargs):
+        raise OSError("injected: disk full")
+
+    with monkeypatch.context() as patch:
+        patch.setattr(lifecycle, "write_job_metadata", broken)
+        with pytest.raises(LifecycleError, match="previous checkpoint is back in place"):
+            restore(config, "latest", spark=spark_session)
+    assert inspect_checkpoint(config.checkpoint).last_committed_batch == batch_before
+    assert _sessions(config) == sessions_before
+
+    with monkeypatch.context() as patch:
+        patch.setattr(pipelines.job, "start_query", broken)
+        with pytest.raises(LifecycleError, match="run the same restore again"):
+            restore(config, "latest", spark=spark_session)
+    assert restore(config, "latest", spark=spark_session)["verified"]
+    _land_and_ingest(config, chunks[3:], 3)
+    catch_up(config, spark_session)
+    assert _sessions(config) == _expected(chunks)
+    # the original (set aside by the second attempt) and the half-built checkpoint it left, for compaction
+    assert len(lifecycle.replaced_checkpoints(config)) == 2
 
 
 def test_incompatible_savepoint_is_refused_unless_migrating(tmp_path, spark_session):
