@@ -10,11 +10,11 @@ them), and a late event travels as (ingest_seq, line_no) -- the sink fetches the
 """
 from __future__ import annotations
 
-import json
 import warnings
 from typing import Iterator
 
 import numpy as np
+import orjson
 import pandas as pd
 from pyspark.sql import DataFrame
 from pyspark.sql import functions as F
@@ -51,42 +51,54 @@ def _output(frame: pd.DataFrame, kind: str) -> pd.DataFrame:
     for name, _ in OUTPUT_COLUMNS:
         if name == "kind":
             columns[name] = np.full(n, kind, dtype=object)
-        elif name in frame.columns:
-            values = frame[name].to_numpy()
-            columns[name] = pd.array(values, dtype="Int64") if name in _INT_COLUMNS else values
+        elif name in _INT_COLUMNS:  # nullable longs, built from their buffers (no per-value conversion)
+            if name in frame.columns and frame[name].dtype.kind in "iu":
+                columns[name] = pd.arrays.IntegerArray(frame[name].to_numpy(dtype="int64"), np.zeros(n, dtype=bool))
+            elif name in frame.columns:  # Spark hands a long column with nulls over as floats
+                columns[name] = pd.array(frame[name].to_numpy(), dtype="Int64")
+            else:
+                columns[name] = pd.arrays.IntegerArray(np.zeros(n, dtype="int64"), np.ones(n, dtype=bool))
         else:
-            columns[name] = pd.array([None] * n, dtype="Int64" if name in _INT_COLUMNS else object)
+            columns[name] = frame[name].to_numpy() if name in frame.columns else np.full(n, None, dtype=object)
     return pd.DataFrame(columns)
 
 
-def _state_frame(state: GroupState) -> pd.DataFrame:
+def _state_arrays(state: GroupState) -> dict:
+    """The bucket's open events as plain arrays (the core takes them as they are)."""
     if not state.exists:
-        return empty_state()
-    stored = json.loads(state.get[0])
-    return pd.DataFrame({"user_id": stored["user_ids"], "event_id": stored["event_ids"],
-                         "event_time_ms": pd.array(stored["event_times"], dtype="int64"),
-                         "event_type": stored["event_types"]})
+        return {name: np.empty(0, dtype="int64" if name == "event_time_ms" else object) for name in STATE_FIELDS}
+    stored = orjson.loads(state.get[0])
+    return {"user_id": np.array(stored["user_ids"], dtype=object),
+            "event_id": np.array(stored["event_ids"], dtype=object),
+            "event_time_ms": np.array(stored["event_times"], dtype="int64"),
+            "event_type": np.array(stored["event_types"], dtype=object)}
 
 
 def _state_json(open_events: pd.DataFrame) -> str:
-    return json.dumps({
+    # orjson: compact JSON like json.dumps(separators=(",", ":")) (UTF-8 rather than escapes), several times faster.
+    return orjson.dumps({
         "user_ids": open_events["user_id"].tolist(), "event_ids": open_events["event_id"].tolist(),
         "event_times": open_events["event_time_ms"].astype("int64").tolist(),
         "event_types": open_events["event_type"].tolist(),
-    }, separators=(",", ":"))
+    }).decode()
 
 
 def make_session_function(gap_ms: int):
     def sessions_for_bucket(key, frames: Iterator[pd.DataFrame], state: GroupState) -> Iterator[pd.DataFrame]:
-        stored = _state_frame(state)
-        events = empty_state()
-        if not state.hasTimedOut:
-            batch = pd.concat(list(frames), ignore_index=True)
+        stored = _state_arrays(state)
+        if state.hasTimedOut:
+            events = empty_state()
+        else:
+            chunks = list(frames)
+            batch = chunks[0] if len(chunks) == 1 else pd.concat(chunks, ignore_index=True)
             from_state = batch["from_state"].to_numpy() == FROM_STATE
-            if from_state.any():
-                restored = batch.loc[from_state, STATE_FIELDS]
-                stored = pd.concat([stored, restored], ignore_index=True) if len(stored) else restored
-            events = batch[~from_state]
+            if from_state.any():  # the restore's bootstrap batch: savepoint rows join the stored state
+                restored = batch[from_state]
+                stored = {name: np.concatenate([stored[name], restored[name].to_numpy().astype(stored[name].dtype)])
+                          for name in STATE_FIELDS}
+                events = batch[~from_state]
+            else:
+                events = batch
         step = advance(stored, events, state.getCurrentWatermarkMs(), gap_ms)
         if len(step.open_events):
             state.update((_state_json(step.open_events),))

@@ -43,30 +43,34 @@ def empty_sessions() -> pd.DataFrame:
     })
 
 
-def _dedup_and_order(events: pd.DataFrame) -> tuple[pd.DataFrame, int]:
+def _column(frame, name: str) -> np.ndarray:
+    """A column as a numpy array, from a DataFrame or a plain dict of arrays (the operator's state)."""
+    values = frame[name]
+    return values.to_numpy() if hasattr(values, "to_numpy") else np.asarray(values)
+
+
+def _dedup_and_order(users, ids, times, types):
     """Drop repeated (user_id, event_id) -- the first row wins, and state rows come first -- and order
     by (user, event_time, event_id). Users only need to be contiguous, not sorted, so users and ids are
     hashed to integer codes (pd.factorize) and sorted as integers; event_id strings are compared only
-    to break ties of the same user and millisecond."""
-    user_codes, _ = pd.factorize(events["user_id"])
-    id_codes, ids = pd.factorize(events["event_id"])
-    pair = user_codes.astype("int64") * (len(ids) + 1) + id_codes
+    to break ties of the same user and millisecond. Plain numpy arrays throughout: this runs once per
+    state bucket per micro-batch, where pandas' per-call overhead would dominate."""
+    user_codes, _ = pd.factorize(users)
+    id_codes, distinct_ids = pd.factorize(ids)
+    pair = user_codes.astype("int64") * (len(distinct_ids) + 1) + id_codes
     _, first = np.unique(pair, return_index=True)
-    duplicates = len(events) - len(first)
+    duplicates = len(users) - len(first)
     if duplicates:
         first.sort()
-        events, user_codes = events.iloc[first], user_codes[first]
-    times = events["event_time_ms"].to_numpy(dtype="int64")
+        users, ids, times, types, user_codes = users[first], ids[first], times[first], types[first], user_codes[first]
     order = np.lexsort((times, user_codes))
     same = (user_codes[order][1:] == user_codes[order][:-1]) & (times[order][1:] == times[order][:-1])
     if same.any():
-        event_ids = events["event_id"].to_numpy()
-        starts = np.flatnonzero(np.diff(np.concatenate(([0], same.astype("int8"), [0]))) == 1)
-        ends = np.flatnonzero(np.diff(np.concatenate(([0], same.astype("int8"), [0]))) == -1)
-        for lo, hi in zip(starts, ends + 1):  # runs of equal (user, ms): order by event_id
-            run = order[lo:hi + 0]
-            order[lo:hi] = run[np.argsort(event_ids[run], kind="stable")]
-    return events.iloc[order].reset_index(drop=True), duplicates
+        edges = np.diff(np.concatenate(([0], same.astype("int8"), [0])))
+        for lo, hi in zip(np.flatnonzero(edges == 1), np.flatnonzero(edges == -1) + 1):  # equal (user, ms): by event_id
+            run = order[lo:hi]
+            order[lo:hi] = run[np.argsort(ids[run], kind="stable")]
+    return users[order], ids[order], times[order], types[order], duplicates
 
 
 @dataclass(frozen=True)
@@ -78,26 +82,27 @@ class Advance:
     next_close_ms: int | None  # when the earliest open session will close (the timer)
 
 
-def advance(open_events: pd.DataFrame, new_events: pd.DataFrame, watermark_ms: int, gap_ms: int) -> Advance:
+def advance(open_events, new_events: pd.DataFrame, watermark_ms: int, gap_ms: int) -> Advance:
     """Merge new events into open sessions and close those the watermark has passed.
 
     Sessions are re-derived from all open events on every call, so the result does not depend on
     arrival order or micro-batch split: an early event that arrives late (but above the watermark)
     simply lands in its place in the walk.
     """
-    is_late = new_events["event_time_ms"].to_numpy() <= watermark_ms
-    late = new_events[is_late]
-    fresh = new_events.loc[~is_late, STATE_FIELDS]
-    parts = [df for df in (open_events[STATE_FIELDS], fresh) if len(df)]
-    if not parts:
+    new_times = _column(new_events, "event_time_ms").astype("int64", copy=False)
+    is_late = new_times <= watermark_ms
+    late = new_events[is_late] if is_late.any() else new_events.iloc[:0]
+    fresh = ~is_late
+    users, ids, times, types = (
+        np.concatenate([_column(open_events, name).astype(dtype, copy=False),
+                        _column(new_events, name).astype(dtype, copy=False)[fresh]])
+        for name, dtype in (("user_id", object), ("event_id", object), ("event_time_ms", "int64"),
+                            ("event_type", object)))
+    if not len(users):
         return Advance(empty_sessions(), empty_state(), late, 0, None)
-    events = pd.concat(parts, ignore_index=True) if len(parts) > 1 else parts[0].reset_index(drop=True)
-    events, duplicates = _dedup_and_order(events)
+    users, ids, times, types, duplicates = _dedup_and_order(users, ids, times, types)
 
-    users = events["user_id"].to_numpy()
-    times = events["event_time_ms"].to_numpy(dtype="int64")
-    types = events["event_type"].to_numpy()
-    n = len(events)
+    n = len(users)
     starts = np.ones(n, dtype=bool)
     if n > 1:
         starts[1:] = (users[1:] != users[:-1]) | (types[:-1] == LOGOUT) | (times[1:] - times[:-1] >= gap_ms)
@@ -123,6 +128,8 @@ def advance(open_events: pd.DataFrame, new_events: pd.DataFrame, watermark_ms: i
 
     session_of_event = np.cumsum(starts) - 1
     still_open = ~is_closed
-    open_rows = events[still_open[session_of_event]].reset_index(drop=True)
+    keep = still_open[session_of_event]
+    open_rows = pd.DataFrame({"user_id": users[keep], "event_id": ids[keep], "event_time_ms": times[keep],
+                              "event_type": types[keep]})
     next_close = int(close_at[still_open].min()) if still_open.any() else None
     return Advance(closed, open_rows, late, duplicates, next_close)
