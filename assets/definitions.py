@@ -1,7 +1,6 @@
 """Jobs, assets, checks, schedules and sensors. Every op only calls the library (pipelines/, state_store/);
 what is Dagster's own (finding and stopping a run, requesting runs) stays here."""
 import datetime as dt
-import os
 import threading
 import time
 from dataclasses import asdict
@@ -16,6 +15,7 @@ from dagster_pyspark import PySparkResource
 
 from assets.resources import SessionsResource, expected_errors, pyspark_resource
 from pipelines import job as pipeline
+from pipelines.config import SessionsConfig
 from pipelines.metrics import daily_metrics
 from state_store import lifecycle, maintenance, savepoints
 from state_store.checkpoint import LifecycleError, last_commit_age_seconds
@@ -144,7 +144,7 @@ def stop_running_stream_op(context: OpExecutionContext, sessions: SessionsResour
             context.log.info(f"cancelling session_stream run {run.run_id}")
             context.instance.run_launcher.terminate(run.run_id)
             stopped.append(run.run_id)
-        deadline = time.monotonic() + float(os.environ.get("SESSIONS_STOP_TIMEOUT_S", "180"))
+        deadline = time.monotonic() + sessions.config().stop_timeout_s
         while True:
             try:
                 with pipeline.job_lock(sessions.config(), "restore runbook (probe)"):
@@ -264,8 +264,9 @@ def newest_savepoint_verifies(sessions: SessionsResource) -> AssetCheckResult:
 
 @asset_check(asset=STATE, description="The state's newest committed batch is recent (SESSIONS_STATE_MAX_AGE_MINUTES).")
 def state_is_fresh(sessions: SessionsResource) -> AssetCheckResult:
-    age = last_commit_age_seconds(sessions.config().checkpoint)
-    limit = float(os.environ.get("SESSIONS_STATE_MAX_AGE_MINUTES", "60")) * 60
+    config = sessions.config()
+    age = last_commit_age_seconds(config.checkpoint)
+    limit = config.state_max_age_minutes * 60
     return AssetCheckResult(passed=age is not None and age <= limit, severity=AssetCheckSeverity.WARN,
                             metadata={"age_seconds": -1.0 if age is None else round(age, 1), "limit_seconds": limit})
 
@@ -296,7 +297,7 @@ def maintenance_sensor(context, sessions: SessionsResource):
     config = sessions.config()
     now = dt.datetime.now(dt.timezone.utc)
     requests = []
-    max_age = dt.timedelta(hours=float(os.environ.get("SESSIONS_SAVEPOINT_MAX_AGE_HOURS", "6")))
+    max_age = dt.timedelta(hours=config.savepoint_max_age_hours)
     complete = [r for r in savepoints.list_savepoints(config.savepoint_uri) if r["status"] == "complete"]
     if not complete or now - dt.datetime.fromisoformat(complete[0]["created_at"]) >= max_age:
         requests.append(RunRequest(job_name="savepoint", run_key=f"savepoint-age-{now:%Y%m%d%H}",
@@ -305,8 +306,7 @@ def maintenance_sensor(context, sessions: SessionsResource):
              (("sessions", config.sessions_table), ("quarantine", config.quarantine_table),
               ("raw_events", config.raw_events_table))}
     state_files, _ = directory_size(config.checkpoint / "state")
-    if max(files.values()) > int(os.environ.get("SESSIONS_COMPACT_FILES", "200")) or \
-            state_files > int(os.environ.get("SESSIONS_STATE_FILES", "2000")):
+    if max(files.values()) > config.compact_files or state_files > config.state_files:
         requests.append(RunRequest(job_name="compaction", run_key=f"compaction-files-{now:%Y%m%d%H}"))
     if not requests:
         return SkipReason(f"savepoint {complete[0]['savepoint_id']} is recent; data files {files}, "
@@ -321,7 +321,7 @@ def stream_failure_sensor(context):
     latest good savepoint (and resumes the stream after it)."""
     message = context.failure_event.message if context.failure_event else "unknown"
     context.log.error(f"session_stream run {context.dagster_run.run_id} failed: {message}")
-    if os.environ.get("SESSIONS_AUTO_RESTORE", "false").lower() != "true":
+    if not SessionsConfig.from_env().auto_restore:
         return SkipReason("failure recorded; SESSIONS_AUTO_RESTORE is not true")
     settings = {"savepoint": "latest", "stop_stream": False, "resume_stream": True}
     return RunRequest(run_key=f"auto-restore-{context.dagster_run.run_id}",

@@ -26,6 +26,28 @@ def _int(env: dict, name: str, default: int, minimum: int = 1) -> int:
     return value
 
 
+def _float(env: dict, name: str, default: float) -> float:
+    raw = env.get(name)
+    if raw in (None, ""):
+        return default
+    try:
+        value = float(raw)
+    except ValueError:
+        raise ConfigError(f"{name}={raw!r} is not a number") from None
+    if value <= 0:
+        raise ConfigError(f"{name}={raw} must be > 0")
+    return value
+
+
+def _bool(env: dict, name: str, default: bool) -> bool:
+    raw = (env.get(name) or "").strip().lower()
+    if not raw:
+        return default
+    if raw not in ("true", "false", "1", "0", "yes", "no"):
+        raise ConfigError(f"{name}={raw!r}: expected true or false")
+    return raw in ("true", "1", "yes")
+
+
 @dataclass(frozen=True)
 class SessionsConfig:
     home: Path
@@ -39,6 +61,19 @@ class SessionsConfig:
     state_buckets: int = 64
     # Versions of the raw-events table per micro-batch (None = all available). Tests use 1.
     max_versions_per_batch: int | None = None
+    # Spark (the CLI's session and Dagster's PySparkResource share them).
+    spark_master: str = "local[2]"
+    spark_driver_memory: str = "4g"
+    spark_ui: bool = False
+    # Savepoints are the long-term recovery points; the checkpoint keeps a short tail of versions.
+    min_batches_to_retain: int = 20
+    # Operations (Dagster runbook, checks and sensors).
+    stop_timeout_s: float = 180.0
+    state_max_age_minutes: float = 60.0
+    savepoint_max_age_hours: float = 6.0
+    compact_files: int = 200
+    state_files: int = 2000
+    auto_restore: bool = False
 
     @classmethod
     def from_env(cls, env: dict | None = None) -> "SessionsConfig":
@@ -57,6 +92,16 @@ class SessionsConfig:
             savepoint_uri=env.get("SESSIONS_SAVEPOINT_URI") or str(home / "savepoints"),
             state_buckets=_int(env, "SESSIONS_STATE_BUCKETS", 64),
             max_versions_per_batch=int(max_versions) if max_versions else None,
+            spark_master=env.get("SESSIONS_SPARK_MASTER") or "local[2]",
+            spark_driver_memory=env.get("SESSIONS_SPARK_DRIVER_MEMORY") or "4g",
+            spark_ui=_bool(env, "SESSIONS_SPARK_UI", False),
+            min_batches_to_retain=_int(env, "SESSIONS_MIN_BATCHES_TO_RETAIN", 20),
+            stop_timeout_s=_float(env, "SESSIONS_STOP_TIMEOUT_S", 180.0),
+            state_max_age_minutes=_float(env, "SESSIONS_STATE_MAX_AGE_MINUTES", 60.0),
+            savepoint_max_age_hours=_float(env, "SESSIONS_SAVEPOINT_MAX_AGE_HOURS", 6.0),
+            compact_files=_int(env, "SESSIONS_COMPACT_FILES", 200),
+            state_files=_int(env, "SESSIONS_STATE_FILES", 2000),
+            auto_restore=_bool(env, "SESSIONS_AUTO_RESTORE", False),
         )
 
     def with_(self, **changes) -> "SessionsConfig":

@@ -22,17 +22,16 @@ from state_store.checkpoint import (
 def spark_conf(config: SessionsConfig) -> dict[str, str]:
     """Spark settings for the job; shared by the CLI's session and Dagster's PySparkResource."""
     return {
-        "spark.master": os.environ.get("SESSIONS_SPARK_MASTER", "local[2]"),
+        "spark.master": config.spark_master,
         "spark.app.name": "sessions",
         "spark.sql.session.timeZone": "UTC",
         "spark.sql.shuffle.partitions": str(config.state_partitions),
         "spark.sql.streaming.stateStore.providerClass": PROVIDER_CLASSES[config.state_store],
         "spark.sql.execution.arrow.pyspark.enabled": "true",
-        "spark.ui.enabled": os.environ.get("SESSIONS_SPARK_UI", "false"),
-        "spark.driver.memory": os.environ.get("SESSIONS_SPARK_DRIVER_MEMORY", "4g"),
+        "spark.ui.enabled": str(config.spark_ui).lower(),
+        "spark.driver.memory": config.spark_driver_memory,
         "spark.sql.streaming.stopTimeout": "60000",
-        # Savepoints are the long-term recovery points; the checkpoint keeps a short tail of versions.
-        "spark.sql.streaming.minBatchesToRetain": os.environ.get("SESSIONS_MIN_BATCHES_TO_RETAIN", "20"),
+        "spark.sql.streaming.minBatchesToRetain": str(config.min_batches_to_retain),
     }
 
 

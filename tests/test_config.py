@@ -1,0 +1,50 @@
+"""The one configuration object: defaults, every setting read from SESSIONS_*, bad values refused by name."""
+from __future__ import annotations
+
+import os
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from pipelines.config import ConfigError, SessionsConfig
+from pipelines.job import spark_conf
+
+REPO = Path(__file__).resolve().parent.parent
+
+
+def test_settings_reach_spark_and_operations(tmp_path):
+    config = SessionsConfig.from_env({
+        "SESSIONS_HOME": str(tmp_path), "SESSIONS_STATE_STORE": "HDFS", "SESSIONS_STATE_PARTITIONS": "6",
+        "SESSIONS_SPARK_MASTER": "local[1]", "SESSIONS_MIN_BATCHES_TO_RETAIN": "7", "SESSIONS_SPARK_UI": "yes",
+        "SESSIONS_AUTO_RESTORE": "true", "SESSIONS_STOP_TIMEOUT_S": "2.5", "SESSIONS_COMPACT_FILES": "9"})
+    conf = spark_conf(config)
+    assert conf["spark.master"] == "local[1]" and conf["spark.sql.shuffle.partitions"] == "6"
+    assert conf["spark.sql.streaming.minBatchesToRetain"] == "7" and conf["spark.ui.enabled"] == "true"
+    assert conf["spark.sql.streaming.stateStore.providerClass"].endswith("HDFSBackedStateStoreProvider")
+    assert (config.auto_restore, config.stop_timeout_s, config.compact_files) == (True, 2.5, 9)
+    defaults = SessionsConfig.from_env({"SESSIONS_HOME": str(tmp_path)})
+    assert (defaults.state_store, defaults.gap_minutes, defaults.lateness_minutes, defaults.auto_restore) == \
+        ("rocksdb", 30, 10, False)
+    assert defaults.savepoint_uri == str(tmp_path.resolve() / "savepoints")
+
+
+@pytest.mark.parametrize("name,value,says", [
+    ("SESSIONS_STATE_STORE", "memory", "expected one of rocksdb, hdfs"),
+    ("SESSIONS_STATE_PARTITIONS", "0", "must be >= 1"),
+    ("SESSIONS_GAP_MINUTES", "half an hour", "is not an integer"),
+    ("SESSIONS_AUTO_RESTORE", "maybe", "expected true or false"),
+    ("SESSIONS_SAVEPOINT_MAX_AGE_HOURS", "-1", "must be > 0"),
+])
+def test_bad_values_are_refused_by_name(tmp_path, name, value, says):
+    with pytest.raises(ConfigError, match=says) as error:
+        SessionsConfig.from_env({"SESSIONS_HOME": str(tmp_path), name: value})
+    assert name in str(error.value)
+
+
+def test_cli_reports_a_bad_setting_in_one_line(tmp_path):
+    env = {**os.environ, "SESSIONS_HOME": str(tmp_path), "SESSIONS_STATE_STORE": "memory"}
+    done = subprocess.run([str(REPO / ".venv" / "bin" / "sessionctl"), "status", "--json"], env=env,
+                          capture_output=True, text=True, timeout=120)
+    assert done.returncode == 1 and "Traceback" not in done.stderr
+    assert done.stderr.strip().count("\n") == 0 and "SESSIONS_STATE_STORE='memory'" in done.stderr
