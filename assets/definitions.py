@@ -144,10 +144,11 @@ def stop_running_stream_op(context: OpExecutionContext, sessions: SessionsResour
             context.log.info(f"cancelling session_stream run {run.run_id}")
             context.instance.run_launcher.terminate(run.run_id)
             stopped.append(run.run_id)
-        deadline = time.monotonic() + sessions.config().stop_timeout_s
+        config = sessions.config()
+        deadline = time.monotonic() + config.stop_timeout_s
         while True:
             try:
-                with pipeline.job_lock(sessions.config(), "restore runbook (probe)"):
+                with pipeline.job_lock(config, "restore runbook (probe)"):
                     break
             except LifecycleError as busy:
                 if time.monotonic() > deadline:

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import json
+import time
 import uuid
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -127,8 +128,6 @@ def batch_source_range(checkpoint: Path, batch_id: int) -> tuple[int, int]:
 
 def last_commit_age_seconds(checkpoint: Path) -> float | None:
     """Seconds since the newest committed batch (None when nothing was committed)."""
-    import time
-
     commits = _batch_files(Path(checkpoint) / "commits")
     if not commits:
         return None

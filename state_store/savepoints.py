@@ -106,8 +106,11 @@ def state_checksum(table: pa.Table) -> str:
 
 
 def write_state(uri: str, savepoint_id: str, table: pa.Table) -> str:
+    """Write rows already in canonical form (canonical_state): only the schema is pinned here, since
+    sorting again would be a second full sort of the state on every savepoint."""
     target = state_uri(uri, savepoint_id)
-    write_deltalake(target, canonical_state(table), mode="error", storage_options=storage_options(target))
+    rows = table.select(STATE_SCHEMA.names).cast(STATE_SCHEMA)
+    write_deltalake(target, rows, mode="error", storage_options=storage_options(target))
     return target
 
 
