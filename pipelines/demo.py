@@ -20,7 +20,8 @@ def main() -> None:
     print(json.dumps({
         "sessions_written": summary.sessions_written,
         "sessions_table_rows": report["sessions_rows"],
-        "open_sessions_users_in_state": report["state_keys"],
+        "open_users_in_state": report["open_users"],
+        "open_sessions_in_state": report["open_sessions"],
         "open_events_in_state": report["open_events"],
         "quarantined_lines": report["quarantine_rows"],
         "provider": report["provider"],

@@ -240,7 +240,10 @@ def status(config: SessionsConfig, spark=None, with_state: bool = True) -> dict:
     if with_state and info.last_committed_batch is not None:
         from state_store.state import state_summary
 
-        report.update(state_summary(spark or get_spark(config), config.checkpoint))
+        meta = read_job_metadata(config.checkpoint)
+        report.update(state_summary(spark or get_spark(config), config.checkpoint,
+                                    meta.gap_ms if meta else config.gap_ms))
     else:
-        report.update({"state_keys": 0, "open_events": 0, "state_buckets": 0})
+        report.update({"state_keys": 0, "open_users": 0, "open_sessions": 0, "open_events": 0, "state_rows": 0,
+                       "frozen_prefixes": 0, "state_value_bytes": 0})
     return report

@@ -1,8 +1,10 @@
 """The stateful operator: Spark's applyInPandasWithState around the pure core.
 
 State is keyed by a hash bucket of user_id (SESSIONS_STATE_BUCKETS), so one Python call advances the
-sessions of many users with vectorised pandas instead of one call per user. applyInPandasWithState
-runs on both the RocksDB and the HDFS-backed state store providers.
+sessions of many users with vectorised numpy instead of one call per user. A bucket's value is its users'
+rows in pipelines.state_format (compressed Arrow IPC in a binary column, frozen prefixes for what the
+watermark has passed); each call walks only the users with events in the batch or due, and carries every
+other row over untouched. applyInPandasWithState runs on both the RocksDB and HDFS-backed providers.
 
 Only what sessionization needs crosses the shuffle and the JVM/Python boundary: rejected lines and the
 restore's watermark marker are dropped right after the watermark node (which has already counted
@@ -14,18 +16,16 @@ import warnings
 from typing import Iterator
 
 import numpy as np
-import orjson
 import pandas as pd
+import pyarrow as pa
+import pyarrow.compute as pc
 from pyspark.sql import DataFrame
 from pyspark.sql import functions as F
 from pyspark.sql.streaming.state import GroupState, GroupStateTimeout
 
-from pipelines.sessionize import STATE_FIELDS, advance, empty_state
+from pipelines import state_format
+from pipelines.sessionize import advance, no_events, rows_table, split_due
 
-# One JSON column of parallel arrays: PySpark 4.2 cannot hand array-typed state to Python workers
-# (KeyError 'elementType' in the worker), and JSON stays readable through the state data source.
-STATE_SCHEMA = "open_events string"
-STATE_JSON_SCHEMA = "user_ids array<string>, event_ids array<string>, event_times array<long>, event_types array<string>"
 OUTPUT_COLUMNS = [
     ("kind", "string"), ("session_id", "string"), ("user_id", "string"),
     ("session_start_ms", "long"), ("session_end_ms", "long"), ("event_count", "long"),
@@ -63,46 +63,47 @@ def _output(frame: pd.DataFrame, kind: str) -> pd.DataFrame:
     return pd.DataFrame(columns)
 
 
-def _state_arrays(state: GroupState) -> dict:
-    """The bucket's open events as plain arrays (the core takes them as they are)."""
-    if not state.exists:
-        return {name: np.empty(0, dtype="int64" if name == "event_time_ms" else object) for name in STATE_FIELDS}
-    stored = orjson.loads(state.get[0])
-    return {"user_id": np.array(stored["user_ids"], dtype=object),
-            "event_id": np.array(stored["event_ids"], dtype=object),
-            "event_time_ms": np.array(stored["event_times"], dtype="int64"),
-            "event_type": np.array(stored["event_types"], dtype=object)}
-
-
-def _state_json(open_events: pd.DataFrame) -> str:
-    # orjson: compact JSON like json.dumps(separators=(",", ":")) (UTF-8 rather than escapes), several times faster.
-    return orjson.dumps({
-        "user_ids": open_events["user_id"].tolist(), "event_ids": open_events["event_id"].tolist(),
-        "event_times": open_events["event_time_ms"].astype("int64").tolist(),
-        "event_types": open_events["event_type"].tolist(),
-    }).decode()
+def _restored_rows(restored: pd.DataFrame) -> pa.Table:
+    """Savepoint rows of the restore's bootstrap batch -> stored rows (due now: they are walked at once)."""
+    n = len(restored)
+    return pa.table({
+        "user_id": pa.array(restored["user_id"].to_numpy(), pa.string()),
+        "session_start_ms": pa.array(restored["session_start_ms"].to_numpy(dtype="int64"), pa.int64()),
+        "event_id": pa.array(restored["event_id"].to_numpy(), pa.string()),
+        "event_time_ms": pa.array(restored["event_time_ms"].to_numpy(dtype="int64"), pa.int64()),
+        "event_type": pa.array(restored["event_type"].to_numpy(), pa.string()),
+        "event_count": pa.array(restored["event_count"].to_numpy(dtype="int64"), pa.int64()),
+        "page_views": pa.array(restored["page_views"].to_numpy(dtype="int64"), pa.int64()),
+        "due_ms": pa.array(np.full(n, np.iinfo(np.int64).min), pa.int64()),
+    }, schema=state_format.STORE_SCHEMA)
 
 
 def make_session_function(gap_ms: int):
     def sessions_for_bucket(key, frames: Iterator[pd.DataFrame], state: GroupState) -> Iterator[pd.DataFrame]:
-        stored = _state_arrays(state)
+        stored = state_format.decode(state.get[0]) if state.exists else state_format.empty_store()
+        watermark = state.getCurrentWatermarkMs()
         if state.hasTimedOut:
-            events = empty_state()
+            events = None
         else:
             chunks = list(frames)
-            batch = chunks[0] if len(chunks) == 1 else pd.concat(chunks, ignore_index=True)
-            from_state = batch["from_state"].to_numpy() == FROM_STATE
+            events = chunks[0] if len(chunks) == 1 else pd.concat(chunks, ignore_index=True)
+            from_state = events["from_state"].to_numpy() == FROM_STATE
             if from_state.any():  # the restore's bootstrap batch: savepoint rows join the stored state
-                restored = batch[from_state]
-                stored = {name: np.concatenate([stored[name], restored[name].to_numpy().astype(stored[name].dtype)])
-                          for name in STATE_FIELDS}
-                events = batch[~from_state]
-            else:
-                events = batch
-        step = advance(stored, events, state.getCurrentWatermarkMs(), gap_ms)
-        if len(step.open_events):
-            state.update((_state_json(step.open_events),))
-            state.setTimeoutTimestamp(step.next_close_ms - 1)  # Spark fires when timeout < watermark
+                stored = pa.concat_tables([stored, _restored_rows(events[from_state])])
+                events = events[~from_state]
+        users = () if events is None else pd.unique(events["user_id"].to_numpy())
+        # Touch only what must be touched: users with events in this batch or due (a session to close,
+        # events to freeze); every other user's rows are carried over as they are.
+        walk, carried = split_due(stored, users, watermark)
+        if events is None:
+            events = no_events()
+        step = advance(walk, events, watermark, gap_ms)
+        rows = pa.concat_tables([carried, rows_table(step.open_rows)]) if carried.num_rows else rows_table(step.open_rows)
+        if rows.num_rows:
+            if walk.num_rows or len(events):  # a bucket nobody touched keeps its stored value as it is
+                state.update((state_format.encode(rows),))
+            next_due = int(pc.min(rows["due_ms"]).as_py())
+            state.setTimeoutTimestamp(next_due - 1)  # Spark fires when timeout < watermark
         elif state.exists:
             state.remove()
         if len(step.closed):
@@ -128,8 +129,10 @@ def sessionize(events: DataFrame, gap_ms: int, lateness_ms: int, buckets: int) -
         # instead of reaching quarantine. A null timestamp carrying the mark gives the one without the other.
         F.lit(None).cast("timestamp").alias("event_time", metadata={"spark.watermarkDelayMs": lateness_ms}),
         "event_type", "ingest_seq", "line_no",
+        # state rows of a restore (null for events): see pipelines.state_format
+        F.unix_millis("session_start").alias("session_start_ms"), "event_count", "page_views",
         F.when(F.col("origin") == "state", F.lit(FROM_STATE)).otherwise(F.lit(0)).alias("from_state"),
     )
     return keyed.groupBy("bucket").applyInPandasWithState(
-        make_session_function(gap_ms), OUTPUT_SCHEMA, STATE_SCHEMA, "append", GroupStateTimeout.EventTimeTimeout,
+        make_session_function(gap_ms), OUTPUT_SCHEMA, state_format.SPARK_STATE_SCHEMA, "append", GroupStateTimeout.EventTimeTimeout,
     )

@@ -17,7 +17,9 @@ from pyspark.sql.streaming.datasource import ReadAllAvailable, ReadMaxFiles, Sup
 SOURCE_NAME = "sessions_raw"
 SOURCE_SCHEMA = (
     "event_id string, user_id string, event_time timestamp, event_type string, page string, "
-    "source_file string, line_no long, ingest_seq long, reject_reason string, raw string, origin string"
+    "source_file string, line_no long, ingest_seq long, reject_reason string, raw string, origin string, "
+    # a restore's state rows only (pipelines.state_format); null for events
+    "session_start timestamp, event_count long, page_views long"
 )
 BOOTSTRAP_FILE = "_bootstrap.json"  # written into a fresh checkpoint by a restore
 

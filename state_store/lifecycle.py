@@ -11,7 +11,9 @@ from pathlib import Path
 import pyarrow.parquet as pq
 from deltalake import DeltaTable
 
+from pipelines import state_format
 from pipelines.config import SessionsConfig
+from pipelines.sessionize import rewalk, rows_table
 from state_store import savepoints as sp
 from state_store.checkpoint import (
     JobMetadata, LifecycleError, inspect_checkpoint, read_job_metadata, write_job_metadata,
@@ -40,7 +42,7 @@ def live_state(spark, checkpoint: Path, batch_id: int | None):
     """Canonical Arrow table of the state at a committed batch (Spark's state data source)."""
     from state_store.state import read_state
 
-    return sp.canonical_state(read_state(spark, checkpoint, batch_id).toArrow())
+    return state_format.canonical(read_state(spark, checkpoint, batch_id).toArrow())
 
 
 # ---- savepoint ---------------------------------------------------------------------------------
@@ -62,7 +64,7 @@ def _take_savepoint(config: SessionsConfig, trigger: str, spark) -> dict:
         "batch_id": info.last_committed_batch, "source_seq": int((info.source_offset or {}).get("seq", 0)),
         "watermark_ms": int(watermark or 0), "gap_ms": meta.gap_ms, "lateness_ms": meta.lateness_ms,
         "buckets": meta.buckets, "provider": info.provider, "partitions": info.partitions,
-        "state_schema": sp.STATE_SCHEMA_ID, "rows": state.num_rows, "checksum": checksum,
+        "state_schema": state_format.SCHEMA_ID, "rows": state.num_rows, "checksum": checksum,
         "sessions_version": DeltaTable(config.sessions_table).version(),
         "quarantine_version": DeltaTable(config.quarantine_table).version(),
         "incarnation": meta.incarnation, "state_uri": sp.state_uri(config.savepoint_uri, savepoint_id),
@@ -110,12 +112,16 @@ def validate_savepoint(config: SessionsConfig, savepoint: str = "latest", migrat
     return {**_public(row), "verified": True}
 
 
+READABLE_SCHEMAS = (state_format.SCHEMA_ID, state_format.V1_SCHEMA_ID)
+
+
 def _validated(config: SessionsConfig, savepoint: str, migrate: bool):
-    """The catalog row and the verified state rows (restore stages the very rows it checked)."""
+    """The catalog row and the verified state rows (restore stages the very rows it checked), in the
+    current canonical form (a v1 savepoint is upgraded after its own checksum matched)."""
     row = sp.get_savepoint(config.savepoint_uri, savepoint)
-    if row["state_schema"] != sp.STATE_SCHEMA_ID:
+    if row["state_schema"] not in READABLE_SCHEMAS:
         raise LifecycleError(f"savepoint {row['savepoint_id']} has state schema {row['state_schema']!r}; "
-                             f"this job reads {sp.STATE_SCHEMA_ID!r}")
+                             f"this job reads {' or '.join(map(repr, READABLE_SCHEMAS))}")
     if not migrate and (row["gap_ms"], row["lateness_ms"]) != (config.gap_ms, config.lateness_ms):
         raise LifecycleError(
             f"savepoint {row['savepoint_id']} was taken with gap {row['gap_ms'] // 60000} min and lateness "
@@ -126,7 +132,16 @@ def _validated(config: SessionsConfig, savepoint: str, migrate: bool):
     if state.num_rows != row["rows"] or checksum != row["checksum"]:
         raise LifecycleError(f"savepoint {row['savepoint_id']} is damaged: {state.num_rows} rows / {checksum}, "
                              f"catalog says {row['rows']} / {row['checksum']}")
-    return row, state
+    if row["state_schema"] == state_format.V1_SCHEMA_ID:
+        state = state_format.upgrade_v1(state)
+    return row, state.select(state_format.CANONICAL_SCHEMA.names).cast(state_format.CANONICAL_SCHEMA)
+
+
+def expected_restored_state(state, gap_ms: int):
+    """What the restore's bootstrap batch must leave in the store: the rows walked once (watermark 0, so
+    nothing closes or freezes). Equal to the savepoint's rows for a v2 savepoint under its own gap; for a v1
+    savepoint or a new gap it settles each row's session_start."""
+    return state_format.to_canonical(rows_table(rewalk(state_format.canonical_rows_ms(state), 0, gap_ms)))
 
 
 def _set_aside(checkpoint: Path) -> str | None:
@@ -179,9 +194,10 @@ def _restore(config: SessionsConfig, savepoint: str, partitions: int | None, mig
         query.awaitTermination()
         restored = live_state(spark, config.checkpoint, 0)
         checksum = sp.state_checksum(restored)
-        if restored.num_rows != row["rows"] or checksum != row["checksum"]:
-            raise LifecycleError(f"restored state does not match the savepoint: "
-                                 f"{restored.num_rows} rows / {checksum} vs {row['rows']} / {row['checksum']}")
+        expected = expected_restored_state(state, meta.gap_ms)
+        if restored.num_rows != expected.num_rows or checksum != sp.state_checksum(expected):
+            raise LifecycleError(f"restored state does not match the savepoint: {restored.num_rows} rows / "
+                                 f"{checksum} vs {expected.num_rows} / {sp.state_checksum(expected)}")
     except Exception as error:  # noqa: BLE001 -- whatever broke, leave the operator a known next step
         raise _failed_restore(config, row["savepoint_id"], replaced, outputs_rolled_back, error) from None
     info = inspect_checkpoint(config.checkpoint)

@@ -2,7 +2,8 @@
 
 Layout under SESSIONS_SAVEPOINT_URI:
   catalog/          one row per savepoint attempt (status complete | failed); the only index
-  state/<id>/       the open events in canonical form: user_id, event_id, event_time, event_type
+  state/<id>/       the open state in canonical form (pipelines.state_format.CANONICAL_SCHEMA, schema id
+                    in the catalog row; v1 savepoints -- one row per open event -- still restore)
 A savepoint is listed as complete only after its state table was written, re-read and its count and
 checksum matched the live state; a half-written state table is never referenced by a complete row.
 """
@@ -17,15 +18,9 @@ import pyarrow as pa
 import pyarrow.compute as pc
 from deltalake import DeltaTable, write_deltalake
 
+from pipelines import state_format
 from state_store.checkpoint import LifecycleError
 
-STATE_SCHEMA = pa.schema([
-    ("user_id", pa.string()),
-    ("event_id", pa.string()),
-    ("event_time", pa.timestamp("us", tz="UTC")),
-    ("event_type", pa.string()),
-])
-STATE_SCHEMA_ID = "open_events/v1:user_id string,event_id string,event_time timestamp,event_type string"
 CATALOG_SCHEMA = pa.schema([
     ("savepoint_id", pa.string()),
     ("status", pa.string()),            # complete | failed
@@ -88,28 +83,28 @@ def new_savepoint_id(batch_id: int, now: dt.datetime) -> str:
     return f"sp-{now.strftime('%Y%m%dT%H%M%S')}-b{batch_id}-{os.urandom(2).hex()}"
 
 
-def canonical_state(table: pa.Table) -> pa.Table:
-    """The canonical form: schema fixed, rows sorted by (user_id, event_time, event_id)."""
-    table = table.select(STATE_SCHEMA.names).cast(STATE_SCHEMA)
-    return table.sort_by([("user_id", "ascending"), ("event_time", "ascending"), ("event_id", "ascending")])
+_NULL_TOKEN = {"event_type": "\x00"}  # v1 checksums used "" for other nulls; kept so v1 savepoints verify
 
 
 def state_checksum(table: pa.Table) -> str:
-    """Order-independent checksum of canonical state rows: the count and the wrapping sum of per-row
-    64-bit SipHash values (pandas' deterministic `hash_array`, fixed key), labelled with the algorithm."""
-    times = pc.cast(pc.cast(table["event_time"], pa.int64()), pa.string())
-    keys = pc.binary_join_element_wise(
-        pc.fill_null(table["user_id"], ""), pc.fill_null(table["event_id"], ""), times,
-        pc.fill_null(table["event_type"], "\x00"), "\x1f")
+    """Order-independent checksum of state rows (canonical v2 or v1): the count and the wrapping sum of
+    per-row 64-bit SipHash values (pandas' deterministic `hash_array`, fixed key) of all fields joined,
+    labelled with the algorithm."""
+    parts = []
+    for field in table.schema:
+        column = table[field.name]
+        if pa.types.is_timestamp(field.type) or pa.types.is_integer(field.type):
+            column = pc.cast(pc.cast(column, pa.int64()), pa.string())
+        parts.append(pc.fill_null(column, _NULL_TOKEN.get(field.name, "")))
+    keys = pc.binary_join_element_wise(*parts, "\x1f")
     hashes = pd.util.hash_array(keys.to_numpy(zero_copy_only=False), categorize=False)
     return f"siphash64:{table.num_rows}:{int(hashes.sum(dtype=np.uint64)):016x}"
 
 
 def write_state(uri: str, savepoint_id: str, table: pa.Table) -> str:
-    """Write rows already in canonical form (canonical_state): only the schema is pinned here, since
-    sorting again would be a second full sort of the state on every savepoint."""
+    """Write canonical rows (state_format.canonical: sorted once by the caller, schema pinned here)."""
     target = state_uri(uri, savepoint_id)
-    rows = table.select(STATE_SCHEMA.names).cast(STATE_SCHEMA)
+    rows = table.select(state_format.CANONICAL_SCHEMA.names).cast(state_format.CANONICAL_SCHEMA)
     write_deltalake(target, rows, mode="error", storage_options=storage_options(target))
     return target
 

@@ -18,7 +18,8 @@ Helpers (import them with ``from tests.conftest import ...``)
 ``read_sessions(config) -> list[tuple]``  the sessions table as (session_id, user_id, start_ms, end_ms,
     event_count, page_views, end_reason) tuples, sorted.
 ``read_quarantine(config) -> pandas.DataFrame``  the quarantine table (event_time as epoch ms in ``event_time_ms``).
-``read_open_events(spark, config) -> list[tuple]``  (user_id, event_id) of every event in the state store, sorted.
+``read_open_sessions(spark, config) -> list[tuple]``  the open sessions in the state store, in the oracle's
+    tuple shape (compare with ``sorted(run_oracle(...).open_sessions)``).
 """
 from __future__ import annotations
 
@@ -103,11 +104,29 @@ def read_quarantine(config):
     return frame
 
 
-def read_open_events(spark, config) -> list[tuple]:
+def read_open_sessions(spark, config) -> list[tuple]:
+    """The open sessions the state store holds, in the oracle's tuple shape (session_id, user_id, start_ms,
+    last_event_ms, event_count, page_views, "logout" | "inactivity" by the last event), sorted. Read from the
+    canonical state rows with plain Python: rows of one (user, session_start) in time order, a new session
+    after a logout (two sessions may share a start ms)."""
     from state_store.state import read_state
+    from tests.oracle import oracle_session_id
 
-    rows = read_state(spark, config.checkpoint).select("user_id", "event_id").collect()
-    return sorted((r["user_id"], r["event_id"]) for r in rows)
+    rows = read_state(spark, config.checkpoint).collect()
+    ms = lambda ts: int(ts.timestamp() * 1000) if ts is not None else None  # noqa: E731
+    rows = sorted(rows, key=lambda r: (r["user_id"], ms(r["session_start"]), ms(r["event_time"]), r["event_id"] or ""))
+    sessions, current, key = [], None, None
+    for r in rows:
+        row_key = (r["user_id"], ms(r["session_start"]))
+        if current is None or row_key != key or current["last_type"] == "logout":
+            current = {"user": r["user_id"], "start": row_key[1], "count": 0, "views": 0}
+            sessions.append(current)
+            key = row_key
+        current.update(last=ms(r["event_time"]), last_type=r["event_type"])
+        current["count"] += r["event_count"]
+        current["views"] += r["page_views"]
+    return sorted((oracle_session_id(s["user"], s["start"]), s["user"], s["start"], s["last"], s["count"], s["views"],
+                   "logout" if s["last_type"] == "logout" else "inactivity") for s in sessions)
 
 
 @pytest.fixture(scope="session")

@@ -8,7 +8,7 @@ import os
 from pathlib import Path
 
 from pipelines.job import catch_up
-from tests.conftest import make_config, read_open_events, read_quarantine, read_sessions
+from tests.conftest import make_config, read_open_sessions, read_quarantine, read_sessions
 from tests.datagen import BASE_MS, iso
 from tests.oracle import run_oracle
 
@@ -118,13 +118,14 @@ def test_bad_lines_are_quarantined_and_nothing_is_lost(spark, tmp_path):
     assert sessions == sorted(oracle.closed)
     assert {(s[1], s[4], s[5], s[6]) for s in sessions} == {("alice", 3, 1, "logout"), ("bob", 1, 1, "inactivity")}
     assert b1_ms in {s[2] for s in sessions}
-    open_events = read_open_events(spark, config)
-    assert open_events == sorted(oracle.open_events) == [("carol", "c1"), ("carol", "c2"), ("dave", "ok1")]
+    open_sessions = read_open_sessions(spark, config)
+    assert open_sessions == sorted(oracle.open_sessions)
+    assert [(s[1], s[4], s[6]) for s in open_sessions] == [("carol", 2, "logout"), ("dave", 1, "inactivity")]
 
     # Nothing lost: non-blank lines = quarantined + sessionized + open + dropped duplicates.
     non_blank = sum(1 for text in file1 + file2 + file3 if text.strip())
     assert non_blank == 22
-    assert len(q) + sum(s[4] for s in sessions) + len(open_events) + oracle.duplicates == non_blank
+    assert len(q) + sum(s[4] for s in sessions) + sum(s[4] for s in open_sessions) + oracle.duplicates == non_blank
 
 
 def test_very_late_event_is_quarantined(spark, tmp_path):
@@ -157,7 +158,8 @@ def test_very_late_event_is_quarantined(spark, tmp_path):
     expected = run_oracle(batches, 30 * MIN, 10 * MIN)
     assert sorted(expected.late) == ["late", "very-late"]
     assert read_sessions(config) == sorted(expected.closed) and len(expected.closed) == 1
-    assert read_open_events(spark, config) == [("c", "c2")]
+    assert read_open_sessions(spark, config) == sorted(expected.open_sessions)
+    assert [(s[1], s[4]) for s in expected.open_sessions] == [("c", 1)]
 
 
 def test_late_event_in_first_batch_of_a_new_run_is_quarantined(spark, tmp_path):
@@ -180,4 +182,5 @@ def test_late_event_in_first_batch_of_a_new_run_is_quarantined(spark, tmp_path):
     catch_up(config, spark)
     q = read_quarantine(config)
     assert sorted(zip(q["reason"], q["event_id"], q["line_no"].astype(int))) == [("late", "late", 1)]
-    assert read_open_events(spark, config) == [("c", "c1"), ("v", "ok")]
+    assert [(s[1], s[2], s[4]) for s in read_open_sessions(spark, config)] == [("c", t0 + 60 * MIN, 1),
+                                                                               ("v", t0 + 50 * MIN + 1, 1)]

@@ -19,7 +19,7 @@ from pathlib import Path
 import pytest
 
 from pipelines.job import catch_up
-from tests.conftest import SESSIONCTL, config_env, make_config, read_open_events, read_quarantine, read_sessions
+from tests.conftest import SESSIONCTL, config_env, make_config, read_open_sessions, read_quarantine, read_sessions
 from tests.datagen import adversarial_events, has_colliding_session_ids, land_files, line, pick_seed, random_split
 from tests.oracle import run_oracle, split_events
 
@@ -121,7 +121,7 @@ def test_sigkill_mid_run_then_restart_is_exactly_once(spark, tmp_path, provider)
     ids = [r[0] for r in got]
     assert len(ids) == len(set(ids)), "a session was written twice across the crashes"
     assert got == sorted(expected.closed)
-    assert read_open_events(spark, config) == sorted(expected.open_events)
+    assert read_open_sessions(spark, config) == sorted(expected.open_sessions)
     quarantine = read_quarantine(config)
     rows = list(zip(quarantine["source_file"], quarantine["line_no"].astype(int), quarantine["reason"]))
     assert len(rows) == len(set(rows)), "a quarantine row was written twice across the crashes"

@@ -13,7 +13,7 @@ import random
 import pytest
 
 from pipelines.job import catch_up, status
-from tests.conftest import make_config, read_open_events, read_quarantine, read_sessions
+from tests.conftest import make_config, read_open_sessions, read_quarantine, read_sessions
 from tests.datagen import (
     adversarial_events, edge_block, has_colliding_session_ids, land_batches, pick_seed, random_split,
 )
@@ -54,7 +54,7 @@ def assert_matches_oracle(spark, config, batches: list[list[dict]]) -> None:
     assert not missing and not extra, f"missing {missing[:5]}, unexpected {extra[:5]}"
     assert got == expected_rows
 
-    assert read_open_events(spark, config) == sorted(expected.open_events)
+    assert read_open_sessions(spark, config) == sorted(expected.open_sessions)
 
     quarantine = read_quarantine(config)
     late = quarantine[quarantine["reason"] == "late"]
