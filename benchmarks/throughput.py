@@ -282,7 +282,7 @@ def run_query(which: str, spark, config: SessionsConfig, args) -> dict:
         try:  # open users/events the job keeps, read through the state data source (not timed)
             from state_store.state import state_summary
 
-            state_at_end = state_summary(spark, config.checkpoint)
+            state_at_end = state_summary(spark, config.checkpoint, config.gap_ms)
         except Exception as exc:  # noqa: BLE001 - informational only
             state_at_end = {"error": str(exc).splitlines()[0][:200]}
     result = {
@@ -383,7 +383,8 @@ def write_markdown(path: Path, results: dict) -> None:
                      f"| {job['loadavg_before'][0]:.1f}-{job['loadavg_after'][0]:.1f}; "
                      f"{native['loadavg_before'][0]:.1f}-{native['loadavg_after'][0]:.1f} |")
     lines += ["", "## Per-batch state (from query progress)", "",
-              "Job state rows are hash buckets of users (each holds the bucket's open events as JSON); "
+              "Job state rows are hash buckets of users (each holds its users' open rows as zstd Arrow IPC: events "
+              "above the watermark, one frozen prefix per session for what is below); "
               "native state rows are open session windows. Memory = state operator memoryUsedBytes.", "",
               "| provider | query | batch | role | input rows | s | state rows | state MB |",
               "|---|---|---:|---|---:|---:|---:|---:|"]
@@ -400,8 +401,10 @@ def write_markdown(path: Path, results: dict) -> None:
     for r in results["runs"]:
         end = r["job"].get("state_at_end") or {}
         if "open_events" in end:
-            lines.append(f"Job state after the run ({r['provider']}): {end['state_keys']:,} users with open sessions, "
-                         f"{end['open_events']:,} open events in {end['state_buckets']} buckets; checkpoint state dir "
+            lines.append(f"Job state after the run ({r['provider']}): {end['open_users']:,} users with "
+                         f"{end['open_sessions']:,} open sessions and {end['open_events']:,} open events, held as "
+                         f"{end['state_rows']:,} rows ({end['frozen_prefixes']:,} frozen prefixes) in "
+                         f"{end['state_keys']} buckets, {_mb(end['state_value_bytes'])} MB of values; checkpoint state dir "
                          f"{_mb(r['job']['state_dir_bytes_at_end'])} MB (native: {_mb(r['native']['state_dir_bytes_at_end'])} MB).")
     lines.append("")
     path.write_text("\n".join(lines))

@@ -237,3 +237,64 @@ def test_adversarial_generator_matches_oracle(seed):
     for parts in (1, 4, 17, len(events)):
         split = random_split(len(events), parts, rng)
         check_against_oracle(events, split, mode=MODES[parts % 3])
+
+
+# --------------------------------------------------------------------------------------------------------
+# Frozen prefixes: the watermark's side of the state layout (pipelines.state_format)
+
+
+@st.composite
+def near_watermark_streams(draw):
+    """Micro-batches built around the watermark: each batch after the first holds events at the watermark it
+    will run with (late), 1 ms above it (on time, right next to a frozen prefix), earlier events of open
+    sessions, logouts arriving after later events, and copies of earlier events (same id and time: of frozen
+    events they are late, of unfrozen ones duplicates)."""
+    users = [f"u{i}" for i in range(draw(st.integers(1, 3)))]
+    batches, seen, max_time, n = [], [], BASE_MS, 0
+    for b in range(draw(st.integers(2, 6))):
+        watermark = max_time - LATE if b else 0  # the watermark this batch runs with
+        batch = []
+        for _ in range(draw(st.integers(1, 6))):
+            n += 1
+            user = draw(st.sampled_from(users))
+            offset = draw(st.sampled_from([0, 1, 2, MIN, GAP - 1, GAP, LATE - 1, LATE, LATE + 1, 3 * MIN]))
+            base = watermark if b and draw(st.booleans()) else max_time
+            kind = draw(st.sampled_from(["page_view", "click", "logout", None]))
+            t = base + offset if base == max_time else base + draw(st.sampled_from([0, 1, 2, MIN]))
+            batch.append({"user_id": user, "event_id": f"e{n}", "event_time_ms": t, "event_type": kind})
+        for _ in range(draw(st.integers(0, 2)) if seen else 0):
+            batch.insert(draw(st.integers(0, len(batch))), dict(draw(st.sampled_from(seen))))
+        seen += batch
+        batches.append(batch)
+        max_time = max([max_time] + [e["event_time_ms"] for e in batch])
+    return batches
+
+
+@settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(batches=near_watermark_streams(), mode=st.sampled_from(MODES))
+def test_frozen_prefixes_match_oracle(batches, mode):
+    events = [e for batch in batches for e in batch]
+    expected = check_against_oracle(events, [len(b) for b in batches], mode=mode)
+    assert expected.accepted + len(expected.late) + expected.duplicates == len(events)
+
+
+def test_sleeping_user_is_one_row_and_continues_exactly():
+    """Once the watermark passes a session's events they are one frozen row; an event 1 ms above the
+    watermark continues it, a copy of a frozen event is late, a copy of an unfrozen one a duplicate."""
+    t0 = BASE_MS
+    first = [ev("u", "a", 0), ev("u", "b", 1, "click"), ev("u", "c", 2)]
+    step1 = advance(empty_rows(), _frame(first), 0, GAP)
+    assert list(step1.open_rows["event_id"]) == ["a", "b", "c"]
+    watermark = t0 + 2 * MIN  # every event of u at or below it
+    step2 = advance(step1.open_rows, _frame([ev("u", "d", 2, ms=1)]), watermark, GAP)
+    rows = step2.open_rows
+    assert list(rows["event_id"]) == [None, "d"] and list(rows["event_count"]) == [3, 1]
+    assert list(rows["page_views"]) == [2, 1] and list(rows["session_start_ms"]) == [t0, t0]
+    assert set(rows["due_ms"]) == {t0 + 2 * MIN + 1}  # d can be frozen once the watermark reaches it
+    step3 = advance(rows, _frame([ev("u", "a", 0), ev("u", "d", 2, ms=1), ev("u", "e", 50, "logout")]),
+                    watermark, GAP)
+    assert step3.late["event_id"].tolist() == ["a"] and step3.duplicates == 1
+    # e is 48 min after d: u's first session (a, b, c, d) closes when the watermark reaches d + gap.
+    step4 = advance(step3.open_rows, _frame([]), t0 + 2 * MIN + 1 + GAP, GAP)
+    assert _rows(step4.closed) == {(oracle_session_id("u", t0), "u", t0, t0 + 2 * MIN + 1, 4, 3, "inactivity")}
+    assert list(step4.open_rows["event_id"]) == ["e"]
