@@ -131,6 +131,9 @@ def run_one(which: str, spark, config: SessionsConfig, args) -> dict:
         "state_bytes_written_per_batch": written,
         "median_state_bytes_written": int(statistics.median(written)),
         "state_dir_bytes_at_end": sum(size for _, size in _state_files(state_dir)),
+        # where a batch's time goes (Spark's progress breakdown: addBatch = operator + sink, ...)
+        "duration_ms_median": {k: statistics.median(r["duration_ms"].get(k, 0) for r in measured)
+                               for k in measured[0]["duration_ms"]},
         "state_rows_total_at_end": (measured[-1]["state"][0] or {}).get("rows_total") if measured[-1]["state"] else None,
         "loadavg_1m": [round(load_before, 2), round(os.getloadavg()[0], 2)],
     }

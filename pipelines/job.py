@@ -10,6 +10,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from pipelines import state_format
 from pipelines.config import SessionsConfig
 from pipelines.ingest import ingest
 from pipelines.tables import QUARANTINE_SCHEMA, SESSIONS_SCHEMA, MicroBatchSink, ensure_table, table_rows
@@ -107,6 +108,11 @@ def checkpoint_metadata(config: SessionsConfig) -> JobMetadata:
         meta = JobMetadata.new(config.gap_ms, config.lateness_ms, config.state_buckets)
         write_job_metadata(config.checkpoint, meta)
         return meta
+    if meta.state_layout != state_format.SCHEMA_ID:
+        raise LifecycleError(
+            f"the checkpoint at {config.checkpoint} holds state in an older layout ({meta.state_layout or 'JSON, v1'}) "
+            "that this build cannot run on: restore a savepoint (`sessionctl restore --savepoint latest`; v1 "
+            "savepoints are upgraded and the events after them replayed exactly once)")
     if (meta.gap_ms, meta.lateness_ms, meta.buckets) != (config.gap_ms, config.lateness_ms, config.state_buckets):
         raise LifecycleError(
             f"the checkpoint was made with gap {meta.gap_ms // 60000} min, lateness {meta.lateness_ms // 60000} min, "

@@ -34,10 +34,15 @@ class JobMetadata:
     lateness_ms: int
     buckets: int
     created_from: str | None = None  # savepoint id for a restored checkpoint
+    # Layout of the operator's state values (pipelines.state_format.SCHEMA_ID); None: the JSON layout of
+    # builds before open_sessions/v2, which this build cannot run on.
+    state_layout: str | None = None
 
     @classmethod
     def new(cls, gap_ms: int, lateness_ms: int, buckets: int, created_from: str | None = None) -> "JobMetadata":
-        return cls(uuid.uuid4().hex, gap_ms, lateness_ms, buckets, created_from)
+        from pipelines.state_format import SCHEMA_ID
+
+        return cls(uuid.uuid4().hex, gap_ms, lateness_ms, buckets, created_from, SCHEMA_ID)
 
 
 def read_job_metadata(checkpoint: Path) -> JobMetadata | None:

@@ -1,0 +1,64 @@
+"""A savepoint written by the build before the v2 state layout (schema open_events/v1, one row per open event)
+restores into the v2 layout and the job then goes on exactly as the oracle says.
+
+The fixture (tests/fixtures/savepoint_v1_home) was written by that older build with
+tests/fixtures/make_v1_savepoint.py: the first CUT batches processed, a savepoint taken, the checkpoint deleted.
+"""
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+import pytest
+
+from pipelines import state_format
+from pipelines.job import catch_up
+from state_store import savepoints as sp
+from state_store.checkpoint import LifecycleError
+from state_store.lifecycle import restore
+from tests.conftest import make_config, read_open_sessions, read_quarantine, read_sessions
+from tests.datagen import land_batches
+from tests.test_stream_vs_oracle import GAP_MS, LATENESS_MS, scenario
+from tests.oracle import run_oracle
+
+FIXTURE = Path(__file__).resolve().parent / "fixtures" / "savepoint_v1_home"
+CUT = 4
+
+
+def migration_batches() -> list[list[dict]]:
+    return scenario(2, 6)
+
+
+@pytest.mark.parametrize("provider", ["rocksdb", "hdfs"])
+def test_v1_savepoint_restores_into_v2_and_continues_exactly(spark, tmp_path, provider):
+    home = tmp_path / "home"
+    shutil.copytree(FIXTURE, home)
+    config = make_config(tmp_path, provider, home=home)
+    (row,) = sp.list_savepoints(config.savepoint_uri)
+    assert row["state_schema"] == state_format.V1_SCHEMA_ID and row["rows"] > 0
+    batches = migration_batches()
+    land_batches(config, batches[CUT:], start=CUT)
+
+    restored = restore(config, "latest", spark=spark)
+    assert restored["verified"]
+    catch_up(config, spark)
+
+    expected = run_oracle(batches, GAP_MS, LATENESS_MS)
+    assert read_sessions(config) == sorted(expected.closed)
+    assert read_open_sessions(spark, config) == sorted(expected.open_sessions)
+    late = read_quarantine(config)
+    late = late[late["reason"] == "late"]
+    assert sorted(zip(late["user_id"], late["event_id"], late["event_time_ms"].astype(int))) == \
+        sorted(expected.late_keys)
+
+
+def test_checkpoint_of_the_json_layout_is_refused_with_the_way_out(tmp_path):
+    """A checkpoint written before v2 (its _job.json has no state_layout) cannot run on this build: one clear
+    error naming the restore that upgrades, before Spark starts or anything is written."""
+    config = make_config(tmp_path, "rocksdb")
+    config.checkpoint.mkdir(parents=True)
+    (config.checkpoint / "_job.json").write_text(json.dumps(
+        {"incarnation": "old", "gap_ms": GAP_MS, "lateness_ms": LATENESS_MS, "buckets": 64, "created_from": None}))
+    with pytest.raises(LifecycleError, match=r"older layout .*sessionctl restore --savepoint latest"):
+        catch_up(config, spark=None)
