@@ -18,13 +18,12 @@ from typing import Iterator
 import numpy as np
 import pandas as pd
 import pyarrow as pa
-import pyarrow.compute as pc
 from pyspark.sql import DataFrame
 from pyspark.sql import functions as F
 from pyspark.sql.streaming.state import GroupState, GroupStateTimeout
 
 from pipelines import state_format
-from pipelines.sessionize import advance, no_events, rows_table, split_due
+from pipelines.sessionize import advance, no_events, rows_table
 
 OUTPUT_COLUMNS = [
     ("kind", "string"), ("session_id", "string"), ("user_id", "string"),
@@ -80,32 +79,27 @@ def _restored_rows(restored: pd.DataFrame) -> pa.Table:
 
 def make_session_function(gap_ms: int):
     def sessions_for_bucket(key, frames: Iterator[pd.DataFrame], state: GroupState) -> Iterator[pd.DataFrame]:
-        stored = state_format.decode(state.get[0]) if state.exists else state_format.empty_store()
+        store = state_format.BucketStore.load(state.get[0] if state.exists else None)
         watermark = state.getCurrentWatermarkMs()
-        if state.hasTimedOut:
-            events = None
-        else:
+        events = no_events()
+        if not state.hasTimedOut:
             chunks = list(frames)
             events = chunks[0] if len(chunks) == 1 else pd.concat(chunks, ignore_index=True)
             from_state = events["from_state"].to_numpy() == FROM_STATE
             if from_state.any():  # the restore's bootstrap batch: savepoint rows join the stored state
-                stored = pa.concat_tables([stored, _restored_rows(events[from_state])])
+                store.hot = pa.concat_tables([store.hot, _restored_rows(events[from_state])])
                 events = events[~from_state]
-        users = () if events is None else pd.unique(events["user_id"].to_numpy())
         # Touch only what must be touched: users with events in this batch or due (a session to close,
-        # events to freeze); every other user's rows are carried over as they are.
-        walk, carried = split_due(stored, users, watermark)
-        if events is None:
-            events = no_events()
+        # events to freeze); every other user's rows stay where they are (see state_format.BucketStore).
+        walk = store.take(pd.unique(events["user_id"].to_numpy()), watermark)
         step = advance(walk, events, watermark, gap_ms)
-        rows = pa.concat_tables([carried, rows_table(step.open_rows)]) if carried.num_rows else rows_table(step.open_rows)
-        if rows.num_rows:
-            if walk.num_rows or len(events):  # a bucket nobody touched keeps its stored value as it is
-                state.update((state_format.encode(rows),))
-            next_due = int(pc.min(rows["due_ms"]).as_py())
-            state.setTimeoutTimestamp(next_due - 1)  # Spark fires when timeout < watermark
-        elif state.exists:
-            state.remove()
+        value = store.save(rows_table(step.open_rows))
+        if value is None:
+            if state.exists:
+                state.remove()
+        else:
+            state.update((value,))
+            state.setTimeoutTimestamp(store.next_due() - 1)  # Spark fires when timeout < watermark
         if len(step.closed):
             yield _output(step.closed, "session")
         if len(step.late):

@@ -12,7 +12,6 @@ user costs one small row, not all of their events, and the walk over a frozen pr
 from __future__ import annotations
 
 import hashlib
-from collections.abc import Iterable
 from dataclasses import dataclass
 
 import numpy as np
@@ -193,19 +192,7 @@ def _freeze(kept, session_of_row, session_start, close_at, user_codes, ids, user
             "page_views": views[emit], "due_ms": due}
 
 
-# ---- the touch-only split the operator makes before calling advance ----------------------------------
-
-def split_due(rows: pa.Table, batch_users: Iterable[str], watermark_ms: int) -> tuple[pa.Table, pa.Table]:
-    """(rows to walk, rows to carry over untouched): a user is walked when the batch has events of theirs
-    or their due_ms has come; everyone else's rows are carried over as they are."""
-    if rows.num_rows == 0:
-        return rows, rows
-    mask = pc.less_equal(rows["due_ms"], watermark_ms)
-    users = pa.array(list(batch_users), pa.string())
-    if len(users):
-        mask = pc.or_(mask, pc.is_in(rows["user_id"], value_set=users))
-    return rows.filter(mask), rows.filter(pc.invert(mask))
-
+# ---- helpers for the operator and the lifecycle library ---------------------------------------------
 
 def rows_table(rows: dict[str, np.ndarray]) -> pa.Table:
     """advance's open rows -> an Arrow table of state_format.STORE_SCHEMA."""

@@ -16,7 +16,9 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from pipelines.sessionize import advance, empty_rows, open_sessions, rows_table, split_due
+from pipelines import state_format
+from pipelines.sessionize import advance, empty_rows, open_sessions, rows_table
+from pipelines.state_format import BucketStore
 from tests.datagen import BASE_MS, adversarial_events, event_streams, random_split
 from tests.oracle import oracle_session_id, run_oracle, split_events
 
@@ -50,12 +52,12 @@ def _check_frozen(rows: dict, watermark: int) -> None:
     assert (frame["due_ms"] > watermark).all()
 
 
-def drive(batches: list[list[dict]], gap_ms: int, lateness_ms: int, mode: str = "every"):
+def drive(batches: list[list[dict]], gap_ms: int, lateness_ms: int, mode: str = "every", compact_min_rows: int = 2):
     """Run advance over micro-batches as a stateful operator would. Modes:
       * "every": one group, all of it walked every batch;
       * "touched": one group per user, walked only when the user has new events; flushed at the end;
-      * "bucket": the operator's way: one group, split_due picks the users with events or due, the rest is
-        carried over untouched.
+      * "bucket": the operator's way: one group stored as a state_format.BucketStore value; `take` hands out the
+        users with events or due, the rest stays (cold bytes untouched unless needed).
     Returns (closed set, open sessions set, late ids, duplicates, list of every closed row in write order)."""
     state: dict[str, dict] = {}
     watermark, max_time = 0, None
@@ -74,11 +76,13 @@ def drive(batches: list[list[dict]], gap_ms: int, lateness_ms: int, mode: str = 
         return result.open_rows
 
     def bucket_step(new_events):
-        stored = rows_table(state.get("*", empty_rows()))
-        walk, carried = split_due(stored, {e["user_id"] for e in new_events}, watermark)
-        walked = rows_table(step("*", new_events, walk))
-        merged = pd.concat([carried.to_pandas(), walked.to_pandas()], ignore_index=True)
-        state["*"] = {c: merged[c].to_numpy() for c in merged.columns}
+        # A tiny compaction threshold: cold reads, pulls, dead users and compactions all happen often.
+        store = BucketStore.load(state.get("*"), compact_min_rows=compact_min_rows)
+        walk = store.take({e["user_id"] for e in new_events}, watermark)
+        value = store.save(rows_table(step("*", new_events, walk)))
+        state["*"] = value
+        if value is not None:
+            assert state_format.decode(value).num_rows == store.rows().num_rows
 
     for batch in batches:
         if mode == "every":
@@ -97,6 +101,8 @@ def drive(batches: list[list[dict]], gap_ms: int, lateness_ms: int, mode: str = 
             bucket_step([])
         else:
             state[group] = step(group, [])
+    if mode == "bucket":
+        state = {"*": state_format.decode(state["*"])} if state.get("*") else {}
     open_set = set()
     for rows in state.values():
         for r in open_sessions(rows, gap_ms).itertuples():
@@ -106,10 +112,10 @@ def drive(batches: list[list[dict]], gap_ms: int, lateness_ms: int, mode: str = 
     return set(written), open_set, late, duplicates, written
 
 
-def check_against_oracle(events, split, gap_ms=GAP, lateness_ms=LATE, mode="every"):
+def check_against_oracle(events, split, gap_ms=GAP, lateness_ms=LATE, mode="every", compact_min_rows=2):
     batches = split_events(events, split)
     expected = run_oracle(batches, gap_ms, lateness_ms)
-    closed, open_set, late, duplicates, written = drive(batches, gap_ms, lateness_ms, mode)
+    closed, open_set, late, duplicates, written = drive(batches, gap_ms, lateness_ms, mode, compact_min_rows)
     assert len(written) == len(closed), "a session was closed twice"
     assert closed == expected.closed
     assert open_set == set(expected.open_sessions)
@@ -298,3 +304,26 @@ def test_sleeping_user_is_one_row_and_continues_exactly():
     step4 = advance(step3.open_rows, _frame([]), t0 + 2 * MIN + 1 + GAP, GAP)
     assert _rows(step4.closed) == {(oracle_session_id("u", t0), "u", t0, t0 + 2 * MIN + 1, 4, 3, "inactivity")}
     assert list(step4.open_rows["event_id"]) == ["e"]
+
+
+@settings(max_examples=200, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(batches=near_watermark_streams(), compact_min_rows=st.sampled_from([0, 3, 8, 10_000]))
+def test_bucket_store_any_compaction_threshold_matches_oracle(batches, compact_min_rows):
+    """The bucket value's cold/hot/dead bookkeeping (compaction every call, sometimes, never) is invisible."""
+    events = [e for batch in batches for e in batch]
+    check_against_oracle(events, [len(b) for b in batches], mode="bucket", compact_min_rows=compact_min_rows)
+
+
+def test_untouched_cold_rows_are_carried_as_bytes():
+    """A batch that touches none of the cold users and has none due copies cold's bytes, not its rows."""
+    sleepers = pd.DataFrame({"user_id": [f"s{i}" for i in range(50)], "event_id": [f"e{i}" for i in range(50)],
+                             "event_time_ms": np.full(50, BASE_MS, dtype="int64"), "event_type": ["click"] * 50})
+    value = state_format.encode(rows_table(advance(empty_rows(), sleepers, 0, GAP).open_rows))
+    store = BucketStore.load(value)
+    cold = store.cold_bytes
+    walk = store.take(["active"], BASE_MS - 1)
+    assert walk.num_rows == 0 and store._live_cold is None  # cold never decoded
+    store.save(rows_table(advance(walk, _frame([ev("active", "a", 5)]), BASE_MS - 1, GAP).open_rows))
+    assert store.cold_bytes is cold and store.rows().num_rows == 51
+    due = store.take([], BASE_MS)  # the watermark reaches the sleepers' events: all due (to freeze)
+    assert due.num_rows == 50 and len(store.dead) == 50
