@@ -95,7 +95,7 @@ def _hash32(users) -> np.ndarray:
 
 NEVER = np.iinfo(np.int64).max
 _MAGIC = b"SES2"
-_HEADER = struct.Struct("<4sqIII")  # magic, cold min due, cold bytes, hash bytes, dead bytes
+_HEADER = struct.Struct("<4sqqIII")  # magic, cold min due, stale cold rows, cold bytes, hash bytes, dead bytes
 
 
 @dataclass
@@ -108,7 +108,8 @@ class BucketStore:
         they are.
       * hot: rows of users walked since the last compaction (decoded and re-encoded every call).
       * dead: users whose cold rows are superseded (they were pulled into hot, or closed since).
-    A compaction folds hot into cold when hot or dead outgrow their share of cold.
+    A compaction, when stale cold rows or idle hot rows outgrow a quarter of cold, rewrites cold from its live
+    rows and the hot users this call did not walk; the users it walked stay hot (active users stay out of cold).
     """
 
     cold_bytes: bytes = b""
@@ -116,6 +117,7 @@ class BucketStore:
     cold_min_due: int = NEVER
     dead: set = field(default_factory=set)
     hot: pa.Table = field(default_factory=empty_store)
+    stale_rows: int = 0  # cold rows of dead users, dropped at the next compaction
     compact_min_rows: int = 4096
     _live_cold: pa.Table | None = None  # decoded cold minus dead, once this call needed it
 
@@ -124,7 +126,7 @@ class BucketStore:
         if not value:
             return cls(compact_min_rows=compact_min_rows)
         data = memoryview(value)
-        magic, min_due, n_cold, n_hash, n_dead = _HEADER.unpack_from(data)
+        magic, min_due, stale, n_cold, n_hash, n_dead = _HEADER.unpack_from(data)
         if magic != _MAGIC:
             raise ValueError("not a bucket value of state layout open_sessions/v2")
         at = _HEADER.size
@@ -134,7 +136,7 @@ class BucketStore:
         at += n_hash
         dead = set(json.loads(bytes(data[at:at + n_dead]))) if n_dead else set()
         at += n_dead
-        return cls(cold, hashes, min_due, dead, _from_ipc(data[at:]), compact_min_rows)
+        return cls(cold, hashes, min_due, dead, _from_ipc(data[at:]), stale, compact_min_rows)
 
     def _cold(self) -> pa.Table:
         if self._live_cold is None:
@@ -170,6 +172,7 @@ class BucketStore:
             pulled = cold.filter(mask)
             if pulled.num_rows:
                 self.dead.update(pulled["user_id"].to_pylist())
+                self.stale_rows += pulled.num_rows
                 self._live_cold = cold.filter(pc.invert(mask))
                 taken.append(pulled)
             rest_due = pc.min(self._live_cold["due_ms"]).as_py()
@@ -178,25 +181,25 @@ class BucketStore:
 
     def save(self, walked: pa.Table) -> bytes | None:
         """The walked users' open rows back in; the value to store (None: nothing left)."""
-        self.hot = pa.concat_tables([self.hot, walked])
-        cold_rows = len(self.cold_hashes)
-        if self.hot.num_rows > max(self.compact_min_rows, cold_rows // 4) or \
-                len(self.dead) > max(self.compact_min_rows // 4, cold_rows // 4):
+        share = max(self.compact_min_rows, len(self.cold_hashes) // 4)
+        if self.stale_rows > share or self.hot.num_rows > share:
             self._compact()
+        self.hot = pa.concat_tables([self.hot, walked])
         if not len(self.cold_hashes) and not self.hot.num_rows:
             return None
         dead = json.dumps(sorted(self.dead)).encode() if self.dead else b""
         hashes = self.cold_hashes.astype(np.uint32).tobytes()
-        header = _HEADER.pack(_MAGIC, self.cold_min_due, len(self.cold_bytes), len(hashes), len(dead))
+        header = _HEADER.pack(_MAGIC, self.cold_min_due, self.stale_rows, len(self.cold_bytes), len(hashes), len(dead))
         return b"".join([header, self.cold_bytes, hashes, dead, _ipc(self.hot)])
 
     def _compact(self) -> None:
+        """Cold := its live rows + the hot rows nobody walked this call (self.hot holds exactly those)."""
         cold = pa.concat_tables([self._cold(), self.hot]).combine_chunks()
         self.cold_bytes = _ipc(cold) if cold.num_rows else b""
         self.cold_hashes = np.unique(_hash32(cold["user_id"])) if cold.num_rows else np.empty(0, np.uint32)
         rest_due = pc.min(cold["due_ms"]).as_py() if cold.num_rows else None
         self.cold_min_due = NEVER if rest_due is None else int(rest_due)
-        self.dead, self.hot, self._live_cold = set(), empty_store(), cold
+        self.dead, self.hot, self._live_cold, self.stale_rows = set(), empty_store(), cold, 0
 
     def next_due(self) -> int | None:
         hot_due = pc.min(self.hot["due_ms"]).as_py() if self.hot.num_rows else None
@@ -206,7 +209,9 @@ class BucketStore:
 
 def encode(table: pa.Table) -> bytes:
     """Rows -> a stored bucket value, all of them cold (b"" for none)."""
-    return BucketStore(compact_min_rows=0).save(table) or b""
+    store = BucketStore(hot=table)
+    store._compact()
+    return store.save(empty_store()) or b""
 
 
 def decode(value) -> pa.Table:
