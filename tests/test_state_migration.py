@@ -62,3 +62,28 @@ def test_checkpoint_of_the_json_layout_is_refused_with_the_way_out(tmp_path):
         {"incarnation": "old", "gap_ms": GAP_MS, "lateness_ms": LATENESS_MS, "buckets": 64, "created_from": None}))
     with pytest.raises(LifecycleError, match=r"older layout .*sessionctl restore --savepoint latest"):
         catch_up(config, spark=None)
+
+
+def test_v2_savepoint_with_frozen_prefixes_restores_on_the_other_provider(spark, tmp_path):
+    """A savepoint of the v2 layout (frozen prefixes included) taken on RocksDB restores under the HDFS-backed
+    provider, and the job goes on exactly as the oracle says; the savepoint is plain Delta, queryable as such."""
+    from deltalake import DeltaTable
+
+    from state_store.lifecycle import take_savepoint
+
+    config = make_config(tmp_path, "rocksdb")
+    batches = migration_batches()
+    land_batches(config, batches[:CUT])
+    catch_up(config, spark)
+    saved = take_savepoint(config, spark=spark)
+    assert saved["state_schema"] == state_format.SCHEMA_ID
+    rows = DeltaTable(saved["uri"]).to_pyarrow_table()
+    assert rows.schema == state_format.CANONICAL_SCHEMA and rows["event_id"].null_count > 0  # frozen prefixes
+
+    land_batches(config, batches[CUT:], start=CUT)
+    hdfs = make_config(tmp_path, "hdfs")
+    assert restore(hdfs, "latest", spark=spark)["provider"] == "hdfs"
+    catch_up(hdfs, spark)
+    expected = run_oracle(batches, GAP_MS, LATENESS_MS)
+    assert read_sessions(hdfs) == sorted(expected.closed)
+    assert read_open_sessions(spark, hdfs) == sorted(expected.open_sessions)
