@@ -3,7 +3,7 @@ VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: setup system-deps demo test bench clean-data check-java
+.PHONY: setup system-deps demo test lint bench clean-data check-java
 
 check-java:
 	@command -v java >/dev/null 2>&1 || { echo "Java 17+ is required by Spark and was not found on PATH. Install it (Debian: apt-get install -y openjdk-17-jre-headless) and run make again." >&2; exit 1; }
@@ -24,9 +24,13 @@ system-deps:
 setup: check-java $(STAMP)
 
 demo: setup
-	$(PY) -m pipelines.demo
+	$(PY) -m sessionctl.demo
 
-test: setup system-deps
+# ruff (pyproject [tool.ruff]): CI fails on a lint regression before the suite runs.
+lint: setup
+	$(VENV)/bin/ruff check .
+
+test: setup system-deps lint
 	$(PY) -m pytest -q tests
 
 bench: setup

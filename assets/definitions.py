@@ -6,19 +6,43 @@ import time
 from dataclasses import asdict
 
 from dagster import (
-    AssetCheckResult, AssetCheckSeverity, AssetExecutionContext, AssetKey, AssetMaterialization, AssetObservation,
-    AssetSpec, Config, DagsterRunStatus, DailyPartitionsDefinition, DefaultScheduleStatus, DefaultSensorStatus,
-    Definitions, Failure, MetadataValue, OpExecutionContext, RunRequest, RunsFilter, ScheduleDefinition, SkipReason,
-    asset, asset_check, job, op, run_failure_sensor, run_status_sensor, sensor,
+    AssetCheckResult,
+    AssetCheckSeverity,
+    AssetExecutionContext,
+    AssetKey,
+    AssetMaterialization,
+    AssetObservation,
+    AssetSpec,
+    Config,
+    DagsterRunStatus,
+    DailyPartitionsDefinition,
+    DefaultScheduleStatus,
+    DefaultSensorStatus,
+    Definitions,
+    Failure,
+    MetadataValue,
+    OpExecutionContext,
+    RunRequest,
+    RunsFilter,
+    ScheduleDefinition,
+    SkipReason,
+    asset,
+    asset_check,
+    job,
+    op,
+    run_failure_sensor,
+    run_status_sensor,
+    sensor,
 )
 from dagster_pyspark import PySparkResource
 
 from assets.resources import SessionsResource, expected_errors, pyspark_resource
 from pipelines import job as pipeline
+from pipelines.checkpoint import LifecycleError, last_commit_age_seconds
 from pipelines.config import SessionsConfig
 from pipelines.metrics import daily_metrics
 from state_store import lifecycle, maintenance, savepoints
-from state_store.checkpoint import LifecycleError, last_commit_age_seconds
+from state_store.status import status
 
 RAW_EVENTS, SESSIONS, QUARANTINE, STATE = (AssetKey("raw_events"), AssetKey("sessions"),
                                            AssetKey("quarantine"), AssetKey("session_state"))
@@ -35,11 +59,13 @@ table_assets = [
 
 
 def _observe_state(context, sessions: SessionsResource, spark=None) -> dict:
-    report = pipeline.status(sessions.config(), spark=spark)
+    report = status(sessions.config(), spark=spark)
     context.log_event(AssetObservation(asset_key=STATE, metadata={
         "provider": report["provider"], "partitions": report["partitions"] or 0,
         "last_committed_batch": report["last_committed_batch"] if report["last_committed_batch"] is not None else -1,
-        "state_keys": report["state_keys"], "open_events": report["open_events"],
+        "state_keys": report["state_keys"], "open_users": report["open_users"],
+        "open_sessions": report["open_sessions"], "open_events": report["open_events"],
+        "frozen_prefixes": report["frozen_prefixes"],
         "state_bytes": MetadataValue.int(report["state_bytes"]), "watermark_ms": report["watermark_ms"] or 0,
     }))
     return report
@@ -293,7 +319,7 @@ def _count_data_files(uri: str) -> int:
 def maintenance_sensor(context, sessions: SessionsResource):
     """Savepoint when the newest one is older than SESSIONS_SAVEPOINT_MAX_AGE_HOURS (6); compaction when a
     table has more than SESSIONS_COMPACT_FILES (200) data files or the state more than SESSIONS_STATE_FILES (2000)."""
-    from state_store.checkpoint import directory_size
+    from pipelines.checkpoint import directory_size
 
     config = sessions.config()
     now = dt.datetime.now(dt.timezone.utc)

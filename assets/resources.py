@@ -3,12 +3,11 @@ from __future__ import annotations
 
 import os
 import sys
-from typing import Optional
 
 from dagster import ConfigurableResource, Failure
 
+from pipelines.checkpoint import LifecycleError
 from pipelines.config import SessionsConfig
-from state_store.checkpoint import LifecycleError
 
 # Spark's Python workers must use this environment's interpreter (pandas, pyarrow, the pipeline).
 os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
@@ -17,9 +16,9 @@ os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
 class SessionsResource(ConfigurableResource):
     """Settings of the session-tracking job; unset fields come from SESSIONS_* environment variables."""
 
-    home: Optional[str] = None
-    state_store: Optional[str] = None
-    savepoint_uri: Optional[str] = None
+    home: str | None = None
+    state_store: str | None = None
+    savepoint_uri: str | None = None
 
     def config(self) -> SessionsConfig:
         env = dict(os.environ)

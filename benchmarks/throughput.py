@@ -38,11 +38,11 @@ if str(REPO) not in sys.path:
 
 import pyarrow as pa  # noqa: E402
 
+from pipelines.checkpoint import PROVIDER_CLASSES, directory_size  # noqa: E402
 from pipelines.config import SessionsConfig  # noqa: E402
 from pipelines.ingest import ingest  # noqa: E402
 from pipelines.sample_data import arrival_order, generate_events, land  # noqa: E402
 from pipelines.tables import SESSIONS_SCHEMA, ensure_table, idempotent_append  # noqa: E402
-from state_store.checkpoint import PROVIDER_CLASSES, directory_size  # noqa: E402
 
 # Average events per generated session (1..12 events, +1 logout 30% of the time) and the duplicate rate
 # of arrival_order; only used to size the generation, the batches are cut exactly afterwards.

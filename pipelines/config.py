@@ -76,7 +76,7 @@ class SessionsConfig:
     auto_restore: bool = False
 
     @classmethod
-    def from_env(cls, env: dict | None = None) -> "SessionsConfig":
+    def from_env(cls, env: dict | None = None) -> SessionsConfig:
         env = dict(os.environ if env is None else env)
         home = Path(env.get("SESSIONS_HOME") or REPO_ROOT / ".data").resolve()
         provider = (env.get("SESSIONS_STATE_STORE") or "rocksdb").strip().lower()
@@ -104,7 +104,7 @@ class SessionsConfig:
             auto_restore=_bool(env, "SESSIONS_AUTO_RESTORE", False),
         )
 
-    def with_(self, **changes) -> "SessionsConfig":
+    def with_(self, **changes) -> SessionsConfig:
         return replace(self, **changes)
 
     # Paths under the data root.

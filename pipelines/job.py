@@ -8,16 +8,24 @@ import threading
 import time
 from contextlib import contextmanager
 from dataclasses import dataclass, field
-from pathlib import Path
+
+from pyspark.sql import SparkSession
 
 from pipelines import state_format
+from pipelines.checkpoint import (
+    PROVIDER_CLASSES,
+    JobMetadata,
+    LifecycleError,
+    batch_source_range,
+    inspect_checkpoint,
+    read_job_metadata,
+    write_job_metadata,
+)
 from pipelines.config import SessionsConfig
 from pipelines.ingest import ingest
+from pipelines.operator import sessionize
+from pipelines.source import BOOTSTRAP_FILE, SOURCE_NAME, RawEventsSource
 from pipelines.tables import QUARANTINE_SCHEMA, SESSIONS_SCHEMA, MicroBatchSink, ensure_table, table_rows
-from state_store.checkpoint import (
-    PROVIDER_CLASSES, JobMetadata, LifecycleError, batch_source_range, directory_size, inspect_checkpoint,
-    read_job_metadata, write_job_metadata,
-)
 
 
 def spark_conf(config: SessionsConfig) -> dict[str, str]:
@@ -39,8 +47,6 @@ def spark_conf(config: SessionsConfig) -> dict[str, str]:
 def get_spark(config: SessionsConfig):
     os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
     os.environ.setdefault("PYSPARK_DRIVER_PYTHON", sys.executable)
-    from pyspark.sql import SparkSession
-
     builder = SparkSession.builder
     for key, value in spark_conf(config).items():
         builder = builder.config(key, value)
@@ -50,8 +56,6 @@ def get_spark(config: SessionsConfig):
 
 
 def _prepare_session(spark, config: SessionsConfig) -> None:
-    from pipelines.source import RawEventsSource
-
     # SQL confs are read when a query starts; an existing checkpoint's own values still win.
     spark.conf.set("spark.sql.shuffle.partitions", str(config.state_partitions))
     spark.conf.set("spark.sql.streaming.stateStore.providerClass", PROVIDER_CLASSES[config.state_store])
@@ -122,9 +126,6 @@ def checkpoint_metadata(config: SessionsConfig) -> JobMetadata:
 
 
 def start_query(spark, config: SessionsConfig, meta: JobMetadata, trigger: dict, source_options: dict | None = None):
-    from pipelines.operator import sessionize
-    from pipelines.source import BOOTSTRAP_FILE, SOURCE_NAME
-
     _prepare_session(spark, config)
     reader = (spark.readStream.format(SOURCE_NAME)
               .option("path", config.raw_events_table)
@@ -225,31 +226,3 @@ def run_continuously(config: SessionsConfig, spark=None, stop: threading.Event |
         summary.last_committed_batch = inspect_checkpoint(config.checkpoint).last_committed_batch
         summary.seconds = round(time.monotonic() - started, 3)
         return summary
-
-
-def status(config: SessionsConfig, spark=None, with_state: bool = True) -> dict:
-    """What the job holds now: provider, partitions, last batch, state keys and bytes, watermark."""
-    info = inspect_checkpoint(config.checkpoint)
-    files, size = directory_size(config.checkpoint / "state")
-    report = {
-        "checkpoint": info.path,
-        "provider": info.provider or config.state_store,
-        "partitions": info.partitions or config.state_partitions,
-        "last_committed_batch": info.last_committed_batch,
-        "watermark_ms": info.next_watermark_ms if info.next_watermark_ms is not None else info.batch_watermark_ms,
-        "source_offset": info.source_offset,
-        "state_files": files,
-        "state_bytes": size,
-        "sessions_rows": table_rows(config.sessions_table),
-        "quarantine_rows": table_rows(config.quarantine_table),
-    }
-    if with_state and info.last_committed_batch is not None:
-        from state_store.state import state_summary
-
-        meta = read_job_metadata(config.checkpoint)
-        report.update(state_summary(spark or get_spark(config), config.checkpoint,
-                                    meta.gap_ms if meta else config.gap_ms))
-    else:
-        report.update({"state_keys": 0, "open_users": 0, "open_sessions": 0, "open_events": 0, "state_rows": 0,
-                       "frozen_prefixes": 0, "state_value_bytes": 0})
-    return report

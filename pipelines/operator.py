@@ -13,7 +13,7 @@ them), and a late event travels as (ingest_seq, line_no) -- the sink fetches the
 from __future__ import annotations
 
 import warnings
-from typing import Iterator
+from collections.abc import Iterator
 
 import numpy as np
 import pandas as pd

@@ -22,7 +22,7 @@ def generate_events(users: int, sessions_per_user: int, seed: int = 7,
         user = f"user-{u:06d}"
         t = start + dt.timedelta(seconds=rng.randint(0, 3600))
         for _ in range(sessions_per_user):
-            for i in range(rng.randint(1, 12)):
+            for _event in range(rng.randint(1, 12)):
                 t += dt.timedelta(seconds=rng.randint(5, 300))
                 n += 1
                 events.append({"event_id": f"e-{n:09d}", "user_id": user, "event_time": t.isoformat().replace("+00:00", "Z"),

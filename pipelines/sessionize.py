@@ -17,7 +17,6 @@ from dataclasses import dataclass
 import numpy as np
 import pandas as pd
 import pyarrow as pa
-import pyarrow.compute as pc
 
 from pipelines.state_format import LOGOUT, PAGE_VIEW, ROW_FIELDS, STORE_SCHEMA
 

@@ -11,8 +11,14 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import pyarrow as pa
+import pyarrow.compute as pc
+import pyarrow.parquet as pq
+from deltalake import DeltaTable
 from pyspark.sql.datasource import DataSource, DataSourceStreamReader, InputPartition
 from pyspark.sql.streaming.datasource import ReadAllAvailable, ReadMaxFiles, SupportsTriggerAvailableNow
+
+from pipelines.ingest import latest_ingest_seq
 
 SOURCE_NAME = "sessions_raw"
 SOURCE_SCHEMA = (
@@ -31,8 +37,6 @@ class _Range(InputPartition):
 
 
 def _arrow_schema():
-    import pyarrow as pa
-
     types = {"string": pa.string(), "long": pa.int64(), "timestamp": pa.timestamp("us", tz="UTC")}
     return pa.schema([(name, types[kind]) for name, kind in
                       (field.strip().split(" ") for field in SOURCE_SCHEMA.split(","))])
@@ -40,8 +44,6 @@ def _arrow_schema():
 
 def _with_origin(batch, origin: str):
     """Conform a batch to the source schema: missing columns become nulls, origin is set."""
-    import pyarrow as pa
-
     schema = _arrow_schema()
     arrays = []
     for field in schema:
@@ -69,8 +71,6 @@ class RawEventsStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow)
         return None
 
     def _latest_seq(self) -> int:
-        from pipelines.ingest import latest_ingest_seq
-
         return latest_ingest_seq(self.table)[0]
 
     def initialOffset(self) -> dict:
@@ -108,9 +108,6 @@ class RawEventsStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow)
             return [_Range("state", json.dumps(boot)), _Range("marker", json.dumps(boot))]
         if end["seq"] <= start["seq"]:
             return []
-        import pyarrow as pa
-        from deltalake import DeltaTable
-
         table = DeltaTable(self.table)
         adds = pa.table(table.get_add_actions(flatten=True))
         low, high = start["seq"], end["seq"]
@@ -123,10 +120,6 @@ class RawEventsStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow)
         ]
 
     def read(self, partition: _Range):
-        import pyarrow as pa
-        import pyarrow.compute as pc
-        import pyarrow.parquet as pq
-
         if partition.kind == "events":
             path = partition.target.removeprefix("file://")
             table = pq.read_table(path)

@@ -1,6 +1,7 @@
 """Savepoint, restore and rescale of the stopped job: the operations `sessionctl` and Dagster call."""
 from __future__ import annotations
 
+import contextlib
 import datetime as dt
 import json
 import shutil
@@ -12,20 +13,25 @@ import pyarrow.parquet as pq
 from deltalake import DeltaTable
 
 from pipelines import state_format
-from pipelines.config import SessionsConfig
-from pipelines.sessionize import rewalk, rows_table
-from state_store import savepoints as sp
-from state_store.checkpoint import (
-    JobMetadata, LifecycleError, inspect_checkpoint, read_job_metadata, write_job_metadata,
+from pipelines.checkpoint import (
+    JobMetadata,
+    LifecycleError,
+    inspect_checkpoint,
+    read_job_metadata,
+    write_job_metadata,
 )
+from pipelines.config import SessionsConfig
+from pipelines.job import ensure_tables, get_spark, job_lock, start_query
+from pipelines.sessionize import rewalk, rows_table
+from pipelines.source import BOOTSTRAP_FILE
+from state_store import savepoints as sp
+from state_store.state import read_state
 
 REPLACED_SUFFIX = ".replaced-"
 FAILED_SUFFIX = ".failed-restore-"  # a half-built checkpoint, kept for a post-mortem
 
 
 def _locks(config: SessionsConfig, what: str) -> ExitStack:
-    from pipelines.job import job_lock
-
     stack = ExitStack()
     stack.enter_context(job_lock(config, what, name="lifecycle"))
     stack.enter_context(job_lock(config, what, name="job"))
@@ -33,15 +39,11 @@ def _locks(config: SessionsConfig, what: str) -> ExitStack:
 
 
 def _spark(config: SessionsConfig, spark):
-    from pipelines.job import get_spark
-
     return spark or get_spark(config)
 
 
 def live_state(spark, checkpoint: Path, batch_id: int | None):
     """Canonical Arrow table of the state at a committed batch (Spark's state data source)."""
-    from state_store.state import read_state
-
     return state_format.canonical(read_state(spark, checkpoint, batch_id).toArrow())
 
 
@@ -80,10 +82,8 @@ def _take_savepoint(config: SessionsConfig, trigger: str, spark) -> dict:
     except Exception as error:  # noqa: BLE001 -- any failure must leave no complete row behind
         row.update(status="failed", error=f"{type(error).__name__}: {error}"[:500],
                    seconds=round(time.monotonic() - started, 3))
-        try:
+        with contextlib.suppress(Exception):  # the store is down; the attempt is simply not listed
             sp.record(config.savepoint_uri, row)
-        except Exception:  # noqa: BLE001 -- the store is down; the attempt is simply not listed
-            pass
         raise LifecycleError(f"savepoint {savepoint_id} failed and is not listed as complete: "
                              f"{type(error).__name__}: {str(error).splitlines()[0][:300]}") from None
     return _public(row)
@@ -165,9 +165,6 @@ def _roll_back_outputs(config: SessionsConfig, row: dict) -> dict:
 
 
 def _restore(config: SessionsConfig, savepoint: str, partitions: int | None, migrate: bool, spark) -> dict:
-    from pipelines.job import ensure_tables, start_query
-    from pipelines.source import BOOTSTRAP_FILE
-
     started = time.monotonic()
     row, state = _validated(config, savepoint, migrate)
     target = config.with_(state_partitions=partitions or row["partitions"] or config.state_partitions)

@@ -3,32 +3,33 @@ from __future__ import annotations
 
 import datetime as dt
 import time
+from pathlib import Path
 
+import boto3
 import pyarrow as pa
 from deltalake import DeltaTable
 
+from pipelines.checkpoint import directory_size
 from pipelines.config import SessionsConfig
+from pipelines.job import job_lock
 from state_store import savepoints as sp
-from state_store.checkpoint import directory_size
 from state_store.lifecycle import remove_tree, replaced_checkpoints
+
+
+def _s3_objects(uri: str):
+    """(client, bucket, objects under the prefix as list_objects_v2 items): the one S3 listing here."""
+    bucket, _, prefix = uri[len("s3://"):].partition("/")
+    options = sp.storage_options(uri) or {}
+    client = boto3.client("s3", endpoint_url=options.get("AWS_ENDPOINT_URL"), region_name=options.get("AWS_REGION"))
+    pages = client.get_paginator("list_objects_v2").paginate(Bucket=bucket, Prefix=prefix.rstrip("/") + "/")
+    return client, bucket, [item for page in pages for item in page.get("Contents", [])]
 
 
 def _table_footprint(uri: str) -> tuple[int, int]:
     """(files, bytes) of everything under a Delta table, log included, local or S3."""
     if uri.startswith("s3://"):
-        import boto3
-
-        bucket, _, prefix = uri[len("s3://"):].partition("/")
-        options = sp.storage_options(uri) or {}
-        client = boto3.client("s3", endpoint_url=options.get("AWS_ENDPOINT_URL"), region_name=options.get("AWS_REGION"))
-        files = size = 0
-        for page in client.get_paginator("list_objects_v2").paginate(Bucket=bucket, Prefix=prefix.rstrip("/") + "/"):
-            for item in page.get("Contents", []):
-                files += 1
-                size += item["Size"]
-        return files, size
-    from pathlib import Path
-
+        _, _, objects = _s3_objects(uri)
+        return len(objects), sum(item["Size"] for item in objects)
     return directory_size(Path(uri))
 
 
@@ -77,18 +78,11 @@ def savepoints_to_delete(rows: list[dict], keep_last: int, keep_daily_days: int,
 def _delete_savepoint(uri: str, row: dict) -> None:
     state = row.get("state_uri") or sp.state_uri(uri, row["savepoint_id"])
     if state.startswith("s3://"):
-        import boto3
-
-        bucket, _, prefix = state[len("s3://"):].partition("/")
-        options = sp.storage_options(state) or {}
-        client = boto3.client("s3", endpoint_url=options.get("AWS_ENDPOINT_URL"), region_name=options.get("AWS_REGION"))
-        for page in client.get_paginator("list_objects_v2").paginate(Bucket=bucket, Prefix=prefix.rstrip("/") + "/"):
-            keys = [{"Key": item["Key"]} for item in page.get("Contents", [])]
-            if keys:
-                client.delete_objects(Bucket=bucket, Delete={"Objects": keys})
+        client, bucket, objects = _s3_objects(state)
+        for start in range(0, len(objects), 1000):  # delete_objects takes at most 1000 keys
+            keys = [{"Key": item["Key"]} for item in objects[start:start + 1000]]
+            client.delete_objects(Bucket=bucket, Delete={"Objects": keys})
     else:
-        from pathlib import Path
-
         remove_tree(Path(state))
     catalog = sp.catalog_uri(uri)
     DeltaTable(catalog, storage_options=sp.storage_options(catalog)).delete(
@@ -99,8 +93,6 @@ def compact(config: SessionsConfig, keep_last: int = 5, keep_daily_days: int = 7
             vacuum_retention_hours: int = 168, spark=None) -> dict:
     """OPTIMIZE and VACUUM every Delta table, apply savepoint retention, drop checkpoints set aside by
     restores once a newer savepoint exists. Runs beside the stream; never beside another lifecycle op."""
-    from pipelines.job import job_lock
-
     started = time.monotonic()
     with job_lock(config, "compaction", name="lifecycle"):
         now = dt.datetime.now(dt.timezone.utc)

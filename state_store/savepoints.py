@@ -19,7 +19,7 @@ import pyarrow.compute as pc
 from deltalake import DeltaTable, write_deltalake
 
 from pipelines import state_format
-from state_store.checkpoint import LifecycleError
+from pipelines.checkpoint import LifecycleError
 
 CATALOG_SCHEMA = pa.schema([
     ("savepoint_id", pa.string()),

@@ -1,11 +1,17 @@
 """Reading live state through Spark's state data source, in the canonical form (pipelines.state_format)."""
 from __future__ import annotations
 
+import datetime as dt
 from pathlib import Path
 
+import pyarrow as pa
+import pyarrow.compute as pc
 from pyspark.sql import functions as F
 
 from pipelines import state_format
+from pipelines.checkpoint import LifecycleError, inspect_checkpoint, read_job_metadata
+from pipelines.config import SessionsConfig
+from pipelines.sessionize import open_sessions
 
 _CANONICAL_DDL = ("user_id string, session_start timestamp, event_id string, event_time timestamp, "
                   "event_type string, event_count long, page_views long")
@@ -18,16 +24,18 @@ def _decode_partition(batches):
             yield from state_format.to_canonical(state_format.decode(value)).to_batches()
 
 
-def state_values(spark, checkpoint: Path, batch_id: int | None = None):
-    """One row per state store key (hash bucket): its binary value."""
+def state_values(spark, checkpoint: Path, batch_id: int | None = None, with_key: bool = False):
+    """One row per state store key (hash bucket): its binary value `v` (and `bucket` if asked)."""
     # The RocksDB provider calls the driver's StateStoreCoordinator, which Spark registers only when
     # the streaming query manager is first used; a fresh process (sessionctl) must touch it first.
-    spark.streams.active
+    spark.streams.active  # noqa: B018 -- the access itself registers the coordinator
     reader = spark.read.format("statestore")
     if batch_id is not None:
         reader = reader.option("batchId", batch_id)
-    return reader.load(str(checkpoint)).select(F.col(f"value.groupState.{state_format.STATE_COLUMN}").alias("v")) \
-        .where(F.col("v").isNotNull())
+    columns = [F.col(f"value.groupState.{state_format.STATE_COLUMN}").alias("v")]
+    if with_key:
+        columns.append(F.col("key.bucket").alias("bucket"))
+    return reader.load(str(checkpoint)).select(*columns).where(F.col("v").isNotNull())
 
 
 def read_state(spark, checkpoint: Path, batch_id: int | None = None):
@@ -41,11 +49,6 @@ _SUMMARY_DDL = "keys long, users long, sessions long, events long, rows long, pr
 
 def _summarise_partition(gap_ms: int):
     def summarise(batches):
-        import pyarrow as pa
-        import pyarrow.compute as pc
-
-        from pipelines.sessionize import open_sessions
-
         totals = dict.fromkeys(_SUMMARY_DDL.replace(" long", "").split(", "), 0)
         for batch in batches:
             for value in batch.column(0).to_pylist():
@@ -70,3 +73,62 @@ def state_summary(spark, checkpoint: Path, gap_ms: int, batch_id: int | None = N
             "open_sessions": int(total["sessions"]), "open_events": int(total["events"]),
             "state_rows": int(total["rows"]), "frozen_prefixes": int(total["prefixes"]),
             "state_value_bytes": int(total["bytes"])}
+
+
+# ---- live lookups (Flink's queryable state, read from the committed state: the job may be running) ----------
+
+_SESSION_DDL = ("user_id string, session_id string, session_start_ms long, last_event_ms long, "
+                "last_event_type string, event_count long, page_views long, closes_at_ms long")
+
+
+def _iso(ms: int | None) -> str | None:
+    return None if ms is None else dt.datetime.fromtimestamp(ms / 1000, dt.timezone.utc).isoformat(
+        timespec="milliseconds").replace("+00:00", "Z")
+
+
+def _session_json(row: dict, watermark_ms: int | None) -> dict:
+    return {"session_id": row["session_id"], "session_start": _iso(row["session_start_ms"]),
+            "last_event": _iso(row["last_event_ms"]), "last_event_type": row["last_event_type"],
+            "events": int(row["event_count"]), "page_views": int(row["page_views"]),
+            "closes_at": _iso(row["closes_at_ms"]),
+            "closes_in_watermark_ms": None if watermark_ms is None else int(row["closes_at_ms"]) - watermark_ms}
+
+
+def _job(config: SessionsConfig):
+    info = inspect_checkpoint(config.checkpoint)
+    meta = read_job_metadata(config.checkpoint)
+    if info.last_committed_batch is None or meta is None:
+        raise LifecycleError(f"no state yet: no committed batch in {config.checkpoint}")
+    watermark = info.next_watermark_ms if info.next_watermark_ms is not None else info.batch_watermark_ms
+    return info, meta, watermark
+
+
+def lookup_user(spark, config: SessionsConfig, user_id: str) -> dict:
+    """One user's open session(s) at the last committed batch: only the user's bucket is read and decoded."""
+    info, meta, watermark = _job(config)
+    values = state_values(spark, config.checkpoint, info.last_committed_batch, with_key=True)
+    bucket = F.pmod(F.xxhash64(F.lit(user_id)), F.lit(meta.buckets)).cast("int")  # = operator.bucket_column
+    stored = values.where(F.col("bucket") == bucket).select("v").collect()
+    rows = state_format.decode(stored[0]["v"]) if stored else state_format.empty_store()
+    rows = rows.filter(pc.equal(rows["user_id"], user_id))
+    sessions = open_sessions(rows, meta.gap_ms).to_dict("records")
+    return {"user_id": user_id, "batch_id": info.last_committed_batch, "watermark": _iso(watermark),
+            "open_sessions": [_session_json(s, watermark) for s in sessions]}
+
+
+def top_sessions(spark, config: SessionsConfig, n: int) -> dict:
+    """The n largest open sessions by events (a hot-key view), decoded in the executors."""
+    info, meta, watermark = _job(config)
+    gap_ms = meta.gap_ms
+
+    def sessions_of(batches):
+        for batch in batches:
+            for value in batch.column(0).to_pylist():
+                found = open_sessions(state_format.decode(value), gap_ms)
+                if len(found):
+                    yield pa.RecordBatch.from_pandas(found, preserve_index=False)
+
+    values = state_values(spark, config.checkpoint, info.last_committed_batch)
+    top = values.mapInArrow(sessions_of, _SESSION_DDL).orderBy(F.desc("event_count"), "user_id").limit(n).collect()
+    return {"batch_id": info.last_committed_batch, "watermark": _iso(watermark),
+            "top": [{"user_id": r["user_id"], **_session_json(r.asDict(), watermark)} for r in top]}

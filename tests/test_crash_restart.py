@@ -9,6 +9,7 @@ micro-batches have been committed (mid-run, somewhere inside a batch).
 """
 from __future__ import annotations
 
+import contextlib
 import os
 import random
 import signal
@@ -45,10 +46,8 @@ def _start(config, log: Path) -> subprocess.Popen:
 
 
 def _kill_group(proc: subprocess.Popen) -> None:
-    try:
+    with contextlib.suppress(ProcessLookupError):
         os.killpg(proc.pid, signal.SIGKILL)
-    except ProcessLookupError:
-        pass
     proc.wait(timeout=60)
 
 
@@ -88,7 +87,7 @@ def _with_bad_lines(batches, seed: int):
         lines = [line(e) for e in batch]
         if i % 2 == 0:
             at = rng.randint(0, len(lines))
-            lines.insert(at, '{"event_id": "broken-%d", "user_id": ' % i)
+            lines.insert(at, f'{{"event_id": "broken-{i}", "user_id": ')
             bad.add((f"part-{i:05d}.jsonl", at + 1, "malformed_json"))
         files.append(lines)
     return files, bad

@@ -86,7 +86,7 @@ def json_files_pending(config) -> bool:
 
 def pipeline_batches(config) -> int:
     """Micro-batches committed since the restore (its checkpoint starts again at batch 0)."""
-    from state_store.checkpoint import inspect_checkpoint
+    from pipelines.checkpoint import inspect_checkpoint
 
     last = inspect_checkpoint(config.checkpoint).last_committed_batch
     return -1 if last is None else last - 1  # batches 0 and 1 are the restore's own

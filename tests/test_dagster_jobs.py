@@ -8,14 +8,25 @@ from pathlib import Path
 
 import pytest
 from dagster import (
-    DagsterInstance, RunRequest, SkipReason, build_run_status_sensor_context, build_schedule_context,
-    build_sensor_context, materialize,
+    DagsterInstance,
+    RunRequest,
+    SkipReason,
+    build_run_status_sensor_context,
+    build_schedule_context,
+    build_sensor_context,
+    materialize,
 )
 from deltalake import DeltaTable
 
 from assets.definitions import (
-    compaction_schedule, daily_session_metrics, defs, maintenance_sensor, newest_savepoint_verifies,
-    resume_stream_after_restore, savepoint_schedule, sessions_have_unique_ids,
+    compaction_schedule,
+    daily_session_metrics,
+    defs,
+    maintenance_sensor,
+    newest_savepoint_verifies,
+    resume_stream_after_restore,
+    savepoint_schedule,
+    sessions_have_unique_ids,
 )
 from assets.resources import SessionsResource, pyspark_resource
 from pipelines.sample_data import land_sample
@@ -143,8 +154,8 @@ def test_lifecycle_runs_never_overlap(resources):
 
     from pipelines.job import job_lock
 
-    limits = {(l["key"], l.get("value")): l["limit"]
-              for l in yaml.safe_load((REPO / "deploy" / "dagster.yaml").read_text())
+    limits = {(limit["key"], limit.get("value")): limit["limit"]
+              for limit in yaml.safe_load((REPO / "deploy" / "dagster.yaml").read_text())
               ["run_coordinator"]["config"]["tag_concurrency_limits"]}
     assert limits[("sessions/lifecycle", "true")] == 1
     lifecycle_jobs = {"savepoint", "restore_from_snapshot", "rescale", "compaction"}

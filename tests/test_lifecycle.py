@@ -14,16 +14,16 @@ import time
 from pathlib import Path
 
 import boto3
-import pytest
 import pyarrow as pa
+import pytest
 from deltalake import DeltaTable, write_deltalake
 
+from pipelines.checkpoint import LifecycleError, inspect_checkpoint
 from pipelines.config import SessionsConfig
 from pipelines.ingest import ingest
 from pipelines.job import catch_up, get_spark, job_lock
 from pipelines.sample_data import arrival_order, generate_events, land
 from state_store import savepoints as sp
-from state_store.checkpoint import LifecycleError, inspect_checkpoint
 from state_store.lifecycle import rescale, restore, take_savepoint, validate_savepoint
 from state_store.maintenance import compact
 from tests.lifecycle_expectations import expected_closed_sessions

@@ -13,14 +13,14 @@ from pathlib import Path
 import pytest
 
 from pipelines import state_format
+from pipelines.checkpoint import LifecycleError
 from pipelines.job import catch_up
 from state_store import savepoints as sp
-from state_store.checkpoint import LifecycleError
 from state_store.lifecycle import restore
 from tests.conftest import make_config, read_open_sessions, read_quarantine, read_sessions
 from tests.datagen import land_batches
-from tests.test_stream_vs_oracle import GAP_MS, LATENESS_MS, scenario
 from tests.oracle import run_oracle
+from tests.test_stream_vs_oracle import GAP_MS, LATENESS_MS, scenario
 
 FIXTURE = Path(__file__).resolve().parent / "fixtures" / "savepoint_v1_home"
 CUT = 4

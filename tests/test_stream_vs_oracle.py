@@ -12,10 +12,16 @@ import random
 
 import pytest
 
-from pipelines.job import catch_up, status
+from pipelines.job import catch_up
+from state_store.status import status
 from tests.conftest import make_config, read_open_sessions, read_quarantine, read_sessions
 from tests.datagen import (
-    adversarial_events, edge_block, has_colliding_session_ids, land_batches, pick_seed, random_split,
+    adversarial_events,
+    edge_block,
+    has_colliding_session_ids,
+    land_batches,
+    pick_seed,
+    random_split,
 )
 from tests.oracle import run_oracle, split_events
 
@@ -106,3 +112,45 @@ def test_stream_equals_oracle_across_runs(spark, tmp_path):
     catch_up(config, spark)
     catch_up(config, spark)  # nothing new: must not write anything again
     assert_matches_oracle(spark, config, batches)
+
+
+@pytest.mark.parametrize("provider", ["rocksdb", "hdfs"])
+def test_live_state_lookup_equals_the_oracle(spark, tmp_path, provider):
+    """`sessionctl state --user U` (state_store.state.lookup_user) reads one bucket of the committed state and
+    shows exactly the oracle's open sessions of U; `--top N` the N largest by events; the CLI prints them."""
+    import json
+    import subprocess
+
+    from state_store.state import lookup_user, top_sessions
+    from tests.conftest import SESSIONCTL, config_env
+
+    config = make_config(tmp_path, provider)
+    batches = scenario(2, 6)
+    land_batches(config, batches)
+    catch_up(config, spark)
+    expected = run_oracle(batches, GAP_MS, LATENESS_MS)
+    users = sorted({e["user_id"] for batch in batches for e in batch})
+    assert expected.open_sessions
+    for user in users:
+        got = lookup_user(spark, config, user)
+        want = sorted((s[2], s[3], s[4], s[5]) for s in expected.open_sessions if s[1] == user)
+        assert sorted((_ms(s["session_start"]), _ms(s["last_event"]), s["events"], s["page_views"])
+                      for s in got["open_sessions"]) == want, user
+    biggest = min(expected.open_sessions, key=lambda s: (-s[4], s[1]))  # most events, then user id
+    top = top_sessions(spark, config, 1)["top"]
+    assert [(t["user_id"], t["events"]) for t in top] == [(biggest[1], biggest[4])]
+    if provider == "rocksdb":  # the CLI, once: JSON on stdout, the same answer
+        user = biggest[1]
+        done = subprocess.run([str(SESSIONCTL), "state", "--user", user, "--json"], env=config_env(config),
+                              capture_output=True, text=True, timeout=300)
+        assert done.returncode == 0, done.stderr[-2000:]
+        printed = json.loads(done.stdout.strip().splitlines()[-1])
+        assert printed["user_id"] == user
+        assert [s["events"] for s in printed["open_sessions"]] == \
+            [s["events"] for s in lookup_user(spark, config, user)["open_sessions"]]
+
+
+def _ms(iso: str) -> int:
+    import datetime as dt
+
+    return int(dt.datetime.fromisoformat(iso.replace("Z", "+00:00")).timestamp() * 1000)

@@ -6,8 +6,14 @@ import json
 import sys
 from dataclasses import asdict
 
+from pipelines.checkpoint import LifecycleError
 from pipelines.config import ConfigError, SessionsConfig
-from state_store.checkpoint import LifecycleError
+from pipelines.job import catch_up, get_spark, run_continuously
+from state_store.lifecycle import rescale, restore, take_savepoint
+from state_store.maintenance import compact
+from state_store.savepoints import list_savepoints
+from state_store.state import lookup_user, top_sessions
+from state_store.status import status
 
 
 def _print(obj) -> None:
@@ -15,14 +21,10 @@ def _print(obj) -> None:
 
 
 def cmd_catch_up(config, args):
-    from pipelines.job import catch_up
-
     _print(asdict(catch_up(config)))
 
 
 def cmd_run(config, args):
-    from pipelines.job import run_continuously
-
     def progress(summary, sink):
         print(f"batches={summary.batches} input_rows={summary.input_rows} "
               f"sessions_written={sink.sessions_written} quarantined={sink.quarantined}", flush=True)
@@ -32,8 +34,6 @@ def cmd_run(config, args):
 
 
 def cmd_status(config, args):
-    from pipelines.job import status
-
     report = status(config, with_state=not args.no_state)
     if args.json:
         _print(report)
@@ -43,33 +43,32 @@ def cmd_status(config, args):
 
 
 def cmd_savepoint(config, args):
-    from state_store.lifecycle import take_savepoint
-
     _print(take_savepoint(config, trigger="manual"))
 
 
 def cmd_savepoints(config, args):
-    from state_store.savepoints import list_savepoints
-
     _print(list_savepoints(config.savepoint_uri))
 
 
 def cmd_restore(config, args):
-    from state_store.lifecycle import restore
-
     _print(restore(config, args.savepoint, partitions=args.partitions, migrate=args.migrate))
 
 
 def cmd_rescale(config, args):
-    from state_store.lifecycle import rescale
-
     _print(rescale(config, args.partitions))
 
 
 def cmd_compact(config, args):
-    from state_store.maintenance import compact
-
     _print(compact(config, keep_last=args.keep_last, keep_daily_days=args.keep_daily_days, dry_run=args.dry_run))
+
+
+def cmd_state(config, args):
+    spark = get_spark(config)
+    result = lookup_user(spark, config, args.user) if args.user is not None else top_sessions(spark, config, args.top)
+    if args.json:
+        _print(result)
+    else:
+        print(json.dumps(result, indent=2, default=str))
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -97,6 +96,12 @@ def build_parser() -> argparse.ArgumentParser:
     rc = sub.add_parser("rescale", help="change the state partitions of the stopped job")
     rc.add_argument("--partitions", type=int, required=True)
     rc.set_defaults(fn=cmd_rescale)
+    sv = sub.add_parser("state", help="open sessions as the state store holds them now (running or stopped job)")
+    which = sv.add_mutually_exclusive_group(required=True)
+    which.add_argument("--user", help="one user's open session(s)")
+    which.add_argument("--top", type=int, help="the N largest open sessions (hot keys)")
+    sv.add_argument("--json", action="store_true")
+    sv.set_defaults(fn=cmd_state)
     cp = sub.add_parser("compact", help="compaction and retention")
     cp.add_argument("--keep-last", type=int, default=5)
     cp.add_argument("--keep-daily-days", type=int, default=7)

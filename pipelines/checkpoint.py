@@ -7,6 +7,8 @@ import uuid
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
+from pipelines.state_format import SCHEMA_ID
+
 PROVIDER_CLASSES = {
     "rocksdb": "org.apache.spark.sql.execution.streaming.state.RocksDBStateStoreProvider",
     "hdfs": "org.apache.spark.sql.execution.streaming.state.HDFSBackedStateStoreProvider",
@@ -39,9 +41,7 @@ class JobMetadata:
     state_layout: str | None = None
 
     @classmethod
-    def new(cls, gap_ms: int, lateness_ms: int, buckets: int, created_from: str | None = None) -> "JobMetadata":
-        from pipelines.state_format import SCHEMA_ID
-
+    def new(cls, gap_ms: int, lateness_ms: int, buckets: int, created_from: str | None = None) -> JobMetadata:
         return cls(uuid.uuid4().hex, gap_ms, lateness_ms, buckets, created_from, SCHEMA_ID)
 
 

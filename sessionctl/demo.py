@@ -5,8 +5,9 @@ from __future__ import annotations
 import json
 
 from pipelines.config import SessionsConfig
-from pipelines.job import catch_up, get_spark, status
+from pipelines.job import catch_up, get_spark
 from pipelines.sample_data import land_sample
+from state_store.status import status
 
 
 def main() -> None:

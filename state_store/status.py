@@ -1,0 +1,34 @@
+"""What the job holds now, for `sessionctl status`, Dagster's observations and the demo."""
+from __future__ import annotations
+
+from pipelines.checkpoint import directory_size, inspect_checkpoint, read_job_metadata
+from pipelines.config import SessionsConfig
+from pipelines.job import get_spark
+from pipelines.tables import table_rows
+from state_store.state import state_summary
+
+
+def status(config: SessionsConfig, spark=None, with_state: bool = True) -> dict:
+    """What the job holds now: provider, partitions, last batch, state keys and bytes, watermark."""
+    info = inspect_checkpoint(config.checkpoint)
+    files, size = directory_size(config.checkpoint / "state")
+    report = {
+        "checkpoint": info.path,
+        "provider": info.provider or config.state_store,
+        "partitions": info.partitions or config.state_partitions,
+        "last_committed_batch": info.last_committed_batch,
+        "watermark_ms": info.next_watermark_ms if info.next_watermark_ms is not None else info.batch_watermark_ms,
+        "source_offset": info.source_offset,
+        "state_files": files,
+        "state_bytes": size,
+        "sessions_rows": table_rows(config.sessions_table),
+        "quarantine_rows": table_rows(config.quarantine_table),
+    }
+    if with_state and info.last_committed_batch is not None:
+        meta = read_job_metadata(config.checkpoint)
+        report.update(state_summary(spark or get_spark(config), config.checkpoint,
+                                    meta.gap_ms if meta else config.gap_ms))
+    else:
+        report.update({"state_keys": 0, "open_users": 0, "open_sessions": 0, "open_events": 0, "state_rows": 0,
+                       "frozen_prefixes": 0, "state_value_bytes": 0})
+    return report
