@@ -188,7 +188,6 @@ def test_savepoint_failure_mid_write_is_never_listed(tmp_path, spark_session, s3
 def test_failed_restore_leaves_a_known_next_step(tmp_path, spark_session, monkeypatch):
     """A restore that breaks before touching the tables puts the old checkpoint back (the old job goes on);
     one that breaks after the roll-back says to run it again, and the rerun ends exactly-once."""
-    import pipelines.job
     import state_store.lifecycle as lifecycle
 
     config = _config(tmp_path, "hdfs", str(tmp_path / "savepoints"))
@@ -211,7 +210,7 @@ def test_failed_restore_leaves_a_known_next_step(tmp_path, spark_session, monkey
     assert _sessions(config) == sessions_before
 
     with monkeypatch.context() as patch:
-        patch.setattr(pipelines.job, "start_query", broken)
+        patch.setattr(lifecycle, "start_query", broken)
         with pytest.raises(LifecycleError, match="run the same restore again"):
             restore(config, "latest", spark=spark_session)
     assert restore(config, "latest", spark=spark_session)["verified"]
