@@ -40,6 +40,7 @@ if str(REPO) not in sys.path:
 from benchmarks.throughput import batch_record, log, machine_info, start_job, start_native  # noqa: E402
 from pipelines.config import SessionsConfig  # noqa: E402
 from pipelines.ingest import ingest  # noqa: E402
+from pipelines.job import get_spark  # noqa: E402
 from pipelines.sample_data import land  # noqa: E402
 
 T0_MS = 1_793_520_000_000  # 2026-11-01T08:00:00Z
@@ -146,6 +147,21 @@ def run_one(which: str, spark, config: SessionsConfig, args) -> dict:
     return result
 
 
+def _run_fresh(which: str, provider: str, data_home: Path, home: Path, spark, args):
+    """One query over a fresh copy of the dataset's raw_events in `home` (removed after); the session is made
+    on first use. Returns (spark, result)."""
+    shutil.copytree(data_home / "warehouse" / "raw_events", home / "warehouse" / "raw_events")
+    config = SessionsConfig.from_env({**os.environ, "SESSIONS_HOME": str(home), "SESSIONS_STATE_STORE": provider,
+                                      "SESSIONS_MAX_VERSIONS_PER_BATCH": "1"})
+    if spark is None:
+        spark = get_spark(config)
+        spark.conf.set("spark.sql.streaming.numRecentProgressUpdates", "10000")
+    try:
+        return spark, run_one(which, spark, config, args)
+    finally:
+        shutil.rmtree(home, ignore_errors=True)
+
+
 def write_markdown(path: Path, results: dict) -> None:
     s, m = results["settings"], results["machine"]
     lines = [f"# State scaling: job vs native `session_window`{' (QUICK smoke run)' if s['quick'] else ''}", "",
@@ -206,8 +222,6 @@ def main(argv=None) -> int:
     args = parse_args(argv)
     os.environ.setdefault("PYSPARK_SUBMIT_ARGS", "--conf spark.ui.showConsoleProgress=false pyspark-shell")
     os.environ.setdefault("PYTHONWARNINGS", "ignore::FutureWarning")
-    from pipelines.job import get_spark
-
     work = Path(tempfile.mkdtemp(prefix="sessions-scaling-"))
     date = dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds")
     spark = None
@@ -222,29 +236,12 @@ def main(argv=None) -> int:
                     # A throwaway pass per provider: JIT, Python workers and provider code warm before anything
                     # is measured (the first query in a JVM is slower whatever it is).
                     for which in ("job", "native"):
-                        home = work / f"prime-{provider}-{which}"
-                        shutil.copytree(data_home / "warehouse" / "raw_events", home / "warehouse" / "raw_events")
-                        config = SessionsConfig.from_env({**os.environ, "SESSIONS_HOME": str(home),
-                                                          "SESSIONS_STATE_STORE": provider,
-                                                          "SESSIONS_MAX_VERSIONS_PER_BATCH": "1"})
-                        if spark is None:
-                            spark = get_spark(config)
-                            spark.conf.set("spark.sql.streaming.numRecentProgressUpdates", "10000")
-                        run_one(which, spark, config, args)
-                        shutil.rmtree(home, ignore_errors=True)
+                        spark, _ = _run_fresh(which, provider, data_home, work / f"prime-{provider}-{which}", spark, args)
                     log(f"{provider}: primed (discarded)")
                 run = {"provider": provider, "sleepers": sleepers, "data": data}
                 for which in ("job", "native"):
-                    home = work / f"{provider}-{sleepers}-{which}"
-                    shutil.copytree(data_home / "warehouse" / "raw_events", home / "warehouse" / "raw_events")
-                    config = SessionsConfig.from_env({**os.environ, "SESSIONS_HOME": str(home),
-                                                      "SESSIONS_STATE_STORE": provider,
-                                                      "SESSIONS_MAX_VERSIONS_PER_BATCH": "1"})
-                    if spark is None:
-                        spark = get_spark(config)
-                        spark.conf.set("spark.sql.streaming.numRecentProgressUpdates", "10000")
-                    run[which] = run_one(which, spark, config, args)
-                    shutil.rmtree(home, ignore_errors=True)
+                    spark, run[which] = _run_fresh(which, provider, data_home, work / f"{provider}-{sleepers}-{which}",
+                                                   spark, args)
                 runs.append(run)
             shutil.rmtree(data_home, ignore_errors=True)
         config = SessionsConfig.from_env({**os.environ, "SESSIONS_HOME": str(work)})
