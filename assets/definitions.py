@@ -38,8 +38,9 @@ from dagster_pyspark import PySparkResource
 
 from assets.resources import SessionsResource, expected_errors, pyspark_resource
 from pipelines import job as pipeline
-from pipelines.checkpoint import LifecycleError, last_commit_age_seconds
+from pipelines.checkpoint import directory_size, last_commit_age_seconds
 from pipelines.config import SessionsConfig
+from pipelines.errors import JobRunning, SessionsError
 from pipelines.metrics import daily_metrics
 from state_store import lifecycle, maintenance, savepoints
 from state_store.status import status
@@ -176,7 +177,7 @@ def stop_running_stream_op(context: OpExecutionContext, sessions: SessionsResour
             try:
                 with pipeline.job_lock(config, "restore runbook (probe)"):
                     break
-            except LifecycleError as busy:
+            except JobRunning as busy:
                 if time.monotonic() > deadline:
                     raise Failure(description=f"the stream did not stop in time: {busy}") from None
                 time.sleep(2)
@@ -284,7 +285,7 @@ def sessions_have_unique_ids(sessions: SessionsResource) -> AssetCheckResult:
 def newest_savepoint_verifies(sessions: SessionsResource) -> AssetCheckResult:
     try:
         row = lifecycle.validate_savepoint(sessions.config(), "latest", migrate=True)
-    except LifecycleError as error:
+    except SessionsError as error:
         return AssetCheckResult(passed=False, metadata={"error": str(error)})
     return AssetCheckResult(passed=True, metadata={"savepoint_id": row["savepoint_id"], "rows": row["rows"]})
 
@@ -319,7 +320,6 @@ def _count_data_files(uri: str) -> int:
 def maintenance_sensor(context, sessions: SessionsResource):
     """Savepoint when the newest one is older than SESSIONS_SAVEPOINT_MAX_AGE_HOURS (6); compaction when a
     table has more than SESSIONS_COMPACT_FILES (200) data files or the state more than SESSIONS_STATE_FILES (2000)."""
-    from pipelines.checkpoint import directory_size
 
     config = sessions.config()
     now = dt.datetime.now(dt.timezone.utc)

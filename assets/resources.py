@@ -6,8 +6,8 @@ import sys
 
 from dagster import ConfigurableResource, Failure
 
-from pipelines.checkpoint import LifecycleError
 from pipelines.config import SessionsConfig
+from pipelines.errors import SessionsError
 
 # Spark's Python workers must use this environment's interpreter (pandas, pyarrow, the pipeline).
 os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
@@ -33,7 +33,7 @@ def expected_errors(fn, *args, **kwargs):
     """Run a library call; an expected operator error becomes a clean Dagster Failure."""
     try:
         return fn(*args, **kwargs)
-    except LifecycleError as error:
+    except SessionsError as error:
         raise Failure(description=str(error)) from None
 
 

@@ -16,10 +16,6 @@ PROVIDER_CLASSES = {
 JOB_FILE = "_job.json"
 
 
-class LifecycleError(RuntimeError):
-    """An expected operator error: printed as one line, never as a traceback."""
-
-
 def provider_name(provider_class: str) -> str:
     for name, cls in PROVIDER_CLASSES.items():
         if cls == provider_class:

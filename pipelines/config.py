@@ -5,12 +5,12 @@ import os
 from dataclasses import dataclass, replace
 from pathlib import Path
 
+from pipelines.errors import ConfigError
+
+__all__ = ["ConfigError", "SessionsConfig"]  # ConfigError lives with the other errors; importable from here too
+
 REPO_ROOT = Path(__file__).resolve().parent.parent
 PROVIDERS = ("rocksdb", "hdfs")
-
-
-class ConfigError(ValueError):
-    """A setting that cannot work; the message says which and why."""
 
 
 def _int(env: dict, name: str, default: int, minimum: int = 1) -> int:

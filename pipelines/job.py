@@ -15,13 +15,13 @@ from pipelines import state_format
 from pipelines.checkpoint import (
     PROVIDER_CLASSES,
     JobMetadata,
-    LifecycleError,
     batch_source_range,
     inspect_checkpoint,
     read_job_metadata,
     write_job_metadata,
 )
 from pipelines.config import SessionsConfig
+from pipelines.errors import CheckpointMismatch, CheckpointMissing, JobRunning, LifecycleBusy
 from pipelines.ingest import ingest
 from pipelines.operator import sessionize
 from pipelines.source import BOOTSTRAP_FILE, SOURCE_NAME, RawEventsSource
@@ -80,8 +80,9 @@ def job_lock(config: SessionsConfig, what: str, name: str = "job"):
         handle.seek(0)
         holder = handle.read().strip() or "another process"
         handle.close()
-        busy = "the job is running" if name == "job" else "another lifecycle operation is running"
-        raise LifecycleError(f"{busy}: {holder} holds {path}; wait for it or stop it first") from None
+        error, busy = ((JobRunning, "the job is running") if name == "job"
+                       else (LifecycleBusy, "another lifecycle operation is running"))
+        raise error(f"{busy}: {holder} holds {path}; wait for it or stop it first", holder, str(path)) from None
     handle.seek(0)
     handle.truncate()
     handle.write(f"{what} (pid {os.getpid()})")
@@ -106,19 +107,19 @@ def checkpoint_metadata(config: SessionsConfig) -> JobMetadata:
     meta = read_job_metadata(config.checkpoint)
     if meta is None:
         if table_rows(config.sessions_table) > 0:
-            raise LifecycleError(
+            raise CheckpointMissing(
                 f"no checkpoint at {config.checkpoint} but the sessions table already has rows: "
                 "restore one with `sessionctl restore --savepoint latest` (a fresh start would write them again)")
         meta = JobMetadata.new(config.gap_ms, config.lateness_ms, config.state_buckets)
         write_job_metadata(config.checkpoint, meta)
         return meta
     if meta.state_layout != state_format.SCHEMA_ID:
-        raise LifecycleError(
+        raise CheckpointMismatch(
             f"the checkpoint at {config.checkpoint} holds state in an older layout ({meta.state_layout or 'JSON, v1'}) "
             "that this build cannot run on: restore a savepoint (`sessionctl restore --savepoint latest`; v1 "
             "savepoints are upgraded and the events after them replayed exactly once)")
     if (meta.gap_ms, meta.lateness_ms, meta.buckets) != (config.gap_ms, config.lateness_ms, config.state_buckets):
-        raise LifecycleError(
+        raise CheckpointMismatch(
             f"the checkpoint was made with gap {meta.gap_ms // 60000} min, lateness {meta.lateness_ms // 60000} min, "
             f"{meta.buckets} buckets; the settings say gap {config.gap_minutes}, lateness {config.lateness_minutes}, "
             f"{config.state_buckets} buckets: restore a savepoint with --migrate to change them")

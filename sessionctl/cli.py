@@ -6,8 +6,8 @@ import json
 import sys
 from dataclasses import asdict
 
-from pipelines.checkpoint import LifecycleError
-from pipelines.config import ConfigError, SessionsConfig
+from pipelines.config import SessionsConfig
+from pipelines.errors import SessionsError
 from pipelines.job import catch_up, get_spark, run_continuously
 from state_store.lifecycle import rescale, restore, take_savepoint
 from state_store.maintenance import compact
@@ -116,7 +116,7 @@ def main(argv: list[str] | None = None) -> int:
         config = SessionsConfig.from_env()
         args.fn(config, args)
         return 0
-    except (LifecycleError, ConfigError) as error:
+    except SessionsError as error:  # the one place an expected error (ConfigError too) becomes one line
         print(f"sessionctl {args.command}: {error}", file=sys.stderr)
         return 1
     except KeyboardInterrupt:

@@ -13,14 +13,17 @@ import pyarrow.parquet as pq
 from deltalake import DeltaTable
 
 from pipelines import state_format
-from pipelines.checkpoint import (
-    JobMetadata,
-    LifecycleError,
-    inspect_checkpoint,
-    read_job_metadata,
-    write_job_metadata,
-)
+from pipelines.checkpoint import JobMetadata, inspect_checkpoint, read_job_metadata, write_job_metadata
 from pipelines.config import SessionsConfig
+from pipelines.errors import (
+    NoCommittedBatch,
+    RescaleRefused,
+    RestoreIncomplete,
+    SavepointDamaged,
+    SavepointFailed,
+    SavepointIncompatible,
+    StateMismatch,
+)
 from pipelines.job import ensure_tables, get_spark, job_lock, start_query
 from pipelines.sessionize import rewalk, rows_table
 from pipelines.source import BOOTSTRAP_FILE
@@ -54,7 +57,7 @@ def _take_savepoint(config: SessionsConfig, trigger: str, spark) -> dict:
     info = inspect_checkpoint(config.checkpoint)
     meta = read_job_metadata(config.checkpoint)
     if info.last_committed_batch is None or meta is None:
-        raise LifecycleError(f"nothing to savepoint: no committed batch in {config.checkpoint}")
+        raise NoCommittedBatch(f"nothing to savepoint: no committed batch in {config.checkpoint}")
     spark = _spark(config, spark)
     state = live_state(spark, config.checkpoint, info.last_committed_batch)
     checksum = sp.state_checksum(state)
@@ -75,7 +78,7 @@ def _take_savepoint(config: SessionsConfig, trigger: str, spark) -> dict:
         sp.write_state(config.savepoint_uri, savepoint_id, state)
         reread = sp.read_savepoint_state(config.savepoint_uri, savepoint_id)
         if reread.num_rows != state.num_rows or sp.state_checksum(reread) != checksum:
-            raise LifecycleError(f"re-read of {row['state_uri']} does not match the live state")
+            raise SavepointDamaged(f"re-read of {row['state_uri']} does not match the live state")
         row.update(status="complete", bytes=sp.table_bytes(row["state_uri"]),
                    seconds=round(time.monotonic() - started, 3))
         sp.record(config.savepoint_uri, row)
@@ -84,7 +87,7 @@ def _take_savepoint(config: SessionsConfig, trigger: str, spark) -> dict:
                    seconds=round(time.monotonic() - started, 3))
         with contextlib.suppress(Exception):  # the store is down; the attempt is simply not listed
             sp.record(config.savepoint_uri, row)
-        raise LifecycleError(f"savepoint {savepoint_id} failed and is not listed as complete: "
+        raise SavepointFailed(f"savepoint {savepoint_id} failed and is not listed as complete: "
                              f"{type(error).__name__}: {str(error).splitlines()[0][:300]}") from None
     return _public(row)
 
@@ -120,17 +123,17 @@ def _validated(config: SessionsConfig, savepoint: str, migrate: bool):
     current canonical form (a v1 savepoint is upgraded after its own checksum matched)."""
     row = sp.get_savepoint(config.savepoint_uri, savepoint)
     if row["state_schema"] not in READABLE_SCHEMAS:
-        raise LifecycleError(f"savepoint {row['savepoint_id']} has state schema {row['state_schema']!r}; "
+        raise SavepointIncompatible(f"savepoint {row['savepoint_id']} has state schema {row['state_schema']!r}; "
                              f"this job reads {' or '.join(map(repr, READABLE_SCHEMAS))}")
     if not migrate and (row["gap_ms"], row["lateness_ms"]) != (config.gap_ms, config.lateness_ms):
-        raise LifecycleError(
+        raise SavepointIncompatible(
             f"savepoint {row['savepoint_id']} was taken with gap {row['gap_ms'] // 60000} min and lateness "
             f"{row['lateness_ms'] // 60000} min; the job is set to {config.gap_minutes} and "
             f"{config.lateness_minutes}: pass --migrate to restore it under the new settings")
     state = sp.read_savepoint_state(config.savepoint_uri, row["savepoint_id"])
     checksum = sp.state_checksum(state)  # order-independent: no need to sort what was read
     if state.num_rows != row["rows"] or checksum != row["checksum"]:
-        raise LifecycleError(f"savepoint {row['savepoint_id']} is damaged: {state.num_rows} rows / {checksum}, "
+        raise SavepointDamaged(f"savepoint {row['savepoint_id']} is damaged: {state.num_rows} rows / {checksum}, "
                              f"catalog says {row['rows']} / {row['checksum']}")
     if row["state_schema"] == state_format.V1_SCHEMA_ID:
         state = state_format.upgrade_v1(state)
@@ -193,7 +196,7 @@ def _restore(config: SessionsConfig, savepoint: str, partitions: int | None, mig
         checksum = sp.state_checksum(restored)
         expected = expected_restored_state(state, meta.gap_ms)
         if restored.num_rows != expected.num_rows or checksum != sp.state_checksum(expected):
-            raise LifecycleError(f"restored state does not match the savepoint: {restored.num_rows} rows / "
+            raise StateMismatch(f"restored state does not match the savepoint: {restored.num_rows} rows / "
                                  f"{checksum} vs {expected.num_rows} / {sp.state_checksum(expected)}")
     except Exception as error:  # noqa: BLE001 -- whatever broke, leave the operator a known next step
         raise _failed_restore(config, row["savepoint_id"], replaced, outputs_rolled_back, error) from None
@@ -208,7 +211,7 @@ def _restore(config: SessionsConfig, savepoint: str, partitions: int | None, mig
 
 
 def _failed_restore(config: SessionsConfig, savepoint_id: str, replaced: str | None,
-                    outputs_rolled_back: bool, error: Exception) -> LifecycleError:
+                    outputs_rolled_back: bool, error: Exception) -> RestoreIncomplete:
     """Put things where a rerun (or the old job) can go on, and say which it is."""
     cause = f"{type(error).__name__}: {str(error).splitlines()[0][:300] if str(error) else ''}"
     if config.checkpoint.exists():
@@ -216,11 +219,12 @@ def _failed_restore(config: SessionsConfig, savepoint_id: str, replaced: str | N
         config.checkpoint.rename(config.checkpoint.with_name(config.checkpoint.name + FAILED_SUFFIX + stamp))
     if not outputs_rolled_back and replaced is not None:
         Path(replaced).rename(config.checkpoint)
-        return LifecycleError(f"restore from {savepoint_id} failed before any table was changed ({cause}); "
-                              f"the previous checkpoint is back in place")
+        return RestoreIncomplete(f"restore from {savepoint_id} failed before any table was changed ({cause}); "
+                                 f"the previous checkpoint is back in place",
+                                 next_step="none: the previous checkpoint is back in place, the old job can go on")
     kept = f"; the previous checkpoint (ahead of the tables now) is kept at {replaced}" if replaced else ""
-    return LifecycleError(f"restore from {savepoint_id} failed once the output tables were being rolled back to it "
-                          f"({cause}): run the same restore again{kept}")
+    return RestoreIncomplete(f"restore from {savepoint_id} failed once the output tables were being rolled back to it "
+                             f"({cause}): run the same restore again{kept}", next_step="run the same restore again")
 
 
 def restore(config: SessionsConfig, savepoint: str = "latest", partitions: int | None = None,
@@ -237,12 +241,12 @@ def rescale(config: SessionsConfig, partitions: int, spark=None) -> dict:
     """Change the state partitions of the stopped job, keeping all state. A pre-rescale savepoint is
     taken first; RocksDB uses Spark's offline repartition, the HDFS-backed provider savepoint+restore."""
     if partitions < 1:
-        raise LifecycleError(f"--partitions must be >= 1, got {partitions}")
+        raise RescaleRefused(f"--partitions must be >= 1, got {partitions}")
     started = time.monotonic()
     with _locks(config, "rescale"):
         info = inspect_checkpoint(config.checkpoint)
         if info.last_committed_batch is None:
-            raise LifecycleError(f"nothing to rescale: no committed batch in {config.checkpoint}")
+            raise NoCommittedBatch(f"nothing to rescale: no committed batch in {config.checkpoint}")
         if info.partitions == partitions:
             return {"partitions_before": partitions, "partitions_after": partitions, "method": "none",
                     "savepoint_id": None, "seconds": 0.0}
@@ -255,7 +259,7 @@ def rescale(config: SessionsConfig, partitions: int, spark=None) -> dict:
             after = inspect_checkpoint(config.checkpoint)
             state = live_state(spark, config.checkpoint, after.last_committed_batch)
             if state.num_rows != saved["rows"] or sp.state_checksum(state) != saved["checksum"]:
-                raise LifecycleError(f"repartitioned state does not match the pre-rescale savepoint "
+                raise StateMismatch(f"repartitioned state does not match the pre-rescale savepoint "
                                      f"{saved['savepoint_id']}; restore it with `sessionctl restore --savepoint "
                                      f"{saved['savepoint_id']} --partitions {partitions}`")
         else:

@@ -19,7 +19,7 @@ import pyarrow.compute as pc
 from deltalake import DeltaTable, write_deltalake
 
 from pipelines import state_format
-from pipelines.checkpoint import LifecycleError
+from pipelines.errors import SavepointNotFound
 
 CATALOG_SCHEMA = pa.schema([
     ("savepoint_id", pa.string()),
@@ -145,11 +145,11 @@ def get_savepoint(uri: str, savepoint: str = "latest") -> dict:
     if savepoint == "latest":
         complete = [r for r in rows if r["status"] == "complete"]
         if not complete:
-            raise LifecycleError(f"no complete savepoint in {uri}")
+            raise SavepointNotFound(f"no complete savepoint in {uri}")
         return complete[0]
     for row in rows:
         if row["savepoint_id"] == savepoint:
             if row["status"] != "complete":
-                raise LifecycleError(f"savepoint {savepoint} is {row['status']} ({row.get('error')}); it cannot be restored")
+                raise SavepointNotFound(f"savepoint {savepoint} is {row['status']} ({row.get('error')}); it cannot be restored")
             return row
-    raise LifecycleError(f"no such savepoint: {savepoint} in {uri}")
+    raise SavepointNotFound(f"no such savepoint: {savepoint} in {uri}")

@@ -9,8 +9,9 @@ import pyarrow.compute as pc
 from pyspark.sql import functions as F
 
 from pipelines import state_format
-from pipelines.checkpoint import LifecycleError, inspect_checkpoint, read_job_metadata
+from pipelines.checkpoint import inspect_checkpoint, read_job_metadata
 from pipelines.config import SessionsConfig
+from pipelines.errors import NoCommittedBatch
 from pipelines.sessionize import open_sessions
 
 _CANONICAL_DDL = ("user_id string, session_start timestamp, event_id string, event_time timestamp, "
@@ -98,7 +99,7 @@ def _job(config: SessionsConfig):
     info = inspect_checkpoint(config.checkpoint)
     meta = read_job_metadata(config.checkpoint)
     if info.last_committed_batch is None or meta is None:
-        raise LifecycleError(f"no state yet: no committed batch in {config.checkpoint}")
+        raise NoCommittedBatch(f"no state yet: no committed batch in {config.checkpoint}")
     watermark = info.next_watermark_ms if info.next_watermark_ms is not None else info.batch_watermark_ms
     return info, meta, watermark
 

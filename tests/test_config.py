@@ -8,7 +8,8 @@ from pathlib import Path
 import pytest
 
 from pipelines.config import ConfigError, SessionsConfig
-from pipelines.job import spark_conf
+from pipelines.errors import JobRunning, LifecycleBusy, SessionsError
+from pipelines.job import job_lock, spark_conf
 
 REPO = Path(__file__).resolve().parent.parent
 
@@ -48,3 +49,17 @@ def test_cli_reports_a_bad_setting_in_one_line(tmp_path):
                           capture_output=True, text=True, timeout=120)
     assert done.returncode == 1 and "Traceback" not in done.stderr
     assert done.stderr.strip().count("\n") == 0 and "SESSIONS_STATE_STORE='memory'" in done.stderr
+
+
+def test_a_bad_setting_and_a_held_lock_are_expected_errors(tmp_path):
+    """One base type for what sessionctl prints as one line and Dagster turns into a Failure."""
+    with pytest.raises(SessionsError):
+        SessionsConfig.from_env({"SESSIONS_HOME": str(tmp_path), "SESSIONS_GAP_MINUTES": "0"})
+    config = SessionsConfig.from_env({"SESSIONS_HOME": str(tmp_path)})
+    with job_lock(config, "run"), pytest.raises(JobRunning, match="the job is running: run \\(pid") as busy, \
+            job_lock(config, "savepoint"):
+        pass
+    assert busy.value.holder.startswith("run (pid") and busy.value.lock.endswith("job.lock")
+    with job_lock(config, "compaction", name="lifecycle"), pytest.raises(LifecycleBusy, match="another lifecycle"), \
+            job_lock(config, "restore", name="lifecycle"):
+        pass

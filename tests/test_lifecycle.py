@@ -18,8 +18,16 @@ import pyarrow as pa
 import pytest
 from deltalake import DeltaTable, write_deltalake
 
-from pipelines.checkpoint import LifecycleError, inspect_checkpoint
+from pipelines.checkpoint import inspect_checkpoint
 from pipelines.config import SessionsConfig
+from pipelines.errors import (
+    CheckpointMissing,
+    RestoreIncomplete,
+    SavepointDamaged,
+    SavepointFailed,
+    SavepointIncompatible,
+    SavepointNotFound,
+)
 from pipelines.ingest import ingest
 from pipelines.job import catch_up, get_spark, job_lock
 from pipelines.sample_data import arrival_order, generate_events, land
@@ -145,7 +153,7 @@ def test_restore_rebuilds_a_lost_checkpoint_from_s3_alone(tmp_path, spark_sessio
     catch_up(config, spark_session)
     take_savepoint(config, spark=spark_session)
     shutil.rmtree(config.checkpoint)  # the checkpoint is gone entirely
-    with pytest.raises(LifecycleError, match="no checkpoint"):
+    with pytest.raises(CheckpointMissing, match="no checkpoint"):
         catch_up(config, spark_session)  # refuses to start over and write sessions twice
     restore(config, "latest", partitions=2, spark=spark_session)
     _land_and_ingest(config, chunks[2:], 2)
@@ -168,7 +176,7 @@ def test_savepoint_failure_mid_write_is_never_listed(tmp_path, spark_session, s3
         return real_read(*args, **kwargs)
 
     monkeypatch.setattr(sp, "read_savepoint_state", endpoint_dies_after_the_state_write)
-    with pytest.raises(LifecycleError, match="not listed as complete"):
+    with pytest.raises(SavepointFailed, match="not listed as complete"):
         take_savepoint(config, spark=spark_session)
     monkeypatch.setattr(sp, "read_savepoint_state", real_read)
     os.kill(s3_endpoint["process"].pid, signal.SIGCONT)  # the endpoint is back, with its data
@@ -204,15 +212,16 @@ def test_failed_restore_leaves_a_known_next_step(tmp_path, spark_session, monkey
 
     with monkeypatch.context() as patch:
         patch.setattr(lifecycle, "write_job_metadata", broken)
-        with pytest.raises(LifecycleError, match="previous checkpoint is back in place"):
+        with pytest.raises(RestoreIncomplete, match="previous checkpoint is back in place"):
             restore(config, "latest", spark=spark_session)
     assert inspect_checkpoint(config.checkpoint).last_committed_batch == batch_before
     assert _sessions(config) == sessions_before
 
     with monkeypatch.context() as patch:
         patch.setattr(lifecycle, "start_query", broken)
-        with pytest.raises(LifecycleError, match="run the same restore again"):
+        with pytest.raises(RestoreIncomplete, match="run the same restore again") as incomplete:
             restore(config, "latest", spark=spark_session)
+    assert incomplete.value.next_step == "run the same restore again"
     assert restore(config, "latest", spark=spark_session)["verified"]
     _land_and_ingest(config, chunks[3:], 3)
     catch_up(config, spark_session)
@@ -228,9 +237,9 @@ def test_incompatible_savepoint_is_refused_unless_migrating(tmp_path, spark_sess
     catch_up(config, spark_session)
     saved = take_savepoint(config, spark=spark_session)
     other = config.with_(gap_minutes=20)
-    with pytest.raises(LifecycleError, match="--migrate"):
+    with pytest.raises(SavepointIncompatible, match="--migrate"):
         restore(other, saved["savepoint_id"], spark=spark_session)
-    with pytest.raises(LifecycleError, match="no such savepoint"):
+    with pytest.raises(SavepointNotFound, match="no such savepoint"):
         restore(config, "sp-does-not-exist", spark=spark_session)
     migrated = restore(other, saved["savepoint_id"], migrate=True, spark=spark_session)
     assert migrated["verified"]
@@ -248,9 +257,9 @@ def test_damaged_savepoint_is_refused_and_the_job_is_left_alone(tmp_path, spark_
     write_deltalake(saved["uri"], rows.set_column(rows.schema.get_field_index("event_type"), "event_type", flipped),
                     mode="overwrite")
     commits_before = sorted(p.name for p in (config.checkpoint / "commits").iterdir())
-    with pytest.raises(LifecycleError, match="damaged"):
+    with pytest.raises(SavepointDamaged, match="damaged"):
         validate_savepoint(config, saved["savepoint_id"])
-    with pytest.raises(LifecycleError, match="damaged"):
+    with pytest.raises(SavepointDamaged, match="damaged"):
         restore(config, "latest", spark=spark_session)
     assert sorted(p.name for p in (config.checkpoint / "commits").iterdir()) == commits_before
 

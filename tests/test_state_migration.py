@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from pipelines import state_format
-from pipelines.checkpoint import LifecycleError
+from pipelines.errors import CheckpointMismatch
 from pipelines.job import catch_up
 from state_store import savepoints as sp
 from state_store.lifecycle import restore
@@ -60,7 +60,7 @@ def test_checkpoint_of_the_json_layout_is_refused_with_the_way_out(tmp_path):
     config.checkpoint.mkdir(parents=True)
     (config.checkpoint / "_job.json").write_text(json.dumps(
         {"incarnation": "old", "gap_ms": GAP_MS, "lateness_ms": LATENESS_MS, "buckets": 64, "created_from": None}))
-    with pytest.raises(LifecycleError, match=r"older layout .*sessionctl restore --savepoint latest"):
+    with pytest.raises(CheckpointMismatch, match=r"older layout .*sessionctl restore --savepoint latest"):
         catch_up(config, spark=None)
 
 

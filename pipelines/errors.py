@@ -1,0 +1,69 @@
+"""Expected operator errors, one type per situation (in the bottom layer, so the job and the lifecycle library
+both raise them). Callers match on the type, never on the message; the message is what the operator reads.
+sessionctl prints any SessionsError as one line on stderr (exit 1), Dagster turns it into a Failure."""
+from __future__ import annotations
+
+
+class SessionsError(RuntimeError):
+    """An expected operator error: printed as one line, never as a traceback."""
+
+
+class ConfigError(SessionsError, ValueError):
+    """A setting that cannot work; the message names the variable and why. (A ValueError too, as before.)"""
+
+
+class JobRunning(SessionsError):
+    """The job lock is held: the stream (or an operation that needs it stopped) is running."""
+
+    def __init__(self, message: str, holder: str, lock: str) -> None:
+        super().__init__(message)
+        self.holder = holder  # what the holding process wrote into the lock file: "run (pid 123)"
+        self.lock = lock      # the lock file's path
+
+
+class LifecycleBusy(JobRunning):
+    """The lifecycle lock is held: another savepoint, restore, rescale or compaction is running."""
+
+
+class NoCommittedBatch(SessionsError):
+    """Nothing to do: the checkpoint has no committed batch yet (nothing to savepoint or rescale)."""
+
+
+class CheckpointMissing(SessionsError):
+    """No checkpoint, but the output tables already have rows: a fresh start would write them again."""
+
+
+class CheckpointMismatch(SessionsError):
+    """The settings (gap, lateness, buckets) do not fit the ones the checkpoint was made with."""
+
+
+class SavepointNotFound(SessionsError):
+    """No savepoint by that id, no complete one for `latest`, or the one named is not complete."""
+
+
+class SavepointDamaged(SessionsError):
+    """A savepoint's state, re-read, does not match its catalog row's count and checksum."""
+
+
+class SavepointIncompatible(SessionsError):
+    """A savepoint this job cannot restore as asked: unknown state schema, or other gap/lateness (--migrate)."""
+
+
+class SavepointFailed(SessionsError):
+    """Taking a savepoint failed; the attempt is recorded as failed, never as complete."""
+
+
+class StateMismatch(SessionsError):
+    """State read back after a restore's bootstrap or a repartition does not match what it must equal."""
+
+
+class RestoreIncomplete(SessionsError):
+    """A restore broke part-way; `next_step` says what the operator does now (the message says it too)."""
+
+    def __init__(self, message: str, next_step: str) -> None:
+        super().__init__(message)
+        self.next_step = next_step
+
+
+class RescaleRefused(SessionsError):
+    """A rescale that cannot be done as asked (a partition count below 1)."""
