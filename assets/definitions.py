@@ -43,6 +43,7 @@ from pipelines.config import SessionsConfig
 from pipelines.errors import JobRunning, SessionsError
 from pipelines.metrics import daily_metrics
 from state_store import lifecycle, maintenance, savepoints
+from state_store.results import StatusReport
 from state_store.status import status
 
 RAW_EVENTS, SESSIONS, QUARANTINE, STATE = (AssetKey("raw_events"), AssetKey("sessions"),
@@ -59,15 +60,15 @@ table_assets = [
 ]
 
 
-def _observe_state(context, sessions: SessionsResource, spark=None) -> dict:
+def _observe_state(context, sessions: SessionsResource, spark=None) -> StatusReport:
     report = status(sessions.config(), spark=spark)
     context.log_event(AssetObservation(asset_key=STATE, metadata={
-        "provider": report["provider"], "partitions": report["partitions"] or 0,
-        "last_committed_batch": report["last_committed_batch"] if report["last_committed_batch"] is not None else -1,
-        "state_keys": report["state_keys"], "open_users": report["open_users"],
-        "open_sessions": report["open_sessions"], "open_events": report["open_events"],
-        "frozen_prefixes": report["frozen_prefixes"],
-        "state_bytes": MetadataValue.int(report["state_bytes"]), "watermark_ms": report["watermark_ms"] or 0,
+        "provider": report.provider, "partitions": report.partitions or 0,
+        "last_committed_batch": report.last_committed_batch if report.last_committed_batch is not None else -1,
+        "state_keys": report.state_keys, "open_users": report.open_users,
+        "open_sessions": report.open_sessions, "open_events": report.open_events,
+        "frozen_prefixes": report.frozen_prefixes,
+        "state_bytes": MetadataValue.int(report.state_bytes), "watermark_ms": report.watermark_ms or 0,
     }))
     return report
 
@@ -129,12 +130,12 @@ class SavepointConfig(Config):
 @op(tags=LIFECYCLE_TAGS)
 def savepoint_op(context: OpExecutionContext, sessions: SessionsResource, pyspark: PySparkResource,
                  config: SavepointConfig) -> dict:
-    row = expected_errors(lifecycle.take_savepoint, sessions.config(), trigger=config.trigger,
-                          spark=pyspark.spark_session)
+    saved = expected_errors(lifecycle.take_savepoint, sessions.config(), trigger=config.trigger,
+                            spark=pyspark.spark_session)
     context.log_event(AssetObservation(asset_key=STATE, metadata={
-        "savepoint_id": row["savepoint_id"], "batch_id": row["batch_id"], "rows": row["rows"],
-        "bytes": row["bytes"], "seconds": row["seconds"], "uri": row["uri"], "checksum": row["checksum"]}))
-    return row
+        "savepoint_id": saved.savepoint_id, "batch_id": saved.batch_id, "rows": saved.rows,
+        "bytes": saved.bytes, "seconds": saved.seconds, "uri": saved.uri, "checksum": saved.checksum}))
+    return saved.to_dict()  # op outputs stay plain dicts (stored by the IO manager, read by later ops)
 
 
 class RestoreConfig(Config):
@@ -149,11 +150,11 @@ class RestoreConfig(Config):
 @op(tags=LIFECYCLE_TAGS)
 def validate_savepoint_op(context: OpExecutionContext, sessions: SessionsResource, config: RestoreConfig) -> dict:
     """The runbook's one config block: the later steps take their settings from this step's output."""
-    row = expected_errors(lifecycle.validate_savepoint, sessions.config(), config.savepoint, config.migrate)
-    context.log.info(f"savepoint {row['savepoint_id']} verified: {row['rows']} rows, checksum {row['checksum']}")
-    context.add_output_metadata({"savepoint_id": row["savepoint_id"], "rows": row["rows"],
-                                 "batch_id": row["batch_id"], "checksum": row["checksum"]})
-    return {**row, "settings": config.model_dump()}
+    saved = expected_errors(lifecycle.validate_savepoint, sessions.config(), config.savepoint, config.migrate)
+    context.log.info(f"savepoint {saved.savepoint_id} verified: {saved.rows} rows, checksum {saved.checksum}")
+    context.add_output_metadata({"savepoint_id": saved.savepoint_id, "rows": saved.rows,
+                                 "batch_id": saved.batch_id, "checksum": saved.checksum})
+    return {**saved.to_dict(), "settings": config.model_dump()}
 
 
 def _active_stream_runs(instance):
@@ -195,7 +196,7 @@ def restore_op(context: OpExecutionContext, sessions: SessionsResource, pyspark:
         return {"dry_run": True, **validated}
     result = expected_errors(lifecycle.restore, sessions.config(), validated["savepoint_id"],
                              partitions=settings["partitions"] or None, migrate=settings["migrate"],
-                             spark=pyspark.spark_session)
+                             spark=pyspark.spark_session).to_dict()
     context.add_output_metadata({k: v for k, v in result.items() if isinstance(v, (int, float, str, bool))})
     return result
 
@@ -208,7 +209,7 @@ def verify_restore_op(context: OpExecutionContext, sessions: SessionsResource, p
     if not restored.get("verified"):
         raise Failure(description=f"restored state does not match savepoint {restored['savepoint_id']}")
     report = _observe_state(context, sessions, pyspark.spark_session)
-    context.log.info(f"restored {restored['savepoint_id']}: {report['open_events']} open events in state")
+    context.log.info(f"restored {restored['savepoint_id']}: {report.open_events} open events in state")
     return restored
 
 
@@ -226,7 +227,7 @@ def rescale_op(context: OpExecutionContext, sessions: SessionsResource, pyspark:
                config: RescaleConfig) -> None:
     result = expected_errors(lifecycle.rescale, sessions.config(), config.partitions, spark=pyspark.spark_session)
     context.log_event(AssetObservation(asset_key=STATE, metadata={
-        k: v for k, v in result.items() if isinstance(v, (int, float, str)) and v is not None}))
+        k: v for k, v in result.to_dict().items() if isinstance(v, (int, float, str)) and v is not None}))
 
 
 class CompactionConfig(Config):
@@ -242,10 +243,10 @@ def compaction_op(context: OpExecutionContext, sessions: SessionsResource, confi
                              keep_daily_days=config.keep_daily_days, dry_run=config.dry_run,
                              vacuum_retention_hours=config.vacuum_retention_hours)
     context.log_event(AssetObservation(asset_key=SESSIONS, metadata={
-        "bytes_reclaimed": report["bytes_reclaimed"], "bytes_before": report["bytes_before"],
-        "bytes_after": report["bytes_after"], "files_before": report["files_before"],
-        "files_after": report["files_after"], "savepoints_deleted": len(report["savepoints_deleted"]),
-        "seconds": report["seconds"]}))
+        "bytes_reclaimed": report.bytes_reclaimed, "bytes_before": report.bytes_before,
+        "bytes_after": report.bytes_after, "files_before": report.files_before,
+        "files_after": report.files_after, "savepoints_deleted": len(report.savepoints_deleted),
+        "seconds": report.seconds}))
 
 
 @job(tags=LIFECYCLE_TAGS)
@@ -284,10 +285,10 @@ def sessions_have_unique_ids(sessions: SessionsResource) -> AssetCheckResult:
 @asset_check(asset=STATE, description="The newest complete savepoint re-reads with its count and checksum.")
 def newest_savepoint_verifies(sessions: SessionsResource) -> AssetCheckResult:
     try:
-        row = lifecycle.validate_savepoint(sessions.config(), "latest", migrate=True)
+        saved = lifecycle.validate_savepoint(sessions.config(), "latest", migrate=True)
     except SessionsError as error:
         return AssetCheckResult(passed=False, metadata={"error": str(error)})
-    return AssetCheckResult(passed=True, metadata={"savepoint_id": row["savepoint_id"], "rows": row["rows"]})
+    return AssetCheckResult(passed=True, metadata={"savepoint_id": saved.savepoint_id, "rows": saved.rows})
 
 
 @asset_check(asset=STATE, description="The state's newest committed batch is recent (SESSIONS_STATE_MAX_AGE_MINUTES).")

@@ -75,18 +75,18 @@ def measure(provider: str, users: int, spark, work: Path) -> dict:
     scaled = rescale(config, 8, spark=spark)
     rescale_s = time.monotonic() - started
     return {
-        "provider": provider, "users": users, "state_rows": saved["rows"], "savepoint_bytes": saved["bytes"],
-        "savepoint_s": round(savepoint_s, 3), "savepoint_rows_per_s": round(saved["rows"] / savepoint_s),
-        "savepoint_mb_per_s": round(saved["bytes"] / savepoint_s / 1e6, 2),
+        "provider": provider, "users": users, "state_rows": saved.rows, "savepoint_bytes": saved.bytes,
+        "savepoint_s": round(savepoint_s, 3), "savepoint_rows_per_s": round(saved.rows / savepoint_s),
+        "savepoint_mb_per_s": round(saved.bytes / savepoint_s / 1e6, 2),
         "parquet_s": round(parquet_s, 3), "parquet_rows_per_s": round(rows.num_rows / parquet_s),
         "parquet_mb_per_s": round(parquet_bytes / parquet_s / 1e6, 2),
-        "savepoint_over_parquet_rows_per_s": round((saved["rows"] / savepoint_s) / (rows.num_rows / parquet_s), 4),
+        "savepoint_over_parquet_rows_per_s": round((saved.rows / savepoint_s) / (rows.num_rows / parquet_s), 4),
         "state_read_s": round(state_read_s, 3), "delta_write_s": round(delta_write_s, 3),
         "delta_write_rows_per_s": round(rows.num_rows / delta_write_s),
         "delta_over_parquet_rows_per_s": round(parquet_s / delta_write_s, 4),
-        "restore_s": round(restore_s, 3), "restore_verified": restored["verified"],
-        "rescale_s": round(rescale_s, 3), "rescale_method": scaled["method"],
-        "rescale_partitions": f"{scaled['partitions_before']}->{scaled['partitions_after']}",
+        "restore_s": round(restore_s, 3), "restore_verified": restored.verified,
+        "rescale_s": round(rescale_s, 3), "rescale_method": scaled.method,
+        "rescale_partitions": f"{scaled.partitions_before}->{scaled.partitions_after}",
     }
 
 

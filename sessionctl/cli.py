@@ -34,7 +34,7 @@ def cmd_run(config, args):
 
 
 def cmd_status(config, args):
-    report = status(config, with_state=not args.no_state)
+    report = status(config, with_state=not args.no_state).to_dict()
     if args.json:
         _print(report)
     else:
@@ -43,7 +43,7 @@ def cmd_status(config, args):
 
 
 def cmd_savepoint(config, args):
-    _print(take_savepoint(config, trigger="manual"))
+    _print(take_savepoint(config, trigger="manual").to_dict())
 
 
 def cmd_savepoints(config, args):
@@ -51,15 +51,15 @@ def cmd_savepoints(config, args):
 
 
 def cmd_restore(config, args):
-    _print(restore(config, args.savepoint, partitions=args.partitions, migrate=args.migrate))
+    _print(restore(config, args.savepoint, partitions=args.partitions, migrate=args.migrate).to_dict())
 
 
 def cmd_rescale(config, args):
-    _print(rescale(config, args.partitions))
+    _print(rescale(config, args.partitions).to_dict())
 
 
 def cmd_compact(config, args):
-    _print(compact(config, keep_last=args.keep_last, keep_daily_days=args.keep_daily_days, dry_run=args.dry_run))
+    _print(compact(config, keep_last=args.keep_last, keep_daily_days=args.keep_daily_days, dry_run=args.dry_run).to_dict())
 
 
 def cmd_state(config, args):

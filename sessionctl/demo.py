@@ -20,15 +20,15 @@ def main() -> None:
     report = status(config, spark)
     print(json.dumps({
         "sessions_written": summary.sessions_written,
-        "sessions_table_rows": report["sessions_rows"],
-        "open_users_in_state": report["open_users"],
-        "open_sessions_in_state": report["open_sessions"],
-        "open_events_in_state": report["open_events"],
-        "quarantined_lines": report["quarantine_rows"],
-        "provider": report["provider"],
-        "partitions": report["partitions"],
-        "last_committed_batch": report["last_committed_batch"],
-        "state_bytes": report["state_bytes"],
+        "sessions_table_rows": report.sessions_rows,
+        "open_users_in_state": report.open_users,
+        "open_sessions_in_state": report.open_sessions,
+        "open_events_in_state": report.open_events,
+        "quarantined_lines": report.quarantine_rows,
+        "provider": report.provider,
+        "partitions": report.partitions,
+        "last_committed_batch": report.last_committed_batch,
+        "state_bytes": report.state_bytes,
         "seconds": summary.seconds,
     }, indent=2))
     print(f"tables under {config.warehouse}; try `.venv/bin/sessionctl status --json` "

@@ -28,6 +28,7 @@ from pipelines.job import ensure_tables, get_spark, job_lock, start_query
 from pipelines.sessionize import rewalk, rows_table
 from pipelines.source import BOOTSTRAP_FILE
 from state_store import savepoints as sp
+from state_store.results import RescaleResult, RestoreResult, SavepointInfo
 from state_store.state import read_state
 
 REPLACED_SUFFIX = ".replaced-"
@@ -52,7 +53,7 @@ def live_state(spark, checkpoint: Path, batch_id: int | None):
 
 # ---- savepoint ---------------------------------------------------------------------------------
 
-def _take_savepoint(config: SessionsConfig, trigger: str, spark) -> dict:
+def _take_savepoint(config: SessionsConfig, trigger: str, spark) -> SavepointInfo:
     started = time.monotonic()
     info = inspect_checkpoint(config.checkpoint)
     meta = read_job_metadata(config.checkpoint)
@@ -89,18 +90,10 @@ def _take_savepoint(config: SessionsConfig, trigger: str, spark) -> dict:
             sp.record(config.savepoint_uri, row)
         raise SavepointFailed(f"savepoint {savepoint_id} failed and is not listed as complete: "
                              f"{type(error).__name__}: {str(error).splitlines()[0][:300]}") from None
-    return _public(row)
+    return SavepointInfo.from_row(row)
 
 
-def _public(row: dict) -> dict:
-    out = dict(row)
-    out["uri"] = out.get("state_uri")
-    if isinstance(out.get("created_at"), dt.datetime):
-        out["created_at"] = out["created_at"].isoformat()
-    return out
-
-
-def take_savepoint(config: SessionsConfig, trigger: str = "manual", spark=None) -> dict:
+def take_savepoint(config: SessionsConfig, trigger: str = "manual", spark=None) -> SavepointInfo:
     """Savepoint of the stopped job at its last committed batch (state + source position + watermark
     + output table versions, all of the same batch)."""
     with _locks(config, "savepoint"):
@@ -109,10 +102,10 @@ def take_savepoint(config: SessionsConfig, trigger: str = "manual", spark=None) 
 
 # ---- validate / restore ------------------------------------------------------------------------
 
-def validate_savepoint(config: SessionsConfig, savepoint: str = "latest", migrate: bool = False) -> dict:
+def validate_savepoint(config: SessionsConfig, savepoint: str = "latest", migrate: bool = False) -> SavepointInfo:
     """Exists, complete, state re-read matches count and checksum, fits the current job settings."""
     row, _ = _validated(config, savepoint, migrate)
-    return {**_public(row), "verified": True}
+    return SavepointInfo.from_row(row, verified=True)
 
 
 READABLE_SCHEMAS = (state_format.SCHEMA_ID, state_format.V1_SCHEMA_ID)
@@ -167,7 +160,7 @@ def _roll_back_outputs(config: SessionsConfig, row: dict) -> dict:
     return removed
 
 
-def _restore(config: SessionsConfig, savepoint: str, partitions: int | None, migrate: bool, spark) -> dict:
+def _restore(config: SessionsConfig, savepoint: str, partitions: int | None, migrate: bool, spark) -> RestoreResult:
     started = time.monotonic()
     row, state = _validated(config, savepoint, migrate)
     target = config.with_(state_partitions=partitions or row["partitions"] or config.state_partitions)
@@ -201,13 +194,13 @@ def _restore(config: SessionsConfig, savepoint: str, partitions: int | None, mig
     except Exception as error:  # noqa: BLE001 -- whatever broke, leave the operator a known next step
         raise _failed_restore(config, row["savepoint_id"], replaced, outputs_rolled_back, error) from None
     info = inspect_checkpoint(config.checkpoint)
-    return {
-        "savepoint_id": row["savepoint_id"], "batch_id": row["batch_id"], "rows": row["rows"],
-        "checksum": checksum, "verified": True, "source_seq": row["source_seq"],
-        "watermark_ms": row["watermark_ms"], "provider": info.provider, "partitions": info.partitions,
-        "rolled_back": removed, "previous_checkpoint": replaced,
-        "seconds": round(time.monotonic() - started, 3),
-    }
+    return RestoreResult(
+        savepoint_id=row["savepoint_id"], batch_id=row["batch_id"], rows=row["rows"],
+        checksum=checksum, verified=True, source_seq=row["source_seq"],
+        watermark_ms=row["watermark_ms"], provider=info.provider, partitions=info.partitions,
+        rolled_back=removed, previous_checkpoint=replaced,
+        seconds=round(time.monotonic() - started, 3),
+    )
 
 
 def _failed_restore(config: SessionsConfig, savepoint_id: str, replaced: str | None,
@@ -228,7 +221,7 @@ def _failed_restore(config: SessionsConfig, savepoint_id: str, replaced: str | N
 
 
 def restore(config: SessionsConfig, savepoint: str = "latest", partitions: int | None = None,
-            migrate: bool = False, spark=None) -> dict:
+            migrate: bool = False, spark=None) -> RestoreResult:
     """Put state, source position and outputs back to a savepoint, into a fresh checkpoint built from
     the canonical Delta form alone (the old checkpoint is kept aside, not deleted)."""
     with _locks(config, "restore"):
@@ -237,7 +230,7 @@ def restore(config: SessionsConfig, savepoint: str = "latest", partitions: int |
 
 # ---- rescale -----------------------------------------------------------------------------------
 
-def rescale(config: SessionsConfig, partitions: int, spark=None) -> dict:
+def rescale(config: SessionsConfig, partitions: int, spark=None) -> RescaleResult:
     """Change the state partitions of the stopped job, keeping all state. A pre-rescale savepoint is
     taken first; RocksDB uses Spark's offline repartition, the HDFS-backed provider savepoint+restore."""
     if partitions < 1:
@@ -248,8 +241,8 @@ def rescale(config: SessionsConfig, partitions: int, spark=None) -> dict:
         if info.last_committed_batch is None:
             raise NoCommittedBatch(f"nothing to rescale: no committed batch in {config.checkpoint}")
         if info.partitions == partitions:
-            return {"partitions_before": partitions, "partitions_after": partitions, "method": "none",
-                    "savepoint_id": None, "seconds": 0.0}
+            return RescaleResult(partitions_before=partitions, partitions_after=partitions, method="none",
+                                 savepoint_id=None, rows=None, seconds=0.0)
         spark = _spark(config, spark)
         saved = _take_savepoint(config, "pre-rescale", spark)
         method = "savepoint-restore"
@@ -258,15 +251,16 @@ def rescale(config: SessionsConfig, partitions: int, spark=None) -> dict:
             method = "repartition"
             after = inspect_checkpoint(config.checkpoint)
             state = live_state(spark, config.checkpoint, after.last_committed_batch)
-            if state.num_rows != saved["rows"] or sp.state_checksum(state) != saved["checksum"]:
+            if state.num_rows != saved.rows or sp.state_checksum(state) != saved.checksum:
                 raise StateMismatch(f"repartitioned state does not match the pre-rescale savepoint "
-                                     f"{saved['savepoint_id']}; restore it with `sessionctl restore --savepoint "
-                                     f"{saved['savepoint_id']} --partitions {partitions}`")
+                                    f"{saved.savepoint_id}; restore it with `sessionctl restore --savepoint "
+                                    f"{saved.savepoint_id} --partitions {partitions}`")
         else:
-            _restore(config.with_(state_store=info.provider), saved["savepoint_id"], partitions, False, spark)
-        return {"partitions_before": info.partitions, "partitions_after": inspect_checkpoint(config.checkpoint).partitions,
-                "method": method, "savepoint_id": saved["savepoint_id"], "rows": saved["rows"],
-                "seconds": round(time.monotonic() - started, 3)}
+            _restore(config.with_(state_store=info.provider), saved.savepoint_id, partitions, False, spark)
+        return RescaleResult(partitions_before=info.partitions,
+                             partitions_after=inspect_checkpoint(config.checkpoint).partitions,
+                             method=method, savepoint_id=saved.savepoint_id, rows=saved.rows,
+                             seconds=round(time.monotonic() - started, 3))
 
 
 def replaced_checkpoints(config: SessionsConfig) -> list[Path]:

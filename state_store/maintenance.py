@@ -14,6 +14,7 @@ from pipelines.config import SessionsConfig
 from pipelines.job import job_lock
 from state_store import savepoints as sp
 from state_store.lifecycle import remove_tree, replaced_checkpoints
+from state_store.results import CompactionResult
 
 
 def _s3_objects(uri: str):
@@ -90,7 +91,7 @@ def _delete_savepoint(uri: str, row: dict) -> None:
 
 
 def compact(config: SessionsConfig, keep_last: int = 5, keep_daily_days: int = 7, dry_run: bool = False,
-            vacuum_retention_hours: int = 168, spark=None) -> dict:
+            vacuum_retention_hours: int = 168, spark=None) -> CompactionResult:
     """OPTIMIZE and VACUUM every Delta table, apply savepoint retention, drop checkpoints set aside by
     restores once a newer savepoint exists. Runs beside the stream; never beside another lifecycle op."""
     started = time.monotonic()
@@ -123,15 +124,15 @@ def compact(config: SessionsConfig, keep_last: int = 5, keep_daily_days: int = 7
         bytes_before = sum(t["bytes_before"] for t in tables.values()) + checkpoint_bytes
         files_after = sum(t.get("files_after", t["files_before"]) for t in tables.values())
         bytes_after = sum(t.get("bytes_after", t["bytes_before"]) for t in tables.values())
-        return {
-            "dry_run": dry_run,
-            "files_before": files_before, "files_after": files_after,
-            "bytes_before": bytes_before, "bytes_after": bytes_after,
-            "bytes_reclaimed": bytes_before - bytes_after,
-            "savepoints_deleted": deleted,
-            "replaced_checkpoints_removed": [str(p) for p in old_checkpoints] if not dry_run else [],
-            "replaced_checkpoint_bytes": checkpoint_bytes,
-            "state_files": state_files, "state_bytes": state_bytes,
-            "tables": tables,
-            "seconds": round(time.monotonic() - started, 3),
-        }
+        return CompactionResult(
+            dry_run=dry_run,
+            files_before=files_before, files_after=files_after,
+            bytes_before=bytes_before, bytes_after=bytes_after,
+            bytes_reclaimed=bytes_before - bytes_after,
+            savepoints_deleted=deleted,
+            replaced_checkpoints_removed=[str(p) for p in old_checkpoints] if not dry_run else [],
+            replaced_checkpoint_bytes=checkpoint_bytes,
+            state_files=state_files, state_bytes=state_bytes,
+            tables=tables,
+            seconds=round(time.monotonic() - started, 3),
+        )

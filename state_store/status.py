@@ -5,30 +5,28 @@ from pipelines.checkpoint import directory_size, inspect_checkpoint, read_job_me
 from pipelines.config import SessionsConfig
 from pipelines.job import get_spark
 from pipelines.tables import table_rows
+from state_store.results import StatusReport
 from state_store.state import state_summary
 
 
-def status(config: SessionsConfig, spark=None, with_state: bool = True) -> dict:
+def status(config: SessionsConfig, spark=None, with_state: bool = True) -> StatusReport:
     """What the job holds now: provider, partitions, last batch, state keys and bytes, watermark."""
     info = inspect_checkpoint(config.checkpoint)
     files, size = directory_size(config.checkpoint / "state")
-    report = {
-        "checkpoint": info.path,
-        "provider": info.provider or config.state_store,
-        "partitions": info.partitions or config.state_partitions,
-        "last_committed_batch": info.last_committed_batch,
-        "watermark_ms": info.next_watermark_ms if info.next_watermark_ms is not None else info.batch_watermark_ms,
-        "source_offset": info.source_offset,
-        "state_files": files,
-        "state_bytes": size,
-        "sessions_rows": table_rows(config.sessions_table),
-        "quarantine_rows": table_rows(config.quarantine_table),
-    }
+    state: dict[str, int] = {}  # StatusReport's state fields default to 0: nothing read
     if with_state and info.last_committed_batch is not None:
         meta = read_job_metadata(config.checkpoint)
-        report.update(state_summary(spark or get_spark(config), config.checkpoint,
-                                    meta.gap_ms if meta else config.gap_ms))
-    else:
-        report.update({"state_keys": 0, "open_users": 0, "open_sessions": 0, "open_events": 0, "state_rows": 0,
-                       "frozen_prefixes": 0, "state_value_bytes": 0})
-    return report
+        state = state_summary(spark or get_spark(config), config.checkpoint, meta.gap_ms if meta else config.gap_ms)
+    return StatusReport(
+        checkpoint=info.path,
+        provider=info.provider or config.state_store,
+        partitions=info.partitions or config.state_partitions,
+        last_committed_batch=info.last_committed_batch,
+        watermark_ms=info.next_watermark_ms if info.next_watermark_ms is not None else info.batch_watermark_ms,
+        source_offset=info.source_offset,
+        state_files=files,
+        state_bytes=size,
+        sessions_rows=table_rows(config.sessions_table),
+        quarantine_rows=table_rows(config.quarantine_table),
+        **state,
+    )

@@ -3,6 +3,7 @@ loopback): exactly-once across savepoint -> restore -> rescale, restore from the
 injected savepoint failure, refusal of incompatible savepoints, retention, and the CLI's one-line errors."""
 from __future__ import annotations
 
+import datetime as dt
 import json
 import os
 import shutil
@@ -34,6 +35,7 @@ from pipelines.sample_data import arrival_order, generate_events, land
 from state_store import savepoints as sp
 from state_store.lifecycle import rescale, restore, take_savepoint, validate_savepoint
 from state_store.maintenance import compact
+from state_store.results import RescaleResult, SavepointInfo
 from tests.lifecycle_expectations import expected_closed_sessions
 
 REPO = Path(__file__).resolve().parent.parent
@@ -125,18 +127,18 @@ def test_savepoint_restore_rescale_is_exactly_once(tmp_path, spark_session, s3_e
     _land_and_ingest(config, chunks[:2], 0)
     catch_up(config, spark_session)
     saved = take_savepoint(config, spark=spark_session)
-    assert saved["status"] == "complete" and saved["rows"] > 0 and saved["uri"].startswith(uri)
-    assert sp.list_savepoints(uri)[0]["savepoint_id"] == saved["savepoint_id"]
+    assert saved.status == "complete" and saved.rows > 0 and saved.uri.startswith(uri)
+    assert sp.list_savepoints(uri)[0]["savepoint_id"] == saved.savepoint_id
 
     _land_and_ingest(config, chunks[2:4], 2)
     catch_up(config, spark_session)  # these sessions must not survive the restore twice
     restored = restore(config, "latest", spark=spark_session)
-    assert restored["verified"] and restored["rows"] == saved["rows"]
-    assert restored["rolled_back"]["sessions"] > 0
+    assert restored.verified and restored.rows == saved.rows
+    assert restored.rolled_back["sessions"] > 0
 
     scaled = rescale(config, 3, spark=spark_session)
-    assert scaled["partitions_after"] == 3
-    assert scaled["method"] == ("repartition" if provider == "rocksdb" else "savepoint-restore")
+    assert scaled.partitions_after == 3
+    assert scaled.method == ("repartition" if provider == "rocksdb" else "savepoint-restore")
     assert sp.list_savepoints(uri)[0]["trigger"] == "pre-rescale"
 
     _land_and_ingest(config, chunks[4:], 4)
@@ -184,13 +186,13 @@ def test_savepoint_failure_mid_write_is_never_listed(tmp_path, spark_session, s3
     # The operator's next commands are new processes (this one's S3 connections died with the server).
     env = {"SESSIONS_SAVEPOINT_URI": uri, "SESSIONS_MAX_VERSIONS_PER_BATCH": "1", **s3_endpoint["env"]}
     listed = json.loads(_sessionctl(config.home, "savepoints", "--json", env=env).stdout)
-    assert [r["savepoint_id"] for r in listed if r["status"] == "complete"] == [first["savepoint_id"]]
-    assert [r["status"] for r in listed if r["savepoint_id"] != first["savepoint_id"]] in ([], ["failed"])
+    assert [r["savepoint_id"] for r in listed if r["status"] == "complete"] == [first.savepoint_id]
+    assert [r["status"] for r in listed if r["savepoint_id"] != first.savepoint_id] in ([], ["failed"])
     retried = _sessionctl(config.home, "savepoint", "--json", env=env)
     assert retried.returncode == 0, retried.stderr
     retried_id = json.loads(retried.stdout)["savepoint_id"]
     listed = json.loads(_sessionctl(config.home, "savepoints", "--json", env=env).stdout)
-    assert [r["savepoint_id"] for r in listed if r["status"] == "complete"] == [retried_id, first["savepoint_id"]]
+    assert [r["savepoint_id"] for r in listed if r["status"] == "complete"] == [retried_id, first.savepoint_id]
 
 
 def test_failed_restore_leaves_a_known_next_step(tmp_path, spark_session, monkeypatch):
@@ -222,7 +224,7 @@ def test_failed_restore_leaves_a_known_next_step(tmp_path, spark_session, monkey
         with pytest.raises(RestoreIncomplete, match="run the same restore again") as incomplete:
             restore(config, "latest", spark=spark_session)
     assert incomplete.value.next_step == "run the same restore again"
-    assert restore(config, "latest", spark=spark_session)["verified"]
+    assert restore(config, "latest", spark=spark_session).verified
     _land_and_ingest(config, chunks[3:], 3)
     catch_up(config, spark_session)
     assert _sessions(config) == _expected(chunks)
@@ -238,11 +240,11 @@ def test_incompatible_savepoint_is_refused_unless_migrating(tmp_path, spark_sess
     saved = take_savepoint(config, spark=spark_session)
     other = config.with_(gap_minutes=20)
     with pytest.raises(SavepointIncompatible, match="--migrate"):
-        restore(other, saved["savepoint_id"], spark=spark_session)
+        restore(other, saved.savepoint_id, spark=spark_session)
     with pytest.raises(SavepointNotFound, match="no such savepoint"):
         restore(config, "sp-does-not-exist", spark=spark_session)
-    migrated = restore(other, saved["savepoint_id"], migrate=True, spark=spark_session)
-    assert migrated["verified"]
+    migrated = restore(other, saved.savepoint_id, migrate=True, spark=spark_session)
+    assert migrated.verified
 
 
 def test_damaged_savepoint_is_refused_and_the_job_is_left_alone(tmp_path, spark_session):
@@ -252,13 +254,13 @@ def test_damaged_savepoint_is_refused_and_the_job_is_left_alone(tmp_path, spark_
     _land_and_ingest(config, _chunks(seed=5, parts=2)[:1], 0)
     catch_up(config, spark_session)
     saved = take_savepoint(config, spark=spark_session)
-    rows = DeltaTable(saved["uri"]).to_pyarrow_table()
+    rows = DeltaTable(saved.uri).to_pyarrow_table()
     flipped = pa.array(["logout"] + rows["event_type"].to_pylist()[1:], pa.string())
-    write_deltalake(saved["uri"], rows.set_column(rows.schema.get_field_index("event_type"), "event_type", flipped),
+    write_deltalake(saved.uri, rows.set_column(rows.schema.get_field_index("event_type"), "event_type", flipped),
                     mode="overwrite")
     commits_before = sorted(p.name for p in (config.checkpoint / "commits").iterdir())
     with pytest.raises(SavepointDamaged, match="damaged"):
-        validate_savepoint(config, saved["savepoint_id"])
+        validate_savepoint(config, saved.savepoint_id)
     with pytest.raises(SavepointDamaged, match="damaged"):
         restore(config, "latest", spark=spark_session)
     assert sorted(p.name for p in (config.checkpoint / "commits").iterdir()) == commits_before
@@ -279,6 +281,20 @@ def test_state_checksum_ignores_order_and_sees_every_field():
     assert sp.state_checksum(rows.slice(0, 2)) != base
 
 
+def test_result_json_keeps_the_contract_keys():
+    """The CLI prints to_dict(): a savepoint has at least savepoint_id, batch_id, rows, uri (uri right after
+    seconds, as always); keys that were only present when set stay out while None."""
+    row = {name: None for name in sp.CATALOG_SCHEMA.names}
+    row.update(savepoint_id="sp-1", batch_id=3, rows=5, state_uri="/sp/state/sp-1", status="complete",
+               created_at=dt.datetime(2026, 1, 1, tzinfo=dt.timezone.utc))
+    saved = SavepointInfo.from_row(row).to_dict()
+    assert {"savepoint_id", "batch_id", "rows", "uri"} <= saved.keys() and "error" not in saved
+    assert list(saved)[-2:] == ["seconds", "uri"] and saved["uri"] == "/sp/state/sp-1"
+    assert saved["created_at"] == "2026-01-01T00:00:00+00:00"
+    assert SavepointInfo.from_row(row, verified=True).to_dict()["verified"] is True
+    assert "rows" not in RescaleResult(4, 4, "none", None, None, 0.0).to_dict()
+
+
 def test_compaction_and_retention(tmp_path, spark_session):
     config = _config(tmp_path, "rocksdb")
     chunks = _chunks(seed=4, parts=4)
@@ -286,14 +302,14 @@ def test_compaction_and_retention(tmp_path, spark_session):
     for i, chunk in enumerate(chunks):
         _land_and_ingest(config, [chunk], i)
         catch_up(config, spark_session)
-        ids.append(take_savepoint(config, spark=spark_session)["savepoint_id"])
+        ids.append(take_savepoint(config, spark=spark_session).savepoint_id)
     restore(config, ids[-1], spark=spark_session)  # leaves a replaced checkpoint behind
     files_before = len(DeltaTable(config.sessions_table).file_uris())
     report = compact(config, keep_last=2, keep_daily_days=0, vacuum_retention_hours=0)
-    assert sorted(report["savepoints_deleted"]) == sorted(ids[:2])
+    assert sorted(report.savepoints_deleted) == sorted(ids[:2])
     assert [r["savepoint_id"] for r in sp.list_savepoints(config.savepoint_uri)] == ids[:1:-1]
-    assert report["replaced_checkpoints_removed"] and report["bytes_reclaimed"] > 0
-    assert report["tables"]["sessions"]["files_before"] == files_before > report["tables"]["sessions"]["files_after"] == 1
+    assert report.replaced_checkpoints_removed and report.bytes_reclaimed > 0
+    assert report.tables["sessions"]["files_before"] == files_before > report.tables["sessions"]["files_after"] == 1
     assert sum(1 for _ in (Path(config.savepoint_uri) / "state").iterdir()) == 2
     assert _sessions(config) == sorted(_sessions(config))  # still readable after VACUUM
 

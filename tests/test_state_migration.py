@@ -41,7 +41,7 @@ def test_v1_savepoint_restores_into_v2_and_continues_exactly(spark, tmp_path, pr
     land_batches(config, batches[CUT:], start=CUT)
 
     restored = restore(config, "latest", spark=spark)
-    assert restored["verified"]
+    assert restored.verified
     catch_up(config, spark)
 
     expected = run_oracle(batches, GAP_MS, LATENESS_MS)
@@ -76,13 +76,13 @@ def test_v2_savepoint_with_frozen_prefixes_restores_on_the_other_provider(spark,
     land_batches(config, batches[:CUT])
     catch_up(config, spark)
     saved = take_savepoint(config, spark=spark)
-    assert saved["state_schema"] == state_format.SCHEMA_ID
-    rows = DeltaTable(saved["uri"]).to_pyarrow_table()
+    assert saved.state_schema == state_format.SCHEMA_ID
+    rows = DeltaTable(saved.uri).to_pyarrow_table()
     assert rows.schema == state_format.CANONICAL_SCHEMA and rows["event_id"].null_count > 0  # frozen prefixes
 
     land_batches(config, batches[CUT:], start=CUT)
     hdfs = make_config(tmp_path, "hdfs")
-    assert restore(hdfs, "latest", spark=spark)["provider"] == "hdfs"
+    assert restore(hdfs, "latest", spark=spark).provider == "hdfs"
     catch_up(hdfs, spark)
     expected = run_oracle(batches, GAP_MS, LATENESS_MS)
     assert read_sessions(hdfs) == sorted(expected.closed)

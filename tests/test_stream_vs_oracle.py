@@ -73,8 +73,8 @@ def assert_matches_oracle(spark, config, batches: list[list[dict]]) -> None:
     assert set(quarantine["reason"]) <= {"late"}
 
     report = status(config, spark, with_state=False)
-    assert report["watermark_ms"] == expected.final_watermark_ms
-    assert report["sessions_rows"] == len(expected_rows)
+    assert report.watermark_ms == expected.final_watermark_ms
+    assert report.sessions_rows == len(expected_rows)
 
 
 CASES = [

@@ -1,0 +1,136 @@
+"""What the lifecycle library's public operations return: frozen dataclasses, read by attribute. `to_dict()` is
+the JSON shape sessionctl prints and Dagster ops pass on: the same keys, in the same order, as before."""
+from __future__ import annotations
+
+import datetime as dt
+from dataclasses import asdict, dataclass, fields
+from typing import Any, ClassVar
+
+
+class _Result:
+    # Keys that were only present when set: left out of to_dict() while None, so the JSON keeps its shape.
+    _omit_if_none: ClassVar[tuple[str, ...]] = ()
+
+    def to_dict(self) -> dict[str, Any]:
+        out = asdict(self)
+        for name in self._omit_if_none:
+            if out[name] is None:
+                del out[name]
+        return out
+
+
+@dataclass(frozen=True)
+class SavepointInfo(_Result):
+    """One savepoint, as its catalog row holds it (take_savepoint, validate_savepoint)."""
+    savepoint_id: str
+    trigger: str
+    created_at: str  # ISO-8601, UTC
+    batch_id: int
+    source_seq: int  # raw_events ingest sequence the state has consumed
+    watermark_ms: int
+    gap_ms: int
+    lateness_ms: int
+    buckets: int
+    provider: str | None
+    partitions: int | None
+    state_schema: str
+    rows: int
+    checksum: str
+    sessions_version: int
+    quarantine_version: int
+    incarnation: str
+    state_uri: str
+    status: str  # complete | failed
+    bytes: int | None
+    seconds: float | None
+    error: str | None = None
+    verified: bool | None = None  # set by validate_savepoint (re-read matched the catalog row)
+    _omit_if_none: ClassVar[tuple[str, ...]] = ("error", "verified")
+
+    @property
+    def uri(self) -> str:
+        """Where the savepoint's state table lives (the contract's `uri`)."""
+        return self.state_uri
+
+    @classmethod
+    def from_row(cls, row: dict[str, Any], verified: bool | None = None) -> SavepointInfo:
+        """From a catalog row (savepoints.list_savepoints, or the row take_savepoint recorded)."""
+        created_at = row["created_at"]
+        if isinstance(created_at, dt.datetime):
+            created_at = created_at.isoformat()
+        values = {f.name: row.get(f.name) for f in fields(cls) if f.name not in ("created_at", "verified")}
+        return cls(**values, created_at=created_at, verified=verified)
+
+    def to_dict(self) -> dict[str, Any]:
+        out = super().to_dict()
+        # `uri` after `seconds`, where the savepoint JSON has always had it.
+        ordered = {k: v for k, v in out.items() if k not in ("error", "verified")}
+        ordered["uri"] = self.uri
+        ordered.update({k: out[k] for k in ("error", "verified") if k in out})
+        return ordered
+
+
+@dataclass(frozen=True)
+class RestoreResult(_Result):
+    savepoint_id: str
+    batch_id: int
+    rows: int
+    checksum: str
+    verified: bool
+    source_seq: int
+    watermark_ms: int
+    provider: str | None
+    partitions: int | None
+    rolled_back: dict[str, int]  # output table -> rows removed (written after the savepoint)
+    previous_checkpoint: str | None  # where the replaced checkpoint was set aside
+    seconds: float
+
+
+@dataclass(frozen=True)
+class RescaleResult(_Result):
+    partitions_before: int | None
+    partitions_after: int | None
+    method: str  # none | repartition | savepoint-restore
+    savepoint_id: str | None  # the pre-rescale savepoint
+    rows: int | None
+    seconds: float
+    _omit_if_none: ClassVar[tuple[str, ...]] = ("rows",)  # a no-op rescale reports no rows
+
+
+@dataclass(frozen=True)
+class CompactionResult(_Result):
+    dry_run: bool
+    files_before: int
+    files_after: int
+    bytes_before: int
+    bytes_after: int
+    bytes_reclaimed: int
+    savepoints_deleted: list[str]
+    replaced_checkpoints_removed: list[str]
+    replaced_checkpoint_bytes: int
+    state_files: int
+    state_bytes: int
+    tables: dict[str, dict[str, int]]  # per table: files_/bytes_before, and after or would_vacuum (dry run)
+    seconds: float
+
+
+@dataclass(frozen=True)
+class StatusReport(_Result):
+    checkpoint: str
+    provider: str
+    partitions: int
+    last_committed_batch: int | None
+    watermark_ms: int | None
+    source_offset: dict[str, Any] | None
+    state_files: int
+    state_bytes: int
+    sessions_rows: int
+    quarantine_rows: int
+    # from a pass over the live state (zeros when not read: --no-state, or nothing committed)
+    state_keys: int = 0
+    open_users: int = 0
+    open_sessions: int = 0
+    open_events: int = 0
+    state_rows: int = 0
+    frozen_prefixes: int = 0
+    state_value_bytes: int = 0
