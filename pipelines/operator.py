@@ -64,17 +64,8 @@ def _output(frame: pd.DataFrame, kind: str) -> pd.DataFrame:
 
 def _restored_rows(restored: pd.DataFrame) -> pa.Table:
     """Savepoint rows of the restore's bootstrap batch -> stored rows (due now: they are walked at once)."""
-    n = len(restored)
-    return pa.table({
-        "user_id": pa.array(restored["user_id"].to_numpy(), pa.string()),
-        "session_start_ms": pa.array(restored["session_start_ms"].to_numpy(dtype="int64"), pa.int64()),
-        "event_id": pa.array(restored["event_id"].to_numpy(), pa.string()),
-        "event_time_ms": pa.array(restored["event_time_ms"].to_numpy(dtype="int64"), pa.int64()),
-        "event_type": pa.array(restored["event_type"].to_numpy(), pa.string()),
-        "event_count": pa.array(restored["event_count"].to_numpy(dtype="int64"), pa.int64()),
-        "page_views": pa.array(restored["page_views"].to_numpy(dtype="int64"), pa.int64()),
-        "due_ms": pa.array(np.full(n, np.iinfo(np.int64).min), pa.int64()),
-    }, schema=state_format.STORE_SCHEMA)
+    rows = {name: restored[name].to_numpy() for name in state_format.ROW_FIELDS}
+    return rows_table({**rows, "due_ms": np.full(len(restored), np.iinfo(np.int64).min)})
 
 
 def make_session_function(gap_ms: int):

@@ -163,7 +163,7 @@ def _freeze(kept, session_of_row, session_start, close_at, user_codes, ids, user
     """The open sessions' rows, each session's rows at or below the watermark (a prefix of it, since rows
     are in time order and everything after is above) collapsed into one frozen prefix row."""
     sessions = session_of_row[kept]
-    ids, counts, views = ids[kept], counts[kept].copy(), views[kept].copy()
+    ids, counts, views = ids[kept], counts[kept], views[kept]  # fancy indexing: copies, safe to write
     was_prefix = pd.isna(ids)  # a prefix restored under a lower watermark is still frozen
     frozen = times[kept] <= watermark_ms
     next_frozen_same = np.zeros(len(kept), dtype=bool)
@@ -175,7 +175,6 @@ def _freeze(kept, session_of_row, session_start, close_at, user_codes, ids, user
         group_last = frozen_at[np.append(group_first[1:] - 1, len(frozen_at) - 1)]
         counts[group_last] = np.add.reduceat(counts[frozen_at], group_first)
         views[group_last] = np.add.reduceat(views[frozen_at], group_first)
-        ids = ids.copy()
         ids[group_last] = None
     rows = kept[emit]
     sessions, frozen = sessions[emit], (frozen | was_prefix)[emit]
