@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import os
+from collections.abc import Mapping
 from dataclasses import dataclass, replace
 from pathlib import Path
 
@@ -13,7 +14,7 @@ REPO_ROOT = Path(__file__).resolve().parent.parent
 PROVIDERS = ("rocksdb", "hdfs")
 
 
-def _int(env: dict, name: str, default: int, minimum: int = 1) -> int:
+def _int(env: Mapping[str, str], name: str, default: int, minimum: int = 1) -> int:
     raw = env.get(name)
     if raw in (None, ""):
         return default
@@ -26,7 +27,7 @@ def _int(env: dict, name: str, default: int, minimum: int = 1) -> int:
     return value
 
 
-def _float(env: dict, name: str, default: float) -> float:
+def _float(env: Mapping[str, str], name: str, default: float) -> float:
     raw = env.get(name)
     if raw in (None, ""):
         return default
@@ -39,7 +40,7 @@ def _float(env: dict, name: str, default: float) -> float:
     return value
 
 
-def _bool(env: dict, name: str, default: bool) -> bool:
+def _bool(env: Mapping[str, str], name: str, default: bool) -> bool:
     raw = (env.get(name) or "").strip().lower()
     if not raw:
         return default
@@ -74,15 +75,27 @@ class SessionsConfig:
     compact_files: int = 200
     state_files: int = 2000
     auto_restore: bool = False
+    # Retention (sessionctl compact, the Dagster compaction job and its schedule share them).
+    keep_savepoints: int = 5            # newest complete savepoints kept
+    keep_daily_days: int = 7            # plus the newest of each of these days
+    vacuum_retention_hours: int = 168   # Delta VACUUM horizon for the tables
+    # Hostile input: an event this far ahead of its ingest time is quarantined (contract).
+    max_future_minutes: int = 60
+    # S3 (delta-rs/object_store): fail in seconds, not after the default 10 retries over 3 minutes.
+    s3_max_retries: int = 3
+    s3_retry_timeout: str = "15s"
+    s3_timeout: str = "30s"
 
     @classmethod
-    def from_env(cls, env: dict | None = None) -> SessionsConfig:
+    def from_env(cls, env: Mapping[str, str] | None = None) -> SessionsConfig:
         env = dict(os.environ if env is None else env)
+        if "SESSIONS_HOME" in env and not env["SESSIONS_HOME"].strip():
+            # An empty value is a broken deployment template, not a wish for the repo's .data.
+            raise ConfigError("SESSIONS_HOME is set but empty: unset it (data under the repo's .data) or give a path")
         home = Path(env.get("SESSIONS_HOME") or REPO_ROOT / ".data").resolve()
         provider = (env.get("SESSIONS_STATE_STORE") or "rocksdb").strip().lower()
         if provider not in PROVIDERS:
             raise ConfigError(f"SESSIONS_STATE_STORE={provider!r}: expected one of {', '.join(PROVIDERS)}")
-        max_versions = env.get("SESSIONS_MAX_VERSIONS_PER_BATCH")
         return cls(
             home=home,
             state_store=provider,
@@ -91,7 +104,7 @@ class SessionsConfig:
             lateness_minutes=_int(env, "SESSIONS_LATENESS_MINUTES", 10, minimum=0),
             savepoint_uri=env.get("SESSIONS_SAVEPOINT_URI") or str(home / "savepoints"),
             state_buckets=_int(env, "SESSIONS_STATE_BUCKETS", 64),
-            max_versions_per_batch=int(max_versions) if max_versions else None,
+            max_versions_per_batch=_int(env, "SESSIONS_MAX_VERSIONS_PER_BATCH", 0, minimum=0) or None,
             spark_master=env.get("SESSIONS_SPARK_MASTER") or "local[2]",
             spark_driver_memory=env.get("SESSIONS_SPARK_DRIVER_MEMORY") or "4g",
             spark_ui=_bool(env, "SESSIONS_SPARK_UI", False),
@@ -102,9 +115,16 @@ class SessionsConfig:
             compact_files=_int(env, "SESSIONS_COMPACT_FILES", 200),
             state_files=_int(env, "SESSIONS_STATE_FILES", 2000),
             auto_restore=_bool(env, "SESSIONS_AUTO_RESTORE", False),
+            keep_savepoints=_int(env, "SESSIONS_KEEP_SAVEPOINTS", 5),
+            keep_daily_days=_int(env, "SESSIONS_KEEP_DAILY_DAYS", 7, minimum=0),
+            vacuum_retention_hours=_int(env, "SESSIONS_VACUUM_RETENTION_HOURS", 168, minimum=0),
+            max_future_minutes=_int(env, "SESSIONS_MAX_FUTURE_MINUTES", 60, minimum=0),
+            s3_max_retries=_int(env, "SESSIONS_S3_MAX_RETRIES", 3, minimum=0),
+            s3_retry_timeout=env.get("SESSIONS_S3_RETRY_TIMEOUT") or "15s",
+            s3_timeout=env.get("SESSIONS_S3_TIMEOUT") or "30s",
         )
 
-    def with_(self, **changes) -> SessionsConfig:
+    def with_(self, **changes: object) -> SessionsConfig:
         return replace(self, **changes)
 
     # Paths under the data root.
@@ -143,3 +163,7 @@ class SessionsConfig:
     @property
     def lateness_ms(self) -> int:
         return self.lateness_minutes * 60_000
+
+    @property
+    def max_future_ms(self) -> int:
+        return self.max_future_minutes * 60_000
