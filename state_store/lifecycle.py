@@ -60,6 +60,7 @@ def _take_savepoint(config: SessionsConfig, trigger: str, spark) -> SavepointInf
     if info.last_committed_batch is None or meta is None:
         raise NoCommittedBatch(f"nothing to savepoint: no committed batch in {config.checkpoint}")
     spark = _spark(config, spark)
+    store = sp.SavepointStore.of(config)
     state = live_state(spark, config.checkpoint, info.last_committed_batch)
     checksum = sp.state_checksum(state)
     now = dt.datetime.now(dt.timezone.utc)
@@ -73,21 +74,21 @@ def _take_savepoint(config: SessionsConfig, trigger: str, spark) -> SavepointInf
         "state_schema": state_format.SCHEMA_ID, "rows": state.num_rows, "checksum": checksum,
         "sessions_version": DeltaTable(config.sessions_table).version(),
         "quarantine_version": DeltaTable(config.quarantine_table).version(),
-        "incarnation": meta.incarnation, "state_uri": sp.state_uri(config.savepoint_uri, savepoint_id),
+        "incarnation": meta.incarnation, "state_uri": store.state_uri(savepoint_id),
     }
     try:
-        sp.write_state(config.savepoint_uri, savepoint_id, state)
-        reread = sp.read_savepoint_state(config.savepoint_uri, savepoint_id)
+        store.write_state(savepoint_id, state)
+        reread = store.read_state(savepoint_id)
         if reread.num_rows != state.num_rows or sp.state_checksum(reread) != checksum:
             raise SavepointDamaged(f"re-read of {row['state_uri']} does not match the live state")
-        row.update(status="complete", bytes=sp.table_bytes(row["state_uri"]),
+        row.update(status="complete", bytes=store.table_bytes(row["state_uri"]),
                    seconds=round(time.monotonic() - started, 3))
-        sp.record(config.savepoint_uri, row)
+        store.record(row)
     except Exception as error:  # noqa: BLE001 -- any failure must leave no complete row behind
         row.update(status="failed", error=f"{type(error).__name__}: {error}"[:500],
                    seconds=round(time.monotonic() - started, 3))
         with contextlib.suppress(Exception):  # the store is down; the attempt is simply not listed
-            sp.record(config.savepoint_uri, row)
+            store.record(row)
         raise SavepointFailed(f"savepoint {savepoint_id} failed and is not listed as complete: "
                              f"{type(error).__name__}: {str(error).splitlines()[0][:300]}") from None
     return SavepointInfo.from_row(row)
@@ -114,7 +115,8 @@ READABLE_SCHEMAS = (state_format.SCHEMA_ID, state_format.V1_SCHEMA_ID)
 def _validated(config: SessionsConfig, savepoint: str, migrate: bool):
     """The catalog row and the verified state rows (restore stages the very rows it checked), in the
     current canonical form (a v1 savepoint is upgraded after its own checksum matched)."""
-    row = sp.get_savepoint(config.savepoint_uri, savepoint)
+    store = sp.SavepointStore.of(config)
+    row = store.get(savepoint)
     if row["state_schema"] not in READABLE_SCHEMAS:
         raise SavepointIncompatible(f"savepoint {row['savepoint_id']} has state schema {row['state_schema']!r}; "
                              f"this job reads {' or '.join(map(repr, READABLE_SCHEMAS))}")
@@ -123,7 +125,7 @@ def _validated(config: SessionsConfig, savepoint: str, migrate: bool):
             f"savepoint {row['savepoint_id']} was taken with gap {row['gap_ms'] // 60000} min and lateness "
             f"{row['lateness_ms'] // 60000} min; the job is set to {config.gap_minutes} and "
             f"{config.lateness_minutes}: pass --migrate to restore it under the new settings")
-    state = sp.read_savepoint_state(config.savepoint_uri, row["savepoint_id"])
+    state = store.read_state(row["savepoint_id"])
     checksum = sp.state_checksum(state)  # order-independent: no need to sort what was read
     if state.num_rows != row["rows"] or checksum != row["checksum"]:
         raise SavepointDamaged(f"savepoint {row['savepoint_id']} is damaged: {state.num_rows} rows / {checksum}, "

@@ -6,6 +6,10 @@ Fixtures
                  It serves both state store providers: the provider is chosen per query start from the
                  config passed to ``catch_up(config, spark)``.
 ``make_config``  the ``make_config(tmp_path, provider="rocksdb", **env)`` helper below, as a fixture.
+``s3_endpoint``  (session scope) a real S3 HTTP API on loopback (moto server in its own process) with the
+                 buckets ``savepoints`` and ``warehouse``; while it lives, the AWS_* variables of this process
+                 point delta-rs and boto3 at it. Yields {"process", "port", "env"}; SIGSTOP/SIGCONT of the
+                 process is an injected outage.
 
 Helpers (import them with ``from tests.conftest import ...``)
 -------------------------------------------------------------
@@ -14,6 +18,7 @@ Helpers (import them with ``from tests.conftest import ...``)
     variable names (``SESSIONS_GAP_MINUTES=5``), values are str()-ed; a value of None removes the variable.
     Defaults: gap 30 min, lateness 10 min, 2 state partitions, SESSIONS_MAX_VERSIONS_PER_BATCH=1 (each ingest
     commit is its own micro-batch; pass ``SESSIONS_MAX_VERSIONS_PER_BATCH=None`` for "all available").
+``tool(name) -> str``  the path of a console script of the venv running the tests (sessionctl, dagster, ...).
 ``config_env(config) -> dict``  the environment for a ``sessionctl`` subprocess running the same config.
 ``read_sessions(config) -> list[tuple]``  the sessions table as (session_id, user_id, start_ms, end_ms,
     event_count, page_views, end_reason) tuples, sorted.
@@ -24,7 +29,10 @@ Helpers (import them with ``from tests.conftest import ...``)
 from __future__ import annotations
 
 import os
+import socket
+import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -33,7 +41,17 @@ os.environ["PYSPARK_PYTHON"] = sys.executable
 os.environ.setdefault("PYSPARK_DRIVER_PYTHON", sys.executable)
 
 REPO = Path(__file__).resolve().parent.parent
-SESSIONCTL = Path(sys.executable).parent / "sessionctl"  # the venv running the tests
+VENV_BIN = Path(sys.executable).parent  # the venv running the tests, wherever it is
+
+
+def tool(name: str) -> str:
+    path = VENV_BIN / name
+    if not path.exists():
+        raise FileNotFoundError(f"{path} not found: run `make setup` (console scripts of the test venv)")
+    return str(path)
+
+
+SESSIONCTL = VENV_BIN / "sessionctl"
 
 DEFAULT_ENV = {
     "SESSIONS_STATE_PARTITIONS": "2",
@@ -143,3 +161,47 @@ def spark(tmp_path_factory):
 def _make_config_fixture():
     """The make_config(tmp_path, provider="rocksdb", **env) helper (see the module docstring)."""
     return make_config
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+S3_BUCKETS = ("savepoints", "warehouse")
+
+
+@pytest.fixture(scope="session")
+def s3_endpoint():
+    """A real S3 HTTP API on loopback (moto server, its own process), shared by the whole test run."""
+    import boto3
+
+    port = free_port()
+    server = subprocess.Popen([tool("moto_server"), "-H", "127.0.0.1", "-p", str(port)],
+                              stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    env = {"AWS_ACCESS_KEY_ID": "testing", "AWS_SECRET_ACCESS_KEY": "testing", "AWS_REGION": "us-east-1",
+           "AWS_DEFAULT_REGION": "us-east-1", "AWS_ENDPOINT_URL": f"http://127.0.0.1:{port}",
+           "AWS_ALLOW_HTTP": "true", "AWS_EC2_METADATA_DISABLED": "true", "SESSIONS_S3_TIMEOUT": "5s",
+           "SESSIONS_S3_RETRY_TIMEOUT": "5s", "SESSIONS_S3_MAX_RETRIES": "1"}
+    saved = {k: os.environ.get(k) for k in env}
+    os.environ.update(env)
+    deadline = time.monotonic() + 30
+    while True:
+        try:
+            client = boto3.client("s3", endpoint_url=env["AWS_ENDPOINT_URL"])
+            for bucket in S3_BUCKETS:
+                client.create_bucket(Bucket=bucket)
+            break
+        except Exception:  # noqa: BLE001 -- not listening yet
+            if time.monotonic() > deadline:
+                raise
+            time.sleep(0.3)
+    yield {"process": server, "port": port, "env": env}
+    server.kill()
+    server.wait()
+    for key, value in saved.items():
+        if value is None:
+            os.environ.pop(key, None)
+        else:
+            os.environ[key] = value

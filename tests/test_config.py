@@ -10,6 +10,7 @@ import pytest
 from pipelines.config import ConfigError, SessionsConfig
 from pipelines.errors import JobRunning, LifecycleBusy, SessionsError
 from pipelines.job import job_lock, spark_conf
+from tests.conftest import tool
 
 REPO = Path(__file__).resolve().parent.parent
 
@@ -45,7 +46,7 @@ def test_bad_values_are_refused_by_name(tmp_path, name, value, says):
 
 def test_cli_reports_a_bad_setting_in_one_line(tmp_path):
     env = {**os.environ, "SESSIONS_HOME": str(tmp_path), "SESSIONS_STATE_STORE": "memory"}
-    done = subprocess.run([str(REPO / ".venv" / "bin" / "sessionctl"), "status", "--json"], env=env,
+    done = subprocess.run([tool("sessionctl"), "status", "--json"], env=env,
                           capture_output=True, text=True, timeout=120)
     assert done.returncode == 1 and "Traceback" not in done.stderr
     assert done.stderr.strip().count("\n") == 0 and "SESSIONS_STATE_STORE='memory'" in done.stderr

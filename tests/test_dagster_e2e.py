@@ -20,6 +20,7 @@ from deltalake import DeltaTable
 
 from pipelines.config import SessionsConfig
 from pipelines.sample_data import land_sample
+from tests.conftest import tool
 
 REPO = Path(__file__).resolve().parent.parent
 ARTIFACTS = REPO / "tests" / "artifacts"
@@ -43,7 +44,7 @@ def dagster_dev(tmp_path_factory):
     env = {**os.environ, "SESSIONS_HOME": str(home), "DAGSTER_HOME": str(dagster_home),
            "PYSPARK_PYTHON": sys.executable}
     log = open(root / "dagster-dev.log", "w")
-    process = subprocess.Popen([str(REPO / ".venv" / "bin" / "dagster"), "dev", "-w", "workspace.yaml",
+    process = subprocess.Popen([tool("dagster"), "dev", "-w", "workspace.yaml",
                                 "-h", "127.0.0.1", "-p", str(port)], cwd=REPO, env=env, stdout=log,
                                stderr=subprocess.STDOUT, start_new_session=True)
     try:

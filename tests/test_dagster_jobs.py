@@ -31,12 +31,13 @@ from assets.definitions import (
 from assets.resources import SessionsResource, pyspark_resource
 from pipelines.sample_data import land_sample
 from state_store import savepoints as sp
+from tests.conftest import tool
 
 REPO = Path(__file__).resolve().parent.parent
 
 
 def test_definitions_validate():
-    done = subprocess.run([str(REPO / ".venv" / "bin" / "dagster"), "definitions", "validate", "-w", "workspace.yaml"],
+    done = subprocess.run([tool("dagster"), "definitions", "validate", "-w", "workspace.yaml"],
                           cwd=REPO, capture_output=True, text=True, timeout=180)
     assert done.returncode == 0, done.stderr[-2000:]
     assert {j.name for j in defs.jobs} >= {"session_stream", "session_catch_up", "savepoint",
@@ -66,7 +67,7 @@ def test_jobs_catch_up_savepoint_restore_runbook(resources):
     assert observed[-1].metadata["provider"].value == "rocksdb" and observed[-1].metadata["state_keys"].value > 0
 
     assert defs.get_job_def("savepoint").execute_in_process(resources=resources).success
-    savepoint_id = sp.list_savepoints(config.savepoint_uri)[0]["savepoint_id"]
+    savepoint_id = sp.SavepointStore.of(config).list()[0]["savepoint_id"]
 
     dry = defs.get_job_def("restore_from_snapshot").execute_in_process(
         resources=resources, run_config=_restore_config(savepoint=savepoint_id, dry_run=True))
@@ -111,7 +112,7 @@ def test_maintenance_sensor_requests(tmp_path):
         requests = maintenance_sensor(context)
     assert [r.job_name for r in requests] == ["savepoint"]
     assert requests[0].run_config["ops"]["savepoint_op"]["config"]["trigger"] == "sensor"
-    sp.record(resource.config().savepoint_uri, {"savepoint_id": "sp-x", "status": "complete",
+    sp.SavepointStore.of(resource.config()).record({"savepoint_id": "sp-x", "status": "complete",
                                                  "created_at": dt.datetime.now(dt.timezone.utc)})
     with build_sensor_context(resources={"sessions": resource}) as context:
         assert isinstance(maintenance_sensor(context), SkipReason)
