@@ -16,7 +16,7 @@ from pipelines.job import job_lock
 from pipelines.storage import is_s3, storage_options
 from state_store import savepoints as sp
 from state_store.lifecycle import remove_tree, replaced_checkpoints
-from state_store.results import CompactionResult
+from state_store.results import CompactionResult, MaintenanceDue
 
 
 def _s3_objects(config: SessionsConfig, uri: str) -> tuple[Any, str, list[dict[str, Any]]]:
@@ -138,3 +138,35 @@ def compact(config: SessionsConfig, dry_run: bool = False) -> CompactionResult:
             tables=tables,
             seconds=round(time.monotonic() - started, 3),
         )
+
+
+def _live_data_files(uri: str) -> int:
+    return _data_files(DeltaTable(uri)) if DeltaTable.is_deltatable(uri) else 0
+
+
+def maintenance_due(config: SessionsConfig, now: dt.datetime | None = None) -> MaintenanceDue:
+    """The policy: a savepoint when the newest complete one is older than savepoint_max_age_hours (or there
+    is none); compaction when a table has more than compact_files data files or the state more than
+    state_files files. Dagster's maintenance sensor asks this; the thresholds are settings."""
+    now = now or dt.datetime.now(dt.timezone.utc)
+    complete = [r for r in sp.SavepointStore.of(config).list() if r["status"] == "complete"]
+    newest = complete[0] if complete else None
+    age = (now - dt.datetime.fromisoformat(newest["created_at"])).total_seconds() if newest else None
+    savepoint = None
+    if newest is None:
+        savepoint = "no complete savepoint yet"
+    elif age is not None and age >= config.savepoint_max_age_hours * 3600:
+        savepoint = f"newest savepoint {newest['savepoint_id']} is {age / 3600:.1f} h old " \
+                    f"(SESSIONS_SAVEPOINT_MAX_AGE_HOURS={config.savepoint_max_age_hours:g})"
+    files = {name: _live_data_files(uri) for name, uri in
+             (("sessions", config.sessions_table), ("quarantine", config.quarantine_table),
+              ("raw_events", config.raw_events_table))}
+    state_files, _ = directory_size(config.checkpoint / "state")
+    crowded = [f"{name} has {n} data files" for name, n in files.items() if n > config.compact_files]
+    if state_files > config.state_files:
+        crowded.append(f"the state has {state_files} files")
+    compaction = "; ".join(crowded) + f" (limits {config.compact_files} / {config.state_files})" if crowded else None
+    return MaintenanceDue(savepoint=savepoint, compaction=compaction,
+                          newest_savepoint_id=newest["savepoint_id"] if newest else None,
+                          newest_savepoint_age_s=round(age, 1) if age is not None else None,
+                          data_files=files, state_files=state_files)

@@ -134,3 +134,14 @@ class StatusReport(_Result):
     state_rows: int = 0
     frozen_prefixes: int = 0
     state_value_bytes: int = 0
+
+
+@dataclass(frozen=True)
+class MaintenanceDue(_Result):
+    """The maintenance policy's answer (maintenance.maintenance_due): what is due now, and why."""
+    savepoint: str | None      # why a savepoint is due, None when the newest one is recent enough
+    compaction: str | None     # why compaction is due, None when files are below the thresholds
+    newest_savepoint_id: str | None
+    newest_savepoint_age_s: float | None
+    data_files: dict[str, int]  # live data files per table
+    state_files: int            # files under the checkpoint's state/

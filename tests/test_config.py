@@ -37,10 +37,13 @@ def test_settings_reach_spark_and_operations(tmp_path):
     ("SESSIONS_GAP_MINUTES", "half an hour", "is not an integer"),
     ("SESSIONS_AUTO_RESTORE", "maybe", "expected true or false"),
     ("SESSIONS_SAVEPOINT_MAX_AGE_HOURS", "-1", "must be > 0"),
+    ("SESSIONS_MAX_VERSIONS_PER_BATCH", "abc", "is not an integer"),
+    ("SESSIONS_MAX_FUTURE_MINUTES", "-5", "must be >= 0"),
+    ("SESSIONS_HOME", "", "set but empty"),
 ])
 def test_bad_values_are_refused_by_name(tmp_path, name, value, says):
     with pytest.raises(ConfigError, match=says) as error:
-        SessionsConfig.from_env({"SESSIONS_HOME": str(tmp_path), name: value})
+        SessionsConfig.from_env({"SESSIONS_HOME": str(tmp_path), name: value})  # (an empty HOME replaces it)
     assert name in str(error.value)
 
 
