@@ -26,9 +26,10 @@ setup: check-java $(STAMP)
 demo: setup
 	$(PY) -m sessionctl.demo
 
-# ruff (pyproject [tool.ruff]): CI fails on a lint regression before the suite runs.
+# ruff and mypy (pyproject [tool.ruff], [tool.mypy]): CI fails on a lint or type regression before the suite runs.
 lint: setup
 	$(VENV)/bin/ruff check .
+	$(VENV)/bin/mypy
 
 test: setup system-deps lint
 	$(PY) -m pytest -q tests

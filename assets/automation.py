@@ -1,6 +1,7 @@
 """Schedules and sensors. When to savepoint or compact is the library's policy
 (state_store.maintenance.maintenance_due); these only turn its answer into run requests."""
 import datetime as dt
+from typing import Any
 
 from dagster import (
     DagsterRunStatus,
@@ -67,7 +68,8 @@ def stream_failure_sensor(context: RunFailureSensorContext) -> RunRequest | Skip
                    request_job=session_stream, default_status=DefaultSensorStatus.STOPPED)
 def resume_stream_after_restore(context: RunStatusSensorContext) -> RunRequest | SkipReason:
     """The runbook's last step: relaunch session_stream when the restore asked for it (resume_stream)."""
-    ops = (context.dagster_run.run_config or {}).get("ops", {})
+    run_config: dict[str, Any] = dict(context.dagster_run.run_config or {})
+    ops = run_config.get("ops", {})
     wanted = ops.get("validate_savepoint_op", {}).get("config", {})
     if wanted.get("resume_stream") and not wanted.get("dry_run"):
         return RunRequest(run_key=f"resume-{context.dagster_run.run_id}")

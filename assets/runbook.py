@@ -84,7 +84,7 @@ def stop_running_stream_op(context: OpExecutionContext, sessions: SessionsResour
             context.instance.run_coordinator.cancel_run(run.run_id)
             stopped.append(run.run_id)
         config = sessions.config()
-        deadline = time.monotonic() + config.stop_timeout_s
+        deadline = time.monotonic() + config.stop_timeout_s + 30  # query.stop() itself may take stop_timeout_s
         while True:
             try:
                 with pipeline.job_lock(config, "restore runbook (probe)"):

@@ -111,11 +111,11 @@ class SessionsConfig:
                 continue
             name, kind, minimum = env_name(setting.name), setting.metadata["kind"], setting.metadata["minimum"]
             if kind is bool:
-                values[setting.name] = _bool(env, name, setting.default)
+                values[setting.name] = _bool(env, name, setting.default)  # type: ignore[arg-type]
             elif kind is int:
-                values[setting.name] = _int(env, name, setting.default, minimum)
+                values[setting.name] = _int(env, name, setting.default, minimum)  # type: ignore[arg-type]
             elif kind is float:
-                values[setting.name] = _float(env, name, setting.default, minimum)
+                values[setting.name] = _float(env, name, setting.default, minimum)  # type: ignore[arg-type]
             else:
                 values[setting.name] = (env.get(name) or "").strip() or setting.default
         values["state_store"] = values["state_store"].lower()

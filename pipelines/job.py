@@ -6,10 +6,13 @@ import os
 import sys
 import threading
 import time
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
+from typing import Any
 
 from pyspark.sql import SparkSession
+from pyspark.sql.streaming import StreamingQuery
 
 from pipelines import state_format
 from pipelines.checkpoint import (
@@ -39,12 +42,13 @@ def spark_conf(config: SessionsConfig) -> dict[str, str]:
         "spark.sql.execution.arrow.pyspark.enabled": "true",
         "spark.ui.enabled": str(config.spark_ui).lower(),
         "spark.driver.memory": config.spark_driver_memory,
-        "spark.sql.streaming.stopTimeout": "60000",
+        # How long stopping the query may wait for its batch; the runbook waits a little longer for the lock.
+        "spark.sql.streaming.stopTimeout": str(int(config.stop_timeout_s * 1000)),
         "spark.sql.streaming.minBatchesToRetain": str(config.min_batches_to_retain),
     }
 
 
-def get_spark(config: SessionsConfig):
+def get_spark(config: SessionsConfig) -> SparkSession:
     os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
     os.environ.setdefault("PYSPARK_DRIVER_PYTHON", sys.executable)
     builder = SparkSession.builder
@@ -55,7 +59,7 @@ def get_spark(config: SessionsConfig):
     return spark
 
 
-def _prepare_session(spark, config: SessionsConfig) -> None:
+def _prepare_session(spark: SparkSession, config: SessionsConfig) -> None:
     # SQL confs are read when a query starts; an existing checkpoint's own values still win.
     spark.conf.set("spark.sql.shuffle.partitions", str(config.state_partitions))
     spark.conf.set("spark.sql.streaming.stateStore.providerClass", PROVIDER_CLASSES[config.state_store])
@@ -64,7 +68,7 @@ def _prepare_session(spark, config: SessionsConfig) -> None:
 
 
 @contextmanager
-def job_lock(config: SessionsConfig, what: str, name: str = "job"):
+def job_lock(config: SessionsConfig, what: str, name: str = "job") -> Iterator[None]:
     """One process at a time may run the job or a lifecycle operation on it (CLI and Dagster alike).
 
     `job` is held by the running stream and by operations that need it stopped (savepoint, restore,
@@ -126,7 +130,8 @@ def checkpoint_metadata(config: SessionsConfig) -> JobMetadata:
     return meta
 
 
-def start_query(spark, config: SessionsConfig, meta: JobMetadata, trigger: dict, source_options: dict | None = None):
+def start_query(spark: SparkSession, config: SessionsConfig, meta: JobMetadata, trigger: dict[str, Any],
+                source_options: dict[str, Any] | None = None) -> tuple[StreamingQuery, MicroBatchSink]:
     _prepare_session(spark, config)
     reader = (spark.readStream.format(SOURCE_NAME)
               .option("path", config.raw_events_table)
@@ -161,7 +166,7 @@ class RunSummary:
     extra: dict = field(default_factory=dict)
 
 
-def _absorb_progress(query, summary: RunSummary, seen: set) -> None:
+def _absorb_progress(query: StreamingQuery, summary: RunSummary, seen: set[int]) -> None:
     for progress in query.recentProgress:
         if progress.batchId in seen:
             continue
@@ -170,7 +175,7 @@ def _absorb_progress(query, summary: RunSummary, seen: set) -> None:
         summary.input_rows += int(progress.numInputRows)
 
 
-def catch_up(config: SessionsConfig, spark=None) -> RunSummary:
+def catch_up(config: SessionsConfig, spark: SparkSession | None = None) -> RunSummary:
     """Ingest everything landed, process it all (trigger availableNow), stop."""
     started = time.monotonic()
     with job_lock(config, "catch-up"):
@@ -188,8 +193,9 @@ def catch_up(config: SessionsConfig, spark=None) -> RunSummary:
         return summary
 
 
-def run_continuously(config: SessionsConfig, spark=None, stop: threading.Event | None = None,
-                     poll_seconds: float = 5.0, on_progress=None) -> RunSummary:
+def run_continuously(config: SessionsConfig, spark: SparkSession | None = None, stop: threading.Event | None = None,
+                     poll_seconds: float = 5.0,
+                     on_progress: Callable[[RunSummary, MicroBatchSink], None] | None = None) -> RunSummary:
     """Ingest and process until `stop` is set (or KeyboardInterrupt), then stop the query cleanly."""
     stop = stop or threading.Event()
     started = time.monotonic()

@@ -8,9 +8,12 @@ import shutil
 import time
 from contextlib import ExitStack
 from pathlib import Path
+from typing import Any
 
+import pyarrow as pa
 import pyarrow.parquet as pq
 from deltalake import DeltaTable
+from pyspark.sql import SparkSession
 
 from pipelines import state_format
 from pipelines.checkpoint import JobMetadata, inspect_checkpoint, read_job_metadata, write_job_metadata
@@ -42,18 +45,18 @@ def _locks(config: SessionsConfig, what: str) -> ExitStack:
     return stack
 
 
-def _spark(config: SessionsConfig, spark):
+def _spark(config: SessionsConfig, spark: SparkSession | None) -> SparkSession:
     return spark or get_spark(config)
 
 
-def live_state(spark, checkpoint: Path, batch_id: int | None):
+def live_state(spark: SparkSession, checkpoint: Path, batch_id: int | None) -> pa.Table:
     """Canonical Arrow table of the state at a committed batch (Spark's state data source)."""
     return state_format.canonical(read_state(spark, checkpoint, batch_id).toArrow())
 
 
 # ---- savepoint ---------------------------------------------------------------------------------
 
-def _take_savepoint(config: SessionsConfig, trigger: str, spark) -> SavepointInfo:
+def _take_savepoint(config: SessionsConfig, trigger: str, spark: SparkSession | None) -> SavepointInfo:
     started = time.monotonic()
     info = inspect_checkpoint(config.checkpoint)
     meta = read_job_metadata(config.checkpoint)
@@ -94,7 +97,7 @@ def _take_savepoint(config: SessionsConfig, trigger: str, spark) -> SavepointInf
     return SavepointInfo.from_row(row)
 
 
-def take_savepoint(config: SessionsConfig, trigger: str = "manual", spark=None) -> SavepointInfo:
+def take_savepoint(config: SessionsConfig, trigger: str = "manual", spark: SparkSession | None = None) -> SavepointInfo:
     """Savepoint of the stopped job at its last committed batch (state + source position + watermark
     + output table versions, all of the same batch)."""
     with _locks(config, "savepoint"):
@@ -112,7 +115,7 @@ def validate_savepoint(config: SessionsConfig, savepoint: str = "latest", migrat
 READABLE_SCHEMAS = (state_format.SCHEMA_ID, state_format.V1_SCHEMA_ID)
 
 
-def _validated(config: SessionsConfig, savepoint: str, migrate: bool):
+def _validated(config: SessionsConfig, savepoint: str, migrate: bool) -> tuple[dict[str, Any], pa.Table]:
     """The catalog row and the verified state rows (restore stages the very rows it checked), in the
     current canonical form (a v1 savepoint is upgraded after its own checksum matched)."""
     store = sp.SavepointStore.of(config)
@@ -135,7 +138,7 @@ def _validated(config: SessionsConfig, savepoint: str, migrate: bool):
     return row, state.select(state_format.CANONICAL_SCHEMA.names).cast(state_format.CANONICAL_SCHEMA)
 
 
-def expected_restored_state(state, gap_ms: int):
+def expected_restored_state(state: pa.Table, gap_ms: int) -> pa.Table:
     """What the restore's bootstrap batch must leave in the store: the rows walked once (watermark 0, so
     nothing closes or freezes). Equal to the savepoint's rows for a v2 savepoint under its own gap; for a v1
     savepoint or a new gap it settles each row's session_start."""
@@ -151,7 +154,7 @@ def _set_aside(checkpoint: Path) -> str | None:
     return str(target)
 
 
-def _roll_back_outputs(config: SessionsConfig, row: dict) -> dict:
+def _roll_back_outputs(config: SessionsConfig, row: dict[str, Any]) -> dict[str, int]:
     """Remove what the job wrote after the savepoint; the replay writes it again, exactly once."""
     removed = {}
     for name, uri, version in (("sessions", config.sessions_table, row["sessions_version"]),
@@ -162,7 +165,8 @@ def _roll_back_outputs(config: SessionsConfig, row: dict) -> dict:
     return removed
 
 
-def _restore(config: SessionsConfig, savepoint: str, partitions: int | None, migrate: bool, spark) -> RestoreResult:
+def _restore(config: SessionsConfig, savepoint: str, partitions: int | None, migrate: bool,
+             spark: SparkSession | None) -> RestoreResult:
     started = time.monotonic()
     row, state = _validated(config, savepoint, migrate)
     target = config.with_(state_partitions=partitions or row["partitions"] or config.state_partitions)
@@ -223,7 +227,7 @@ def _failed_restore(config: SessionsConfig, savepoint_id: str, replaced: str | N
 
 
 def restore(config: SessionsConfig, savepoint: str = "latest", partitions: int | None = None,
-            migrate: bool = False, spark=None) -> RestoreResult:
+            migrate: bool = False, spark: SparkSession | None = None) -> RestoreResult:
     """Put state, source position and outputs back to a savepoint, into a fresh checkpoint built from
     the canonical Delta form alone (the old checkpoint is kept aside, not deleted)."""
     with _locks(config, "restore"):
@@ -232,7 +236,7 @@ def restore(config: SessionsConfig, savepoint: str = "latest", partitions: int |
 
 # ---- rescale -----------------------------------------------------------------------------------
 
-def rescale(config: SessionsConfig, partitions: int, spark=None) -> RescaleResult:
+def rescale(config: SessionsConfig, partitions: int, spark: SparkSession | None = None) -> RescaleResult:
     """Change the state partitions of the stopped job, keeping all state. A pre-rescale savepoint is
     taken first; RocksDB uses Spark's offline repartition, the HDFS-backed provider savepoint+restore."""
     if partitions < 1:

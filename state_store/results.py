@@ -8,6 +8,8 @@ from typing import Any, ClassVar
 
 
 class _Result:
+    __dataclass_fields__: ClassVar[dict[str, Any]]  # every result is a dataclass
+
     # Keys that were only present when set: left out of to_dict() while None, so the JSON keeps its shape.
     _omit_if_none: ClassVar[tuple[str, ...]] = ()
 
@@ -59,7 +61,7 @@ class SavepointInfo(_Result):
         if isinstance(created_at, dt.datetime):
             created_at = created_at.isoformat()
         values = {f.name: row.get(f.name) for f in fields(cls) if f.name not in ("created_at", "verified")}
-        return cls(**values, created_at=created_at, verified=verified)
+        return cls(**values, created_at=created_at, verified=verified)  # type: ignore[arg-type]
 
     def to_dict(self) -> dict[str, Any]:
         out = super().to_dict()

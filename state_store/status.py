@@ -1,6 +1,8 @@
 """What the job holds now, for `sessionctl status`, Dagster's observations and the demo."""
 from __future__ import annotations
 
+from pyspark.sql import SparkSession
+
 from pipelines.checkpoint import directory_size, inspect_checkpoint, read_job_metadata
 from pipelines.config import SessionsConfig
 from pipelines.job import get_spark
@@ -9,7 +11,7 @@ from state_store.results import StatusReport
 from state_store.state import state_summary
 
 
-def status(config: SessionsConfig, spark=None, with_state: bool = True) -> StatusReport:
+def status(config: SessionsConfig, spark: SparkSession | None = None, with_state: bool = True) -> StatusReport:
     """What the job holds now: provider, partitions, last batch, state keys and bytes, watermark."""
     info = inspect_checkpoint(config.checkpoint)
     files, size = directory_size(config.checkpoint / "state")
