@@ -9,9 +9,10 @@ import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
-from pyspark.sql import SparkSession
+from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql.streaming import StreamingQuery
 
 from pipelines import state_format
@@ -59,7 +60,7 @@ def get_spark(config: SessionsConfig) -> SparkSession:
     return spark
 
 
-def _prepare_session(spark: SparkSession, config: SessionsConfig) -> None:
+def prepare_session(spark: SparkSession, config: SessionsConfig) -> None:
     # SQL confs are read when a query starts; an existing checkpoint's own values still win.
     spark.conf.set("spark.sql.shuffle.partitions", str(config.state_partitions))
     spark.conf.set("spark.sql.streaming.stateStore.providerClass", PROVIDER_CLASSES[config.state_store])
@@ -130,17 +131,24 @@ def checkpoint_metadata(config: SessionsConfig) -> JobMetadata:
     return meta
 
 
-def start_query(spark: SparkSession, config: SessionsConfig, meta: JobMetadata, trigger: dict[str, Any],
-                source_options: dict[str, Any] | None = None) -> tuple[StreamingQuery, MicroBatchSink]:
-    _prepare_session(spark, config)
+def raw_events_stream(spark: SparkSession, config: SessionsConfig, checkpoint: Path,
+                      source_options: dict[str, Any] | None = None) -> DataFrame:
+    """The stream of raw_events rows for a query checkpointed at `checkpoint` (a restore's bootstrap there)."""
+    prepare_session(spark, config)
     reader = (spark.readStream.format(SOURCE_NAME)
               .option("path", config.raw_events_table)
-              .option("bootstrap", str(config.checkpoint / BOOTSTRAP_FILE)))
+              .option("bootstrap", str(checkpoint / BOOTSTRAP_FILE)))
     if config.max_versions_per_batch:
         reader = reader.option("maxVersionsPerTrigger", str(config.max_versions_per_batch))
     for key, value in (source_options or {}).items():
         reader = reader.option(key, str(value))
-    output = sessionize(reader.load(), meta.gap_ms, meta.lateness_ms, meta.buckets)
+    return reader.load()
+
+
+def start_query(spark: SparkSession, config: SessionsConfig, meta: JobMetadata, trigger: dict[str, Any],
+                source_options: dict[str, Any] | None = None) -> tuple[StreamingQuery, MicroBatchSink]:
+    output = sessionize(raw_events_stream(spark, config, config.checkpoint, source_options),
+                        meta.gap_ms, meta.lateness_ms, meta.buckets)
     checkpoint = config.checkpoint
     sink = MicroBatchSink(config.sessions_table, config.quarantine_table, config.raw_events_table, meta.incarnation,
                           seq_range=lambda batch_id: batch_source_range(checkpoint, batch_id))

@@ -30,8 +30,8 @@ from pipelines.errors import (
 from pipelines.job import ensure_tables, get_spark, job_lock, start_query
 from pipelines.sessionize import rewalk, rows_table
 from pipelines.source import BOOTSTRAP_FILE
-from state_store import savepoints as sp
 from state_store.results import RescaleResult, RestoreResult, SavepointInfo
+from state_store.savepoints import SavepointStore, new_savepoint_id, state_checksum
 from state_store.state import read_state
 
 REPLACED_SUFFIX = ".replaced-"
@@ -63,11 +63,11 @@ def _take_savepoint(config: SessionsConfig, trigger: str, spark: SparkSession | 
     if info.last_committed_batch is None or meta is None:
         raise NoCommittedBatch(f"nothing to savepoint: no committed batch in {config.checkpoint}")
     spark = _spark(config, spark)
-    store = sp.SavepointStore.of(config)
+    store = SavepointStore.of(config)
     state = live_state(spark, config.checkpoint, info.last_committed_batch)
-    checksum = sp.state_checksum(state)
+    checksum = state_checksum(state)
     now = dt.datetime.now(dt.timezone.utc)
-    savepoint_id = sp.new_savepoint_id(info.last_committed_batch, now)
+    savepoint_id = new_savepoint_id(info.last_committed_batch, now)
     watermark = info.next_watermark_ms if info.next_watermark_ms is not None else info.batch_watermark_ms
     row = {
         "savepoint_id": savepoint_id, "trigger": trigger, "created_at": now,
@@ -82,7 +82,7 @@ def _take_savepoint(config: SessionsConfig, trigger: str, spark: SparkSession | 
     try:
         store.write_state(savepoint_id, state)
         reread = store.read_state(savepoint_id)
-        if reread.num_rows != state.num_rows or sp.state_checksum(reread) != checksum:
+        if reread.num_rows != state.num_rows or state_checksum(reread) != checksum:
             raise SavepointDamaged(f"re-read of {row['state_uri']} does not match the live state")
         row.update(status="complete", bytes=store.table_bytes(row["state_uri"]),
                    seconds=round(time.monotonic() - started, 3))
@@ -118,7 +118,7 @@ READABLE_SCHEMAS = (state_format.SCHEMA_ID, state_format.V1_SCHEMA_ID)
 def _validated(config: SessionsConfig, savepoint: str, migrate: bool) -> tuple[dict[str, Any], pa.Table]:
     """The catalog row and the verified state rows (restore stages the very rows it checked), in the
     current canonical form (a v1 savepoint is upgraded after its own checksum matched)."""
-    store = sp.SavepointStore.of(config)
+    store = SavepointStore.of(config)
     row = store.get(savepoint)
     if row["state_schema"] not in READABLE_SCHEMAS:
         raise SavepointIncompatible(f"savepoint {row['savepoint_id']} has state schema {row['state_schema']!r}; "
@@ -129,7 +129,7 @@ def _validated(config: SessionsConfig, savepoint: str, migrate: bool) -> tuple[d
             f"{row['lateness_ms'] // 60000} min; the job is set to {config.gap_minutes} and "
             f"{config.lateness_minutes}: pass --migrate to restore it under the new settings")
     state = store.read_state(row["savepoint_id"])
-    checksum = sp.state_checksum(state)  # order-independent: no need to sort what was read
+    checksum = state_checksum(state)  # order-independent: no need to sort what was read
     if state.num_rows != row["rows"] or checksum != row["checksum"]:
         raise SavepointDamaged(f"savepoint {row['savepoint_id']} is damaged: {state.num_rows} rows / {checksum}, "
                              f"catalog says {row['rows']} / {row['checksum']}")
@@ -192,11 +192,11 @@ def _restore(config: SessionsConfig, savepoint: str, partitions: int | None, mig
                                source_options={"targetSeq": row["source_seq"]})
         query.awaitTermination()
         restored = live_state(spark, config.checkpoint, 0)
-        checksum = sp.state_checksum(restored)
+        checksum = state_checksum(restored)
         expected = expected_restored_state(state, meta.gap_ms)
-        if restored.num_rows != expected.num_rows or checksum != sp.state_checksum(expected):
+        if restored.num_rows != expected.num_rows or checksum != state_checksum(expected):
             raise StateMismatch(f"restored state does not match the savepoint: {restored.num_rows} rows / "
-                                 f"{checksum} vs {expected.num_rows} / {sp.state_checksum(expected)}")
+                                 f"{checksum} vs {expected.num_rows} / {state_checksum(expected)}")
     except Exception as error:  # noqa: BLE001 -- whatever broke, leave the operator a known next step
         raise _failed_restore(config, row["savepoint_id"], replaced, outputs_rolled_back, error) from None
     info = inspect_checkpoint(config.checkpoint)
@@ -257,7 +257,7 @@ def rescale(config: SessionsConfig, partitions: int, spark: SparkSession | None 
             method = "repartition"
             after = inspect_checkpoint(config.checkpoint)
             state = live_state(spark, config.checkpoint, after.last_committed_batch)
-            if state.num_rows != saved.rows or sp.state_checksum(state) != saved.checksum:
+            if state.num_rows != saved.rows or state_checksum(state) != saved.checksum:
                 raise StateMismatch(f"repartitioned state does not match the pre-rescale savepoint "
                                     f"{saved.savepoint_id}; restore it with `sessionctl restore --savepoint "
                                     f"{saved.savepoint_id} --partitions {partitions}`")

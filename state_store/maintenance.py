@@ -14,9 +14,9 @@ from pipelines.checkpoint import directory_size
 from pipelines.config import SessionsConfig
 from pipelines.job import job_lock
 from pipelines.storage import is_s3, storage_options
-from state_store import savepoints as sp
 from state_store.lifecycle import remove_tree, replaced_checkpoints
 from state_store.results import CompactionResult, MaintenanceDue
+from state_store.savepoints import SavepointStore
 
 
 def _s3_objects(config: SessionsConfig, uri: str) -> tuple[Any, str, list[dict[str, Any]]]:
@@ -79,7 +79,7 @@ def savepoints_to_delete(rows: list[dict], keep_last: int, keep_daily_days: int,
     return [r for r in rows if r["savepoint_id"] not in keep]
 
 
-def _delete_savepoint(config: SessionsConfig, store: sp.SavepointStore, row: dict[str, Any]) -> None:
+def _delete_savepoint(config: SessionsConfig, store: SavepointStore, row: dict[str, Any]) -> None:
     state = row.get("state_uri") or store.state_uri(row["savepoint_id"])
     if is_s3(state):
         client, bucket, objects = _s3_objects(config, state)
@@ -98,7 +98,7 @@ def compact(config: SessionsConfig, dry_run: bool = False) -> CompactionResult:
     started = time.monotonic()
     with job_lock(config, "compaction", name="lifecycle"):
         now = dt.datetime.now(dt.timezone.utc)
-        store = sp.SavepointStore.of(config)
+        store = SavepointStore.of(config)
         catalog = store.list()
         expired = savepoints_to_delete(catalog, config.keep_savepoints, config.keep_daily_days, now)
         deleted = []
@@ -149,7 +149,7 @@ def maintenance_due(config: SessionsConfig, now: dt.datetime | None = None) -> M
     is none); compaction when a table has more than compact_files data files or the state more than
     state_files files. Dagster's maintenance sensor asks this; the thresholds are settings."""
     now = now or dt.datetime.now(dt.timezone.utc)
-    complete = [r for r in sp.SavepointStore.of(config).list() if r["status"] == "complete"]
+    complete = [r for r in SavepointStore.of(config).list() if r["status"] == "complete"]
     newest = complete[0] if complete else None
     age = (now - dt.datetime.fromisoformat(newest["created_at"])).total_seconds() if newest else None
     savepoint = None
