@@ -9,16 +9,18 @@ from assets.automation import (
     stream_failure_sensor,
 )
 from assets.checks import ALL_CHECKS
-from assets.jobs import compaction, rescale, savepoint, session_catch_up, session_stream
+from assets.jobs import compaction, rescale, savepoint, session_catch_up, session_stream, state_lookup
+from assets.observations import observation_sensor, observe_state, savepoint_catalog
 from assets.resources import SessionsResource, pyspark_resource
 from assets.runbook import restore_from_snapshot
 from assets.tables import catch_up, daily_session_metrics
 
 defs = Definitions(
-    assets=[catch_up, daily_session_metrics],
+    assets=[catch_up, daily_session_metrics, savepoint_catalog],
     asset_checks=ALL_CHECKS,
-    jobs=[session_catch_up, session_stream, savepoint, restore_from_snapshot, rescale, compaction],
+    jobs=[session_catch_up, session_stream, savepoint, restore_from_snapshot, rescale, compaction, state_lookup,
+          observe_state],
     schedules=[compaction_schedule],
-    sensors=[maintenance_sensor, stream_failure_sensor, resume_stream_after_restore],
+    sensors=[observation_sensor, maintenance_sensor, stream_failure_sensor, resume_stream_after_restore],
     resources={"sessions": SessionsResource(), "pyspark": pyspark_resource()},
 )

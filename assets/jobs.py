@@ -1,12 +1,15 @@
 """The jobs by their contract names: the stream, catch-up (the catch_up assets), savepoint, rescale,
 compaction. Each op calls one library operation and reports what it returned."""
 import threading
+from typing import Any
 
 from dagster import (
     AssetMaterialization,
     AssetObservation,
     AssetSelection,
     Config,
+    Failure,
+    MetadataValue,
     OpExecutionContext,
     define_asset_job,
     job,
@@ -19,7 +22,7 @@ from assets.tables import LIFECYCLE_TAGS, SESSIONS, STATE, STREAM_TAGS, catch_up
 from pipelines import job as pipeline
 from pipelines.job import RunSummary
 from pipelines.tables import MicroBatchSink
-from state_store import lifecycle, maintenance
+from state_store import lifecycle, maintenance, state
 from state_store.results import SavepointInfo
 
 session_catch_up = define_asset_job("session_catch_up", selection=AssetSelection.assets(catch_up),
@@ -110,3 +113,34 @@ def compaction_op(context: OpExecutionContext, sessions: SessionsResource, confi
 @job(tags=LIFECYCLE_TAGS, description="OPTIMIZE + VACUUM, savepoint retention, replaced checkpoints removed.")
 def compaction() -> None:
     compaction_op()
+
+
+class LookupConfig(Config):
+    user_id: str = ""  # one user's open session(s) ...
+    top: int = 0       # ... or the N largest open sessions (a hot-key view)
+
+
+@op
+def lookup_state_op(context: OpExecutionContext, sessions: SessionsResource, pyspark: PySparkResource,
+                    config: LookupConfig) -> dict[str, Any]:
+    """Live state, read from the committed state store of the running or stopped job (queryable state)."""
+    if bool(config.user_id) == bool(config.top):
+        raise Failure(description="set exactly one of user_id and top")
+    spark = pyspark.spark_session
+    if config.user_id:
+        found = expected_errors(state.lookup_user, spark, sessions.config(), config.user_id)
+        rows = found["open_sessions"]
+    else:
+        found = expected_errors(state.top_sessions, spark, sessions.config(), config.top)
+        rows = found["top"]
+    table = ["| user | session | start | last event | events | page views | closes at |", "|---|---|---|---|---|---|---|"]
+    table += [f"| {r.get('user_id', config.user_id)} | {r['session_id']} | {r['session_start']} | {r['last_event']} "
+              f"({r['last_event_type']}) | {r['events']} | {r['page_views']} | {r['closes_at']} |" for r in rows]
+    context.add_output_metadata({"batch_id": found["batch_id"], "watermark": str(found["watermark"]),
+                                 "open_sessions": len(rows), "sessions": MetadataValue.md("\n".join(table))})
+    return found
+
+
+@job(description="Look inside the state: one user's open sessions (user_id) or the N largest (top).")
+def state_lookup() -> None:
+    lookup_state_op()

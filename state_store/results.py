@@ -147,3 +147,13 @@ class MaintenanceDue(_Result):
     newest_savepoint_age_s: float | None
     data_files: dict[str, int]  # live data files per table
     state_files: int            # files under the checkpoint's state/
+
+
+@dataclass(frozen=True)
+class TableFacts(_Result):
+    """A Delta table as its log describes it (no data read): observe.table_facts."""
+    uri: str
+    version: int
+    rows: int
+    data_files: int
+    bytes: int

@@ -22,8 +22,10 @@ from deltalake import DeltaTable, write_deltalake
 from assets.automation import compaction_schedule, maintenance_sensor, resume_stream_after_restore
 from assets.checks import newest_savepoint_verifies, sessions_have_unique_ids
 from assets.definitions import defs
+from assets.observations import observation_sensor
 from assets.resources import SessionsResource, pyspark_resource
 from assets.tables import daily_session_metrics
+from pipelines.checkpoint import inspect_checkpoint
 from pipelines.sample_data import land_sample
 from state_store import savepoints as sp
 from tests.conftest import read_open_sessions, tool
@@ -64,6 +66,8 @@ def test_jobs_catch_up_savepoint_restore_runbook(resources, spark):
 
     assert defs.resolve_job_def("savepoint").execute_in_process(resources=resources).success
     savepoint_id = sp.SavepointStore.of(config).list()[0]["savepoint_id"]
+    _observations_reflect_what_exists(resources, config, landed, savepoint_id, spark)
+    _lookup_job_reads_the_state(resources, config, spark)
 
     dry = defs.resolve_job_def("restore_from_snapshot").execute_in_process(
         resources=resources, run_config=_restore_config(savepoint=savepoint_id, dry_run=True))
@@ -100,6 +104,46 @@ def test_jobs_catch_up_savepoint_restore_runbook(resources, spark):
 
     assert sessions_have_unique_ids(resources["sessions"]).passed
     assert newest_savepoint_verifies(resources["sessions"]).passed
+
+
+def _observations_reflect_what_exists(resources, config, landed, savepoint_id, spark) -> None:
+    """Without running a job: the sensor observes tables, checkpoint and catalog and asks for one pass over
+    the state per new batch; that pass reports the open sessions and a plot of recent batches."""
+    with DagsterInstance.ephemeral() as instance:
+        with build_sensor_context(resources={"sessions": resources["sessions"]}, instance=instance) as context:
+            result = observation_sensor(context)
+            again = observation_sensor(build_sensor_context(resources={"sessions": resources["sessions"]},
+                                                            instance=instance, cursor=result.cursor))
+        observed = {e.asset_key.path[0]: e.metadata for e in result.asset_events}
+        assert observed["raw_events"]["rows"].value == landed["events"] + landed["broken_lines"]
+        assert observed["sessions"]["rows"].value == len(DeltaTable(config.sessions_table).to_pandas())
+        assert observed["savepoint_catalog"]["newest"].value == savepoint_id
+        assert savepoint_id in observed["savepoint_catalog"]["newest_savepoints"].value
+        assert observed["session_state"]["last_committed_batch"].value == inspect_checkpoint(config.checkpoint).last_committed_batch
+        assert len(result.run_requests) == 1 and not again.run_requests  # one pass per new batch
+        run = defs.resolve_job_def("observe_state").execute_in_process(resources=resources, instance=instance)
+        assert run.success
+        (state,) = [e.event_specific_data.asset_observation.metadata for e in run.all_events
+                    if e.event_type_value == "ASSET_OBSERVATION"]
+        open_sessions = read_open_sessions(spark, config)
+        assert state["open_sessions"].value == len(open_sessions) > 0
+        assert state["open_events"].value == sum(row[4] for row in open_sessions)
+        assert "open sessions" in state["recent_batches"].value and state["history"].value["open_sessions"] == [len(open_sessions)]
+
+
+def _lookup_job_reads_the_state(resources, config, spark) -> None:
+    """state_lookup (user_id, or top N) against the open sessions read independently from the state rows."""
+    expected = read_open_sessions(spark, config)
+    user = expected[len(expected) // 2][1]
+    run = defs.resolve_job_def("state_lookup").execute_in_process(
+        resources=resources, run_config={"ops": {"lookup_state_op": {"config": {"user_id": user}}}})
+    found = run.output_for_node("lookup_state_op")["open_sessions"]
+    assert [(s["session_id"], s["events"], s["page_views"]) for s in found] == \
+        [(row[0], row[4], row[5]) for row in expected if row[1] == user]
+    run = defs.resolve_job_def("state_lookup").execute_in_process(
+        resources=resources, run_config={"ops": {"lookup_state_op": {"config": {"top": 3}}}})
+    top = run.output_for_node("lookup_state_op")["top"]
+    assert [s["events"] for s in top] == sorted((row[4] for row in expected), reverse=True)[:3]
 
 
 def test_maintenance_sensor_requests(tmp_path):
