@@ -28,6 +28,7 @@ from pipelines.config import SessionsConfig
 from pipelines.errors import CheckpointMismatch, CheckpointMissing, JobRunning, LifecycleBusy
 from pipelines.ingest import ingest
 from pipelines.operator import sessionize
+from pipelines.shipping import cluster_conf
 from pipelines.source import BOOTSTRAP_FILE, SOURCE_NAME, RawEventsSource
 from pipelines.tables import QUARANTINE_SCHEMA, SESSIONS_SCHEMA, MicroBatchSink, ensure_table, table_rows
 
@@ -42,10 +43,12 @@ def spark_conf(config: SessionsConfig) -> dict[str, str]:
         "spark.sql.streaming.stateStore.providerClass": PROVIDER_CLASSES[config.state_store],
         "spark.sql.execution.arrow.pyspark.enabled": "true",
         "spark.ui.enabled": str(config.spark_ui).lower(),
+        "spark.ui.showConsoleProgress": "false",  # sessionctl prints JSON; a progress bar would garble it
         "spark.driver.memory": config.spark_driver_memory,
         # How long stopping the query may wait for its batch; the runbook waits a little longer for the lock.
         "spark.sql.streaming.stopTimeout": str(int(config.stop_timeout_s * 1000)),
         "spark.sql.streaming.minBatchesToRetain": str(config.min_batches_to_retain),
+        **cluster_conf(config.spark_master),
     }
 
 
