@@ -205,3 +205,21 @@ def s3_endpoint():
             os.environ.pop(key, None)
         else:
             os.environ[key] = value
+
+
+@pytest.fixture(scope="session")
+def spark_cluster(tmp_path_factory):
+    """A real Spark standalone cluster on loopback (deploy/local-cluster: a master and two 1-core workers,
+    separate JVMs), shared by the test run. Yields {"master": "spark://...", "dir": Path} (logs, work dirs)."""
+    root = tmp_path_factory.mktemp("cluster")
+    port, ui_port = free_port(), free_port()
+    script = str(REPO / "deploy" / "local-cluster")
+    env = {**os.environ, "VENV_PY": sys.executable}
+    started = subprocess.run([script, "start", "--dir", str(root), "--port", str(port), "--ui-port", str(ui_port),
+                              "--workers", "2", "--cores", "1", "--memory", "2g"],
+                             env=env, capture_output=True, text=True, timeout=120)
+    if started.returncode != 0:
+        subprocess.run([script, "stop", "--dir", str(root)], env=env, timeout=60)
+        raise RuntimeError(f"local cluster did not start: {started.stderr}")
+    yield {"master": started.stdout.strip(), "dir": root, "ui_port": ui_port}
+    subprocess.run([script, "stop", "--dir", str(root)], env=env, timeout=60)
