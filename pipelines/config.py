@@ -69,6 +69,9 @@ class SessionsConfig:
     gap_minutes: int = _setting(30)
     lateness_minutes: int = _setting(10, minimum=0)
     savepoint_uri: str = _setting("")  # default: $SESSIONS_HOME/savepoints
+    # The Spark checkpoint's parent: one filesystem for every host that runs the job (it also holds the leases).
+    checkpoint_uri: str = _setting("")  # default: $SESSIONS_HOME/checkpoints
+    lease_ttl_s: float = _setting(60.0, minimum=0)  # a lease a dead holder on another host left is broken after this
     # Sessions state is keyed by a hash bucket of user_id so one Python call handles many users
     # (see README "Performance"); the canonical savepoint form is per user and bucket-free.
     state_buckets: int = _setting(64)
@@ -122,6 +125,12 @@ class SessionsConfig:
         if values["state_store"] not in PROVIDERS:
             raise ConfigError(f"SESSIONS_STATE_STORE={values['state_store']!r}: expected one of {', '.join(PROVIDERS)}")
         values["savepoint_uri"] = values["savepoint_uri"] or str(home / "savepoints")
+        checkpoint_uri = values["checkpoint_uri"].removeprefix("file://")
+        if "://" in checkpoint_uri:
+            # The driver reads the checkpoint's logs itself (pipelines/checkpoint.py) and leases live beside it.
+            raise ConfigError(f"SESSIONS_CHECKPOINT_URI={checkpoint_uri!r}: only a local or mounted shared path is "
+                              "supported (hdfs:// would need the driver to read it through Hadoop; see deploy/spark)")
+        values["checkpoint_uri"] = str(Path(checkpoint_uri).resolve()) if checkpoint_uri else str(home / "checkpoints")
         return cls(home=home, **values)
 
     def with_(self, **changes: Any) -> SessionsConfig:
@@ -134,7 +143,12 @@ class SessionsConfig:
 
     @property
     def checkpoint(self) -> Path:
-        return self.home / "checkpoints" / "sessions"
+        return Path(self.checkpoint_uri) / "sessions"
+
+    @property
+    def lease_dir(self) -> Path:
+        """Where leases live: beside the checkpoint, on the filesystem every host shares."""
+        return Path(self.checkpoint_uri) / "_leases"
 
     @property
     def warehouse(self) -> Path:

@@ -1,7 +1,6 @@
 """The session-tracking job: ingest, the streaming query, and its operator commands."""
 from __future__ import annotations
 
-import fcntl
 import os
 import sys
 import threading
@@ -27,6 +26,7 @@ from pipelines.checkpoint import (
 from pipelines.config import SessionsConfig
 from pipelines.errors import CheckpointMismatch, CheckpointMissing, JobRunning, LifecycleBusy
 from pipelines.ingest import ingest
+from pipelines.locks import LeaseHeld, lease
 from pipelines.operator import sessionize
 from pipelines.shipping import cluster_conf
 from pipelines.source import BOOTSTRAP_FILE, SOURCE_NAME, RawEventsSource
@@ -73,35 +73,22 @@ def prepare_session(spark: SparkSession, config: SessionsConfig) -> None:
 
 @contextmanager
 def job_lock(config: SessionsConfig, what: str, name: str = "job") -> Iterator[None]:
-    """One process at a time may run the job or a lifecycle operation on it (CLI and Dagster alike).
+    """One process at a time, on any host, may run the job or a lifecycle operation on it (CLI and Dagster
+    alike): a lease beside the checkpoint (pipelines.locks).
 
     `job` is held by the running stream and by operations that need it stopped (savepoint, restore,
     rescale); `lifecycle` by every lifecycle operation, compaction included, which may run beside
     the stream but never beside another lifecycle operation.
     """
-    config.lock_dir.mkdir(parents=True, exist_ok=True)
-    path = config.lock_dir / f"{name}.lock"
-    handle = open(path, "a+")
     try:
-        fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
-    except BlockingIOError:
-        handle.seek(0)
-        holder = handle.read().strip() or "another process"
-        handle.close()
+        with lease(config.lease_dir, name, what, config.lease_ttl_s):
+            yield
+    except LeaseHeld as held:
+        holder = held.info.describe() if held.info else "another process"
         error, busy = ((JobRunning, "the job is running") if name == "job"
                        else (LifecycleBusy, "another lifecycle operation is running"))
-        raise error(f"{busy}: {holder} holds {path}; wait for it or stop it first", holder, str(path)) from None
-    handle.seek(0)
-    handle.truncate()
-    handle.write(f"{what} (pid {os.getpid()})")
-    handle.flush()
-    try:
-        yield
-    finally:
-        handle.seek(0)
-        handle.truncate()
-        fcntl.flock(handle, fcntl.LOCK_UN)
-        handle.close()
+        raise error(f"{busy}: {holder} holds {held.path}; wait for it or stop it first", holder,
+                    str(held.path)) from None
 
 
 def ensure_tables(config: SessionsConfig) -> None:

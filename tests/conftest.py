@@ -86,6 +86,7 @@ def config_env(config, **extra) -> dict:
         "SESSIONS_LATENESS_MINUTES": str(config.lateness_minutes),
         "SESSIONS_STATE_BUCKETS": str(config.state_buckets),
         "SESSIONS_SAVEPOINT_URI": str(config.savepoint_uri),
+        "SESSIONS_CHECKPOINT_URI": str(config.checkpoint_uri),
         "PYSPARK_PYTHON": sys.executable,
         "PYSPARK_DRIVER_PYTHON": sys.executable,
     })

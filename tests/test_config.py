@@ -63,7 +63,7 @@ def test_a_bad_setting_and_a_held_lock_are_expected_errors(tmp_path):
     with job_lock(config, "run"), pytest.raises(JobRunning, match="the job is running: run \\(pid") as busy, \
             job_lock(config, "savepoint"):
         pass
-    assert busy.value.holder.startswith("run (pid") and busy.value.lock.endswith("job.lock")
+    assert busy.value.holder.startswith("run (pid") and busy.value.lock.endswith("_leases/job.lease")
     with job_lock(config, "compaction", name="lifecycle"), pytest.raises(LifecycleBusy, match="another lifecycle"), \
             job_lock(config, "restore", name="lifecycle"):
         pass
