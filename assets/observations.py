@@ -111,12 +111,14 @@ def observe_state() -> None:
 @sensor(job=observe_state, minimum_interval_seconds=60, default_status=DefaultSensorStatus.RUNNING)
 def observation_sensor(context: SensorEvaluationContext, sessions: SessionsResource) -> SensorResult:
     """Observes tables, checkpoint and savepoint catalog (cheap, no Spark) every minute; requests a pass over
-    the state when a batch was committed since the last one it requested."""
+    the state when a batch was committed since the last one it requested, at most every
+    SESSIONS_OBSERVE_STATE_MINUTES (each pass starts a Spark application)."""
     now = dt.datetime.now(dt.timezone.utc)
     events, batch = observe(sessions, now)
     cursor = json.loads(context.cursor) if context.cursor else {}
     requests = []
-    if batch is not None and cursor.get("batch") != batch:
+    quiet_s = sessions.config().observe_state_minutes * 60
+    if batch is not None and cursor.get("batch") != batch and now.timestamp() - cursor.get("at", 0) >= quiet_s:
         requests.append(RunRequest(run_key=f"observe-state-{sessions.config().checkpoint}-b{batch}-{now:%Y%m%d%H%M}"))
-        cursor["batch"] = batch
+        cursor = {"batch": batch, "at": now.timestamp()}
     return SensorResult(run_requests=requests, asset_events=events, cursor=json.dumps(cursor))

@@ -38,6 +38,7 @@ class SessionsResource(ConfigurableResource):
     compact_files: int | None = None
     state_files: int | None = None
     auto_restore: bool | None = None
+    observe_state_minutes: float | None = None
     keep_savepoints: int | None = None
     keep_daily_days: int | None = None
     vacuum_retention_hours: int | None = None

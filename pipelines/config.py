@@ -90,6 +90,7 @@ class SessionsConfig:
     compact_files: int = _setting(200)
     state_files: int = _setting(2000)
     auto_restore: bool = _setting(False)
+    observe_state_minutes: float = _setting(5.0, minimum=0)  # at most one Spark pass over the state per this
     # Retention (sessionctl compact, the Dagster compaction job and its schedule share them).
     keep_savepoints: int = _setting(5)            # newest complete savepoints kept
     keep_daily_days: int = _setting(7, minimum=0)  # plus the newest of each of these days

@@ -51,9 +51,9 @@ def _plant(directory, name: str, **fields) -> None:
 def test_a_live_lease_of_another_host_refuses_and_an_expired_one_is_broken(tmp_path):
     config = make_config(tmp_path)
     _plant(config.lease_dir, "job")
-    with pytest.raises(JobRunning, match=r"the job is running: catch-up \(pid 4242 on other-host\)"):
-        with job_lock(config, "savepoint"):
-            pass
+    with pytest.raises(JobRunning, match=r"the job is running: catch-up \(pid 4242 on other-host\)"), \
+            job_lock(config, "savepoint"):
+        pass
     _plant(config.lease_dir, "job", expires_at=time.time() - 1)
     with job_lock(config, "savepoint"):
         current = json.loads((config.lease_dir / "job.lease").read_text())
@@ -66,6 +66,5 @@ def test_the_holder_renews_its_lease(tmp_path):
         time.sleep(1.0)  # past the first expiry: the renewal thread moved it on
         current = json.loads((tmp_path / "job.lease").read_text())
         assert current["token"] == info.token and current["expires_at"] > info.expires_at
-        with pytest.raises(LeaseHeld):
-            with lease(tmp_path, "job", "savepoint", ttl_s=0.6):
-                pass
+        with pytest.raises(LeaseHeld), lease(tmp_path, "job", "savepoint", ttl_s=0.6):
+            pass
