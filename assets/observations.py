@@ -35,6 +35,9 @@ savepoint_catalog = AssetSpec(SAVEPOINTS, deps=[STATE], description=(
     "Savepoints (Delta tables on S3 or a local path): the catalog, newest first, observed every minute."))
 _TABLE_KEYS = {"raw_events": RAW_EVENTS, "sessions": SESSIONS, "quarantine": QUARANTINE}
 PLOT_POINTS = 20
+# What a state pass counted, carried on the sensor's cheap observations (see observation_sensor).
+_CARRIED = ("open_users", "open_sessions", "open_events", "frozen_prefixes", "state_keys", "state_value_bytes",
+            "recent_batches", "history")
 
 
 def _iso(ms: int | None) -> str:
@@ -76,6 +79,11 @@ def observe(sessions: SessionsResource, now: dt.datetime) -> tuple[list[AssetObs
     return events, report.last_committed_batch
 
 
+def _is_state_pass(metadata: Any) -> bool:
+    """An observe_state observation (not a sensor observation carrying its figures forward)."""
+    return "open_sessions" in metadata and "counted_at_batch" not in metadata
+
+
 def _num(metadata: Any, key: str) -> int:
     value: Any = metadata[key].value
     return int(value)
@@ -91,7 +99,7 @@ def observe_state_op(context: OpExecutionContext, sessions: SessionsResource, py
     history = context.instance.fetch_observations(STATE, limit=4 * PLOT_POINTS).records
     points = [(_num(m, "last_committed_batch"), _num(m, "state_value_bytes"), _num(m, "open_sessions"))
               for m in (r.asset_observation.metadata for r in reversed(history) if r.asset_observation)
-              if "open_sessions" in m and "state_value_bytes" in m]
+              if _is_state_pass(m)]
     points = [*points, (report.last_committed_batch or 0, report.state_value_bytes, report.open_sessions)]
     points = list(dict((batch, (batch, size, n)) for batch, size, n in points).values())[-PLOT_POINTS:]
     plot = series_table(f"State over the last {len(points)} observed batches", [str(p[0]) for p in points],
@@ -115,6 +123,16 @@ def observation_sensor(context: SensorEvaluationContext, sessions: SessionsResou
     SESSIONS_OBSERVE_STATE_MINUTES (each pass starts a Spark application)."""
     now = dt.datetime.now(dt.timezone.utc)
     events, batch = observe(sessions, now)
+    # The UI shows the newest observation's metadata: carry the newest state pass's figures forward,
+    # labelled with the batch they were counted at.
+    passes = context.instance.fetch_observations(STATE, limit=50).records
+    counted = next((r.asset_observation.metadata for r in passes
+                    if r.asset_observation and _is_state_pass(r.asset_observation.metadata)), None)
+    if counted is not None:
+        carried = {key: counted[key] for key in _CARRIED if key in counted}
+        carried["counted_at_batch"] = counted["last_committed_batch"]
+        events = [AssetObservation(asset_key=e.asset_key, metadata={**e.metadata, **carried})
+                  if e.asset_key == STATE else e for e in events]
     cursor = json.loads(context.cursor) if context.cursor else {}
     requests = []
     quiet_s = sessions.config().observe_state_minutes * 60

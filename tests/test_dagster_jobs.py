@@ -129,6 +129,12 @@ def _observations_reflect_what_exists(resources, config, landed, savepoint_id, s
         assert state["open_sessions"].value == len(open_sessions) > 0
         assert state["open_events"].value == sum(row[4] for row in open_sessions)
         assert "open sessions" in state["recent_batches"].value and state["history"].value["open_sessions"] == [len(open_sessions)]
+        # The next sensor observation carries the pass's figures forward (the UI shows the newest observation).
+        later = observation_sensor(build_sensor_context(resources={"sessions": resources["sessions"]},
+                                                        instance=instance, cursor=result.cursor))
+        (carried,) = [e.metadata for e in later.asset_events if e.asset_key.path == ["session_state"]]
+        assert carried["open_sessions"].value == len(open_sessions)
+        assert carried["counted_at_batch"].value == state["last_committed_batch"].value
 
 
 def _lookup_job_reads_the_state(resources, config, spark) -> None:
