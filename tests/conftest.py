@@ -6,6 +6,9 @@ Fixtures
                  It serves both state store providers: the provider is chosen per query start from the
                  config passed to ``catch_up(config, spark)``.
 ``make_config``  the ``make_config(tmp_path, provider="rocksdb", **env)`` helper below, as a fixture.
+``postgres_server`` (session scope) a real PostgreSQL 15 on 127.0.0.1 (Debian's binaries, own temp dir, free
+                 port, password auth): a ``PostgresServer`` with ``create_database(name)`` and
+                 ``dagster_env(database)`` (the DAGSTER_PG_* variables of deploy/dagster.yaml).
 ``s3_endpoint``  (session scope) a real S3 HTTP API on loopback (moto server in its own process) with the
                  buckets ``savepoints`` and ``warehouse``; while it lives, the AWS_* variables of this process
                  point delta-rs and boto3 at it. Yields {"process", "port", "env"}; SIGSTOP/SIGCONT of the
@@ -29,10 +32,15 @@ Helpers (import them with ``from tests.conftest import ...``)
 from __future__ import annotations
 
 import os
+import secrets
+import shutil
 import socket
 import subprocess
 import sys
+import tempfile
 import time
+from collections.abc import Iterator
+from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
@@ -224,3 +232,73 @@ def spark_cluster(tmp_path_factory):
         raise RuntimeError(f"local cluster did not start: {started.stderr}")
     yield {"master": started.stdout.strip(), "dir": root, "ui_port": ui_port}
     subprocess.run([script, "stop", "--dir", str(root)], env=env, timeout=60)
+
+
+# --- PostgreSQL (a real server for tests that need one: the Dagster instance storage) ------------------------
+PG_BIN = Path(os.environ.get("SESSIONS_TEST_PG_BIN", "/usr/lib/postgresql/15/bin"))
+
+
+@dataclass(frozen=True)
+class PostgresServer:
+    """A running PostgreSQL on 127.0.0.1 (password auth over TCP, like a managed database)."""
+
+    host: str
+    port: int
+    user: str
+    password: str
+    data_dir: Path
+
+    def create_database(self, name: str) -> str:
+        """A new, empty database (one per test module keeps modules independent); returns its name."""
+        subprocess.run([str(PG_BIN / "createdb"), "-h", self.host, "-p", str(self.port), "-U", self.user, name],
+                       env={**os.environ, "PGPASSWORD": self.password}, check=True, capture_output=True, timeout=60)
+        return name
+
+    def dagster_env(self, database: str) -> dict[str, str]:
+        """The DAGSTER_PG_* variables deploy/dagster.yaml reads its connection from."""
+        return {"DAGSTER_PG_HOST": self.host, "DAGSTER_PG_PORT": str(self.port), "DAGSTER_PG_USER": self.user,
+                "DAGSTER_PG_PASSWORD": self.password, "DAGSTER_PG_DB": database}
+
+
+def _as_postgres_user(args: list[str]) -> list[str]:
+    # initdb/pg_ctl refuse to run as root: as root (CI, the dev machines) run them as Debian's postgres user.
+    return ["runuser", "-u", "postgres", "--", *args] if os.geteuid() == 0 else args
+
+
+@pytest.fixture(scope="session")
+def postgres_server() -> Iterator[PostgresServer]:
+    """PostgreSQL 15 (Debian's server binaries at PG_BIN) in its own temp dir on a free loopback port, for the
+    whole test run; stopped (fast shutdown) and removed at the end. Nothing listens beyond 127.0.0.1."""
+    if not (PG_BIN / "pg_ctl").exists():
+        pytest.fail(f"PostgreSQL server binaries not found in {PG_BIN}: apt-get install postgresql-15 "
+                    "(or point SESSIONS_TEST_PG_BIN at a PostgreSQL bin directory)")
+    # Not under pytest's tmp dir: that one is private to root and the postgres user could not enter it.
+    root = Path(tempfile.mkdtemp(prefix="sessions-pg-"))
+    if os.geteuid() == 0:
+        shutil.chown(root, "postgres", "postgres")
+    server = PostgresServer(host="127.0.0.1", port=free_port(), user="sessions_test",
+                            password=secrets.token_hex(16), data_dir=root / "data")
+    password_file = root / "password"
+    password_file.write_text(server.password + "\n")
+    if os.geteuid() == 0:
+        shutil.chown(password_file, "postgres", "postgres")
+    log = root / "postgres.log"
+
+    def run(args: list[str]) -> None:
+        done = subprocess.run(_as_postgres_user(args), capture_output=True, text=True, timeout=120)
+        if done.returncode != 0:
+            tail = log.read_text()[-2000:] if log.exists() else ""
+            raise RuntimeError(f"{args[0]} failed ({done.returncode}): {done.stderr[-2000:]}{tail}")
+
+    run([str(PG_BIN / "initdb"), "-D", str(server.data_dir), "-U", server.user, f"--pwfile={password_file}",
+         "--auth-host=scram-sha-256", "--auth-local=peer", "-E", "UTF8", "--locale=C.UTF-8"])
+    password_file.unlink()
+    # fsync off: a throw-away test cluster, a crash loses nothing we need and commits get cheap.
+    options = (f"-c listen_addresses={server.host} -p {server.port} -c unix_socket_directories={root} "
+               "-c fsync=off -c synchronous_commit=off -c full_page_writes=off -c max_connections=200")
+    run([str(PG_BIN / "pg_ctl"), "-D", str(server.data_dir), "-l", str(log), "-o", options, "-w", "-t", "60", "start"])
+    try:
+        yield server
+    finally:
+        run([str(PG_BIN / "pg_ctl"), "-D", str(server.data_dir), "-m", "fast", "-w", "-t", "60", "stop"])
+        shutil.rmtree(root, ignore_errors=True)
