@@ -5,7 +5,7 @@ from deltalake import DeltaTable
 from assets.resources import SessionsResource
 from assets.tables import SESSIONS, STATE
 from pipelines.checkpoint import last_commit_age_seconds
-from pipelines.errors import SessionsError
+from pipelines.errors import SavepointNotFound, SessionsError
 from state_store import lifecycle
 
 
@@ -20,6 +20,8 @@ def sessions_have_unique_ids(sessions: SessionsResource) -> AssetCheckResult:
 def newest_savepoint_verifies(sessions: SessionsResource) -> AssetCheckResult:
     try:
         saved = lifecycle.validate_savepoint(sessions.config(), "latest", migrate=True)
+    except SavepointNotFound as error:  # none taken yet: a warning, not a broken savepoint
+        return AssetCheckResult(passed=False, severity=AssetCheckSeverity.WARN, metadata={"error": str(error)})
     except SessionsError as error:
         return AssetCheckResult(passed=False, metadata={"error": str(error)})
     return AssetCheckResult(passed=True, metadata={"savepoint_id": saved.savepoint_id, "rows": saved.rows})

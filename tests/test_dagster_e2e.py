@@ -138,6 +138,12 @@ def dagster_stack(tmp_path_factory: pytest.TempPathFactory, postgres_server: Pos
     home, dagster_home, logs = root / "sessions", root / "dagster_home", root / "logs"
     dagster_home.mkdir()
     logs.mkdir()
+    # As after `make demo`: state made by the CLI before Dagster ever starts (the UI must show it by itself).
+    land_sample(home / "landing", users=60, sessions_per_user=3, files=2, seed=3)
+    cli = subprocess.run([tool("sessionctl"), "catch-up"], capture_output=True, text=True, timeout=600,
+                         env={**os.environ, "SESSIONS_HOME": str(home), "PYSPARK_PYTHON": sys.executable,
+                              "PYTHONPATH": os.pathsep.join(p for p in (str(REPO), os.environ.get("PYTHONPATH")) if p)})
+    assert cli.returncode == 0, cli.stderr[-2000:]
     land_sample(home / "landing", users=120, sessions_per_user=3, files=4)
     # The shipped instance config, unchanged: its connection comes from the DAGSTER_PG_* variables.
     shutil.copy(INSTANCE_YAML, dagster_home / "dagster.yaml")
@@ -175,12 +181,13 @@ def _submit(client: DagsterGraphQLClient, job: str, run_config: dict[str, Any] |
     return client.submit_job_execution(job, repository_location_name=LOCATION, run_config=run_config or {})
 
 
-def _wait(client: DagsterGraphQLClient, run_id: str, job: str, timeout: float = 300) -> str:
+def _wait(client: DagsterGraphQLClient, run_id: str, job: str, timeout: float = 300,
+          expect: DagsterRunStatus = DagsterRunStatus.SUCCESS) -> str:
     deadline = time.monotonic() + timeout
     while (status := client.get_run_status(run_id)) not in FINISHED:
         assert time.monotonic() < deadline, f"{job} run {run_id} still {status}"
         time.sleep(2)
-    assert status == DagsterRunStatus.SUCCESS, f"{job} run {run_id} ended {status}"
+    assert status == expect, f"{job} run {run_id} ended {status}"
     return run_id
 
 
@@ -206,6 +213,50 @@ mutation Backfill($params: LaunchBackfillParams!) {
     ... on PythonError { message }
   }
 }"""
+
+
+def _state_passes(stack: DagsterStack) -> list[dict[str, Any]]:
+    """The session_state observations in Postgres that carry a state pass's open_sessions."""
+    found = []
+    for (event,) in stack.sql("SELECT event FROM event_logs WHERE dagster_event_type = 'ASSET_OBSERVATION' "
+                              "AND asset_key = %s ORDER BY id", (json.dumps(["session_state"]),)):
+        text = event if isinstance(event, str) else json.dumps(event)
+        if "open_sessions" in text:
+            found.append(json.loads(text))
+    return found
+
+
+@pytest.mark.skipif(CHROMIUM is None or shutil.which("chromedriver") is None,
+                    reason="Debian chromium/chromium-driver are not installed (make test installs them as root)")
+def test_state_is_observed_after_startup_without_running_a_job(dagster_stack: DagsterStack) -> None:
+    """The observation sensor (running by default) observes what the CLI made before Dagster started and asks for
+    one pass over the state; the asset page shows its figures and the plot. Nobody launched anything."""
+    deadline = time.monotonic() + 240
+    while not _state_passes(dagster_stack):
+        assert time.monotonic() < deadline, "no state observation with open_sessions after startup"
+        time.sleep(3)
+    launched_by_hand = dagster_stack.sql("SELECT pipeline_name FROM runs WHERE pipeline_name <> 'observe_state'")
+    assert launched_by_hand == [], launched_by_hand
+    expected = ("open_sessions", "open_events", "state_bytes_on_disk", "recent_batches", "open sessions",
+                "watermark_lag_s")
+    driver = _browser()
+    try:
+        driver.set_window_size(1400, 2200)
+        deadline = time.monotonic() + 150  # the sensor's next tick carries the pass's figures to the newest observation
+        while True:
+            driver.get(f"http://127.0.0.1:{dagster_stack.port}/assets/session_state")
+            time.sleep(5)
+            _dismiss_onboarding(driver)
+            if all(text in driver.page_source for text in expected) or time.monotonic() > deadline:
+                break
+            time.sleep(10)
+        shot = ARTIFACTS / "state-asset-after-startup.png"
+        ARTIFACTS.mkdir(parents=True, exist_ok=True)
+        driver.save_screenshot(str(shot))
+        assert all(text in driver.page_source for text in expected), \
+            [text for text in expected if text not in driver.page_source]
+    finally:
+        driver.quit()
 
 
 def test_catch_up_backfill_restore_and_stream_on_postgres(dagster_stack: DagsterStack) -> None:
@@ -351,9 +402,14 @@ UI_PAGES = (
 def test_ui_shows_assets_and_restore_launchpad(dagster_stack: DagsterStack) -> None:
     ARTIFACTS.mkdir(parents=True, exist_ok=True)
     base = f"http://127.0.0.1:{dagster_stack.port}"
+    failed = _submit(dagster_stack.client, "restore_from_snapshot", {"ops": {"validate_savepoint_op": {"config": {
+        "savepoint": "sp-does-not-exist"}}}})
+    assert _wait(dagster_stack.client, failed, "restore_from_snapshot", expect=DagsterRunStatus.FAILURE)
+    pages = (*UI_PAGES, UiPage("failed-runbook-step", f"/runs/{failed}",
+                               ("validate_savepoint_op", "no such savepoint: sp-does-not-exist")))
     driver = _browser()
     try:
-        for page in UI_PAGES:
+        for page in pages:
             driver.get(base + page.path)
             _wait_for_text(driver, list(page.expected))
             time.sleep(2)  # let the graph finish laying out
