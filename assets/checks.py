@@ -1,17 +1,18 @@
 """Asset checks: what must hold of the outputs and the state, evaluated by the library."""
 from dagster import AssetCheckResult, AssetCheckSeverity, asset_check
-from deltalake import DeltaTable
 
 from assets.resources import SessionsResource
 from assets.tables import SESSIONS, STATE
 from pipelines.checkpoint import last_commit_age_seconds
 from pipelines.errors import SavepointNotFound, SessionsError
+from pipelines.storage import open_table
 from state_store import lifecycle
 
 
 @asset_check(asset=SESSIONS, description="Every session_id appears once.")
 def sessions_have_unique_ids(sessions: SessionsResource) -> AssetCheckResult:
-    ids = DeltaTable(sessions.config().sessions_table).to_pyarrow_table(columns=["session_id"])["session_id"]
+    config = sessions.config()
+    ids = open_table(config, config.sessions_table).to_pyarrow_table(columns=["session_id"])["session_id"]
     duplicates = len(ids) - len(ids.unique())
     return AssetCheckResult(passed=duplicates == 0, metadata={"rows": len(ids), "duplicates": duplicates})
 

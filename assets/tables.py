@@ -14,12 +14,12 @@ from dagster import (
     multi_asset,
 )
 from dagster_pyspark import PySparkResource
-from deltalake import DeltaTable
 
 from assets.plots import series_table
 from assets.resources import SessionsResource, expected_errors
 from pipelines import job as pipeline
 from pipelines.metrics import daily_metrics, metrics_table
+from pipelines.storage import open_table
 from state_store.results import StatusReport
 from state_store.status import status
 
@@ -74,7 +74,7 @@ def catch_up(context: AssetExecutionContext, sessions: SessionsResource,
 def daily_session_metrics(context: AssetExecutionContext, sessions: SessionsResource) -> MaterializeResult:
     config = sessions.config()
     row = daily_metrics(config, context.partition_key)
-    days = DeltaTable(metrics_table(config)).to_pyarrow_table(columns=["day", "sessions"]).sort_by("day")
+    days = open_table(config, metrics_table(config)).to_pyarrow_table(columns=["day", "sessions"]).sort_by("day")
     days = days.slice(max(0, days.num_rows - 31))  # the last month of computed days
     plot = series_table("Sessions written per day", days["day"].to_pylist(),
                         {"sessions": days["sessions"].to_pylist()})

@@ -181,7 +181,7 @@ def start_native(spark, config: SessionsConfig, target_seq: int | None = None):
 
     checkpoint = config.home / "checkpoints" / "native"
     checkpoint.mkdir(parents=True, exist_ok=True)
-    out_uri = str(config.warehouse / "native_sessions")
+    out_uri = config.table_uri("native_sessions")
     ensure_table(out_uri, NATIVE_SCHEMA)
 
     # The job's own source and session settings; a fresh checkpoint (no restore bootstrap in it).

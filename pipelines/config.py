@@ -69,6 +69,9 @@ class SessionsConfig:
     gap_minutes: int = _setting(30)
     lateness_minutes: int = _setting(10, minimum=0)
     savepoint_uri: str = _setting("")  # default: $SESSIONS_HOME/savepoints
+    # Where tables and landing files live: a local path or s3://bucket/prefix (contract).
+    warehouse_uri: str = _setting("")  # default: $SESSIONS_HOME/warehouse
+    landing_uri: str = _setting("")    # default: $SESSIONS_HOME/landing
     # The Spark checkpoint's parent: one filesystem for every host that runs the job (it also holds the leases).
     checkpoint_uri: str = _setting("")  # default: $SESSIONS_HOME/checkpoints
     lease_ttl_s: float = _setting(60.0, minimum=0)  # a lease a dead holder on another host left is broken after this
@@ -126,6 +129,8 @@ class SessionsConfig:
         if values["state_store"] not in PROVIDERS:
             raise ConfigError(f"SESSIONS_STATE_STORE={values['state_store']!r}: expected one of {', '.join(PROVIDERS)}")
         values["savepoint_uri"] = values["savepoint_uri"] or str(home / "savepoints")
+        values["warehouse_uri"] = (values["warehouse_uri"] or str(home / "warehouse")).rstrip("/")
+        values["landing_uri"] = (values["landing_uri"] or str(home / "landing")).rstrip("/")
         checkpoint_uri = values["checkpoint_uri"].removeprefix("file://")
         if "://" in checkpoint_uri:
             # The driver reads the checkpoint's logs itself (pipelines/checkpoint.py) and leases live beside it.
@@ -140,7 +145,8 @@ class SessionsConfig:
     # Paths under the data root.
     @property
     def landing(self) -> Path:
-        return self.home / "landing"
+        """The landing directory when it is local (S3 landing is listed through pipelines.storage)."""
+        return Path(self.landing_uri.removeprefix("file://"))
 
     @property
     def checkpoint(self) -> Path:
@@ -151,21 +157,20 @@ class SessionsConfig:
         """Where leases live: beside the checkpoint, on the filesystem every host shares."""
         return Path(self.checkpoint_uri) / "_leases"
 
-    @property
-    def warehouse(self) -> Path:
-        return self.home / "warehouse"
+    def table_uri(self, name: str) -> str:
+        return f"{self.warehouse_uri}/{name}"
 
     @property
     def raw_events_table(self) -> str:
-        return str(self.warehouse / "raw_events")
+        return self.table_uri("raw_events")
 
     @property
     def sessions_table(self) -> str:
-        return str(self.warehouse / "sessions")
+        return self.table_uri("sessions")
 
     @property
     def quarantine_table(self) -> str:
-        return str(self.warehouse / "quarantine")
+        return self.table_uri("quarantine")
 
     @property
     def lock_dir(self) -> Path:

@@ -10,18 +10,20 @@ from __future__ import annotations
 
 import datetime as dt
 import fcntl
+import io
 import json
 import os
-import shutil
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
 import pyarrow as pa
 import pyarrow.compute as pc
+import pyarrow.fs as pafs
 from deltalake import CommitProperties, DeltaTable, write_deltalake
 
 from pipelines.config import SessionsConfig
+from pipelines.storage import filesystem, is_s3, storage_options
 
 RAW_SCHEMA = pa.schema([
     ("event_id", pa.string()),
@@ -103,33 +105,36 @@ def parse_line(line: str) -> tuple[dict, str | None]:
 
 
 def parse_file(path: Path, seq: int) -> pa.Table:
+    return parse_lines(path.read_bytes(), path.name, seq)
+
+
+def parse_lines(data: bytes, name: str, seq: int) -> pa.Table:
     columns: dict[str, list] = {field.name: [] for field in RAW_SCHEMA}
-    with open(path, "rb") as handle:
-        for line_no, raw_bytes in enumerate(handle, start=1):
-            raw = raw_bytes.decode("utf-8", errors="replace").rstrip("\r\n")
-            if not raw.strip():
-                continue  # blank lines carry nothing to keep
-            fields, reason = parse_line(raw)
-            for name in ("event_id", "user_id", "event_time", "event_type", "page"):
-                columns[name].append(fields.get(name))
-            columns["source_file"].append(path.name)
-            columns["line_no"].append(line_no)
-            columns["ingest_seq"].append(seq)
-            columns["reject_reason"].append(reason)
-            columns["raw"].append(raw if reason else None)
+    for line_no, raw_bytes in enumerate(io.BytesIO(data), start=1):  # lines end at \n only, as in a file
+        raw = raw_bytes.decode("utf-8", errors="replace").rstrip("\r\n")
+        if not raw.strip():
+            continue  # blank lines carry nothing to keep
+        fields, reason = parse_line(raw)
+        for column in ("event_id", "user_id", "event_time", "event_type", "page"):
+            columns[column].append(fields.get(column))
+        columns["source_file"].append(name)
+        columns["line_no"].append(line_no)
+        columns["ingest_seq"].append(seq)
+        columns["reject_reason"].append(reason)
+        columns["raw"].append(raw if reason else None)
     return pa.table(columns, schema=RAW_SCHEMA)
 
 
-def latest_ingest_seq(table_uri: str) -> tuple[int, set[str]]:
+def latest_ingest_seq(table_uri: str, storage_options: dict[str, str] | None = None) -> tuple[int, set[str]]:
     """The newest ingest sequence number, and the files of the most recent ingest commits.
 
     The number comes from the data files' statistics (max of ingest_seq), so it survives OPTIMIZE,
     VACUUM and log cleanup; the file names (to skip a file committed just before a crash) come from
     the newest commits only.
     """
-    if not DeltaTable.is_deltatable(table_uri):
+    if not DeltaTable.is_deltatable(table_uri, storage_options=storage_options):
         return 0, set()
-    table = DeltaTable(table_uri)
+    table = DeltaTable(table_uri, storage_options=storage_options)
     adds = pa.table(table.get_add_actions(flatten=True))
     seq = 0
     if adds.num_rows:
@@ -151,25 +156,55 @@ class IngestResult:
     last_seq: int
 
 
-def landed_files(config: SessionsConfig) -> list[Path]:
-    if not config.landing.exists():
+@dataclass(frozen=True)
+class LandedFile:
+    """A landed file, local or an S3 object: what ingest reads, commits and archives."""
+    name: str
+    size: int
+    mtime_ns: int
+    location: str  # local path or s3://bucket/key
+
+    @property
+    def identity(self) -> str:
+        # Name and size: a later file that reuses a name is still ingested.
+        return f"{self.name}:{self.size}"
+
+
+def landed_files(config: SessionsConfig) -> list[LandedFile]:
+    """The *.jsonl files directly in landing, oldest first (local directory or S3 prefix alike)."""
+    fs, root = filesystem(config.landing_uri)
+    if fs.get_file_info(root).type == pafs.FileType.NotFound:
         return []
-    files = [p for p in config.landing.glob("*.jsonl") if p.is_file()]
-    return sorted(files, key=lambda p: (p.stat().st_mtime_ns, p.name))
+    found = []
+    for info in fs.get_file_info(pafs.FileSelector(root, recursive=False)):
+        if info.type == pafs.FileType.File and info.base_name.endswith(".jsonl"):
+            location = f"s3://{info.path}" if is_s3(config.landing_uri) else info.path
+            found.append(LandedFile(info.base_name, info.size or 0, info.mtime_ns or 0, location))
+    return sorted(found, key=lambda f: (f.mtime_ns, f.name))
 
 
-def _identity(path: Path) -> str:
-    # Name and size: a later file that reuses a name is still ingested.
-    return f"{path.name}:{path.stat().st_size}"
+def _read(file: LandedFile) -> bytes:
+    fs, path = filesystem(file.location)
+    with fs.open_input_stream(path) as stream:
+        return bytes(stream.read())
 
 
-def _archive(config: SessionsConfig, path: Path) -> None:
-    target_dir = config.landing / INGESTED_DIR / dt.date.today().isoformat()
-    target_dir.mkdir(parents=True, exist_ok=True)
-    target, n = target_dir / path.name, 1
-    while target.exists():
-        target, n = target_dir / f"{path.stem}.{n}{path.suffix}", n + 1
-    shutil.move(str(path), str(target))
+def _archive(config: SessionsConfig, file: LandedFile) -> None:
+    """Move to landing/_ingested/<UTC day>/. On S3 a copy then a delete: a kill between the two leaves the
+    object in landing, where the next ingest finds it already committed and only archives it."""
+    fs, root = filesystem(config.landing_uri)
+    target_dir = f"{root}/{INGESTED_DIR}/{dt.datetime.now(dt.timezone.utc).date().isoformat()}"
+    fs.create_dir(target_dir, recursive=True)
+    stem, suffix = file.name.rsplit(".", 1)
+    target, n = f"{target_dir}/{file.name}", 1
+    while fs.get_file_info(target).type != pafs.FileType.NotFound:
+        target, n = f"{target_dir}/{stem}.{n}.{suffix}", n + 1
+    _, source = filesystem(file.location)
+    if is_s3(config.landing_uri):
+        fs.copy_file(source, target)
+        fs.delete_file(source)
+    else:
+        fs.move(source, target)
 
 
 def ingest(config: SessionsConfig, files_per_commit: int = 16) -> IngestResult:
@@ -182,27 +217,29 @@ def ingest(config: SessionsConfig, files_per_commit: int = 16) -> IngestResult:
     files = rows = rejected = 0
     first_seq = None
     with file_lock(config.lock_dir / "ingest.lock"):
-        seq, already = latest_ingest_seq(table_uri)
+        options = storage_options(config, table_uri)
+        seq, already = latest_ingest_seq(table_uri, options)
         pending = []
-        for path in landed_files(config):
-            if _identity(path) in already:
-                _archive(config, path)
+        for file in landed_files(config):
+            if file.identity in already:
+                _archive(config, file)
             else:
-                pending.append(path)
+                pending.append(file)
         for start in range(0, len(pending), max(1, files_per_commit)):
             chunk = pending[start:start + max(1, files_per_commit)]
             seq += 1
-            table = pa.concat_tables([parse_file(p, seq) for p in chunk])
-            os.makedirs(config.warehouse, exist_ok=True)
+            table = pa.concat_tables([parse_lines(_read(f), f.name, seq) for f in chunk])
+            if not is_s3(table_uri):
+                os.makedirs(table_uri, exist_ok=True)
             write_deltalake(
-                table_uri, table, mode="append",
+                table_uri, table, mode="append", storage_options=options,
                 commit_properties=CommitProperties(custom_metadata={
                     "ingest_seq": str(seq),
-                    "ingested_files": json.dumps([_identity(p) for p in chunk]),
+                    "ingested_files": json.dumps([f.identity for f in chunk]),
                 }),
             )
-            for path in chunk:
-                _archive(config, path)
+            for file in chunk:
+                _archive(config, file)
             first_seq = seq if first_seq is None else first_seq
             files += len(chunk)
             rows += table.num_rows

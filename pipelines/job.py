@@ -30,6 +30,7 @@ from pipelines.locks import LeaseHeld, lease
 from pipelines.operator import sessionize
 from pipelines.shipping import cluster_conf
 from pipelines.source import BOOTSTRAP_FILE, SOURCE_NAME, RawEventsSource
+from pipelines.storage import is_s3, storage_options
 from pipelines.tables import QUARANTINE_SCHEMA, SESSIONS_SCHEMA, MicroBatchSink, ensure_table, table_rows
 
 
@@ -92,16 +93,18 @@ def job_lock(config: SessionsConfig, what: str, name: str = "job") -> Iterator[N
 
 
 def ensure_tables(config: SessionsConfig) -> None:
-    config.warehouse.mkdir(parents=True, exist_ok=True)
-    ensure_table(config.sessions_table, SESSIONS_SCHEMA)
-    ensure_table(config.quarantine_table, QUARANTINE_SCHEMA)
+    if not is_s3(config.warehouse_uri):
+        Path(config.warehouse_uri).mkdir(parents=True, exist_ok=True)
+    options = storage_options(config, config.warehouse_uri)
+    ensure_table(config.sessions_table, SESSIONS_SCHEMA, options)
+    ensure_table(config.quarantine_table, QUARANTINE_SCHEMA, options)
 
 
 def checkpoint_metadata(config: SessionsConfig) -> JobMetadata:
     """The checkpoint's job metadata, created for a new checkpoint; refuses settings that do not fit."""
     meta = read_job_metadata(config.checkpoint)
     if meta is None:
-        if table_rows(config.sessions_table) > 0:
+        if table_rows(config.sessions_table, storage_options(config, config.sessions_table)) > 0:
             raise CheckpointMissing(
                 f"no checkpoint at {config.checkpoint} but the sessions table already has rows: "
                 "restore one with `sessionctl restore --savepoint latest` (a fresh start would write them again)")
@@ -141,7 +144,8 @@ def start_query(spark: SparkSession, config: SessionsConfig, meta: JobMetadata, 
                         meta.gap_ms, meta.lateness_ms, meta.buckets)
     checkpoint = config.checkpoint
     sink = MicroBatchSink(config.sessions_table, config.quarantine_table, config.raw_events_table, meta.incarnation,
-                          seq_range=lambda batch_id: batch_source_range(checkpoint, batch_id))
+                          seq_range=lambda batch_id: batch_source_range(checkpoint, batch_id),
+                          storage_options=storage_options(config, config.warehouse_uri))
     query = (output.writeStream.queryName("sessions")
              .option("checkpointLocation", str(config.checkpoint))
              .trigger(**trigger)

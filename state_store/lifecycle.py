@@ -12,7 +12,6 @@ from typing import Any
 
 import pyarrow as pa
 import pyarrow.parquet as pq
-from deltalake import DeltaTable
 from pyspark.sql import SparkSession
 
 from pipelines import state_format
@@ -30,6 +29,7 @@ from pipelines.errors import (
 from pipelines.job import ensure_tables, get_spark, job_lock, start_query
 from pipelines.sessionize import rewalk, rows_table
 from pipelines.source import BOOTSTRAP_FILE
+from pipelines.storage import open_table, table_exists
 from state_store.results import RescaleResult, RestoreResult, SavepointInfo
 from state_store.savepoints import SavepointStore, new_savepoint_id, state_checksum
 from state_store.state import read_state
@@ -75,8 +75,8 @@ def _take_savepoint(config: SessionsConfig, trigger: str, spark: SparkSession | 
         "watermark_ms": int(watermark or 0), "gap_ms": meta.gap_ms, "lateness_ms": meta.lateness_ms,
         "buckets": meta.buckets, "provider": info.provider, "partitions": info.partitions,
         "state_schema": state_format.SCHEMA_ID, "rows": state.num_rows, "checksum": checksum,
-        "sessions_version": DeltaTable(config.sessions_table).version(),
-        "quarantine_version": DeltaTable(config.quarantine_table).version(),
+        "sessions_version": open_table(config, config.sessions_table).version(),
+        "quarantine_version": open_table(config, config.quarantine_table).version(),
         "incarnation": meta.incarnation, "state_uri": store.state_uri(savepoint_id),
     }
     try:
@@ -159,8 +159,8 @@ def _roll_back_outputs(config: SessionsConfig, row: dict[str, Any]) -> dict[str,
     removed = {}
     for name, uri, version in (("sessions", config.sessions_table, row["sessions_version"]),
                                ("quarantine", config.quarantine_table, row["quarantine_version"])):
-        if DeltaTable.is_deltatable(uri):
-            metrics = DeltaTable(uri).delete(f"written_version > {int(version)}")
+        if table_exists(config, uri):
+            metrics = open_table(config, uri).delete(f"written_version > {int(version)}")
             removed[name] = int(metrics.get("num_deleted_rows", 0) or 0)
     return removed
 

@@ -13,7 +13,7 @@ from deltalake import DeltaTable
 from pipelines.checkpoint import directory_size
 from pipelines.config import SessionsConfig
 from pipelines.job import job_lock
-from pipelines.storage import is_s3, storage_options
+from pipelines.storage import is_s3, open_table, storage_options, table_exists
 from state_store.lifecycle import remove_tree, replaced_checkpoints
 from state_store.results import CompactionResult, MaintenanceDue
 from state_store.savepoints import SavepointStore
@@ -140,8 +140,8 @@ def compact(config: SessionsConfig, dry_run: bool = False) -> CompactionResult:
         )
 
 
-def _live_data_files(uri: str) -> int:
-    return _data_files(DeltaTable(uri)) if DeltaTable.is_deltatable(uri) else 0
+def _live_data_files(config: SessionsConfig, uri: str) -> int:
+    return _data_files(open_table(config, uri)) if table_exists(config, uri) else 0
 
 
 def maintenance_due(config: SessionsConfig, now: dt.datetime | None = None) -> MaintenanceDue:
@@ -158,7 +158,7 @@ def maintenance_due(config: SessionsConfig, now: dt.datetime | None = None) -> M
     elif age is not None and age >= config.savepoint_max_age_hours * 3600:
         savepoint = f"newest savepoint {newest['savepoint_id']} is {age / 3600:.1f} h old " \
                     f"(SESSIONS_SAVEPOINT_MAX_AGE_HOURS={config.savepoint_max_age_hours:g})"
-    files = {name: _live_data_files(uri) for name, uri in
+    files = {name: _live_data_files(config, uri) for name, uri in
              (("sessions", config.sessions_table), ("quarantine", config.quarantine_table),
               ("raw_events", config.raw_events_table))}
     state_files, _ = directory_size(config.checkpoint / "state")

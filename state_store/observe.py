@@ -5,16 +5,16 @@ from __future__ import annotations
 
 import pyarrow as pa
 import pyarrow.compute as pc
-from deltalake import DeltaTable
 
 from pipelines.config import SessionsConfig
+from pipelines.storage import open_table, table_exists
 from state_store.results import TableFacts
 
 
-def _facts(uri: str) -> TableFacts | None:
-    if not DeltaTable.is_deltatable(uri):
+def _facts(config: SessionsConfig, uri: str) -> TableFacts | None:
+    if not table_exists(config, uri):
         return None
-    table = DeltaTable(uri)
+    table = open_table(config, uri)
     adds = pa.table(table.get_add_actions(flatten=True))
     return TableFacts(uri=uri, version=table.version(), rows=int(pc.sum(adds["num_records"]).as_py() or 0),
                       data_files=adds.num_rows, bytes=int(pc.sum(adds["size_bytes"]).as_py() or 0))
@@ -22,7 +22,7 @@ def _facts(uri: str) -> TableFacts | None:
 
 def table_facts(config: SessionsConfig) -> dict[str, TableFacts]:
     """raw_events, sessions and quarantine (those that exist), from their Delta logs' file statistics."""
-    found = {name: _facts(uri) for name, uri in (("raw_events", config.raw_events_table),
+    found = {name: _facts(config, uri) for name, uri in (("raw_events", config.raw_events_table),
                                                   ("sessions", config.sessions_table),
                                                   ("quarantine", config.quarantine_table))}
     return {name: facts for name, facts in found.items() if facts is not None}

@@ -95,6 +95,8 @@ def config_env(config, **extra) -> dict:
         "SESSIONS_STATE_BUCKETS": str(config.state_buckets),
         "SESSIONS_SAVEPOINT_URI": str(config.savepoint_uri),
         "SESSIONS_CHECKPOINT_URI": str(config.checkpoint_uri),
+        "SESSIONS_WAREHOUSE_URI": str(config.warehouse_uri),
+        "SESSIONS_LANDING_URI": str(config.landing_uri),
         "PYSPARK_PYTHON": sys.executable,
         "PYSPARK_DRIVER_PYTHON": sys.executable,
     })
@@ -112,9 +114,9 @@ def _ms(column) -> list:
 
 
 def read_sessions(config) -> list[tuple]:
-    from deltalake import DeltaTable
+    from pipelines.storage import open_table
 
-    table = DeltaTable(config.sessions_table).to_pyarrow_table()
+    table = open_table(config, config.sessions_table).to_pyarrow_table()
     rows = zip(table["session_id"].to_pylist(), table["user_id"].to_pylist(), _ms(table["session_start"]),
                _ms(table["session_end"]), table["event_count"].to_pylist(), table["page_views"].to_pylist(),
                table["end_reason"].to_pylist())

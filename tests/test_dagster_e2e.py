@@ -300,7 +300,7 @@ def test_catch_up_backfill_restore_and_stream_on_postgres(dagster_stack: Dagster
     with job_lock(config, "test"):  # released: the query stopped and the run process let go
         pass
 
-    metrics_uri = str(config.warehouse / "daily_session_metrics")
+    metrics_uri = config.table_uri("daily_session_metrics")
     deadline = time.monotonic() + 300
     while not (DeltaTable.is_deltatable(metrics_uri)
                and set(DeltaTable(metrics_uri).to_pandas()["day"]) >= set(wanted)):

@@ -98,7 +98,7 @@ def test_jobs_catch_up_savepoint_restore_runbook(resources, spark):
     for key in (day, (dt.date.fromisoformat(day) + dt.timedelta(days=1)).isoformat()):
         result = materialize([daily_session_metrics], partition_key=key, resources={"sessions": resources["sessions"]})
         assert result.success
-    metrics = DeltaTable(str(config.warehouse / "daily_session_metrics")).to_pandas().set_index("day")
+    metrics = DeltaTable(config.table_uri("daily_session_metrics")).to_pandas().set_index("day")
     sessions = DeltaTable(config.sessions_table).to_pandas()
     assert metrics.loc[day, "sessions"] == int((sessions["session_start"].dt.strftime("%Y-%m-%d") == day).sum())
 
