@@ -196,10 +196,13 @@ def _archive(config: SessionsConfig, file: LandedFile) -> None:
     target_dir = f"{root}/{INGESTED_DIR}/{dt.datetime.now(dt.timezone.utc).date().isoformat()}"
     fs.create_dir(target_dir, recursive=True)
     stem, suffix = file.name.rsplit(".", 1)
-    target, n = f"{target_dir}/{file.name}", 1
-    while fs.get_file_info(target).type != pafs.FileType.NotFound:
-        target, n = f"{target_dir}/{stem}.{n}.{suffix}", n + 1
     _, source = filesystem(file.location)
+    target, n = f"{target_dir}/{file.name}", 1
+    while (found := fs.get_file_info(target)).type != pafs.FileType.NotFound:
+        if is_s3(config.landing_uri) and found.size == file.size:
+            fs.delete_file(source)  # our own copy from an archive a kill interrupted: finish it
+            return
+        target, n = f"{target_dir}/{stem}.{n}.{suffix}", n + 1
     if is_s3(config.landing_uri):
         fs.copy_file(source, target)
         fs.delete_file(source)
