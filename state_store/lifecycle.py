@@ -230,6 +230,9 @@ def restore(config: SessionsConfig, savepoint: str = "latest", partitions: int |
             migrate: bool = False, spark: SparkSession | None = None) -> RestoreResult:
     """Put state, source position and outputs back to a savepoint, into a fresh checkpoint built from
     the canonical Delta form alone (the old checkpoint is kept aside, not deleted)."""
+    if partitions is not None and not 1 <= partitions <= config.state_buckets:
+        raise RescaleRefused(f"--partitions must be between 1 and {config.state_buckets} (SESSIONS_STATE_BUCKETS: the "
+                             f"state has at most that many keys), got {partitions}")
     with _locks(config, "restore"):
         return _restore(config, savepoint, partitions, migrate, spark)
 
@@ -239,8 +242,11 @@ def restore(config: SessionsConfig, savepoint: str = "latest", partitions: int |
 def rescale(config: SessionsConfig, partitions: int, spark: SparkSession | None = None) -> RescaleResult:
     """Change the state partitions of the stopped job, keeping all state. A pre-rescale savepoint is
     taken first; RocksDB uses Spark's offline repartition, the HDFS-backed provider savepoint+restore."""
-    if partitions < 1:
-        raise RescaleRefused(f"--partitions must be >= 1, got {partitions}")
+    if not 1 <= partitions <= config.state_buckets:
+        # The state has at most state_buckets keys (hash buckets of user_id): more partitions would hold nothing
+        # but cost a task, a state store instance and its files each, every batch.
+        raise RescaleRefused(f"--partitions must be between 1 and {config.state_buckets} (SESSIONS_STATE_BUCKETS: the "
+                             f"state has at most that many keys), got {partitions}")
     started = time.monotonic()
     with _locks(config, "rescale"):
         info = inspect_checkpoint(config.checkpoint)

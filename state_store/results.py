@@ -109,6 +109,7 @@ class CompactionResult(_Result):
     bytes_reclaimed: int
     savepoints_deleted: list[str]
     replaced_checkpoints_removed: list[str]
+    orphan_state_removed: list[str]  # state/<id>/ folders of savepoints killed before their catalog row
     replaced_checkpoint_bytes: int
     state_files: int
     state_bytes: int
