@@ -15,7 +15,14 @@ import pyarrow.parquet as pq
 from pyspark.sql import SparkSession
 
 from pipelines import state_format
-from pipelines.checkpoint import JobMetadata, inspect_checkpoint, read_job_metadata, write_job_metadata
+from pipelines.checkpoint import (
+    JobMetadata,
+    clear_restore_marker,
+    inspect_checkpoint,
+    read_job_metadata,
+    write_job_metadata,
+    write_restore_marker,
+)
 from pipelines.config import SessionsConfig
 from pipelines.errors import (
     NoCommittedBatch,
@@ -170,6 +177,7 @@ def _restore(config: SessionsConfig, savepoint: str, partitions: int | None, mig
     started = time.monotonic()
     row, state = _validated(config, savepoint, migrate)
     target = config.with_(state_partitions=partitions or row["partitions"] or config.state_partitions)
+    write_restore_marker(config.checkpoint, row["savepoint_id"], partitions)  # before the first change
     replaced = _set_aside(config.checkpoint)
     outputs_rolled_back = False
     try:
@@ -199,6 +207,7 @@ def _restore(config: SessionsConfig, savepoint: str, partitions: int | None, mig
                                  f"{checksum} vs {expected.num_rows} / {state_checksum(expected)}")
     except Exception as error:  # noqa: BLE001 -- whatever broke, leave the operator a known next step
         raise _failed_restore(config, row["savepoint_id"], replaced, outputs_rolled_back, error) from None
+    clear_restore_marker(config.checkpoint)
     info = inspect_checkpoint(config.checkpoint)
     return RestoreResult(
         savepoint_id=row["savepoint_id"], batch_id=row["batch_id"], rows=row["rows"],
@@ -218,6 +227,7 @@ def _failed_restore(config: SessionsConfig, savepoint_id: str, replaced: str | N
         config.checkpoint.rename(config.checkpoint.with_name(config.checkpoint.name + FAILED_SUFFIX + stamp))
     if not outputs_rolled_back and replaced is not None:
         Path(replaced).rename(config.checkpoint)
+        clear_restore_marker(config.checkpoint)
         return RestoreIncomplete(f"restore from {savepoint_id} failed before any table was changed ({cause}); "
                                  f"the previous checkpoint is back in place",
                                  next_step="none: the previous checkpoint is back in place, the old job can go on")
