@@ -1,7 +1,6 @@
 """Savepoint, restore and rescale of the stopped job: the operations `sessionctl` and Dagster call."""
 from __future__ import annotations
 
-import contextlib
 import datetime as dt
 import json
 import shutil
@@ -97,10 +96,15 @@ def _take_savepoint(config: SessionsConfig, trigger: str, spark: SparkSession | 
     except Exception as error:  # noqa: BLE001 -- any failure must leave no complete row behind
         row.update(status="failed", error=f"{type(error).__name__}: {error}"[:500],
                    seconds=round(time.monotonic() - started, 3))
-        with contextlib.suppress(Exception):  # the store is down; the attempt is simply not listed
+        try:
             store.record(row)
-        raise SavepointFailed(f"savepoint {savepoint_id} failed and is not listed as complete: "
-                             f"{type(error).__name__}: {str(error).splitlines()[0][:300]}") from None
+            recorded = "recorded as failed in the catalog"
+        except Exception:  # noqa: BLE001 -- the store is down: keep the row for the next catalog access
+            store.defer(row)
+            recorded = "the catalog is unreachable: the failed attempt will be recorded at the next catalog access"
+        cause = str(error).splitlines()[0][:300] if str(error) else type(error).__name__
+        raise SavepointFailed(f"savepoint {savepoint_id} failed and is not listed as complete ({recorded}): "
+                              f"{cause}") from None
     return SavepointInfo.from_row(row)
 
 

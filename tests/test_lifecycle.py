@@ -147,8 +147,9 @@ def test_savepoint_failure_mid_write_is_never_listed(tmp_path, spark_session, s3
     env = {"SESSIONS_SAVEPOINT_URI": uri, "SESSIONS_MAX_VERSIONS_PER_BATCH": "1", **s3_endpoint["env"]}
     listed = json.loads(_sessionctl(config.home, "savepoints", "--json", env=env).stdout)
     assert [r["savepoint_id"] for r in listed if r["status"] == "complete"] == [first.savepoint_id]
-    # The endpoint was down when the attempt failed, so the catalog holds nothing of it.
-    assert [r["savepoint_id"] for r in listed] == [first.savepoint_id]
+    # The endpoint was down when the attempt failed: its row waited locally and is in the catalog now.
+    assert [r["status"] for r in listed] == ["failed", "complete"]
+    assert "S3 at " in listed[0]["error"] and s3_endpoint["env"]["AWS_ENDPOINT_URL"] in listed[0]["error"]
     retried = _sessionctl(config.home, "savepoint", "--json", env=env)
     assert retried.returncode == 0, retried.stderr
     retried_id = json.loads(retried.stdout)["savepoint_id"]
