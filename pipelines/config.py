@@ -81,6 +81,9 @@ class SessionsConfig:
     vacuum_retention_hours: int = 168   # Delta VACUUM horizon for the tables
     # Hostile input: an event this far ahead of its ingest time is quarantined (contract).
     max_future_minutes: int = 60
+    # A landed file's last line without a newline counts once the file has not changed for this long (a line
+    # that parses as a JSON object counts at once); see pipelines/ingest.py.
+    ingest_settle_seconds: int = 60
     # S3 (delta-rs/object_store): fail in seconds, not after the default 10 retries over 3 minutes.
     s3_max_retries: int = 3
     s3_retry_timeout: str = "15s"
@@ -119,6 +122,7 @@ class SessionsConfig:
             keep_daily_days=_int(env, "SESSIONS_KEEP_DAILY_DAYS", 7, minimum=0),
             vacuum_retention_hours=_int(env, "SESSIONS_VACUUM_RETENTION_HOURS", 168, minimum=0),
             max_future_minutes=_int(env, "SESSIONS_MAX_FUTURE_MINUTES", 60, minimum=0),
+            ingest_settle_seconds=_int(env, "SESSIONS_INGEST_SETTLE_SECONDS", 60, minimum=0),
             s3_max_retries=_int(env, "SESSIONS_S3_MAX_RETRIES", 3, minimum=0),
             s3_retry_timeout=env.get("SESSIONS_S3_RETRY_TIMEOUT") or "15s",
             s3_timeout=env.get("SESSIONS_S3_TIMEOUT") or "30s",
