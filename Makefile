@@ -15,20 +15,25 @@ $(STAMP): pyproject.toml
 	$(PY) -m pip install -q -e '.[test]'
 	touch $(STAMP)
 
-# Headless Chromium for the Dagster UI test (Debian packages; needs root, as on CI machines).
+# Headless Chromium for the Dagster UI test and PostgreSQL 15 for the Postgres-backed Dagster instance
+# (Debian packages; needs root, as on CI machines).
 system-deps:
 	@command -v chromium >/dev/null 2>&1 || { \
 	  if [ "$$(id -u)" = 0 ]; then apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium chromium-driver >/dev/null; \
 	  else echo "chromium is missing: install the Debian packages chromium and chromium-driver (the UI test will be skipped)" >&2; fi; }
+	@[ -x /usr/lib/postgresql/15/bin/initdb ] || { \
+	  if [ "$$(id -u)" = 0 ]; then apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq postgresql-15 >/dev/null; \
+	  else echo "PostgreSQL 15 is missing: install the Debian package postgresql-15 (the Dagster e2e test needs it)" >&2; fi; }
 
 setup: check-java $(STAMP)
 
 demo: setup
 	$(PY) -m sessionctl.demo
 
-# ruff (pyproject [tool.ruff]): CI fails on a lint regression before the suite runs.
+# ruff and mypy (pyproject [tool.ruff], [tool.mypy]): CI fails on a lint or type regression before the suite runs.
 lint: setup
 	$(VENV)/bin/ruff check .
+	$(VENV)/bin/mypy
 
 test: setup system-deps lint
 	$(PY) -m pytest -q tests

@@ -5,7 +5,7 @@ events), then measure in one run:
   savepoint      state_store.lifecycle.take_savepoint (read state via Spark's state source, write Delta,
                  re-read and verify) -> rows/s, MB/s
   parquet        pyarrow.parquet.write_table of the same canonical rows (the floor for writing them)
-  delta write    state_store.savepoints.write_state alone (delta-rs) of the same rows, for the write share
+  delta write    SavepointStore.write_state alone (delta-rs) of the same rows, for the write share
   state read     Spark's state data source -> canonical Arrow rows alone, for the read share
   restore        state_store.lifecycle.restore(latest) into a fresh checkpoint, verified
   rescale        state_store.lifecycle.rescale(partitions * 2)
@@ -66,7 +66,7 @@ def measure(provider: str, users: int, spark, work: Path) -> dict:
     parquet_s = time.monotonic() - started
     parquet_bytes = (home / "raw.parquet").stat().st_size
     started = time.monotonic()
-    sp.write_state(str(home / "delta-only"), "bench", rows)
+    sp.SavepointStore(str(home / "delta-only")).write_state("bench", rows)
     delta_write_s = time.monotonic() - started
     started = time.monotonic()
     restored = restore(config, "latest", spark=spark)

@@ -177,26 +177,16 @@ class NativeSink:
 def start_native(spark, config: SessionsConfig, target_seq: int | None = None):
     from pyspark.sql import functions as F
 
-    from pipelines.source import BOOTSTRAP_FILE, SOURCE_NAME, RawEventsSource
-
-    # The same session settings start_query applies for the job.
-    spark.conf.set("spark.sql.shuffle.partitions", str(config.state_partitions))
-    spark.conf.set("spark.sql.streaming.stateStore.providerClass", PROVIDER_CLASSES[config.state_store])
-    spark.conf.set("spark.sql.session.timeZone", "UTC")
-    spark.dataSource.register(RawEventsSource)
+    from pipelines.job import raw_events_stream
 
     checkpoint = config.home / "checkpoints" / "native"
     checkpoint.mkdir(parents=True, exist_ok=True)
-    out_uri = str(config.warehouse / "native_sessions")
+    out_uri = config.table_uri("native_sessions")
     ensure_table(out_uri, NATIVE_SCHEMA)
 
-    reader = (spark.readStream.format(SOURCE_NAME)
-              .option("path", config.raw_events_table)
-              .option("bootstrap", str(checkpoint / BOOTSTRAP_FILE))  # never exists: a fresh start
-              .option("maxVersionsPerTrigger", str(config.max_versions_per_batch or 1)))
-    for key, value in _source_options(target_seq).items():
-        reader = reader.option(key, str(value))
-    events = reader.load()
+    # The job's own source and session settings; a fresh checkpoint (no restore bootstrap in it).
+    events = raw_events_stream(spark, config.with_(max_versions_per_batch=config.max_versions_per_batch or 1),
+                               checkpoint, _source_options(target_seq))
     valid = (events.withWatermark("event_time", f"{config.lateness_ms} milliseconds")
              .where((F.col("origin") == "event") & F.col("reject_reason").isNull()))
     sessions = (valid.groupBy(F.session_window("event_time", f"{config.gap_ms} milliseconds").alias("w"), "user_id")

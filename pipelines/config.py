@@ -3,8 +3,9 @@ from __future__ import annotations
 
 import os
 from collections.abc import Mapping
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, fields, replace
 from pathlib import Path
+from typing import Any
 
 from pipelines.errors import ConfigError
 
@@ -14,29 +15,29 @@ REPO_ROOT = Path(__file__).resolve().parent.parent
 PROVIDERS = ("rocksdb", "hdfs")
 
 
-def _int(env: Mapping[str, str], name: str, default: int, minimum: int = 1) -> int:
+def _int(env: Mapping[str, str], name: str, default: int | None, minimum: float = 1) -> int | None:
     raw = env.get(name)
-    if raw in (None, ""):
+    if raw is None or not raw.strip():
         return default
     try:
         value = int(raw)
     except ValueError:
         raise ConfigError(f"{name}={raw!r} is not an integer") from None
     if value < minimum:
-        raise ConfigError(f"{name}={value} must be >= {minimum}")
+        raise ConfigError(f"{name}={value} must be >= {minimum:g}")
     return value
 
 
-def _float(env: Mapping[str, str], name: str, default: float) -> float:
+def _float(env: Mapping[str, str], name: str, default: float, minimum: float = 0) -> float:
     raw = env.get(name)
-    if raw in (None, ""):
+    if raw is None or not raw.strip():
         return default
     try:
         value = float(raw)
     except ValueError:
         raise ConfigError(f"{name}={raw!r} is not a number") from None
-    if value <= 0:
-        raise ConfigError(f"{name}={raw} must be > 0")
+    if value <= minimum:
+        raise ConfigError(f"{name}={raw} must be > {minimum:g}")
     return value
 
 
@@ -49,45 +50,63 @@ def _bool(env: Mapping[str, str], name: str, default: bool) -> bool:
     return raw in ("true", "1", "yes")
 
 
+def _setting(default: Any, minimum: float = 1, kind: type | None = None) -> Any:
+    """A setting read from SESSIONS_<NAME> (see env_name); `minimum` bounds numbers."""
+    return field(default=default, metadata={"minimum": minimum, "kind": kind or type(default)})
+
+
+def env_name(setting: str) -> str:
+    return "SESSIONS_" + setting.upper()
+
+
 @dataclass(frozen=True)
 class SessionsConfig:
+    """Every setting of the product; `from_env` reads each from SESSIONS_<NAME> (CONTRACT.md)."""
+
     home: Path
-    state_store: str = "rocksdb"
-    state_partitions: int = 4
-    gap_minutes: int = 30
-    lateness_minutes: int = 10
-    savepoint_uri: str = ""
+    state_store: str = _setting("rocksdb")
+    state_partitions: int = _setting(4)
+    gap_minutes: int = _setting(30)
+    lateness_minutes: int = _setting(10, minimum=0)
+    savepoint_uri: str = _setting("")  # default: $SESSIONS_HOME/savepoints
+    # Where tables and landing files live: a local path or s3://bucket/prefix (contract).
+    warehouse_uri: str = _setting("")  # default: $SESSIONS_HOME/warehouse
+    landing_uri: str = _setting("")    # default: $SESSIONS_HOME/landing
+    # The Spark checkpoint's parent: one filesystem for every host that runs the job (it also holds the leases).
+    checkpoint_uri: str = _setting("")  # default: $SESSIONS_HOME/checkpoints
+    lease_ttl_s: float = _setting(60.0, minimum=0)  # a lease a dead holder on another host left is broken after this
     # Sessions state is keyed by a hash bucket of user_id so one Python call handles many users
     # (see README "Performance"); the canonical savepoint form is per user and bucket-free.
-    state_buckets: int = 64
+    state_buckets: int = _setting(64)
     # Versions of the raw-events table per micro-batch (None = all available). Tests use 1.
-    max_versions_per_batch: int | None = None
+    max_versions_per_batch: int | None = _setting(None, kind=int)
     # Spark (the CLI's session and Dagster's PySparkResource share them).
-    spark_master: str = "local[2]"
-    spark_driver_memory: str = "4g"
-    spark_ui: bool = False
+    spark_master: str = _setting("local[2]")
+    spark_driver_memory: str = _setting("4g")
+    spark_ui: bool = _setting(False)
     # Savepoints are the long-term recovery points; the checkpoint keeps a short tail of versions.
-    min_batches_to_retain: int = 20
+    min_batches_to_retain: int = _setting(20)
     # Operations (Dagster runbook, checks and sensors).
-    stop_timeout_s: float = 180.0
-    state_max_age_minutes: float = 60.0
-    savepoint_max_age_hours: float = 6.0
-    compact_files: int = 200
-    state_files: int = 2000
-    auto_restore: bool = False
+    stop_timeout_s: float = _setting(180.0, minimum=0)
+    state_max_age_minutes: float = _setting(60.0, minimum=0)
+    savepoint_max_age_hours: float = _setting(6.0, minimum=0)  # the savepoint policy (maintenance sensor)
+    compact_files: int = _setting(200)
+    state_files: int = _setting(2000)
+    auto_restore: bool = _setting(False)
+    observe_state_minutes: float = _setting(5.0, minimum=0)  # at most one Spark pass over the state per this
     # Retention (sessionctl compact, the Dagster compaction job and its schedule share them).
-    keep_savepoints: int = 5            # newest complete savepoints kept
-    keep_daily_days: int = 7            # plus the newest of each of these days
-    vacuum_retention_hours: int = 168   # Delta VACUUM horizon for the tables
+    keep_savepoints: int = _setting(5)            # newest complete savepoints kept
+    keep_daily_days: int = _setting(7, minimum=0)  # plus the newest of each of these days
+    vacuum_retention_hours: int = _setting(168, minimum=0)  # Delta VACUUM horizon for the tables
     # Hostile input: an event this far ahead of its ingest time is quarantined (contract).
-    max_future_minutes: int = 60
+    max_future_minutes: int = _setting(60, minimum=0)
     # A landed file's last line without a newline counts once the file has not changed for this long (a line
     # that parses as a JSON object counts at once); see pipelines/ingest.py.
-    ingest_settle_seconds: int = 60
+    ingest_settle_seconds: int = _setting(60, minimum=0)
     # S3 (delta-rs/object_store): fail in seconds, not after the default 10 retries over 3 minutes.
-    s3_max_retries: int = 3
-    s3_retry_timeout: str = "15s"
-    s3_timeout: str = "30s"
+    s3_max_retries: int = _setting(3, minimum=0)
+    s3_retry_timeout: str = _setting("15s")
+    s3_timeout: str = _setting("30s")
 
     @classmethod
     def from_env(cls, env: Mapping[str, str] | None = None) -> SessionsConfig:
@@ -96,65 +115,65 @@ class SessionsConfig:
             # An empty value is a broken deployment template, not a wish for the repo's .data.
             raise ConfigError("SESSIONS_HOME is set but empty: unset it (data under the repo's .data) or give a path")
         home = Path(env.get("SESSIONS_HOME") or REPO_ROOT / ".data").resolve()
-        provider = (env.get("SESSIONS_STATE_STORE") or "rocksdb").strip().lower()
-        if provider not in PROVIDERS:
-            raise ConfigError(f"SESSIONS_STATE_STORE={provider!r}: expected one of {', '.join(PROVIDERS)}")
-        return cls(
-            home=home,
-            state_store=provider,
-            state_partitions=_int(env, "SESSIONS_STATE_PARTITIONS", 4),
-            gap_minutes=_int(env, "SESSIONS_GAP_MINUTES", 30),
-            lateness_minutes=_int(env, "SESSIONS_LATENESS_MINUTES", 10, minimum=0),
-            savepoint_uri=env.get("SESSIONS_SAVEPOINT_URI") or str(home / "savepoints"),
-            state_buckets=_int(env, "SESSIONS_STATE_BUCKETS", 64),
-            max_versions_per_batch=_int(env, "SESSIONS_MAX_VERSIONS_PER_BATCH", 0, minimum=0) or None,
-            spark_master=env.get("SESSIONS_SPARK_MASTER") or "local[2]",
-            spark_driver_memory=env.get("SESSIONS_SPARK_DRIVER_MEMORY") or "4g",
-            spark_ui=_bool(env, "SESSIONS_SPARK_UI", False),
-            min_batches_to_retain=_int(env, "SESSIONS_MIN_BATCHES_TO_RETAIN", 20),
-            stop_timeout_s=_float(env, "SESSIONS_STOP_TIMEOUT_S", 180.0),
-            state_max_age_minutes=_float(env, "SESSIONS_STATE_MAX_AGE_MINUTES", 60.0),
-            savepoint_max_age_hours=_float(env, "SESSIONS_SAVEPOINT_MAX_AGE_HOURS", 6.0),
-            compact_files=_int(env, "SESSIONS_COMPACT_FILES", 200),
-            state_files=_int(env, "SESSIONS_STATE_FILES", 2000),
-            auto_restore=_bool(env, "SESSIONS_AUTO_RESTORE", False),
-            keep_savepoints=_int(env, "SESSIONS_KEEP_SAVEPOINTS", 5),
-            keep_daily_days=_int(env, "SESSIONS_KEEP_DAILY_DAYS", 7, minimum=0),
-            vacuum_retention_hours=_int(env, "SESSIONS_VACUUM_RETENTION_HOURS", 168, minimum=0),
-            max_future_minutes=_int(env, "SESSIONS_MAX_FUTURE_MINUTES", 60, minimum=0),
-            ingest_settle_seconds=_int(env, "SESSIONS_INGEST_SETTLE_SECONDS", 60, minimum=0),
-            s3_max_retries=_int(env, "SESSIONS_S3_MAX_RETRIES", 3, minimum=0),
-            s3_retry_timeout=env.get("SESSIONS_S3_RETRY_TIMEOUT") or "15s",
-            s3_timeout=env.get("SESSIONS_S3_TIMEOUT") or "30s",
-        )
+        values: dict[str, Any] = {}
+        for setting in fields(cls):
+            if setting.name == "home":
+                continue
+            name, kind, minimum = env_name(setting.name), setting.metadata["kind"], setting.metadata["minimum"]
+            if kind is bool:
+                values[setting.name] = _bool(env, name, setting.default)  # type: ignore[arg-type]
+            elif kind is int:
+                values[setting.name] = _int(env, name, setting.default, minimum)  # type: ignore[arg-type]
+            elif kind is float:
+                values[setting.name] = _float(env, name, setting.default, minimum)  # type: ignore[arg-type]
+            else:
+                values[setting.name] = (env.get(name) or "").strip() or setting.default
+        values["state_store"] = values["state_store"].lower()
+        if values["state_store"] not in PROVIDERS:
+            raise ConfigError(f"SESSIONS_STATE_STORE={values['state_store']!r}: expected one of {', '.join(PROVIDERS)}")
+        values["savepoint_uri"] = values["savepoint_uri"] or str(home / "savepoints")
+        values["warehouse_uri"] = (values["warehouse_uri"] or str(home / "warehouse")).rstrip("/")
+        values["landing_uri"] = (values["landing_uri"] or str(home / "landing")).rstrip("/")
+        checkpoint_uri = values["checkpoint_uri"].removeprefix("file://")
+        if "://" in checkpoint_uri:
+            # The driver reads the checkpoint's logs itself (pipelines/checkpoint.py) and leases live beside it.
+            raise ConfigError(f"SESSIONS_CHECKPOINT_URI={checkpoint_uri!r}: only a local or mounted shared path is "
+                              "supported (hdfs:// would need the driver to read it through Hadoop; see deploy/spark)")
+        values["checkpoint_uri"] = str(Path(checkpoint_uri).resolve()) if checkpoint_uri else str(home / "checkpoints")
+        return cls(home=home, **values)
 
-    def with_(self, **changes: object) -> SessionsConfig:
+    def with_(self, **changes: Any) -> SessionsConfig:
         return replace(self, **changes)
 
     # Paths under the data root.
     @property
     def landing(self) -> Path:
-        return self.home / "landing"
+        """The landing directory when it is local (S3 landing is listed through pipelines.storage)."""
+        return Path(self.landing_uri.removeprefix("file://"))
 
     @property
     def checkpoint(self) -> Path:
-        return self.home / "checkpoints" / "sessions"
+        return Path(self.checkpoint_uri) / "sessions"
 
     @property
-    def warehouse(self) -> Path:
-        return self.home / "warehouse"
+    def lease_dir(self) -> Path:
+        """Where leases live: beside the checkpoint, on the filesystem every host shares."""
+        return Path(self.checkpoint_uri) / "_leases"
+
+    def table_uri(self, name: str) -> str:
+        return f"{self.warehouse_uri}/{name}"
 
     @property
     def raw_events_table(self) -> str:
-        return str(self.warehouse / "raw_events")
+        return self.table_uri("raw_events")
 
     @property
     def sessions_table(self) -> str:
-        return str(self.warehouse / "sessions")
+        return self.table_uri("sessions")
 
     @property
     def quarantine_table(self) -> str:
-        return str(self.warehouse / "quarantine")
+        return self.table_uri("quarantine")
 
     @property
     def lock_dir(self) -> Path:

@@ -18,6 +18,9 @@ writer must not cost data):
 - a file is moved to _ingested/ only when all of it was read and it did not change during the read; a
   writer still holding it open appends to the moved file, whose new lines later ingests pick up (moved
   files are watched for TAIL_WATCH_S after their last change).
+Landing on S3 holds objects, which are whole when they appear and never grow (and there are no symlinks):
+each is read once, whole, and archived by copy + delete, crash-safe through the commit's `name:size`
+identities.
 """
 from __future__ import annotations
 
@@ -36,9 +39,11 @@ from typing import Any
 
 import pyarrow as pa
 import pyarrow.compute as pc
+import pyarrow.fs as pafs
 from deltalake import CommitProperties, DeltaTable, write_deltalake
 
 from pipelines.config import SessionsConfig
+from pipelines.storage import filesystem, is_s3, storage_options
 
 RAW_SCHEMA = pa.schema([
     ("event_id", pa.string()),
@@ -283,6 +288,15 @@ def _save_positions(config: SessionsConfig, positions: Positions) -> None:
 
 
 @dataclass(frozen=True)
+class RowSource:
+    """What becomes raw_events rows from one landed file: its complete lines, or one row for a refused file."""
+    name: str
+    lines: list[tuple[int, bytes]]    # (line_no, bytes without the newline)
+    refused: str | None = None
+    refused_raw: str | None = None
+
+
+@dataclass(frozen=True)
 class FileRead:
     """What one ingest read from one file (or refused to read)."""
     position: FilePosition            # after this read
@@ -292,6 +306,10 @@ class FileRead:
     continued: bool                   # read on from a known position (not a file seen for the first time)
     archive: bool                     # in landing, read to the end, unchanged during the read: move it
     refused_raw: str | None = None    # what a refused entry is (for its quarantine row)
+
+    def rows(self) -> RowSource:
+        return RowSource(self.position.name, self.lines,
+                         self.position.refused if self.refused_raw is not None else None, self.refused_raw)
 
 
 def _is_json_object(tail: bytes) -> bool:
@@ -404,7 +422,7 @@ def _scan_moved(config: SessionsConfig, positions: Positions, now: float, seen: 
 # ---- the ingest ---------------------------------------------------------------------------------------
 
 
-def _rows(reads: list[FileRead], seq: int, ingested_at: dt.datetime, max_future: dt.timedelta) -> pa.Table:
+def _rows(sources: list[RowSource], seq: int, ingested_at: dt.datetime, max_future: dt.timedelta) -> pa.Table:
     columns: dict[str, list[Any]] = {f.name: [] for f in RAW_SCHEMA}
     future_limit = ingested_at + max_future
 
@@ -417,26 +435,26 @@ def _rows(reads: list[FileRead], seq: int, ingested_at: dt.datetime, max_future:
         columns["raw"].append(raw)
         columns["line_key"].append(len(columns["line_key"]) + 1)
 
-    for read in reads:
-        if read.refused_raw is not None:
-            add({}, read.position.name, 0, read.position.refused, read.refused_raw)
-        for line_no, raw_bytes in read.lines:
+    for source in sources:
+        if source.refused is not None:
+            add({}, source.name, 0, source.refused, source.refused_raw)
+        for line_no, raw_bytes in source.lines:
             classified = classify_line(raw_bytes, future_limit)
             if classified is not None:  # blank lines carry nothing to keep (they keep their numbers)
                 fields_, reason, text = classified
-                add(fields_, read.position.name, line_no, reason, text if reason else None)
+                add(fields_, source.name, line_no, reason, text if reason else None)
     n = len(columns["line_key"])
     columns["ingest_seq"] = [seq] * n
     columns["ingested_at"] = [ingested_at] * n
     return pa.table(columns, schema=RAW_SCHEMA)
 
 
-def latest_ingest_seq(table_uri: str) -> int:
+def latest_ingest_seq(table_uri: str, storage_options: dict[str, str] | None = None) -> int:
     """The newest ingest sequence number: the data files' statistics (max of ingest_seq) survive OPTIMIZE,
     VACUUM and log cleanup; the newest commits' metadata covers the rest."""
-    if not DeltaTable.is_deltatable(table_uri):
+    if not DeltaTable.is_deltatable(table_uri, storage_options=storage_options):
         return 0
-    return _latest_seq(DeltaTable(table_uri))
+    return _latest_seq(DeltaTable(table_uri, storage_options=storage_options))
 
 
 def _latest_seq(table: DeltaTable) -> int:
@@ -459,23 +477,48 @@ class IngestResult:
     waiting: int = 0     # files left in landing: still being written (or an unfinished last line)
 
 
-def landed_files(config: SessionsConfig) -> list[Path]:
-    """Regular *.jsonl files in landing (symlinks and special files are refused by ingest, never read)."""
-    if not config.landing.exists():
-        return []
-    files = []
-    for path in config.landing.glob("*.jsonl"):
-        try:
-            info = path.lstat()
-        except OSError:
-            continue
-        if stat.S_ISREG(info.st_mode):
-            files.append((info.st_mtime_ns, path.name, path))
-    return [path for _, _, path in sorted(files)]
+@dataclass(frozen=True)
+class LandedFile:
+    """A landed file, local or an S3 object: what ingest reads, commits and archives."""
+    name: str
+    size: int
+    mtime_ns: int
+    location: str  # local path or s3://bucket/key
+
+    @property
+    def identity(self) -> str:
+        # Name and size: a later object that reuses a name is still ingested.
+        return f"{self.name}:{self.size}"
+
+
+def landed_files(config: SessionsConfig) -> list[LandedFile]:
+    """The *.jsonl files directly in landing, oldest first (local directory or S3 prefix alike); locally only
+    regular files (symlinks and special files are refused by ingest, never read)."""
+    found = []
+    if is_s3(config.landing_uri):
+        fs, root = filesystem(config.landing_uri)
+        if fs.get_file_info(root).type == pafs.FileType.NotFound:
+            return []
+        for info in fs.get_file_info(pafs.FileSelector(root, recursive=False)):
+            if info.type == pafs.FileType.File and info.base_name.endswith(".jsonl"):
+                found.append(LandedFile(info.base_name, info.size or 0, info.mtime_ns or 0, f"s3://{info.path}"))
+    elif config.landing.is_dir():
+        for path in config.landing.glob("*.jsonl"):
+            try:
+                local = path.lstat()
+            except OSError:
+                continue
+            if stat.S_ISREG(local.st_mode):
+                found.append(LandedFile(path.name, local.st_size, local.st_mtime_ns, str(path)))
+    return sorted(found, key=lambda f: (f.mtime_ns, f.name))
+
+
+def _today() -> str:
+    return dt.datetime.now(dt.timezone.utc).date().isoformat()
 
 
 def _move_target(config: SessionsConfig, name: str, refused: bool, taken: set[Path]) -> Path:
-    target_dir = config.landing / (REFUSED_DIR if refused else INGESTED_DIR) / dt.date.today().isoformat()
+    target_dir = config.landing / (REFUSED_DIR if refused else INGESTED_DIR) / _today()
     target, n = target_dir / name, 1
     stem, suffix = os.path.splitext(name)
     while target.exists() or target.is_symlink() or target in taken:
@@ -501,70 +544,143 @@ def _prune(positions: Positions, landing: Path, now: float, seen: set[int]) -> N
             del positions.files[ino]
 
 
-def ingest(config: SessionsConfig, files_per_commit: int = 16) -> IngestResult:
-    """Append the new complete lines of every landed file (and of moved files that grew) to raw_events, then
-    move finished files to landing/_ingested/<day>/ (see the module docstring).
+class _Appender:
+    """Appends ingest commits to raw_events, each with the next ingest_seq."""
 
-    Crash-safe: each commit carries the positions of the files in it; the positions file is updated after the
-    commits and before the moves, and rolled forward from the commits when a crash came between.
+    def __init__(self, config: SessionsConfig, seq: int):
+        self.config, self.uri = config, config.raw_events_table
+        self.options = storage_options(config, self.uri)
+        self.seq, self.first_seq, self.rows, self.rejected = seq, None, 0, 0
+
+    def append(self, sources: list[RowSource], metadata: dict[str, str]) -> None:
+        self.seq += 1
+        ingested_at = dt.datetime.now(dt.timezone.utc)
+        batch = _rows(sources, self.seq, ingested_at, dt.timedelta(milliseconds=self.config.max_future_ms))
+        if not is_s3(self.uri):
+            os.makedirs(self.uri, exist_ok=True)
+        write_deltalake(
+            self.uri, batch, mode="append", storage_options=self.options,
+            schema_mode="merge",  # tables written before line_key and ingested_at get the columns
+            commit_properties=CommitProperties(custom_metadata={"ingest_seq": str(self.seq), **metadata}),
+        )
+        self.first_seq = self.seq if self.first_seq is None else self.first_seq
+        self.rows += batch.num_rows
+        self.rejected += batch.num_rows - batch["reject_reason"].null_count
+
+    def table_id(self) -> str:
+        return str(DeltaTable(self.uri, storage_options=self.options).metadata().id)
+
+
+def ingest(config: SessionsConfig, files_per_commit: int = 16) -> IngestResult:
+    """Append the new complete lines of every landed file to raw_events and move finished files to
+    landing/_ingested/<UTC day>/ (see the module docstring).
+
+    Crash-safe: each commit carries what it holds (local files: their positions; S3 objects: `name:size`); after
+    a crash the positions are rolled forward from the commits, and an object already committed is only archived.
     """
-    table_uri = config.raw_events_table
-    rows = rejected = 0
-    first_seq = None
     with file_lock(config.lock_dir / "ingest.lock"):
-        table = DeltaTable(table_uri) if DeltaTable.is_deltatable(table_uri) else None
-        seq = _latest_seq(table) if table is not None else 0
-        positions = load_positions(config, table, seq)
-        loaded = positions.to_json()
-        now = time.time()
-        reads = _scan_landing(config, positions, now)
-        seen = {read.position.ino for read in reads}
-        reads += _scan_moved(config, positions, now, seen)
-        seen |= {read.position.ino for read in reads}
-        reads.sort(key=lambda read: (read.mtime_ns, read.position.name))
-        pending = [read for read in reads if read.lines or read.refused_raw is not None]
-        step = max(1, files_per_commit)
-        for start in range(0, len(pending), step):
-            chunk = pending[start:start + step]
-            seq += 1
-            ingested_at = dt.datetime.now(dt.timezone.utc)
-            batch = _rows(chunk, seq, ingested_at, dt.timedelta(milliseconds=config.max_future_ms))
-            os.makedirs(config.warehouse, exist_ok=True)
-            write_deltalake(
-                table_uri, batch, mode="append", schema_mode="merge",  # merge: tables from before line_key
-                commit_properties=CommitProperties(custom_metadata={
-                    "ingest_seq": str(seq),
-                    "file_positions": json.dumps([read.position.to_json() for read in chunk]),
-                }),
-            )
-            first_seq = seq if first_seq is None else first_seq
-            rows += batch.num_rows
-            rejected += batch.num_rows - batch["reject_reason"].null_count
-        if pending and positions.table_id is None:
-            positions.table_id = str(DeltaTable(table_uri).metadata().id)
-        positions.seq = seq
-        moves: list[tuple[Path, Path, FileRead]] = []
-        taken: set[Path] = set()
-        for read in reads:
-            position = read.position
-            if read.archive:
-                target = _move_target(config, position.name, position.refused is not None, taken)
-                position = replace(position, path=str(target.relative_to(config.landing)))
-                moves.append((config.landing / read.position.path, target, read))
-            positions.files[position.ino] = position
-        _prune(positions, config.landing, now, seen)
-        if positions.to_json() != loaded:
-            _save_positions(config, positions)
-        for source, target, read in moves:
-            try:
-                info = source.lstat()
-            except OSError:
-                continue
-            if info.st_ino != read.position.ino or (read.position.refused is None and info.st_size != read.size):
-                continue  # replaced or grown since the read: the next ingest looks again (the position is kept)
-            target.parent.mkdir(parents=True, exist_ok=True)
-            os.rename(source, target)  # the same filesystem: the inode (and a writer's handle) moves with it
-        files = len({read.position.ino for read in pending if read.lines})
-        refused = sum(1 for read in reads if read.refused_raw is not None)
+        uri = config.raw_events_table
+        options = storage_options(config, uri)
+        table = DeltaTable(uri, storage_options=options) if DeltaTable.is_deltatable(uri, storage_options=options) else None
+        appender = _Appender(config, _latest_seq(table) if table is not None else 0)
+        if is_s3(config.landing_uri):
+            files, refused = _ingest_objects(config, table, appender, max(1, files_per_commit)), 0
+        else:
+            files, refused = _ingest_local(config, table, appender, max(1, files_per_commit))
         waiting = len(landed_files(config))
-    return IngestResult(files, rows, rejected, first_seq, seq, refused, waiting)
+    return IngestResult(files, appender.rows, appender.rejected, appender.first_seq, appender.seq, refused, waiting)
+
+
+def _ingest_local(config: SessionsConfig, table: DeltaTable | None, appender: _Appender, step: int) -> tuple[int, int]:
+    """Local landing: new complete lines of landed and moved files; refusals; then positions, then moves."""
+    positions = load_positions(config, table, appender.seq)
+    loaded = positions.to_json()
+    now = time.time()
+    reads = _scan_landing(config, positions, now)
+    seen = {read.position.ino for read in reads}
+    reads += _scan_moved(config, positions, now, seen)
+    seen |= {read.position.ino for read in reads}
+    reads.sort(key=lambda read: (read.mtime_ns, read.position.name))
+    pending = [read for read in reads if read.lines or read.refused_raw is not None]
+    for start in range(0, len(pending), step):
+        chunk = pending[start:start + step]
+        appender.append([read.rows() for read in chunk],
+                        {"file_positions": json.dumps([read.position.to_json() for read in chunk])})
+    if pending and positions.table_id is None:
+        positions.table_id = appender.table_id()
+    positions.seq = appender.seq
+    moves: list[tuple[Path, Path, FileRead]] = []
+    taken: set[Path] = set()
+    for read in reads:
+        position = read.position
+        if read.archive:
+            target = _move_target(config, position.name, position.refused is not None, taken)
+            position = replace(position, path=str(target.relative_to(config.landing)))
+            moves.append((config.landing / read.position.path, target, read))
+        positions.files[position.ino] = position
+    _prune(positions, config.landing, now, seen)
+    if positions.to_json() != loaded:
+        _save_positions(config, positions)  # before the moves: a position always says where its file is going
+    for source, target, read in moves:
+        try:
+            info = source.lstat()
+        except OSError:
+            continue
+        if info.st_ino != read.position.ino or (read.position.refused is None and info.st_size != read.size):
+            continue  # replaced or grown since the read: the next ingest looks again (the position is kept)
+        target.parent.mkdir(parents=True, exist_ok=True)
+        os.rename(source, target)  # the same filesystem: the inode (and a writer's handle) moves with it
+    files = len({read.position.ino for read in pending if read.lines})
+    return files, sum(1 for read in reads if read.refused_raw is not None)
+
+
+def _recent_identities(table: DeltaTable | None) -> set[str]:
+    """`name:size` of the objects the newest commits hold (an object committed just before a crash)."""
+    if table is None:
+        return set()
+    found: set[str] = set()
+    for commit in table.history(limit=HISTORY_PAGE):
+        found.update(json.loads(commit.get("ingested_files", "[]")))
+    return found
+
+
+def _read_object(file: LandedFile) -> bytes:
+    fs, path = filesystem(file.location)
+    with fs.open_input_stream(path) as stream:
+        return bytes(stream.read())
+
+
+def _archive_object(config: SessionsConfig, file: LandedFile) -> None:
+    """Move to landing/_ingested/<UTC day>/ by a copy then a delete: a kill between the two leaves the object in
+    landing, where the next ingest finds it already committed and only archives it."""
+    fs, root = filesystem(config.landing_uri)
+    target_dir = f"{root}/{INGESTED_DIR}/{_today()}"
+    fs.create_dir(target_dir, recursive=True)
+    stem, suffix = file.name.rsplit(".", 1)
+    _, source = filesystem(file.location)
+    target, n = f"{target_dir}/{file.name}", 1
+    while (found := fs.get_file_info(target)).type != pafs.FileType.NotFound:
+        if found.size == file.size:
+            fs.delete_file(source)  # our own copy from an archive a kill interrupted: finish it
+            return
+        target, n = f"{target_dir}/{stem}.{n}.{suffix}", n + 1
+    fs.copy_file(source, target)
+    fs.delete_file(source)
+
+
+def _ingest_objects(config: SessionsConfig, table: DeltaTable | None, appender: _Appender, step: int) -> int:
+    """S3 landing: every object whole (an object is complete when it appears: its last line needs no newline)."""
+    already = _recent_identities(table)
+    pending = []
+    for file in landed_files(config):
+        if file.identity in already:
+            _archive_object(config, file)
+        else:
+            pending.append(file)
+    for start in range(0, len(pending), step):
+        chunk = pending[start:start + step]
+        sources = [RowSource(f.name, _split(_read_object(f), 0, False)[0]) for f in chunk]
+        appender.append(sources, {"ingested_files": json.dumps([f.identity for f in chunk])})
+        for file in chunk:
+            _archive_object(config, file)
+    return len(pending)

@@ -1,15 +1,18 @@
 """The session-tracking job: ingest, the streaming query, and its operator commands."""
 from __future__ import annotations
 
-import fcntl
 import os
 import sys
 import threading
 import time
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
 
-from pyspark.sql import SparkSession
+from pyspark.sql import DataFrame, SparkSession
+from pyspark.sql.streaming import StreamingQuery
 
 from pipelines import state_format
 from pipelines.checkpoint import (
@@ -23,8 +26,11 @@ from pipelines.checkpoint import (
 from pipelines.config import SessionsConfig
 from pipelines.errors import CheckpointMismatch, CheckpointMissing, JobRunning, LifecycleBusy
 from pipelines.ingest import ingest
+from pipelines.locks import LeaseHeld, lease
 from pipelines.operator import sessionize
+from pipelines.shipping import cluster_conf
 from pipelines.source import BOOTSTRAP_FILE, SOURCE_NAME, RawEventsSource
+from pipelines.storage import is_s3, storage_options
 from pipelines.tables import QUARANTINE_SCHEMA, SESSIONS_SCHEMA, MicroBatchSink, ensure_table, table_rows
 
 
@@ -38,13 +44,16 @@ def spark_conf(config: SessionsConfig) -> dict[str, str]:
         "spark.sql.streaming.stateStore.providerClass": PROVIDER_CLASSES[config.state_store],
         "spark.sql.execution.arrow.pyspark.enabled": "true",
         "spark.ui.enabled": str(config.spark_ui).lower(),
+        "spark.ui.showConsoleProgress": "false",  # sessionctl prints JSON; a progress bar would garble it
         "spark.driver.memory": config.spark_driver_memory,
-        "spark.sql.streaming.stopTimeout": "60000",
+        # How long stopping the query may wait for its batch; the runbook waits a little longer for the lock.
+        "spark.sql.streaming.stopTimeout": str(int(config.stop_timeout_s * 1000)),
         "spark.sql.streaming.minBatchesToRetain": str(config.min_batches_to_retain),
+        **cluster_conf(config.spark_master),
     }
 
 
-def get_spark(config: SessionsConfig):
+def get_spark(config: SessionsConfig) -> SparkSession:
     os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
     os.environ.setdefault("PYSPARK_DRIVER_PYTHON", sys.executable)
     builder = SparkSession.builder
@@ -55,7 +64,7 @@ def get_spark(config: SessionsConfig):
     return spark
 
 
-def _prepare_session(spark, config: SessionsConfig) -> None:
+def prepare_session(spark: SparkSession, config: SessionsConfig) -> None:
     # SQL confs are read when a query starts; an existing checkpoint's own values still win.
     spark.conf.set("spark.sql.shuffle.partitions", str(config.state_partitions))
     spark.conf.set("spark.sql.streaming.stateStore.providerClass", PROVIDER_CLASSES[config.state_store])
@@ -64,49 +73,38 @@ def _prepare_session(spark, config: SessionsConfig) -> None:
 
 
 @contextmanager
-def job_lock(config: SessionsConfig, what: str, name: str = "job"):
-    """One process at a time may run the job or a lifecycle operation on it (CLI and Dagster alike).
+def job_lock(config: SessionsConfig, what: str, name: str = "job") -> Iterator[None]:
+    """One process at a time, on any host, may run the job or a lifecycle operation on it (CLI and Dagster
+    alike): a lease beside the checkpoint (pipelines.locks).
 
     `job` is held by the running stream and by operations that need it stopped (savepoint, restore,
     rescale); `lifecycle` by every lifecycle operation, compaction included, which may run beside
     the stream but never beside another lifecycle operation.
     """
-    config.lock_dir.mkdir(parents=True, exist_ok=True)
-    path = config.lock_dir / f"{name}.lock"
-    handle = open(path, "a+")
     try:
-        fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
-    except BlockingIOError:
-        handle.seek(0)
-        holder = handle.read().strip() or "another process"
-        handle.close()
+        with lease(config.lease_dir, name, what, config.lease_ttl_s):
+            yield
+    except LeaseHeld as held:
+        holder = held.info.describe() if held.info else "another process"
         error, busy = ((JobRunning, "the job is running") if name == "job"
                        else (LifecycleBusy, "another lifecycle operation is running"))
-        raise error(f"{busy}: {holder} holds {path}; wait for it or stop it first", holder, str(path)) from None
-    handle.seek(0)
-    handle.truncate()
-    handle.write(f"{what} (pid {os.getpid()})")
-    handle.flush()
-    try:
-        yield
-    finally:
-        handle.seek(0)
-        handle.truncate()
-        fcntl.flock(handle, fcntl.LOCK_UN)
-        handle.close()
+        raise error(f"{busy}: {holder} holds {held.path}; wait for it or stop it first", holder,
+                    str(held.path)) from None
 
 
 def ensure_tables(config: SessionsConfig) -> None:
-    config.warehouse.mkdir(parents=True, exist_ok=True)
-    ensure_table(config.sessions_table, SESSIONS_SCHEMA)
-    ensure_table(config.quarantine_table, QUARANTINE_SCHEMA)
+    if not is_s3(config.warehouse_uri):
+        Path(config.warehouse_uri).mkdir(parents=True, exist_ok=True)
+    options = storage_options(config, config.warehouse_uri)
+    ensure_table(config.sessions_table, SESSIONS_SCHEMA, options)
+    ensure_table(config.quarantine_table, QUARANTINE_SCHEMA, options)
 
 
 def checkpoint_metadata(config: SessionsConfig) -> JobMetadata:
     """The checkpoint's job metadata, created for a new checkpoint; refuses settings that do not fit."""
     meta = read_job_metadata(config.checkpoint)
     if meta is None:
-        if table_rows(config.sessions_table) > 0:
+        if table_rows(config.sessions_table, storage_options(config, config.sessions_table)) > 0:
             raise CheckpointMissing(
                 f"no checkpoint at {config.checkpoint} but the sessions table already has rows: "
                 "restore one with `sessionctl restore --savepoint latest` (a fresh start would write them again)")
@@ -126,19 +124,28 @@ def checkpoint_metadata(config: SessionsConfig) -> JobMetadata:
     return meta
 
 
-def start_query(spark, config: SessionsConfig, meta: JobMetadata, trigger: dict, source_options: dict | None = None):
-    _prepare_session(spark, config)
+def raw_events_stream(spark: SparkSession, config: SessionsConfig, checkpoint: Path,
+                      source_options: dict[str, Any] | None = None) -> DataFrame:
+    """The stream of raw_events rows for a query checkpointed at `checkpoint` (a restore's bootstrap there)."""
+    prepare_session(spark, config)
     reader = (spark.readStream.format(SOURCE_NAME)
               .option("path", config.raw_events_table)
-              .option("bootstrap", str(config.checkpoint / BOOTSTRAP_FILE)))
+              .option("bootstrap", str(checkpoint / BOOTSTRAP_FILE)))
     if config.max_versions_per_batch:
         reader = reader.option("maxVersionsPerTrigger", str(config.max_versions_per_batch))
     for key, value in (source_options or {}).items():
         reader = reader.option(key, str(value))
-    output = sessionize(reader.load(), meta.gap_ms, meta.lateness_ms, meta.buckets)
+    return reader.load()
+
+
+def start_query(spark: SparkSession, config: SessionsConfig, meta: JobMetadata, trigger: dict[str, Any],
+                source_options: dict[str, Any] | None = None) -> tuple[StreamingQuery, MicroBatchSink]:
+    output = sessionize(raw_events_stream(spark, config, config.checkpoint, source_options),
+                        meta.gap_ms, meta.lateness_ms, meta.buckets)
     checkpoint = config.checkpoint
     sink = MicroBatchSink(config.sessions_table, config.quarantine_table, config.raw_events_table, meta.incarnation,
-                          seq_range=lambda batch_id: batch_source_range(checkpoint, batch_id))
+                          seq_range=lambda batch_id: batch_source_range(checkpoint, batch_id),
+                          storage_options=storage_options(config, config.warehouse_uri))
     query = (output.writeStream.queryName("sessions")
              .option("checkpointLocation", str(config.checkpoint))
              .trigger(**trigger)
@@ -161,7 +168,7 @@ class RunSummary:
     extra: dict = field(default_factory=dict)
 
 
-def _absorb_progress(query, summary: RunSummary, seen: set) -> None:
+def _absorb_progress(query: StreamingQuery, summary: RunSummary, seen: set[int]) -> None:
     for progress in query.recentProgress:
         if progress.batchId in seen:
             continue
@@ -170,7 +177,7 @@ def _absorb_progress(query, summary: RunSummary, seen: set) -> None:
         summary.input_rows += int(progress.numInputRows)
 
 
-def catch_up(config: SessionsConfig, spark=None) -> RunSummary:
+def catch_up(config: SessionsConfig, spark: SparkSession | None = None) -> RunSummary:
     """Ingest everything landed, process it all (trigger availableNow), stop."""
     started = time.monotonic()
     with job_lock(config, "catch-up"):
@@ -188,8 +195,9 @@ def catch_up(config: SessionsConfig, spark=None) -> RunSummary:
         return summary
 
 
-def run_continuously(config: SessionsConfig, spark=None, stop: threading.Event | None = None,
-                     poll_seconds: float = 5.0, on_progress=None) -> RunSummary:
+def run_continuously(config: SessionsConfig, spark: SparkSession | None = None, stop: threading.Event | None = None,
+                     poll_seconds: float = 5.0,
+                     on_progress: Callable[[RunSummary, MicroBatchSink], None] | None = None) -> RunSummary:
     """Ingest and process until `stop` is set (or KeyboardInterrupt), then stop the query cleanly."""
     stop = stop or threading.Event()
     started = time.monotonic()

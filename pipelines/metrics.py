@@ -6,9 +6,10 @@ import datetime as dt
 import pandas as pd
 import pyarrow as pa
 import pyarrow.dataset as ds
-from deltalake import DeltaTable, write_deltalake
+from deltalake import write_deltalake
 
 from pipelines.config import SessionsConfig
+from pipelines.storage import open_table, storage_options, table_exists
 
 METRICS_SCHEMA = pa.schema([
     ("day", pa.string()), ("sessions", pa.int64()), ("users", pa.int64()),
@@ -18,7 +19,7 @@ METRICS_SCHEMA = pa.schema([
 
 
 def metrics_table(config: SessionsConfig) -> str:
-    return str(config.warehouse / "daily_session_metrics")
+    return config.table_uri("daily_session_metrics")
 
 
 def daily_metrics(config: SessionsConfig, day: str) -> dict:
@@ -26,7 +27,7 @@ def daily_metrics(config: SessionsConfig, day: str) -> dict:
     (replacing it, so a backfill can run any day any number of times)."""
     start = dt.datetime.fromisoformat(day).replace(tzinfo=dt.timezone.utc)
     end = start + dt.timedelta(days=1)
-    sessions = DeltaTable(config.sessions_table).to_pyarrow_dataset().to_table(
+    sessions = open_table(config, config.sessions_table).to_pyarrow_dataset().to_table(
         columns=["user_id", "session_start", "session_end", "page_views", "end_reason"],
         filter=(ds.field("session_start") >= pa.scalar(start, pa.timestamp("us", tz="UTC")))
         & (ds.field("session_start") < pa.scalar(end, pa.timestamp("us", tz="UTC")))).to_pandas()
@@ -39,8 +40,9 @@ def daily_metrics(config: SessionsConfig, day: str) -> dict:
     }
     table = pa.Table.from_pylist([row], schema=METRICS_SCHEMA)
     uri = metrics_table(config)
-    if DeltaTable.is_deltatable(uri):
-        write_deltalake(uri, table, mode="overwrite", predicate=f"day = '{day}'")
+    options = storage_options(config, uri)
+    if table_exists(config, uri):
+        write_deltalake(uri, table, mode="overwrite", predicate=f"day = '{day}'", storage_options=options)
     else:
-        write_deltalake(uri, table, mode="append")
+        write_deltalake(uri, table, mode="append", storage_options=options)
     return {k: v for k, v in row.items() if k != "computed_at"}

@@ -31,7 +31,7 @@ def generate_events(users: int, sessions_per_user: int, seed: int = 7,
                 t += dt.timedelta(seconds=rng.randint(1, 60))
                 n += 1
                 events.append({"event_id": f"e-{n:09d}", "user_id": user, "event_time": t.isoformat().replace("+00:00", "Z"),
-                               "event_type": "logout", "page": None})
+                               "event_type": "logout", "page": None})  # type: ignore[dict-item]
             t += dt.timedelta(minutes=gap_minutes + rng.randint(1, 120))
     return events
 

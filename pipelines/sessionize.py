@@ -47,7 +47,7 @@ def empty_sessions() -> pd.DataFrame:
     })
 
 
-def _column(frame, name: str) -> np.ndarray:
+def _column(frame: pd.DataFrame | dict[str, np.ndarray], name: str) -> np.ndarray:
     """A column as a numpy array, from a DataFrame, an Arrow table or a plain dict of arrays."""
     values = frame[name]
     if isinstance(values, (pa.Array, pa.ChunkedArray)):
@@ -55,7 +55,8 @@ def _column(frame, name: str) -> np.ndarray:
     return values.to_numpy() if hasattr(values, "to_numpy") else np.asarray(values)
 
 
-def _dedup_and_order(user_codes, ids, times, is_prefix):
+def _dedup_and_order(user_codes: np.ndarray, ids: np.ndarray, times: np.ndarray,
+                     is_prefix: np.ndarray) -> tuple[np.ndarray, int]:
     """Indices of the rows to walk: repeated (user, event_id) dropped -- the first row wins, and state rows
     come first -- ordered by (user, event_time, event_id). Users only need to be contiguous, so they are
     integer codes; event_id strings are compared only to break ties of one user and millisecond. A frozen
@@ -86,7 +87,8 @@ class Advance:
     next_due_ms: int | None          # the earliest due_ms left (the group's timer)
 
 
-def advance(state, new_events, watermark_ms: int, gap_ms: int) -> Advance:
+def advance(state: pa.Table | dict[str, np.ndarray], new_events: pd.DataFrame, watermark_ms: int,
+            gap_ms: int) -> Advance:
     """Merge new events into the open sessions of `state` (state_format rows), close those the watermark has
     passed and freeze what it has passed in those that stay open.
 
@@ -158,8 +160,9 @@ def advance(state, new_events, watermark_ms: int, gap_ms: int) -> Advance:
     return Advance(closed, open_rows, late, duplicates, int(open_rows["due_ms"].min()))
 
 
-def _freeze(kept, session_of_row, session_start, close_at, user_codes, ids, users, times, types, counts, views,
-            watermark_ms: int) -> dict[str, np.ndarray]:
+def _freeze(kept: np.ndarray, session_of_row: np.ndarray, session_start: np.ndarray, close_at: np.ndarray,
+            user_codes: np.ndarray, ids: np.ndarray, users: np.ndarray, times: np.ndarray, types: np.ndarray,
+            counts: np.ndarray, views: np.ndarray, watermark_ms: int) -> dict[str, np.ndarray]:
     """The open sessions' rows, each session's rows at or below the watermark (a prefix of it, since rows
     are in time order and everything after is above) collapsed into one frozen prefix row."""
     sessions = session_of_row[kept]
@@ -198,7 +201,7 @@ def rows_table(rows: dict[str, np.ndarray]) -> pa.Table:
                     schema=STORE_SCHEMA)
 
 
-def rewalk(rows, watermark_ms: int, gap_ms: int) -> dict[str, np.ndarray]:
+def rewalk(rows: pa.Table | dict[str, np.ndarray], watermark_ms: int, gap_ms: int) -> dict[str, np.ndarray]:
     """Open rows re-derived from rows without new events (restore uses it to settle restored state)."""
     return advance(rows, no_events(), watermark_ms, gap_ms).open_rows
 
@@ -210,7 +213,7 @@ def no_events() -> pd.DataFrame:
 
 # ---- reading open sessions out of state rows (status, live lookup) ----------------------------------
 
-def open_sessions(rows, gap_ms: int) -> pd.DataFrame:
+def open_sessions(rows: pa.Table | dict[str, np.ndarray], gap_ms: int) -> pd.DataFrame:
     """One row per open session of state rows (any order): user_id, session_id, session_start_ms,
     last_event_ms, last_event_type, event_count, page_views, closes_at_ms (the watermark that closes it)."""
     frame = pd.DataFrame({name: _column(rows, name) for name in ROW_FIELDS})

@@ -20,6 +20,7 @@ from pyspark.sql.datasource import DataSource, DataSourceStreamReader, InputPart
 from pyspark.sql.streaming.datasource import ReadAllAvailable, ReadMaxFiles, SupportsTriggerAvailableNow
 
 from pipelines.ingest import latest_ingest_seq
+from pipelines.storage import filesystem, s3_options
 
 SOURCE_NAME = "sessions_raw"
 SOURCE_SCHEMA = (
@@ -83,7 +84,7 @@ class RawEventsStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow)
         return None
 
     def _latest_seq(self) -> int:
-        return latest_ingest_seq(self.table)
+        return latest_ingest_seq(self.table, s3_options(self.table))
 
     def initialOffset(self) -> dict:
         boot = self._bootstrap()
@@ -120,7 +121,7 @@ class RawEventsStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow)
             return [_Range("state", json.dumps(boot)), _Range("marker", json.dumps(boot))]
         if end["seq"] <= start["seq"]:
             return []
-        table = DeltaTable(self.table)
+        table = DeltaTable(self.table, storage_options=s3_options(self.table))
         adds = pa.table(table.get_add_actions(flatten=True))
         low, high = start["seq"], end["seq"]
         lows, highs = adds["min.ingest_seq"].to_pylist(), adds["max.ingest_seq"].to_pylist()
@@ -134,8 +135,9 @@ class RawEventsStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow)
     def read(self, partition: InputPartition) -> Iterator[pa.RecordBatch]:
         assert isinstance(partition, _Range)  # partitions() makes no other kind
         if partition.kind == "events":
-            path = partition.target.removeprefix("file://")
-            table = pq.read_table(path)
+            # On the executor, straight from the table's storage (S3 credentials from its AWS_* variables).
+            fs, path = filesystem(partition.target)
+            table = pq.read_table(path, filesystem=fs)
             seq = table["ingest_seq"]
             table = table.filter(pc.and_(pc.greater(seq, partition.low), pc.less_equal(seq, partition.high)))
             for batch in _with_line_key(table).to_batches(max_chunksize=65536):

@@ -23,6 +23,7 @@ from __future__ import annotations
 import json
 import struct
 from dataclasses import dataclass, field
+from typing import Any
 
 import numpy as np
 import pandas as pd
@@ -83,11 +84,11 @@ def _ipc(table: pa.Table) -> bytes:
     return sink.getvalue().to_pybytes()
 
 
-def _from_ipc(data) -> pa.Table:
+def _from_ipc(data: bytes | memoryview) -> pa.Table:
     return pa.ipc.open_stream(pa.py_buffer(data)).read_all() if len(data) else empty_store()
 
 
-def _hash32(users) -> np.ndarray:
+def _hash32(users: Any) -> np.ndarray:
     """Stable 32-bit hashes of user ids (SipHash, fixed key): a membership pre-check, never trusted alone."""
     values = users.to_numpy(zero_copy_only=False) if hasattr(users, "to_numpy") else np.asarray(users, dtype=object)
     return pd.util.hash_array(values.astype(object), categorize=False).astype(np.uint32)
@@ -122,7 +123,7 @@ class BucketStore:
     _live_cold: pa.Table | None = None  # decoded cold minus dead, once this call needed it
 
     @classmethod
-    def load(cls, value, compact_min_rows: int = 4096) -> BucketStore:
+    def load(cls, value: bytes | None, compact_min_rows: int = 4096) -> BucketStore:
         if not value:
             return cls(compact_min_rows=compact_min_rows)
         data = memoryview(value)
@@ -150,7 +151,7 @@ class BucketStore:
         """Every live row (readers: state data source, savepoints, status)."""
         return pa.concat_tables([self._cold(), self.hot])
 
-    def take(self, users, watermark_ms: int) -> pa.Table:
+    def take(self, users: Any, watermark_ms: int) -> pa.Table:
         """The rows of `users` and of every user due at the watermark, removed from the store (the caller walks
         them and hands back what stays open to `save`)."""
         users = pa.array(list(users), pa.string())
@@ -173,9 +174,9 @@ class BucketStore:
             if pulled.num_rows:
                 self.dead.update(pulled["user_id"].to_pylist())
                 self.stale_rows += pulled.num_rows
-                self._live_cold = cold.filter(pc.invert(mask))
+                cold = self._live_cold = cold.filter(pc.invert(mask))
                 taken.append(pulled)
-            rest_due = pc.min(self._live_cold["due_ms"]).as_py()
+            rest_due = pc.min(cold["due_ms"]).as_py()
             self.cold_min_due = NEVER if rest_due is None else int(rest_due)
         return pa.concat_tables(taken)
 
@@ -214,16 +215,16 @@ def encode(table: pa.Table) -> bytes:
     return store.save(empty_store()) or b""
 
 
-def decode(value) -> pa.Table:
+def decode(value: bytes) -> pa.Table:
     """A stored bucket value -> its live rows (STORE_SCHEMA)."""
     return BucketStore.load(value).rows()
 
 
-def _ms_to_ts(column) -> pa.ChunkedArray:
+def _ms_to_ts(column: Any) -> pa.ChunkedArray:
     return pc.multiply(column, 1000).cast(_TS)
 
 
-def _ts_to_ms(column) -> pa.ChunkedArray:
+def _ts_to_ms(column: Any) -> pa.ChunkedArray:
     return pc.divide(column.cast(_TS).cast(pa.int64()), 1000)
 
 
@@ -236,7 +237,7 @@ def to_canonical(store: pa.Table) -> pa.Table:
     }, schema=CANONICAL_SCHEMA)
 
 
-def canonical_rows_ms(canonical: pa.Table) -> dict:
+def canonical_rows_ms(canonical: pa.Table) -> dict[str, np.ndarray]:
     """Canonical rows -> the core's row arrays (ms integers), as restore hands them to the operator."""
     return {
         "user_id": canonical["user_id"], "session_start_ms": _ts_to_ms(canonical["session_start"]),

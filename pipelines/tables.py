@@ -45,19 +45,20 @@ def ensure_table(uri: str, schema: pa.Schema, storage_options: dict | None = Non
         write_deltalake(uri, schema.empty_table(), mode="append", storage_options=storage_options)
 
 
-def table_rows(uri: str) -> int:
-    if not DeltaTable.is_deltatable(uri):
+def table_rows(uri: str, storage_options: dict[str, str] | None = None) -> int:
+    if not DeltaTable.is_deltatable(uri, storage_options=storage_options):
         return 0
-    return DeltaTable(uri).count()
+    return int(DeltaTable(uri, storage_options=storage_options).count())
 
 
 def _millis_to_ts(column) -> pa.Array:
     return pc.multiply(column.cast(pa.int64()), 1000).cast(pa.timestamp("us", tz="UTC"))
 
 
-def idempotent_append(uri: str, rows: pa.Table, app_id: str, batch_id: int) -> bool:
+def idempotent_append(uri: str, rows: pa.Table, app_id: str, batch_id: int,
+                      storage_options: dict[str, str] | None = None) -> bool:
     """Append rows at most once per (app_id, batch_id) using Delta's transaction identifiers."""
-    table = DeltaTable(uri)
+    table = DeltaTable(uri, storage_options=storage_options)
     done = table.transaction_version(app_id)
     if done is not None and done >= batch_id:
         return False
@@ -128,8 +129,10 @@ class MicroBatchSink:
     Rejected lines never enter the stateful operator: the sink reads them, and the provenance of late
     events, from raw_events for the batch's source range (from the checkpoint's offset log)."""
 
-    def __init__(self, sessions_uri: str, quarantine_uri: str, raw_uri: str, incarnation: str, seq_range):
+    def __init__(self, sessions_uri: str, quarantine_uri: str, raw_uri: str, incarnation: str, seq_range,
+                 storage_options: dict[str, str] | None = None):
         self.sessions_uri, self.quarantine_uri, self.raw_uri = sessions_uri, quarantine_uri, raw_uri
+        self.storage_options = storage_options  # the warehouse's (all three tables live there)
         self.incarnation, self.seq_range = incarnation, seq_range
         self.sessions_written = 0
         self.quarantined = 0
@@ -138,7 +141,8 @@ class MicroBatchSink:
         low, high = self.seq_range(batch_id)
         if high <= low and not late.num_rows:
             return None
-        raw = DeltaTable(self.raw_uri).to_pyarrow_dataset()  # one snapshot of raw_events per batch
+        # One snapshot of raw_events per batch.
+        raw = DeltaTable(self.raw_uri, storage_options=self.storage_options).to_pyarrow_dataset()
         parts = []
         if high > low:
             rejected = raw.to_table(columns=["reject_reason", "raw", "source_file", "line_no", "ingest_seq", "event_id",
@@ -178,9 +182,10 @@ class MicroBatchSink:
                 "incarnation": pa.array([self.incarnation] * n, pa.string()),
                 "written_version": pa.nulls(n, pa.int64()),
             }, schema=SESSIONS_SCHEMA)
-            if idempotent_append(self.sessions_uri, out, f"sessions-{self.incarnation}", batch_id):
+            if idempotent_append(self.sessions_uri, out, f"sessions-{self.incarnation}", batch_id,
+                                 self.storage_options):
                 self.sessions_written += n
         quarantine = self._quarantine_rows(batch_id, rows.filter(pc.equal(kind, "late")))
         if quarantine is not None and idempotent_append(
-                self.quarantine_uri, quarantine, f"quarantine-{self.incarnation}", batch_id):
+                self.quarantine_uri, quarantine, f"quarantine-{self.incarnation}", batch_id, self.storage_options):
             self.quarantined += quarantine.num_rows

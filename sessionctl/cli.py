@@ -11,7 +11,7 @@ from pipelines.errors import SessionsError
 from pipelines.job import catch_up, get_spark, run_continuously
 from state_store.lifecycle import rescale, restore, take_savepoint
 from state_store.maintenance import compact
-from state_store.savepoints import list_savepoints
+from state_store.savepoints import SavepointStore
 from state_store.state import lookup_user, top_sessions
 from state_store.status import status
 
@@ -47,7 +47,7 @@ def cmd_savepoint(config, args):
 
 
 def cmd_savepoints(config, args):
-    _print(list_savepoints(config.savepoint_uri))
+    _print(SavepointStore.of(config).list())
 
 
 def cmd_restore(config, args):
@@ -59,7 +59,9 @@ def cmd_rescale(config, args):
 
 
 def cmd_compact(config, args):
-    _print(compact(config, keep_last=args.keep_last, keep_daily_days=args.keep_daily_days, dry_run=args.dry_run).to_dict())
+    overrides = {name: value for name, value in (("keep_savepoints", args.keep_last),
+                                                 ("keep_daily_days", args.keep_daily_days)) if value is not None}
+    _print(compact(config.with_(**overrides), dry_run=args.dry_run).to_dict())
 
 
 def cmd_state(config, args):
@@ -82,9 +84,9 @@ def build_parser() -> argparse.ArgumentParser:
     st.add_argument("--json", action="store_true")
     st.add_argument("--no-state", action="store_true", help="skip reading the state (no Spark)")
     st.set_defaults(fn=cmd_status)
-    sp = sub.add_parser("savepoint", help="savepoint of the stopped job at its last committed batch")
-    sp.add_argument("--json", action="store_true")
-    sp.set_defaults(fn=cmd_savepoint)
+    save = sub.add_parser("savepoint", help="savepoint of the stopped job at its last committed batch")
+    save.add_argument("--json", action="store_true")
+    save.set_defaults(fn=cmd_savepoint)
     sps = sub.add_parser("savepoints", help="the savepoint catalog, newest first")
     sps.add_argument("--json", action="store_true")
     sps.set_defaults(fn=cmd_savepoints)
@@ -103,8 +105,9 @@ def build_parser() -> argparse.ArgumentParser:
     sv.add_argument("--json", action="store_true")
     sv.set_defaults(fn=cmd_state)
     cp = sub.add_parser("compact", help="compaction and retention")
-    cp.add_argument("--keep-last", type=int, default=5)
-    cp.add_argument("--keep-daily-days", type=int, default=7)
+    cp.add_argument("--keep-last", type=int, default=None, help="savepoints kept (default SESSIONS_KEEP_SAVEPOINTS, 5)")
+    cp.add_argument("--keep-daily-days", type=int, default=None,
+                    help="plus the newest of each of these days (default SESSIONS_KEEP_DAILY_DAYS, 7)")
     cp.add_argument("--dry-run", action="store_true")
     cp.set_defaults(fn=cmd_compact)
     return parser

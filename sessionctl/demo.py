@@ -31,7 +31,7 @@ def main() -> None:
         "state_bytes": report.state_bytes,
         "seconds": summary.seconds,
     }, indent=2))
-    print(f"tables under {config.warehouse}; try `.venv/bin/sessionctl status --json` "
+    print(f"tables under {config.warehouse_uri}; try `.venv/bin/sessionctl status --json` "
           f"or `.venv/bin/dagster dev -w workspace.yaml`")
 
 

@@ -8,9 +8,11 @@ import shutil
 import time
 from contextlib import ExitStack
 from pathlib import Path
+from typing import Any
 
+import pyarrow as pa
 import pyarrow.parquet as pq
-from deltalake import DeltaTable
+from pyspark.sql import SparkSession
 
 from pipelines import state_format
 from pipelines.checkpoint import JobMetadata, inspect_checkpoint, read_job_metadata, write_job_metadata
@@ -27,8 +29,9 @@ from pipelines.errors import (
 from pipelines.job import ensure_tables, get_spark, job_lock, start_query
 from pipelines.sessionize import rewalk, rows_table
 from pipelines.source import BOOTSTRAP_FILE
-from state_store import savepoints as sp
+from pipelines.storage import open_table, table_exists
 from state_store.results import RescaleResult, RestoreResult, SavepointInfo
+from state_store.savepoints import SavepointStore, new_savepoint_id, state_checksum
 from state_store.state import read_state
 
 REPLACED_SUFFIX = ".replaced-"
@@ -42,28 +45,29 @@ def _locks(config: SessionsConfig, what: str) -> ExitStack:
     return stack
 
 
-def _spark(config: SessionsConfig, spark):
+def _spark(config: SessionsConfig, spark: SparkSession | None) -> SparkSession:
     return spark or get_spark(config)
 
 
-def live_state(spark, checkpoint: Path, batch_id: int | None):
+def live_state(spark: SparkSession, checkpoint: Path, batch_id: int | None) -> pa.Table:
     """Canonical Arrow table of the state at a committed batch (Spark's state data source)."""
     return state_format.canonical(read_state(spark, checkpoint, batch_id).toArrow())
 
 
 # ---- savepoint ---------------------------------------------------------------------------------
 
-def _take_savepoint(config: SessionsConfig, trigger: str, spark) -> SavepointInfo:
+def _take_savepoint(config: SessionsConfig, trigger: str, spark: SparkSession | None) -> SavepointInfo:
     started = time.monotonic()
     info = inspect_checkpoint(config.checkpoint)
     meta = read_job_metadata(config.checkpoint)
     if info.last_committed_batch is None or meta is None:
         raise NoCommittedBatch(f"nothing to savepoint: no committed batch in {config.checkpoint}")
     spark = _spark(config, spark)
+    store = SavepointStore.of(config)
     state = live_state(spark, config.checkpoint, info.last_committed_batch)
-    checksum = sp.state_checksum(state)
+    checksum = state_checksum(state)
     now = dt.datetime.now(dt.timezone.utc)
-    savepoint_id = sp.new_savepoint_id(info.last_committed_batch, now)
+    savepoint_id = new_savepoint_id(info.last_committed_batch, now)
     watermark = info.next_watermark_ms if info.next_watermark_ms is not None else info.batch_watermark_ms
     row = {
         "savepoint_id": savepoint_id, "trigger": trigger, "created_at": now,
@@ -71,29 +75,29 @@ def _take_savepoint(config: SessionsConfig, trigger: str, spark) -> SavepointInf
         "watermark_ms": int(watermark or 0), "gap_ms": meta.gap_ms, "lateness_ms": meta.lateness_ms,
         "buckets": meta.buckets, "provider": info.provider, "partitions": info.partitions,
         "state_schema": state_format.SCHEMA_ID, "rows": state.num_rows, "checksum": checksum,
-        "sessions_version": DeltaTable(config.sessions_table).version(),
-        "quarantine_version": DeltaTable(config.quarantine_table).version(),
-        "incarnation": meta.incarnation, "state_uri": sp.state_uri(config.savepoint_uri, savepoint_id),
+        "sessions_version": open_table(config, config.sessions_table).version(),
+        "quarantine_version": open_table(config, config.quarantine_table).version(),
+        "incarnation": meta.incarnation, "state_uri": store.state_uri(savepoint_id),
     }
     try:
-        sp.write_state(config.savepoint_uri, savepoint_id, state)
-        reread = sp.read_savepoint_state(config.savepoint_uri, savepoint_id)
-        if reread.num_rows != state.num_rows or sp.state_checksum(reread) != checksum:
+        store.write_state(savepoint_id, state)
+        reread = store.read_state(savepoint_id)
+        if reread.num_rows != state.num_rows or state_checksum(reread) != checksum:
             raise SavepointDamaged(f"re-read of {row['state_uri']} does not match the live state")
-        row.update(status="complete", bytes=sp.table_bytes(row["state_uri"]),
+        row.update(status="complete", bytes=store.table_bytes(row["state_uri"]),
                    seconds=round(time.monotonic() - started, 3))
-        sp.record(config.savepoint_uri, row)
+        store.record(row)
     except Exception as error:  # noqa: BLE001 -- any failure must leave no complete row behind
         row.update(status="failed", error=f"{type(error).__name__}: {error}"[:500],
                    seconds=round(time.monotonic() - started, 3))
         with contextlib.suppress(Exception):  # the store is down; the attempt is simply not listed
-            sp.record(config.savepoint_uri, row)
+            store.record(row)
         raise SavepointFailed(f"savepoint {savepoint_id} failed and is not listed as complete: "
                              f"{type(error).__name__}: {str(error).splitlines()[0][:300]}") from None
     return SavepointInfo.from_row(row)
 
 
-def take_savepoint(config: SessionsConfig, trigger: str = "manual", spark=None) -> SavepointInfo:
+def take_savepoint(config: SessionsConfig, trigger: str = "manual", spark: SparkSession | None = None) -> SavepointInfo:
     """Savepoint of the stopped job at its last committed batch (state + source position + watermark
     + output table versions, all of the same batch)."""
     with _locks(config, "savepoint"):
@@ -111,10 +115,11 @@ def validate_savepoint(config: SessionsConfig, savepoint: str = "latest", migrat
 READABLE_SCHEMAS = (state_format.SCHEMA_ID, state_format.V1_SCHEMA_ID)
 
 
-def _validated(config: SessionsConfig, savepoint: str, migrate: bool):
+def _validated(config: SessionsConfig, savepoint: str, migrate: bool) -> tuple[dict[str, Any], pa.Table]:
     """The catalog row and the verified state rows (restore stages the very rows it checked), in the
     current canonical form (a v1 savepoint is upgraded after its own checksum matched)."""
-    row = sp.get_savepoint(config.savepoint_uri, savepoint)
+    store = SavepointStore.of(config)
+    row = store.get(savepoint)
     if row["state_schema"] not in READABLE_SCHEMAS:
         raise SavepointIncompatible(f"savepoint {row['savepoint_id']} has state schema {row['state_schema']!r}; "
                              f"this job reads {' or '.join(map(repr, READABLE_SCHEMAS))}")
@@ -123,8 +128,8 @@ def _validated(config: SessionsConfig, savepoint: str, migrate: bool):
             f"savepoint {row['savepoint_id']} was taken with gap {row['gap_ms'] // 60000} min and lateness "
             f"{row['lateness_ms'] // 60000} min; the job is set to {config.gap_minutes} and "
             f"{config.lateness_minutes}: pass --migrate to restore it under the new settings")
-    state = sp.read_savepoint_state(config.savepoint_uri, row["savepoint_id"])
-    checksum = sp.state_checksum(state)  # order-independent: no need to sort what was read
+    state = store.read_state(row["savepoint_id"])
+    checksum = state_checksum(state)  # order-independent: no need to sort what was read
     if state.num_rows != row["rows"] or checksum != row["checksum"]:
         raise SavepointDamaged(f"savepoint {row['savepoint_id']} is damaged: {state.num_rows} rows / {checksum}, "
                              f"catalog says {row['rows']} / {row['checksum']}")
@@ -133,7 +138,7 @@ def _validated(config: SessionsConfig, savepoint: str, migrate: bool):
     return row, state.select(state_format.CANONICAL_SCHEMA.names).cast(state_format.CANONICAL_SCHEMA)
 
 
-def expected_restored_state(state, gap_ms: int):
+def expected_restored_state(state: pa.Table, gap_ms: int) -> pa.Table:
     """What the restore's bootstrap batch must leave in the store: the rows walked once (watermark 0, so
     nothing closes or freezes). Equal to the savepoint's rows for a v2 savepoint under its own gap; for a v1
     savepoint or a new gap it settles each row's session_start."""
@@ -149,18 +154,19 @@ def _set_aside(checkpoint: Path) -> str | None:
     return str(target)
 
 
-def _roll_back_outputs(config: SessionsConfig, row: dict) -> dict:
+def _roll_back_outputs(config: SessionsConfig, row: dict[str, Any]) -> dict[str, int]:
     """Remove what the job wrote after the savepoint; the replay writes it again, exactly once."""
     removed = {}
     for name, uri, version in (("sessions", config.sessions_table, row["sessions_version"]),
                                ("quarantine", config.quarantine_table, row["quarantine_version"])):
-        if DeltaTable.is_deltatable(uri):
-            metrics = DeltaTable(uri).delete(f"written_version > {int(version)}")
+        if table_exists(config, uri):
+            metrics = open_table(config, uri).delete(f"written_version > {int(version)}")
             removed[name] = int(metrics.get("num_deleted_rows", 0) or 0)
     return removed
 
 
-def _restore(config: SessionsConfig, savepoint: str, partitions: int | None, migrate: bool, spark) -> RestoreResult:
+def _restore(config: SessionsConfig, savepoint: str, partitions: int | None, migrate: bool,
+             spark: SparkSession | None) -> RestoreResult:
     started = time.monotonic()
     row, state = _validated(config, savepoint, migrate)
     target = config.with_(state_partitions=partitions or row["partitions"] or config.state_partitions)
@@ -186,11 +192,11 @@ def _restore(config: SessionsConfig, savepoint: str, partitions: int | None, mig
                                source_options={"targetSeq": row["source_seq"]})
         query.awaitTermination()
         restored = live_state(spark, config.checkpoint, 0)
-        checksum = sp.state_checksum(restored)
+        checksum = state_checksum(restored)
         expected = expected_restored_state(state, meta.gap_ms)
-        if restored.num_rows != expected.num_rows or checksum != sp.state_checksum(expected):
+        if restored.num_rows != expected.num_rows or checksum != state_checksum(expected):
             raise StateMismatch(f"restored state does not match the savepoint: {restored.num_rows} rows / "
-                                 f"{checksum} vs {expected.num_rows} / {sp.state_checksum(expected)}")
+                                 f"{checksum} vs {expected.num_rows} / {state_checksum(expected)}")
     except Exception as error:  # noqa: BLE001 -- whatever broke, leave the operator a known next step
         raise _failed_restore(config, row["savepoint_id"], replaced, outputs_rolled_back, error) from None
     info = inspect_checkpoint(config.checkpoint)
@@ -221,7 +227,7 @@ def _failed_restore(config: SessionsConfig, savepoint_id: str, replaced: str | N
 
 
 def restore(config: SessionsConfig, savepoint: str = "latest", partitions: int | None = None,
-            migrate: bool = False, spark=None) -> RestoreResult:
+            migrate: bool = False, spark: SparkSession | None = None) -> RestoreResult:
     """Put state, source position and outputs back to a savepoint, into a fresh checkpoint built from
     the canonical Delta form alone (the old checkpoint is kept aside, not deleted)."""
     with _locks(config, "restore"):
@@ -230,7 +236,7 @@ def restore(config: SessionsConfig, savepoint: str = "latest", partitions: int |
 
 # ---- rescale -----------------------------------------------------------------------------------
 
-def rescale(config: SessionsConfig, partitions: int, spark=None) -> RescaleResult:
+def rescale(config: SessionsConfig, partitions: int, spark: SparkSession | None = None) -> RescaleResult:
     """Change the state partitions of the stopped job, keeping all state. A pre-rescale savepoint is
     taken first; RocksDB uses Spark's offline repartition, the HDFS-backed provider savepoint+restore."""
     if partitions < 1:
@@ -251,7 +257,7 @@ def rescale(config: SessionsConfig, partitions: int, spark=None) -> RescaleResul
             method = "repartition"
             after = inspect_checkpoint(config.checkpoint)
             state = live_state(spark, config.checkpoint, after.last_committed_batch)
-            if state.num_rows != saved.rows or sp.state_checksum(state) != saved.checksum:
+            if state.num_rows != saved.rows or state_checksum(state) != saved.checksum:
                 raise StateMismatch(f"repartitioned state does not match the pre-rescale savepoint "
                                     f"{saved.savepoint_id}; restore it with `sessionctl restore --savepoint "
                                     f"{saved.savepoint_id} --partitions {partitions}`")

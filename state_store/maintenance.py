@@ -4,6 +4,7 @@ from __future__ import annotations
 import datetime as dt
 import time
 from pathlib import Path
+from typing import Any
 
 import boto3
 import pyarrow as pa
@@ -12,24 +13,25 @@ from deltalake import DeltaTable
 from pipelines.checkpoint import directory_size
 from pipelines.config import SessionsConfig
 from pipelines.job import job_lock
-from state_store import savepoints as sp
+from pipelines.storage import is_s3, open_table, storage_options, table_exists
 from state_store.lifecycle import remove_tree, replaced_checkpoints
-from state_store.results import CompactionResult
+from state_store.results import CompactionResult, MaintenanceDue
+from state_store.savepoints import SavepointStore
 
 
-def _s3_objects(uri: str):
+def _s3_objects(config: SessionsConfig, uri: str) -> tuple[Any, str, list[dict[str, Any]]]:
     """(client, bucket, objects under the prefix as list_objects_v2 items): the one S3 listing here."""
     bucket, _, prefix = uri[len("s3://"):].partition("/")
-    options = sp.storage_options(uri) or {}
+    options = storage_options(config, uri) or {}
     client = boto3.client("s3", endpoint_url=options.get("AWS_ENDPOINT_URL"), region_name=options.get("AWS_REGION"))
     pages = client.get_paginator("list_objects_v2").paginate(Bucket=bucket, Prefix=prefix.rstrip("/") + "/")
     return client, bucket, [item for page in pages for item in page.get("Contents", [])]
 
 
-def _table_footprint(uri: str) -> tuple[int, int]:
+def _table_footprint(config: SessionsConfig, uri: str) -> tuple[int, int]:
     """(files, bytes) of everything under a Delta table, log included, local or S3."""
-    if uri.startswith("s3://"):
-        _, _, objects = _s3_objects(uri)
+    if is_s3(uri):
+        _, _, objects = _s3_objects(config, uri)
         return len(objects), sum(item["Size"] for item in objects)
     return directory_size(Path(uri))
 
@@ -38,12 +40,13 @@ def _data_files(table: DeltaTable) -> int:
     return pa.table(table.get_add_actions(flatten=True)).num_rows
 
 
-def _maintain_table(uri: str, retention_hours: int, dry_run: bool) -> dict:
+def _maintain_table(config: SessionsConfig, uri: str, dry_run: bool) -> dict[str, int]:
     """files_* count the table's live data files (what OPTIMIZE merges); bytes_* everything stored."""
-    options = sp.storage_options(uri)
+    options = storage_options(config, uri)
+    retention_hours = config.vacuum_retention_hours
     if not DeltaTable.is_deltatable(uri, storage_options=options):
         return {}
-    _, bytes_before = _table_footprint(uri)
+    _, bytes_before = _table_footprint(config, uri)
     table = DeltaTable(uri, storage_options=options)
     report = {"files_before": _data_files(table), "bytes_before": bytes_before}
     if dry_run:
@@ -55,7 +58,7 @@ def _maintain_table(uri: str, retention_hours: int, dry_run: bool) -> dict:
     if table.version() >= 10:  # a log checkpoint lets old commit files go
         table.create_checkpoint()
         table.cleanup_metadata()
-    _, bytes_after = _table_footprint(uri)
+    _, bytes_after = _table_footprint(config, uri)
     report.update(files_after=_data_files(DeltaTable(uri, storage_options=options)), bytes_after=bytes_after,
                   compacted_files=optimized.get("numFilesRemoved", 0), vacuumed_files=len(vacuumed))
     return report
@@ -76,33 +79,32 @@ def savepoints_to_delete(rows: list[dict], keep_last: int, keep_daily_days: int,
     return [r for r in rows if r["savepoint_id"] not in keep]
 
 
-def _delete_savepoint(uri: str, row: dict) -> None:
-    state = row.get("state_uri") or sp.state_uri(uri, row["savepoint_id"])
-    if state.startswith("s3://"):
-        client, bucket, objects = _s3_objects(state)
+def _delete_savepoint(config: SessionsConfig, store: SavepointStore, row: dict[str, Any]) -> None:
+    state = row.get("state_uri") or store.state_uri(row["savepoint_id"])
+    if is_s3(state):
+        client, bucket, objects = _s3_objects(config, state)
         for start in range(0, len(objects), 1000):  # delete_objects takes at most 1000 keys
             keys = [{"Key": item["Key"]} for item in objects[start:start + 1000]]
             client.delete_objects(Bucket=bucket, Delete={"Objects": keys})
     else:
         remove_tree(Path(state))
-    catalog = sp.catalog_uri(uri)
-    DeltaTable(catalog, storage_options=sp.storage_options(catalog)).delete(
-        f"savepoint_id = '{row['savepoint_id']}'")
+    store.forget(row["savepoint_id"])
 
 
-def compact(config: SessionsConfig, keep_last: int = 5, keep_daily_days: int = 7, dry_run: bool = False,
-            vacuum_retention_hours: int = 168, spark=None) -> CompactionResult:
-    """OPTIMIZE and VACUUM every Delta table, apply savepoint retention, drop checkpoints set aside by
-    restores once a newer savepoint exists. Runs beside the stream; never beside another lifecycle op."""
+def compact(config: SessionsConfig, dry_run: bool = False) -> CompactionResult:
+    """OPTIMIZE and VACUUM every Delta table, apply savepoint retention (config.keep_savepoints,
+    keep_daily_days), drop checkpoints set aside by restores. Runs beside the stream; never beside
+    another lifecycle operation."""
     started = time.monotonic()
     with job_lock(config, "compaction", name="lifecycle"):
         now = dt.datetime.now(dt.timezone.utc)
-        catalog = sp.list_savepoints(config.savepoint_uri)
-        doomed = savepoints_to_delete(catalog, keep_last, keep_daily_days, now)
+        store = SavepointStore.of(config)
+        catalog = store.list()
+        expired = savepoints_to_delete(catalog, config.keep_savepoints, config.keep_daily_days, now)
         deleted = []
-        for row in doomed:
+        for row in expired:
             if not dry_run:
-                _delete_savepoint(config.savepoint_uri, row)
+                _delete_savepoint(config, store, row)
             deleted.append(row["savepoint_id"])
         old_checkpoints = replaced_checkpoints(config)
         checkpoint_bytes = sum(directory_size(p)[1] for p in old_checkpoints)
@@ -111,12 +113,12 @@ def compact(config: SessionsConfig, keep_last: int = 5, keep_daily_days: int = 7
                 remove_tree(path)
         tables = {}
         uris = {"sessions": config.sessions_table, "quarantine": config.quarantine_table,
-                "raw_events": config.raw_events_table, "savepoint_catalog": sp.catalog_uri(config.savepoint_uri)}
+                "raw_events": config.raw_events_table, "savepoint_catalog": store.catalog_uri}
         for row in catalog:
             if row["savepoint_id"] not in deleted and row["status"] == "complete":
                 uris[f"savepoint:{row['savepoint_id']}"] = row["state_uri"]
         for name, uri in uris.items():
-            report = _maintain_table(uri, vacuum_retention_hours, dry_run)
+            report = _maintain_table(config, uri, dry_run)
             if report:
                 tables[name] = report
         state_files, state_bytes = directory_size(config.checkpoint / "state")
@@ -136,3 +138,35 @@ def compact(config: SessionsConfig, keep_last: int = 5, keep_daily_days: int = 7
             tables=tables,
             seconds=round(time.monotonic() - started, 3),
         )
+
+
+def _live_data_files(config: SessionsConfig, uri: str) -> int:
+    return _data_files(open_table(config, uri)) if table_exists(config, uri) else 0
+
+
+def maintenance_due(config: SessionsConfig, now: dt.datetime | None = None) -> MaintenanceDue:
+    """The policy: a savepoint when the newest complete one is older than savepoint_max_age_hours (or there
+    is none); compaction when a table has more than compact_files data files or the state more than
+    state_files files. Dagster's maintenance sensor asks this; the thresholds are settings."""
+    now = now or dt.datetime.now(dt.timezone.utc)
+    complete = [r for r in SavepointStore.of(config).list() if r["status"] == "complete"]
+    newest = complete[0] if complete else None
+    age = (now - dt.datetime.fromisoformat(newest["created_at"])).total_seconds() if newest else None
+    savepoint = None
+    if newest is None:
+        savepoint = "no complete savepoint yet"
+    elif age is not None and age >= config.savepoint_max_age_hours * 3600:
+        savepoint = f"newest savepoint {newest['savepoint_id']} is {age / 3600:.1f} h old " \
+                    f"(SESSIONS_SAVEPOINT_MAX_AGE_HOURS={config.savepoint_max_age_hours:g})"
+    files = {name: _live_data_files(config, uri) for name, uri in
+             (("sessions", config.sessions_table), ("quarantine", config.quarantine_table),
+              ("raw_events", config.raw_events_table))}
+    state_files, _ = directory_size(config.checkpoint / "state")
+    crowded = [f"{name} has {n} data files" for name, n in files.items() if n > config.compact_files]
+    if state_files > config.state_files:
+        crowded.append(f"the state has {state_files} files")
+    compaction = "; ".join(crowded) + f" (limits {config.compact_files} / {config.state_files})" if crowded else None
+    return MaintenanceDue(savepoint=savepoint, compaction=compaction,
+                          newest_savepoint_id=newest["savepoint_id"] if newest else None,
+                          newest_savepoint_age_s=round(age, 1) if age is not None else None,
+                          data_files=files, state_files=state_files)

@@ -8,6 +8,8 @@ from typing import Any, ClassVar
 
 
 class _Result:
+    __dataclass_fields__: ClassVar[dict[str, Any]]  # every result is a dataclass
+
     # Keys that were only present when set: left out of to_dict() while None, so the JSON keeps its shape.
     _omit_if_none: ClassVar[tuple[str, ...]] = ()
 
@@ -59,7 +61,7 @@ class SavepointInfo(_Result):
         if isinstance(created_at, dt.datetime):
             created_at = created_at.isoformat()
         values = {f.name: row.get(f.name) for f in fields(cls) if f.name not in ("created_at", "verified")}
-        return cls(**values, created_at=created_at, verified=verified)
+        return cls(**values, created_at=created_at, verified=verified)  # type: ignore[arg-type]
 
     def to_dict(self) -> dict[str, Any]:
         out = super().to_dict()
@@ -134,3 +136,24 @@ class StatusReport(_Result):
     state_rows: int = 0
     frozen_prefixes: int = 0
     state_value_bytes: int = 0
+
+
+@dataclass(frozen=True)
+class MaintenanceDue(_Result):
+    """The maintenance policy's answer (maintenance.maintenance_due): what is due now, and why."""
+    savepoint: str | None      # why a savepoint is due, None when the newest one is recent enough
+    compaction: str | None     # why compaction is due, None when files are below the thresholds
+    newest_savepoint_id: str | None
+    newest_savepoint_age_s: float | None
+    data_files: dict[str, int]  # live data files per table
+    state_files: int            # files under the checkpoint's state/
+
+
+@dataclass(frozen=True)
+class TableFacts(_Result):
+    """A Delta table as its log describes it (no data read): observe.table_facts."""
+    uri: str
+    version: int
+    rows: int
+    data_files: int
+    bytes: int

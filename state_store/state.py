@@ -2,14 +2,17 @@
 from __future__ import annotations
 
 import datetime as dt
+from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import Any
 
 import pyarrow as pa
 import pyarrow.compute as pc
+from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 
 from pipelines import state_format
-from pipelines.checkpoint import inspect_checkpoint, read_job_metadata
+from pipelines.checkpoint import CheckpointInfo, JobMetadata, inspect_checkpoint, read_job_metadata
 from pipelines.config import SessionsConfig
 from pipelines.errors import NoCommittedBatch
 from pipelines.sessionize import open_sessions
@@ -18,14 +21,15 @@ _CANONICAL_DDL = ("user_id string, session_start timestamp, event_id string, eve
                   "event_type string, event_count long, page_views long")
 
 
-def _decode_partition(batches):
+def _decode_partition(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
     """Stored bucket values -> canonical rows, in the executors (the driver never holds all state)."""
     for batch in batches:
         for value in batch.column(0).to_pylist():
             yield from state_format.to_canonical(state_format.decode(value)).to_batches()
 
 
-def state_values(spark, checkpoint: Path, batch_id: int | None = None, with_key: bool = False):
+def state_values(spark: SparkSession, checkpoint: Path, batch_id: int | None = None,
+                 with_key: bool = False) -> DataFrame:
     """One row per state store key (hash bucket): its binary value `v` (and `bucket` if asked)."""
     # The RocksDB provider calls the driver's StateStoreCoordinator, which Spark registers only when
     # the streaming query manager is first used; a fresh process (sessionctl) must touch it first.
@@ -39,7 +43,7 @@ def state_values(spark, checkpoint: Path, batch_id: int | None = None, with_key:
     return reader.load(str(checkpoint)).select(*columns).where(F.col("v").isNotNull())
 
 
-def read_state(spark, checkpoint: Path, batch_id: int | None = None):
+def read_state(spark: SparkSession, checkpoint: Path, batch_id: int | None = None) -> DataFrame:
     """The state's rows in canonical form: per open session at most one frozen prefix (event_id null) and
     its events above the watermark, each row with its session's start."""
     return state_values(spark, checkpoint, batch_id).mapInArrow(_decode_partition, _CANONICAL_DDL)
@@ -48,8 +52,8 @@ def read_state(spark, checkpoint: Path, batch_id: int | None = None):
 _SUMMARY_DDL = "keys long, users long, sessions long, events long, rows long, prefixes long, bytes long"
 
 
-def _summarise_partition(gap_ms: int):
-    def summarise(batches):
+def _summarise_partition(gap_ms: int) -> Callable[[Iterator[pa.RecordBatch]], Iterator[pa.RecordBatch]]:
+    def summarise(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
         totals = dict.fromkeys(_SUMMARY_DDL.replace(" long", "").split(", "), 0)
         for batch in batches:
             for value in batch.column(0).to_pylist():
@@ -65,7 +69,7 @@ def _summarise_partition(gap_ms: int):
     return summarise
 
 
-def state_summary(spark, checkpoint: Path, gap_ms: int, batch_id: int | None = None) -> dict:
+def state_summary(spark: SparkSession, checkpoint: Path, gap_ms: int, batch_id: int | None = None) -> dict:
     """What the state holds, in one pass over it: keys (hash buckets), open users, open sessions, open
     events (frozen ones counted), stored rows, frozen prefixes and the stored value bytes."""
     parts = state_values(spark, checkpoint, batch_id).mapInArrow(_summarise_partition(gap_ms), _SUMMARY_DDL)
@@ -87,7 +91,7 @@ def _iso(ms: int | None) -> str | None:
         timespec="milliseconds").replace("+00:00", "Z")
 
 
-def _session_json(row: dict, watermark_ms: int | None) -> dict:
+def _session_json(row: dict[str, Any], watermark_ms: int | None) -> dict[str, Any]:
     return {"session_id": row["session_id"], "session_start": _iso(row["session_start_ms"]),
             "last_event": _iso(row["last_event_ms"]), "last_event_type": row["last_event_type"],
             "events": int(row["event_count"]), "page_views": int(row["page_views"]),
@@ -95,7 +99,7 @@ def _session_json(row: dict, watermark_ms: int | None) -> dict:
             "closes_in_watermark_ms": None if watermark_ms is None else int(row["closes_at_ms"]) - watermark_ms}
 
 
-def _job(config: SessionsConfig):
+def _job(config: SessionsConfig) -> tuple[CheckpointInfo, JobMetadata, int | None]:
     info = inspect_checkpoint(config.checkpoint)
     meta = read_job_metadata(config.checkpoint)
     if info.last_committed_batch is None or meta is None:
@@ -104,7 +108,7 @@ def _job(config: SessionsConfig):
     return info, meta, watermark
 
 
-def lookup_user(spark, config: SessionsConfig, user_id: str) -> dict:
+def lookup_user(spark: SparkSession, config: SessionsConfig, user_id: str) -> dict[str, Any]:
     """One user's open session(s) at the last committed batch: only the user's bucket is read and decoded."""
     info, meta, watermark = _job(config)
     values = state_values(spark, config.checkpoint, info.last_committed_batch, with_key=True)
@@ -117,12 +121,12 @@ def lookup_user(spark, config: SessionsConfig, user_id: str) -> dict:
             "open_sessions": [_session_json(s, watermark) for s in sessions]}
 
 
-def top_sessions(spark, config: SessionsConfig, n: int) -> dict:
+def top_sessions(spark: SparkSession, config: SessionsConfig, n: int) -> dict[str, Any]:
     """The n largest open sessions by events (a hot-key view), decoded in the executors."""
     info, meta, watermark = _job(config)
     gap_ms = meta.gap_ms
 
-    def sessions_of(batches):
+    def sessions_of(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
         for batch in batches:
             for value in batch.column(0).to_pylist():
                 found = open_sessions(state_format.decode(value), gap_ms)

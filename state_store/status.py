@@ -1,15 +1,18 @@
 """What the job holds now, for `sessionctl status`, Dagster's observations and the demo."""
 from __future__ import annotations
 
+from pyspark.sql import SparkSession
+
 from pipelines.checkpoint import directory_size, inspect_checkpoint, read_job_metadata
 from pipelines.config import SessionsConfig
 from pipelines.job import get_spark
+from pipelines.storage import storage_options
 from pipelines.tables import table_rows
 from state_store.results import StatusReport
 from state_store.state import state_summary
 
 
-def status(config: SessionsConfig, spark=None, with_state: bool = True) -> StatusReport:
+def status(config: SessionsConfig, spark: SparkSession | None = None, with_state: bool = True) -> StatusReport:
     """What the job holds now: provider, partitions, last batch, state keys and bytes, watermark."""
     info = inspect_checkpoint(config.checkpoint)
     files, size = directory_size(config.checkpoint / "state")
@@ -26,7 +29,7 @@ def status(config: SessionsConfig, spark=None, with_state: bool = True) -> Statu
         source_offset=info.source_offset,
         state_files=files,
         state_bytes=size,
-        sessions_rows=table_rows(config.sessions_table),
-        quarantine_rows=table_rows(config.quarantine_table),
+        sessions_rows=table_rows(config.sessions_table, storage_options(config, config.sessions_table)),
+        quarantine_rows=table_rows(config.quarantine_table, storage_options(config, config.quarantine_table)),
         **state,
     )

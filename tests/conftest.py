@@ -6,6 +6,13 @@ Fixtures
                  It serves both state store providers: the provider is chosen per query start from the
                  config passed to ``catch_up(config, spark)``.
 ``make_config``  the ``make_config(tmp_path, provider="rocksdb", **env)`` helper below, as a fixture.
+``postgres_server`` (session scope) a real PostgreSQL 15 on 127.0.0.1 (Debian's binaries, own temp dir, free
+                 port, password auth): a ``PostgresServer`` with ``create_database(name)`` and
+                 ``dagster_env(database)`` (the DAGSTER_PG_* variables of deploy/dagster.yaml).
+``s3_endpoint``  (session scope) a real S3 HTTP API on loopback (moto server in its own process) with the
+                 buckets ``savepoints`` and ``warehouse``; while it lives, the AWS_* variables of this process
+                 point delta-rs and boto3 at it. Yields {"process", "port", "env"}; SIGSTOP/SIGCONT of the
+                 process is an injected outage.
 
 Helpers (import them with ``from tests.conftest import ...``)
 -------------------------------------------------------------
@@ -14,6 +21,7 @@ Helpers (import them with ``from tests.conftest import ...``)
     variable names (``SESSIONS_GAP_MINUTES=5``), values are str()-ed; a value of None removes the variable.
     Defaults: gap 30 min, lateness 10 min, 2 state partitions, SESSIONS_MAX_VERSIONS_PER_BATCH=1 (each ingest
     commit is its own micro-batch; pass ``SESSIONS_MAX_VERSIONS_PER_BATCH=None`` for "all available").
+``tool(name) -> str``  the path of a console script of the venv running the tests (sessionctl, dagster, ...).
 ``config_env(config) -> dict``  the environment for a ``sessionctl`` subprocess running the same config.
 ``read_sessions(config) -> list[tuple]``  the sessions table as (session_id, user_id, start_ms, end_ms,
     event_count, page_views, end_reason) tuples, sorted.
@@ -24,7 +32,15 @@ Helpers (import them with ``from tests.conftest import ...``)
 from __future__ import annotations
 
 import os
+import secrets
+import shutil
+import socket
+import subprocess
 import sys
+import tempfile
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
@@ -33,7 +49,17 @@ os.environ["PYSPARK_PYTHON"] = sys.executable
 os.environ.setdefault("PYSPARK_DRIVER_PYTHON", sys.executable)
 
 REPO = Path(__file__).resolve().parent.parent
-SESSIONCTL = Path(sys.executable).parent / "sessionctl"  # the venv running the tests
+VENV_BIN = Path(sys.executable).parent  # the venv running the tests, wherever it is
+
+
+def tool(name: str) -> str:
+    path = VENV_BIN / name
+    if not path.exists():
+        raise FileNotFoundError(f"{path} not found: run `make setup` (console scripts of the test venv)")
+    return str(path)
+
+
+SESSIONCTL = VENV_BIN / "sessionctl"
 
 DEFAULT_ENV = {
     "SESSIONS_STATE_PARTITIONS": "2",
@@ -68,6 +94,9 @@ def config_env(config, **extra) -> dict:
         "SESSIONS_LATENESS_MINUTES": str(config.lateness_minutes),
         "SESSIONS_STATE_BUCKETS": str(config.state_buckets),
         "SESSIONS_SAVEPOINT_URI": str(config.savepoint_uri),
+        "SESSIONS_CHECKPOINT_URI": str(config.checkpoint_uri),
+        "SESSIONS_WAREHOUSE_URI": str(config.warehouse_uri),
+        "SESSIONS_LANDING_URI": str(config.landing_uri),
         "PYSPARK_PYTHON": sys.executable,
         "PYSPARK_DRIVER_PYTHON": sys.executable,
     })
@@ -85,9 +114,9 @@ def _ms(column) -> list:
 
 
 def read_sessions(config) -> list[tuple]:
-    from deltalake import DeltaTable
+    from pipelines.storage import open_table
 
-    table = DeltaTable(config.sessions_table).to_pyarrow_table()
+    table = open_table(config, config.sessions_table).to_pyarrow_table()
     rows = zip(table["session_id"].to_pylist(), table["user_id"].to_pylist(), _ms(table["session_start"]),
                _ms(table["session_end"]), table["event_count"].to_pylist(), table["page_views"].to_pylist(),
                table["end_reason"].to_pylist())
@@ -143,3 +172,135 @@ def spark(tmp_path_factory):
 def _make_config_fixture():
     """The make_config(tmp_path, provider="rocksdb", **env) helper (see the module docstring)."""
     return make_config
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+S3_BUCKETS = ("savepoints", "warehouse")
+
+
+@pytest.fixture(scope="session")
+def s3_endpoint():
+    """A real S3 HTTP API on loopback (moto server, its own process), shared by the whole test run."""
+    import boto3
+
+    port = free_port()
+    server = subprocess.Popen([tool("moto_server"), "-H", "127.0.0.1", "-p", str(port)],
+                              stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    env = {"AWS_ACCESS_KEY_ID": "testing", "AWS_SECRET_ACCESS_KEY": "testing", "AWS_REGION": "us-east-1",
+           "AWS_DEFAULT_REGION": "us-east-1", "AWS_ENDPOINT_URL": f"http://127.0.0.1:{port}",
+           "AWS_ALLOW_HTTP": "true", "AWS_EC2_METADATA_DISABLED": "true", "SESSIONS_S3_TIMEOUT": "5s",
+           "SESSIONS_S3_RETRY_TIMEOUT": "5s", "SESSIONS_S3_MAX_RETRIES": "1"}
+    saved = {k: os.environ.get(k) for k in env}
+    os.environ.update(env)
+    deadline = time.monotonic() + 30
+    while True:
+        try:
+            client = boto3.client("s3", endpoint_url=env["AWS_ENDPOINT_URL"])
+            for bucket in S3_BUCKETS:
+                client.create_bucket(Bucket=bucket)
+            break
+        except Exception:  # noqa: BLE001 -- not listening yet
+            if time.monotonic() > deadline:
+                raise
+            time.sleep(0.3)
+    yield {"process": server, "port": port, "env": env}
+    server.kill()
+    server.wait()
+    for key, value in saved.items():
+        if value is None:
+            os.environ.pop(key, None)
+        else:
+            os.environ[key] = value
+
+
+@pytest.fixture(scope="session")
+def spark_cluster(tmp_path_factory):
+    """A real Spark standalone cluster on loopback (deploy/local-cluster: a master and two 1-core workers,
+    separate JVMs), shared by the test run. Yields {"master": "spark://...", "dir": Path} (logs, work dirs)."""
+    root = tmp_path_factory.mktemp("cluster")
+    port, ui_port = free_port(), free_port()
+    script = str(REPO / "deploy" / "local-cluster")
+    env = {**os.environ, "VENV_PY": sys.executable}
+    started = subprocess.run([script, "start", "--dir", str(root), "--port", str(port), "--ui-port", str(ui_port),
+                              "--workers", "2", "--cores", "1", "--memory", "2g"],
+                             env=env, capture_output=True, text=True, timeout=120)
+    if started.returncode != 0:
+        subprocess.run([script, "stop", "--dir", str(root)], env=env, timeout=60)
+        raise RuntimeError(f"local cluster did not start: {started.stderr}")
+    yield {"master": started.stdout.strip(), "dir": root, "ui_port": ui_port}
+    subprocess.run([script, "stop", "--dir", str(root)], env=env, timeout=60)
+
+
+# --- PostgreSQL (a real server for tests that need one: the Dagster instance storage) ------------------------
+PG_BIN = Path(os.environ.get("SESSIONS_TEST_PG_BIN", "/usr/lib/postgresql/15/bin"))
+
+
+@dataclass(frozen=True)
+class PostgresServer:
+    """A running PostgreSQL on 127.0.0.1 (password auth over TCP, like a managed database)."""
+
+    host: str
+    port: int
+    user: str
+    password: str
+    data_dir: Path
+
+    def create_database(self, name: str) -> str:
+        """A new, empty database (one per test module keeps modules independent); returns its name."""
+        subprocess.run([str(PG_BIN / "createdb"), "-h", self.host, "-p", str(self.port), "-U", self.user, name],
+                       env={**os.environ, "PGPASSWORD": self.password}, check=True, capture_output=True, timeout=60)
+        return name
+
+    def dagster_env(self, database: str) -> dict[str, str]:
+        """The DAGSTER_PG_* variables deploy/dagster.yaml reads its connection from."""
+        return {"DAGSTER_PG_HOST": self.host, "DAGSTER_PG_PORT": str(self.port), "DAGSTER_PG_USER": self.user,
+                "DAGSTER_PG_PASSWORD": self.password, "DAGSTER_PG_DB": database}
+
+
+def _as_postgres_user(args: list[str]) -> list[str]:
+    # initdb/pg_ctl refuse to run as root: as root (CI, the dev machines) run them as Debian's postgres user.
+    return ["runuser", "-u", "postgres", "--", *args] if os.geteuid() == 0 else args
+
+
+@pytest.fixture(scope="session")
+def postgres_server() -> Iterator[PostgresServer]:
+    """PostgreSQL 15 (Debian's server binaries at PG_BIN) in its own temp dir on a free loopback port, for the
+    whole test run; stopped (fast shutdown) and removed at the end. Nothing listens beyond 127.0.0.1."""
+    if not (PG_BIN / "pg_ctl").exists():
+        pytest.fail(f"PostgreSQL server binaries not found in {PG_BIN}: apt-get install postgresql-15 "
+                    "(or point SESSIONS_TEST_PG_BIN at a PostgreSQL bin directory)")
+    # Not under pytest's tmp dir: that one is private to root and the postgres user could not enter it.
+    root = Path(tempfile.mkdtemp(prefix="sessions-pg-"))
+    if os.geteuid() == 0:
+        shutil.chown(root, "postgres", "postgres")
+    server = PostgresServer(host="127.0.0.1", port=free_port(), user="sessions_test",
+                            password=secrets.token_hex(16), data_dir=root / "data")
+    password_file = root / "password"
+    password_file.write_text(server.password + "\n")
+    if os.geteuid() == 0:
+        shutil.chown(password_file, "postgres", "postgres")
+    log = root / "postgres.log"
+
+    def run(args: list[str]) -> None:
+        done = subprocess.run(_as_postgres_user(args), capture_output=True, text=True, timeout=120)
+        if done.returncode != 0:
+            tail = log.read_text()[-2000:] if log.exists() else ""
+            raise RuntimeError(f"{args[0]} failed ({done.returncode}): {done.stderr[-2000:]}{tail}")
+
+    run([str(PG_BIN / "initdb"), "-D", str(server.data_dir), "-U", server.user, f"--pwfile={password_file}",
+         "--auth-host=scram-sha-256", "--auth-local=peer", "-E", "UTF8", "--locale=C.UTF-8"])
+    password_file.unlink()
+    # fsync off: a throw-away test cluster, a crash loses nothing we need and commits get cheap.
+    options = (f"-c listen_addresses={server.host} -p {server.port} -c unix_socket_directories={root} "
+               "-c fsync=off -c synchronous_commit=off -c full_page_writes=off -c max_connections=200")
+    run([str(PG_BIN / "pg_ctl"), "-D", str(server.data_dir), "-l", str(log), "-o", options, "-w", "-t", "60", "start"])
+    try:
+        yield server
+    finally:
+        run([str(PG_BIN / "pg_ctl"), "-D", str(server.data_dir), "-m", "fast", "-w", "-t", "60", "stop"])
+        shutil.rmtree(root, ignore_errors=True)

@@ -10,6 +10,7 @@ import pytest
 from pipelines.config import ConfigError, SessionsConfig
 from pipelines.errors import JobRunning, LifecycleBusy, SessionsError
 from pipelines.job import job_lock, spark_conf
+from tests.conftest import tool
 
 REPO = Path(__file__).resolve().parent.parent
 
@@ -36,16 +37,19 @@ def test_settings_reach_spark_and_operations(tmp_path):
     ("SESSIONS_GAP_MINUTES", "half an hour", "is not an integer"),
     ("SESSIONS_AUTO_RESTORE", "maybe", "expected true or false"),
     ("SESSIONS_SAVEPOINT_MAX_AGE_HOURS", "-1", "must be > 0"),
+    ("SESSIONS_MAX_VERSIONS_PER_BATCH", "abc", "is not an integer"),
+    ("SESSIONS_MAX_FUTURE_MINUTES", "-5", "must be >= 0"),
+    ("SESSIONS_HOME", "", "set but empty"),
 ])
 def test_bad_values_are_refused_by_name(tmp_path, name, value, says):
     with pytest.raises(ConfigError, match=says) as error:
-        SessionsConfig.from_env({"SESSIONS_HOME": str(tmp_path), name: value})
+        SessionsConfig.from_env({"SESSIONS_HOME": str(tmp_path), name: value})  # (an empty HOME replaces it)
     assert name in str(error.value)
 
 
 def test_cli_reports_a_bad_setting_in_one_line(tmp_path):
     env = {**os.environ, "SESSIONS_HOME": str(tmp_path), "SESSIONS_STATE_STORE": "memory"}
-    done = subprocess.run([str(REPO / ".venv" / "bin" / "sessionctl"), "status", "--json"], env=env,
+    done = subprocess.run([tool("sessionctl"), "status", "--json"], env=env,
                           capture_output=True, text=True, timeout=120)
     assert done.returncode == 1 and "Traceback" not in done.stderr
     assert done.stderr.strip().count("\n") == 0 and "SESSIONS_STATE_STORE='memory'" in done.stderr
@@ -59,7 +63,7 @@ def test_a_bad_setting_and_a_held_lock_are_expected_errors(tmp_path):
     with job_lock(config, "run"), pytest.raises(JobRunning, match="the job is running: run \\(pid") as busy, \
             job_lock(config, "savepoint"):
         pass
-    assert busy.value.holder.startswith("run (pid") and busy.value.lock.endswith("job.lock")
+    assert busy.value.holder.startswith("run (pid") and busy.value.lock.endswith("_leases/job.lease")
     with job_lock(config, "compaction", name="lifecycle"), pytest.raises(LifecycleBusy, match="another lifecycle"), \
             job_lock(config, "restore", name="lifecycle"):
         pass

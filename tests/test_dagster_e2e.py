@@ -1,93 +1,206 @@
-"""End to end through the real Dagster webserver + daemon (`dagster dev` on loopback), driven over
-GraphQL as the UI does, then looked at in headless Chromium (screenshots kept in tests/artifacts/)."""
+"""End to end on the production shape of the Dagster deployment: a code server started with the user-code
+image's command (Dockerfile CMD), a webserver and a daemon, three processes sharing one instance --
+deploy/dagster.yaml as shipped, on a real PostgreSQL 15 (tests/conftest.py::postgres_server). Driven over
+GraphQL as the UI does, checked in Postgres directly, then looked at in headless Chromium (screenshots kept in
+tests/artifacts/)."""
 from __future__ import annotations
 
 import datetime as dt
+import json
 import os
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import time
+from collections.abc import Callable, Iterator
+from contextlib import closing
+from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
+import psycopg2
 import pytest
 import requests
+import yaml
 from dagster import DagsterRunStatus
 from dagster_graphql import DagsterGraphQLClient
 from deltalake import DeltaTable
+from selenium import webdriver
+from selenium.webdriver.chrome.service import Service
+from selenium.webdriver.common.by import By
 
+from pipelines.checkpoint import inspect_checkpoint
 from pipelines.config import SessionsConfig
+from pipelines.job import job_lock
 from pipelines.sample_data import land_sample
+from tests.conftest import PostgresServer, free_port, tool
 
 REPO = Path(__file__).resolve().parent.parent
 ARTIFACTS = REPO / "tests" / "artifacts"
+INSTANCE_YAML = REPO / "deploy" / "dagster.yaml"
+DOCKERFILE = REPO / "Dockerfile"
 LOCATION = "assets.definitions"
 CHROMIUM = shutil.which("chromium")
+FINISHED = (DagsterRunStatus.SUCCESS, DagsterRunStatus.FAILURE, DagsterRunStatus.CANCELED)
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+@dataclass(frozen=True)
+class DagsterStack:
+    port: int
+    client: DagsterGraphQLClient
+    config: SessionsConfig
+    dagster_home: Path
+    postgres: PostgresServer
+    database: str
+
+    def sql(self, query: str, params: tuple[Any, ...] = ()) -> list[tuple[Any, ...]]:
+        """Rows straight from the instance's Postgres database (not through Dagster)."""
+        env = self.postgres.dagster_env(self.database)
+        with closing(psycopg2.connect(host=env["DAGSTER_PG_HOST"], port=int(env["DAGSTER_PG_PORT"]),
+                                      user=env["DAGSTER_PG_USER"], password=env["DAGSTER_PG_PASSWORD"],
+                                      dbname=self.database)) as connection, connection.cursor() as cursor:
+            cursor.execute(query, params)
+            return list(cursor.fetchall())
+
+
+def code_server_command(host: str, port: int) -> list[str]:
+    """The image's CMD (exec form in the Dockerfile), served on this host and port instead of 0.0.0.0:4000."""
+    line = next(line for line in DOCKERFILE.read_text().splitlines() if line.startswith("CMD ["))
+    command: list[str] = json.loads(line[len("CMD "):])
+    assert command[:3] == ["dagster", "code-server", "start"], command
+    for flag, value in (("-h", host), ("-p", str(port))):
+        command[command.index(flag) + 1] = value
+    return [tool("dagster"), *command[1:]]
+
+
+def _start(args: list[str], env: dict[str, str], log: Path) -> subprocess.Popen[bytes]:
+    with open(log, "wb") as out:  # the child keeps its own descriptor
+        return subprocess.Popen(args, cwd=REPO, env=env, stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
+
+
+def _stop(process: subprocess.Popen[bytes]) -> None:
+    """SIGTERM to the process group (Dagster maps it to a clean shutdown), SIGKILL if it hangs."""
+    if process.poll() is not None:
+        return
+    os.killpg(process.pid, signal.SIGTERM)
+    try:
+        process.wait(timeout=60)
+    except subprocess.TimeoutExpired:
+        os.killpg(process.pid, signal.SIGKILL)
+        process.wait()
+
+
+def _wait_until(ready: Callable[[], bool], seconds: float, what: str, processes: dict[str, subprocess.Popen[bytes]],
+                logs: Path) -> None:
+    deadline = time.monotonic() + seconds
+    while not ready():
+        dead = [name for name, process in processes.items() if process.poll() is not None]
+        if dead or time.monotonic() > deadline:
+            tails = "\n".join(f"--- {log.name}\n{log.read_text(errors='replace')[-2500:]}"
+                              for log in sorted(logs.glob("*.log")))
+            raise RuntimeError(f"{what}: {'exited: ' + ', '.join(dead) if dead else 'timed out'}\n{tails}")
+        time.sleep(1)
+
+
+LOCATION_STATUS = """
+query { workspaceOrError { ... on Workspace { locationEntries {
+  name locationOrLoadError { __typename ... on PythonError { message } } } } } }"""
+RELOAD_LOCATION = """
+mutation Reload($name: String!) { reloadRepositoryLocation(repositoryLocationName: $name) { __typename } }"""
+
+
+def _graphql(port: int, query: str, variables: dict[str, Any] | None = None) -> dict[str, Any]:
+    answer = requests.post(f"http://127.0.0.1:{port}/graphql", timeout=60,
+                           json={"query": query, "variables": variables or {}})
+    answer.raise_for_status()
+    result: dict[str, Any] = answer.json()
+    return result
+
+
+def _location_loaded(port: int) -> bool:
+    try:
+        if not requests.get(f"http://127.0.0.1:{port}/server_info", timeout=2).ok:
+            return False
+        entries = _graphql(port, LOCATION_STATUS)["data"]["workspaceOrError"]["locationEntries"]
+    except requests.RequestException:
+        return False
+    entry = next((e for e in entries if e["name"] == LOCATION), None)
+    if entry and entry["locationOrLoadError"] and entry["locationOrLoadError"]["__typename"] == "RepositoryLocation":
+        return True
+    _graphql(port, RELOAD_LOCATION, {"name": LOCATION})  # asked before the code server finished loading
+    return False
 
 
 @pytest.fixture(scope="module")
-def dagster_dev(tmp_path_factory):
+def dagster_stack(tmp_path_factory: pytest.TempPathFactory, postgres_server: PostgresServer) -> Iterator[DagsterStack]:
     root = tmp_path_factory.mktemp("e2e")
-    home, dagster_home = root / "sessions", root / "dagster_home"
+    home, dagster_home, logs = root / "sessions", root / "dagster_home", root / "logs"
     dagster_home.mkdir()
+    logs.mkdir()
+    # As after `make demo`: state made by the CLI before Dagster ever starts (the UI must show it by itself).
+    land_sample(home / "landing", users=60, sessions_per_user=3, files=2, seed=3)
+    cli = subprocess.run([tool("sessionctl"), "catch-up"], capture_output=True, text=True, timeout=600,
+                         env={**os.environ, "SESSIONS_HOME": str(home), "PYSPARK_PYTHON": sys.executable,
+                              "PYTHONPATH": os.pathsep.join(p for p in (str(REPO), os.environ.get("PYTHONPATH")) if p)})
+    assert cli.returncode == 0, cli.stderr[-2000:]
     land_sample(home / "landing", users=120, sessions_per_user=3, files=4)
-    port = _free_port()
-    env = {**os.environ, "SESSIONS_HOME": str(home), "DAGSTER_HOME": str(dagster_home),
-           "PYSPARK_PYTHON": sys.executable}
-    log = open(root / "dagster-dev.log", "w")
-    process = subprocess.Popen([str(REPO / ".venv" / "bin" / "dagster"), "dev", "-w", "workspace.yaml",
-                                "-h", "127.0.0.1", "-p", str(port)], cwd=REPO, env=env, stdout=log,
-                               stderr=subprocess.STDOUT, start_new_session=True)
+    # The shipped instance config, unchanged: its connection comes from the DAGSTER_PG_* variables.
+    shutil.copy(INSTANCE_YAML, dagster_home / "dagster.yaml")
+    database = postgres_server.create_database("dagster_e2e")
+    code_port, web_port = free_port(), free_port()
+    workspace = root / "workspace.yaml"
+    workspace.write_text(yaml.safe_dump({"load_from": [{"grpc_server": {
+        "host": "127.0.0.1", "port": code_port, "location_name": LOCATION}}]}))
+    env = {**os.environ, **postgres_server.dagster_env(database), "SESSIONS_HOME": str(home),
+           "DAGSTER_HOME": str(dagster_home), "PYSPARK_PYTHON": sys.executable,
+           # This checkout's code, also when the venv's editable install points at another worktree.
+           "PYTHONPATH": os.pathsep.join(p for p in (str(REPO), os.environ.get("PYTHONPATH")) if p)}
+    stack = DagsterStack(port=web_port, client=DagsterGraphQLClient("127.0.0.1", port_number=web_port),
+                         config=SessionsConfig.from_env({"SESSIONS_HOME": str(home)}), dagster_home=dagster_home,
+                         postgres=postgres_server, database=database)
+    processes: dict[str, subprocess.Popen[bytes]] = {}
     try:
-        deadline = time.monotonic() + 180
-        while True:
-            try:
-                if requests.get(f"http://127.0.0.1:{port}/server_info", timeout=2).ok:
-                    break
-            except requests.RequestException:
-                pass
-            if time.monotonic() > deadline or process.poll() is not None:
-                raise RuntimeError(f"dagster dev did not come up: {(root / 'dagster-dev.log').read_text()[-3000:]}")
-            time.sleep(1)
-        yield {"port": port, "client": DagsterGraphQLClient("127.0.0.1", port_number=port),
-               "config": SessionsConfig.from_env({"SESSIONS_HOME": str(home)})}
+        processes["code-server"] = _start(code_server_command("127.0.0.1", code_port), env, logs / "code-server.log")
+        processes["webserver"] = _start([tool("dagster-webserver"), "-w", str(workspace), "-h", "127.0.0.1",
+                                         "-p", str(web_port)], env, logs / "webserver.log")
+        _wait_until(lambda: _location_loaded(web_port), 180, "the webserver did not load the code location",
+                    processes, logs)
+        processes["daemon"] = _start([tool("dagster-daemon"), "run", "-w", str(workspace)], env, logs / "daemon.log")
+        _wait_until(lambda: bool(stack.sql("SELECT 1 FROM daemon_heartbeats WHERE daemon_type = %s",
+                                           ("QUEUED_RUN_COORDINATOR",))),
+                    120, "the daemon did not start dequeuing runs", processes, logs)
+        yield stack
     finally:
-        os.killpg(process.pid, signal.SIGTERM)
-        try:
-            process.wait(timeout=60)
-        except subprocess.TimeoutExpired:
-            os.killpg(process.pid, signal.SIGKILL)
-        log.close()
+        for name in ("webserver", "daemon", "code-server"):
+            if name in processes:
+                _stop(processes[name])
 
 
-def _run(client: DagsterGraphQLClient, job: str, run_config: dict | None = None, timeout: float = 300) -> str:
-    run_id = client.submit_job_execution(job, repository_location_name=LOCATION, run_config=run_config or {})
+def _submit(client: DagsterGraphQLClient, job: str, run_config: dict[str, Any] | None = None) -> str:
+    return client.submit_job_execution(job, repository_location_name=LOCATION, run_config=run_config or {})
+
+
+def _wait(client: DagsterGraphQLClient, run_id: str, job: str, timeout: float = 300,
+          expect: DagsterRunStatus = DagsterRunStatus.SUCCESS) -> str:
     deadline = time.monotonic() + timeout
-    while True:
-        status = client.get_run_status(run_id)
-        if status in (DagsterRunStatus.SUCCESS, DagsterRunStatus.FAILURE, DagsterRunStatus.CANCELED):
-            assert status == DagsterRunStatus.SUCCESS, f"{job} run {run_id} ended {status}"
-            return run_id
+    while (status := client.get_run_status(run_id)) not in FINISHED:
         assert time.monotonic() < deadline, f"{job} run {run_id} still {status}"
         time.sleep(2)
+    assert status == expect, f"{job} run {run_id} ended {status}"
+    return run_id
 
 
-def json_files_pending(config) -> bool:
+def _run(client: DagsterGraphQLClient, job: str, run_config: dict[str, Any] | None = None) -> str:
+    return _wait(client, _submit(client, job, run_config), job)
+
+
+def json_files_pending(config: SessionsConfig) -> bool:
     return any(config.landing.glob("*.jsonl"))
 
 
-def pipeline_batches(config) -> int:
+def pipeline_batches(config: SessionsConfig) -> int:
     """Micro-batches committed since the restore (its checkpoint starts again at batch 0)."""
-    from pipelines.checkpoint import inspect_checkpoint
-
     last = inspect_checkpoint(config.checkpoint).last_committed_batch
     return -1 if last is None else last - 1  # batches 0 and 1 are the restore's own
 
@@ -102,29 +215,76 @@ mutation Backfill($params: LaunchBackfillParams!) {
 }"""
 
 
-def test_launch_backfill_and_restore_through_graphql(dagster_dev):
-    client, config = dagster_dev["client"], dagster_dev["config"]
-    _run(client, "session_catch_up")
+def _state_passes(stack: DagsterStack) -> list[dict[str, Any]]:
+    """The session_state observations in Postgres that carry a state pass's open_sessions."""
+    found = []
+    for (event,) in stack.sql("SELECT event FROM event_logs WHERE dagster_event_type = 'ASSET_OBSERVATION' "
+                              "AND asset_key = %s ORDER BY id", (json.dumps(["session_state"]),)):
+        text = event if isinstance(event, str) else json.dumps(event)
+        if "open_sessions" in text:
+            found.append(json.loads(text))
+    return found
+
+
+@pytest.mark.skipif(CHROMIUM is None or shutil.which("chromedriver") is None,
+                    reason="Debian chromium/chromium-driver are not installed (make test installs them as root)")
+def test_state_is_observed_after_startup_without_running_a_job(dagster_stack: DagsterStack) -> None:
+    """The observation sensor (running by default) observes what the CLI made before Dagster started and asks for
+    one pass over the state; the asset page shows its figures and the plot. Nobody launched anything."""
+    deadline = time.monotonic() + 240
+    while not _state_passes(dagster_stack):
+        assert time.monotonic() < deadline, "no state observation with open_sessions after startup"
+        time.sleep(3)
+    launched_by_hand = dagster_stack.sql("SELECT pipeline_name FROM runs WHERE pipeline_name <> 'observe_state'")
+    assert launched_by_hand == [], launched_by_hand
+    expected = ("open_sessions", "open_events", "state_bytes_on_disk", "recent_batches", "open sessions",
+                "watermark_lag_s")
+    driver = _browser()
+    try:
+        driver.set_window_size(1400, 2200)
+        deadline = time.monotonic() + 150  # the sensor's next tick carries the pass's figures to the newest observation
+        while True:
+            driver.get(f"http://127.0.0.1:{dagster_stack.port}/assets/session_state")
+            time.sleep(5)
+            _dismiss_onboarding(driver)
+            if all(text in driver.page_source for text in expected) or time.monotonic() > deadline:
+                break
+            time.sleep(10)
+        shot = ARTIFACTS / "state-asset-after-startup.png"
+        ARTIFACTS.mkdir(parents=True, exist_ok=True)
+        driver.save_screenshot(str(shot))
+        assert all(text in driver.page_source for text in expected), \
+            [text for text in expected if text not in driver.page_source]
+    finally:
+        driver.quit()
+
+
+def test_catch_up_backfill_restore_and_stream_on_postgres(dagster_stack: DagsterStack) -> None:
+    client, config = dagster_stack.client, dagster_stack.config
+    catch_up_run = _run(client, "session_catch_up")
     sessions = DeltaTable(config.sessions_table).to_pandas()
     assert len(sessions) > 0 and sessions["session_id"].is_unique
 
     days = sorted(sessions["session_start"].dt.strftime("%Y-%m-%d").unique())
     first = dt.date.fromisoformat(days[0])
     wanted = [(first + dt.timedelta(days=i)).isoformat() for i in range(3)]
-    answer = requests.post(f"http://127.0.0.1:{dagster_dev['port']}/graphql", timeout=60, json={
-        "query": BACKFILL, "variables": {"params": {
-            "partitionNames": wanted, "assetSelection": [{"path": ["daily_session_metrics"]}]}}}).json()
+    answer = _graphql(dagster_stack.port, BACKFILL, {"params": {
+        "partitionNames": wanted, "assetSelection": [{"path": ["daily_session_metrics"]}]}})
     assert answer["data"]["launchPartitionBackfill"]["__typename"] == "LaunchBackfillSuccess", answer
+    backfill_id = answer["data"]["launchPartitionBackfill"]["backfillId"]
 
-    _run(client, "savepoint")
-    _run(client, "restore_from_snapshot", {"ops": {"validate_savepoint_op": {"config": {
+    # Submitted back to back: the queue's sessions/lifecycle limit holds the restore until the savepoint ended,
+    # so "latest" is this savepoint (checked in Postgres below).
+    savepoint_run = _submit(client, "savepoint")
+    restore_run = _submit(client, "restore_from_snapshot", {"ops": {"validate_savepoint_op": {"config": {
         "savepoint": "latest", "partitions": 3}}}})
+    _wait(client, savepoint_run, "savepoint")
+    _wait(client, restore_run, "restore_from_snapshot")
     assert DeltaTable(config.sessions_table).to_pandas()["session_id"].sort_values().tolist() == \
         sessions["session_id"].sort_values().tolist()
 
     # session_stream is long-running: it picks up a new file, then stops cleanly when cancelled.
-    stream_run = client.submit_job_execution("session_stream", repository_location_name=LOCATION, run_config={
-        "ops": {"stream_op": {"config": {"poll_seconds": 1.0}}}})
+    stream_run = _submit(client, "session_stream", {"ops": {"stream_op": {"config": {"poll_seconds": 1.0}}}})
     land_sample(config.landing, users=30, sessions_per_user=2, files=1, seed=99)
     deadline = time.monotonic() + 240
     while json_files_pending(config) or pipeline_batches(config) < 1:
@@ -137,12 +297,10 @@ def test_launch_backfill_and_restore_through_graphql(dagster_dev):
     while client.get_run_status(stream_run) != DagsterRunStatus.CANCELED:
         assert time.monotonic() < deadline, f"stream run ended {client.get_run_status(stream_run)}"
         time.sleep(2)
-    from pipelines.job import job_lock
-
     with job_lock(config, "test"):  # released: the query stopped and the run process let go
         pass
 
-    metrics_uri = str(config.warehouse / "daily_session_metrics")
+    metrics_uri = config.table_uri("daily_session_metrics")
     deadline = time.monotonic() + 300
     while not (DeltaTable.is_deltatable(metrics_uri)
                and set(DeltaTable(metrics_uri).to_pandas()["day"]) >= set(wanted)):
@@ -152,11 +310,52 @@ def test_launch_backfill_and_restore_through_graphql(dagster_dev):
     for day in wanted:
         assert metrics.loc[day, "sessions"] == int((sessions["session_start"].dt.strftime("%Y-%m-%d") == day).sum())
 
+    _assert_history_in_postgres(dagster_stack, catch_up=catch_up_run, savepoint=savepoint_run,
+                                restore=restore_run, stream=stream_run, backfill_id=backfill_id, days=wanted)
 
-def _browser():
-    from selenium import webdriver
-    from selenium.webdriver.chrome.service import Service
 
+def _assert_history_in_postgres(stack: DagsterStack, catch_up: str, savepoint: str, restore: str, stream: str,
+                                backfill_id: str, days: list[str]) -> None:
+    """What the UI showed is what the instance's Postgres holds: runs, their events, the queue's work."""
+    runs = {run_id: (job, status, start, end) for run_id, job, status, start, end in stack.sql(
+        "SELECT run_id, pipeline_name, status, start_time, end_time FROM runs")}
+    assert runs[catch_up][:2] == ("session_catch_up", "SUCCESS")
+    assert runs[savepoint][:2] == ("savepoint", "SUCCESS")
+    assert runs[restore][:2] == ("restore_from_snapshot", "SUCCESS")
+    assert runs[stream][:2] == ("session_stream", "CANCELED")
+    # The lifecycle tag limit (1) held: the restore started only after the savepoint had ended.
+    assert runs[restore][2] >= runs[savepoint][3], (runs[savepoint], runs[restore])
+
+    def events(run_id: str, kind: str) -> list[tuple[Any, ...]]:
+        return stack.sql("SELECT asset_key, partition FROM event_logs WHERE run_id = %s AND dagster_event_type = %s",
+                         (run_id, kind))
+
+    assert {json.loads(key)[0] for key, _ in events(catch_up, "ASSET_MATERIALIZATION")} == \
+        {"raw_events", "sessions", "quarantine", "session_state"}
+    assert {json.loads(key)[0] for key, _ in events(restore, "ASSET_OBSERVATION")} == {"session_state"}
+    assert events(stream, "PIPELINE_CANCELED"), "the stream run's cancellation is an event of the run"
+
+    backfill_runs = [run_id for (run_id,) in stack.sql(
+        "SELECT run_id FROM run_tags WHERE key = 'dagster/backfill' AND value = %s", (backfill_id,))]
+    assert {runs[run_id][1] for run_id in backfill_runs} == {"SUCCESS"}
+    materialized_days = {partition for run_id in backfill_runs
+                         for key, partition in events(run_id, "ASSET_MATERIALIZATION")
+                         if json.loads(key) == ["daily_session_metrics"]}
+    assert materialized_days >= set(days)
+
+    # Every run went through the run queue (QueuedRunCoordinator): enqueued when submitted, then launched by the
+    # daemon's dequeue (its STARTING event), then started by the run worker -- in this order.
+    for run_id in (catch_up, savepoint, restore, stream, *backfill_runs):
+        kinds = [kind for (kind,) in stack.sql(
+            "SELECT dagster_event_type FROM event_logs WHERE run_id = %s ORDER BY id", (run_id,))]
+        lifecycle = [kind for kind in kinds if kind in ("PIPELINE_ENQUEUED", "PIPELINE_STARTING", "PIPELINE_START")]
+        assert lifecycle == ["PIPELINE_ENQUEUED", "PIPELINE_STARTING", "PIPELINE_START"], (runs[run_id], kinds)
+    # Nothing fell back to the local SQLite storage.
+    assert not list(stack.dagster_home.rglob("*.db")), list(stack.dagster_home.rglob("*.db"))
+
+
+def _browser() -> webdriver.Chrome:
+    assert CHROMIUM is not None
     options = webdriver.ChromeOptions()
     options.binary_location = CHROMIUM
     for flag in ("--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--disable-background-networking",
@@ -165,42 +364,57 @@ def _browser():
     return webdriver.Chrome(service=Service(shutil.which("chromedriver")), options=options)
 
 
-def _wait_for_text(driver, texts: list[str], seconds: float = 60) -> None:
+def _wait_for_text(driver: webdriver.Chrome, texts: list[str], seconds: float = 60) -> None:
     deadline = time.monotonic() + seconds
     while not all(text in driver.page_source for text in texts):
         assert time.monotonic() < deadline, f"{[t for t in texts if t not in driver.page_source]} not on {driver.current_url}"
         time.sleep(1)
 
 
-def _dismiss_onboarding(driver) -> None:
-    """Dagster greets a new browser profile with a newsletter dialog; a person clicks Skip."""
-    from selenium.webdriver.common.by import By
-
+def _dismiss_onboarding(driver: webdriver.Chrome) -> None:
+    """An instance with nux enabled (not deploy/dagster.yaml) greets a new user with a newsletter dialog; a
+    person clicks Skip."""
     for button in driver.find_elements(By.XPATH, "//button[normalize-space()='Skip']"):
         button.click()
         time.sleep(1)
 
 
+@dataclass(frozen=True)
+class UiPage:
+    """A page of the Dagster UI to screenshot (tests/artifacts/<name>.png) once all `expected` texts show."""
+    name: str
+    path: str
+    expected: tuple[str, ...]
+
+
+# Add a page here to have it checked and screenshotted.
+UI_PAGES = (
+    UiPage("asset-graph", "/asset-groups", ("daily_session_metrics", "sessions", "raw_events", "session_state")),
+    UiPage("restore-launchpad", f"/locations/{LOCATION}/jobs/restore_from_snapshot/playground",
+           ("restore_from_snapshot", "validate_savepoint_op", "stop_running_stream_op")),
+    UiPage("jobs", "/jobs", ("session_stream", "session_catch_up", "savepoint", "restore_from_snapshot", "rescale",
+                             "compaction")),
+)
+
+
 @pytest.mark.skipif(CHROMIUM is None or shutil.which("chromedriver") is None,
                     reason="Debian chromium/chromium-driver are not installed (make test installs them as root)")
-def test_ui_shows_assets_and_restore_launchpad(dagster_dev):
+def test_ui_shows_assets_and_restore_launchpad(dagster_stack: DagsterStack) -> None:
     ARTIFACTS.mkdir(parents=True, exist_ok=True)
-    base = f"http://127.0.0.1:{dagster_dev['port']}"
-    pages = {
-        "asset-graph": (f"{base}/asset-groups", ["daily_session_metrics", "sessions", "raw_events", "session_state"]),
-        "restore-launchpad": (f"{base}/locations/{LOCATION}/jobs/restore_from_snapshot/playground",
-                              ["restore_from_snapshot", "validate_savepoint_op", "stop_running_stream_op"]),
-        "jobs": (f"{base}/jobs", ["session_stream", "session_catch_up", "savepoint", "restore_from_snapshot",
-                                  "rescale", "compaction"]),
-    }
+    base = f"http://127.0.0.1:{dagster_stack.port}"
+    failed = _submit(dagster_stack.client, "restore_from_snapshot", {"ops": {"validate_savepoint_op": {"config": {
+        "savepoint": "sp-does-not-exist"}}}})
+    assert _wait(dagster_stack.client, failed, "restore_from_snapshot", expect=DagsterRunStatus.FAILURE)
+    pages = (*UI_PAGES, UiPage("failed-runbook-step", f"/runs/{failed}",
+                               ("validate_savepoint_op", "no such savepoint: sp-does-not-exist")))
     driver = _browser()
     try:
-        for name, (url, expected) in pages.items():
-            driver.get(url)
-            _wait_for_text(driver, expected)
-            _dismiss_onboarding(driver)
+        for page in pages:
+            driver.get(base + page.path)
+            _wait_for_text(driver, list(page.expected))
             time.sleep(2)  # let the graph finish laying out
-            shot = ARTIFACTS / f"{name}.png"
+            _dismiss_onboarding(driver)
+            shot = ARTIFACTS / f"{page.name}.png"
             driver.save_screenshot(str(shot))
             assert shot.stat().st_size > 10_000
     finally:

@@ -6,6 +6,7 @@ import datetime as dt
 import subprocess
 from pathlib import Path
 
+import pyarrow as pa
 import pytest
 from dagster import (
     DagsterInstance,
@@ -16,27 +17,24 @@ from dagster import (
     build_sensor_context,
     materialize,
 )
-from deltalake import DeltaTable
+from deltalake import DeltaTable, write_deltalake
 
-from assets.definitions import (
-    compaction_schedule,
-    daily_session_metrics,
-    defs,
-    maintenance_sensor,
-    newest_savepoint_verifies,
-    resume_stream_after_restore,
-    savepoint_schedule,
-    sessions_have_unique_ids,
-)
+from assets.automation import compaction_schedule, maintenance_sensor, resume_stream_after_restore
+from assets.checks import newest_savepoint_verifies, sessions_have_unique_ids
+from assets.definitions import defs
+from assets.observations import observation_sensor
 from assets.resources import SessionsResource, pyspark_resource
+from assets.tables import daily_session_metrics
+from pipelines.checkpoint import inspect_checkpoint
 from pipelines.sample_data import land_sample
 from state_store import savepoints as sp
+from tests.conftest import read_open_sessions, tool
 
 REPO = Path(__file__).resolve().parent.parent
 
 
 def test_definitions_validate():
-    done = subprocess.run([str(REPO / ".venv" / "bin" / "dagster"), "definitions", "validate", "-w", "workspace.yaml"],
+    done = subprocess.run([tool("dagster"), "definitions", "validate", "-w", "workspace.yaml"],
                           cwd=REPO, capture_output=True, text=True, timeout=180)
     assert done.returncode == 0, done.stderr[-2000:]
     assert {j.name for j in defs.jobs} >= {"session_stream", "session_catch_up", "savepoint",
@@ -52,33 +50,36 @@ def _restore_config(**settings) -> dict:
     return {"ops": {"validate_savepoint_op": {"config": settings}}}
 
 
-def test_jobs_catch_up_savepoint_restore_runbook(resources):
+def test_jobs_catch_up_savepoint_restore_runbook(resources, spark):
     config = resources["sessions"].config()
     landed = land_sample(config.landing, users=80, sessions_per_user=3, files=4)
-    run = defs.get_job_def("session_catch_up").execute_in_process(resources=resources)
+    run = defs.resolve_job_def("session_catch_up").execute_in_process(resources=resources)
     assert run.success
     sessions_before = DeltaTable(config.sessions_table).to_pandas()["session_id"].sort_values().tolist()
     assert len(sessions_before) > 0 and len(set(sessions_before)) == len(sessions_before)
     assert len(DeltaTable(config.quarantine_table).to_pandas()) == landed["broken_lines"]
-    materialized = {e.event_specific_data.materialization.asset_key.path[0] for e in run.get_asset_materialization_events()}
-    assert {"sessions", "raw_events", "quarantine"} <= materialized
-    observed = [e.event_specific_data.asset_observation for e in run.all_events if e.event_type_value == "ASSET_OBSERVATION"]
-    assert observed[-1].metadata["provider"].value == "rocksdb" and observed[-1].metadata["state_keys"].value > 0
+    materialized = {e.event_specific_data.materialization.asset_key.path[0]: e.event_specific_data.materialization
+                    for e in run.get_asset_materialization_events()}
+    assert set(materialized) == {"sessions", "raw_events", "quarantine", "session_state"}
+    state = materialized["session_state"].metadata
+    assert state["provider"].value == "rocksdb" and state["open_users"].value == len({row[1] for row in read_open_sessions(spark, config)})
 
-    assert defs.get_job_def("savepoint").execute_in_process(resources=resources).success
-    savepoint_id = sp.list_savepoints(config.savepoint_uri)[0]["savepoint_id"]
+    assert defs.resolve_job_def("savepoint").execute_in_process(resources=resources).success
+    savepoint_id = sp.SavepointStore.of(config).list()[0]["savepoint_id"]
+    _observations_reflect_what_exists(resources, config, landed, savepoint_id, spark)
+    _lookup_job_reads_the_state(resources, config, spark)
 
-    dry = defs.get_job_def("restore_from_snapshot").execute_in_process(
+    dry = defs.resolve_job_def("restore_from_snapshot").execute_in_process(
         resources=resources, run_config=_restore_config(savepoint=savepoint_id, dry_run=True))
-    assert dry.success and dry.output_for_node("restore_op")["dry_run"] is True
-    restored = defs.get_job_def("restore_from_snapshot").execute_in_process(
+    assert dry.success and dry.output_for_node("restore_op").dry_run is True
+    restored = defs.resolve_job_def("restore_from_snapshot").execute_in_process(
         resources=resources, run_config=_restore_config(savepoint="latest", partitions=2, resume_stream=True))
     assert restored.success
-    assert restored.output_for_node("verify_restore_op")["verified"] is True
-    assert restored.output_for_node("restore_op")["partitions"] == 2
+    assert restored.output_for_node("verify_restore_op").result.verified is True
+    assert restored.output_for_node("restore_op").result.partitions == 2
     assert DeltaTable(config.sessions_table).to_pandas()["session_id"].sort_values().tolist() == sessions_before
 
-    missing = defs.get_job_def("restore_from_snapshot").execute_in_process(
+    missing = defs.resolve_job_def("restore_from_snapshot").execute_in_process(
         resources=resources, raise_on_error=False, run_config=_restore_config(savepoint="sp-nope"))
     assert not missing.success
     failure = [e for e in missing.all_events if e.event_type_value == "STEP_FAILURE"][0]
@@ -97,7 +98,7 @@ def test_jobs_catch_up_savepoint_restore_runbook(resources):
     for key in (day, (dt.date.fromisoformat(day) + dt.timedelta(days=1)).isoformat()):
         result = materialize([daily_session_metrics], partition_key=key, resources={"sessions": resources["sessions"]})
         assert result.success
-    metrics = DeltaTable(str(config.warehouse / "daily_session_metrics")).to_pandas().set_index("day")
+    metrics = DeltaTable(config.table_uri("daily_session_metrics")).to_pandas().set_index("day")
     sessions = DeltaTable(config.sessions_table).to_pandas()
     assert metrics.loc[day, "sessions"] == int((sessions["session_start"].dt.strftime("%Y-%m-%d") == day).sum())
 
@@ -105,32 +106,88 @@ def test_jobs_catch_up_savepoint_restore_runbook(resources):
     assert newest_savepoint_verifies(resources["sessions"]).passed
 
 
+def _observations_reflect_what_exists(resources, config, landed, savepoint_id, spark) -> None:
+    """Without running a job: the sensor observes tables, checkpoint and catalog and asks for one pass over
+    the state per new batch; that pass reports the open sessions and a plot of recent batches."""
+    with DagsterInstance.ephemeral() as instance:
+        with build_sensor_context(resources={"sessions": resources["sessions"]}, instance=instance) as context:
+            result = observation_sensor(context)
+            again = observation_sensor(build_sensor_context(resources={"sessions": resources["sessions"]},
+                                                            instance=instance, cursor=result.cursor))
+        observed = {e.asset_key.path[0]: e.metadata for e in result.asset_events}
+        assert observed["raw_events"]["rows"].value == landed["events"] + landed["broken_lines"]
+        assert observed["sessions"]["rows"].value == len(DeltaTable(config.sessions_table).to_pandas())
+        assert observed["savepoint_catalog"]["newest"].value == savepoint_id
+        assert savepoint_id in observed["savepoint_catalog"]["newest_savepoints"].value
+        assert observed["session_state"]["last_committed_batch"].value == inspect_checkpoint(config.checkpoint).last_committed_batch
+        assert len(result.run_requests) == 1 and not again.run_requests  # one pass per new batch
+        run = defs.resolve_job_def("observe_state").execute_in_process(resources=resources, instance=instance)
+        assert run.success
+        (state,) = [e.event_specific_data.asset_observation.metadata for e in run.all_events
+                    if e.event_type_value == "ASSET_OBSERVATION"]
+        open_sessions = read_open_sessions(spark, config)
+        assert state["open_sessions"].value == len(open_sessions) > 0
+        assert state["open_events"].value == sum(row[4] for row in open_sessions)
+        assert "open sessions" in state["recent_batches"].value and state["history"].value["open_sessions"] == [len(open_sessions)]
+        # The next sensor observation carries the pass's figures forward (the UI shows the newest observation).
+        later = observation_sensor(build_sensor_context(resources={"sessions": resources["sessions"]},
+                                                        instance=instance, cursor=result.cursor))
+        (carried,) = [e.metadata for e in later.asset_events if e.asset_key.path == ["session_state"]]
+        assert carried["open_sessions"].value == len(open_sessions)
+        assert carried["counted_at_batch"].value == state["last_committed_batch"].value
+
+
+def _lookup_job_reads_the_state(resources, config, spark) -> None:
+    """state_lookup (user_id, or top N) against the open sessions read independently from the state rows."""
+    expected = read_open_sessions(spark, config)
+    user = expected[len(expected) // 2][1]
+    run = defs.resolve_job_def("state_lookup").execute_in_process(
+        resources=resources, run_config={"ops": {"lookup_state_op": {"config": {"user_id": user}}}})
+    found = run.output_for_node("lookup_state_op")["open_sessions"]
+    assert [(s["session_id"], s["events"], s["page_views"]) for s in found] == \
+        [(row[0], row[4], row[5]) for row in expected if row[1] == user]
+    run = defs.resolve_job_def("state_lookup").execute_in_process(
+        resources=resources, run_config={"ops": {"lookup_state_op": {"config": {"top": 3}}}})
+    top = run.output_for_node("lookup_state_op")["top"]
+    assert [s["events"] for s in top] == sorted((row[4] for row in expected), reverse=True)[:3]
+
+
 def test_maintenance_sensor_requests(tmp_path):
-    resource = SessionsResource(home=str(tmp_path / "home"))
+    """The library's policy, asked by the sensor: no savepoint -> one; 7 h old with a 6 h limit -> one;
+    a fresh one -> none; a table over SESSIONS_COMPACT_FILES data files -> compaction."""
+    resource = SessionsResource(home=str(tmp_path / "home"), savepoint_max_age_hours=6, compact_files=2)
+    store = sp.SavepointStore.of(resource.config())
     with build_sensor_context(resources={"sessions": resource}) as context:
         requests = maintenance_sensor(context)
     assert [r.job_name for r in requests] == ["savepoint"]
     assert requests[0].run_config["ops"]["savepoint_op"]["config"]["trigger"] == "sensor"
-    sp.record(resource.config().savepoint_uri, {"savepoint_id": "sp-x", "status": "complete",
-                                                 "created_at": dt.datetime.now(dt.timezone.utc)})
+    now = dt.datetime.now(dt.timezone.utc)
+    store.record({"savepoint_id": "sp-old", "status": "complete", "created_at": now - dt.timedelta(hours=7)})
+    with build_sensor_context(resources={"sessions": resource}) as context:
+        (request,) = maintenance_sensor(context)
+    assert request.job_name == "savepoint" and "sp-old is 7.0 h old" in request.tags["sessions/reason"]
+    store.record({"savepoint_id": "sp-new", "status": "complete", "created_at": now})
     with build_sensor_context(resources={"sessions": resource}) as context:
         assert isinstance(maintenance_sensor(context), SkipReason)
+    for n in range(3):  # three appends = three data files
+        write_deltalake(resource.config().sessions_table, pa.table({"n": [n]}), mode="append")
+    with build_sensor_context(resources={"sessions": resource}) as context:
+        (request,) = maintenance_sensor(context)
+    assert request.job_name == "compaction" and "sessions has 3 data files" in request.tags["sessions/reason"]
 
 
-def test_schedules_request_their_jobs():
-    context = build_schedule_context(scheduled_execution_time=dt.datetime(2026, 11, 22, 6))
-    request = savepoint_schedule.evaluate_tick(context).run_requests[0]
-    assert request.run_config["ops"]["savepoint_op"]["config"]["trigger"] == "scheduled"
-    assert savepoint_schedule.job_name == "savepoint" and compaction_schedule.job_name == "compaction"
-    assert compaction_schedule.cron_schedule == "30 2 * * *"
+def test_compaction_schedule_requests_its_job():
+    context = build_schedule_context(scheduled_execution_time=dt.datetime(2026, 11, 22, 2, 30))
+    assert len(compaction_schedule.evaluate_tick(context).run_requests) == 1
+    assert compaction_schedule.job_name == "compaction" and compaction_schedule.cron_schedule == "30 2 * * *"
 
 
 def test_stream_failure_sensor_records_and_optionally_restores(tmp_path, monkeypatch):
-    from assets.definitions import stream_failure_sensor
+    from assets.automation import stream_failure_sensor
 
     blocker = tmp_path / "not-a-directory"
     blocker.write_text("SESSIONS_HOME cannot live under a file")
-    failed = defs.get_job_def("session_stream").execute_in_process(
+    failed = defs.resolve_job_def("session_stream").execute_in_process(
         resources={"sessions": SessionsResource(home=str(blocker / "home")), "pyspark": pyspark_resource()},
         raise_on_error=False)
     assert not failed.success
@@ -159,11 +216,11 @@ def test_lifecycle_runs_never_overlap(resources):
               ["run_coordinator"]["config"]["tag_concurrency_limits"]}
     assert limits[("sessions/lifecycle", "true")] == 1
     lifecycle_jobs = {"savepoint", "restore_from_snapshot", "rescale", "compaction"}
-    assert all(defs.get_job_def(name).tags.get("sessions/lifecycle") == "true" for name in lifecycle_jobs)
+    assert all(defs.resolve_job_def(name).tags.get("sessions/lifecycle") == "true" for name in lifecycle_jobs)
 
     config = resources["sessions"].config()
     with job_lock(config, "sessionctl compact", name="lifecycle"):
-        busy = defs.get_job_def("compaction").execute_in_process(resources=resources, raise_on_error=False)
+        busy = defs.resolve_job_def("compaction").execute_in_process(resources=resources, raise_on_error=False)
     assert not busy.success
     failure = [e for e in busy.all_events if e.event_type_value == "STEP_FAILURE"][0]
     message = str(failure.event_specific_data.error.message)

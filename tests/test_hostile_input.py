@@ -8,6 +8,7 @@ its reason, file and line number.
 """
 from __future__ import annotations
 
+import datetime as dt
 import json
 import os
 import random
@@ -383,7 +384,8 @@ def test_an_unterminated_object_counts_at_once_and_its_newline_later_shifts_noth
     _land(config.landing, "f.jsonl", _line("e1") + b"\n" + _line("e2"))
     result = ingest(config)
     assert (result.rows, result.waiting) == (2, 0)
-    with open(config.landing / INGESTED_DIR / time.strftime("%Y-%m-%d") / "f.jsonl", "ab") as handle:
+    day = dt.datetime.now(dt.timezone.utc).date().isoformat()
+    with open(config.landing / INGESTED_DIR / day / "f.jsonl", "ab") as handle:
         handle.write(b"\n" + _line("e3") + b"\n" + b'{"event_id": "e4", "us')  # a cut line is not taken
     assert ingest(config).rows == 1
     assert _lines(config) == [("f.jsonl", 1, "e1", None), ("f.jsonl", 2, "e2", None), ("f.jsonl", 3, "e3", None)]

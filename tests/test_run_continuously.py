@@ -13,6 +13,7 @@ from pathlib import Path
 from deltalake import DeltaTable
 
 from pipelines.sample_data import arrival_order, generate_events, land
+from tests.conftest import tool
 from tests.lifecycle_expectations import expected_closed_sessions
 
 REPO = Path(__file__).resolve().parent.parent
@@ -42,11 +43,11 @@ def test_run_processes_landed_files_and_stops_cleanly(tmp_path):
     events = arrival_order(generate_events(40, 3, seed=21), seed=21, jitter_seconds=120)
     first, second = events[: len(events) // 2], events[len(events) // 2:]
     land(home / "landing", "first.jsonl", [json.dumps(e) for e in first])
-    run = subprocess.Popen([str(REPO / ".venv" / "bin" / "sessionctl"), "run", "--poll-seconds", "1"], env=env,
+    run = subprocess.Popen([tool("sessionctl"), "run", "--poll-seconds", "1"], env=env,
                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     try:
         assert _wait_for(lambda: len(_sessions(home)) > 0, 120), "no session written while running"
-        busy = subprocess.run([str(REPO / ".venv" / "bin" / "sessionctl"), "savepoint", "--json"], env=env,
+        busy = subprocess.run([tool("sessionctl"), "savepoint", "--json"], env=env,
                               capture_output=True, text=True, timeout=120)
         assert busy.returncode == 1 and busy.stderr.startswith("sessionctl savepoint: the job is running")
         land(home / "landing", "second.jsonl", [json.dumps(e) for e in second])

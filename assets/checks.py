@@ -1,0 +1,40 @@
+"""Asset checks: what must hold of the outputs and the state, evaluated by the library."""
+from dagster import AssetCheckResult, AssetCheckSeverity, asset_check
+
+from assets.resources import SessionsResource
+from assets.tables import SESSIONS, STATE
+from pipelines.checkpoint import last_commit_age_seconds
+from pipelines.errors import SavepointNotFound, SessionsError
+from pipelines.storage import open_table
+from state_store import lifecycle
+
+
+@asset_check(asset=SESSIONS, description="Every session_id appears once.")
+def sessions_have_unique_ids(sessions: SessionsResource) -> AssetCheckResult:
+    config = sessions.config()
+    ids = open_table(config, config.sessions_table).to_pyarrow_table(columns=["session_id"])["session_id"]
+    duplicates = len(ids) - len(ids.unique())
+    return AssetCheckResult(passed=duplicates == 0, metadata={"rows": len(ids), "duplicates": duplicates})
+
+
+@asset_check(asset=STATE, description="The newest complete savepoint re-reads with its count and checksum.")
+def newest_savepoint_verifies(sessions: SessionsResource) -> AssetCheckResult:
+    try:
+        saved = lifecycle.validate_savepoint(sessions.config(), "latest", migrate=True)
+    except SavepointNotFound as error:  # none taken yet: a warning, not a broken savepoint
+        return AssetCheckResult(passed=False, severity=AssetCheckSeverity.WARN, metadata={"error": str(error)})
+    except SessionsError as error:
+        return AssetCheckResult(passed=False, metadata={"error": str(error)})
+    return AssetCheckResult(passed=True, metadata={"savepoint_id": saved.savepoint_id, "rows": saved.rows})
+
+
+@asset_check(asset=STATE, description="The state's newest committed batch is recent (SESSIONS_STATE_MAX_AGE_MINUTES).")
+def state_is_fresh(sessions: SessionsResource) -> AssetCheckResult:
+    config = sessions.config()
+    age = last_commit_age_seconds(config.checkpoint)
+    limit = config.state_max_age_minutes * 60
+    return AssetCheckResult(passed=age is not None and age <= limit, severity=AssetCheckSeverity.WARN,
+                            metadata={"age_seconds": -1.0 if age is None else round(age, 1), "limit_seconds": limit})
+
+
+ALL_CHECKS = [sessions_have_unique_ids, newest_savepoint_verifies, state_is_fresh]

@@ -1,0 +1,146 @@
+"""The jobs by their contract names: the stream, catch-up (the catch_up assets), savepoint, rescale,
+compaction. Each op calls one library operation and reports what it returned."""
+import threading
+from typing import Any
+
+from dagster import (
+    AssetMaterialization,
+    AssetObservation,
+    AssetSelection,
+    Config,
+    Failure,
+    MetadataValue,
+    OpExecutionContext,
+    define_asset_job,
+    job,
+    op,
+)
+from dagster_pyspark import PySparkResource
+
+from assets.resources import SessionsResource, expected_errors
+from assets.tables import LIFECYCLE_TAGS, SESSIONS, STATE, STREAM_TAGS, catch_up
+from pipelines import job as pipeline
+from pipelines.job import RunSummary
+from pipelines.tables import MicroBatchSink
+from state_store import lifecycle, maintenance, state
+from state_store.results import SavepointInfo
+
+session_catch_up = define_asset_job("session_catch_up", selection=AssetSelection.assets(catch_up),
+                                    tags=LIFECYCLE_TAGS, description="Process everything landed, then stop.")
+
+
+class StreamConfig(Config):
+    poll_seconds: float = 5.0
+
+
+@op(tags=STREAM_TAGS)
+def stream_op(context: OpExecutionContext, sessions: SessionsResource, pyspark: PySparkResource,
+              config: StreamConfig) -> None:
+    """Runs until the run is cancelled from the UI; the query is then stopped cleanly. Each batch that
+    wrote sessions is a materialization of the sessions table."""
+    stop = threading.Event()
+
+    def progress(summary: RunSummary, sink: MicroBatchSink) -> None:
+        context.log.info(f"batches={summary.batches} input_rows={summary.input_rows} "
+                         f"sessions_written={sink.sessions_written}")
+        context.log_event(AssetMaterialization(asset_key=SESSIONS, metadata={
+            "sessions_written": sink.sessions_written, "batches": summary.batches}))
+
+    try:
+        expected_errors(pipeline.run_continuously, sessions.config(), spark=pyspark.spark_session,
+                        stop=stop, poll_seconds=config.poll_seconds, on_progress=progress)
+    except BaseException:
+        stop.set()
+        raise
+
+
+@job(tags=STREAM_TAGS, description="The stream, until the run is cancelled.")
+def session_stream() -> None:
+    stream_op()
+
+
+class SavepointConfig(Config):
+    trigger: str = "manual"  # manual | scheduled | sensor
+
+
+@op(tags=LIFECYCLE_TAGS)
+def savepoint_op(context: OpExecutionContext, sessions: SessionsResource, pyspark: PySparkResource,
+                 config: SavepointConfig) -> SavepointInfo:
+    saved = expected_errors(lifecycle.take_savepoint, sessions.config(), trigger=config.trigger,
+                            spark=pyspark.spark_session)
+    context.log_event(AssetObservation(asset_key=STATE, metadata={
+        "savepoint_id": saved.savepoint_id, "batch_id": saved.batch_id, "rows": saved.rows,
+        "bytes": saved.bytes or 0, "seconds": saved.seconds or 0.0, "uri": saved.uri, "checksum": saved.checksum}))
+    return saved
+
+
+@job(tags=LIFECYCLE_TAGS, description="Savepoint of the stopped job at its last committed batch.")
+def savepoint() -> None:
+    savepoint_op()
+
+
+class RescaleConfig(Config):
+    partitions: int
+
+
+@op(tags=LIFECYCLE_TAGS)
+def rescale_op(context: OpExecutionContext, sessions: SessionsResource, pyspark: PySparkResource,
+               config: RescaleConfig) -> None:
+    result = expected_errors(lifecycle.rescale, sessions.config(), config.partitions, spark=pyspark.spark_session)
+    context.log_event(AssetObservation(asset_key=STATE, metadata={
+        k: v for k, v in result.to_dict().items() if isinstance(v, (int, float, str)) and v is not None}))
+
+
+@job(tags=LIFECYCLE_TAGS, description="Change the state partitions of the stopped job, keeping all state.")
+def rescale() -> None:
+    rescale_op()
+
+
+class CompactionConfig(Config):
+    dry_run: bool = False  # retention settings: SESSIONS_KEEP_SAVEPOINTS, _KEEP_DAILY_DAYS, _VACUUM_RETENTION_HOURS
+
+
+@op(tags=LIFECYCLE_TAGS)
+def compaction_op(context: OpExecutionContext, sessions: SessionsResource, config: CompactionConfig) -> None:
+    report = expected_errors(maintenance.compact, sessions.config(), dry_run=config.dry_run)
+    context.log_event(AssetObservation(asset_key=SESSIONS, metadata={
+        "bytes_reclaimed": report.bytes_reclaimed, "bytes_before": report.bytes_before,
+        "bytes_after": report.bytes_after, "files_before": report.files_before,
+        "files_after": report.files_after, "savepoints_deleted": len(report.savepoints_deleted),
+        "seconds": report.seconds}))
+
+
+@job(tags=LIFECYCLE_TAGS, description="OPTIMIZE + VACUUM, savepoint retention, replaced checkpoints removed.")
+def compaction() -> None:
+    compaction_op()
+
+
+class LookupConfig(Config):
+    user_id: str = ""  # one user's open session(s) ...
+    top: int = 0       # ... or the N largest open sessions (a hot-key view)
+
+
+@op
+def lookup_state_op(context: OpExecutionContext, sessions: SessionsResource, pyspark: PySparkResource,
+                    config: LookupConfig) -> dict[str, Any]:
+    """Live state, read from the committed state store of the running or stopped job (queryable state)."""
+    if bool(config.user_id) == bool(config.top):
+        raise Failure(description="set exactly one of user_id and top")
+    spark = pyspark.spark_session
+    if config.user_id:
+        found = expected_errors(state.lookup_user, spark, sessions.config(), config.user_id)
+        rows = found["open_sessions"]
+    else:
+        found = expected_errors(state.top_sessions, spark, sessions.config(), config.top)
+        rows = found["top"]
+    table = ["| user | session | start | last event | events | page views | closes at |", "|---|---|---|---|---|---|---|"]
+    table += [f"| {r.get('user_id', config.user_id)} | {r['session_id']} | {r['session_start']} | {r['last_event']} "
+              f"({r['last_event_type']}) | {r['events']} | {r['page_views']} | {r['closes_at']} |" for r in rows]
+    context.add_output_metadata({"batch_id": found["batch_id"], "watermark": str(found["watermark"]),
+                                 "open_sessions": len(rows), "sessions": MetadataValue.md("\n".join(table))})
+    return found
+
+
+@job(description="Look inside the state: one user's open sessions (user_id) or the N largest (top).")
+def state_lookup() -> None:
+    lookup_state_op()
