@@ -6,9 +6,9 @@ rows in pipelines.state_format (compressed Arrow IPC in a binary column, frozen 
 watermark has passed); each call walks only the users with events in the batch or due, and carries every
 other row over untouched. applyInPandasWithState runs on both the RocksDB and HDFS-backed providers.
 
-Only what sessionization needs crosses the shuffle and the JVM/Python boundary: rejected lines and the
-restore's watermark marker are dropped right after the watermark node (which has already counted
-them), and a late event travels as (ingest_seq, line_no) -- the sink fetches the rest from raw_events.
+Only what sessionization needs crosses the shuffle and the JVM/Python boundary: rejected lines never
+reach the watermark node or the shuffle (the sink reads them from raw_events), and a late event travels
+as (ingest_seq, line_key) -- unique per landed line -- from which the sink fetches the rest from raw_events.
 """
 from __future__ import annotations
 
@@ -30,7 +30,7 @@ OUTPUT_COLUMNS = [
     ("session_start_ms", "long"), ("session_end_ms", "long"), ("event_count", "long"),
     ("page_views", "long"), ("end_reason", "string"),
     ("event_id", "string"), ("event_time_ms", "long"), ("event_type", "string"),
-    ("ingest_seq", "long"), ("line_no", "long"),
+    ("ingest_seq", "long"), ("line_key", "long"),
 ]
 OUTPUT_SCHEMA = ", ".join(f"{name} {kind}" for name, kind in OUTPUT_COLUMNS)
 _INT_COLUMNS = {name for name, kind in OUTPUT_COLUMNS if kind == "long"}
@@ -101,10 +101,14 @@ def make_session_function(gap_ms: int):
 
 def sessionize(events: DataFrame, gap_ms: int, lateness_ms: int, buckets: int) -> DataFrame:
     """Source rows -> rows of kind `session` (closed sessions) and `late` (events below the watermark)."""
-    with_watermark = events.withWatermark("event_time", f"{lateness_ms} milliseconds")
-    stateful = with_watermark.where(
+    # Valid events and a restore's state rows only: a rejected line (a quarantined far-future event has an
+    # event_time) must never move the watermark. The filter stands before withWatermark because that is where
+    # it runs anyway: Spark pushes a filter that does not reference the event-time column below
+    # EventTimeWatermark (PushPredicateThroughNonJoin).
+    stateful = events.where(
         (F.col("origin") == "state") | ((F.col("origin") == "event") & F.col("reject_reason").isNull()))
-    keyed = stateful.select(
+    with_watermark = stateful.withWatermark("event_time", f"{lateness_ms} milliseconds")
+    keyed = with_watermark.select(
         bucket_column(buckets).alias("bucket"),
         "user_id", "event_id",
         F.unix_millis("event_time").alias("event_time_ms"),
@@ -113,7 +117,7 @@ def sessionize(events: DataFrame, gap_ms: int, lateness_ms: int, buckets: int) -
         # the *previous* batch's watermark before Python sees them -- those late events would vanish
         # instead of reaching quarantine. A null timestamp carrying the mark gives the one without the other.
         F.lit(None).cast("timestamp").alias("event_time", metadata={"spark.watermarkDelayMs": lateness_ms}),
-        "event_type", "ingest_seq", "line_no",
+        "event_type", "ingest_seq", "line_key",
         # state rows of a restore (null for events): see pipelines.state_format
         F.unix_millis("session_start").alias("session_start_ms"), "event_count", "page_views",
         F.when(F.col("origin") == "state", F.lit(FROM_STATE)).otherwise(F.lit(0)).alias("from_state"),

@@ -9,6 +9,7 @@ is judged late or on time. Events after the savepoint's source position follow f
 from __future__ import annotations
 
 import json
+from collections.abc import Iterator
 from pathlib import Path
 
 import pyarrow as pa
@@ -24,7 +25,8 @@ from pipelines.storage import filesystem, s3_options
 SOURCE_NAME = "sessions_raw"
 SOURCE_SCHEMA = (
     "event_id string, user_id string, event_time timestamp, event_type string, page string, "
-    "source_file string, line_no long, ingest_seq long, reject_reason string, raw string, origin string, "
+    "source_file string, line_no long, ingest_seq long, reject_reason string, raw string, line_key long, "
+    "origin string, "
     # a restore's state rows only (pipelines.state_format); null for events
     "session_start timestamp, event_count long, page_views long"
 )
@@ -57,6 +59,16 @@ def _with_origin(batch, origin: str):
     return pa.RecordBatch.from_arrays(arrays, schema=schema)
 
 
+def _with_line_key(table: pa.Table) -> pa.Table:
+    """Rows written before line_key existed (a missing column, or nulls after OPTIMIZE merged old and new files)
+    get -line_no: the sink builds the same key from raw_events (pipelines.tables.late_key)."""
+    fallback = pc.negate(table["line_no"])
+    if "line_key" not in table.column_names:
+        return table.append_column("line_key", fallback)
+    index = table.schema.get_field_index("line_key")
+    return table.set_column(index, "line_key", pc.coalesce(table["line_key"], fallback))
+
+
 class RawEventsStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
     def __init__(self, options: dict):
         self.table = options["path"]
@@ -72,7 +84,7 @@ class RawEventsStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow)
         return None
 
     def _latest_seq(self) -> int:
-        return latest_ingest_seq(self.table, s3_options(self.table))[0]
+        return latest_ingest_seq(self.table, s3_options(self.table))
 
     def initialOffset(self) -> dict:
         boot = self._bootstrap()
@@ -120,14 +132,15 @@ class RawEventsStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow)
             if lo is None or hi is None or (hi > low and lo <= high)
         ]
 
-    def read(self, partition: _Range):
+    def read(self, partition: InputPartition) -> Iterator[pa.RecordBatch]:
+        assert isinstance(partition, _Range)  # partitions() makes no other kind
         if partition.kind == "events":
             # On the executor, straight from the table's storage (S3 credentials from its AWS_* variables).
             fs, path = filesystem(partition.target)
             table = pq.read_table(path, filesystem=fs)
             seq = table["ingest_seq"]
             table = table.filter(pc.and_(pc.greater(seq, partition.low), pc.less_equal(seq, partition.high)))
-            for batch in table.to_batches(max_chunksize=65536):
+            for batch in _with_line_key(table).to_batches(max_chunksize=65536):
                 yield _with_origin(batch, "event")
         elif partition.kind == "state":
             # The restore staged the savepoint's rows next to the checkpoint (read from S3 by the

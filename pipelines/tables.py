@@ -4,6 +4,7 @@ from __future__ import annotations
 import datetime as dt
 import json
 
+import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.dataset as ds
@@ -77,6 +78,50 @@ def _late_raw(rows: pa.Table) -> list[str]:
                                      rows["event_type"].to_pylist(), rows["page"].to_pylist())]
 
 
+def _seq_between(low: int, high: int) -> ds.Expression:
+    return (ds.field("ingest_seq") > low) & (ds.field("ingest_seq") <= high)
+
+
+def late_key(raw: pa.Table) -> pa.ChunkedArray:
+    """The key a late event carries (pipelines.operator): line_key, or -line_no for rows written before it."""
+    fallback = pc.negate(raw["line_no"])
+    return pc.coalesce(raw["line_key"], fallback) if "line_key" in raw.column_names else fallback
+
+
+def _late_rows(late: pa.Table, raw: ds.Dataset) -> pa.Table:
+    """Late events (operator rows) -> quarantine rows with the source_file and line_no of their very line.
+
+    Joined on (ingest_seq, line_key): one row per landed line. For rows written before line_key the key is
+    -line_no, which repeats across the files of one ingest commit: the event's own ids join too, and each late
+    event keeps one match."""
+    low, high = int(pc.min(late["ingest_seq"]).as_py()), int(pc.max(late["ingest_seq"]).as_py())
+    columns = [c for c in ("ingest_seq", "line_key", "line_no", "source_file", "page", "event_id", "user_id")
+               if c in raw.schema.names]  # line_key: not in a table that no ingest wrote to since it came
+    provenance = raw.to_table(columns=columns,
+                              filter=_seq_between(low - 1, high) & ds.field("reject_reason").is_null())
+    key_types = {"ingest_seq": pa.int64(), "line_key": pa.int64(), "event_id": pa.string(), "user_id": pa.string()}
+    provenance = pa.table({"ingest_seq": provenance["ingest_seq"], "line_key": late_key(provenance),
+                           "event_id": provenance["event_id"], "user_id": provenance["user_id"],
+                           "line_no": provenance["line_no"], "source_file": provenance["source_file"],
+                           "page": provenance["page"]})
+    provenance = provenance.cast(pa.schema([(f.name, key_types.get(f.name, f.type)) for f in provenance.schema]))
+    keys = list(key_types)
+    events = late.select([*keys, "event_time_ms", "event_type"])
+    events = events.cast(pa.schema([(f.name, key_types.get(f.name, f.type)) for f in events.schema]))
+    events = events.append_column("late_row", pa.array(range(events.num_rows), pa.int64()))
+    joined = events.join(provenance, keys, join_type="left outer").sort_by("late_row")
+    order = joined["late_row"].to_numpy()
+    first = np.ones(len(order), dtype=bool)
+    first[1:] = order[1:] != order[:-1]
+    joined = joined.filter(pa.array(first))
+    return pa.table({
+        "reason": pa.array(["late"] * joined.num_rows, pa.string()), "raw": _late_raw(joined.append_column(
+            "event_time", _millis_to_ts(joined["event_time_ms"]))),
+        "source_file": joined["source_file"], "line_no": joined["line_no"],
+        "ingest_seq": joined["ingest_seq"], "event_id": joined["event_id"], "user_id": joined["user_id"],
+        "event_time": _millis_to_ts(joined["event_time_ms"]), "event_type": joined["event_type"]})
+
+
 class MicroBatchSink:
     """foreachBatch target: sessions -> sessions; late events and rejected lines -> quarantine; each
     exactly once per (checkpoint incarnation, batch id).
@@ -92,33 +137,21 @@ class MicroBatchSink:
         self.sessions_written = 0
         self.quarantined = 0
 
-    def _raw_rows(self, low: int, high: int, columns: list[str], extra=None) -> pa.Table:
-        dataset = DeltaTable(self.raw_uri, storage_options=self.storage_options).to_pyarrow_dataset()
-        condition = (ds.field("ingest_seq") > low) & (ds.field("ingest_seq") <= high)
-        if extra is not None:
-            condition = condition & extra
-        return dataset.to_table(columns=columns, filter=condition)
-
     def _quarantine_rows(self, batch_id: int, late: pa.Table) -> pa.Table | None:
         low, high = self.seq_range(batch_id)
+        if high <= low and not late.num_rows:
+            return None
+        # One snapshot of raw_events per batch.
+        raw = DeltaTable(self.raw_uri, storage_options=self.storage_options).to_pyarrow_dataset()
         parts = []
         if high > low:
-            rejected = self._raw_rows(low, high, ["reject_reason", "raw", "source_file", "line_no", "ingest_seq",
-                                                  "event_id", "user_id", "event_time", "event_type"],
-                                      ds.field("reject_reason").is_valid())
+            rejected = raw.to_table(columns=["reject_reason", "raw", "source_file", "line_no", "ingest_seq", "event_id",
+                                             "user_id", "event_time", "event_type"],
+                                    filter=_seq_between(low, high) & ds.field("reject_reason").is_valid())
             if rejected.num_rows:
                 parts.append(rejected.rename_columns(["reason", *rejected.column_names[1:]]))
         if late.num_rows:
-            provenance = self._raw_rows(int(pc.min(late["ingest_seq"]).as_py()) - 1, int(pc.max(late["ingest_seq"]).as_py()),
-                                        ["ingest_seq", "line_no", "source_file", "page"])
-            joined = late.select(["event_id", "user_id", "event_time_ms", "event_type", "ingest_seq", "line_no"]) \
-                .join(provenance, ["ingest_seq", "line_no"], join_type="left outer")
-            joined = joined.append_column("event_time", _millis_to_ts(joined["event_time_ms"]))
-            parts.append(pa.table({
-                "reason": pa.array(["late"] * joined.num_rows, pa.string()), "raw": _late_raw(joined),
-                "source_file": joined["source_file"], "line_no": joined["line_no"],
-                "ingest_seq": joined["ingest_seq"], "event_id": joined["event_id"], "user_id": joined["user_id"],
-                "event_time": joined["event_time"], "event_type": joined["event_type"]}))
+            parts.append(_late_rows(late, raw))
         if not parts:
             return None
         rows = pa.concat_tables([p.select(parts[0].column_names).cast(parts[0].schema) for p in parts])

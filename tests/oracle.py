@@ -39,6 +39,7 @@ class OracleResult:
     open_events: set = field(default_factory=set)   # {(user_id, event_id)} still in the state store
     late: list = field(default_factory=list)        # event_ids judged late, in arrival order (copies included)
     late_keys: list = field(default_factory=list)   # (user_id, event_id, event_time_ms) of each late row
+    late_rows: list = field(default_factory=list)   # the late event dicts themselves (extra keys kept), in arrival order
     # late rows at or below the watermark of the batch before theirs ("very late"): still late, still
     # quarantined per the contract; listed apart because Spark's own late-row filter is a batch behind
     very_late: list = field(default_factory=list)
@@ -93,6 +94,7 @@ def run_oracle(batches: list[list[dict]], gap_ms: int, lateness_ms: int) -> Orac
             if t <= watermark:
                 result.late.append(event_id)
                 result.late_keys.append((user, event_id, t))
+                result.late_rows.append(event)
                 if previous_watermark is not None and t <= previous_watermark:
                     result.very_late.append(event_id)
             elif event_id in accepted.get(user, {}):
