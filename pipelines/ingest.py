@@ -25,14 +25,12 @@ identities.
 from __future__ import annotations
 
 import datetime as dt
-import fcntl
 import hashlib
 import json
 import os
 import stat
 import time
-from collections.abc import Iterator, Mapping
-from contextlib import contextmanager
+from collections.abc import Mapping
 from dataclasses import asdict, dataclass, field, fields, replace
 from pathlib import Path
 from typing import Any
@@ -43,6 +41,7 @@ import pyarrow.fs as pafs
 from deltalake import CommitProperties, DeltaTable, write_deltalake
 
 from pipelines.config import SessionsConfig
+from pipelines.locks import waiting_lease
 from pipelines.storage import filesystem, is_s3, storage_options
 
 RAW_SCHEMA = pa.schema([
@@ -71,18 +70,6 @@ HEAD_BYTES = 1024               # fingerprint of a file's first bytes: an inode 
 MAX_LINE_BYTES = 1 << 20        # longer lines are quarantined (line_too_long) with a preview, not parsed
 RAW_PREVIEW_BYTES = 4096
 BOM = b"\xef\xbb\xbf"
-
-
-@contextmanager
-def file_lock(path: Path) -> Iterator[None]:
-    """An exclusive advisory lock; blocks until the holder (another process) lets go."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    with open(path, "a+") as handle:
-        fcntl.flock(handle, fcntl.LOCK_EX)
-        try:
-            yield
-        finally:
-            fcntl.flock(handle, fcntl.LOCK_UN)
 
 
 # ---- one line -------------------------------------------------------------------------------------
@@ -550,7 +537,8 @@ class _Appender:
     def __init__(self, config: SessionsConfig, seq: int):
         self.config, self.uri = config, config.raw_events_table
         self.options = storage_options(config, self.uri)
-        self.seq, self.first_seq, self.rows, self.rejected = seq, None, 0, 0
+        self.seq, self.rows, self.rejected = seq, 0, 0
+        self.first_seq: int | None = None
 
     def append(self, sources: list[RowSource], metadata: dict[str, str]) -> None:
         self.seq += 1
@@ -578,7 +566,8 @@ def ingest(config: SessionsConfig, files_per_commit: int = 16) -> IngestResult:
     Crash-safe: each commit carries what it holds (local files: their positions; S3 objects: `name:size`); after
     a crash the positions are rolled forward from the commits, and an object already committed is only archived.
     """
-    with file_lock(config.lock_dir / "ingest.lock"):
+    # Catch-up and run hold the job lease already; this one serialises direct callers (tests, benchmarks).
+    with waiting_lease(config.lease_dir, "ingest", "ingest", config.lease_ttl_s):
         uri = config.raw_events_table
         options = storage_options(config, uri)
         table = DeltaTable(uri, storage_options=options) if DeltaTable.is_deltatable(uri, storage_options=options) else None

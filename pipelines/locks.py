@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 import os
 import socket
+import sys
 import threading
 import time
 import uuid
@@ -120,3 +121,23 @@ def lease(directory: Path, name: str, what: str, ttl_s: float) -> Iterator[Lease
         current = _read(path)
         if current is not None and current.token == info.token:
             path.unlink(missing_ok=True)
+
+
+@contextmanager
+def waiting_lease(directory: Path, name: str, what: str, ttl_s: float, poll_s: float = 0.2) -> Iterator[LeaseInfo]:
+    """lease(), waiting while another live holder has it (its renewals keep it; a dead holder's is broken)."""
+    while True:
+        try:
+            held = lease(directory, name, what, ttl_s)
+            info = held.__enter__()
+        except LeaseHeld:
+            time.sleep(poll_s)
+            continue
+        try:
+            yield info
+        except BaseException:
+            if not held.__exit__(*sys.exc_info()):
+                raise
+        else:
+            held.__exit__(None, None, None)
+        return

@@ -13,12 +13,13 @@ as (ingest_seq, line_key) -- unique per landed line -- from which the sink fetch
 from __future__ import annotations
 
 import warnings
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
+from typing import Any
 
 import numpy as np
 import pandas as pd
 import pyarrow as pa
-from pyspark.sql import DataFrame
+from pyspark.sql import Column, DataFrame
 from pyspark.sql import functions as F
 from pyspark.sql.streaming.state import GroupState, GroupStateTimeout
 
@@ -40,7 +41,7 @@ FROM_STATE = 1  # `from_state` column: a savepoint row being restored, not an ev
 warnings.filterwarnings("ignore", category=FutureWarning, module="pyspark.sql.pandas.serializers")
 
 
-def bucket_column(buckets: int):
+def bucket_column(buckets: int) -> Column:
     return F.pmod(F.xxhash64("user_id"), F.lit(buckets)).cast("int")
 
 
@@ -68,8 +69,9 @@ def _restored_rows(restored: pd.DataFrame) -> pa.Table:
     return rows_table({**rows, "due_ms": np.full(len(restored), np.iinfo(np.int64).min)})
 
 
-def make_session_function(gap_ms: int):
-    def sessions_for_bucket(key, frames: Iterator[pd.DataFrame], state: GroupState) -> Iterator[pd.DataFrame]:
+def make_session_function(gap_ms: int) -> Callable[..., Iterator[pd.DataFrame]]:
+    def sessions_for_bucket(key: tuple[Any, ...], frames: Iterator[pd.DataFrame],
+                            state: GroupState) -> Iterator[pd.DataFrame]:
         store = state_format.BucketStore.load(state.get[0] if state.exists else None)
         watermark = state.getCurrentWatermarkMs()
         events = no_events()
@@ -90,7 +92,9 @@ def make_session_function(gap_ms: int):
                 state.remove()
         else:
             state.update((value,))
-            state.setTimeoutTimestamp(store.next_due() - 1)  # Spark fires when timeout < watermark
+            due = store.next_due()
+            if due is not None:  # a stored bucket always has a due row; the guard is for the type
+                state.setTimeoutTimestamp(due - 1)  # Spark fires when timeout < watermark
         if len(step.closed):
             yield _output(step.closed, "session")
         if len(step.late):

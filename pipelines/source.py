@@ -9,15 +9,16 @@ is judged late or on time. Events after the savepoint's source position follow f
 from __future__ import annotations
 
 import json
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from pathlib import Path
+from typing import Any
 
 import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 from deltalake import DeltaTable
 from pyspark.sql.datasource import DataSource, DataSourceStreamReader, InputPartition
-from pyspark.sql.streaming.datasource import ReadAllAvailable, ReadMaxFiles, SupportsTriggerAvailableNow
+from pyspark.sql.streaming.datasource import ReadAllAvailable, ReadLimit, ReadMaxFiles, SupportsTriggerAvailableNow
 
 from pipelines.ingest import latest_ingest_seq
 from pipelines.storage import filesystem, s3_options
@@ -33,19 +34,25 @@ SOURCE_SCHEMA = (
 BOOTSTRAP_FILE = "_bootstrap.json"  # written into a fresh checkpoint by a restore
 
 
+ARROW_BATCH_ROWS = 65_536  # rows per Arrow batch a read hands Spark: large enough to amortise, small for memory
+
+
 class _Range(InputPartition):
-    def __init__(self, kind: str, target: str, low: int = 0, high: int = 0):
+    """What one read task reads: `events` of a raw_events data file (`payload` = its URI) with ingest_seq in
+    (low, high], or a restore's `state` rows / watermark `marker` (`payload` = the bootstrap JSON)."""
+
+    def __init__(self, kind: str, payload: str, low: int = 0, high: int = 0):
         super().__init__(kind)
-        self.kind, self.target, self.low, self.high = kind, target, low, high
+        self.kind, self.payload, self.low, self.high = kind, payload, low, high
 
 
-def _arrow_schema():
+def _arrow_schema() -> pa.Schema:
     types = {"string": pa.string(), "long": pa.int64(), "timestamp": pa.timestamp("us", tz="UTC")}
     return pa.schema([(name, types[kind]) for name, kind in
                       (field.strip().split(" ") for field in SOURCE_SCHEMA.split(","))])
 
 
-def _with_origin(batch, origin: str):
+def _with_origin(batch: pa.RecordBatch, origin: str) -> pa.RecordBatch:
     """Conform a batch to the source schema: missing columns become nulls, origin is set."""
     schema = _arrow_schema()
     arrays = []
@@ -70,7 +77,7 @@ def _with_line_key(table: pa.Table) -> pa.Table:
 
 
 class RawEventsStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
-    def __init__(self, options: dict):
+    def __init__(self, options: Mapping[str, str]):
         self.table = options["path"]
         self.bootstrap_file = options.get("bootstrap")
         max_versions = options.get("maxVersionsPerTrigger")
@@ -96,10 +103,10 @@ class RawEventsStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow)
         latest = self._latest_seq()
         self.target_seq = latest if self.target_seq is None else min(self.target_seq, latest)
 
-    def getDefaultReadLimit(self):
+    def getDefaultReadLimit(self) -> ReadLimit:
         return ReadMaxFiles(self.max_versions) if self.max_versions else ReadAllAvailable()
 
-    def latestOffset(self, start: dict, limit) -> dict:
+    def latestOffset(self, start: dict, limit: ReadLimit) -> dict:
         if not start["boot"]:
             return {"seq": start["seq"], "boot": True, "settled": False}  # the state-only batch
         latest = self._latest_seq()
@@ -115,7 +122,7 @@ class RawEventsStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow)
             return {"seq": start["seq"], "boot": True, "settled": True}
         return start
 
-    def partitions(self, start: dict, end: dict):
+    def partitions(self, start: dict, end: dict) -> list[InputPartition]:
         if not start["boot"] and end["boot"]:
             boot = self._bootstrap()
             return [_Range("state", json.dumps(boot)), _Range("marker", json.dumps(boot))]
@@ -136,22 +143,22 @@ class RawEventsStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow)
         assert isinstance(partition, _Range)  # partitions() makes no other kind
         if partition.kind == "events":
             # On the executor, straight from the table's storage (S3 credentials from its AWS_* variables).
-            fs, path = filesystem(partition.target)
+            fs, path = filesystem(partition.payload)
             table = pq.read_table(path, filesystem=fs)
             seq = table["ingest_seq"]
             table = table.filter(pc.and_(pc.greater(seq, partition.low), pc.less_equal(seq, partition.high)))
-            for batch in _with_line_key(table).to_batches(max_chunksize=65536):
+            for batch in _with_line_key(table).to_batches(max_chunksize=ARROW_BATCH_ROWS):
                 yield _with_origin(batch, "event")
         elif partition.kind == "state":
             # The restore staged the savepoint's rows next to the checkpoint (read from S3 by the
             # driver, which holds the credentials), so workers need no access to the savepoint store.
-            boot = json.loads(partition.target)
+            boot = json.loads(partition.payload)
             table = pq.read_table(boot["state_path"])
-            for batch in table.to_batches(max_chunksize=65536):
+            for batch in table.to_batches(max_chunksize=ARROW_BATCH_ROWS):
                 yield _with_origin(batch, "state")
         elif partition.kind == "marker":
             # Carries the savepoint's max event time so the restored watermark equals the original.
-            boot = json.loads(partition.target)
+            boot = json.loads(partition.payload)
             marker_us = (int(boot["watermark_ms"]) + int(boot["lateness_ms"])) * 1000
             yield _with_origin(pa.RecordBatch.from_pydict(
                 {"event_time": pa.array([marker_us], pa.timestamp("us", tz="UTC"))}), "marker")
@@ -168,5 +175,5 @@ class RawEventsSource(DataSource):
     def schema(self) -> str:
         return SOURCE_SCHEMA
 
-    def streamReader(self, schema) -> DataSourceStreamReader:
+    def streamReader(self, schema: Any) -> DataSourceStreamReader:
         return RawEventsStreamReader(self.options)

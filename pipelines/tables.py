@@ -3,12 +3,15 @@ from __future__ import annotations
 
 import datetime as dt
 import json
+from collections.abc import Callable
+from typing import Any
 
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.dataset as ds
 from deltalake import CommitProperties, DeltaTable, Transaction, write_deltalake
+from pyspark.sql import DataFrame
 
 SESSIONS_SCHEMA = pa.schema([
     ("session_id", pa.string()),
@@ -51,7 +54,7 @@ def table_rows(uri: str, storage_options: dict[str, str] | None = None) -> int:
     return int(DeltaTable(uri, storage_options=storage_options).count())
 
 
-def _millis_to_ts(column) -> pa.Array:
+def _millis_to_ts(column: Any) -> pa.Array:
     return pc.multiply(column.cast(pa.int64()), 1000).cast(pa.timestamp("us", tz="UTC"))
 
 
@@ -129,7 +132,8 @@ class MicroBatchSink:
     Rejected lines never enter the stateful operator: the sink reads them, and the provenance of late
     events, from raw_events for the batch's source range (from the checkpoint's offset log)."""
 
-    def __init__(self, sessions_uri: str, quarantine_uri: str, raw_uri: str, incarnation: str, seq_range,
+    def __init__(self, sessions_uri: str, quarantine_uri: str, raw_uri: str, incarnation: str,
+                 seq_range: Callable[[int], tuple[int, int]],
                  storage_options: dict[str, str] | None = None):
         self.sessions_uri, self.quarantine_uri, self.raw_uri = sessions_uri, quarantine_uri, raw_uri
         self.storage_options = storage_options  # the warehouse's (all three tables live there)
@@ -166,7 +170,7 @@ class MicroBatchSink:
             "quarantined_at": pa.array([now] * m, pa.timestamp("us", tz="UTC")),
         }, schema=QUARANTINE_SCHEMA)
 
-    def __call__(self, batch_df, batch_id: int) -> None:
+    def __call__(self, batch_df: DataFrame, batch_id: int) -> None:
         rows = batch_df.toArrow()
         kind = rows["kind"]
         sessions = rows.filter(pc.equal(kind, "session"))
