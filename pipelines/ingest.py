@@ -388,7 +388,8 @@ def _scan_landing(config: SessionsConfig, positions: Positions, now: float) -> l
             # already); a FIFO or device has no end. Reported once (a quarantine row, line 0), moved aside.
             reason = "refused_symlink" if stat.S_ISLNK(info.st_mode) else "refused_special_file"
             if known is not None and known.refused == reason and known.name == entry.name:
-                reads.append(FileRead(known, info.st_mtime_ns, 0, [], True, archive=True))
+                # Reported by a commit already (a crash came before its move): only moved now.
+                reads.append(FileRead(replace(known, path=entry.name), info.st_mtime_ns, 0, [], True, archive=True))
             else:
                 what = (f"symlink to {os.readlink(entry.path)}" if stat.S_ISLNK(info.st_mode)
                         else f"not a regular file (mode {stat.filemode(info.st_mode)})")
