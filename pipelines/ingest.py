@@ -584,11 +584,11 @@ def ingest(config: SessionsConfig, files_per_commit: int = 16) -> IngestResult:
         options = storage_options(config, uri)
         table = DeltaTable(uri, storage_options=options) if DeltaTable.is_deltatable(uri, storage_options=options) else None
         appender = _Appender(config, _latest_seq(table) if table is not None else 0)
-        if is_s3(config.landing_uri):
-            files, refused = _ingest_objects(config, table, appender, max(1, files_per_commit)), 0
+        if is_s3(config.landing_uri):  # every object listed is committed and archived (or this raised)
+            files, refused, waiting = _ingest_objects(config, table, appender, max(1, files_per_commit)), 0, 0
         else:
             files, refused = _ingest_local(config, table, appender, max(1, files_per_commit))
-        waiting = len(landed_files(config))
+            waiting = len(landed_files(config))
     return IngestResult(files, appender.rows, appender.rejected, appender.first_seq, appender.seq, refused, waiting)
 
 
