@@ -3,7 +3,7 @@ from dagster import AssetCheckResult, AssetCheckSeverity, asset_check
 
 from assets.resources import SessionsResource
 from assets.tables import SESSIONS, STATE
-from pipelines.checkpoint import last_commit_age_seconds
+from pipelines.checkpoint import last_commit_age_seconds, read_restore_marker
 from pipelines.errors import SavepointNotFound, SessionsError
 from pipelines.storage import open_table
 from state_store import lifecycle
@@ -37,4 +37,14 @@ def state_is_fresh(sessions: SessionsResource) -> AssetCheckResult:
                             metadata={"age_seconds": -1.0 if age is None else round(age, 1), "limit_seconds": limit})
 
 
-ALL_CHECKS = [sessions_have_unique_ids, newest_savepoint_verifies, state_is_fresh]
+@asset_check(asset=STATE, description="No restore was left half-done (a killed restore leaves its marker).")
+def no_restore_left_half_done(sessions: SessionsResource) -> AssetCheckResult:
+    marker = read_restore_marker(sessions.config().checkpoint)
+    if marker is None:
+        return AssetCheckResult(passed=True)
+    return AssetCheckResult(passed=False, description=f"finish it: {marker['command']}",
+                            metadata={"savepoint_id": marker["savepoint_id"], "started_at": marker["started_at"],
+                                      "next_step": marker["command"]})
+
+
+ALL_CHECKS = [sessions_have_unique_ids, newest_savepoint_verifies, state_is_fresh, no_restore_left_half_done]

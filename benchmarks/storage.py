@@ -6,7 +6,7 @@ landing prefix), then `ingest` (timed alone: read landing, write raw_events, arc
 loopback in its own process: it shares the 2 cores and is far slower per request than a real object store, so
 the ratio is an upper bound on what S3 costs here, not a forecast for AWS.
 
-    .venv/bin/python benchmarks/storage.py             # ~6 min on 2 cores
+    .venv/bin/python benchmarks/storage.py             # ~3 min on 2 cores
     .venv/bin/python benchmarks/storage.py --quick     # ~2 min
 """
 from __future__ import annotations
@@ -83,7 +83,8 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=None)
     parser.add_argument("--results-dir", default=str(HERE / "results"))
     args = parser.parse_args()
-    users, files_n, rounds = (2_000, 4, 1) if args.quick else (20_000, 16, 2)
+    users, files_n, rounds = (2_000, 4, 1) if args.quick else (20_000, 16, 4)
+    load_before = os.getloadavg()
     rounds = args.rounds or rounds
     os.environ.setdefault("PYSPARK_SUBMIT_ARGS", "--conf spark.ui.showConsoleProgress=false pyspark-shell")
     events = arrival_order(generate_events(users, 3, seed=5), seed=5)
@@ -98,7 +99,8 @@ def main() -> None:
         server = _moto(port)
         try:
             spark = get_spark(SessionsConfig.from_env({**os.environ, "SESSIONS_HOME": tmp}))
-            _run("local", 0, files[:1], Path(tmp), spark)  # warm-up: JVM, Python workers (discarded)
+            for variant in ("local", "s3"):  # warm-up at full size: JVM, Python workers, S3 client (discarded)
+                _run(variant, 0, files, Path(tmp), spark)
             results = []
             for round_no in range(1, rounds + 1):
                 for variant in ("local", "s3") if round_no % 2 else ("s3", "local"):
@@ -112,7 +114,8 @@ def main() -> None:
     report = {"events": results[0]["events"], "files": files_n, "rounds": rounds, "runs": results, "median": med,
               "ratio_s3_over_local": {k: round(med["s3"][k] / med["local"][k], 2) for k in med["local"]},
               "events_per_s": {v: round(results[0]["events"] / med[v]["total_s"]) for v in med},
-              "machine": machine_info(), "quick": args.quick}
+              "machine": machine_info(), "loadavg_before": load_before, "loadavg_after": os.getloadavg(),
+              "quick": args.quick}
     out = Path(args.results_dir)
     out.mkdir(parents=True, exist_ok=True)
     (out / "storage.json").write_text(json.dumps(report, indent=2))
@@ -123,7 +126,7 @@ def main() -> None:
         lines.append(f"| {v} | {med[v]['ingest_s']:.2f} | {med[v]['process_s']:.2f} | {med[v]['total_s']:.2f} | "
                      f"{report['events_per_s'][v]} |")
     lines += ["", f"S3 / local time: {report['ratio_s3_over_local']}", "",
-              f"Load average before the run: {report['machine'].get('loadavg', 'n/a')}"]
+              f"Load average (1, 5, 15 min) before the run: {load_before}, after: {report['loadavg_after']}"]
     (out / "storage.md").write_text("\n".join(lines) + "\n")
     print(json.dumps({"ratio_s3_over_local": report["ratio_s3_over_local"], "events_per_s": report["events_per_s"]}))
 

@@ -1,7 +1,9 @@
 """Reading a Structured Streaming checkpoint without Spark: its logs, provider and our job metadata."""
 from __future__ import annotations
 
+import datetime as dt
 import json
+import os
 import time
 import uuid
 from dataclasses import asdict, dataclass
@@ -133,3 +135,33 @@ def last_commit_age_seconds(checkpoint: Path) -> float | None:
     if not commits:
         return None
     return time.time() - (Path(checkpoint) / "commits" / str(commits[-1])).stat().st_mtime
+
+
+# A restore replaces the checkpoint directory, so its marker lives beside it: present from before the first
+# change until the restore verified, it is what a kill -9 leaves for status, catch-up and Dagster to report.
+RESTORE_MARKER_SUFFIX = ".restore-in-progress.json"
+
+
+def restore_marker(checkpoint: Path) -> Path:
+    return checkpoint.with_name(checkpoint.name + RESTORE_MARKER_SUFFIX)
+
+
+def write_restore_marker(checkpoint: Path, savepoint_id: str, partitions: int | None) -> None:
+    command = f"sessionctl restore --savepoint {savepoint_id}" + (f" --partitions {partitions}" if partitions else "")
+    marker = restore_marker(checkpoint)
+    marker.parent.mkdir(parents=True, exist_ok=True)
+    tmp = marker.with_suffix(".tmp")
+    tmp.write_text(json.dumps({"savepoint_id": savepoint_id, "command": command,
+                               "started_at": dt.datetime.now(dt.timezone.utc).isoformat()}))
+    os.replace(tmp, marker)
+
+
+def read_restore_marker(checkpoint: Path) -> dict[str, str] | None:
+    try:
+        return dict(json.loads(restore_marker(checkpoint).read_text()))
+    except FileNotFoundError:
+        return None
+
+
+def clear_restore_marker(checkpoint: Path) -> None:
+    restore_marker(checkpoint).unlink(missing_ok=True)

@@ -67,3 +67,7 @@ class RestoreIncomplete(SessionsError):
 
 class RescaleRefused(SessionsError):
     """A rescale that cannot be done as asked (a partition count below 1)."""
+
+
+class StorageUnavailable(SessionsError):
+    """An object store (S3) did not answer or refused: the message names the endpoint, the URI and the cause."""

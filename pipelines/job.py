@@ -21,10 +21,11 @@ from pipelines.checkpoint import (
     batch_source_range,
     inspect_checkpoint,
     read_job_metadata,
+    read_restore_marker,
     write_job_metadata,
 )
 from pipelines.config import SessionsConfig
-from pipelines.errors import CheckpointMismatch, CheckpointMissing, JobRunning, LifecycleBusy
+from pipelines.errors import CheckpointMismatch, CheckpointMissing, JobRunning, LifecycleBusy, RestoreIncomplete
 from pipelines.ingest import ingest
 from pipelines.locks import LeaseHeld, lease
 from pipelines.operator import sessionize
@@ -102,6 +103,11 @@ def ensure_tables(config: SessionsConfig) -> None:
 
 def checkpoint_metadata(config: SessionsConfig) -> JobMetadata:
     """The checkpoint's job metadata, created for a new checkpoint; refuses settings that do not fit."""
+    marker = read_restore_marker(config.checkpoint)
+    if marker is not None:
+        raise RestoreIncomplete(
+            f"a restore from {marker['savepoint_id']} started at {marker['started_at']} did not finish (the process "
+            f"was stopped): finish it with `{marker['command']}` before running the job", next_step=marker["command"])
     meta = read_job_metadata(config.checkpoint)
     if meta is None:
         if table_rows(config.sessions_table, storage_options(config, config.sessions_table)) > 0:

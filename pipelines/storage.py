@@ -2,11 +2,18 @@
 from __future__ import annotations
 
 import os
+import socket
+from collections.abc import Iterator
+from contextlib import contextmanager
+from urllib.parse import urlparse
 
 import pyarrow.fs as pafs
+from botocore.exceptions import BotoCoreError, ClientError
 from deltalake import DeltaTable
+from deltalake.exceptions import DeltaError
 
 from pipelines.config import SessionsConfig
+from pipelines.errors import StorageUnavailable
 
 
 def is_s3(uri: str) -> bool:
@@ -67,3 +74,46 @@ def table_exists(config: SessionsConfig, uri: str) -> bool:
 
 def open_table(config: SessionsConfig, uri: str) -> DeltaTable:
     return DeltaTable(uri, storage_options=storage_options(config, uri))
+
+
+def endpoint_of(uri: str) -> str:
+    return os.environ.get("AWS_ENDPOINT_URL") or "the AWS S3 endpoint"
+
+
+def _probe(uri: str) -> None:
+    """Fail in a second, not after the client's retries, when the S3 endpoint refuses connections."""
+    endpoint = os.environ.get("AWS_ENDPOINT_URL")
+    if not is_s3(uri) or not endpoint:
+        return
+    parsed = urlparse(endpoint)
+    port = parsed.port or (443 if parsed.scheme == "https" else 80)
+    try:
+        socket.create_connection((parsed.hostname or "localhost", port), timeout=3).close()
+    except OSError as error:
+        raise StorageUnavailable(f"S3 endpoint {endpoint} is unreachable for {uri} "
+                                 f"({error.strerror or type(error).__name__}): start it or fix AWS_ENDPOINT_URL, "
+                                 "then run the command again") from None
+
+
+def _cause(error: BaseException) -> str:
+    text = " ".join(str(error).split())
+    for needle, said in (("Connection refused", "connection refused"), ("timed out", "timed out"),
+                         ("error sending request", "no answer"), ("InvalidAccessKeyId", "invalid access key"),
+                         ("SignatureDoesNotMatch", "wrong secret key"), ("NoSuchBucket", "no such bucket")):
+        if needle in text:
+            return said
+    return f"{type(error).__name__}: {text[:200]}"
+
+
+@contextmanager
+def s3_errors(uri: str) -> Iterator[None]:
+    """Turn an object store failure on `uri` into StorageUnavailable (one line: endpoint, URI, cause, what to do)."""
+    if not is_s3(uri):
+        yield
+        return
+    _probe(uri)
+    try:
+        yield
+    except (OSError, DeltaError, BotoCoreError, ClientError) as error:
+        raise StorageUnavailable(f"S3 at {endpoint_of(uri)} failed for {uri} ({_cause(error)}): check the endpoint "
+                                 "and the AWS_* credentials, then run the command again") from None

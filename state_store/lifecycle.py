@@ -1,7 +1,6 @@
 """Savepoint, restore and rescale of the stopped job: the operations `sessionctl` and Dagster call."""
 from __future__ import annotations
 
-import contextlib
 import datetime as dt
 import json
 import shutil
@@ -15,7 +14,14 @@ import pyarrow.parquet as pq
 from pyspark.sql import SparkSession
 
 from pipelines import state_format
-from pipelines.checkpoint import JobMetadata, inspect_checkpoint, read_job_metadata, write_job_metadata
+from pipelines.checkpoint import (
+    JobMetadata,
+    clear_restore_marker,
+    inspect_checkpoint,
+    read_job_metadata,
+    write_job_metadata,
+    write_restore_marker,
+)
 from pipelines.config import SessionsConfig
 from pipelines.errors import (
     NoCommittedBatch,
@@ -90,10 +96,15 @@ def _take_savepoint(config: SessionsConfig, trigger: str, spark: SparkSession | 
     except Exception as error:  # noqa: BLE001 -- any failure must leave no complete row behind
         row.update(status="failed", error=f"{type(error).__name__}: {error}"[:500],
                    seconds=round(time.monotonic() - started, 3))
-        with contextlib.suppress(Exception):  # the store is down; the attempt is simply not listed
+        try:
             store.record(row)
-        raise SavepointFailed(f"savepoint {savepoint_id} failed and is not listed as complete: "
-                             f"{type(error).__name__}: {str(error).splitlines()[0][:300]}") from None
+            recorded = "recorded as failed in the catalog"
+        except Exception:  # noqa: BLE001 -- the store is down: keep the row for the next catalog access
+            store.defer(row)
+            recorded = "the catalog is unreachable: the failed attempt will be recorded at the next catalog access"
+        cause = str(error).splitlines()[0][:300] if str(error) else type(error).__name__
+        raise SavepointFailed(f"savepoint {savepoint_id} failed and is not listed as complete ({recorded}): "
+                              f"{cause}") from None
     return SavepointInfo.from_row(row)
 
 
@@ -170,6 +181,7 @@ def _restore(config: SessionsConfig, savepoint: str, partitions: int | None, mig
     started = time.monotonic()
     row, state = _validated(config, savepoint, migrate)
     target = config.with_(state_partitions=partitions or row["partitions"] or config.state_partitions)
+    write_restore_marker(config.checkpoint, row["savepoint_id"], partitions)  # before the first change
     replaced = _set_aside(config.checkpoint)
     outputs_rolled_back = False
     try:
@@ -199,6 +211,7 @@ def _restore(config: SessionsConfig, savepoint: str, partitions: int | None, mig
                                  f"{checksum} vs {expected.num_rows} / {state_checksum(expected)}")
     except Exception as error:  # noqa: BLE001 -- whatever broke, leave the operator a known next step
         raise _failed_restore(config, row["savepoint_id"], replaced, outputs_rolled_back, error) from None
+    clear_restore_marker(config.checkpoint)
     info = inspect_checkpoint(config.checkpoint)
     return RestoreResult(
         savepoint_id=row["savepoint_id"], batch_id=row["batch_id"], rows=row["rows"],
@@ -218,6 +231,7 @@ def _failed_restore(config: SessionsConfig, savepoint_id: str, replaced: str | N
         config.checkpoint.rename(config.checkpoint.with_name(config.checkpoint.name + FAILED_SUFFIX + stamp))
     if not outputs_rolled_back and replaced is not None:
         Path(replaced).rename(config.checkpoint)
+        clear_restore_marker(config.checkpoint)
         return RestoreIncomplete(f"restore from {savepoint_id} failed before any table was changed ({cause}); "
                                  f"the previous checkpoint is back in place",
                                  next_step="none: the previous checkpoint is back in place, the old job can go on")
@@ -230,6 +244,9 @@ def restore(config: SessionsConfig, savepoint: str = "latest", partitions: int |
             migrate: bool = False, spark: SparkSession | None = None) -> RestoreResult:
     """Put state, source position and outputs back to a savepoint, into a fresh checkpoint built from
     the canonical Delta form alone (the old checkpoint is kept aside, not deleted)."""
+    if partitions is not None and not 1 <= partitions <= config.state_buckets:
+        raise RescaleRefused(f"--partitions must be between 1 and {config.state_buckets} (SESSIONS_STATE_BUCKETS: the "
+                             f"state has at most that many keys), got {partitions}")
     with _locks(config, "restore"):
         return _restore(config, savepoint, partitions, migrate, spark)
 
@@ -239,8 +256,11 @@ def restore(config: SessionsConfig, savepoint: str = "latest", partitions: int |
 def rescale(config: SessionsConfig, partitions: int, spark: SparkSession | None = None) -> RescaleResult:
     """Change the state partitions of the stopped job, keeping all state. A pre-rescale savepoint is
     taken first; RocksDB uses Spark's offline repartition, the HDFS-backed provider savepoint+restore."""
-    if partitions < 1:
-        raise RescaleRefused(f"--partitions must be >= 1, got {partitions}")
+    if not 1 <= partitions <= config.state_buckets:
+        # The state has at most state_buckets keys (hash buckets of user_id): more partitions would hold nothing
+        # but cost a task, a state store instance and its files each, every batch.
+        raise RescaleRefused(f"--partitions must be between 1 and {config.state_buckets} (SESSIONS_STATE_BUCKETS: the "
+                             f"state has at most that many keys), got {partitions}")
     started = time.monotonic()
     with _locks(config, "rescale"):
         info = inspect_checkpoint(config.checkpoint)

@@ -13,7 +13,7 @@ from deltalake import DeltaTable
 from pipelines.checkpoint import directory_size
 from pipelines.config import SessionsConfig
 from pipelines.job import job_lock
-from pipelines.storage import is_s3, open_table, storage_options, table_exists
+from pipelines.storage import is_s3, join, open_table, storage_options, table_exists
 from state_store.lifecycle import remove_tree, replaced_checkpoints
 from state_store.results import CompactionResult, MaintenanceDue
 from state_store.savepoints import SavepointStore
@@ -79,8 +79,21 @@ def savepoints_to_delete(rows: list[dict], keep_last: int, keep_daily_days: int,
     return [r for r in rows if r["savepoint_id"] not in keep]
 
 
+def _state_folders(config: SessionsConfig, store: SavepointStore) -> set[str]:
+    """Savepoint ids that have a folder under state/ (written or half-written)."""
+    root = join(store.uri, "state")
+    if is_s3(root):
+        _, _, objects = _s3_objects(config, root)
+        return {item["Key"][len(root[len("s3://"):].split("/", 1)[1]) + 1:].split("/", 1)[0] for item in objects}
+    return {p.name for p in Path(root).iterdir() if p.is_dir()} if Path(root).exists() else set()
+
+
 def _delete_savepoint(config: SessionsConfig, store: SavepointStore, row: dict[str, Any]) -> None:
-    state = row.get("state_uri") or store.state_uri(row["savepoint_id"])
+    _delete_state(config, row.get("state_uri") or store.state_uri(row["savepoint_id"]))
+    store.forget(row["savepoint_id"])
+
+
+def _delete_state(config: SessionsConfig, state: str) -> None:
     if is_s3(state):
         client, bucket, objects = _s3_objects(config, state)
         for start in range(0, len(objects), 1000):  # delete_objects takes at most 1000 keys
@@ -88,7 +101,6 @@ def _delete_savepoint(config: SessionsConfig, store: SavepointStore, row: dict[s
             client.delete_objects(Bucket=bucket, Delete={"Objects": keys})
     else:
         remove_tree(Path(state))
-    store.forget(row["savepoint_id"])
 
 
 def compact(config: SessionsConfig, dry_run: bool = False) -> CompactionResult:
@@ -106,6 +118,12 @@ def compact(config: SessionsConfig, dry_run: bool = False) -> CompactionResult:
             if not dry_run:
                 _delete_savepoint(config, store, row)
             deleted.append(row["savepoint_id"])
+        # State tables no catalog row names: savepoints killed before they were recorded. No savepoint can be
+        # in flight now (it would hold the lifecycle lease this holds), so every such folder is an orphan.
+        orphans = sorted(_state_folders(config, store) - {r["savepoint_id"] for r in catalog})
+        if not dry_run:
+            for savepoint_id in orphans:
+                _delete_state(config, store.state_uri(savepoint_id))
         old_checkpoints = replaced_checkpoints(config)
         checkpoint_bytes = sum(directory_size(p)[1] for p in old_checkpoints)
         if not dry_run:
@@ -132,6 +150,7 @@ def compact(config: SessionsConfig, dry_run: bool = False) -> CompactionResult:
             bytes_before=bytes_before, bytes_after=bytes_after,
             bytes_reclaimed=bytes_before - bytes_after,
             savepoints_deleted=deleted,
+            orphan_state_removed=orphans,
             replaced_checkpoints_removed=[str(p) for p in old_checkpoints] if not dry_run else [],
             replaced_checkpoint_bytes=checkpoint_bytes,
             state_files=state_files, state_bytes=state_bytes,

@@ -109,6 +109,7 @@ class CompactionResult(_Result):
     bytes_reclaimed: int
     savepoints_deleted: list[str]
     replaced_checkpoints_removed: list[str]
+    orphan_state_removed: list[str]  # state/<id>/ folders of savepoints killed before their catalog row
     replaced_checkpoint_bytes: int
     state_files: int
     state_bytes: int
@@ -128,6 +129,7 @@ class StatusReport(_Result):
     state_bytes: int
     sessions_rows: int
     quarantine_rows: int
+    restore_in_progress: str | None  # the command that finishes an interrupted restore, None when none is
     # from a pass over the live state (zeros when not read: --no-state, or nothing committed)
     state_keys: int = 0
     open_users: int = 0

@@ -10,8 +10,10 @@ checksum matched the live state; a half-written state table is never referenced 
 from __future__ import annotations
 
 import datetime as dt
+import json
 import os
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -23,7 +25,7 @@ from deltalake import DeltaTable, write_deltalake
 from pipelines import state_format
 from pipelines.config import SessionsConfig
 from pipelines.errors import SavepointNotFound
-from pipelines.storage import join, storage_options
+from pipelines.storage import join, s3_errors, storage_options
 
 CATALOG_SCHEMA = pa.schema([
     ("savepoint_id", pa.string()),
@@ -79,10 +81,31 @@ class SavepointStore:
 
     uri: str
     options: dict[str, str] | None = field(default=None, repr=False)  # S3 credentials: never printed
+    # Failed attempts the catalog could not take when they happened (the store was down): recorded on the next
+    # catalog access that works.
+    pending: Path | None = None
 
     @classmethod
     def of(cls, config: SessionsConfig) -> SavepointStore:
-        return cls(config.savepoint_uri, storage_options(config, config.savepoint_uri))
+        return cls(config.savepoint_uri, storage_options(config, config.savepoint_uri),
+                   config.home / "pending-savepoint-failures.jsonl")
+
+    def defer(self, row: dict[str, Any]) -> None:
+        """Keep a failed attempt's row locally until the catalog is reachable again."""
+        if self.pending is not None:
+            self.pending.parent.mkdir(parents=True, exist_ok=True)
+            with open(self.pending, "a") as handle:
+                handle.write(json.dumps({k: (v.isoformat() if isinstance(v, dt.datetime) else v)
+                                         for k, v in row.items()}) + "\n")
+
+    def _flush_pending(self) -> None:
+        if self.pending is None or not self.pending.exists():
+            return
+        rows = [json.loads(line) for line in self.pending.read_text().splitlines() if line.strip()]
+        for row in rows:
+            row["created_at"] = dt.datetime.fromisoformat(row["created_at"]) if row.get("created_at") else None
+            self._append(row)
+        self.pending.unlink()
 
     @property
     def catalog_uri(self) -> str:
@@ -95,31 +118,42 @@ class SavepointStore:
         """Write canonical rows (state_format.canonical: sorted once by the caller, schema pinned here)."""
         target = self.state_uri(savepoint_id)
         rows = table.select(state_format.CANONICAL_SCHEMA.names).cast(state_format.CANONICAL_SCHEMA)
-        write_deltalake(target, rows, mode="error", storage_options=self.options)
+        with s3_errors(target):
+            write_deltalake(target, rows, mode="error", storage_options=self.options)
         return target
 
     def read_state(self, savepoint_id: str) -> pa.Table:
-        return DeltaTable(self.state_uri(savepoint_id), storage_options=self.options).to_pyarrow_table()
+        with s3_errors(self.uri):
+            return DeltaTable(self.state_uri(savepoint_id), storage_options=self.options).to_pyarrow_table()
 
     def table_bytes(self, uri: str) -> int:
-        table = DeltaTable(uri, storage_options=self.options)
-        adds = pa.table(table.get_add_actions(flatten=True))
+        with s3_errors(uri):
+            table = DeltaTable(uri, storage_options=self.options)
+            adds = pa.table(table.get_add_actions(flatten=True))
         return int(pc.sum(adds["size_bytes"]).as_py() or 0)
 
-    def record(self, row: dict[str, Any]) -> None:
+    def _append(self, row: dict[str, Any]) -> None:
         full = {name: row.get(name) for name in CATALOG_SCHEMA.names}
         write_deltalake(self.catalog_uri, pa.Table.from_pylist([full], schema=CATALOG_SCHEMA), mode="append",
                         storage_options=self.options)
 
+    def record(self, row: dict[str, Any]) -> None:
+        with s3_errors(self.catalog_uri):
+            self._flush_pending()
+            self._append(row)
+
     def forget(self, savepoint_id: str) -> None:
         """Remove a savepoint's catalog row (its state table is deleted by the caller first)."""
-        DeltaTable(self.catalog_uri, storage_options=self.options).delete(f"savepoint_id = '{savepoint_id}'")
+        with s3_errors(self.catalog_uri):
+            DeltaTable(self.catalog_uri, storage_options=self.options).delete(f"savepoint_id = '{savepoint_id}'")
 
     def list(self) -> list[dict[str, Any]]:
         """The catalog, newest first (failed attempts included, with status and error)."""
-        if not DeltaTable.is_deltatable(self.catalog_uri, storage_options=self.options):
-            return []
-        rows = DeltaTable(self.catalog_uri, storage_options=self.options).to_pyarrow_table().to_pylist()
+        with s3_errors(self.catalog_uri):
+            self._flush_pending()
+            if not DeltaTable.is_deltatable(self.catalog_uri, storage_options=self.options):
+                return []
+            rows = DeltaTable(self.catalog_uri, storage_options=self.options).to_pyarrow_table().to_pylist()
         for row in rows:
             row["uri"] = row["state_uri"]
             row["created_at"] = row["created_at"].isoformat() if row["created_at"] else None

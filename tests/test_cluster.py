@@ -5,7 +5,9 @@ exactly once. Only the checkpoint is on a (shared) local path."""
 from __future__ import annotations
 
 import json
+import signal
 import subprocess
+import time
 from pathlib import Path
 
 import boto3
@@ -32,7 +34,7 @@ def test_lifecycle_on_a_standalone_cluster(tmp_path, spark_cluster, s3_endpoint)
     s3 = boto3.client("s3", endpoint_url=s3_endpoint["env"]["AWS_ENDPOINT_URL"])
     env = config_env(config, SESSIONS_SPARK_MASTER=spark_cluster["master"], **s3_endpoint["env"])
     events = arrival_order(generate_events(120, 3, seed=21), seed=21, jitter_seconds=120)
-    parts = 4
+    parts = 5
     size = -(-len(events) // parts)
     chunks = [events[i * size:(i + 1) * size] for i in range(parts)]
 
@@ -52,6 +54,22 @@ def test_lifecycle_on_a_standalone_cluster(tmp_path, spark_cluster, s3_endpoint)
     assert _sessionctl(env, "rescale", "--partitions", "3")["partitions_after"] == 3
     land_part(3)
     _sessionctl(env, "catch-up")
+    # `run` on the cluster: picks up part 4 as it lands, stops cleanly on Ctrl-C; then compaction.
+    expected = sorted(expected_closed_sessions([chunks[0] + chunks[1], chunks[2], chunks[3], chunks[4]],
+                                               GAP_MIN * 60_000, LATENESS_MIN * 60_000))
+    run = subprocess.Popen([tool("sessionctl"), "run", "--poll-seconds", "1"], env=env,
+                           stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        land_part(4)
+        deadline = time.monotonic() + 240
+        while read_sessions(config) != expected:
+            assert time.monotonic() < deadline and run.poll() is None, "run did not process part 4"
+            time.sleep(2)
+    finally:
+        run.send_signal(signal.SIGINT)
+        _, err = run.communicate(timeout=180)
+    assert run.returncode == 0, err[-2000:]
+    assert _sessionctl(env, "compact")["dry_run"] is False
 
     listed = [o for o in s3.list_objects_v2(Bucket="warehouse", Prefix=f"{tmp_path.name}/landing/")["Contents"]
               if not o["Key"].endswith("/")]  # pyarrow's directory markers
@@ -59,9 +77,7 @@ def test_lifecycle_on_a_standalone_cluster(tmp_path, spark_cluster, s3_endpoint)
     assert all("/_ingested/" in o["Key"] for o in listed), "every landed object was archived"
     got = read_sessions(config)
     assert len({row[0] for row in got}) == len(got), "a session was written twice"
-    # The restore replays part 2 as its own micro-batch: the oracle sees parts 0+1, 2, 3 as batches.
-    assert got == sorted(expected_closed_sessions([chunks[0] + chunks[1], chunks[2], chunks[3]],
-                                                  GAP_MIN * 60_000, LATENESS_MIN * 60_000))
+    assert got == expected
     # Both workers ran executors of these applications, each with the shipped code zip.
     for worker in ("worker-1", "worker-2"):
         shipped = list(Path(spark_cluster["dir"], worker).glob("app-*/*/sessions-code-*.zip"))

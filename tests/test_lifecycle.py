@@ -147,8 +147,9 @@ def test_savepoint_failure_mid_write_is_never_listed(tmp_path, spark_session, s3
     env = {"SESSIONS_SAVEPOINT_URI": uri, "SESSIONS_MAX_VERSIONS_PER_BATCH": "1", **s3_endpoint["env"]}
     listed = json.loads(_sessionctl(config.home, "savepoints", "--json", env=env).stdout)
     assert [r["savepoint_id"] for r in listed if r["status"] == "complete"] == [first.savepoint_id]
-    # The endpoint was down when the attempt failed, so the catalog holds nothing of it.
-    assert [r["savepoint_id"] for r in listed] == [first.savepoint_id]
+    # The endpoint was down when the attempt failed: its row waited locally and is in the catalog now.
+    assert [r["status"] for r in listed] == ["failed", "complete"]
+    assert "S3 at " in listed[0]["error"] and s3_endpoint["env"]["AWS_ENDPOINT_URL"] in listed[0]["error"]
     retried = _sessionctl(config.home, "savepoint", "--json", env=env)
     assert retried.returncode == 0, retried.stderr
     retried_id = json.loads(retried.stdout)["savepoint_id"]
@@ -266,12 +267,16 @@ def test_compaction_and_retention(tmp_path, spark_session):
         ids.append(take_savepoint(config, spark=spark_session).savepoint_id)
     restore(config, ids[-1], spark=spark_session)  # leaves a replaced checkpoint behind
     files_before = len(DeltaTable(config.sessions_table).file_uris())
+    orphan = Path(config.savepoint_uri) / "state" / "sp-killed-before-its-catalog-row"
+    orphan.mkdir()
+    (orphan / "part-00000.parquet").write_bytes(b"half a savepoint")
     report = compact(config.with_(keep_savepoints=2, keep_daily_days=0, vacuum_retention_hours=0))
     assert sorted(report.savepoints_deleted) == sorted(ids[:2])
     assert [r["savepoint_id"] for r in sp.SavepointStore.of(config).list()] == ids[:1:-1]
     assert report.replaced_checkpoints_removed and report.bytes_reclaimed > 0
     assert report.tables["sessions"]["files_before"] == files_before > report.tables["sessions"]["files_after"] == 1
     assert sum(1 for _ in (Path(config.savepoint_uri) / "state").iterdir()) == 2
+    assert report.orphan_state_removed == [orphan.name] and not orphan.exists()
     assert _sessions(config) == _expected(chunks)  # still readable and whole after OPTIMIZE + VACUUM
 
 
@@ -294,5 +299,9 @@ def test_cli_expected_errors_are_one_line(tmp_path):
     assert busy.stderr.strip().count("\n") == 0 and "the job is running" in busy.stderr
     nothing = _sessionctl(home, "savepoint", "--json")
     assert nothing.returncode != 0 and "nothing to savepoint" in nothing.stderr
+    huge = _sessionctl(home, "rescale", "--partitions", "100000")
+    assert huge.returncode == 1 and huge.stderr.strip() == (
+        "sessionctl rescale: --partitions must be between 1 and 64 (SESSIONS_STATE_BUCKETS: the state has at most "
+        "that many keys), got 100000")
     listing = _sessionctl(home, "savepoints", "--json")
     assert listing.returncode == 0 and json.loads(listing.stdout) == []

@@ -1,0 +1,74 @@
+"""A restore killed with SIGKILL leaves a marker: status shows the command that finishes it, catch-up refuses in one
+line naming it, the Dagster check fails with it; running it finishes the restore and the job goes on exactly once."""
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import time
+
+import pytest
+
+from assets.checks import no_restore_left_half_done
+from assets.resources import SessionsResource
+from pipelines.checkpoint import read_restore_marker, restore_marker
+from pipelines.errors import RestoreIncomplete
+from pipelines.ingest import ingest
+from pipelines.job import catch_up
+from pipelines.sample_data import arrival_order, generate_events, land
+from state_store.lifecycle import restore, take_savepoint
+from tests.conftest import config_env, make_config, read_sessions, tool
+from tests.lifecycle_expectations import expected_closed_sessions
+
+
+def test_a_killed_restore_is_reported_and_finished_by_its_command(tmp_path, spark):
+    config = make_config(tmp_path, "hdfs")
+    events = arrival_order(generate_events(50, 3, seed=31), seed=31, jitter_seconds=120)
+    size = -(-len(events) // 4)
+    chunks = [events[i * size:(i + 1) * size] for i in range(4)]
+    for i in range(3):
+        land(config.landing, f"part-{i}.jsonl", [json.dumps(e) for e in chunks[i]])
+        ingest(config, files_per_commit=1)
+        if i == 1:
+            catch_up(config, spark)
+            saved = take_savepoint(config, spark=spark)
+    catch_up(config, spark)
+
+    env = config_env(config)
+    restoring = subprocess.Popen([tool("sessionctl"), "restore", "--savepoint", saved.savepoint_id], env=env,
+                                 stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    deadline = time.monotonic() + 120
+    while not restore_marker(config.checkpoint).exists():
+        assert restoring.poll() is None and time.monotonic() < deadline, "the restore never started"
+        time.sleep(0.05)
+    time.sleep(1.0)  # into the restore: the old checkpoint set aside, the tables being rolled back or the query
+    os.kill(restoring.pid, signal.SIGKILL)
+    restoring.wait()
+
+    command = f"sessionctl restore --savepoint {saved.savepoint_id}"
+    assert read_restore_marker(config.checkpoint)["command"] == command
+    status = subprocess.run([tool("sessionctl"), "status", "--json", "--no-state"], env=env, capture_output=True,
+                            text=True, timeout=120)
+    assert json.loads(status.stdout)["restore_in_progress"] == command
+    refused = subprocess.run([tool("sessionctl"), "catch-up"], env=env, capture_output=True, text=True, timeout=300)
+    assert refused.returncode == 1 and "Traceback" not in refused.stderr
+    assert refused.stderr.strip().count("\n") == 0 and f"finish it with `{command}`" in refused.stderr
+    check = no_restore_left_half_done(SessionsResource(**_resource_fields(config)))
+    assert not check.passed and check.metadata["next_step"].value == command
+    with pytest.raises(RestoreIncomplete):
+        catch_up(config, spark)
+
+    restore(config, saved.savepoint_id, spark=spark)  # the command, in-process
+    assert read_restore_marker(config.checkpoint) is None
+    land(config.landing, "part-3.jsonl", [json.dumps(e) for e in chunks[3]])
+    catch_up(config, spark)
+    got = read_sessions(config)
+    assert len({row[0] for row in got}) == len(got), "a session was written twice"
+    assert got == sorted(expected_closed_sessions([chunks[0], chunks[1], chunks[2] + chunks[3]],
+                                                  30 * 60_000, 10 * 60_000))
+
+
+def _resource_fields(config) -> dict:
+    return {"home": str(config.home), "state_store": config.state_store,
+            "state_partitions": config.state_partitions, "max_versions_per_batch": config.max_versions_per_batch}
