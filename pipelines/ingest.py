@@ -375,7 +375,8 @@ def _scan_landing(config: SessionsConfig, positions: Positions, now: float) -> l
             # already); a FIFO or device has no end. Reported once (a quarantine row, line 0), moved aside.
             reason = "refused_symlink" if stat.S_ISLNK(info.st_mode) else "refused_special_file"
             if known is not None and known.refused == reason and known.name == entry.name:
-                reads.append(FileRead(known, info.st_mtime_ns, 0, [], True, archive=True))
+                # Reported by a commit already (a crash came before its move): only moved now.
+                reads.append(FileRead(replace(known, path=entry.name), info.st_mtime_ns, 0, [], True, archive=True))
             else:
                 what = (f"symlink to {os.readlink(entry.path)}" if stat.S_ISLNK(info.st_mode)
                         else f"not a regular file (mode {stat.filemode(info.st_mode)})")
@@ -572,11 +573,11 @@ def ingest(config: SessionsConfig, files_per_commit: int = 16) -> IngestResult:
         options = storage_options(config, uri)
         table = DeltaTable(uri, storage_options=options) if DeltaTable.is_deltatable(uri, storage_options=options) else None
         appender = _Appender(config, _latest_seq(table) if table is not None else 0)
-        if is_s3(config.landing_uri):
-            files, refused = _ingest_objects(config, table, appender, max(1, files_per_commit)), 0
+        if is_s3(config.landing_uri):  # every object listed is committed and archived (or this raised)
+            files, refused, waiting = _ingest_objects(config, table, appender, max(1, files_per_commit)), 0, 0
         else:
             files, refused = _ingest_local(config, table, appender, max(1, files_per_commit))
-        waiting = len(landed_files(config))
+            waiting = len(landed_files(config))
     return IngestResult(files, appender.rows, appender.rejected, appender.first_seq, appender.seq, refused, waiting)
 
 

@@ -411,6 +411,7 @@ def test_a_crash_between_commit_and_positions_file_is_rolled_forward(tmp_path, m
     config.landing.mkdir(parents=True)
     path = config.landing / "f.jsonl"
     path.write_bytes(_line("e1") + b"\n" + _line("e2") + b"\n")
+    (config.landing / "link.jsonl").symlink_to(path)
 
     def crash(*_args: object) -> None:
         raise RuntimeError("killed")
@@ -423,8 +424,10 @@ def test_a_crash_between_commit_and_positions_file_is_rolled_forward(tmp_path, m
     with open(path, "ab") as handle:
         handle.write(_line("e3") + b"\n")
     assert ingest(config).rows == 1
-    assert _lines(config) == [("f.jsonl", 1, "e1", None), ("f.jsonl", 2, "e2", None), ("f.jsonl", 3, "e3", None)]
-    assert not path.exists()
+    assert _lines(config) == [("f.jsonl", 1, "e1", None), ("f.jsonl", 2, "e2", None), ("f.jsonl", 3, "e3", None),
+                              ("link.jsonl", 0, None, "refused_symlink")]
+    assert not path.exists() and not (config.landing / "link.jsonl").is_symlink()
+    assert [p.name for p in config.landing.joinpath(REFUSED_DIR).rglob("*.jsonl")] == ["link.jsonl"]
 
 
 def test_a_new_file_under_an_old_name_is_read_from_its_start(tmp_path):
