@@ -176,6 +176,10 @@ class SessionsConfig:
         return self.table_uri("quarantine")
 
     @property
+    def log_dir(self) -> Path:
+        return self.home / "logs"
+
+    @property
     def lock_dir(self) -> Path:
         return self.home / "locks"
 

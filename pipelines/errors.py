@@ -69,5 +69,13 @@ class RescaleRefused(SessionsError):
     """A rescale that cannot be done as asked (a partition count below 1)."""
 
 
+class CheckpointDamaged(SessionsError):
+    """A state store file is damaged or missing, or a rescale was interrupted: the message says what recovers it."""
+
+
+class StreamFailed(SessionsError):
+    """The streaming query failed for another reason; the message has its first line and where the log is."""
+
+
 class StorageUnavailable(SessionsError):
     """An object store (S3) did not answer or refused: the message names the endpoint, the URI and the cause."""

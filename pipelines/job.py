@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import os
+import re
 import sys
 import threading
 import time
@@ -11,6 +12,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from pyspark.errors import StreamingQueryException
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql.streaming import StreamingQuery
 
@@ -25,7 +27,16 @@ from pipelines.checkpoint import (
     write_job_metadata,
 )
 from pipelines.config import SessionsConfig
-from pipelines.errors import CheckpointMismatch, CheckpointMissing, JobRunning, LifecycleBusy, RestoreIncomplete
+from pipelines.errors import (
+    CheckpointDamaged,
+    CheckpointMismatch,
+    CheckpointMissing,
+    JobRunning,
+    LifecycleBusy,
+    RestoreIncomplete,
+    SessionsError,
+    StreamFailed,
+)
 from pipelines.ingest import ingest
 from pipelines.locks import LeaseHeld, lease
 from pipelines.operator import sessionize
@@ -33,6 +44,31 @@ from pipelines.shipping import cluster_conf
 from pipelines.source import BOOTSTRAP_FILE, SOURCE_NAME, RawEventsSource
 from pipelines.storage import is_s3, storage_options
 from pipelines.tables import QUARANTINE_SCHEMA, SESSIONS_SCHEMA, MicroBatchSink, ensure_table, table_rows
+
+LOG4J2 = Path(__file__).resolve().parent / "log4j2.properties"
+
+
+def explain_query_failure(error: BaseException, config: SessionsConfig) -> SessionsError:
+    """A failed streaming query, as the one line an operator can act on (the details are in the Spark log)."""
+    text = str(error)
+    log = f"details in {config.log_dir / 'spark.log'}"
+    if "STREAMING_UNFINISHED_REPARTITION_DETECTED" in text:
+        return CheckpointDamaged(f"an interrupted rescale left the checkpoint half repartitioned: run the same "
+                                 f"`sessionctl rescale --partitions N` again, or `sessionctl restore --savepoint latest` "
+                                 f"({log})")
+    if "CANNOT_LOAD_STATE_STORE" in text or "ChecksumException" in text or "STATE_STORE" in text:
+        found = re.search(r"(state/\d+/\d+/[^\s:,]+)", text)
+        where = f"the state store file {found.group(1)} of {config.checkpoint}" if found else \
+            f"the state store in {config.checkpoint}"
+        cause = "checksum error" if "Checksum" in text else ("missing" if "FileNotFound" in text or
+                                                              "does not exist" in text else "cannot be read")
+        return CheckpointDamaged(f"{where} is damaged ({cause}): `sessionctl restore --savepoint latest` rebuilds the "
+                                 f"state from the newest savepoint and replays what came after it ({log})")
+    if "failed to connect back" in text or "PYTHON_WORKER" in text or "Python worker" in text:
+        return StreamFailed(f"a Spark Python worker failed to start or connect back (machine overloaded?): run the "
+                            f"command again; nothing was committed by the failed batch ({log})")
+    first = next((line.strip() for line in text.splitlines() if line.strip()), type(error).__name__)
+    return StreamFailed(f"the streaming query failed: {first[:300]} ({log})")
 
 
 def spark_conf(config: SessionsConfig) -> dict[str, str]:
@@ -50,6 +86,8 @@ def spark_conf(config: SessionsConfig) -> dict[str, str]:
         # How long stopping the query may wait for its batch; the runbook waits a little longer for the lock.
         "spark.sql.streaming.stopTimeout": str(int(config.stop_timeout_s * 1000)),
         "spark.sql.streaming.minBatchesToRetain": str(config.min_batches_to_retain),
+        # Spark's log to a file (pipelines/log4j2.properties): the terminal gets sessionctl's one line.
+        "spark.driver.extraJavaOptions": f"-Dlog4j2.configurationFile=file:{LOG4J2} -Dsessions.log.dir={config.log_dir}",
         **cluster_conf(config.spark_master),
     }
 
@@ -192,7 +230,10 @@ def catch_up(config: SessionsConfig, spark: SparkSession | None = None) -> RunSu
         meta = checkpoint_metadata(config)
         spark = spark or get_spark(config)
         query, sink = start_query(spark, config, meta, {"availableNow": True})
-        query.awaitTermination()
+        try:
+            query.awaitTermination()
+        except StreamingQueryException as error:
+            raise explain_query_failure(error, config) from None
         summary = RunSummary(result.files, result.rows, result.rejected)
         _absorb_progress(query, summary, set())
         summary.sessions_written, summary.quarantined = sink.sessions_written, sink.quarantined
@@ -234,8 +275,9 @@ def run_continuously(config: SessionsConfig, spark: SparkSession | None = None, 
             pass
         finally:
             query.stop()
-        if query.exception():
-            raise RuntimeError(f"the streaming query failed: {query.exception()}")
+        failure = query.exception()
+        if failure is not None:
+            raise explain_query_failure(failure, config)
         _absorb_progress(query, summary, seen)
         summary.sessions_written, summary.quarantined = sink.sessions_written, sink.quarantined
         summary.last_committed_batch = inspect_checkpoint(config.checkpoint).last_committed_batch
