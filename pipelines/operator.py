@@ -105,13 +105,16 @@ def make_session_function(gap_ms: int) -> Callable[..., Iterator[pd.DataFrame]]:
 
 def sessionize(events: DataFrame, gap_ms: int, lateness_ms: int, buckets: int) -> DataFrame:
     """Source rows -> rows of kind `session` (closed sessions) and `late` (events below the watermark)."""
-    # Valid events and a restore's state rows only: a rejected line (a quarantined far-future event has an
-    # event_time) must never move the watermark. The filter stands before withWatermark because that is where
-    # it runs anyway: Spark pushes a filter that does not reference the event-time column below
+    # Valid events, a restore's state rows and its watermark marker: a rejected line (a quarantined far-future
+    # event has an event_time) must never move the watermark. The filter stands before withWatermark because
+    # that is where it runs anyway: Spark pushes a filter that does not reference the event-time column below
     # EventTimeWatermark (PushPredicateThroughNonJoin).
     stateful = events.where(
-        (F.col("origin") == "state") | ((F.col("origin") == "event") & F.col("reject_reason").isNull()))
+        F.col("origin").isin("state", "marker") | ((F.col("origin") == "event") & F.col("reject_reason").isNull()))
     with_watermark = stateful.withWatermark("event_time", f"{lateness_ms} milliseconds")
+    # The marker must reach EventTimeWatermark (it carries the savepoint's watermark when no open row does) and
+    # stop there. This filter names event_time so that it stays above the watermark node, not pushed below it.
+    with_watermark = with_watermark.where((F.col("origin") != "marker") | F.col("event_time").isNull())
     keyed = with_watermark.select(
         bucket_column(buckets).alias("bucket"),
         "user_id", "event_id",
