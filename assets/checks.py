@@ -3,7 +3,7 @@ from dagster import AssetCheckResult, AssetCheckSeverity, asset_check
 
 from assets.resources import SessionsResource
 from assets.tables import SESSIONS, STATE
-from pipelines.checkpoint import last_commit_age_seconds, read_restore_marker
+from pipelines.checkpoint import inspect_checkpoint, last_commit_age_seconds, read_restore_marker, rescale_command
 from pipelines.errors import SavepointNotFound, SessionsError
 from pipelines.storage import open_table
 from state_store import lifecycle
@@ -37,11 +37,17 @@ def state_is_fresh(sessions: SessionsResource) -> AssetCheckResult:
                             metadata={"age_seconds": -1.0 if age is None else round(age, 1), "limit_seconds": limit})
 
 
-@asset_check(asset=STATE, description="No restore was left half-done (a killed restore leaves its marker).")
+@asset_check(asset=STATE, description="No restore was left half-done (a killed restore leaves its marker), nor a "
+                                      "rescale inside Spark's repartition.")
 def no_restore_left_half_done(sessions: SessionsResource) -> AssetCheckResult:
-    marker = read_restore_marker(sessions.config().checkpoint)
+    checkpoint = sessions.config().checkpoint
+    marker = read_restore_marker(checkpoint)
     if marker is None:
-        return AssetCheckResult(passed=True)
+        finish = rescale_command(inspect_checkpoint(checkpoint))
+        if finish is None:
+            return AssetCheckResult(passed=True)
+        return AssetCheckResult(passed=False, description=f"a rescale was interrupted: finish it: {finish}",
+                                metadata={"next_step": finish})
     return AssetCheckResult(passed=False, description=f"finish it: {marker['command']}",
                             metadata={"savepoint_id": marker["savepoint_id"], "started_at": marker["started_at"],
                                       "next_step": marker["command"]})

@@ -68,7 +68,8 @@ def observe(sessions: SessionsResource, now: dt.datetime) -> tuple[list[AssetObs
         "watermark": _iso(watermark),
         "watermark_lag_s": -1.0 if watermark is None else round(now.timestamp() - watermark / 1000, 1),
         "state_bytes_on_disk": MetadataValue.int(report.state_bytes), "state_files": report.state_files,
-        "restore_in_progress": report.restore_in_progress or "no"}))
+        "restore_in_progress": report.restore_in_progress or "no",
+        "rescale_in_progress": report.rescale_in_progress or "no"}))
     catalog = SavepointStore.of(config).list()
     complete = [r for r in catalog if r["status"] == "complete"]
     newest_age = (now - dt.datetime.fromisoformat(complete[0]["created_at"])).total_seconds() if complete else -1.0

@@ -65,10 +65,12 @@ def _recover(env: dict[str, str]) -> list[str]:
     """What the one-line errors tell an operator to do: finish a restore, redo a half repartition."""
     done = []
     status = _sessionctl(env, "status", "--json", "--no-state")
-    command = json.loads(status.stdout).get("restore_in_progress") if status.returncode == 0 else None
-    if command:
-        _sessionctl(env, *command.split()[1:])
-        done.append("finished restore")
+    report = json.loads(status.stdout) if status.returncode == 0 else {}
+    for what in ("restore", "rescale"):
+        command = report.get(f"{what}_in_progress")
+        if command:
+            _sessionctl(env, *command.split()[1:])
+            done.append(f"finished {what}")
     return done
 
 

@@ -76,6 +76,9 @@ class CheckpointInfo:
     next_watermark_ms: int | None    # watermark the next batch will run with
     provider: str | None
     partitions: int | None
+    # Partitions of a repartition batch written after the last commit and never committed: a rescale was
+    # interrupted, and Spark refuses to run (or repartition to another count) until that one is finished.
+    unfinished_rescale: int | None = None
 
 
 def inspect_checkpoint(checkpoint: Path) -> CheckpointInfo:
@@ -87,6 +90,14 @@ def inspect_checkpoint(checkpoint: Path) -> CheckpointInfo:
     offsets = _log_entry(checkpoint / "offsets" / str(last))
     meta = json.loads(offsets[1])
     conf = meta.get("conf", {})
+    unfinished = None
+    pending = [batch for batch in _batch_files(checkpoint / "offsets") if batch > last]
+    if pending:
+        # A batch a crash left uncommitted keeps the checkpoint's partitions; only a repartition changes them.
+        pending_conf = json.loads(_log_entry(checkpoint / "offsets" / str(pending[-1]))[1]).get("conf", {})
+        count = pending_conf.get("spark.sql.shuffle.partitions")
+        if count and count != conf.get("spark.sql.shuffle.partitions"):
+            unfinished = int(count)
     source = json.loads(offsets[2]) if len(offsets) > 2 and offsets[2] != "-" else None
     commit = _log_entry(checkpoint / "commits" / str(last))
     next_wm = json.loads(commit[1]).get("nextBatchWatermarkMs") if len(commit) > 1 else None
@@ -97,7 +108,13 @@ def inspect_checkpoint(checkpoint: Path) -> CheckpointInfo:
     return CheckpointInfo(
         str(checkpoint), last, source, meta.get("batchWatermarkMs"), next_wm,
         provider_name(provider_cls) if provider_cls else None, int(partitions) if partitions else None,
+        unfinished,
     )
+
+
+def rescale_command(info: CheckpointInfo) -> str | None:
+    """The command that finishes an interrupted rescale, None when none was interrupted."""
+    return None if info.unfinished_rescale is None else f"sessionctl rescale --partitions {info.unfinished_rescale}"
 
 
 def directory_size(path: Path) -> tuple[int, int]:

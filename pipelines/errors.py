@@ -66,7 +66,15 @@ class RestoreIncomplete(SessionsError):
 
 
 class RescaleRefused(SessionsError):
-    """A rescale that cannot be done as asked (a partition count below 1)."""
+    """A rescale that cannot be done as asked (a partition count outside 1..state buckets)."""
+
+
+class RescaleIncomplete(SessionsError):
+    """A rescale was interrupted after Spark wrote its repartition batch; `next_step` finishes it."""
+
+    def __init__(self, message: str, next_step: str) -> None:
+        super().__init__(message)
+        self.next_step = next_step
 
 
 class CheckpointDamaged(SessionsError):

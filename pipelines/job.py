@@ -24,6 +24,7 @@ from pipelines.checkpoint import (
     inspect_checkpoint,
     read_job_metadata,
     read_restore_marker,
+    rescale_command,
     write_job_metadata,
 )
 from pipelines.config import SessionsConfig
@@ -33,6 +34,7 @@ from pipelines.errors import (
     CheckpointMissing,
     JobRunning,
     LifecycleBusy,
+    RescaleIncomplete,
     RestoreIncomplete,
     SessionsError,
     StreamFailed,
@@ -53,9 +55,9 @@ def explain_query_failure(error: BaseException, config: SessionsConfig) -> Sessi
     text = str(error)
     log = f"details in {config.log_dir / 'spark.log'}"
     if "STREAMING_UNFINISHED_REPARTITION_DETECTED" in text:
-        return CheckpointDamaged(f"an interrupted rescale left the checkpoint half repartitioned: run the same "
-                                 f"`sessionctl rescale --partitions N` again, or `sessionctl restore --savepoint latest` "
-                                 f"({log})")
+        finish = rescale_command(inspect_checkpoint(config.checkpoint)) or "sessionctl rescale --partitions N"
+        return CheckpointDamaged(f"an interrupted rescale left the checkpoint half repartitioned: finish it with "
+                                 f"`{finish}`, or `sessionctl restore --savepoint latest` ({log})")
     if "CANNOT_LOAD_STATE_STORE" in text or "ChecksumException" in text or "STATE_STORE" in text:
         found = re.search(r"(state/\d+/\d+/[^\s:,]+)", text)
         where = f"the state store file {found.group(1)} of {config.checkpoint}" if found else \
@@ -146,6 +148,11 @@ def checkpoint_metadata(config: SessionsConfig) -> JobMetadata:
         raise RestoreIncomplete(
             f"a restore from {marker['savepoint_id']} started at {marker['started_at']} did not finish (the process "
             f"was stopped): finish it with `{marker['command']}` before running the job", next_step=marker["command"])
+    finish = rescale_command(inspect_checkpoint(config.checkpoint))
+    if finish is not None:
+        raise RescaleIncomplete(
+            f"a rescale was interrupted after Spark began repartitioning the checkpoint: finish it with `{finish}` "
+            "(or `sessionctl restore --savepoint latest`) before running the job", next_step=finish)
     meta = read_job_metadata(config.checkpoint)
     if meta is None:
         if table_rows(config.sessions_table, storage_options(config, config.sessions_table)) > 0:

@@ -266,8 +266,16 @@ def rescale(config: SessionsConfig, partitions: int, spark: SparkSession | None 
         info = inspect_checkpoint(config.checkpoint)
         if info.last_committed_batch is None:
             raise NoCommittedBatch(f"nothing to rescale: no committed batch in {config.checkpoint}")
+        before = info.partitions
+        if info.unfinished_rescale is not None:
+            # Spark repartitions only to the interrupted attempt's count until that one is finished: finish it
+            # (the state it starts from is the last committed batch's, untouched), then go on to the count asked.
+            _spark(config, spark)._streamingCheckpointManager.repartition(str(config.checkpoint),
+                                                                         info.unfinished_rescale)
+            info = inspect_checkpoint(config.checkpoint)
         if info.partitions == partitions:
-            return RescaleResult(partitions_before=partitions, partitions_after=partitions, method="none",
+            return RescaleResult(partitions_before=before, partitions_after=partitions,
+                                 method="none" if before == partitions else "repartition",
                                  savepoint_id=None, rows=None, seconds=0.0)
         spark = _spark(config, spark)
         saved = _take_savepoint(config, "pre-rescale", spark)
@@ -283,7 +291,7 @@ def rescale(config: SessionsConfig, partitions: int, spark: SparkSession | None 
                                     f"{saved.savepoint_id} --partitions {partitions}`")
         else:
             _restore(config.with_(state_store=info.provider), saved.savepoint_id, partitions, False, spark)
-        return RescaleResult(partitions_before=info.partitions,
+        return RescaleResult(partitions_before=before,
                              partitions_after=inspect_checkpoint(config.checkpoint).partitions,
                              method=method, savepoint_id=saved.savepoint_id, rows=saved.rows,
                              seconds=round(time.monotonic() - started, 3))

@@ -3,7 +3,13 @@ from __future__ import annotations
 
 from pyspark.sql import SparkSession
 
-from pipelines.checkpoint import directory_size, inspect_checkpoint, read_job_metadata, read_restore_marker
+from pipelines.checkpoint import (
+    directory_size,
+    inspect_checkpoint,
+    read_job_metadata,
+    read_restore_marker,
+    rescale_command,
+)
 from pipelines.config import SessionsConfig
 from pipelines.job import get_spark
 from pipelines.storage import storage_options
@@ -31,6 +37,7 @@ def status(config: SessionsConfig, spark: SparkSession | None = None, with_state
         state_bytes=size,
         sessions_rows=table_rows(config.sessions_table, storage_options(config, config.sessions_table)),
         restore_in_progress=(read_restore_marker(config.checkpoint) or {}).get("command"),
+        rescale_in_progress=rescale_command(info),
         quarantine_rows=table_rows(config.quarantine_table, storage_options(config, config.quarantine_table)),
         **state,
     )

@@ -1,0 +1,84 @@
+"""A rescale killed with SIGKILL inside Spark's offline repartition (its repartition batch written, not committed):
+status names the command that finishes it, catch-up refuses in one line naming it, the Dagster check fails with
+it, and the next rescale -- to any count -- finishes it first; the job then goes on exactly once (oracle)."""
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import time
+
+import pytest
+
+from assets.checks import no_restore_left_half_done
+from assets.resources import SessionsResource
+from pipelines.checkpoint import inspect_checkpoint
+from pipelines.errors import RescaleIncomplete
+from pipelines.ingest import ingest
+from pipelines.job import catch_up
+from pipelines.sample_data import arrival_order, generate_events, land
+from state_store.lifecycle import rescale
+from tests.conftest import config_env, make_config, read_sessions, tool
+from tests.lifecycle_expectations import expected_closed_sessions
+
+
+def _kill_inside_repartition(config, env: dict, partitions: int) -> bool:
+    """Start `sessionctl rescale`, SIGKILL it once Spark has written the repartition batch's offset and before
+    its commit. False when the repartition was too quick to catch (committed first)."""
+    batch = inspect_checkpoint(config.checkpoint).last_committed_batch + 1
+    offset, commit = config.checkpoint / "offsets" / str(batch), config.checkpoint / "commits" / str(batch)
+    proc = subprocess.Popen([tool("sessionctl"), "rescale", "--partitions", str(partitions)], env=env,
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
+    deadline = time.monotonic() + 180
+    while not offset.exists():
+        assert proc.poll() is None and time.monotonic() < deadline, "the rescale never reached the repartition"
+        time.sleep(0.002)
+    os.killpg(proc.pid, signal.SIGKILL)  # the JVM too: it is what writes the state
+    proc.wait()
+    return not commit.exists()
+
+
+def test_a_rescale_killed_inside_the_repartition_is_finished_by_the_next_rescale(tmp_path, spark):
+    config = make_config(tmp_path, "rocksdb")  # the offline repartition is RocksDB's; HDFS rescales by restore
+    events = arrival_order(generate_events(50, 3, seed=41), seed=41, jitter_seconds=120)
+    size = -(-len(events) // 3)
+    chunks = [events[i * size:(i + 1) * size] for i in range(3)]
+    for i in range(2):
+        land(config.landing, f"part-{i}.jsonl", [json.dumps(e) for e in chunks[i]])
+        ingest(config, files_per_commit=1)
+    catch_up(config, spark)
+    env = config_env(config)
+
+    caught = False
+    for _ in range(3):  # a kill that lands after the commit is a finished rescale: try again from there
+        caught = _kill_inside_repartition(config, env, 3 if inspect_checkpoint(config.checkpoint).partitions != 3 else 2)
+        if caught:
+            break
+    assert caught, "the repartition committed before the kill three times"
+    interrupted = inspect_checkpoint(config.checkpoint).unfinished_rescale
+    command = f"sessionctl rescale --partitions {interrupted}"
+
+    status = subprocess.run([tool("sessionctl"), "status", "--json", "--no-state"], env=env, capture_output=True,
+                            text=True, timeout=120)
+    assert json.loads(status.stdout)["rescale_in_progress"] == command
+    refused = subprocess.run([tool("sessionctl"), "catch-up"], env=env, capture_output=True, text=True, timeout=300)
+    assert refused.returncode == 1 and "Traceback" not in refused.stderr
+    assert refused.stderr.strip().count("\n") == 0 and f"finish it with `{command}`" in refused.stderr
+    check = no_restore_left_half_done(SessionsResource(home=str(config.home), state_store=config.state_store,
+                                                       state_partitions=config.state_partitions,
+                                                       max_versions_per_batch=config.max_versions_per_batch))
+    assert not check.passed and check.metadata["next_step"].value == command
+    with pytest.raises(RescaleIncomplete):
+        catch_up(config, spark)
+
+    # Spark itself refuses any other count until the interrupted one is finished; ours finishes it first.
+    other = 4 if interrupted != 4 else 5
+    result = rescale(config, other, spark=spark)
+    assert result.partitions_after == other and inspect_checkpoint(config.checkpoint).unfinished_rescale is None
+
+    land(config.landing, "part-2.jsonl", [json.dumps(e) for e in chunks[2]])
+    catch_up(config, spark)
+    got = read_sessions(config)
+    assert len({row[0] for row in got}) == len(got), "a session was written twice"
+    assert got == sorted(expected_closed_sessions([chunks[0], chunks[1], chunks[2]], 30 * 60_000, 10 * 60_000))
