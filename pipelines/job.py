@@ -6,13 +6,15 @@ import re
 import sys
 import threading
 import time
+import traceback
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from pyspark.errors import StreamingQueryException
+from py4j.protocol import Py4JError
+from pyspark.errors import PySparkException
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql.streaming import StreamingQuery
 
@@ -48,12 +50,13 @@ from pipelines.storage import is_s3, storage_options
 from pipelines.tables import QUARANTINE_SCHEMA, SESSIONS_SCHEMA, MicroBatchSink, ensure_table, table_rows
 
 LOG4J2 = Path(__file__).resolve().parent / "log4j2.properties"
+ERRORS_LOG = "errors.log"  # Python tracebacks of Spark failures, beside Spark's own spark.log
 
 
-def explain_query_failure(error: BaseException, config: SessionsConfig) -> SessionsError:
-    """A failed streaming query, as the one line an operator can act on (the details are in the Spark log)."""
+def explain_spark_failure(error: BaseException, config: SessionsConfig) -> SessionsError:
+    """A failure inside Spark (a query, a read, a repartition), as the one line an operator can act on."""
     text = str(error)
-    log = f"details in {config.log_dir / 'spark.log'}"
+    log = f"details in {config.log_dir / ERRORS_LOG} and {config.log_dir / 'spark.log'}"
     if "STREAMING_UNFINISHED_REPARTITION_DETECTED" in text:
         finish = rescale_command(inspect_checkpoint(config.checkpoint)) or "sessionctl rescale --partitions N"
         return CheckpointDamaged(f"an interrupted rescale left the checkpoint half repartitioned: finish it with "
@@ -66,11 +69,27 @@ def explain_query_failure(error: BaseException, config: SessionsConfig) -> Sessi
                                                               "does not exist" in text else "cannot be read")
         return CheckpointDamaged(f"{where} is damaged ({cause}): `sessionctl restore --savepoint latest` rebuilds the "
                                  f"state from the newest savepoint and replays what came after it ({log})")
-    if "failed to connect back" in text or "PYTHON_WORKER" in text or "Python worker" in text:
-        return StreamFailed(f"a Spark Python worker failed to start or connect back (machine overloaded?): run the "
-                            f"command again; nothing was committed by the failed batch ({log})")
+    if re.search(r"python worker|PYTHON_WORKER|failed to connect back|pyspark\.daemon", text, re.IGNORECASE):
+        said = re.search(r"Error from python worker:\s*\n\s*(.+)", text)
+        detail = f" (it said: {said.group(1).strip()[:200]})" if said else ""
+        return StreamFailed(f"a Spark Python worker failed to start or connect back{detail}: check PYSPARK_PYTHON "
+                            f"({os.environ.get('PYSPARK_PYTHON', sys.executable)}) and the machine's load, then run "
+                            f"the command again; nothing was committed by the failed step ({log})")
     first = next((line.strip() for line in text.splitlines() if line.strip()), type(error).__name__)
-    return StreamFailed(f"the streaming query failed: {first[:300]} ({log})")
+    return StreamFailed(f"Spark failed: {first[:300]} ({log})")
+
+
+@contextmanager
+def spark_failures(config: SessionsConfig) -> Iterator[None]:
+    """Spark's own exceptions raised in the block become the typed one line (explain_spark_failure); the whole
+    traceback is appended to $SESSIONS_HOME/logs/errors.log, where that line points."""
+    try:
+        yield
+    except (PySparkException, Py4JError) as error:
+        config.log_dir.mkdir(parents=True, exist_ok=True)
+        with (config.log_dir / ERRORS_LOG).open("a") as log:
+            log.write(f"--- {time.strftime('%Y-%m-%dT%H:%M:%S%z')} pid {os.getpid()}\n{traceback.format_exc()}\n")
+        raise explain_spark_failure(error, config) from None
 
 
 def spark_conf(config: SessionsConfig) -> dict[str, str]:
@@ -235,12 +254,10 @@ def catch_up(config: SessionsConfig, spark: SparkSession | None = None) -> RunSu
         result = ingest(config)
         ensure_tables(config)
         meta = checkpoint_metadata(config)
-        spark = spark or get_spark(config)
-        query, sink = start_query(spark, config, meta, {"availableNow": True})
-        try:
+        with spark_failures(config):
+            spark = spark or get_spark(config)
+            query, sink = start_query(spark, config, meta, {"availableNow": True})
             query.awaitTermination()
-        except StreamingQueryException as error:
-            raise explain_query_failure(error, config) from None
         summary = RunSummary(result.files, result.rows, result.rejected)
         _absorb_progress(query, summary, set())
         summary.sessions_written, summary.quarantined = sink.sessions_written, sink.quarantined
@@ -258,7 +275,8 @@ def run_continuously(config: SessionsConfig, spark: SparkSession | None = None, 
     with job_lock(config, "run"):
         ensure_tables(config)
         meta = checkpoint_metadata(config)
-        spark = spark or get_spark(config)
+        with spark_failures(config):
+            spark = spark or get_spark(config)
         summary = RunSummary()
 
         def ingest_landed() -> None:
@@ -268,7 +286,8 @@ def run_continuously(config: SessionsConfig, spark: SparkSession | None = None, 
             summary.rejected_lines += result.rejected
 
         ingest_landed()
-        query, sink = start_query(spark, config, meta, {"processingTime": f"{poll_seconds} seconds"})
+        with spark_failures(config):
+            query, sink = start_query(spark, config, meta, {"processingTime": f"{poll_seconds} seconds"})
         seen: set = set()
         try:
             while not stop.is_set() and query.isActive:
@@ -284,7 +303,7 @@ def run_continuously(config: SessionsConfig, spark: SparkSession | None = None, 
             query.stop()
         failure = query.exception()
         if failure is not None:
-            raise explain_query_failure(failure, config)
+            raise explain_spark_failure(failure, config)
         _absorb_progress(query, summary, seen)
         summary.sessions_written, summary.quarantined = sink.sessions_written, sink.quarantined
         summary.last_committed_batch = inspect_checkpoint(config.checkpoint).last_committed_batch

@@ -8,7 +8,7 @@ from dataclasses import asdict
 
 from pipelines.config import SessionsConfig
 from pipelines.errors import SessionsError
-from pipelines.job import catch_up, get_spark, run_continuously
+from pipelines.job import catch_up, get_spark, run_continuously, spark_failures
 from state_store.lifecycle import rescale, restore, take_savepoint
 from state_store.maintenance import compact
 from state_store.savepoints import SavepointStore
@@ -65,8 +65,9 @@ def cmd_compact(config, args):
 
 
 def cmd_state(config, args):
-    spark = get_spark(config)
-    result = lookup_user(spark, config, args.user) if args.user is not None else top_sessions(spark, config, args.top)
+    with spark_failures(config):
+        spark = get_spark(config)
+        result = lookup_user(spark, config, args.user) if args.user is not None else top_sessions(spark, config, args.top)
     if args.json:
         _print(result)
     else:

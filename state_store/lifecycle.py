@@ -32,13 +32,13 @@ from pipelines.errors import (
     SavepointIncompatible,
     StateMismatch,
 )
-from pipelines.job import ensure_tables, get_spark, job_lock, start_query
+from pipelines.job import ensure_tables, get_spark, job_lock, spark_failures, start_query
 from pipelines.sessionize import rewalk, rows_table
 from pipelines.source import BOOTSTRAP_FILE
 from pipelines.storage import open_table, table_exists
 from state_store.results import RescaleResult, RestoreResult, SavepointInfo
 from state_store.savepoints import SavepointStore, new_savepoint_id, state_checksum
-from state_store.state import read_state
+from state_store.state import read_state, repartition_state
 
 REPLACED_SUFFIX = ".replaced-"
 FAILED_SUFFIX = ".failed-restore-"  # a half-built checkpoint, kept for a post-mortem
@@ -111,7 +111,7 @@ def _take_savepoint(config: SessionsConfig, trigger: str, spark: SparkSession | 
 def take_savepoint(config: SessionsConfig, trigger: str = "manual", spark: SparkSession | None = None) -> SavepointInfo:
     """Savepoint of the stopped job at its last committed batch (state + source position + watermark
     + output table versions, all of the same batch)."""
-    with _locks(config, "savepoint"):
+    with _locks(config, "savepoint"), spark_failures(config):
         return _take_savepoint(config, trigger, spark)
 
 
@@ -247,7 +247,7 @@ def restore(config: SessionsConfig, savepoint: str = "latest", partitions: int |
     if partitions is not None and not 1 <= partitions <= config.state_buckets:
         raise RescaleRefused(f"--partitions must be between 1 and {config.state_buckets} (SESSIONS_STATE_BUCKETS: the "
                              f"state has at most that many keys), got {partitions}")
-    with _locks(config, "restore"):
+    with _locks(config, "restore"), spark_failures(config):
         return _restore(config, savepoint, partitions, migrate, spark)
 
 
@@ -262,7 +262,7 @@ def rescale(config: SessionsConfig, partitions: int, spark: SparkSession | None 
         raise RescaleRefused(f"--partitions must be between 1 and {config.state_buckets} (SESSIONS_STATE_BUCKETS: the "
                              f"state has at most that many keys), got {partitions}")
     started = time.monotonic()
-    with _locks(config, "rescale"):
+    with _locks(config, "rescale"), spark_failures(config):
         info = inspect_checkpoint(config.checkpoint)
         if info.last_committed_batch is None:
             raise NoCommittedBatch(f"nothing to rescale: no committed batch in {config.checkpoint}")
@@ -270,8 +270,7 @@ def rescale(config: SessionsConfig, partitions: int, spark: SparkSession | None 
         if info.unfinished_rescale is not None:
             # Spark repartitions only to the interrupted attempt's count until that one is finished: finish it
             # (the state it starts from is the last committed batch's, untouched), then go on to the count asked.
-            _spark(config, spark)._streamingCheckpointManager.repartition(str(config.checkpoint),
-                                                                         info.unfinished_rescale)
+            repartition_state(_spark(config, spark), config.checkpoint, info.unfinished_rescale)
             info = inspect_checkpoint(config.checkpoint)
         if info.partitions == partitions:
             return RescaleResult(partitions_before=before, partitions_after=partitions,
@@ -281,7 +280,7 @@ def rescale(config: SessionsConfig, partitions: int, spark: SparkSession | None 
         saved = _take_savepoint(config, "pre-rescale", spark)
         method = "savepoint-restore"
         if info.provider == "rocksdb":
-            spark._streamingCheckpointManager.repartition(str(config.checkpoint), partitions)
+            repartition_state(spark, config.checkpoint, partitions)
             method = "repartition"
             after = inspect_checkpoint(config.checkpoint)
             state = live_state(spark, config.checkpoint, after.last_committed_batch)

@@ -28,12 +28,22 @@ def _decode_partition(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBa
             yield from state_format.to_canonical(state_format.decode(value)).to_batches()
 
 
-def state_values(spark: SparkSession, checkpoint: Path, batch_id: int | None = None,
-                 with_key: bool = False) -> DataFrame:
-    """One row per state store key (hash bucket): its binary value `v` (and `bucket` if asked)."""
+def _register_coordinator(spark: SparkSession) -> None:
     # The RocksDB provider calls the driver's StateStoreCoordinator, which Spark registers only when
     # the streaming query manager is first used; a fresh process (sessionctl) must touch it first.
     spark.streams.active  # noqa: B018 -- the access itself registers the coordinator
+
+
+def repartition_state(spark: SparkSession, checkpoint: Path, partitions: int) -> None:
+    """Spark's offline repartition of a stopped query's state (RocksDB) to `partitions`."""
+    _register_coordinator(spark)
+    spark._streamingCheckpointManager.repartition(str(checkpoint), partitions)
+
+
+def state_values(spark: SparkSession, checkpoint: Path, batch_id: int | None = None,
+                 with_key: bool = False) -> DataFrame:
+    """One row per state store key (hash bucket): its binary value `v` (and `bucket` if asked)."""
+    _register_coordinator(spark)
     reader = spark.read.format("statestore")
     if batch_id is not None:
         reader = reader.option("batchId", batch_id)

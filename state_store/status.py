@@ -11,7 +11,7 @@ from pipelines.checkpoint import (
     rescale_command,
 )
 from pipelines.config import SessionsConfig
-from pipelines.job import get_spark
+from pipelines.job import get_spark, spark_failures
 from pipelines.storage import storage_options
 from pipelines.tables import table_rows
 from state_store.results import StatusReport
@@ -25,7 +25,9 @@ def status(config: SessionsConfig, spark: SparkSession | None = None, with_state
     state: dict[str, int] = {}  # StatusReport's state fields default to 0: nothing read
     if with_state and info.last_committed_batch is not None:
         meta = read_job_metadata(config.checkpoint)
-        state = state_summary(spark or get_spark(config), config.checkpoint, meta.gap_ms if meta else config.gap_ms)
+        with spark_failures(config):
+            state = state_summary(spark or get_spark(config), config.checkpoint,
+                                  meta.gap_ms if meta else config.gap_ms)
     return StatusReport(
         checkpoint=info.path,
         provider=info.provider or config.state_store,

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import subprocess
 
+from pipelines.checkpoint import inspect_checkpoint
 from pipelines.ingest import ingest
 from pipelines.job import catch_up
 from pipelines.sample_data import arrival_order, generate_events, land
@@ -37,6 +38,42 @@ def test_damaged_state_file_is_one_line_and_restore_recovers(tmp_path, spark):
 
     restore(config, "latest", spark=spark)
     catch_up(config, spark)
+    got = read_sessions(config)
+    assert len({row[0] for row in got}) == len(got)
+    assert got == sorted(expected_closed_sessions(chunks, 30 * 60_000, 10 * 60_000))
+
+
+def test_python_worker_that_cannot_start_is_one_line_and_nothing_is_committed(tmp_path, spark):
+    """A Python worker that dies at start (a broken PYSPARK_PYTHON, as a bad image or an overloaded host leaves
+    it): catch-up and savepoint fail in one line that quotes the worker and names the log; nothing is committed,
+    and the same command with a working interpreter goes on exactly once."""
+    config = make_config(tmp_path, "hdfs")
+    events = arrival_order(generate_events(40, 3, seed=43), seed=43, jitter_seconds=120)
+    half = len(events) // 2
+    chunks = [events[:half], events[half:]]
+    land(config.landing, "part-0.jsonl", [json.dumps(e) for e in chunks[0]])
+    ingest(config, files_per_commit=1)
+    catch_up(config, spark)
+    land(config.landing, "part-1.jsonl", [json.dumps(e) for e in chunks[1]])
+    committed = inspect_checkpoint(config.checkpoint).last_committed_batch
+
+    broken = tmp_path / "python"
+    broken.write_text("#!/bin/sh\necho 'No module named pandas' >&2\nexit 3\n")
+    broken.chmod(0o755)
+    for command in (["catch-up"], ["savepoint"]):
+        done = subprocess.run([tool("sessionctl"), *command], env=config_env(config, PYSPARK_PYTHON=str(broken)),
+                              capture_output=True, text=True, timeout=300)
+        assert done.returncode == 1 and "Traceback" not in done.stderr, done.stderr[-2000:]
+        (line,) = [line for line in done.stderr.splitlines() if line.startswith("sessionctl ")]
+        assert "Python worker failed to start" in line and "No module named pandas" in line, line
+        assert str(broken) in line and str(config.log_dir / "errors.log") in line
+        assert len(done.stderr.strip().splitlines()) <= 2, done.stderr[-2000:]
+    assert inspect_checkpoint(config.checkpoint).last_committed_batch == committed
+    assert "Traceback" in (config.log_dir / "errors.log").read_text()
+
+    done = subprocess.run([tool("sessionctl"), "catch-up"], env=config_env(config), capture_output=True, text=True,
+                          timeout=300)
+    assert done.returncode == 0, done.stderr[-2000:]
     got = read_sessions(config)
     assert len({row[0] for row in got}) == len(got)
     assert got == sorted(expected_closed_sessions(chunks, 30 * 60_000, 10 * 60_000))
