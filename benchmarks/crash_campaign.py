@@ -91,6 +91,7 @@ def _final_catch_up(env: dict[str, str]) -> list[str]:
 
 def run_campaign(work: Path, provider: str, seed: int, kill_points: int) -> dict:
     rng = random.Random(seed)
+    started = time.monotonic()
     home = work / f"{provider}-{seed}"
     env = _env(home, provider)
     config = SessionsConfig.from_env(env)
@@ -129,7 +130,8 @@ def run_campaign(work: Path, provider: str, seed: int, kill_points: int) -> dict
     return {"provider": provider, "seed": seed, "kill_points": kill_points, "by_phase": dict(sorted(by_phase.items())),
             "expected_sessions": len(expected_ids), "written": len(got),
             "lost": len(expected_ids - set(got)), "duplicated": len(got) - len(set(got)),
-            "unexpected": len(set(got) - expected_ids), "recoveries": Counter(r.split(":")[0] for r in recoveries)}
+            "unexpected": len(set(got) - expected_ids), "recoveries": Counter(r.split(":")[0] for r in recoveries),
+            "minutes": round((time.monotonic() - started) / 60, 1), "load_avg_1m_end": round(os.getloadavg()[0], 2)}
 
 
 def main() -> None:
@@ -145,10 +147,10 @@ def main() -> None:
     out = Path(args.results_dir)
     out.mkdir(parents=True, exist_ok=True)
     (out / "crash_campaign.json").write_text(json.dumps(reports, indent=2, default=dict))
-    lines = ["# Crash campaign", "", "| provider | seed | kill points | by phase | lost | duplicated | unexpected |",
-             "|---|---|---|---|---|---|---|"]
-    lines += [f"| {r['provider']} | {r['seed']} | {r['kill_points']} | {r['by_phase']} | {r['lost']} | "
-              f"{r['duplicated']} | {r['unexpected']} |" for r in reports]
+    lines = ["# Crash campaign", "", "| provider | seed | kill points | by phase | operator's recoveries | lost | "
+             "duplicated | unexpected | minutes |", "|---|---|---|---|---|---|---|---|---|"]
+    lines += [f"| {r['provider']} | {r['seed']} | {r['kill_points']} | {r['by_phase']} | {dict(r['recoveries'])} | "
+              f"{r['lost']} | {r['duplicated']} | {r['unexpected']} | {r['minutes']} |" for r in reports]
     (out / "crash_campaign.md").write_text("\n".join(lines) + "\n")
     print(json.dumps(reports, default=dict))
 

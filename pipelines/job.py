@@ -235,6 +235,8 @@ class RunSummary:
     quarantined: int = 0
     last_committed_batch: int | None = None
     seconds: float = 0.0
+    refused_files: int = 0  # symlinks and special files moved to landing/_refused/ (a quarantine row each)
+    waiting_files: int = 0  # files left in landing at the last ingest: still being written
     extra: dict = field(default_factory=dict)
 
 
@@ -258,7 +260,8 @@ def catch_up(config: SessionsConfig, spark: SparkSession | None = None) -> RunSu
             spark = spark or get_spark(config)
             query, sink = start_query(spark, config, meta, {"availableNow": True})
             query.awaitTermination()
-        summary = RunSummary(result.files, result.rows, result.rejected)
+        summary = RunSummary(result.files, result.rows, result.rejected,
+                             refused_files=result.refused, waiting_files=result.waiting)
         _absorb_progress(query, summary, set())
         summary.sessions_written, summary.quarantined = sink.sessions_written, sink.quarantined
         summary.last_committed_batch = inspect_checkpoint(config.checkpoint).last_committed_batch
@@ -284,6 +287,8 @@ def run_continuously(config: SessionsConfig, spark: SparkSession | None = None, 
             summary.ingested_files += result.files
             summary.ingested_rows += result.rows
             summary.rejected_lines += result.rejected
+            summary.refused_files += result.refused
+            summary.waiting_files = result.waiting
 
         ingest_landed()
         with spark_failures(config):

@@ -194,7 +194,8 @@ def test_hostile_mix_every_line_is_accounted_for(spark, tmp_path):
     landing.joinpath("evil.jsonl").symlink_to(outside / "secret.jsonl")    # points outside landing
     landing.joinpath("dangling.jsonl").symlink_to(outside / "missing.jsonl")
     refused = [("evil.jsonl", 0, "refused_symlink"), ("dangling.jsonl", 0, "refused_symlink")]
-    catch_up(config, spark)
+    first = catch_up(config, spark)
+    assert (first.refused_files, first.waiting_files) == (2, 1)  # the operator sees both in the summary
     # The unfinished last line keeps r1-d.jsonl in landing; everything else is moved away.
     assert sorted(p.name for p in landing.iterdir() if not p.name.startswith("_")) == ["r1-d.jsonl"]
     assert sorted(p.name for p in landing.joinpath(REFUSED_DIR).rglob("*.jsonl")) == ["dangling.jsonl", "evil.jsonl"]
