@@ -258,3 +258,13 @@ def pick_seed(make, first_seed: int, accept, tries: int = 50):
         if accept(data):
             return seed, data
     raise AssertionError(f"no acceptable seed in {first_seed}..{first_seed + tries - 1}")
+
+
+def in_order_chunks(users: int, seed: int, parts: int, sessions: int = 3) -> list[list[dict]]:
+    """sample_data's events for `users` users in arrival order, split into `parts` consecutive chunks (a landed file,
+    one micro-batch each). Disorder is 120 s, well inside the tests' 10-minute lateness: no event is late."""
+    from pipelines.sample_data import arrival_order, generate_events
+
+    events = arrival_order(generate_events(users, sessions, seed=seed), seed=seed, jitter_seconds=120)
+    size = -(-len(events) // parts)
+    return [events[i * size:(i + 1) * size] for i in range(parts)]

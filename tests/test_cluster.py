@@ -12,8 +12,8 @@ from pathlib import Path
 
 import boto3
 
-from pipelines.sample_data import arrival_order, generate_events
 from tests.conftest import config_env, make_config, read_sessions, tool
+from tests.datagen import in_order_chunks
 from tests.lifecycle_expectations import expected_closed_sessions
 
 GAP_MIN, LATENESS_MIN = 30, 10
@@ -33,10 +33,7 @@ def test_lifecycle_on_a_standalone_cluster(tmp_path, spark_cluster, s3_endpoint)
                          SESSIONS_MAX_VERSIONS_PER_BATCH=None)
     s3 = boto3.client("s3", endpoint_url=s3_endpoint["env"]["AWS_ENDPOINT_URL"])
     env = config_env(config, SESSIONS_SPARK_MASTER=spark_cluster["master"], **s3_endpoint["env"])
-    events = arrival_order(generate_events(120, 3, seed=21), seed=21, jitter_seconds=120)
-    parts = 5
-    size = -(-len(events) // parts)
-    chunks = [events[i * size:(i + 1) * size] for i in range(parts)]
+    chunks = in_order_chunks(120, seed=21, parts=5)
 
     def land_part(i: int) -> None:  # an S3 put is atomic: the object appears complete (the contract's rename-in)
         body = "".join(json.dumps(e) + "\n" for e in chunks[i]).encode()
@@ -73,7 +70,7 @@ def test_lifecycle_on_a_standalone_cluster(tmp_path, spark_cluster, s3_endpoint)
 
     listed = [o for o in s3.list_objects_v2(Bucket="warehouse", Prefix=f"{tmp_path.name}/landing/")["Contents"]
               if not o["Key"].endswith("/")]  # pyarrow's directory markers
-    assert sorted(o["Key"].rsplit("/", 1)[1] for o in listed) == [f"part-{i:04d}.jsonl" for i in range(parts)]
+    assert sorted(o["Key"].rsplit("/", 1)[1] for o in listed) == [f"part-{i:04d}.jsonl" for i in range(len(chunks))]
     assert all("/_ingested/" in o["Key"] for o in listed), "every landed object was archived"
     got = read_sessions(config)
     assert len({row[0] for row in got}) == len(got), "a session was written twice"

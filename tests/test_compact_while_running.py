@@ -7,17 +7,16 @@ import signal
 import subprocess
 import time
 
-from pipelines.sample_data import arrival_order, generate_events, land
+from pipelines.sample_data import land
 from state_store.maintenance import compact
 from tests.conftest import config_env, make_config, read_sessions, tool
+from tests.datagen import in_order_chunks
 from tests.lifecycle_expectations import expected_closed_sessions
 
 
 def test_compaction_beside_a_running_stream_is_exactly_once(tmp_path):
     config = make_config(tmp_path, "rocksdb")
-    events = arrival_order(generate_events(60, 3, seed=51), seed=51, jitter_seconds=120)
-    size = -(-len(events) // 4)
-    chunks = [events[i * size:(i + 1) * size] for i in range(4)]
+    chunks = in_order_chunks(60, seed=51, parts=4)
     expected = sorted(expected_closed_sessions(chunks, 30 * 60_000, 10 * 60_000))
     run = subprocess.Popen([tool("sessionctl"), "run", "--poll-seconds", "1"], env=config_env(config),
                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)

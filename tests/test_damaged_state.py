@@ -8,17 +8,16 @@ import subprocess
 from pipelines.checkpoint import inspect_checkpoint
 from pipelines.ingest import ingest
 from pipelines.job import catch_up
-from pipelines.sample_data import arrival_order, generate_events, land
+from pipelines.sample_data import land
 from state_store.lifecycle import restore, take_savepoint
 from tests.conftest import config_env, make_config, read_sessions, tool
+from tests.datagen import in_order_chunks
 from tests.lifecycle_expectations import expected_closed_sessions
 
 
 def test_damaged_state_file_is_one_line_and_restore_recovers(tmp_path, spark):
     config = make_config(tmp_path, "rocksdb")
-    events = arrival_order(generate_events(50, 3, seed=41), seed=41, jitter_seconds=120)
-    half = len(events) // 2
-    chunks = [events[:half], events[half:]]
+    chunks = in_order_chunks(50, seed=41, parts=2)
     land(config.landing, "part-0.jsonl", [json.dumps(e) for e in chunks[0]])
     ingest(config, files_per_commit=1)
     catch_up(config, spark)
@@ -48,9 +47,7 @@ def test_python_worker_that_cannot_start_is_one_line_and_nothing_is_committed(tm
     it): catch-up and savepoint fail in one line that quotes the worker and names the log; nothing is committed,
     and the same command with a working interpreter goes on exactly once."""
     config = make_config(tmp_path, "hdfs")
-    events = arrival_order(generate_events(40, 3, seed=43), seed=43, jitter_seconds=120)
-    half = len(events) // 2
-    chunks = [events[:half], events[half:]]
+    chunks = in_order_chunks(40, seed=43, parts=2)
     land(config.landing, "part-0.jsonl", [json.dumps(e) for e in chunks[0]])
     ingest(config, files_per_commit=1)
     catch_up(config, spark)

@@ -17,8 +17,9 @@ from pipelines.checkpoint import inspect_checkpoint
 from pipelines.errors import RescaleIncomplete
 from pipelines.ingest import ingest
 from pipelines.job import catch_up
-from pipelines.sample_data import arrival_order, generate_events, land
+from pipelines.sample_data import land
 from tests.conftest import config_env, make_config, read_sessions, tool
+from tests.datagen import in_order_chunks
 from tests.lifecycle_expectations import expected_closed_sessions
 
 
@@ -40,9 +41,7 @@ def _kill_inside_repartition(config, env: dict, partitions: int) -> bool:
 
 def test_a_rescale_killed_inside_the_repartition_is_finished_by_the_next_rescale(tmp_path, spark):
     config = make_config(tmp_path, "rocksdb")  # the offline repartition is RocksDB's; HDFS rescales by restore
-    events = arrival_order(generate_events(50, 3, seed=41), seed=41, jitter_seconds=120)
-    size = -(-len(events) // 3)
-    chunks = [events[i * size:(i + 1) * size] for i in range(3)]
+    chunks = in_order_chunks(50, seed=41, parts=3)
     for i in range(2):
         land(config.landing, f"part-{i}.jsonl", [json.dumps(e) for e in chunks[i]])
         ingest(config, files_per_commit=1)

@@ -28,12 +28,13 @@ from pipelines.errors import (
 )
 from pipelines.ingest import ingest
 from pipelines.job import catch_up, job_lock
-from pipelines.sample_data import arrival_order, generate_events, land
+from pipelines.sample_data import land
 from state_store import savepoints as sp
 from state_store.lifecycle import rescale, restore, take_savepoint, validate_savepoint
 from state_store.maintenance import compact
 from state_store.results import RescaleResult, SavepointInfo
 from tests.conftest import tool
+from tests.datagen import in_order_chunks
 from tests.lifecycle_expectations import expected_closed_sessions
 
 REPO = Path(__file__).resolve().parent.parent
@@ -56,9 +57,7 @@ def _config(tmp_path: Path, provider: str, savepoint_uri: str | None = None, **e
 
 def _chunks(users=60, sessions=3, seed=11, parts=6) -> list[list[dict]]:
     # Disorder (120 s) well inside the lateness (10 min): no event is late, whatever the split.
-    events = arrival_order(generate_events(users, sessions, seed=seed), seed=seed, jitter_seconds=120)
-    size = -(-len(events) // parts)
-    return [events[i * size:(i + 1) * size] for i in range(parts)]
+    return in_order_chunks(users, seed, parts, sessions)
 
 
 def _land_and_ingest(config: SessionsConfig, chunks: list[list[dict]], start: int) -> None:

@@ -16,17 +16,16 @@ from pipelines.checkpoint import read_restore_marker, restore_marker
 from pipelines.errors import RestoreIncomplete
 from pipelines.ingest import ingest
 from pipelines.job import catch_up
-from pipelines.sample_data import arrival_order, generate_events, land
+from pipelines.sample_data import land
 from state_store.lifecycle import restore, take_savepoint
 from tests.conftest import config_env, make_config, read_sessions, tool
+from tests.datagen import in_order_chunks
 from tests.lifecycle_expectations import expected_closed_sessions
 
 
 def test_a_killed_restore_is_reported_and_finished_by_its_command(tmp_path, spark):
     config = make_config(tmp_path, "hdfs")
-    events = arrival_order(generate_events(50, 3, seed=31), seed=31, jitter_seconds=120)
-    size = -(-len(events) // 4)
-    chunks = [events[i * size:(i + 1) * size] for i in range(4)]
+    chunks = in_order_chunks(50, seed=31, parts=4)
     for i in range(3):
         land(config.landing, f"part-{i}.jsonl", [json.dumps(e) for e in chunks[i]])
         ingest(config, files_per_commit=1)
