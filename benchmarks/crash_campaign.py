@@ -144,7 +144,11 @@ def main() -> None:
     args = parser.parse_args()
     reports = [run_campaign(Path(args.work_dir), provider, args.seed, args.kill_points)
                for provider in args.providers.split(",")]
-    out = Path(args.results_dir)
+    write_results(reports, Path(args.results_dir))
+    print(json.dumps(reports, default=dict))
+
+
+def write_results(reports: list[dict], out: Path) -> None:
     out.mkdir(parents=True, exist_ok=True)
     (out / "crash_campaign.json").write_text(json.dumps(reports, indent=2, default=dict))
     lines = ["# Crash campaign", "", "| provider | seed | kill points | by phase | operator's recoveries | lost | "
@@ -152,7 +156,6 @@ def main() -> None:
     lines += [f"| {r['provider']} | {r['seed']} | {r['kill_points']} | {r['by_phase']} | {dict(r['recoveries'])} | "
               f"{r['lost']} | {r['duplicated']} | {r['unexpected']} | {r['minutes']} |" for r in reports]
     (out / "crash_campaign.md").write_text("\n".join(lines) + "\n")
-    print(json.dumps(reports, default=dict))
 
 
 if __name__ == "__main__":
