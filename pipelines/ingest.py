@@ -19,7 +19,7 @@ writer must not cost data):
   writer still holding it open appends to the moved file, whose new lines later ingests pick up (moved
   files are watched for TAIL_WATCH_S after their last change).
 Landing on S3 holds objects, which are whole when they appear and never grow (and there are no symlinks):
-each is read once, whole, and archived by copy + delete, crash-safe through the commit's `name:size`
+each is read once, whole, and archived by copy + delete, crash-safe through the commit's `name:size:mtime`
 identities.
 """
 from __future__ import annotations
@@ -475,7 +475,13 @@ class LandedFile:
 
     @property
     def identity(self) -> str:
-        # Name and size: a later object that reuses a name is still ingested.
+        # Name, size and modification time (an S3 object's LastModified): a later object that reuses the name --
+        # even with the same size -- is a new put with a new time, and is ingested.
+        return f"{self.name}:{self.size}:{self.mtime_ns}"
+
+    @property
+    def legacy_identity(self) -> str:
+        """What commits of builds before the modification time was recorded hold."""
         return f"{self.name}:{self.size}"
 
 
@@ -564,7 +570,7 @@ def ingest(config: SessionsConfig, files_per_commit: int = 16) -> IngestResult:
     """Append the new complete lines of every landed file to raw_events and move finished files to
     landing/_ingested/<UTC day>/ (see the module docstring).
 
-    Crash-safe: each commit carries what it holds (local files: their positions; S3 objects: `name:size`); after
+    Crash-safe: each commit carries what it holds (local files: their positions; S3 objects: `name:size:mtime`); after
     a crash the positions are rolled forward from the commits, and an object already committed is only archived.
     """
     # Catch-up and run hold the job lease already; this one serialises direct callers (tests, benchmarks).
@@ -625,7 +631,7 @@ def _ingest_local(config: SessionsConfig, table: DeltaTable | None, appender: _A
 
 
 def _recent_identities(table: DeltaTable | None) -> set[str]:
-    """`name:size` of the objects the newest commits hold (an object committed just before a crash)."""
+    """Identities of the objects the newest commits hold (an object committed just before a crash)."""
     if table is None:
         return set()
     found: set[str] = set()
@@ -640,6 +646,17 @@ def _read_object(file: LandedFile) -> bytes:
         return bytes(stream.read())
 
 
+def _same_bytes(fs: pafs.FileSystem, a: str, b: str) -> bool:
+    """Only asked when an archived object of the same name and size exists (rare): compare the contents."""
+    with fs.open_input_stream(a) as first, fs.open_input_stream(b) as second:
+        while True:
+            left, right = first.read(1 << 20), second.read(1 << 20)
+            if left != right:
+                return False
+            if not left:
+                return True
+
+
 def _archive_object(config: SessionsConfig, file: LandedFile) -> None:
     """Move to landing/_ingested/<UTC day>/ by a copy then a delete: a kill between the two leaves the object in
     landing, where the next ingest finds it already committed and only archives it."""
@@ -650,7 +667,7 @@ def _archive_object(config: SessionsConfig, file: LandedFile) -> None:
     _, source = filesystem(file.location)
     target, n = f"{target_dir}/{file.name}", 1
     while (found := fs.get_file_info(target)).type != pafs.FileType.NotFound:
-        if found.size == file.size:
+        if found.size == file.size and _same_bytes(fs, source, target):
             fs.delete_file(source)  # our own copy from an archive a kill interrupted: finish it
             return
         target, n = f"{target_dir}/{stem}.{n}.{suffix}", n + 1
@@ -663,7 +680,7 @@ def _ingest_objects(config: SessionsConfig, table: DeltaTable | None, appender: 
     already = _recent_identities(table)
     pending = []
     for file in landed_files(config):
-        if file.identity in already:
+        if file.identity in already or file.legacy_identity in already:
             _archive_object(config, file)
         else:
             pending.append(file)

@@ -3,6 +3,7 @@ on S3 and archives them; a crash between the archive's copy and its delete neith
 from __future__ import annotations
 
 import json
+import time
 
 import boto3
 import pyarrow.fs as pafs
@@ -60,3 +61,27 @@ def test_s3_landing_is_ingested_once_even_when_the_archive_is_interrupted(tmp_pa
             if not o["Key"].endswith("/")]
     assert all("/_ingested/" in key for key in keys)
     assert sorted(key.rsplit("/", 1)[1] for key in keys) == sorted(files)  # archived once each, none twice
+
+
+def test_s3_object_put_again_under_the_same_name_and_size_is_ingested(tmp_path, s3_endpoint):
+    """A producer that re-puts `batch.jsonl` with new lines of the same length: a new object (new LastModified),
+    not the one already ingested -- its lines must reach raw_events, not be archived unread."""
+    prefix = f"{tmp_path.name}"
+    config = make_config(tmp_path, SESSIONS_WAREHOUSE_URI=f"s3://warehouse/{prefix}/tables",
+                         SESSIONS_LANDING_URI=f"s3://warehouse/{prefix}/landing")
+    client = boto3.client("s3", endpoint_url=s3_endpoint["env"]["AWS_ENDPOINT_URL"])
+    event = {"user_id": "u1", "event_time": "2026-11-01T10:00:00Z", "event_type": "page_view", "page": "/"}
+    first = [json.dumps({**event, "event_id": "a1"})]
+    second = [json.dumps({**event, "event_id": "b1"})]  # same length as the first
+    assert len(first[0]) == len(second[0])
+    _put(client, f"{prefix}/landing/batch.jsonl", first)
+    assert ingest(config).rows == 1
+    time.sleep(1.1)  # S3's LastModified has whole seconds
+    _put(client, f"{prefix}/landing/batch.jsonl", second)
+    assert ingest(config).rows == 1
+    raw = open_table(config, config.raw_events_table).to_pyarrow_table()
+    assert sorted(raw["event_id"].to_pylist()) == ["a1", "b1"]
+    archived = sorted(client.get_object(Bucket="warehouse", Key=o["Key"])["Body"].read().decode()
+                      for o in client.list_objects_v2(Bucket="warehouse", Prefix=f"{prefix}/landing/_ingested/")
+                      ["Contents"] if not o["Key"].endswith("/"))
+    assert archived == sorted(line + "\n" for line in first + second)  # both archived, neither overwritten
