@@ -2,7 +2,7 @@
 moments, each followed by what an operator would do (finish a restore whose marker is there), then a final catch-up;
 the sessions are compared with the oracle: how many lost, how many written twice (both must be 0).
 
-    .venv/bin/python benchmarks/crash_campaign.py --kill-points 100 --seed 7     # both providers, ~30 min
+    .venv/bin/python benchmarks/crash_campaign.py --kill-points 100 --seed 7     # both providers, ~35 min
     .venv/bin/python benchmarks/crash_campaign.py --kill-points 10               # a short one
 
 Writes benchmarks/results/crash_campaign.{json,md}: kill points by phase (killed while running / finished before the
