@@ -31,6 +31,7 @@ Helpers (import them with ``from tests.conftest import ...``)
 """
 from __future__ import annotations
 
+import json
 import os
 import secrets
 import shutil
@@ -104,6 +105,25 @@ def config_env(config, **extra) -> dict:
         env["SESSIONS_MAX_VERSIONS_PER_BATCH"] = str(config.max_versions_per_batch)
     env.update({k: str(v) for k, v in extra.items()})
     return env
+
+
+def assert_half_done_is_reported(config, status_field: str, command: str) -> None:
+    """An interrupted restore/rescale, as an operator meets it: `status --json` names the command that finishes it,
+    catch-up refuses in exactly one line naming it, and the Dagster check fails with it as the next step."""
+    from assets.checks import no_restore_left_half_done
+    from assets.resources import SessionsResource
+
+    env = config_env(config)
+    status = subprocess.run([tool("sessionctl"), "status", "--json", "--no-state"], env=env, capture_output=True,
+                            text=True, timeout=120)
+    assert json.loads(status.stdout)[status_field] == command
+    refused = subprocess.run([tool("sessionctl"), "catch-up"], env=env, capture_output=True, text=True, timeout=300)
+    assert refused.returncode == 1 and "Traceback" not in refused.stderr
+    assert refused.stderr.strip().count("\n") == 0 and f"finish it with `{command}`" in refused.stderr
+    check = no_restore_left_half_done(SessionsResource(
+        home=str(config.home), state_store=config.state_store, state_partitions=config.state_partitions,
+        max_versions_per_batch=config.max_versions_per_batch))
+    assert not check.passed and check.metadata["next_step"].value == command
 
 
 def _ms(column) -> list:

@@ -11,14 +11,12 @@ import time
 
 import pytest
 
-from assets.checks import no_restore_left_half_done
-from assets.resources import SessionsResource
 from pipelines.checkpoint import inspect_checkpoint
 from pipelines.errors import RescaleIncomplete
 from pipelines.ingest import ingest
 from pipelines.job import catch_up
 from pipelines.sample_data import land
-from tests.conftest import config_env, make_config, read_sessions, tool
+from tests.conftest import assert_half_done_is_reported, config_env, make_config, read_sessions, tool
 from tests.datagen import in_order_chunks
 from tests.lifecycle_expectations import expected_closed_sessions
 
@@ -57,16 +55,7 @@ def test_a_rescale_killed_inside_the_repartition_is_finished_by_the_next_rescale
     interrupted = inspect_checkpoint(config.checkpoint).unfinished_rescale
     command = f"sessionctl rescale --partitions {interrupted}"
 
-    status = subprocess.run([tool("sessionctl"), "status", "--json", "--no-state"], env=env, capture_output=True,
-                            text=True, timeout=120)
-    assert json.loads(status.stdout)["rescale_in_progress"] == command
-    refused = subprocess.run([tool("sessionctl"), "catch-up"], env=env, capture_output=True, text=True, timeout=300)
-    assert refused.returncode == 1 and "Traceback" not in refused.stderr
-    assert refused.stderr.strip().count("\n") == 0 and f"finish it with `{command}`" in refused.stderr
-    check = no_restore_left_half_done(SessionsResource(home=str(config.home), state_store=config.state_store,
-                                                       state_partitions=config.state_partitions,
-                                                       max_versions_per_batch=config.max_versions_per_batch))
-    assert not check.passed and check.metadata["next_step"].value == command
+    assert_half_done_is_reported(config, "rescale_in_progress", command)
     with pytest.raises(RescaleIncomplete):
         catch_up(config, spark)
 

@@ -10,15 +10,13 @@ import time
 
 import pytest
 
-from assets.checks import no_restore_left_half_done
-from assets.resources import SessionsResource
 from pipelines.checkpoint import read_restore_marker, restore_marker
 from pipelines.errors import RestoreIncomplete
 from pipelines.ingest import ingest
 from pipelines.job import catch_up
 from pipelines.sample_data import land
 from state_store.lifecycle import restore, take_savepoint
-from tests.conftest import config_env, make_config, read_sessions, tool
+from tests.conftest import assert_half_done_is_reported, config_env, make_config, read_sessions, tool
 from tests.datagen import in_order_chunks
 from tests.lifecycle_expectations import expected_closed_sessions
 
@@ -47,14 +45,7 @@ def test_a_killed_restore_is_reported_and_finished_by_its_command(tmp_path, spar
 
     command = f"sessionctl restore --savepoint {saved.savepoint_id}"
     assert read_restore_marker(config.checkpoint)["command"] == command
-    status = subprocess.run([tool("sessionctl"), "status", "--json", "--no-state"], env=env, capture_output=True,
-                            text=True, timeout=120)
-    assert json.loads(status.stdout)["restore_in_progress"] == command
-    refused = subprocess.run([tool("sessionctl"), "catch-up"], env=env, capture_output=True, text=True, timeout=300)
-    assert refused.returncode == 1 and "Traceback" not in refused.stderr
-    assert refused.stderr.strip().count("\n") == 0 and f"finish it with `{command}`" in refused.stderr
-    check = no_restore_left_half_done(SessionsResource(**_resource_fields(config)))
-    assert not check.passed and check.metadata["next_step"].value == command
+    assert_half_done_is_reported(config, "restore_in_progress", command)
     with pytest.raises(RestoreIncomplete):
         catch_up(config, spark)
 
@@ -67,7 +58,3 @@ def test_a_killed_restore_is_reported_and_finished_by_its_command(tmp_path, spar
     assert got == sorted(expected_closed_sessions([chunks[0], chunks[1], chunks[2] + chunks[3]],
                                                   30 * 60_000, 10 * 60_000))
 
-
-def _resource_fields(config) -> dict:
-    return {"home": str(config.home), "state_store": config.state_store,
-            "state_partitions": config.state_partitions, "max_versions_per_batch": config.max_versions_per_batch}
