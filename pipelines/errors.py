@@ -78,7 +78,7 @@ class RescaleIncomplete(SessionsError):
 
 
 class CheckpointDamaged(SessionsError):
-    """A state store file is damaged or missing, or a rescale was interrupted: the message says what recovers it."""
+    """A state store file is damaged or missing: the message says what recovers it."""
 
 
 class StreamFailed(SessionsError):

@@ -59,8 +59,7 @@ def explain_spark_failure(error: BaseException, config: SessionsConfig) -> Sessi
     log = f"details in {config.log_dir / ERRORS_LOG} and {config.log_dir / 'spark.log'}"
     if "STREAMING_UNFINISHED_REPARTITION_DETECTED" in text:
         finish = rescale_command(inspect_checkpoint(config.checkpoint)) or "sessionctl rescale --partitions N"
-        return CheckpointDamaged(f"an interrupted rescale left the checkpoint half repartitioned: finish it with "
-                                 f"`{finish}`, or `sessionctl restore --savepoint latest` ({log})")
+        return _rescale_incomplete(finish, f" ({log})")
     if "CANNOT_LOAD_STATE_STORE" in text or "ChecksumException" in text or "STATE_STORE" in text:
         found = re.search(r"(state/\d+/\d+/[^\s:,]+)", text)
         where = f"the state store file {found.group(1)} of {config.checkpoint}" if found else \
@@ -77,6 +76,12 @@ def explain_spark_failure(error: BaseException, config: SessionsConfig) -> Sessi
                             f"the command again; nothing was committed by the failed step ({log})")
     first = next((line.strip() for line in text.splitlines() if line.strip()), type(error).__name__)
     return StreamFailed(f"Spark failed: {first[:300]} ({log})")
+
+
+def _rescale_incomplete(finish: str, suffix: str = "") -> RescaleIncomplete:
+    return RescaleIncomplete(f"a rescale was interrupted after Spark began repartitioning the checkpoint: finish it "
+                             f"with `{finish}` (or `sessionctl restore --savepoint latest`) before running the job"
+                             f"{suffix}", next_step=finish)
 
 
 @contextmanager
@@ -169,9 +174,7 @@ def checkpoint_metadata(config: SessionsConfig) -> JobMetadata:
             f"was stopped): finish it with `{marker['command']}` before running the job", next_step=marker["command"])
     finish = rescale_command(inspect_checkpoint(config.checkpoint))
     if finish is not None:
-        raise RescaleIncomplete(
-            f"a rescale was interrupted after Spark began repartitioning the checkpoint: finish it with `{finish}` "
-            "(or `sessionctl restore --savepoint latest`) before running the job", next_step=finish)
+        raise _rescale_incomplete(finish)
     meta = read_job_metadata(config.checkpoint)
     if meta is None:
         if table_rows(config.sessions_table, storage_options(config, config.sessions_table)) > 0:
