@@ -19,8 +19,8 @@ from pathlib import Path
 import pytest
 from deltalake import DeltaTable
 
-from pipelines import ingest as ingest_module
 from pipelines.ingest import INGESTED_DIR, REFUSED_DIR, classify_line, ingest
+from pipelines.ingest import local as ingest_local
 from pipelines.job import catch_up
 from state_store.status import status
 from tests.conftest import make_config, read_open_sessions, read_quarantine, read_sessions
@@ -417,7 +417,7 @@ def test_a_crash_between_commit_and_positions_file_is_rolled_forward(tmp_path, m
     def crash(*_args: object) -> None:
         raise RuntimeError("killed")
 
-    monkeypatch.setattr(ingest_module, "_save_positions", crash)
+    monkeypatch.setattr(ingest_local, "save_positions", crash)
     with pytest.raises(RuntimeError, match="killed"):
         ingest(config)
     monkeypatch.undo()

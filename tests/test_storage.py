@@ -9,8 +9,8 @@ import boto3
 import pyarrow.fs as pafs
 import pytest
 
-from pipelines import ingest as ingest_module
 from pipelines.ingest import ingest
+from pipelines.ingest import s3 as ingest_s3
 from pipelines.storage import open_table
 from tests.conftest import make_config
 
@@ -30,7 +30,7 @@ def test_s3_landing_is_ingested_once_even_when_the_archive_is_interrupted(tmp_pa
     for name, lines in files.items():
         _put(client, f"{prefix}/landing/{name}", lines)
 
-    real_filesystem = ingest_module.filesystem
+    real_filesystem = ingest_s3.filesystem
 
     class DiesBeforeTheDelete:
         """The real S3 filesystem, except that the process 'dies' at the first delete (after the copy)."""
@@ -44,11 +44,11 @@ def test_s3_landing_is_ingested_once_even_when_the_archive_is_interrupted(tmp_pa
         def delete_file(self, path: str) -> None:
             raise KeyboardInterrupt(f"killed between the copy and the delete of {path}")
 
-    monkeypatch.setattr(ingest_module, "filesystem",
+    monkeypatch.setattr(ingest_s3, "filesystem",
                         lambda uri: (lambda fs, path: (DiesBeforeTheDelete(fs), path))(*real_filesystem(uri)))
     with pytest.raises(KeyboardInterrupt):
         ingest(config, files_per_commit=1)
-    monkeypatch.setattr(ingest_module, "filesystem", real_filesystem)
+    monkeypatch.setattr(ingest_s3, "filesystem", real_filesystem)
     result = ingest(config, files_per_commit=1)
     assert result.files == 2  # the interrupted file was already committed: only archived now
 

@@ -1,0 +1,122 @@
+"""The rules for one landed line: what parses, what is rejected and why (pure: no I/O, no Spark, no Delta)."""
+from __future__ import annotations
+
+import datetime as dt
+import json
+from collections.abc import Mapping
+from typing import Any
+
+MAX_LINE_BYTES = 1 << 20        # longer lines are quarantined (line_too_long) with a preview, not parsed
+RAW_PREVIEW_BYTES = 4096
+BOM = b"\xef\xbb\xbf"
+
+
+def _storable(text: str) -> bool:
+    # json.loads turns a lone "\ud800" escape into a surrogate that no UTF-8 column can hold.
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        return False
+    return True
+
+
+def _identifier(record: Mapping[str, Any], name: str) -> tuple[str | None, str | None]:
+    """(value, reject_reason): absent, null or blank is `missing_<name>`; anything but a string or an integer
+    (679.5, true, a list) is `invalid_<name>`. Integers are kept as their decimal text."""
+    value = record.get(name)
+    if value is None or (isinstance(value, str) and not value.strip()):
+        return None, f"missing_{name}"
+    if isinstance(value, bool) or not isinstance(value, (str, int)):
+        return None, f"invalid_{name}"
+    text = str(value)
+    return (text, None) if _storable(text) else (None, "invalid_utf8")
+
+
+def parse_event_time(value: object) -> dt.datetime | None:
+    """ISO-8601 with Z or an offset, to UTC at millisecond precision; None when not parseable."""
+    if not isinstance(value, str):
+        return None
+    try:
+        parsed = dt.datetime.fromisoformat(value.strip())
+        if parsed.tzinfo is None:
+            return None  # no offset: ambiguous, refuse rather than guess a zone
+        parsed = parsed.astimezone(dt.timezone.utc)
+    except (ValueError, OverflowError):  # OverflowError: 9999-12-31T23:00-05:00 is past the end of time in UTC
+        return None
+    return parsed.replace(microsecond=parsed.microsecond // 1000 * 1000)
+
+
+def parse_line(line: str, future_limit: dt.datetime | None = None) -> tuple[dict[str, Any], str | None]:
+    """Return (fields, reject_reason). reject_reason is None for a valid event; a rejected line keeps the fields
+    read before the reason was found (for the quarantine row). An event_time after future_limit is
+    `future_event_time`."""
+    try:
+        record = json.loads(line)
+    except (ValueError, RecursionError):  # RecursionError: thousands of nested brackets
+        return {}, "malformed_json"
+    if not isinstance(record, dict):
+        return {}, "not_an_object"
+    event_id, reason = _identifier(record, "event_id")
+    if reason:
+        return {}, reason
+    user_id, reason = _identifier(record, "user_id")
+    if reason:
+        return {"event_id": event_id}, reason
+    fields_: dict[str, Any] = {"event_id": event_id, "user_id": user_id}
+    if record.get("event_time") in (None, ""):
+        return fields_, "missing_event_time"
+    event_time = parse_event_time(record.get("event_time"))
+    if event_time is None:
+        return fields_, "unparseable_event_time"
+    fields_["event_time"] = event_time
+    event_type, page = record.get("event_type"), record.get("page")
+    if event_type is not None and not isinstance(event_type, str):
+        return fields_, "invalid_event_type"  # it decides sessions (logout, page_view): never guessed
+    if page is not None and not isinstance(page, str):
+        page = json.dumps(page, separators=(",", ":"))  # informational only: kept, as JSON text
+    if not _storable(event_type or "") or not _storable(page or ""):
+        return fields_, "invalid_utf8"
+    fields_.update(event_type=event_type, page=page)
+    if future_limit is not None and event_time > future_limit:
+        return fields_, "future_event_time"
+    return fields_, None
+
+
+def classify_line(raw: bytes, future_limit: dt.datetime | None = None) -> tuple[dict[str, Any], str | None, str] | None:
+    """One landed line (without its newline) -> (fields, reject_reason, text), or None for a blank line."""
+    line = raw.rstrip(b"\r")
+    if line.startswith(BOM):  # a BOM opens files written by some Windows tools (and lines of concatenated ones)
+        line = line[len(BOM):]
+    if not line.strip():
+        return None
+    if len(line) > MAX_LINE_BYTES:
+        preview = line[:RAW_PREVIEW_BYTES].decode("utf-8", errors="backslashreplace")
+        return {}, "line_too_long", f"{preview}... [cut: the line has {len(line)} bytes]"
+    try:
+        text = line.decode("utf-8")
+    except UnicodeDecodeError:
+        # Never guess: the bytes stay readable as backslash escapes (b"\xff" -> "\\xff").
+        return {}, "invalid_utf8", line.decode("utf-8", errors="backslashreplace")
+    fields_, reason = parse_line(text, future_limit)
+    return fields_, reason, text
+
+
+def is_json_object(tail: bytes) -> bool:
+    """Whether an unterminated final line is complete already: a whole JSON object (a cut-off one never is)."""
+    try:
+        return isinstance(json.loads(tail.removeprefix(BOM).decode("utf-8")), dict)
+    except (ValueError, RecursionError):
+        return False
+
+
+def split_lines(body: bytes, lines_before: int, open_before: bool) -> tuple[list[tuple[int, bytes]], int, bool]:
+    """Complete lines of body numbered on from lines_before -> (lines, lines consumed, last line unterminated).
+    After an unterminated line (taken as a whole JSON object) the newline that follows closes that same line."""
+    if not body:
+        return [], lines_before, open_before
+    segments = body.split(b"\n")
+    terminated = segments[-1] == b""
+    if terminated:
+        segments.pop()
+    first = lines_before if open_before else lines_before + 1
+    return [(first + k, s) for k, s in enumerate(segments)], first + len(segments) - 1, not terminated

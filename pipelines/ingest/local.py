@@ -1,0 +1,222 @@
+"""The local landing directory as a source: tail-reading landed files, refusals, moves to _ingested/ and _refused/.
+
+Files still being written lose nothing (the contract: producers rename finished files in, but a slow
+writer must not cost data):
+- only complete lines are read: a line ends at its newline; a final line without one counts once it
+  parses as a JSON object (a cut-off object never does) or once the file has not changed for
+  SESSIONS_INGEST_SETTLE_SECONDS;
+- a file is read on from where the previous ingest stopped: its position (inode, bytes and lines
+  consumed) goes into the ingest commit's metadata -- the truth, replayed after a crash -- and into
+  landing/_ingested/_positions.json, so appended lines are ingested once, with their true line numbers;
+- a file is moved to _ingested/ only when all of it was read and it did not change during the read; a
+  writer still holding it open appends to the moved file, whose new lines later ingests pick up (moved
+  files are watched for TAIL_WATCH_S after their last change).
+"""
+from __future__ import annotations
+
+import json
+import os
+import stat
+import time
+from dataclasses import dataclass, replace
+from pathlib import Path
+
+from deltalake import DeltaTable
+
+from pipelines.config import SessionsConfig
+from pipelines.ingest.landing import INGESTED_DIR, REFUSED_DIR, LandedFile, archive_day
+from pipelines.ingest.lines import is_json_object, split_lines
+from pipelines.ingest.positions import HEAD_BYTES, FilePosition, Positions, digest, load_positions, save_positions
+from pipelines.ingest.table import Appender, Ingested, RowSource
+
+TAIL_WATCH_S = 3600             # a moved file is watched for appended lines this long after its last change
+
+
+@dataclass(frozen=True)
+class FileRead:
+    """What one ingest read from one file (or refused to read)."""
+    position: FilePosition            # after this read
+    mtime_ns: int
+    size: int
+    lines: list[tuple[int, bytes]]    # (line_no, bytes without the newline) of the complete lines read
+    continued: bool                   # read on from a known position (not a file seen for the first time)
+    archive: bool                     # in landing, read to the end, unchanged during the read: move it
+    refused_raw: str | None = None    # what a refused entry is (for its quarantine row)
+
+    def rows(self) -> RowSource:
+        return RowSource(self.position.name, self.lines,
+                         self.position.refused if self.refused_raw is not None else None, self.refused_raw)
+
+
+def read_file(landing: Path, rel: str, known: FilePosition | None, now: float, settle_s: float) -> FileRead | None:
+    """Read a regular file's new complete lines (see the module docstring); None when it is gone or not a
+    regular file any more."""
+    try:
+        # O_NOFOLLOW: a symlink swapped in after the scan is not followed; O_NONBLOCK: nor does a FIFO block us.
+        fd = os.open(landing / rel, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
+    except OSError:
+        return None
+    with os.fdopen(fd, "rb") as handle:
+        before = os.fstat(fd)
+        if not stat.S_ISREG(before.st_mode):
+            return None
+        head = handle.read(HEAD_BYTES)
+        continued = (known is not None and known.refused is None and known.ino == before.st_ino
+                     and known.bytes <= before.st_size and digest(head[:known.head_len]) == known.head)
+        if known is None or not continued:
+            known = FilePosition(ino=before.st_ino, name=Path(rel).name, path=rel)
+        handle.seek(known.bytes)
+        data = handle.read(before.st_size - known.bytes)
+        after = os.fstat(fd)
+    unchanged = (after.st_size, after.st_mtime_ns) == (before.st_size, before.st_mtime_ns)
+    body = data[:data.rfind(b"\n") + 1]
+    tail = data[len(body):]
+    quiet = now - before.st_mtime_ns / 1e9 >= settle_s
+    if tail and unchanged and (quiet or is_json_object(tail)):
+        body = data  # the final line is complete: a whole object, or nothing was added to it for settle_s
+    lines, consumed_lines, open_line = split_lines(body, known.lines, known.open_line)
+    consumed = known.bytes + len(body)
+    position = replace(known, path=rel, bytes=consumed, lines=consumed_lines, open_line=open_line,
+                       head=digest(head[:min(HEAD_BYTES, consumed)]), head_len=min(HEAD_BYTES, consumed))
+    in_landing = not rel.startswith(f"{INGESTED_DIR}/")
+    return FileRead(position, before.st_mtime_ns, after.st_size, lines, continued,
+                    archive=in_landing and unchanged and consumed == after.st_size)
+
+
+def _scan_landing(config: SessionsConfig, positions: Positions, now: float) -> list[FileRead]:
+    landing, reads = config.landing, []
+    if not landing.is_dir():
+        return []
+    inodes: set[int] = set()
+    for entry in os.scandir(landing):
+        if not entry.name.endswith(".jsonl"):
+            continue
+        try:
+            info = entry.stat(follow_symlinks=False)
+        except OSError:
+            continue  # gone since the listing
+        if stat.S_ISDIR(info.st_mode) or info.st_ino in inodes:
+            continue  # a second hard link to a file is the same file: read once, moved at a later ingest
+        inodes.add(info.st_ino)
+        known = positions.files.get(info.st_ino)
+        if not stat.S_ISREG(info.st_mode):
+            # Never read: a symlink may point anywhere (outside landing, at a secret, at a file ingested
+            # already); a FIFO or device has no end. Reported once (a quarantine row, line 0), moved aside.
+            reason = "refused_symlink" if stat.S_ISLNK(info.st_mode) else "refused_special_file"
+            if known is not None and known.refused == reason and known.name == entry.name:
+                # Reported by a commit already (a crash came before its move): only moved now.
+                reads.append(FileRead(replace(known, path=entry.name), info.st_mtime_ns, 0, [], True, archive=True))
+            else:
+                what = (f"symlink to {os.readlink(entry.path)}" if stat.S_ISLNK(info.st_mode)
+                        else f"not a regular file (mode {stat.filemode(info.st_mode)})")
+                position = FilePosition(ino=info.st_ino, name=entry.name, path=entry.name, refused=reason)
+                reads.append(FileRead(position, info.st_mtime_ns, 0, [], False, archive=True, refused_raw=what))
+            continue
+        read = read_file(landing, entry.name, known, now, config.ingest_settle_seconds)
+        if read is not None:
+            reads.append(read)
+    return reads
+
+
+def _scan_moved(config: SessionsConfig, positions: Positions, now: float, seen: set[int]) -> list[FileRead]:
+    """Files moved to _ingested/ that grew since (a writer still holding them open)."""
+    reads = []
+    for known in list(positions.files.values()):
+        if known.refused or known.ino in seen or not known.path.startswith(f"{INGESTED_DIR}/"):
+            continue
+        try:
+            info = (config.landing / known.path).lstat()
+        except OSError:
+            continue
+        if info.st_ino != known.ino or info.st_size == known.bytes:
+            continue  # another file now, or nothing new: the cheap common case, no read
+        read = read_file(config.landing, known.path, known, now, config.ingest_settle_seconds)
+        if read is not None and read.continued:
+            reads.append(read)
+    return reads
+
+
+def landed_files(config: SessionsConfig) -> list[LandedFile]:
+    """The regular *.jsonl files directly in landing, oldest first (symlinks and special files are refused by
+    ingest, never read)."""
+    found = []
+    if config.landing.is_dir():
+        for path in config.landing.glob("*.jsonl"):
+            try:
+                local = path.lstat()
+            except OSError:
+                continue
+            if stat.S_ISREG(local.st_mode):
+                found.append(LandedFile(path.name, local.st_size, local.st_mtime_ns, str(path)))
+    return sorted(found, key=lambda f: (f.mtime_ns, f.name))
+
+
+def _move_target(config: SessionsConfig, name: str, refused: bool, taken: set[Path]) -> Path:
+    target_dir = config.landing / (REFUSED_DIR if refused else INGESTED_DIR) / archive_day()
+    target, n = target_dir / name, 1
+    stem, suffix = os.path.splitext(name)
+    while target.exists() or target.is_symlink() or target in taken:
+        target, n = target_dir / f"{stem}.{n}{suffix}", n + 1
+    taken.add(target)
+    return target
+
+
+def _prune(positions: Positions, landing: Path, now: float, seen: set[int]) -> None:
+    """Forget files that left landing, and moved files quiet for longer than the watch."""
+    for ino, known in list(positions.files.items()):
+        if ino in seen:
+            continue
+        if not known.path.startswith(f"{INGESTED_DIR}/") or known.refused:
+            del positions.files[ino]
+            continue
+        try:
+            info = (landing / known.path).lstat()
+        except OSError:
+            del positions.files[ino]
+            continue
+        if info.st_ino != ino or now - info.st_mtime >= TAIL_WATCH_S:
+            del positions.files[ino]
+
+
+def ingest(config: SessionsConfig, table: DeltaTable | None, appender: Appender, step: int) -> Ingested:
+    """New complete lines of landed and moved files; refusals; then positions, then moves."""
+    positions = load_positions(config, table, appender.seq)
+    loaded = positions.to_json()
+    now = time.time()
+    reads = _scan_landing(config, positions, now)
+    seen = {read.position.ino for read in reads}
+    reads += _scan_moved(config, positions, now, seen)
+    seen |= {read.position.ino for read in reads}
+    reads.sort(key=lambda read: (read.mtime_ns, read.position.name))
+    pending = [read for read in reads if read.lines or read.refused_raw is not None]
+    for start in range(0, len(pending), step):
+        chunk = pending[start:start + step]
+        appender.append([read.rows() for read in chunk],
+                        {"file_positions": json.dumps([read.position.to_json() for read in chunk])})
+    if pending and positions.table_id is None:
+        positions.table_id = appender.table_id()
+    positions.seq = appender.seq
+    moves: list[tuple[Path, Path, FileRead]] = []
+    taken: set[Path] = set()
+    for read in reads:
+        position = read.position
+        if read.archive:
+            target = _move_target(config, position.name, position.refused is not None, taken)
+            position = replace(position, path=str(target.relative_to(config.landing)))
+            moves.append((config.landing / read.position.path, target, read))
+        positions.files[position.ino] = position
+    _prune(positions, config.landing, now, seen)
+    if positions.to_json() != loaded:
+        save_positions(config, positions)  # before the moves: a position always says where its file is going
+    for source, target, read in moves:
+        try:
+            info = source.lstat()
+        except OSError:
+            continue
+        if info.st_ino != read.position.ino or (read.position.refused is None and info.st_size != read.size):
+            continue  # replaced or grown since the read: the next ingest looks again (the position is kept)
+        target.parent.mkdir(parents=True, exist_ok=True)
+        os.rename(source, target)  # the same filesystem: the inode (and a writer's handle) moves with it
+    files = len({read.position.ino for read in pending if read.lines})
+    refused = sum(1 for read in reads if read.refused_raw is not None)
+    return Ingested(files, refused, waiting=len(landed_files(config)))

@@ -1,0 +1,94 @@
+"""S3 landing objects as a source: listing, reading each whole, archiving by copy + delete, commit identities.
+
+Landing on S3 holds objects, which are whole when they appear and never grow (and there are no symlinks):
+each is read once, whole, and archived by copy + delete, crash-safe through the commit's `name:size:mtime`
+identities.
+"""
+from __future__ import annotations
+
+import json
+
+import pyarrow.fs as pafs
+from deltalake import DeltaTable
+
+from pipelines.config import SessionsConfig
+from pipelines.ingest.landing import INGESTED_DIR, LandedFile, archive_day
+from pipelines.ingest.lines import split_lines
+from pipelines.ingest.table import HISTORY_PAGE, Appender, Ingested, RowSource
+from pipelines.storage import filesystem
+
+
+def landed_objects(config: SessionsConfig) -> list[LandedFile]:
+    """The *.jsonl objects directly under the landing prefix, oldest first."""
+    found = []
+    fs, root = filesystem(config.landing_uri)
+    if fs.get_file_info(root).type == pafs.FileType.NotFound:
+        return []
+    for info in fs.get_file_info(pafs.FileSelector(root, recursive=False)):
+        if info.type == pafs.FileType.File and info.base_name.endswith(".jsonl"):
+            found.append(LandedFile(info.base_name, info.size or 0, info.mtime_ns or 0, f"s3://{info.path}"))
+    return sorted(found, key=lambda f: (f.mtime_ns, f.name))
+
+
+def _recent_identities(table: DeltaTable | None) -> set[str]:
+    """Identities of the objects the newest commits hold (an object committed just before a crash)."""
+    if table is None:
+        return set()
+    found: set[str] = set()
+    for commit in table.history(limit=HISTORY_PAGE):
+        found.update(json.loads(commit.get("ingested_files", "[]")))
+    return found
+
+
+def _read_object(file: LandedFile) -> bytes:
+    fs, path = filesystem(file.location)
+    with fs.open_input_stream(path) as stream:
+        return bytes(stream.read())
+
+
+def _same_bytes(fs: pafs.FileSystem, a: str, b: str) -> bool:
+    """Only asked when an archived object of the same name and size exists (rare): compare the contents."""
+    with fs.open_input_stream(a) as first, fs.open_input_stream(b) as second:
+        while True:
+            left, right = first.read(1 << 20), second.read(1 << 20)
+            if left != right:
+                return False
+            if not left:
+                return True
+
+
+def _archive_object(config: SessionsConfig, file: LandedFile) -> None:
+    """Move to landing/_ingested/<UTC day>/ by a copy then a delete: a kill between the two leaves the object in
+    landing, where the next ingest finds it already committed and only archives it."""
+    fs, root = filesystem(config.landing_uri)
+    target_dir = f"{root}/{INGESTED_DIR}/{archive_day()}"
+    fs.create_dir(target_dir, recursive=True)
+    stem, suffix = file.name.rsplit(".", 1)
+    _, source = filesystem(file.location)
+    target, n = f"{target_dir}/{file.name}", 1
+    while (found := fs.get_file_info(target)).type != pafs.FileType.NotFound:
+        if found.size == file.size and _same_bytes(fs, source, target):
+            fs.delete_file(source)  # our own copy from an archive a kill interrupted: finish it
+            return
+        target, n = f"{target_dir}/{stem}.{n}.{suffix}", n + 1
+    fs.copy_file(source, target)
+    fs.delete_file(source)
+
+
+def ingest(config: SessionsConfig, table: DeltaTable | None, appender: Appender, step: int) -> Ingested:
+    """Every object whole (an object is complete when it appears: its last line needs no newline). Every object
+    listed is committed and archived (or this raised): none is refused, none left waiting."""
+    already = _recent_identities(table)
+    pending = []
+    for file in landed_objects(config):
+        if file.identity in already or file.legacy_identity in already:
+            _archive_object(config, file)
+        else:
+            pending.append(file)
+    for start in range(0, len(pending), step):
+        chunk = pending[start:start + step]
+        sources = [RowSource(f.name, split_lines(_read_object(f), 0, False)[0]) for f in chunk]
+        appender.append(sources, {"ingested_files": json.dumps([f.identity for f in chunk])})
+        for file in chunk:
+            _archive_object(config, file)
+    return Ingested(len(pending))

@@ -1,0 +1,155 @@
+"""The raw_events table every source appends to: its schema, ingest_seq, the commit appender, the Source protocol.
+
+Each ingest commit carries a monotone `ingest_seq` (in the rows and in the commit metadata): the stream's offsets
+are ingest sequence numbers, which OPTIMIZE and VACUUM of the raw table do not disturb. Decisions that depend on
+the moment of ingest (the far-future rule) are made here and stored in the row, so a replay decides the same way.
+"""
+from __future__ import annotations
+
+import datetime as dt
+import os
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+import pyarrow as pa
+import pyarrow.compute as pc
+from deltalake import CommitProperties, DeltaTable, write_deltalake
+
+from pipelines.config import SessionsConfig
+from pipelines.ingest.lines import classify_line
+from pipelines.storage import is_s3, storage_options
+
+RAW_SCHEMA = pa.schema([
+    ("event_id", pa.string()),
+    ("user_id", pa.string()),
+    ("event_time", pa.timestamp("us", tz="UTC")),
+    ("event_type", pa.string()),
+    ("page", pa.string()),
+    ("source_file", pa.string()),
+    ("line_no", pa.int64()),
+    ("ingest_seq", pa.int64()),
+    ("reject_reason", pa.string()),  # null for a valid event
+    ("raw", pa.string()),            # the line as landed, kept only for rejected lines
+    # The row's position in its ingest commit (1, 2, ...): with ingest_seq the key a late event carries through
+    # the stream back to its line -- line_no alone repeats across the files of one commit. Null in tables
+    # written before it existed (readers fall back to -line_no).
+    ("line_key", pa.int64()),
+    ("ingested_at", pa.timestamp("us", tz="UTC")),  # the commit's clock, which the far-future rule was judged by
+])
+HISTORY_PAGE = 50               # commits searched to roll the positions forward after a crash
+
+
+@dataclass(frozen=True)
+class RowSource:
+    """What becomes raw_events rows from one landed file: its complete lines, or one row for a refused file."""
+    name: str
+    lines: list[tuple[int, bytes]]    # (line_no, bytes without the newline)
+    refused: str | None = None
+    refused_raw: str | None = None
+
+
+def _rows(sources: list[RowSource], seq: int, ingested_at: dt.datetime, max_future: dt.timedelta) -> pa.Table:
+    columns: dict[str, list[Any]] = {f.name: [] for f in RAW_SCHEMA}
+    future_limit = ingested_at + max_future
+
+    def add(fields_: Mapping[str, Any], source_file: str, line_no: int, reason: str | None, raw: str | None) -> None:
+        for name in ("event_id", "user_id", "event_time", "event_type", "page"):
+            columns[name].append(fields_.get(name))
+        columns["source_file"].append(source_file)
+        columns["line_no"].append(line_no)
+        columns["reject_reason"].append(reason)
+        columns["raw"].append(raw)
+        columns["line_key"].append(len(columns["line_key"]) + 1)
+
+    for source in sources:
+        if source.refused is not None:
+            add({}, source.name, 0, source.refused, source.refused_raw)
+        for line_no, raw_bytes in source.lines:
+            classified = classify_line(raw_bytes, future_limit)
+            if classified is not None:  # blank lines carry nothing to keep (they keep their numbers)
+                fields_, reason, text = classified
+                add(fields_, source.name, line_no, reason, text if reason else None)
+    n = len(columns["line_key"])
+    columns["ingest_seq"] = [seq] * n
+    columns["ingested_at"] = [ingested_at] * n
+    return pa.table(columns, schema=RAW_SCHEMA)
+
+
+def latest_ingest_seq(table_uri: str, storage_options: dict[str, str] | None = None) -> int:
+    """The newest ingest sequence number: the data files' statistics (max of ingest_seq) survive OPTIMIZE,
+    VACUUM and log cleanup; the newest commits' metadata covers the rest."""
+    if not DeltaTable.is_deltatable(table_uri, storage_options=storage_options):
+        return 0
+    return latest_seq(DeltaTable(table_uri, storage_options=storage_options))
+
+
+def latest_seq(table: DeltaTable) -> int:
+    """latest_ingest_seq of an open table."""
+    adds = pa.table(table.get_add_actions(flatten=True))
+    seq = int(pc.max(adds["max.ingest_seq"]).as_py() or 0) if adds.num_rows else 0
+    for commit in table.history(limit=HISTORY_PAGE):
+        if "ingest_seq" in commit:
+            seq = max(seq, int(commit["ingest_seq"]))
+    return seq
+
+
+def open_raw_table(config: SessionsConfig) -> DeltaTable | None:
+    """The raw_events table, or None before its first commit."""
+    uri = config.raw_events_table
+    options = storage_options(config, uri)
+    return DeltaTable(uri, storage_options=options) if DeltaTable.is_deltatable(uri, storage_options=options) else None
+
+
+class Appender:
+    """Appends ingest commits to raw_events, each with the next ingest_seq."""
+
+    def __init__(self, config: SessionsConfig, seq: int):
+        self.config, self.uri = config, config.raw_events_table
+        self.options = storage_options(config, self.uri)
+        self.seq, self.rows, self.rejected = seq, 0, 0
+        self.first_seq: int | None = None
+
+    def append(self, sources: list[RowSource], metadata: dict[str, str]) -> None:
+        self.seq += 1
+        ingested_at = dt.datetime.now(dt.timezone.utc)
+        batch = _rows(sources, self.seq, ingested_at, dt.timedelta(milliseconds=self.config.max_future_ms))
+        if not is_s3(self.uri):
+            os.makedirs(self.uri, exist_ok=True)
+        write_deltalake(
+            self.uri, batch, mode="append", storage_options=self.options,
+            schema_mode="merge",  # tables written before line_key and ingested_at get the columns
+            commit_properties=CommitProperties(custom_metadata={"ingest_seq": str(self.seq), **metadata}),
+        )
+        self.first_seq = self.seq if self.first_seq is None else self.first_seq
+        self.rows += batch.num_rows
+        self.rejected += batch.num_rows - batch["reject_reason"].null_count
+
+    def table_id(self) -> str:
+        return str(DeltaTable(self.uri, storage_options=self.options).metadata().id)
+
+
+@dataclass(frozen=True)
+class Ingested:
+    """What one source reports of one ingest (the rows are counted by the Appender)."""
+    files: int           # files with lines ingested
+    refused: int = 0     # entries refused unread
+    waiting: int = 0     # files left in landing for a later ingest
+
+
+class Source(Protocol):
+    """One kind of landing (a module: local, s3): appends what is new through the appender, at most `step` files
+    per commit, each commit's metadata saying what it holds so that a crash after it neither loses nor repeats."""
+
+    def ingest(self, config: SessionsConfig, table: DeltaTable | None, appender: Appender, step: int) -> Ingested: ...
+
+
+@dataclass(frozen=True)
+class IngestResult:
+    files: int           # files with lines ingested (a growing file counts at each ingest that read some)
+    rows: int
+    rejected: int
+    first_seq: int | None
+    last_seq: int
+    refused: int = 0     # symlinks and special files moved to landing/_refused/
+    waiting: int = 0     # files left in landing: still being written (or an unfinished last line)
