@@ -9,7 +9,15 @@ from assets.automation import (
     stream_failure_sensor,
 )
 from assets.checks import ALL_CHECKS
-from assets.jobs import compaction, rescale, savepoint, session_catch_up, session_stream, state_lookup
+from assets.jobs import (
+    compaction,
+    rescale,
+    savepoint,
+    session_catch_up,
+    session_stream,
+    state_lookup,
+    stop_stream,
+)
 from assets.observations import observation_sensor, observe_state, savepoint_catalog
 from assets.resources import SessionsResource, pyspark_resource
 from assets.runbook import restore_from_snapshot
@@ -18,7 +26,7 @@ from assets.tables import catch_up, daily_session_metrics
 defs = Definitions(
     assets=[catch_up, daily_session_metrics, savepoint_catalog],
     asset_checks=ALL_CHECKS,
-    jobs=[session_catch_up, session_stream, savepoint, restore_from_snapshot, rescale, compaction, state_lookup,
+    jobs=[session_catch_up, session_stream, stop_stream, savepoint, restore_from_snapshot, rescale, compaction, state_lookup,
           observe_state],
     schedules=[compaction_schedule],
     sensors=[observation_sensor, maintenance_sensor, stream_failure_sensor, resume_stream_after_restore],

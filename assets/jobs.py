@@ -19,8 +19,7 @@ from dagster_pyspark import PySparkResource
 
 from assets.resources import SessionsResource, expected_errors
 from assets.tables import LIFECYCLE_TAGS, SESSIONS, STATE, STREAM_TAGS, catch_up
-from pipelines import job as pipeline
-from pipelines.job import RunSummary
+from pipelines.stream import RunSummary
 from pipelines.tables import MicroBatchSink
 from state_store import lifecycle, maintenance, state
 from state_store.results import SavepointInfo
@@ -47,14 +46,18 @@ def stream_op(context: OpExecutionContext, sessions: SessionsResource, pyspark: 
             "sessions_written": sink.sessions_written, "batches": summary.batches}))
 
     try:
-        expected_errors(pipeline.run_continuously, sessions.config(), spark=pyspark.spark_session,
-                        stop=stop, poll_seconds=config.poll_seconds, on_progress=progress)
+        summary = expected_errors(lifecycle.run_stream, sessions.config(), spark=pyspark.spark_session,
+                                  stop=stop, poll_seconds=config.poll_seconds, on_progress=progress)
     except BaseException:
         stop.set()
         raise
+    context.log.info(f"stream stopped ({summary.stopped_by}) at batch {summary.last_committed_batch}")
+    if summary.savepoint:
+        context.log_event(AssetObservation(asset_key=STATE, metadata=_savepoint_metadata(
+            SavepointInfo.from_row(summary.savepoint))))
 
 
-@job(tags=STREAM_TAGS, description="The stream, until the run is cancelled.")
+@job(tags=STREAM_TAGS, description="The stream, until the run is cancelled or the stop_stream job stops it.")
 def session_stream() -> None:
     stream_op()
 
@@ -68,15 +71,40 @@ def savepoint_op(context: OpExecutionContext, sessions: SessionsResource, pyspar
                  config: SavepointConfig) -> SavepointInfo:
     saved = expected_errors(lifecycle.take_savepoint, sessions.config(), trigger=config.trigger,
                             spark=pyspark.spark_session)
-    context.log_event(AssetObservation(asset_key=STATE, metadata={
-        "savepoint_id": saved.savepoint_id, "batch_id": saved.batch_id, "rows": saved.rows,
-        "bytes": saved.bytes or 0, "seconds": saved.seconds or 0.0, "uri": saved.uri, "checksum": saved.checksum}))
+    context.log_event(AssetObservation(asset_key=STATE, metadata=_savepoint_metadata(saved)))
     return saved
 
 
-@job(tags=LIFECYCLE_TAGS, description="Savepoint of the stopped job at its last committed batch.")
+def _savepoint_metadata(saved: SavepointInfo) -> dict[str, Any]:
+    return {"savepoint_id": saved.savepoint_id, "batch_id": saved.batch_id, "rows": saved.rows,
+            "bytes": saved.bytes or 0, "seconds": saved.seconds or 0.0, "uri": saved.uri, "checksum": saved.checksum,
+            "trigger": saved.trigger}
+
+
+@job(tags=LIFECYCLE_TAGS, description="Savepoint at the last committed batch; the stream may keep running.")
 def savepoint() -> None:
     savepoint_op()
+
+
+class StopConfig(Config):
+    savepoint: bool = True  # take the savepoint of the last batch as part of the stop
+
+
+@op
+def stop_stream_op(context: OpExecutionContext, sessions: SessionsResource, config: StopConfig) -> dict[str, Any]:
+    """Asks the running stream (a session_stream run or `sessionctl run`, any host) to stop after its current batch
+    and, when asked, to take the savepoint of that batch before it lets go of the job lease; waits for the answer."""
+    result = expected_errors(lifecycle.stop_stream, sessions.config(), savepoint=config.savepoint)
+    context.log.info(f"stopped {result.stream} at batch {result.last_committed_batch}")
+    if result.savepoint is not None:
+        context.log_event(AssetObservation(asset_key=STATE, metadata=_savepoint_metadata(result.savepoint)))
+    return result.to_dict()
+
+
+# Not lifecycle-tagged: it only asks the stream, and must not queue behind the savepoint it asks for.
+@job(description="Stop the running stream after its current batch, with the savepoint of that batch (stop-with-savepoint).")
+def stop_stream() -> None:
+    stop_stream_op()
 
 
 class RescaleConfig(Config):

@@ -10,8 +10,8 @@ from dagster import ConfigurableResource, Failure, MetadataValue
 from dagster_pyspark import PySparkResource
 
 from pipelines.config import SessionsConfig, env_name
-from pipelines.errors import RestoreIncomplete, SessionsError
-from pipelines.job import spark_conf
+from pipelines.errors import NextStepError, SessionsError
+from pipelines.runtime import spark_conf
 
 T = TypeVar("T")
 
@@ -63,7 +63,7 @@ def expected_errors(fn: Callable[..., T], *args: Any, **kwargs: Any) -> T:
         return fn(*args, **kwargs)
     except SessionsError as error:
         metadata = {"error": MetadataValue.text(type(error).__name__)}
-        if isinstance(error, RestoreIncomplete):
+        if isinstance(error, NextStepError):
             metadata["next_step"] = MetadataValue.text(error.next_step)
         raise Failure(description=str(error), metadata=metadata, allow_retries=False) from None
 

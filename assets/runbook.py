@@ -20,8 +20,8 @@ from dagster_pyspark import PySparkResource
 
 from assets.resources import SessionsResource, expected_errors
 from assets.tables import LIFECYCLE_TAGS, STATE, state_metadata
-from pipelines import job as pipeline
 from pipelines.errors import JobRunning
+from pipelines.guards import job_lock, running_stream
 from state_store import lifecycle
 from state_store.results import RestoreResult, SavepointInfo
 from state_store.status import status
@@ -33,6 +33,8 @@ class RestoreConfig(Config):
     migrate: bool = False       # accept a savepoint taken with other gap/lateness settings
     dry_run: bool = False       # only validate and report
     stop_stream: bool = True    # cancel a running session_stream run first
+    stop_with_savepoint: bool = False  # stop the running stream with a savepoint of its last batch (kept as a
+    # recovery point of the state being replaced) instead of cancelling it
     resume_stream: bool = False  # launch session_stream after a successful restore
 
 
@@ -45,6 +47,7 @@ class RestorePlan:
     dry_run: bool
     stop_stream: bool
     resume_stream: bool
+    stop_with_savepoint: bool = False
 
 
 @dataclass(frozen=True)
@@ -64,7 +67,8 @@ def validate_savepoint_op(context: OpExecutionContext, sessions: SessionsResourc
     context.add_output_metadata({"savepoint_id": saved.savepoint_id, "rows": saved.rows,
                                  "batch_id": saved.batch_id, "checksum": saved.checksum})
     return RestorePlan(savepoint=saved, partitions=config.partitions or None, migrate=config.migrate,
-                       dry_run=config.dry_run, stop_stream=config.stop_stream, resume_stream=config.resume_stream)
+                       dry_run=config.dry_run, stop_stream=config.stop_stream, resume_stream=config.resume_stream,
+                       stop_with_savepoint=config.stop_with_savepoint)
 
 
 def active_stream_runs(instance: DagsterInstance) -> list[DagsterRun]:
@@ -75,26 +79,33 @@ def active_stream_runs(instance: DagsterInstance) -> list[DagsterRun]:
 
 @op(tags=LIFECYCLE_TAGS)
 def stop_running_stream_op(context: OpExecutionContext, sessions: SessionsResource, plan: RestorePlan) -> RestorePlan:
-    """Cancel session_stream runs through the run coordinator (a queued run is dequeued, a started one
-    terminated by the launcher), then wait until the job lock is free."""
+    """With stop_with_savepoint, stop the running stream with a savepoint of its last batch (stop_stream); cancel
+    session_stream runs through the run coordinator (a queued run is dequeued, a started one terminated by the
+    launcher), then wait until the job lock is free."""
     stopped = []
+    kept: str | None = None
     if plan.stop_stream and not plan.dry_run:
+        config = sessions.config()
+        stream = running_stream(config)
+        if plan.stop_with_savepoint and stream is not None and stream.what == "run":
+            result = expected_errors(lifecycle.stop_stream, config, savepoint=True)
+            kept = result.savepoint.savepoint_id if result.savepoint else None
+            context.log.info(f"stopped {result.stream} at batch {result.last_committed_batch}, savepoint {kept}")
         for run in active_stream_runs(context.instance):
             context.log.info(f"cancelling session_stream run {run.run_id} ({run.status.value})")
             context.instance.run_coordinator.cancel_run(run.run_id)
             stopped.append(run.run_id)
-        config = sessions.config()
         deadline = time.monotonic() + config.stop_timeout_s + 30  # query.stop() itself may take stop_timeout_s
         while True:
             try:
-                with pipeline.job_lock(config, "restore runbook (probe)"):
+                with job_lock(config, "restore runbook (probe)"):
                     break
             except JobRunning as busy:
                 if time.monotonic() > deadline:
                     raise Failure(description=f"the stream did not stop within {config.stop_timeout_s:g} s "
                                               f"({busy}): stop it, then launch the runbook again") from None
                 time.sleep(2)
-    context.add_output_metadata({"stopped_runs": len(stopped)})
+    context.add_output_metadata({"stopped_runs": len(stopped), "stop_savepoint_id": kept or ""})
     return plan
 
 

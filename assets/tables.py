@@ -17,7 +17,7 @@ from dagster_pyspark import PySparkResource
 
 from assets.plots import series_table
 from assets.resources import SessionsResource, expected_errors
-from pipelines import job as pipeline
+from pipelines import stream
 from pipelines.metrics import daily_metrics, metrics_table
 from pipelines.storage import open_table
 from state_store.results import StatusReport
@@ -59,7 +59,7 @@ def state_metadata(report: StatusReport) -> dict[str, MetadataValue]:
 def catch_up(context: AssetExecutionContext, sessions: SessionsResource,
              pyspark: PySparkResource) -> Iterator[MaterializeResult]:
     config, spark = sessions.config(), pyspark.spark_session
-    summary = expected_errors(pipeline.catch_up, config, spark=spark)
+    summary = expected_errors(stream.catch_up, config, spark=spark)
     yield MaterializeResult(asset_key=RAW_EVENTS, metadata={
         "ingested_files": summary.ingested_files, "ingested_rows": summary.ingested_rows,
         "rejected_lines": summary.rejected_lines})

@@ -30,8 +30,9 @@ REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
 from pipelines.config import SessionsConfig  # noqa: E402
-from pipelines.job import catch_up, get_spark  # noqa: E402
+from pipelines.runtime import get_spark  # noqa: E402
 from pipelines.sample_data import land  # noqa: E402
+from pipelines.stream import catch_up  # noqa: E402
 from state_store import savepoints as sp  # noqa: E402
 from state_store.lifecycle import live_state, rescale, restore, take_savepoint  # noqa: E402
 

@@ -40,7 +40,7 @@ if str(REPO) not in sys.path:
 from benchmarks.throughput import batch_record, log, machine_info, start_job, start_native  # noqa: E402
 from pipelines.config import SessionsConfig  # noqa: E402
 from pipelines.ingest import ingest  # noqa: E402
-from pipelines.job import get_spark  # noqa: E402
+from pipelines.runtime import get_spark  # noqa: E402
 from pipelines.sample_data import land  # noqa: E402
 
 T0_MS = 1_793_520_000_000  # 2026-11-01T08:00:00Z

@@ -3,7 +3,7 @@
 One run generates one clickstream (pipelines.sample_data), ingests it into a raw_events Delta table
 with exactly one ingest commit per micro-batch, and then runs, one after the other on that same table:
 
-  job     pipelines.job.start_query: the "sessions_raw" source -> applyInPandasWithState
+  job     pipelines.stream.start_query: the "sessions_raw" source -> applyInPandasWithState
           (sessionize) -> foreachBatch MicroBatchSink (exactly-once Delta append)
   native  the same "sessions_raw" source -> withWatermark (same lateness) ->
           groupBy(session_window(event_time, gap), user_id) counting events and page views,
@@ -141,7 +141,8 @@ def _source_options(target_seq: int | None) -> dict:
 
 
 def start_job(spark, config: SessionsConfig, target_seq: int | None = None):
-    from pipelines.job import checkpoint_metadata, ensure_tables, start_query
+    from pipelines.guards import checkpoint_metadata, ensure_tables
+    from pipelines.stream import start_query
 
     ensure_tables(config)
     meta = checkpoint_metadata(config)
@@ -177,7 +178,7 @@ class NativeSink:
 def start_native(spark, config: SessionsConfig, target_seq: int | None = None):
     from pyspark.sql import functions as F
 
-    from pipelines.job import raw_events_stream
+    from pipelines.stream import raw_events_stream
 
     checkpoint = config.home / "checkpoints" / "native"
     checkpoint.mkdir(parents=True, exist_ok=True)
@@ -470,7 +471,7 @@ def main(argv=None) -> int:
         data = prepare_data(data_home, args)
         log(f"data ready: {data}")
 
-        from pipelines.job import get_spark
+        from pipelines.runtime import get_spark
 
         first = make_config(provider_home(work, data_home, providers[0]), providers[0], args)
         spark = get_spark(first)

@@ -9,6 +9,7 @@ import uuid
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
+from pipelines.errors import NoCommittedBatch
 from pipelines.state_format import SCHEMA_ID
 
 PROVIDER_CLASSES = {
@@ -110,6 +111,33 @@ def inspect_checkpoint(checkpoint: Path) -> CheckpointInfo:
         provider_name(provider_cls) if provider_cls else None, int(partitions) if partitions else None,
         unfinished,
     )
+
+
+@dataclass(frozen=True)
+class CommittedBatch:
+    """The last committed batch of a checkpoint and the job it belongs to: what savepoints and state reads use."""
+    info: CheckpointInfo
+    meta: JobMetadata
+
+    @property
+    def batch_id(self) -> int:
+        assert self.info.last_committed_batch is not None  # by construction (committed_checkpoint)
+        return self.info.last_committed_batch
+
+    @property
+    def watermark_ms(self) -> int | None:
+        """The watermark as of the end of the batch: what the next batch runs with."""
+        info = self.info
+        return info.next_watermark_ms if info.next_watermark_ms is not None else info.batch_watermark_ms
+
+
+def committed_checkpoint(checkpoint: Path, nothing: str) -> CommittedBatch:
+    """The last committed batch, or NoCommittedBatch saying `nothing` (e.g. "nothing to savepoint")."""
+    info = inspect_checkpoint(checkpoint)
+    meta = read_job_metadata(checkpoint)
+    if info.last_committed_batch is None or meta is None:
+        raise NoCommittedBatch(f"{nothing}: no committed batch in {checkpoint}")
+    return CommittedBatch(info, meta)
 
 
 def rescale_command(info: CheckpointInfo) -> str | None:

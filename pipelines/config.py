@@ -101,7 +101,7 @@ class SessionsConfig:
     # Hostile input: an event this far ahead of its ingest time is quarantined (contract).
     max_future_minutes: int = _setting(60, minimum=0)
     # A landed file's last line without a newline counts once the file has not changed for this long (a line
-    # that parses as a JSON object counts at once); see pipelines/ingest.py.
+    # that parses as a JSON object counts at once); see pipelines/ingest/local.py.
     ingest_settle_seconds: int = _setting(60, minimum=0)
     # S3 (delta-rs/object_store): fail in seconds, not after the default 10 retries over 3 minutes.
     s3_max_retries: int = _setting(3, minimum=0)

@@ -57,24 +57,33 @@ class StateMismatch(SessionsError):
     """State read back after a restore's bootstrap or a repartition does not match what it must equal."""
 
 
-class RestoreIncomplete(SessionsError):
-    """A restore broke part-way; `next_step` says what the operator does now (the message says it too)."""
+class NextStepError(SessionsError):
+    """An operation broke part-way or cannot go on as asked; `next_step` is the command or action that the operator
+    runs now (the message says it too; Dagster's failure metadata carries it)."""
 
     def __init__(self, message: str, next_step: str) -> None:
         super().__init__(message)
         self.next_step = next_step
+
+
+class RestoreIncomplete(NextStepError):
+    """A restore broke part-way."""
 
 
 class RescaleRefused(SessionsError):
     """A rescale that cannot be done as asked (a partition count outside 1..state buckets)."""
 
 
-class RescaleIncomplete(SessionsError):
+class RescaleIncomplete(NextStepError):
     """A rescale was interrupted after Spark wrote its repartition batch; `next_step` finishes it."""
 
-    def __init__(self, message: str, next_step: str) -> None:
-        super().__init__(message)
-        self.next_step = next_step
+
+class NotRunning(SessionsError):
+    """`stop` found no running stream (no live holder of the job lease)."""
+
+
+class StopIncomplete(NextStepError):
+    """A stop (with savepoint) did not complete every step; the stream is stopped or the request still stands."""
 
 
 class CheckpointDamaged(SessionsError):

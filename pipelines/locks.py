@@ -93,6 +93,14 @@ def _renew(path: Path, info: LeaseInfo, ttl_s: float, stop: threading.Event) -> 
         os.replace(tmp, path)
 
 
+def live_holder(directory: Path, name: str) -> LeaseInfo | None:
+    """The holder of lease `name` if it is live (not expired, not a dead process on this host), else None."""
+    current = _read(directory / f"{name}.lease")
+    if current is None or current.expires_at < time.time() or _dead_here(current):
+        return None
+    return current
+
+
 @contextmanager
 def lease(directory: Path, name: str, what: str, ttl_s: float) -> Iterator[LeaseInfo]:
     """Hold the lease `name` in `directory` for the block, or raise LeaseHeld naming the holder."""

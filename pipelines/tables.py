@@ -54,6 +54,22 @@ def table_rows(uri: str, storage_options: dict[str, str] | None = None) -> int:
     return int(DeltaTable(uri, storage_options=storage_options).count())
 
 
+def version_after_batch(uri: str, incarnation: str, batch_id: int,
+                        storage_options: dict[str, str] | None = None) -> int:
+    """The table version that holds the writes of every batch up to `batch_id` of this checkpoint incarnation and
+    none after it: one before the first later batch's write (written_version is monotone in batch order), or the
+    current version when the stream has written nothing since. A restore removes `written_version` above it."""
+    if not DeltaTable.is_deltatable(uri, storage_options=storage_options):
+        return 0
+    table = DeltaTable(uri, storage_options=storage_options)
+    current = table.version()
+    later = table.to_pyarrow_dataset().to_table(
+        columns=["written_version"], filter=(ds.field("incarnation") == incarnation) & (ds.field("batch_id") > batch_id))
+    if later.num_rows == 0:
+        return current
+    return min(current, int(pc.min(later["written_version"]).as_py()) - 1)
+
+
 def _millis_to_ts(column: Any) -> pa.Array:
     return pc.multiply(column.cast(pa.int64()), 1000).cast(pa.timestamp("us", tz="UTC"))
 

@@ -3,37 +3,59 @@ from __future__ import annotations
 
 import argparse
 import json
+import logging
+import signal
 import sys
-from dataclasses import asdict
+import threading
+from types import FrameType
+from typing import Any
 
 from pipelines.config import SessionsConfig
 from pipelines.errors import SessionsError
-from pipelines.job import catch_up, get_spark, run_continuously, spark_failures
-from state_store.lifecycle import rescale, restore, take_savepoint
+from pipelines.runtime import get_spark, spark_failures, stop_spark
+from pipelines.stream import RunSummary, catch_up
+from pipelines.tables import MicroBatchSink
+from state_store.lifecycle import rescale, restore, run_stream, stop_stream, take_savepoint
 from state_store.maintenance import compact
 from state_store.savepoints import SavepointStore
 from state_store.state import lookup_user, top_sessions
 from state_store.status import status
 
 
-def _print(obj) -> None:
-    print(json.dumps(obj, default=str))
+def _print(obj: Any, one_line: bool = True) -> None:
+    """One JSON line (for scripts, `--json`), or indented JSON for a person."""
+    print(json.dumps(obj, default=str) if one_line else json.dumps(obj, default=str, indent=2))
 
 
-def cmd_catch_up(config, args):
-    _print(asdict(catch_up(config)))
+def cmd_catch_up(config: SessionsConfig, args: argparse.Namespace) -> None:
+    _print(catch_up(config).to_dict())
 
 
-def cmd_run(config, args):
-    def progress(summary, sink):
+def cmd_run(config: SessionsConfig, args: argparse.Namespace) -> None:
+    stop = threading.Event()
+
+    def interrupted(signum: int, frame: FrameType | None) -> None:
+        # The first Ctrl-C asks for an orderly stop (between batches, then the summary), at any moment, JVM start-up
+        # included; a second one is the impatient kind. get_spark keeps this handler over pyspark's own.
+        if stop.is_set():
+            raise KeyboardInterrupt
+        stop.set()
+
+    signal.signal(signal.SIGINT, interrupted)
+
+    def progress(summary: RunSummary, sink: MicroBatchSink) -> None:
         print(f"batches={summary.batches} input_rows={summary.input_rows} "
               f"sessions_written={sink.sessions_written} quarantined={sink.quarantined}", flush=True)
 
-    print("running; Ctrl-C stops cleanly", file=sys.stderr, flush=True)
-    _print(asdict(run_continuously(config, poll_seconds=args.poll_seconds, on_progress=progress)))
+    print("running; Ctrl-C or `sessionctl stop` stops cleanly", file=sys.stderr, flush=True)
+    _print(run_stream(config, stop=stop, poll_seconds=args.poll_seconds, on_progress=progress).to_dict())
 
 
-def cmd_status(config, args):
+def cmd_stop(config: SessionsConfig, args: argparse.Namespace) -> None:
+    _print(stop_stream(config, savepoint=args.savepoint, timeout_s=args.timeout).to_dict(), args.json)
+
+
+def cmd_status(config: SessionsConfig, args: argparse.Namespace) -> None:
     report = status(config, with_state=not args.no_state).to_dict()
     if args.json:
         _print(report)
@@ -42,29 +64,29 @@ def cmd_status(config, args):
             print(f"{key:>22}: {value}")
 
 
-def cmd_savepoint(config, args):
-    _print(take_savepoint(config, trigger="manual").to_dict())
+def cmd_savepoint(config: SessionsConfig, args: argparse.Namespace) -> None:
+    _print(take_savepoint(config, trigger="manual").to_dict(), args.json)
 
 
-def cmd_savepoints(config, args):
-    _print(SavepointStore.of(config).list())
+def cmd_savepoints(config: SessionsConfig, args: argparse.Namespace) -> None:
+    _print(SavepointStore.of(config).list(), args.json)
 
 
-def cmd_restore(config, args):
+def cmd_restore(config: SessionsConfig, args: argparse.Namespace) -> None:
     _print(restore(config, args.savepoint, partitions=args.partitions, migrate=args.migrate).to_dict())
 
 
-def cmd_rescale(config, args):
+def cmd_rescale(config: SessionsConfig, args: argparse.Namespace) -> None:
     _print(rescale(config, args.partitions).to_dict())
 
 
-def cmd_compact(config, args):
+def cmd_compact(config: SessionsConfig, args: argparse.Namespace) -> None:
     overrides = {name: value for name, value in (("keep_savepoints", args.keep_last),
                                                  ("keep_daily_days", args.keep_daily_days)) if value is not None}
     _print(compact(config.with_(**overrides), dry_run=args.dry_run).to_dict())
 
 
-def cmd_state(config, args):
+def cmd_state(config: SessionsConfig, args: argparse.Namespace) -> None:
     with spark_failures(config):
         spark = get_spark(config)
         result = lookup_user(spark, config, args.user) if args.user is not None else top_sessions(spark, config, args.top)
@@ -85,9 +107,14 @@ def build_parser() -> argparse.ArgumentParser:
     st.add_argument("--json", action="store_true")
     st.add_argument("--no-state", action="store_true", help="skip reading the state (no Spark)")
     st.set_defaults(fn=cmd_status)
-    save = sub.add_parser("savepoint", help="savepoint of the stopped job at its last committed batch")
+    save = sub.add_parser("savepoint", help="savepoint at the last committed batch (the stream may keep running)")
     save.add_argument("--json", action="store_true")
     save.set_defaults(fn=cmd_savepoint)
+    stp = sub.add_parser("stop", help="stop the running stream (any process or host) after its current batch")
+    stp.add_argument("--savepoint", action="store_true", help="take the savepoint of its last batch as part of the stop")
+    stp.add_argument("--timeout", type=float, default=None, help="seconds to wait (default 2x SESSIONS_STOP_TIMEOUT_S)")
+    stp.add_argument("--json", action="store_true")
+    stp.set_defaults(fn=cmd_stop)
     sps = sub.add_parser("savepoints", help="the savepoint catalog, newest first")
     sps.add_argument("--json", action="store_true")
     sps.set_defaults(fn=cmd_savepoints)
@@ -114,10 +141,22 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def _quiet_py4j(config: SessionsConfig) -> None:
+    """py4j logs a call interrupted by Ctrl-C with its traceback; that goes to the errors log, not the terminal."""
+    logger = logging.getLogger("py4j")
+    logger.propagate = False
+    try:
+        config.log_dir.mkdir(parents=True, exist_ok=True)
+        logger.addHandler(logging.FileHandler(config.log_dir / "errors.log"))
+    except OSError:
+        logger.addHandler(logging.NullHandler())
+
+
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     try:
         config = SessionsConfig.from_env()
+        _quiet_py4j(config)
         args.fn(config, args)
         return 0
     except SessionsError as error:  # the one place an expected error (ConfigError too) becomes one line
@@ -126,6 +165,11 @@ def main(argv: list[str] | None = None) -> int:
     except KeyboardInterrupt:
         print(f"sessionctl {args.command}: interrupted", file=sys.stderr)
         return 130
+    finally:
+        # Orderly: the queries, the state stores, then the JVM, before Python exits (a JVM left to die with the
+        # process can crash in RocksDB's native code on the way out). Ctrl-C here is ignored: we are leaving anyway.
+        signal.signal(signal.SIGINT, signal.SIG_IGN)
+        stop_spark()
 
 
 if __name__ == "__main__":

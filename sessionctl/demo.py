@@ -5,8 +5,9 @@ from __future__ import annotations
 import json
 
 from pipelines.config import SessionsConfig
-from pipelines.job import catch_up, get_spark
+from pipelines.runtime import get_spark
 from pipelines.sample_data import land_sample
+from pipelines.stream import catch_up
 from state_store.status import status
 
 

@@ -1,42 +1,63 @@
-"""Savepoint, restore and rescale of the stopped job: the operations `sessionctl` and Dagster call."""
+"""Savepoint (of a stopped or a running stream), stop with savepoint, restore and rescale of the stopped job: the
+operations `sessionctl` and Dagster call."""
 from __future__ import annotations
 
 import datetime as dt
 import json
 import shutil
+import threading
 import time
+from collections.abc import Callable
 from contextlib import ExitStack
 from pathlib import Path
 from typing import Any
 
 import pyarrow as pa
 import pyarrow.parquet as pq
+from py4j.protocol import Py4JError
+from pyspark.errors import PySparkException
 from pyspark.sql import SparkSession
 
 from pipelines import state_format
 from pipelines.checkpoint import (
     JobMetadata,
     clear_restore_marker,
+    committed_checkpoint,
     inspect_checkpoint,
-    read_job_metadata,
     write_job_metadata,
     write_restore_marker,
 )
 from pipelines.config import SessionsConfig
 from pipelines.errors import (
+    JobRunning,
     NoCommittedBatch,
+    NotRunning,
     RescaleRefused,
     RestoreIncomplete,
     SavepointDamaged,
     SavepointFailed,
     SavepointIncompatible,
     StateMismatch,
+    StopIncomplete,
 )
-from pipelines.job import ensure_tables, get_spark, job_lock, spark_failures, start_query
+from pipelines.guards import (
+    JOB,
+    LIFECYCLE,
+    StopRequest,
+    ensure_tables,
+    job_lock,
+    request_stop,
+    running_stream,
+    take_stop_answer,
+    withdraw_stop,
+)
+from pipelines.runtime import get_spark, log_traceback, spark_failures
 from pipelines.sessionize import rewalk, rows_table
 from pipelines.source import BOOTSTRAP_FILE
-from pipelines.storage import open_table, table_exists
-from state_store.results import RescaleResult, RestoreResult, SavepointInfo
+from pipelines.storage import open_table, storage_options, table_exists
+from pipelines.stream import RunSummary, run_continuously, start_query
+from pipelines.tables import MicroBatchSink, version_after_batch
+from state_store.results import RescaleResult, RestoreResult, SavepointInfo, StopResult
 from state_store.savepoints import SavepointStore, new_savepoint_id, state_checksum
 from state_store.state import read_state, repartition_state
 
@@ -45,9 +66,10 @@ FAILED_SUFFIX = ".failed-restore-"  # a half-built checkpoint, kept for a post-m
 
 
 def _locks(config: SessionsConfig, what: str) -> ExitStack:
+    """Restore and rescale: no other lifecycle operation, and the stream stopped (they replace its checkpoint)."""
     stack = ExitStack()
-    stack.enter_context(job_lock(config, what, name="lifecycle"))
-    stack.enter_context(job_lock(config, what, name="job"))
+    stack.enter_context(job_lock(config, what, name=LIFECYCLE))
+    stack.enter_context(job_lock(config, what, name=JOB))
     return stack
 
 
@@ -61,28 +83,52 @@ def live_state(spark: SparkSession, checkpoint: Path, batch_id: int | None) -> p
 
 
 # ---- savepoint ---------------------------------------------------------------------------------
+# A savepoint reads one committed batch N beside a running stream: state version N through Spark's state data source
+# (by batch id), the source offset and watermark of N from the offset and commit logs, and the output tables'
+# versions as of N (pipelines.tables.version_after_batch). Spark keeps the last SESSIONS_MIN_BATCHES_TO_RETAIN
+# versions; compaction never runs beside a savepoint (both hold the lifecycle lease).
+
+def _read_batch_state(config: SessionsConfig, spark: SparkSession, batch_id: int) -> pa.Table:
+    """State version `batch_id`; a read that fails because Spark's retention removed that version while it was read
+    (a stream committing faster than the read) is one line saying so, not "the checkpoint is damaged"."""
+    try:
+        return live_state(spark, config.checkpoint, batch_id)
+    except (PySparkException, Py4JError):
+        newest = inspect_checkpoint(config.checkpoint).last_committed_batch or batch_id
+        if newest - batch_id < config.min_batches_to_retain:
+            raise  # not retention: spark_failures explains it
+        log_traceback(config)
+        raise SavepointFailed(_retention_lost(config, batch_id, newest)) from None
+
+
+def _retention_lost(config: SessionsConfig, batch_id: int, newest: int) -> str:
+    return (f"state of batch {batch_id} was removed by Spark's retention while the savepoint read it (the stream "
+            f"committed up to batch {newest}; SESSIONS_MIN_BATCHES_TO_RETAIN={config.min_batches_to_retain}): run the "
+            f"savepoint again, and raise that setting if the stream commits batches faster than a savepoint reads")
+
 
 def _take_savepoint(config: SessionsConfig, trigger: str, spark: SparkSession | None) -> SavepointInfo:
     started = time.monotonic()
-    info = inspect_checkpoint(config.checkpoint)
-    meta = read_job_metadata(config.checkpoint)
-    if info.last_committed_batch is None or meta is None:
-        raise NoCommittedBatch(f"nothing to savepoint: no committed batch in {config.checkpoint}")
+    committed = committed_checkpoint(config.checkpoint, "nothing to savepoint")
+    info, meta, batch_id = committed.info, committed.meta, committed.batch_id
     spark = _spark(config, spark)
     store = SavepointStore.of(config)
-    state = live_state(spark, config.checkpoint, info.last_committed_batch)
+    state = _read_batch_state(config, spark, batch_id)
+    newest = inspect_checkpoint(config.checkpoint).last_committed_batch or batch_id
+    if newest - batch_id >= config.min_batches_to_retain:  # read whole, but the version may be gone by now
+        raise SavepointFailed(_retention_lost(config, batch_id, newest))
     checksum = state_checksum(state)
     now = dt.datetime.now(dt.timezone.utc)
-    savepoint_id = new_savepoint_id(info.last_committed_batch, now)
-    watermark = info.next_watermark_ms if info.next_watermark_ms is not None else info.batch_watermark_ms
+    savepoint_id = new_savepoint_id(batch_id, now)
+    options = storage_options(config, config.warehouse_uri)
     row = {
         "savepoint_id": savepoint_id, "trigger": trigger, "created_at": now,
-        "batch_id": info.last_committed_batch, "source_seq": int((info.source_offset or {}).get("seq", 0)),
-        "watermark_ms": int(watermark or 0), "gap_ms": meta.gap_ms, "lateness_ms": meta.lateness_ms,
+        "batch_id": batch_id, "source_seq": int((info.source_offset or {}).get("seq", 0)),
+        "watermark_ms": int(committed.watermark_ms or 0), "gap_ms": meta.gap_ms, "lateness_ms": meta.lateness_ms,
         "buckets": meta.buckets, "provider": info.provider, "partitions": info.partitions,
         "state_schema": state_format.SCHEMA_ID, "rows": state.num_rows, "checksum": checksum,
-        "sessions_version": open_table(config, config.sessions_table).version(),
-        "quarantine_version": open_table(config, config.quarantine_table).version(),
+        "sessions_version": version_after_batch(config.sessions_table, meta.incarnation, batch_id, options),
+        "quarantine_version": version_after_batch(config.quarantine_table, meta.incarnation, batch_id, options),
         "incarnation": meta.incarnation, "state_uri": store.state_uri(savepoint_id),
     }
     try:
@@ -109,10 +155,72 @@ def _take_savepoint(config: SessionsConfig, trigger: str, spark: SparkSession | 
 
 
 def take_savepoint(config: SessionsConfig, trigger: str = "manual", spark: SparkSession | None = None) -> SavepointInfo:
-    """Savepoint of the stopped job at its last committed batch (state + source position + watermark
-    + output table versions, all of the same batch)."""
-    with _locks(config, "savepoint"), spark_failures(config):
+    """Savepoint at the last committed batch, of a stopped job or beside the running stream (which keeps
+    committing): state + source position + watermark + output table versions, all of that one batch."""
+    with job_lock(config, "savepoint", name=LIFECYCLE), spark_failures(config):
         return _take_savepoint(config, trigger, spark)
+
+
+# ---- the stream, and stopping it -----------------------------------------------------------------
+
+def run_stream(config: SessionsConfig, spark: SparkSession | None = None, stop: threading.Event | None = None,
+               poll_seconds: float = 5.0,
+               on_progress: Callable[[RunSummary, MicroBatchSink], None] | None = None) -> RunSummary:
+    """The stream (pipelines.stream.run_continuously) that honours `sessionctl stop --savepoint`: after its last
+    batch it takes that batch's savepoint itself, before it releases the job lease (nothing can start between)."""
+
+    def savepoint_at_stop(request: StopRequest, running: SparkSession) -> dict[str, Any]:
+        # A compaction or another savepoint may hold the lifecycle lease: wait for it rather than fail the stop.
+        with job_lock(config, "stop --savepoint", name=LIFECYCLE, wait_s=config.stop_timeout_s), \
+                spark_failures(config):
+            return _take_savepoint(config, "stop", running).to_dict()
+
+    return run_continuously(config, spark=spark, stop=stop, poll_seconds=poll_seconds, on_progress=on_progress,
+                            on_stop_request=savepoint_at_stop)
+
+
+def stop_stream(config: SessionsConfig, savepoint: bool = False, timeout_s: float | None = None) -> StopResult:
+    """Stop the running stream (this or another process, any host sharing the checkpoint path) after its current
+    batch; with `savepoint`, the savepoint of that last batch is taken as part of the stop. Waits for the answer."""
+    started = time.monotonic()
+    stream = running_stream(config)
+    if stream is None:
+        raise NotRunning(f"no stream is running: nothing holds {config.lease_dir / 'job.lease'}"
+                         + ("; `sessionctl savepoint` takes a savepoint of the stopped job" if savepoint else ""))
+    if stream.what != "run":
+        raise JobRunning(f"{stream.describe()} holds the job lease and is not a stream: it stops by itself; wait for "
+                         f"it", stream.describe(), str(config.lease_dir / "job.lease"))
+    request = request_stop(config, stream, savepoint)
+    deadline = started + (timeout_s if timeout_s is not None else config.stop_timeout_s * 2)
+    while True:
+        answer = take_stop_answer(config, request)
+        if answer is not None:
+            break
+        holder = running_stream(config)
+        if holder is None or holder.token != stream.token:
+            answer = take_stop_answer(config, request)  # answered just before it went away
+            if answer is not None:
+                break
+            withdraw_stop(config, request)
+            last = inspect_checkpoint(config.checkpoint).last_committed_batch
+            if request.savepoint:
+                raise StopIncomplete(f"the stream ({stream.describe()}) went away without answering (killed?); it is "
+                                     f"stopped at committed batch {last} without a savepoint: take it with "
+                                     f"`sessionctl savepoint`", next_step="sessionctl savepoint")
+            return StopResult(True, stream.describe(), last, round(time.monotonic() - started, 3))
+        if time.monotonic() > deadline:
+            raise StopIncomplete(f"the stream ({stream.describe()}) did not stop within {deadline - started:g} s; the "
+                                 f"stop request stands and it stops after its current batch: run `sessionctl stop` "
+                                 f"again to wait for it", next_step="sessionctl stop")
+        time.sleep(0.5)
+    seconds = round(time.monotonic() - started, 3)
+    if answer.get("error"):
+        raise StopIncomplete(f"the stream stopped at committed batch {answer['last_committed_batch']} but its "
+                             f"savepoint failed ({answer['error']}): take it with `sessionctl savepoint`",
+                             next_step="sessionctl savepoint")
+    taken = answer.get("savepoint")
+    return StopResult(True, stream.describe(), answer.get("last_committed_batch"), seconds,
+                      SavepointInfo.from_row(taken) if taken else None)
 
 
 # ---- validate / restore ------------------------------------------------------------------------

@@ -12,7 +12,7 @@ from deltalake import DeltaTable
 
 from pipelines.checkpoint import directory_size
 from pipelines.config import SessionsConfig
-from pipelines.job import job_lock
+from pipelines.guards import job_lock
 from pipelines.storage import is_s3, join, open_table, storage_options, table_exists
 from state_store.lifecycle import remove_tree, replaced_checkpoints
 from state_store.results import CompactionResult, MaintenanceDue

@@ -160,3 +160,21 @@ class TableFacts(_Result):
     rows: int
     data_files: int
     bytes: int
+
+
+@dataclass(frozen=True)
+class StopResult(_Result):
+    """What `stop` did: the stream it stopped, its last committed batch and, when asked, the savepoint of it."""
+    stopped: bool
+    stream: str  # the holder of the job lease that was stopped (operation, pid, host)
+    last_committed_batch: int | None
+    seconds: float
+    savepoint: SavepointInfo | None = None
+
+    def to_dict(self) -> dict[str, Any]:
+        """The stop's fields, then the savepoint's (the contract: `stop --savepoint` prints them)."""
+        out = {"stopped": self.stopped, "stream": self.stream, "last_committed_batch": self.last_committed_batch,
+               "stop_seconds": self.seconds}
+        if self.savepoint is not None:
+            out.update(self.savepoint.to_dict())
+        return out

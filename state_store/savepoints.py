@@ -30,7 +30,7 @@ from pipelines.storage import join, s3_errors, storage_options
 CATALOG_SCHEMA = pa.schema([
     ("savepoint_id", pa.string()),
     ("status", pa.string()),            # complete | failed
-    ("trigger", pa.string()),           # manual | scheduled | pre-rescale | sensor
+    ("trigger", pa.string()),           # manual | scheduled | sensor | pre-rescale | stop
     ("created_at", pa.timestamp("us", tz="UTC")),
     ("batch_id", pa.int64()),
     ("source_seq", pa.int64()),         # raw_events ingest sequence the state has consumed

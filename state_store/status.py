@@ -11,7 +11,7 @@ from pipelines.checkpoint import (
     rescale_command,
 )
 from pipelines.config import SessionsConfig
-from pipelines.job import get_spark, spark_failures
+from pipelines.runtime import get_spark, spark_failures
 from pipelines.storage import storage_options
 from pipelines.tables import table_rows
 from state_store.results import StatusReport

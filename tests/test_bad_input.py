@@ -7,7 +7,7 @@ import json
 import os
 from pathlib import Path
 
-from pipelines.job import catch_up
+from pipelines.stream import catch_up
 from tests.conftest import make_config, read_open_sessions, read_quarantine, read_sessions
 from tests.datagen import BASE_MS, iso
 from tests.oracle import run_oracle

@@ -9,7 +9,8 @@ import pytest
 
 from pipelines.config import ConfigError, SessionsConfig
 from pipelines.errors import JobRunning, LifecycleBusy, SessionsError
-from pipelines.job import job_lock, spark_conf
+from pipelines.guards import job_lock
+from pipelines.runtime import spark_conf
 from tests.conftest import tool
 
 REPO = Path(__file__).resolve().parent.parent

@@ -32,7 +32,7 @@ from selenium.webdriver.common.by import By
 
 from pipelines.checkpoint import inspect_checkpoint
 from pipelines.config import SessionsConfig
-from pipelines.job import job_lock
+from pipelines.guards import job_lock
 from pipelines.sample_data import land_sample
 from tests.conftest import PostgresServer, free_port, tool
 

@@ -7,8 +7,8 @@ import subprocess
 
 from pipelines.checkpoint import inspect_checkpoint
 from pipelines.ingest import ingest
-from pipelines.job import catch_up
 from pipelines.sample_data import land
+from pipelines.stream import catch_up
 from state_store.lifecycle import restore, take_savepoint
 from tests.conftest import config_env, make_config, read_sessions, tool
 from tests.datagen import in_order_chunks

@@ -14,8 +14,8 @@ import pytest
 from pipelines.checkpoint import inspect_checkpoint
 from pipelines.errors import RescaleIncomplete
 from pipelines.ingest import ingest
-from pipelines.job import catch_up
 from pipelines.sample_data import land
+from pipelines.stream import catch_up
 from tests.conftest import assert_half_done_is_reported, config_env, make_config, read_sessions, tool
 from tests.datagen import in_order_chunks
 from tests.lifecycle_expectations import expected_closed_sessions

@@ -26,9 +26,10 @@ from pipelines.errors import (
     SavepointIncompatible,
     SavepointNotFound,
 )
+from pipelines.guards import job_lock
 from pipelines.ingest import ingest
-from pipelines.job import catch_up, job_lock
 from pipelines.sample_data import land
+from pipelines.stream import catch_up
 from state_store import savepoints as sp
 from state_store.lifecycle import rescale, restore, take_savepoint, validate_savepoint
 from state_store.maintenance import compact

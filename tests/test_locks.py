@@ -11,7 +11,7 @@ import time
 import pytest
 
 from pipelines.errors import JobRunning
-from pipelines.job import job_lock
+from pipelines.guards import job_lock
 from pipelines.locks import LeaseHeld, lease
 from tests.conftest import config_env, make_config, tool
 
@@ -23,7 +23,7 @@ def test_two_hosts_with_separate_homes_share_the_lease(tmp_path):
     host_b = make_config(tmp_path / "b", SESSIONS_CHECKPOINT_URI=shared)
     assert host_a.lock_dir != host_b.lock_dir and host_a.lease_dir == host_b.lease_dir
     holder = subprocess.Popen([sys.executable, "-c", (
-        "import sys, time; from pipelines.job import job_lock; from tests.conftest import make_config; "
+        "import sys, time; from pipelines.guards import job_lock; from tests.conftest import make_config; "
         f"config = make_config({str(tmp_path / 'a')!r}, SESSIONS_CHECKPOINT_URI={str(shared)!r}); "
         "lock = job_lock(config, 'run'); lock.__enter__(); print('held', flush=True); time.sleep(120)")],
         stdout=subprocess.PIPE, text=True, cwd=os.getcwd())

@@ -10,8 +10,8 @@ import subprocess
 import pytest
 
 from pipelines.ingest import ingest
-from pipelines.job import catch_up
 from pipelines.sample_data import land_sample
+from pipelines.stream import catch_up
 from state_store.lifecycle import take_savepoint
 from tests.conftest import config_env, free_port, make_config, tool
 

@@ -12,7 +12,7 @@ import random
 
 import pytest
 
-from pipelines.job import catch_up
+from pipelines.stream import catch_up
 from state_store.status import status
 from tests.conftest import make_config, read_open_sessions, read_quarantine, read_sessions
 from tests.datagen import (

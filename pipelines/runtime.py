@@ -1,0 +1,179 @@
+"""The Spark runtime of the job: the session (built, prepared, stopped in order) and the translation of Spark's
+failures into the typed one line an operator acts on."""
+from __future__ import annotations
+
+import os
+import re
+import signal
+import sys
+import threading
+import time
+import traceback
+from collections.abc import Iterator
+from contextlib import contextmanager, suppress
+from pathlib import Path
+from typing import Any
+
+from py4j.protocol import Py4JError
+from pyspark.errors import PySparkException
+from pyspark.sql import SparkSession
+
+from pipelines.checkpoint import PROVIDER_CLASSES, inspect_checkpoint, rescale_command
+from pipelines.config import SessionsConfig
+from pipelines.errors import CheckpointDamaged, RescaleIncomplete, SessionsError, StreamFailed
+from pipelines.shipping import cluster_conf
+from pipelines.source import RawEventsSource
+
+LOG4J2 = Path(__file__).resolve().parent / "log4j2.properties"
+ERRORS_LOG = "errors.log"  # Python tracebacks of Spark failures, beside Spark's own spark.log
+
+# Spark error conditions (SparkThrowable.getCondition()) that mean a state store file is damaged or gone.
+_DAMAGED_STATE_CONDITIONS = ("CANNOT_LOAD_STATE_STORE", "CANNOT_READ_STREAMING_STATE_FILE",
+                             "STATE_STORE_CHECKSUM", "CANNOT_READ_CHECKPOINT", "CANNOT_READ_STATE_STORE")
+_UNFINISHED_REPARTITION = "STREAMING_UNFINISHED_REPARTITION_DETECTED"
+
+
+def spark_conf(config: SessionsConfig) -> dict[str, str]:
+    """Spark settings for the job; shared by the CLI's session and Dagster's PySparkResource."""
+    return {
+        "spark.master": config.spark_master,
+        "spark.app.name": "sessions",
+        "spark.sql.session.timeZone": "UTC",
+        "spark.sql.shuffle.partitions": str(config.state_partitions),
+        "spark.sql.streaming.stateStore.providerClass": PROVIDER_CLASSES[config.state_store],
+        "spark.sql.execution.arrow.pyspark.enabled": "true",
+        "spark.ui.enabled": str(config.spark_ui).lower(),
+        "spark.ui.showConsoleProgress": "false",  # sessionctl prints JSON; a progress bar would garble it
+        "spark.driver.memory": config.spark_driver_memory,
+        # How long stopping the query may wait for its batch; the runbook waits a little longer for the lock.
+        "spark.sql.streaming.stopTimeout": str(int(config.stop_timeout_s * 1000)),
+        "spark.sql.streaming.minBatchesToRetain": str(config.min_batches_to_retain),
+        # Spark's log to a file (pipelines/log4j2.properties): the terminal gets sessionctl's one line.
+        "spark.driver.extraJavaOptions": f"-Dlog4j2.configurationFile=file:{LOG4J2} -Dsessions.log.dir={config.log_dir}",
+        **cluster_conf(config.spark_master),
+    }
+
+
+def get_spark(config: SessionsConfig) -> SparkSession:
+    os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
+    os.environ.setdefault("PYSPARK_DRIVER_PYTHON", sys.executable)
+    builder = SparkSession.builder
+    for key, value in spark_conf(config).items():
+        builder = builder.config(key, value)
+    # pyspark installs a SIGINT handler that raises KeyboardInterrupt inside whatever py4j call runs; a handler of
+    # the caller's own (sessionctl run: Ctrl-C = stop between batches) is kept.
+    own = signal.getsignal(signal.SIGINT) if threading.current_thread() is threading.main_thread() else None
+    spark = builder.getOrCreate()
+    if callable(own) and own is not signal.default_int_handler:
+        signal.signal(signal.SIGINT, own)
+    spark.sparkContext.setLogLevel("ERROR")
+    return spark
+
+
+def prepare_session(spark: SparkSession, config: SessionsConfig) -> None:
+    # SQL confs are read when a query starts; an existing checkpoint's own values still win.
+    spark.conf.set("spark.sql.shuffle.partitions", str(config.state_partitions))
+    spark.conf.set("spark.sql.streaming.stateStore.providerClass", PROVIDER_CLASSES[config.state_store])
+    spark.conf.set("spark.sql.session.timeZone", "UTC")
+    spark.dataSource.register(RawEventsSource)
+
+
+def stop_spark(spark: SparkSession | None = None) -> None:
+    """Stop the session in order before the process exits: the queries, then the state stores (RocksDB instances
+    and the maintenance thread that works on them), then the context. A JVM left to exit on its own when Python
+    goes away runs its shutdown hooks while that native code still runs, and can crash with a fatal-error banner."""
+    spark = spark or SparkSession.getActiveSession()
+    if spark is None:
+        return
+    with suppress(Exception):  # best effort on the way out: nothing to report to an operator here
+        for query in spark.streams.active:
+            query.stop()
+    with suppress(Exception):
+        jvm: Any = spark.sparkContext._jvm
+        store = jvm.java.lang.Class.forName("org.apache.spark.sql.execution.streaming.state.StateStore$")
+        store.getField("MODULE$").get(None).stop()
+    with suppress(Exception):
+        spark.stop()
+
+
+# ---- failures ------------------------------------------------------------------------------------
+
+def _java_throwable(error: BaseException) -> Any:
+    return getattr(error, "java_exception", None) or getattr(error, "_origin", None)
+
+
+def error_conditions(error: BaseException) -> list[str]:
+    """Spark's error conditions along the error and its Java cause chain (outermost first)."""
+    found: list[str] = []
+    if isinstance(error, PySparkException):
+        with suppress(Exception):
+            condition = error.getCondition()
+            if condition:
+                found.append(str(condition))
+    throwable = _java_throwable(error)
+    for _ in range(20):  # a cause chain is short; bound it anyway
+        if throwable is None:
+            break
+        with suppress(Exception):
+            condition = throwable.getCondition()
+            if condition:
+                found.append(str(condition))
+        try:
+            throwable = throwable.getCause()
+        except Exception:  # noqa: BLE001 -- not a Java object (or the gateway is gone): stop walking
+            break
+    return found
+
+
+def explain_spark_failure(error: BaseException, config: SessionsConfig) -> SessionsError:
+    """A failure inside Spark (a query, a read, a repartition), as the one line an operator can act on.
+    Spark's error conditions decide first; text is matched only for exceptions that carry none (Hadoop's)."""
+    conditions = error_conditions(error)
+    text = str(error)
+    log = f"details in {config.log_dir / ERRORS_LOG} and {config.log_dir / 'spark.log'}"
+    if _UNFINISHED_REPARTITION in conditions or (not conditions and _UNFINISHED_REPARTITION in text):
+        finish = rescale_command(inspect_checkpoint(config.checkpoint)) or "sessionctl rescale --partitions N"
+        return rescale_incomplete(finish, f" ({log})")
+    damaged = any(c.startswith(_DAMAGED_STATE_CONDITIONS) for c in conditions) or "ChecksumException" in text \
+        or "CANNOT_LOAD_STATE_STORE" in text
+    if damaged:
+        found = re.search(r"(state/\d+/\d+/[^\s:,]+)", text)
+        where = f"the state store file {found.group(1)} of {config.checkpoint}" if found else \
+            f"the state store in {config.checkpoint}"
+        cause = "checksum error" if "Checksum" in text else ("missing" if "FileNotFound" in text or
+                                                              "does not exist" in text else "cannot be read")
+        return CheckpointDamaged(f"{where} is damaged ({cause}): `sessionctl restore --savepoint latest` rebuilds the "
+                                 f"state from the newest savepoint and replays what came after it ({log})")
+    if any(c.startswith("PYTHON_WORKER") for c in conditions) or \
+            re.search(r"python worker|PYTHON_WORKER|failed to connect back|pyspark\.daemon", text, re.IGNORECASE):
+        said = re.search(r"Error from python worker:\s*\n\s*(.+)", text)
+        detail = f" (it said: {said.group(1).strip()[:200]})" if said else ""
+        return StreamFailed(f"a Spark Python worker failed to start or connect back{detail}: check PYSPARK_PYTHON "
+                            f"({os.environ.get('PYSPARK_PYTHON', sys.executable)}) and the machine's load, then run "
+                            f"the command again; nothing was committed by the failed step ({log})")
+    first = next((line.strip() for line in text.splitlines() if line.strip()), type(error).__name__)
+    return StreamFailed(f"Spark failed: {first[:300]} ({log})")
+
+
+def rescale_incomplete(finish: str, suffix: str = "") -> RescaleIncomplete:
+    return RescaleIncomplete(f"a rescale was interrupted after Spark began repartitioning the checkpoint: finish it "
+                             f"with `{finish}` (or `sessionctl restore --savepoint latest`) before running the job"
+                             f"{suffix}", next_step=finish)
+
+
+def log_traceback(config: SessionsConfig) -> None:
+    """Append the exception being handled to $SESSIONS_HOME/logs/errors.log (where the one line points)."""
+    config.log_dir.mkdir(parents=True, exist_ok=True)
+    with (config.log_dir / ERRORS_LOG).open("a") as log:
+        log.write(f"--- {time.strftime('%Y-%m-%dT%H:%M:%S%z')} pid {os.getpid()}\n{traceback.format_exc()}\n")
+
+
+@contextmanager
+def spark_failures(config: SessionsConfig) -> Iterator[None]:
+    """Spark's own exceptions raised in the block become the typed one line (explain_spark_failure); the whole
+    traceback is appended to $SESSIONS_HOME/logs/errors.log, where that line points."""
+    try:
+        yield
+    except (PySparkException, Py4JError) as error:
+        log_traceback(config)
+        raise explain_spark_failure(error, config) from None

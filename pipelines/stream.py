@@ -1,0 +1,207 @@
+"""The streaming query and its two run loops: `catch_up` (availableNow, then stop) and `run_continuously` (until
+stopped: by the caller's event, Ctrl-C, or a stop request from `sessionctl stop` on any host)."""
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+from pyspark.sql import DataFrame, SparkSession
+from pyspark.sql.streaming import StreamingQuery
+
+from pipelines.checkpoint import JobMetadata, batch_source_range, inspect_checkpoint
+from pipelines.config import SessionsConfig
+from pipelines.errors import SessionsError
+from pipelines.guards import StopRequest, answer_stop, checkpoint_metadata, ensure_tables, job_lock, pending_stop
+from pipelines.ingest import IngestResult, ingest
+from pipelines.locks import LeaseInfo
+from pipelines.operator import sessionize
+from pipelines.runtime import explain_spark_failure, get_spark, prepare_session, spark_failures
+from pipelines.source import BOOTSTRAP_FILE, SOURCE_NAME
+from pipelines.storage import storage_options
+from pipelines.tables import MicroBatchSink
+
+
+def raw_events_stream(spark: SparkSession, config: SessionsConfig, checkpoint: Path,
+                      source_options: dict[str, Any] | None = None) -> DataFrame:
+    """The stream of raw_events rows for a query checkpointed at `checkpoint` (a restore's bootstrap there)."""
+    prepare_session(spark, config)
+    reader = (spark.readStream.format(SOURCE_NAME)
+              .option("path", config.raw_events_table)
+              .option("bootstrap", str(checkpoint / BOOTSTRAP_FILE)))
+    if config.max_versions_per_batch:
+        reader = reader.option("maxVersionsPerTrigger", str(config.max_versions_per_batch))
+    for key, value in (source_options or {}).items():
+        reader = reader.option(key, str(value))
+    return reader.load()
+
+
+def start_query(spark: SparkSession, config: SessionsConfig, meta: JobMetadata, trigger: dict[str, Any],
+                source_options: dict[str, Any] | None = None) -> tuple[StreamingQuery, MicroBatchSink]:
+    output = sessionize(raw_events_stream(spark, config, config.checkpoint, source_options),
+                        meta.gap_ms, meta.lateness_ms, meta.buckets)
+    checkpoint = config.checkpoint
+    sink = MicroBatchSink(config.sessions_table, config.quarantine_table, config.raw_events_table, meta.incarnation,
+                          seq_range=lambda batch_id: batch_source_range(checkpoint, batch_id),
+                          storage_options=storage_options(config, config.warehouse_uri))
+    query = (output.writeStream.queryName("sessions")
+             .option("checkpointLocation", str(config.checkpoint))
+             .trigger(**trigger)
+             .foreachBatch(sink)
+             .start())
+    return query, sink
+
+
+@dataclass
+class RunSummary:
+    """What a catch-up or a run did (the CLI prints it as one JSON line)."""
+    ingested_files: int = 0
+    ingested_rows: int = 0
+    rejected_lines: int = 0
+    batches: int = 0
+    input_rows: int = 0
+    sessions_written: int = 0
+    quarantined: int = 0
+    last_committed_batch: int | None = None
+    seconds: float = 0.0
+    refused_files: int = 0  # symlinks and special files moved to landing/_refused/ (a quarantine row each)
+    waiting_files: int = 0  # files left in landing at the last ingest: still being written
+    stopped_by: str | None = None  # run only: "caller" (event, Ctrl-C) or "stop request" (sessionctl stop)
+    savepoint: dict[str, Any] | None = None  # the savepoint a stop request asked for, when taken
+    _seen: set[int] = field(default_factory=set, repr=False)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {k: v for k, v in asdict(self).items() if not k.startswith("_")}
+
+    def add_ingest(self, result: IngestResult) -> None:
+        self.ingested_files += result.files
+        self.ingested_rows += result.rows
+        self.rejected_lines += result.rejected
+        self.refused_files += result.refused
+        self.waiting_files = result.waiting
+
+    def absorb_progress(self, query: StreamingQuery) -> bool:
+        """Count the batches the query reported since the last call; True when there were new ones."""
+        new = False
+        for progress in query.recentProgress:
+            if progress.batchId not in self._seen:
+                self._seen.add(progress.batchId)
+                self.batches += 1
+                self.input_rows += int(progress.numInputRows)
+                new = True
+        return new
+
+
+@dataclass
+class _Run:
+    spark: SparkSession
+    meta: JobMetadata
+    lease: LeaseInfo
+    summary: RunSummary
+
+
+@contextmanager
+def _job(config: SessionsConfig, what: str, spark: SparkSession | None) -> Iterator[_Run]:
+    """The head both loops share: the job lease, the tables, the checkpoint's metadata and the session."""
+    started = time.monotonic()
+    with job_lock(config, what) as held:
+        ensure_tables(config)
+        meta = checkpoint_metadata(config)
+        with spark_failures(config):
+            spark = spark or get_spark(config)
+        run = _Run(spark, meta, held, RunSummary())
+        yield run
+        run.summary.last_committed_batch = inspect_checkpoint(config.checkpoint).last_committed_batch
+        run.summary.seconds = round(time.monotonic() - started, 3)
+
+
+def _close(run: _Run, query: StreamingQuery, sink: MicroBatchSink, config: SessionsConfig) -> None:
+    """The tail both loops share: a failed query is the typed one line; otherwise the counts."""
+    failure = query.exception()
+    if failure is not None:
+        raise explain_spark_failure(failure, config)
+    run.summary.absorb_progress(query)
+    run.summary.sessions_written, run.summary.quarantined = sink.sessions_written, sink.quarantined
+
+
+def catch_up(config: SessionsConfig, spark: SparkSession | None = None) -> RunSummary:
+    """Ingest everything landed, process it all (trigger availableNow), stop."""
+    with _job(config, "catch-up", spark) as run:
+        run.summary.add_ingest(ingest(config))
+        with spark_failures(config):
+            query, sink = start_query(run.spark, config, run.meta, {"availableNow": True})
+            query.awaitTermination()
+        _close(run, query, sink, config)
+    return run.summary
+
+
+# Called by the run loop when a stop request asked for a savepoint: the query is stopped, the job lease still held.
+# Returns the savepoint's fields (the state layer takes it; this layer does not know how).
+OnStop = Callable[[StopRequest, SparkSession], "dict[str, Any] | None"]
+
+
+def _drain(query: StreamingQuery, timeout_s: float) -> None:
+    """Let the batch in flight commit (bounded), then stop: a stop between batches replays nothing."""
+    deadline = time.monotonic() + timeout_s
+    while query.isActive and query.status.get("isTriggerActive") and time.monotonic() < deadline:
+        time.sleep(0.1)
+    query.stop()
+
+
+def run_continuously(config: SessionsConfig, spark: SparkSession | None = None, stop: threading.Event | None = None,
+                     poll_seconds: float = 5.0,
+                     on_progress: Callable[[RunSummary, MicroBatchSink], None] | None = None,
+                     on_stop_request: OnStop | None = None) -> RunSummary:
+    """Ingest and process until `stop` is set, Ctrl-C, or a stop request (`sessionctl stop`) names this run's
+    lease; then stop the query between batches. A stop request is answered before the lease is released."""
+    stop = stop or threading.Event()
+    tick = min(poll_seconds, 1.0)  # how often a stop is noticed; ingest and progress still every poll_seconds
+    with _job(config, "run", spark) as run:
+        summary = run.summary
+        request: StopRequest | None = None
+        if not stop.is_set():  # a Ctrl-C while the JVM started: stop before the query does
+            summary.add_ingest(ingest(config))
+            with spark_failures(config):
+                query, sink = start_query(run.spark, config, run.meta, {"processingTime": f"{poll_seconds} seconds"})
+            try:
+                next_poll = time.monotonic() + poll_seconds
+                while not stop.is_set() and query.isActive:
+                    request = pending_stop(config, run.lease)
+                    if request is not None:
+                        break
+                    if time.monotonic() >= next_poll:
+                        summary.add_ingest(ingest(config))
+                        if summary.absorb_progress(query) and on_progress:
+                            on_progress(summary, sink)
+                        next_poll = time.monotonic() + poll_seconds
+                    stop.wait(tick)
+            except KeyboardInterrupt:
+                pass
+            finally:
+                _drain(query, config.stop_timeout_s)
+            _close(run, query, sink, config)
+        summary.stopped_by = "stop request" if request is not None else "caller"
+        if request is not None:
+            _answer(config, run, request, on_stop_request)
+    return summary
+
+
+def _answer(config: SessionsConfig, run: _Run, request: StopRequest, on_stop: OnStop | None) -> None:
+    last = inspect_checkpoint(config.checkpoint).last_committed_batch
+    answer: dict[str, Any] = {"stopped": True, "last_committed_batch": last, "savepoint": None, "error": None}
+    if request.savepoint:
+        try:
+            if on_stop is None:
+                raise SessionsError("this stream cannot take savepoints (no savepoint handler)")
+            answer["savepoint"] = run.summary.savepoint = on_stop(request, run.spark)
+        except Exception as error:  # noqa: BLE001 -- the stopper is told either way; an unexpected one is raised too
+            answer["error"] = str(error).splitlines()[0] if str(error) else type(error).__name__
+            answer_stop(config, request, answer)
+            if not isinstance(error, SessionsError):
+                raise
+            return
+    answer_stop(config, request, answer)
