@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import datetime as dt
 import json
+import re
 import shutil
 import threading
 import time
@@ -252,9 +253,31 @@ def _validated(config: SessionsConfig, savepoint: str, migrate: bool) -> tuple[d
     if state.num_rows != row["rows"] or checksum != row["checksum"]:
         raise SavepointDamaged(f"savepoint {row['savepoint_id']} is damaged: {state.num_rows} rows / {checksum}, "
                              f"catalog says {row['rows']} / {row['checksum']}")
+    _refuse_abandoned_timeline(config, row)
     if row["state_schema"] == state_format.V1_SCHEMA_ID:
         state = state_format.upgrade_v1(state)
     return row, state.select(state_format.CANONICAL_SCHEMA.names).cast(state_format.CANONICAL_SCHEMA)
+
+
+_ROLLBACK = re.compile(r"written_version > (\d+)")
+
+
+def _refuse_abandoned_timeline(config: SessionsConfig, row: dict[str, Any]) -> None:
+    """A savepoint taken after the version an earlier restore rolled the sessions table back to belongs to the
+    timeline that restore abandoned: the sessions its batches wrote were removed then, so restoring it would lose
+    them. Refused in one line (raw_events still holds every event: an older savepoint replays them)."""
+    if not table_exists(config, config.sessions_table):
+        return
+    for commit in open_table(config, config.sessions_table).history():
+        if commit.get("operation") != "DELETE" or int(commit.get("version", -1)) <= int(row["sessions_version"]):
+            continue
+        found = _ROLLBACK.search(str((commit.get("operationParameters") or {}).get("predicate", "")))
+        if found and int(found.group(1)) < int(row["sessions_version"]):
+            raise SavepointIncompatible(
+                f"savepoint {row['savepoint_id']} belongs to a timeline that a later restore abandoned (sessions "
+                f"table version {commit['version']} rolled back to version {found.group(1)}, before this savepoint's "
+                f"{row['sessions_version']}): its sessions are gone; restore the savepoint that restore used, or one "
+                f"taken after it, and the events are replayed from raw_events")
 
 
 def expected_restored_state(state: pa.Table, gap_ms: int) -> pa.Table:

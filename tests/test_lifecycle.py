@@ -293,10 +293,13 @@ def test_cli_expected_errors_are_one_line(tmp_path):
     assert missing.stderr.strip().count("\n") == 0
     assert missing.stderr.startswith("sessionctl restore: no such savepoint: nope in ")
     config = SessionsConfig.from_env({"SESSIONS_HOME": str(home)})
-    with job_lock(config, "run"):  # as if `sessionctl run` were going
-        busy = _sessionctl(home, "savepoint", "--json")
+    with job_lock(config, "run"):  # as if `sessionctl run` were going: a restore needs it stopped
+        busy = _sessionctl(home, "restore", "--savepoint", "latest")
     assert busy.returncode != 0 and "Traceback" not in busy.stderr
     assert busy.stderr.strip().count("\n") == 0 and "the job is running" in busy.stderr
+    assert "restore needs it stopped: stop it with `sessionctl stop`" in busy.stderr
+    not_running = _sessionctl(home, "stop", "--savepoint")
+    assert not_running.returncode == 1 and not_running.stderr.strip().startswith("sessionctl stop: no stream is running")
     nothing = _sessionctl(home, "savepoint", "--json")
     assert nothing.returncode != 0 and "nothing to savepoint" in nothing.stderr
     huge = _sessionctl(home, "rescale", "--partitions", "100000")

@@ -29,11 +29,11 @@ def test_two_hosts_with_separate_homes_share_the_lease(tmp_path):
         stdout=subprocess.PIPE, text=True, cwd=os.getcwd())
     try:
         assert holder.stdout.readline().strip() == "held"
-        refused = subprocess.run([tool("sessionctl"), "savepoint", "--json"], env=config_env(host_b),
+        refused = subprocess.run([tool("sessionctl"), "rescale", "--partitions", "3"], env=config_env(host_b),
                                  capture_output=True, text=True, timeout=120)
         assert refused.returncode == 1 and "Traceback" not in refused.stderr
         line = refused.stderr.strip()
-        assert "\n" not in line and line.startswith(f"sessionctl savepoint: the job is running: run (pid {holder.pid} on ")
+        assert "\n" not in line and line.startswith(f"sessionctl rescale: the job is running: run (pid {holder.pid} on ")
         assert str(host_b.lease_dir / "job.lease") in line
     finally:
         holder.kill()

@@ -1,5 +1,5 @@
 """`sessionctl run`: processes files as they land, stops cleanly on Ctrl-C (SIGINT), and what it wrote
-equals the oracle; the job lock makes a concurrent savepoint fail with one clear line."""
+equals the oracle; a savepoint works beside it, a restore is refused in one line naming `sessionctl stop`."""
 from __future__ import annotations
 
 import json
@@ -44,12 +44,13 @@ def test_run_processes_landed_files_and_stops_cleanly(tmp_path):
     first, second = events[: len(events) // 2], events[len(events) // 2:]
     land(home / "landing", "first.jsonl", [json.dumps(e) for e in first])
     run = subprocess.Popen([tool("sessionctl"), "run", "--poll-seconds", "1"], env=env,
-                           stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+                           stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=tmp_path)
     try:
         assert _wait_for(lambda: len(_sessions(home)) > 0, 120), "no session written while running"
-        busy = subprocess.run([tool("sessionctl"), "savepoint", "--json"], env=env,
+        busy = subprocess.run([tool("sessionctl"), "restore", "--savepoint", "latest"], env=env,
                               capture_output=True, text=True, timeout=120)
-        assert busy.returncode == 1 and busy.stderr.startswith("sessionctl savepoint: the job is running")
+        assert busy.returncode == 1 and busy.stderr.startswith("sessionctl restore: the job is running")
+        assert busy.stderr.count("\n") == 1 and "`sessionctl stop`" in busy.stderr
         land(home / "landing", "second.jsonl", [json.dumps(e) for e in second])
         expected = expected_closed_sessions([first, second], 30 * 60_000, 10 * 60_000)
         assert _wait_for(lambda: _sessions(home) == sorted(expected), 120), "second file not processed"
@@ -57,5 +58,8 @@ def test_run_processes_landed_files_and_stops_cleanly(tmp_path):
         run.send_signal(signal.SIGINT)
         out, err = run.communicate(timeout=120)
     assert run.returncode == 0, err[-2000:]
+    # An orderly stop: no JVM fatal-error banner in place of the summary, no crash file left behind.
+    assert not [line for line in (out + err).splitlines() if line.startswith("#")], (out + err)[-3000:]
+    assert not list(tmp_path.glob("hs_err_pid*.log")) and not list(REPO.glob("hs_err_pid*.log"))
     summary = json.loads(out.strip().splitlines()[-1])
     assert summary["ingested_files"] == 2 and summary["sessions_written"] == len(expected)

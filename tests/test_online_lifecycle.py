@@ -1,0 +1,211 @@
+"""Lifecycle without downtime: savepoints of a running `sessionctl run` (files landing all the while), stop with
+savepoint, kill -9 of a savepoint or of the stream during one, and Ctrl-C at any moment. Every check ends at the
+oracle: restored to a savepoint, the sessions table and the state together hold exactly the oracle's sessions of the
+events up to the savepoint's source position; caught up, exactly the oracle's sessions of everything."""
+from __future__ import annotations
+
+import json
+import random
+import signal
+import subprocess
+import threading
+import time
+from pathlib import Path
+
+import pytest
+from deltalake import DeltaTable
+
+from pipelines.checkpoint import inspect_checkpoint
+from pipelines.errors import SavepointFailed, SavepointIncompatible
+from pipelines.locks import live_holder
+from pipelines.sample_data import land
+from pipelines.stream import catch_up
+from state_store.lifecycle import restore, take_savepoint
+from state_store.savepoints import SavepointStore
+from tests.conftest import config_env, make_config, read_open_sessions, read_sessions, tool
+from tests.datagen import in_order_chunks
+from tests.lifecycle_expectations import expected_closed_sessions
+from tests.oracle import run_oracle
+
+GAP_MS, LATENESS_MS = 30 * 60_000, 10 * 60_000
+
+
+class Feeder(threading.Thread):
+    """Lands one file every `every` seconds, as producers do (written elsewhere, renamed in)."""
+
+    def __init__(self, landing: Path, chunks: list[list[dict]], every: float, prefix: str = "live") -> None:
+        super().__init__(daemon=True)
+        self.landing, self.chunks, self.every, self.prefix = landing, chunks, every, prefix
+
+    def run(self) -> None:
+        for i, chunk in enumerate(self.chunks):
+            land(self.landing, f"{self.prefix}-{i:04d}.jsonl", [json.dumps(e) for e in chunk])
+            time.sleep(self.every)
+
+
+def _wait_for(predicate, seconds: float, what: str) -> None:
+    deadline = time.monotonic() + seconds
+    while time.monotonic() < deadline:
+        if predicate():
+            return
+        time.sleep(0.5)
+    raise AssertionError(f"timed out after {seconds:g} s waiting for {what}")
+
+
+def _committed(config) -> int:
+    last = inspect_checkpoint(config.checkpoint).last_committed_batch
+    return -1 if last is None else last
+
+
+def _start_run(config) -> subprocess.Popen:
+    return subprocess.Popen([tool("sessionctl"), "run", "--poll-seconds", "1"], env=config_env(config),
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=config.home.parent)
+
+
+def _events_up_to(config, source_seq: int) -> list[dict]:
+    """The accepted events the stream had consumed at `source_seq` (raw_events, read independently of the job)."""
+    rows = DeltaTable(config.raw_events_table).to_pyarrow_table(
+        columns=["ingest_seq", "reject_reason", "event_id", "user_id", "event_time", "event_type"]).to_pylist()
+    return [{"event_id": r["event_id"], "user_id": r["user_id"], "event_type": r["event_type"],
+             "event_time_ms": int(r["event_time"].timestamp() * 1000)}
+            for r in rows if r["ingest_seq"] <= source_seq and r["reject_reason"] is None]
+
+
+def _assert_restored_exactly(config, spark, source_seq: int) -> None:
+    """After a restore: written sessions + open state = the oracle's sessions of the events up to source_seq,
+    each once, on one side only (whatever the watermark has closed so far)."""
+    oracle = run_oracle([_events_up_to(config, source_seq)], GAP_MS, LATENESS_MS)
+    written, open_now = read_sessions(config), read_open_sessions(spark, config)
+    assert not set(written) & set(open_now), "a session both written and open"
+    assert len(set(written)) == len(written), "a session written twice"
+    assert sorted(written + open_now) == sorted(set(oracle.closed) | set(oracle.open_sessions))
+
+
+def _assert_clean_exit(run: subprocess.Popen, out: str, err: str) -> None:
+    """No traceback, no JVM fatal-error banner, no hs_err file: a summary (exit 0) or one line (exit 130)."""
+    assert "Traceback" not in err and "KeyboardInterrupt" not in err, err[-3000:]
+    banner = [line for line in (out + err).splitlines() if line.startswith("#")]
+    assert not banner, "JVM fatal-error banner:\n" + "\n".join(banner[:20])
+    if run.returncode == 0:
+        summary = json.loads(out.strip().splitlines()[-1])
+        assert summary["stopped_by"] in ("caller", "stop request")
+    else:
+        assert run.returncode == 130, err[-3000:]
+        lines = [line for line in err.strip().splitlines() if not line.startswith("WARNING: Using incubator")]
+        assert lines[-1] == "sessionctl run: interrupted", err[-3000:]
+
+
+@pytest.mark.parametrize("provider", ["rocksdb", "hdfs"])
+def test_savepoints_of_a_running_stream_and_stop_with_savepoint_restore_exactly_once(tmp_path, spark, provider):
+    config = make_config(tmp_path, provider)
+    chunks = in_order_chunks(users=60, seed=31, parts=10)
+    run = _start_run(config)
+    Feeder(config.landing, chunks[:5], every=1.5, prefix="early").start()
+    try:
+        _wait_for(lambda: _committed(config) >= 1, 180, "the stream's first batches")
+        feeder = Feeder(config.landing, chunks[5:], every=1.5)
+        feeder.start()  # files keep landing while the savepoint reads
+        online = take_savepoint(config, spark=spark)  # beside the running stream
+        assert online.status == "complete" and run.poll() is None, "the stream must keep running"
+        _wait_for(lambda: _committed(config) > online.batch_id, 120, "a batch committed after the savepoint")
+        feeder.join()
+        stopped = subprocess.run([tool("sessionctl"), "stop", "--savepoint", "--json"], env=config_env(config),
+                                 capture_output=True, text=True, timeout=600)
+        assert stopped.returncode == 0, stopped.stderr
+        answer = json.loads(stopped.stdout)
+        out, err = run.communicate(timeout=300)
+    finally:
+        if run.poll() is None:
+            run.kill()
+            run.communicate()
+    assert run.returncode == 0, err[-3000:]
+    _assert_clean_exit(run, out, err)
+    summary = json.loads(out.strip().splitlines()[-1])
+    assert summary["stopped_by"] == "stop request" and summary["savepoint"]["savepoint_id"] == answer["savepoint_id"]
+    # The stop's savepoint is of the stream's very last committed batch, and the catalog lists it.
+    assert answer["stopped"] and answer["trigger"] == "stop"
+    assert answer["batch_id"] == answer["last_committed_batch"] == _committed(config)
+    complete = [r["savepoint_id"] for r in SavepointStore.of(config).list() if r["status"] == "complete"]
+    assert complete == [answer["savepoint_id"], online.savepoint_id]
+
+    expected_all = expected_closed_sessions(chunks, GAP_MS, LATENESS_MS)
+    for savepoint_id, source_seq in ((answer["savepoint_id"], answer["source_seq"]),
+                                     (online.savepoint_id, online.source_seq)):
+        restore(config, savepoint_id, spark=spark)
+        _assert_restored_exactly(config, spark, source_seq)
+        catch_up(config, spark)
+        assert read_sessions(config) == sorted(expected_all), f"after restoring {savepoint_id} and catching up"
+    # Back on the online savepoint's timeline, the stop savepoint (taken after it) lost its sessions to that
+    # restore's roll-back: restoring it now is refused in one line, not a silent loss.
+    with pytest.raises(SavepointIncompatible, match="timeline that a later restore abandoned"):
+        restore(config, answer["savepoint_id"], spark=spark)
+
+
+def test_kill_9_of_a_savepoint_or_of_the_stream_during_one(tmp_path, spark):
+    config = make_config(tmp_path, "rocksdb")
+    chunks = in_order_chunks(users=60, seed=37, parts=8)
+    run = _start_run(config)
+    Feeder(config.landing, chunks[:4], every=1.0).start()
+    try:
+        _wait_for(lambda: _committed(config) >= 1, 180, "the stream's first batches")
+        victim = subprocess.Popen([tool("sessionctl"), "savepoint", "--json"], env=config_env(config),
+                                  stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        _wait_for(lambda: live_holder(config.lease_dir, "lifecycle") is not None, 120, "the savepoint's lease")
+        time.sleep(random.Random(5).uniform(3, 8))  # JVM start-up to state read
+        victim.send_signal(signal.SIGKILL)
+        victim.communicate()
+        assert run.poll() is None, "a killed savepoint must not touch the stream"
+        assert [r for r in SavepointStore.of(config).list() if r["status"] == "complete"] == []
+        after_kill = take_savepoint(config, spark=spark)  # the dead holder's lease is broken at once (same host)
+        assert after_kill.status == "complete"
+
+        # Now the stream dies (kill -9) while a savepoint reads beside it: the savepoint finishes or fails in one line.
+        outcome: dict = {}
+
+        def savepoint_beside() -> None:
+            try:
+                outcome["info"] = take_savepoint(config, spark=spark)
+            except SavepointFailed as error:
+                outcome["error"] = str(error)
+
+        beside = threading.Thread(target=savepoint_beside)
+        beside.start()
+        time.sleep(1.0)
+        run.send_signal(signal.SIGKILL)
+        run.communicate()
+        beside.join(timeout=300)
+        assert "info" in outcome or "\n" not in outcome["error"]
+    finally:
+        if run.poll() is None:
+            run.kill()
+            run.communicate()
+    # Restarted: the rest lands, the job catches up exactly once.
+    for i, chunk in enumerate(chunks[4:]):
+        land(config.landing, f"late-{i:04d}.jsonl", [json.dumps(e) for e in chunk])
+    catch_up(config, spark)
+    got = read_sessions(config)
+    assert len({row[0] for row in got}) == len(got), "a session was written twice"
+    assert got == sorted(expected_closed_sessions(chunks, GAP_MS, LATENESS_MS))
+
+
+@pytest.mark.parametrize("provider", ["rocksdb", "hdfs"])
+def test_ctrl_c_at_random_moments_is_one_line_or_the_summary(tmp_path, spark, provider):
+    """A short campaign: Ctrl-C from JVM start-up to the middle of batches. Never a traceback, a JVM banner or an
+    hs_err file; afterwards the job catches up exactly once."""
+    config = make_config(tmp_path, provider)
+    chunks = in_order_chunks(users=40, seed=41, parts=6)
+    rng = random.Random(43 if provider == "rocksdb" else 47)
+    for i, chunk in enumerate(chunks[:3]):
+        land(config.landing, f"first-{i:04d}.jsonl", [json.dumps(e) for e in chunk])
+    for attempt, delay in enumerate([rng.uniform(0.5, 4), rng.uniform(6, 12), rng.uniform(14, 22)]):
+        land(config.landing, f"more-{attempt:04d}.jsonl", [json.dumps(e) for e in chunks[3 + attempt]])
+        run = _start_run(config)
+        time.sleep(delay)
+        run.send_signal(signal.SIGINT)
+        out, err = run.communicate(timeout=300)
+        _assert_clean_exit(run, out, err)
+        assert not list(config.home.parent.glob("hs_err_pid*.log")), f"JVM crash file after Ctrl-C at {delay:.1f} s"
+    catch_up(config, spark)
+    got = read_sessions(config)
+    assert len({row[0] for row in got}) == len(got), "a session was written twice"
+    assert got == sorted(expected_closed_sessions(chunks, GAP_MS, LATENESS_MS))
