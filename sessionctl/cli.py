@@ -6,8 +6,6 @@ import json
 import logging
 import signal
 import sys
-import threading
-from types import FrameType
 from typing import Any
 
 from pipelines.config import SessionsConfig
@@ -15,6 +13,7 @@ from pipelines.errors import SessionsError
 from pipelines.runtime import get_spark, spark_failures, stop_spark
 from pipelines.stream import RunSummary, catch_up
 from pipelines.tables import MicroBatchSink
+from sessionctl.entry import INTERRUPTED, _record
 from state_store.lifecycle import rescale, restore, run_stream, stop_stream, take_savepoint
 from state_store.maintenance import compact
 from state_store.savepoints import SavepointStore
@@ -32,16 +31,11 @@ def cmd_catch_up(config: SessionsConfig, args: argparse.Namespace) -> None:
 
 
 def cmd_run(config: SessionsConfig, args: argparse.Namespace) -> None:
-    stop = threading.Event()
-
-    def interrupted(signum: int, frame: FrameType | None) -> None:
-        # The first Ctrl-C asks for an orderly stop (between batches, then the summary), at any moment, JVM start-up
-        # included; a second one is the impatient kind. get_spark keeps this handler over pyspark's own.
-        if stop.is_set():
-            raise KeyboardInterrupt
-        stop.set()
-
-    signal.signal(signal.SIGINT, interrupted)
+    # The first Ctrl-C asks for an orderly stop (between batches, then the summary), at any moment, JVM start-up
+    # included; a second one is the impatient kind (sessionctl.entry). get_spark keeps that handler over pyspark's.
+    stop = INTERRUPTED
+    if signal.getsignal(signal.SIGINT) is not _record:  # called as a library function, not the console script
+        signal.signal(signal.SIGINT, _record)
 
     def progress(summary: RunSummary, sink: MicroBatchSink) -> None:
         print(f"batches={summary.batches} input_rows={summary.input_rows} "
@@ -141,22 +135,27 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
-def _quiet_py4j(config: SessionsConfig) -> None:
-    """py4j logs a call interrupted by Ctrl-C with its traceback; that goes to the errors log, not the terminal."""
-    logger = logging.getLogger("py4j")
-    logger.propagate = False
+def _logs_to_file(config: SessionsConfig) -> None:
+    """Library log records go to $SESSIONS_HOME/logs/errors.log, not the terminal: py4j logs a call interrupted by
+    Ctrl-C with its traceback (on the root logger), and the terminal gets sessionctl's one line."""
     try:
         config.log_dir.mkdir(parents=True, exist_ok=True)
-        logger.addHandler(logging.FileHandler(config.log_dir / "errors.log"))
+        handler: logging.Handler = logging.FileHandler(config.log_dir / "errors.log")
     except OSError:
-        logger.addHandler(logging.NullHandler())
+        handler = logging.NullHandler()
+    handler.setFormatter(logging.Formatter("%(asctime)s %(name)s %(levelname)s %(message)s"))
+    logging.basicConfig(handlers=[handler], level=logging.WARNING, force=True)
 
 
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
+    if args.command != "run":  # only `run` stops in order on Ctrl-C; the others end at once, in one line
+        signal.signal(signal.SIGINT, signal.default_int_handler)
     try:
+        if INTERRUPTED.is_set():  # Ctrl-C while Python was still importing: nothing was started
+            raise KeyboardInterrupt
         config = SessionsConfig.from_env()
-        _quiet_py4j(config)
+        _logs_to_file(config)
         args.fn(config, args)
         return 0
     except SessionsError as error:  # the one place an expected error (ConfigError too) becomes one line
