@@ -3,7 +3,7 @@ VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: setup system-deps demo test lint bench clean-data check-java
+.PHONY: setup system-deps demo test test-fast lint bench clean-data check-java
 
 check-java:
 	@command -v java >/dev/null 2>&1 || { echo "Java 17+ is required by Spark and was not found on PATH. Install it (Debian: apt-get install -y openjdk-17-jre-headless) and run make again." >&2; exit 1; }
@@ -35,8 +35,13 @@ lint: setup
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/mypy
 
+# Every tier (pyproject [tool.pytest.ini_options] markers; the table in tests/conftest.py): what CI runs.
 test: setup system-deps lint
 	$(PY) -m pytest -q tests
+
+# The pure and in-process Spark tiers: no sessionctl subprocesses, servers, cluster or crash campaign.
+test-fast: setup
+	$(PY) -m pytest -q -m "pure or spark" tests
 
 bench: setup
 	$(PY) benchmarks/throughput.py

@@ -2,7 +2,7 @@
 
 Fixtures
 --------
-``spark``        (session scope) the one SparkSession of the test run, made by ``pipelines.job.get_spark``.
+``spark``        (session scope) the one SparkSession of the test run, made by ``pipelines.runtime.get_spark``.
                  It serves both state store providers: the provider is chosen per query start from the
                  config passed to ``catch_up(config, spark)``.
 ``make_config``  the ``make_config(tmp_path, provider="rocksdb", **env)`` helper below, as a fixture.
@@ -181,7 +181,7 @@ def read_open_sessions(spark, config) -> list[tuple]:
 @pytest.fixture(scope="session")
 def spark(tmp_path_factory):
     """The one SparkSession (local[2]) for the whole test run; both providers share it."""
-    from pipelines.job import get_spark
+    from pipelines.runtime import get_spark
 
     home = tmp_path_factory.mktemp("spark-home")
     session = get_spark(make_config(home))
@@ -324,3 +324,90 @@ def postgres_server() -> Iterator[PostgresServer]:
     finally:
         run([str(PG_BIN / "pg_ctl"), "-D", str(server.data_dir), "-m", "fast", "-w", "-t", "60", "stop"])
         shutil.rmtree(root, ignore_errors=True)
+
+
+# --- Test tiers (issue 18): every test is pure, spark, subprocess or e2e -----------------------------------------
+# Markers registered in pyproject.toml; `make test-fast` runs `-m "pure or spark"`, `make test` everything.
+#   pure        no JVM: the pure core, config, locks, oracle
+#   spark       Spark in-process, through the session-scoped `spark` fixture
+#   subprocess  its own JVM/Python through `sessionctl` or other subprocesses (kill -9, Ctrl-C, one-line CLI errors)
+#   e2e         servers: Dagster webserver/daemon, PostgreSQL, chromium, a standalone Spark cluster, moto S3, and the
+#               crash campaign
+# A module maps to its tier, or to (its tier, {test: tier}) where some of its tests differ; a test is looked up by
+# its full name first (with parameters: "test_x[rocksdb]"), then by its function name. A test module missing here
+# fails collection: classify it when you add it.
+TIERS = ("pure", "spark", "subprocess", "e2e")  # cheapest first
+TEST_TIERS: dict[str, str | tuple[str, dict[str, str]]] = {
+    "test_bad_input.py": "spark",
+    "test_cluster.py": "e2e",
+    "test_compact_while_running.py": "subprocess",
+    "test_config.py": ("pure", {"test_cli_reports_a_bad_setting_in_one_line": "subprocess"}),
+    "test_core.py": "pure",
+    "test_crash_campaign.py": "e2e",
+    "test_crash_restart.py": "subprocess",
+    "test_dagster_e2e.py": "e2e",
+    "test_dagster_jobs.py": ("spark", {"test_definitions_validate": "subprocess",
+                                       "test_maintenance_sensor_requests": "pure",
+                                       "test_compaction_schedule_fires_the_compaction_job_nightly": "pure"}),
+    "test_damaged_state.py": "subprocess",
+    "test_hostile_input.py": ("pure", {"test_hostile_mix_every_line_is_accounted_for": "spark",
+                                       "test_far_future_event_never_moves_the_watermark": "spark",
+                                       "test_a_file_still_being_written_loses_no_line": "spark"}),
+    "test_interrupted_rescale.py": "subprocess",
+    "test_lifecycle.py": ("spark", {"test_savepoint_restore_rescale_is_exactly_once": "e2e",
+                                    "test_restore_rebuilds_a_lost_checkpoint_from_s3_alone": "e2e",
+                                    "test_savepoint_failure_mid_write_is_never_listed": "e2e",
+                                    "test_state_checksum_ignores_order_and_sees_every_field": "pure",
+                                    "test_result_json_keeps_the_contract_keys": "pure",
+                                    "test_cli_expected_errors_are_one_line": "subprocess"}),
+    "test_locks.py": ("pure", {"test_two_hosts_with_separate_homes_share_the_lease": "subprocess"}),
+    "test_restore_marker.py": "subprocess",
+    "test_restore_watermark.py": "spark",
+    "test_online_lifecycle.py": "subprocess",
+    "test_run_continuously.py": "subprocess",
+    "test_s3_down.py": "e2e",
+    "test_state_migration.py": ("spark", {"test_checkpoint_of_the_json_layout_is_refused_with_the_way_out": "pure"}),
+    "test_storage.py": "e2e",
+    "test_stream_vs_oracle.py": ("spark", {"test_live_state_lookup_equals_the_oracle[rocksdb]": "subprocess"}),
+}
+# Fixtures that set a tier's floor: a test using one is at least that tier, whatever the table says (a test added
+# to a pure module that takes `spark` still leaves the pure tier JVM-free).
+FIXTURE_TIERS = {"spark": "spark", "s3_endpoint": "e2e", "spark_cluster": "e2e", "postgres_server": "e2e"}
+# Per-test time limits above pyproject's `timeout` (900 s) for the long modules (seconds; module fixtures count
+# towards their first test): the crash campaign (5 kill points per test, each a sessionctl JVM), the Dagster stack (~155 s on
+# 2 idle cores), the standalone cluster (three JVMs plus six sessionctl runs).
+TIER_TIMEOUTS = {"test_crash_campaign.py": 1800, "test_dagster_e2e.py": 1800, "test_cluster.py": 1800}
+
+
+def _tier_of(item: pytest.Item) -> str | None:
+    entry = TEST_TIERS.get(item.path.name)
+    if entry is None:
+        return None
+    tier, overrides = (entry, {}) if isinstance(entry, str) else entry
+    tier = overrides.get(item.name, overrides.get(getattr(item, "originalname", item.name), tier))
+    if tier not in TIERS:
+        return tier  # refused by the caller
+    for fixture in getattr(item, "fixturenames", ()):
+        floor = FIXTURE_TIERS.get(fixture)
+        if floor and TIERS.index(floor) > TIERS.index(tier):
+            tier = floor
+    return tier
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """Marks every test with its tier from TEST_TIERS (and the longer timeouts of TIER_TIMEOUTS); a test module
+    that is not in the table fails the collection."""
+    unknown = sorted({item.path.name for item in items if item.path.name not in TEST_TIERS})
+    if unknown:
+        raise pytest.UsageError(
+            f"tests/conftest.py TEST_TIERS does not classify {', '.join(unknown)}: add each module with its tier "
+            f"({', '.join(TIERS)}; see the comment above TEST_TIERS)")
+    for item in items:
+        tier = _tier_of(item)
+        if tier not in TIERS:
+            raise pytest.UsageError(f"tests/conftest.py TEST_TIERS gives {item.nodeid} the tier {tier!r}: "
+                                    f"expected one of {', '.join(TIERS)}")
+        item.add_marker(getattr(pytest.mark, tier))
+        limit = TIER_TIMEOUTS.get(item.path.name)
+        if limit and item.get_closest_marker("timeout") is None:
+            item.add_marker(pytest.mark.timeout(limit))

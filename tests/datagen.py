@@ -268,3 +268,26 @@ def in_order_chunks(users: int, seed: int, parts: int, sessions: int = 3) -> lis
     events = arrival_order(generate_events(users, sessions, seed=seed), seed=seed, jitter_seconds=120)
     size = -(-len(events) // parts)
     return [events[i * size:(i + 1) * size] for i in range(parts)]
+
+
+def stream_scenario(seed: int, parts: int, very_late: bool = False, gap_ms: int = 30 * 60_000,
+                    lateness_ms: int = 10 * 60_000) -> list[list[dict]]:
+    """Micro-batches for the stream-vs-oracle tests: adversarial events of 6 users (8 held back) split into `parts`
+    random batches, then an edge block. The first seed from `seed` on whose sessions have distinct ids, and whose late
+    events are "very late" (at or below the previous batch's watermark) only where asked for (very_late).
+    tests/fixtures/savepoint_v1_home was written from stream_scenario(2, 6): keep the data it makes unchanged."""
+    from tests.oracle import run_oracle, split_events
+
+    def make(candidate: int) -> list[list[dict]]:
+        rng = random.Random(candidate * 1000 + parts)
+        events = adversarial_events(candidate, users=6, events_per_user=22, gap_ms=gap_ms, lateness_ms=lateness_ms,
+                                    held_back=8)
+        batches = split_events(events, random_split(len(events), parts, rng))
+        return batches + edge_block(max(e["event_time_ms"] for e in events), gap_ms, lateness_ms, very_late)
+
+    def acceptable(batches: list[list[dict]]) -> bool:
+        expected = run_oracle(batches, gap_ms, lateness_ms)
+        return not has_colliding_session_ids(expected.closed) and (
+            bool(expected.very_late) if very_late else not expected.very_late)
+
+    return pick_seed(make, seed, acceptable)[1]

@@ -9,6 +9,7 @@ A small harness drives `advance` the way the stream does: per micro-batch, with 
 from __future__ import annotations
 
 import random
+from collections import Counter
 
 import numpy as np
 import pandas as pd
@@ -40,6 +41,11 @@ def _frame(events: list[dict]) -> pd.DataFrame:
 def _rows(closed: pd.DataFrame) -> set:
     return {(r.session_id, r.user_id, int(r.session_start_ms), int(r.session_end_ms), int(r.event_count),
              int(r.page_views), r.end_reason) for r in closed.itertuples()}
+
+
+def _row_counts(table) -> Counter:
+    """Rows of a STORE_SCHEMA table as a multiset of (user_id, ..., due_ms) tuples."""
+    return Counter(zip(*(table[name].to_pylist() for name in state_format.STORE_SCHEMA.names)))
 
 
 def _check_frozen(rows: dict, watermark: int) -> None:
@@ -75,14 +81,24 @@ def drive(batches: list[list[dict]], gap_ms: int, lateness_ms: int, mode: str = 
             assert result.next_due_ms > watermark
         return result.open_rows
 
+    stored: Counter = Counter()  # the bucket's rows as this harness tracks them: what was saved, minus what was taken
+
     def bucket_step(new_events):
         # A tiny compaction threshold: cold reads, pulls, dead users and compactions all happen often.
+        nonlocal stored
+        users = {e["user_id"] for e in new_events}
         store = BucketStore.load(state.get("*"), compact_min_rows=compact_min_rows)
-        walk = store.take({e["user_id"] for e in new_events}, watermark)
-        value = store.save(rows_table(step("*", new_events, walk)))
+        walk = store.take(users, watermark)
+        taken = _row_counts(walk)
+        assert not taken - stored, "take handed out rows that were never saved"
+        left = stored - taken
+        assert not [r for r in left if r[0] in users or r[-1] <= watermark], "a batch user's or a due row stayed behind"
+        walked = rows_table(step("*", new_events, walk))
+        value = store.save(walked)
         state["*"] = value
-        if value is not None:
-            assert state_format.decode(value).num_rows == store.rows().num_rows
+        stored = left + _row_counts(walked)
+        # The stored value holds exactly the rows left behind plus the walked ones, whatever was compacted.
+        assert (_row_counts(state_format.decode(value)) if value is not None else Counter()) == stored
 
     for batch in batches:
         if mode == "every":

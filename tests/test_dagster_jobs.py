@@ -3,6 +3,7 @@ the daily partitioned asset and the asset checks, with Dagster's testing APIs.""
 from __future__ import annotations
 
 import datetime as dt
+import itertools
 import subprocess
 from pathlib import Path
 
@@ -176,10 +177,22 @@ def test_maintenance_sensor_requests(tmp_path):
     assert request.job_name == "compaction" and "sessions has 3 data files" in request.tags["sessions/reason"]
 
 
-def test_compaction_schedule_requests_its_job():
-    context = build_schedule_context(scheduled_execution_time=dt.datetime(2026, 11, 22, 2, 30))
-    assert len(compaction_schedule.evaluate_tick(context).run_requests) == 1
-    assert compaction_schedule.job_name == "compaction" and compaction_schedule.cron_schedule == "30 2 * * *"
+def test_compaction_schedule_fires_the_compaction_job_nightly():
+    """README (Dagster): `nightly_compaction` compacts once a night at 02:30 (UTC, the schedule sets no timezone).
+    Over three fixed days, the ticks the scheduler daemon would fire (its own cron iteration) are exactly those, and
+    each tick's evaluation asks for one run of the compaction job, resolved through the deployed definitions."""
+    from dagster._utils.schedules import schedule_execution_time_iterator  # the daemon's iteration (dagster pinned)
+
+    schedule = defs.resolve_schedule_def(compaction_schedule.name)
+    utc = dt.timezone.utc
+    start, end = dt.datetime(2026, 11, 20, 12, tzinfo=utc), dt.datetime(2026, 11, 23, 12, tzinfo=utc)
+    ticks = list(itertools.takewhile(lambda tick: tick < end, schedule_execution_time_iterator(
+        start.timestamp(), schedule.cron_schedule, schedule.execution_timezone)))
+    assert ticks == [dt.datetime(2026, 11, day, 2, 30, tzinfo=utc) for day in (21, 22, 23)]
+    for tick in ticks:
+        (request,) = schedule.evaluate_tick(build_schedule_context(scheduled_execution_time=tick)).run_requests
+        job = defs.resolve_job_def(request.job_name or schedule.job_name)
+        assert job.name == "compaction" and job.tags.get("sessions/lifecycle") == "true"  # one lifecycle at a time
 
 
 def test_stream_failure_sensor_records_and_optionally_restores(tmp_path, monkeypatch):
@@ -209,7 +222,7 @@ def test_lifecycle_runs_never_overlap(resources):
     lifecycle op that starts anyway (another instance, or the CLI) fail with one clear line."""
     import yaml
 
-    from pipelines.job import job_lock
+    from pipelines.guards import job_lock
 
     limits = {(limit["key"], limit.get("value")): limit["limit"]
               for limit in yaml.safe_load((REPO / "deploy" / "dagster.yaml").read_text())

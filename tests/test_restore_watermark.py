@@ -11,14 +11,14 @@ import datetime as dt
 
 import pytest
 
-from pipelines.job import catch_up
+from pipelines.stream import catch_up
 from state_store.lifecycle import restore, take_savepoint
 from tests.conftest import make_config, read_quarantine, read_sessions
 from tests.datagen import land_batches, make_event
 from tests.oracle import run_oracle
 
 GAP_MS = 30 * 60_000
-T0 = int(dt.datetime(2026, 10, 5, 12, tzinfo=dt.UTC).timestamp() * 1000)
+T0 = int(dt.datetime(2026, 10, 5, 12, tzinfo=dt.timezone.utc).timestamp() * 1000)
 MINUTE = 60_000
 
 

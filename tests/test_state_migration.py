@@ -14,20 +14,20 @@ import pytest
 
 from pipelines import state_format
 from pipelines.errors import CheckpointMismatch
-from pipelines.job import catch_up
+from pipelines.stream import catch_up
 from state_store import savepoints as sp
 from state_store.lifecycle import restore
 from tests.conftest import make_config, read_open_sessions, read_quarantine, read_sessions
-from tests.datagen import land_batches
+from tests.datagen import land_batches, stream_scenario
 from tests.oracle import run_oracle
-from tests.test_stream_vs_oracle import GAP_MS, LATENESS_MS, scenario
 
 FIXTURE = Path(__file__).resolve().parent / "fixtures" / "savepoint_v1_home"
 CUT = 4
+GAP_MS, LATENESS_MS = 30 * 60_000, 10 * 60_000  # make_config's defaults
 
 
 def migration_batches() -> list[list[dict]]:
-    return scenario(2, 6)
+    return stream_scenario(2, 6, gap_ms=GAP_MS, lateness_ms=LATENESS_MS)  # the data the fixture was made from
 
 
 @pytest.mark.parametrize("provider", ["rocksdb", "hdfs"])

@@ -8,43 +8,15 @@ in the state store, the `late` quarantine rows, and the final watermark.
 """
 from __future__ import annotations
 
-import random
-
 import pytest
 
 from pipelines.stream import catch_up
 from state_store.status import status
 from tests.conftest import make_config, read_open_sessions, read_quarantine, read_sessions
-from tests.datagen import (
-    adversarial_events,
-    edge_block,
-    has_colliding_session_ids,
-    land_batches,
-    pick_seed,
-    random_split,
-)
-from tests.oracle import run_oracle, split_events
+from tests.datagen import land_batches, stream_scenario
+from tests.oracle import run_oracle
 
 GAP_MS, LATENESS_MS = 30 * 60_000, 10 * 60_000
-
-
-def scenario(seed: int, parts: int, very_late: bool = False) -> list[list[dict]]:
-    """Generated batches for the first seed from `seed` on whose sessions have distinct ids, and whose late
-    events are "very late" (at or below the previous batch's watermark) only where asked for (very_late)."""
-    def acceptable(batches):
-        expected = run_oracle(batches, GAP_MS, LATENESS_MS)
-        return not has_colliding_session_ids(expected.closed) and (
-            bool(expected.very_late) if very_late else not expected.very_late)
-
-    return pick_seed(lambda s: _scenario(s, parts, very_late), seed, acceptable)[1]
-
-
-def _scenario(seed: int, parts: int, very_late: bool) -> list[list[dict]]:
-    rng = random.Random(seed * 1000 + parts)
-    events = adversarial_events(seed, users=6, events_per_user=22, gap_ms=GAP_MS, lateness_ms=LATENESS_MS,
-                                held_back=8)
-    batches = split_events(events, random_split(len(events), parts, rng))
-    return batches + edge_block(max(e["event_time_ms"] for e in events), GAP_MS, LATENESS_MS, very_late)
 
 
 def assert_matches_oracle(spark, config, batches: list[list[dict]]) -> None:
@@ -91,7 +63,7 @@ CASES = [
 @pytest.mark.parametrize("seed,parts,env,very_late", CASES)
 def test_stream_equals_oracle(spark, tmp_path, provider, seed, parts, env, very_late):
     config = make_config(tmp_path, provider, **env)
-    batches = scenario(seed, parts, very_late)
+    batches = stream_scenario(seed, parts, very_late, GAP_MS, LATENESS_MS)
     land_batches(config, batches)
     summary = catch_up(config, spark)
     assert summary.ingested_files == 0  # all pre-ingested: one ingest commit per file = one micro-batch
@@ -102,7 +74,7 @@ def test_stream_equals_oracle_across_runs(spark, tmp_path):
     """The same data delivered over three catch_up runs (stop/start between micro-batches) on hdfs with
     3 partitions, with a re-run that finds nothing new: the result is still exactly the oracle's."""
     config = make_config(tmp_path, "hdfs", SESSIONS_STATE_PARTITIONS=3)
-    batches = scenario(3, 5)
+    batches = stream_scenario(3, 5, gap_ms=GAP_MS, lateness_ms=LATENESS_MS)
     cut1, cut2 = 2, 5
     land_batches(config, batches[:cut1], start=0)
     catch_up(config, spark)
@@ -125,7 +97,7 @@ def test_live_state_lookup_equals_the_oracle(spark, tmp_path, provider):
     from tests.conftest import SESSIONCTL, config_env
 
     config = make_config(tmp_path, provider)
-    batches = scenario(2, 6)
+    batches = stream_scenario(2, 6, gap_ms=GAP_MS, lateness_ms=LATENESS_MS)
     land_batches(config, batches)
     catch_up(config, spark)
     expected = run_oracle(batches, GAP_MS, LATENESS_MS)
