@@ -6,7 +6,7 @@ import threading
 import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
@@ -72,10 +72,12 @@ class RunSummary:
     waiting_files: int = 0  # files left in landing at the last ingest: still being written
     stopped_by: str | None = None  # run only: "caller" (event, Ctrl-C) or "stop request" (sessionctl stop)
     savepoint: dict[str, Any] | None = None  # the savepoint a stop request asked for, when taken
-    _seen: set[int] = field(default_factory=set, repr=False)
+
+    def __post_init__(self) -> None:
+        self._seen: set[int] = set()  # batch ids already counted (not a field: not part of the result)
 
     def to_dict(self) -> dict[str, Any]:
-        return {k: v for k, v in asdict(self).items() if not k.startswith("_")}
+        return asdict(self)
 
     def add_ingest(self, result: IngestResult) -> None:
         self.ingested_files += result.files

@@ -34,6 +34,7 @@ from pipelines.checkpoint import inspect_checkpoint
 from pipelines.config import SessionsConfig
 from pipelines.guards import job_lock
 from pipelines.sample_data import land_sample
+from state_store.savepoints import SavepointStore
 from tests.conftest import PostgresServer, free_port, tool
 
 REPO = Path(__file__).resolve().parent.parent
@@ -153,6 +154,8 @@ def dagster_stack(tmp_path_factory: pytest.TempPathFactory, postgres_server: Pos
     workspace.write_text(yaml.safe_dump({"load_from": [{"grpc_server": {
         "host": "127.0.0.1", "port": code_port, "location_name": LOCATION}}]}))
     env = {**os.environ, **postgres_server.dagster_env(database), "SESSIONS_HOME": str(home),
+           # The maintenance sensor (stopped until a test starts it) asks for a savepoint whenever it ticks.
+           "SESSIONS_SAVEPOINT_MAX_AGE_HOURS": "0.0001",
            "DAGSTER_HOME": str(dagster_home), "PYSPARK_PYTHON": sys.executable,
            # This checkout's code, also when the venv's editable install points at another worktree.
            "PYTHONPATH": os.pathsep.join(p for p in (str(REPO), os.environ.get("PYTHONPATH")) if p)}
@@ -419,3 +422,66 @@ def test_ui_shows_assets_and_restore_launchpad(dagster_stack: DagsterStack) -> N
             assert shot.stat().st_size > 10_000
     finally:
         driver.quit()
+
+
+START_SENSOR = """
+mutation Start($selector: SensorSelector!) {
+  startSensor(sensorSelector: $selector) { __typename ... on Sensor { sensorState { status } } ... on PythonError { message } }
+}"""
+RESET_SENSOR = """
+mutation Reset($selector: SensorSelector!) { resetSensor(sensorSelector: $selector) { __typename } }
+"""
+
+
+def _stream_run(client: DagsterGraphQLClient, config: SessionsConfig, seed: int) -> str:
+    """A session_stream run that has committed a batch of a newly landed file."""
+    before = inspect_checkpoint(config.checkpoint).last_committed_batch or 0
+    run = _submit(client, "session_stream", {"ops": {"stream_op": {"config": {"poll_seconds": 1.0}}}})
+    land_sample(config.landing, users=20, sessions_per_user=2, files=1, seed=seed)
+    deadline = time.monotonic() + 240
+    while json_files_pending(config) or (inspect_checkpoint(config.checkpoint).last_committed_batch or 0) <= before:
+        assert client.get_run_status(run) not in FINISHED, f"stream run ended {client.get_run_status(run)}"
+        assert time.monotonic() < deadline, "the stream run did not process the new file"
+        time.sleep(2)
+    return run
+
+
+def test_savepoints_while_session_stream_runs_and_stop_with_savepoint(dagster_stack: DagsterStack) -> None:
+    """With session_stream running: the maintenance sensor's savepoint run succeeds (the stream keeps running);
+    the stop_stream job stops it with a savepoint of its last batch; the restore runbook does the same when asked."""
+    client, config = dagster_stack.client, dagster_stack.config
+    stream = _stream_run(client, config, seed=101)
+    selector = {"repositoryLocationName": LOCATION, "repositoryName": "__repository__",
+                "sensorName": "maintenance_sensor"}
+    started = _graphql(dagster_stack.port, START_SENSOR, {"selector": selector})
+    assert started["data"]["startSensor"]["__typename"] == "Sensor", started
+    try:
+        deadline = time.monotonic() + 300
+        while not (found := dagster_stack.sql("SELECT r.run_id FROM runs r JOIN run_tags t ON t.run_id = r.run_id "
+                                              "WHERE r.pipeline_name = 'savepoint' AND t.key = 'dagster/sensor_name' "
+                                              "AND t.value = 'maintenance_sensor'")):
+            assert time.monotonic() < deadline, "the maintenance sensor requested no savepoint"
+            time.sleep(3)
+        _wait(client, found[0][0], "savepoint", timeout=400)
+    finally:  # back to its default (stopped): the next ticks would ask again
+        _graphql(dagster_stack.port, RESET_SENSOR, {"selector": selector})
+    assert client.get_run_status(stream) == DagsterRunStatus.STARTED, "the savepoint must not stop the stream"
+    newest = SavepointStore.of(config).list()[0]
+    assert newest.trigger == "sensor" and newest.status == "complete"
+
+    stop = _run(client, "stop_stream", {"ops": {"stop_stream_op": {"config": {"savepoint": True}}}})
+    _wait(client, stream, "session_stream", timeout=120)  # the stream's run ends by itself, successfully
+    newest = SavepointStore.of(config).list()[0]
+    assert newest.trigger == "stop" and newest.batch_id == inspect_checkpoint(config.checkpoint).last_committed_batch
+    assert stop
+
+    # The runbook, asked to stop the stream with a savepoint: the old state is kept as a recovery point.
+    stream = _stream_run(client, config, seed=103)
+    runbook = _run(client, "restore_from_snapshot", {"ops": {"validate_savepoint_op": {"config": {
+        "savepoint": newest.savepoint_id, "stop_with_savepoint": True}}}})
+    _wait(client, stream, "session_stream", timeout=120)
+    kept = SavepointStore.of(config).list()
+    assert kept[0].trigger == "stop" and kept[0].savepoint_id != newest.savepoint_id, kept[:2]
+    metadata = json.dumps(dagster_stack.sql(
+        "SELECT event FROM event_logs WHERE run_id = %s AND step_key = 'stop_running_stream_op'", (runbook,)))
+    assert kept[0].savepoint_id in metadata

@@ -125,7 +125,7 @@ def test_savepoints_of_a_running_stream_and_stop_with_savepoint_restore_exactly_
     # The stop's savepoint is of the stream's very last committed batch, and the catalog lists it.
     assert answer["stopped"] and answer["trigger"] == "stop"
     assert answer["batch_id"] == answer["last_committed_batch"] == _committed(config)
-    complete = [r["savepoint_id"] for r in SavepointStore.of(config).list() if r["status"] == "complete"]
+    complete = [r.savepoint_id for r in SavepointStore.of(config).list() if r.status == "complete"]
     assert complete == [answer["savepoint_id"], online.savepoint_id]
 
     expected_all = expected_closed_sessions(chunks, GAP_MS, LATENESS_MS)
@@ -155,7 +155,7 @@ def test_kill_9_of_a_savepoint_or_of_the_stream_during_one(tmp_path, spark):
         victim.send_signal(signal.SIGKILL)
         victim.communicate()
         assert run.poll() is None, "a killed savepoint must not touch the stream"
-        assert [r for r in SavepointStore.of(config).list() if r["status"] == "complete"] == []
+        assert [r for r in SavepointStore.of(config).list() if r.status == "complete"] == []
         after_kill = take_savepoint(config, spark=spark)  # the dead holder's lease is broken at once (same host)
         assert after_kill.status == "complete"
 
