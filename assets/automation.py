@@ -21,7 +21,6 @@ from dagster import (
 from assets.jobs import compaction, savepoint, session_stream
 from assets.resources import SessionsResource
 from assets.runbook import restore_from_snapshot
-from pipelines.config import SessionsConfig
 from state_store.maintenance import maintenance_due
 
 # Retention is a nightly chore; savepoints follow their own age policy (maintenance_sensor).
@@ -52,12 +51,12 @@ def maintenance_sensor(context: SensorEvaluationContext, sessions: SessionsResou
 
 @run_failure_sensor(monitored_jobs=[session_stream], request_job=restore_from_snapshot,
                     default_status=DefaultSensorStatus.STOPPED)
-def stream_failure_sensor(context: RunFailureSensorContext) -> RunRequest | SkipReason:
+def stream_failure_sensor(context: RunFailureSensorContext, sessions: SessionsResource) -> RunRequest | SkipReason:
     """Records a failed stream run; with SESSIONS_AUTO_RESTORE=true starts the restore runbook from the
     latest good savepoint (and resumes the stream after it)."""
     message = context.failure_event.message if context.failure_event else "unknown"
     context.log.error(f"session_stream run {context.dagster_run.run_id} failed: {message}")
-    if not SessionsConfig.from_env().auto_restore:
+    if not sessions.config().auto_restore:
         return SkipReason("failure recorded; SESSIONS_AUTO_RESTORE is not true")
     settings = {"savepoint": "latest", "stop_stream": False, "resume_stream": True}
     return RunRequest(run_key=f"auto-restore-{context.dagster_run.run_id}",

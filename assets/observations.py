@@ -27,6 +27,7 @@ from assets.resources import SessionsResource
 from assets.tables import QUARANTINE, RAW_EVENTS, SESSIONS, STATE, state_metadata
 from pipelines.errors import SessionsError
 from state_store.observe import table_facts
+from state_store.results import SavepointInfo
 from state_store.savepoints import SavepointStore
 from state_store.status import status
 
@@ -44,12 +45,12 @@ def _iso(ms: int | None) -> str:
     return "-" if ms is None else dt.datetime.fromtimestamp(ms / 1000, dt.timezone.utc).isoformat()
 
 
-def _savepoint_table(rows: list[dict[str, Any]], now: dt.datetime) -> str:
+def _savepoint_table(catalog: list[SavepointInfo], now: dt.datetime) -> str:
     lines = ["| savepoint | status | trigger | batch | rows | bytes | age |", "|---|---|---|---|---|---|---|"]
-    for row in rows[:5]:
-        age = now - dt.datetime.fromisoformat(row["created_at"]) if row["created_at"] else None
-        lines.append(f"| {row['savepoint_id']} | {row['status']} | {row['trigger']} | {row['batch_id']} | "
-                     f"{row['rows']} | {row['bytes'] or 0} | {str(age).split('.')[0] if age else '-'} |")
+    for saved in catalog[:5]:
+        age = now - dt.datetime.fromisoformat(saved.created_at) if saved.created_at else None
+        lines.append(f"| {saved.savepoint_id} | {saved.status} | {saved.trigger} | {saved.batch_id} | "
+                     f"{saved.rows} | {saved.bytes or 0} | {str(age).split('.')[0] if age else '-'} |")
     return "\n".join(lines)
 
 
@@ -71,11 +72,11 @@ def observe(sessions: SessionsResource, now: dt.datetime) -> tuple[list[AssetObs
         "restore_in_progress": report.restore_in_progress or "no",
         "rescale_in_progress": report.rescale_in_progress or "no"}))
     catalog = SavepointStore.of(config).list()
-    complete = [r for r in catalog if r["status"] == "complete"]
-    newest_age = (now - dt.datetime.fromisoformat(complete[0]["created_at"])).total_seconds() if complete else -1.0
+    complete = [s for s in catalog if s.status == "complete"]
+    newest_age = (now - dt.datetime.fromisoformat(complete[0].created_at)).total_seconds() if complete else -1.0
     events.append(AssetObservation(asset_key=SAVEPOINTS, metadata={
         "complete": len(complete), "failed": len(catalog) - len(complete),
-        "newest": complete[0]["savepoint_id"] if complete else "-",
+        "newest": complete[0].savepoint_id if complete else "-",
         "newest_age_s": round(newest_age, 1), "uri": config.savepoint_uri,
         "newest_savepoints": MetadataValue.md(_savepoint_table(catalog, now))}))
     return events, report.last_committed_batch

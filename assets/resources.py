@@ -4,10 +4,12 @@ from __future__ import annotations
 import os
 import sys
 from collections.abc import Callable
-from typing import Any, TypeVar
+from dataclasses import fields
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from dagster import ConfigurableResource, Failure, MetadataValue
 from dagster_pyspark import PySparkResource
+from pydantic import create_model
 
 from pipelines.config import SessionsConfig, env_name
 from pipelines.errors import NextStepError, SessionsError
@@ -16,36 +18,22 @@ from pipelines.runtime import spark_conf
 T = TypeVar("T")
 
 
-class SessionsResource(ConfigurableResource):
-    """Every setting of SessionsConfig. A field left unset comes from its SESSIONS_<NAME> environment
-    variable (CONTRACT.md); set one in the launchpad, or with dagster.EnvVar in the Definitions."""
+def _settings() -> dict[str, Any]:
+    """One optional field per SessionsConfig field, of its setting's kind (`home`, a path, as a string)."""
+    return {setting.name: (setting.metadata.get("kind", str) | None, None) for setting in fields(SessionsConfig)}
 
-    home: str | None = None
-    state_store: str | None = None
-    state_partitions: int | None = None
-    gap_minutes: int | None = None
-    lateness_minutes: int | None = None
-    savepoint_uri: str | None = None
-    state_buckets: int | None = None
-    max_versions_per_batch: int | None = None
-    spark_master: str | None = None
-    spark_driver_memory: str | None = None
-    spark_ui: bool | None = None
-    min_batches_to_retain: int | None = None
-    stop_timeout_s: float | None = None
-    state_max_age_minutes: float | None = None
-    savepoint_max_age_hours: float | None = None
-    compact_files: int | None = None
-    state_files: int | None = None
-    auto_restore: bool | None = None
-    observe_state_minutes: float | None = None
-    keep_savepoints: int | None = None
-    keep_daily_days: int | None = None
-    vacuum_retention_hours: int | None = None
-    max_future_minutes: int | None = None
-    s3_max_retries: int | None = None
-    s3_retry_timeout: str | None = None
-    s3_timeout: str | None = None
+
+if TYPE_CHECKING:
+    _Settings = ConfigurableResource[Any]
+else:
+    # Derived, not copied: a setting added to SessionsConfig is a field here too (launchpad, EnvVar) at once.
+    _Settings = create_model("SessionsSettings", __base__=ConfigurableResource, **_settings())
+
+
+class SessionsResource(_Settings):
+    """Every setting of SessionsConfig, as an optional field of the same name (derived from its fields). A field
+    left unset comes from its SESSIONS_<NAME> environment variable (README.md, "Configuration"); set one in the
+    launchpad, or with dagster.EnvVar in the Definitions."""
 
     def config(self) -> SessionsConfig:
         """The environment, overridden by the fields set here; validated by SessionsConfig alone."""

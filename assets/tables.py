@@ -1,7 +1,7 @@
 """The assets: the tables and the state the stream keeps (materialized by catch-up, a multi_asset, so
 lineage is computed by Dagster), and the daily metrics derived from the sessions table."""
 from collections.abc import Iterator
-from dataclasses import asdict
+from typing import Any
 
 from dagster import (
     AssetExecutionContext,
@@ -57,21 +57,21 @@ def state_metadata(report: StatusReport) -> dict[str, MetadataValue]:
 @multi_asset(specs=TABLE_SPECS, name="catch_up", op_tags=LIFECYCLE_TAGS,
              description="Ingest everything landed and process it (trigger availableNow), then stop.")
 def catch_up(context: AssetExecutionContext, sessions: SessionsResource,
-             pyspark: PySparkResource) -> Iterator[MaterializeResult]:
+             pyspark: PySparkResource) -> Iterator[MaterializeResult[Any]]:
     config, spark = sessions.config(), pyspark.spark_session
     summary = expected_errors(stream.catch_up, config, spark=spark)
     yield MaterializeResult(asset_key=RAW_EVENTS, metadata={
         "ingested_files": summary.ingested_files, "ingested_rows": summary.ingested_rows,
         "rejected_lines": summary.rejected_lines})
     yield MaterializeResult(asset_key=SESSIONS, metadata={
-        k: v for k, v in asdict(summary).items() if k != "extra" and v is not None})
+        k: v for k, v in summary.to_dict().items() if v is not None})
     yield MaterializeResult(asset_key=QUARANTINE, metadata={"quarantined": summary.quarantined})
     yield MaterializeResult(asset_key=STATE, metadata=state_metadata(status(config, spark=spark)))
 
 
 @asset(partitions_def=DailyPartitionsDefinition(start_date="2026-01-01"), deps=[SESSIONS],
        description="Per day (UTC, by session start): sessions, users, median duration, page views.")
-def daily_session_metrics(context: AssetExecutionContext, sessions: SessionsResource) -> MaterializeResult:
+def daily_session_metrics(context: AssetExecutionContext, sessions: SessionsResource) -> MaterializeResult[Any]:
     config = sessions.config()
     row = daily_metrics(config, context.partition_key)
     days = open_table(config, metrics_table(config)).to_pyarrow_table(columns=["day", "sessions"]).sort_by("day")

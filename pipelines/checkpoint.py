@@ -8,6 +8,7 @@ import time
 import uuid
 from dataclasses import asdict, dataclass
 from pathlib import Path
+from typing import Any
 
 from pipelines.errors import NoCommittedBatch
 from pipelines.state_format import SCHEMA_ID
@@ -72,7 +73,7 @@ def _log_entry(path: Path) -> list[str]:
 class CheckpointInfo:
     path: str
     last_committed_batch: int | None
-    source_offset: dict | None       # our source's offset at the last committed batch
+    source_offset: dict[str, Any] | None  # our source's offset at the last committed batch
     batch_watermark_ms: int | None   # watermark the last committed batch ran with
     next_watermark_ms: int | None    # watermark the next batch will run with
     provider: str | None

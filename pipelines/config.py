@@ -1,18 +1,19 @@
-"""The one configuration object, read from the environment (see CONTRACT.md)."""
+"""The one configuration object, read from the environment (the settings: README.md, "Configuration")."""
 from __future__ import annotations
 
 import os
 from collections.abc import Mapping
 from dataclasses import dataclass, field, fields, replace
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 from pipelines.errors import ConfigError
 
 __all__ = ["ConfigError", "SessionsConfig"]  # ConfigError lives with the other errors; importable from here too
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
-PROVIDERS = ("rocksdb", "hdfs")
+Provider = Literal["rocksdb", "hdfs"]  # the state store providers (SESSIONS_STATE_STORE)
+PROVIDERS: tuple[Provider, ...] = ("rocksdb", "hdfs")
 
 
 def _int(env: Mapping[str, str], name: str, default: int | None, minimum: float = 1) -> int | None:
@@ -61,7 +62,7 @@ def env_name(setting: str) -> str:
 
 @dataclass(frozen=True)
 class SessionsConfig:
-    """Every setting of the product; `from_env` reads each from SESSIONS_<NAME> (CONTRACT.md)."""
+    """Every setting of the product; `from_env` reads each from SESSIONS_<NAME> (README.md, "Configuration")."""
 
     home: Path
     state_store: str = _setting("rocksdb")
@@ -178,10 +179,6 @@ class SessionsConfig:
     @property
     def log_dir(self) -> Path:
         return self.home / "logs"
-
-    @property
-    def lock_dir(self) -> Path:
-        return self.home / "locks"
 
     @property
     def gap_ms(self) -> int:

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import datetime as dt
+from typing import Any
 
 import pandas as pd
 import pyarrow as pa
@@ -22,7 +23,7 @@ def metrics_table(config: SessionsConfig) -> str:
     return config.table_uri("daily_session_metrics")
 
 
-def daily_metrics(config: SessionsConfig, day: str) -> dict:
+def daily_metrics(config: SessionsConfig, day: str) -> dict[str, Any]:
     """Metrics of sessions that started on `day` (UTC), written as that day's slice of the metrics table
     (replacing it, so a backfill can run any day any number of times)."""
     start = dt.datetime.fromisoformat(day).replace(tzinfo=dt.timezone.utc)

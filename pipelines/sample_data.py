@@ -7,6 +7,7 @@ import json
 import os
 import random
 from pathlib import Path
+from typing import Any
 
 PAGES = ["/", "/search", "/product/1", "/product/2", "/product/3", "/cart", "/checkout", "/help"]
 TYPES = ["page_view"] * 8 + ["click"] * 3 + ["add_to_cart", "search"]
@@ -14,7 +15,7 @@ TYPES = ["page_view"] * 8 + ["click"] * 3 + ["add_to_cart", "search"]
 
 def generate_events(users: int, sessions_per_user: int, seed: int = 7,
                     start: dt.datetime = dt.datetime(2026, 11, 1, 8, tzinfo=dt.timezone.utc),
-                    gap_minutes: int = 30) -> list[dict]:
+                    gap_minutes: int = 30) -> list[dict[str, Any]]:
     rng = random.Random(seed)
     events = []
     n = 0
@@ -36,7 +37,8 @@ def generate_events(users: int, sessions_per_user: int, seed: int = 7,
     return events
 
 
-def arrival_order(events: list[dict], seed: int = 7, jitter_seconds: int = 120, duplicate_rate: float = 0.01) -> list[dict]:
+def arrival_order(events: list[dict[str, Any]], seed: int = 7, jitter_seconds: int = 120,
+                  duplicate_rate: float = 0.01) -> list[dict[str, Any]]:
     """Sort by event time plus a random delay: bounded disorder, like a real collector."""
     rng = random.Random(seed + 1)
     keyed = []
@@ -59,7 +61,7 @@ def land(landing: Path, name: str, lines: list[str]) -> Path:
     return target
 
 
-def land_sample(landing: Path, users: int = 500, sessions_per_user: int = 4, files: int = 8, seed: int = 7) -> dict:
+def land_sample(landing: Path, users: int = 500, sessions_per_user: int = 4, files: int = 8, seed: int = 7) -> dict[str, int]:
     events = arrival_order(generate_events(users, sessions_per_user, seed), seed)
     lines = [json.dumps(e) for e in events]
     broken = ['{"event_id": "bad-1", "user_id": "user-000001", "event_time": ', '{"user_id": "user-000002", "event_time": "2026-11-01T09:00:00Z"}',

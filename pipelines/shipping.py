@@ -1,6 +1,7 @@
 """How the project's code reaches executors on a cluster: a zip of the packages they import, built from this
 installation when the driver starts and shipped with `spark.submit.pyFiles` (Spark puts it first on the Python
-workers' path). On Kubernetes an image with the package installed does the same (deploy/README.md)."""
+workers' path). On Kubernetes an image with the package installed does the same (deploy/spark/README.md, "Spark on
+Kubernetes")."""
 from __future__ import annotations
 
 import hashlib

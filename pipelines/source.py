@@ -85,7 +85,7 @@ class RawEventsStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow)
         # Trigger.AvailableNow sets it; a restore caps it at the savepoint (state-only batch).
         self.target_seq: int | None = int(options["targetSeq"]) if options.get("targetSeq") else None
 
-    def _bootstrap(self) -> dict | None:
+    def _bootstrap(self) -> dict[str, Any] | None:
         if self.bootstrap_file and Path(self.bootstrap_file).exists():
             return json.loads(Path(self.bootstrap_file).read_text())
         return None
@@ -93,7 +93,7 @@ class RawEventsStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow)
     def _latest_seq(self) -> int:
         return latest_ingest_seq(self.table, s3_options(self.table))
 
-    def initialOffset(self) -> dict:
+    def initialOffset(self) -> dict[str, Any]:
         boot = self._bootstrap()
         if boot is not None:
             return {"seq": int(boot["source_seq"]), "boot": False, "settled": True}
@@ -106,7 +106,7 @@ class RawEventsStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow)
     def getDefaultReadLimit(self) -> ReadLimit:
         return ReadMaxFiles(self.max_versions) if self.max_versions else ReadAllAvailable()
 
-    def latestOffset(self, start: dict, limit: ReadLimit) -> dict:
+    def latestOffset(self, start: dict[str, Any], limit: ReadLimit) -> dict[str, Any]:
         if not start["boot"]:
             return {"seq": start["seq"], "boot": True, "settled": False}  # the state-only batch
         latest = self._latest_seq()
@@ -122,7 +122,7 @@ class RawEventsStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow)
             return {"seq": start["seq"], "boot": True, "settled": True}
         return start
 
-    def partitions(self, start: dict, end: dict) -> list[InputPartition]:
+    def partitions(self, start: dict[str, Any], end: dict[str, Any]) -> list[InputPartition]:
         if not start["boot"] and end["boot"]:
             boot = self._bootstrap()
             return [_Range("state", json.dumps(boot)), _Range("marker", json.dumps(boot))]
@@ -163,7 +163,7 @@ class RawEventsStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow)
             yield _with_origin(pa.RecordBatch.from_pydict(
                 {"event_time": pa.array([marker_us], pa.timestamp("us", tz="UTC"))}), "marker")
 
-    def commit(self, end: dict) -> None:
+    def commit(self, end: dict[str, Any]) -> None:
         pass
 
 

@@ -116,7 +116,7 @@ class BucketStore:
     cold_bytes: bytes = b""
     cold_hashes: np.ndarray = field(default_factory=lambda: np.empty(0, np.uint32))
     cold_min_due: int = NEVER
-    dead: set = field(default_factory=set)
+    dead: set[str] = field(default_factory=set)  # user ids
     hot: pa.Table = field(default_factory=empty_store)
     stale_rows: int = 0  # cold rows of dead users, dropped at the next compaction
     compact_min_rows: int = 4096

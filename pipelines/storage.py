@@ -76,7 +76,8 @@ def open_table(config: SessionsConfig, uri: str) -> DeltaTable:
     return DeltaTable(uri, storage_options=storage_options(config, uri))
 
 
-def endpoint_of(uri: str) -> str:
+def s3_endpoint() -> str:
+    """The S3 endpoint this process talks to, for every s3:// URI alike (AWS_ENDPOINT_URL, else AWS's own)."""
     return os.environ.get("AWS_ENDPOINT_URL") or "the AWS S3 endpoint"
 
 
@@ -115,5 +116,5 @@ def s3_errors(uri: str) -> Iterator[None]:
     try:
         yield
     except (OSError, DeltaError, BotoCoreError, ClientError) as error:
-        raise StorageUnavailable(f"S3 at {endpoint_of(uri)} failed for {uri} ({_cause(error)}): check the endpoint "
+        raise StorageUnavailable(f"S3 at {s3_endpoint()} failed for {uri} ({_cause(error)}): check the endpoint "
                                  "and the AWS_* credentials, then run the command again") from None

@@ -43,7 +43,7 @@ QUARANTINE_SCHEMA = pa.schema([
 ])
 
 
-def ensure_table(uri: str, schema: pa.Schema, storage_options: dict | None = None) -> None:
+def ensure_table(uri: str, schema: pa.Schema, storage_options: dict[str, str] | None = None) -> None:
     if not DeltaTable.is_deltatable(uri, storage_options=storage_options):
         write_deltalake(uri, schema.empty_table(), mode="append", storage_options=storage_options)
 

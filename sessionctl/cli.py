@@ -63,7 +63,8 @@ def cmd_savepoint(config: SessionsConfig, args: argparse.Namespace) -> None:
 
 
 def cmd_savepoints(config: SessionsConfig, args: argparse.Namespace) -> None:
-    _print(SavepointStore.of(config).list(), args.json)
+    # Each entry as the catalog holds it (`error` null when none) and its `uri`: the listing's keys since the start.
+    _print([saved.to_dict(catalog=True) for saved in SavepointStore.of(config).list()], args.json)
 
 
 def cmd_restore(config: SessionsConfig, args: argparse.Namespace) -> None:

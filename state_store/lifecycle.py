@@ -10,6 +10,7 @@ import threading
 import time
 from collections.abc import Callable
 from contextlib import ExitStack
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -58,7 +59,7 @@ from pipelines.source import BOOTSTRAP_FILE
 from pipelines.storage import open_table, storage_options, table_exists
 from pipelines.stream import RunSummary, run_continuously, start_query
 from pipelines.tables import MicroBatchSink, version_after_batch
-from state_store.results import RescaleResult, RestoreResult, SavepointInfo, StopResult
+from state_store.results import RescaleMethod, RescaleResult, RestoreResult, SavepointInfo, StopResult
 from state_store.savepoints import SavepointStore, new_savepoint_id, state_checksum
 from state_store.state import read_state, repartition_state
 
@@ -228,55 +229,55 @@ def stop_stream(config: SessionsConfig, savepoint: bool = False, timeout_s: floa
 
 def validate_savepoint(config: SessionsConfig, savepoint: str = "latest", migrate: bool = False) -> SavepointInfo:
     """Exists, complete, state re-read matches count and checksum, fits the current job settings."""
-    row, _ = _validated(config, savepoint, migrate)
-    return SavepointInfo.from_row(row, verified=True)
+    saved, _ = _validated(config, savepoint, migrate)
+    return replace(saved, verified=True)
 
 
 READABLE_SCHEMAS = (state_format.SCHEMA_ID, state_format.V1_SCHEMA_ID)
 
 
-def _validated(config: SessionsConfig, savepoint: str, migrate: bool) -> tuple[dict[str, Any], pa.Table]:
-    """The catalog row and the verified state rows (restore stages the very rows it checked), in the
+def _validated(config: SessionsConfig, savepoint: str, migrate: bool) -> tuple[SavepointInfo, pa.Table]:
+    """The savepoint (its catalog row) and the verified state rows (restore stages the very rows it checked), in the
     current canonical form (a v1 savepoint is upgraded after its own checksum matched)."""
     store = SavepointStore.of(config)
-    row = store.get(savepoint)
-    if row["state_schema"] not in READABLE_SCHEMAS:
-        raise SavepointIncompatible(f"savepoint {row['savepoint_id']} has state schema {row['state_schema']!r}; "
+    saved = store.get(savepoint)
+    if saved.state_schema not in READABLE_SCHEMAS:
+        raise SavepointIncompatible(f"savepoint {saved.savepoint_id} has state schema {saved.state_schema!r}; "
                              f"this job reads {' or '.join(map(repr, READABLE_SCHEMAS))}")
-    if not migrate and (row["gap_ms"], row["lateness_ms"]) != (config.gap_ms, config.lateness_ms):
+    if not migrate and (saved.gap_ms, saved.lateness_ms) != (config.gap_ms, config.lateness_ms):
         raise SavepointIncompatible(
-            f"savepoint {row['savepoint_id']} was taken with gap {row['gap_ms'] // 60000} min and lateness "
-            f"{row['lateness_ms'] // 60000} min; the job is set to {config.gap_minutes} and "
+            f"savepoint {saved.savepoint_id} was taken with gap {saved.gap_ms // 60000} min and lateness "
+            f"{saved.lateness_ms // 60000} min; the job is set to {config.gap_minutes} and "
             f"{config.lateness_minutes}: pass --migrate to restore it under the new settings")
-    state = store.read_state(row["savepoint_id"])
+    state = store.read_state(saved.savepoint_id)
     checksum = state_checksum(state)  # order-independent: no need to sort what was read
-    if state.num_rows != row["rows"] or checksum != row["checksum"]:
-        raise SavepointDamaged(f"savepoint {row['savepoint_id']} is damaged: {state.num_rows} rows / {checksum}, "
-                             f"catalog says {row['rows']} / {row['checksum']}")
-    _refuse_abandoned_timeline(config, row)
-    if row["state_schema"] == state_format.V1_SCHEMA_ID:
+    if state.num_rows != saved.rows or checksum != saved.checksum:
+        raise SavepointDamaged(f"savepoint {saved.savepoint_id} is damaged: {state.num_rows} rows / {checksum}, "
+                             f"catalog says {saved.rows} / {saved.checksum}")
+    _refuse_abandoned_timeline(config, saved)
+    if saved.state_schema == state_format.V1_SCHEMA_ID:
         state = state_format.upgrade_v1(state)
-    return row, state.select(state_format.CANONICAL_SCHEMA.names).cast(state_format.CANONICAL_SCHEMA)
+    return saved, state.select(state_format.CANONICAL_SCHEMA.names).cast(state_format.CANONICAL_SCHEMA)
 
 
 _ROLLBACK = re.compile(r"written_version > (\d+)")
 
 
-def _refuse_abandoned_timeline(config: SessionsConfig, row: dict[str, Any]) -> None:
+def _refuse_abandoned_timeline(config: SessionsConfig, saved: SavepointInfo) -> None:
     """A savepoint taken after the version an earlier restore rolled the sessions table back to belongs to the
     timeline that restore abandoned: the sessions its batches wrote were removed then, so restoring it would lose
     them. Refused in one line (raw_events still holds every event: an older savepoint replays them)."""
     if not table_exists(config, config.sessions_table):
         return
     for commit in open_table(config, config.sessions_table).history():
-        if commit.get("operation") != "DELETE" or int(commit.get("version", -1)) <= int(row["sessions_version"]):
+        if commit.get("operation") != "DELETE" or int(commit.get("version", -1)) <= int(saved.sessions_version):
             continue
         found = _ROLLBACK.search(str((commit.get("operationParameters") or {}).get("predicate", "")))
-        if found and int(found.group(1)) < int(row["sessions_version"]):
+        if found and int(found.group(1)) < int(saved.sessions_version):
             raise SavepointIncompatible(
-                f"savepoint {row['savepoint_id']} belongs to a timeline that a later restore abandoned (sessions "
+                f"savepoint {saved.savepoint_id} belongs to a timeline that a later restore abandoned (sessions "
                 f"table version {commit['version']} rolled back to version {found.group(1)}, before this savepoint's "
-                f"{row['sessions_version']}): its sessions are gone; restore the savepoint that restore used, or one "
+                f"{saved.sessions_version}): its sessions are gone; restore the savepoint that restore used, or one "
                 f"taken after it, and the events are replayed from raw_events")
 
 
@@ -296,11 +297,11 @@ def _set_aside(checkpoint: Path) -> str | None:
     return str(target)
 
 
-def _roll_back_outputs(config: SessionsConfig, row: dict[str, Any]) -> dict[str, int]:
+def _roll_back_outputs(config: SessionsConfig, saved: SavepointInfo) -> dict[str, int]:
     """Remove what the job wrote after the savepoint; the replay writes it again, exactly once."""
     removed = {}
-    for name, uri, version in (("sessions", config.sessions_table, row["sessions_version"]),
-                               ("quarantine", config.quarantine_table, row["quarantine_version"])):
+    for name, uri, version in (("sessions", config.sessions_table, saved.sessions_version),
+                               ("quarantine", config.quarantine_table, saved.quarantine_version)):
         if table_exists(config, uri):
             metrics = open_table(config, uri).delete(f"written_version > {int(version)}")
             removed[name] = int(metrics.get("num_deleted_rows", 0) or 0)
@@ -310,29 +311,29 @@ def _roll_back_outputs(config: SessionsConfig, row: dict[str, Any]) -> dict[str,
 def _restore(config: SessionsConfig, savepoint: str, partitions: int | None, migrate: bool,
              spark: SparkSession | None) -> RestoreResult:
     started = time.monotonic()
-    row, state = _validated(config, savepoint, migrate)
-    target = config.with_(state_partitions=partitions or row["partitions"] or config.state_partitions)
-    write_restore_marker(config.checkpoint, row["savepoint_id"], partitions)  # before the first change
+    saved, state = _validated(config, savepoint, migrate)
+    target = config.with_(state_partitions=partitions or saved.partitions or config.state_partitions)
+    write_restore_marker(config.checkpoint, saved.savepoint_id, partitions)  # before the first change
     replaced = _set_aside(config.checkpoint)
     outputs_rolled_back = False
     try:
         meta = JobMetadata.new(config.gap_ms, config.lateness_ms, config.state_buckets,
-                               created_from=row["savepoint_id"])
+                               created_from=saved.savepoint_id)
         write_job_metadata(config.checkpoint, meta)
         staged = config.checkpoint / "_bootstrap_state.parquet"
         pq.write_table(state, staged)
         (config.checkpoint / BOOTSTRAP_FILE).write_text(json.dumps({
-            "savepoint_uri": config.savepoint_uri, "savepoint_id": row["savepoint_id"], "state_path": str(staged),
-            "source_seq": row["source_seq"], "watermark_ms": row["watermark_ms"], "lateness_ms": config.lateness_ms,
+            "savepoint_uri": config.savepoint_uri, "savepoint_id": saved.savepoint_id, "state_path": str(staged),
+            "source_seq": saved.source_seq, "watermark_ms": saved.watermark_ms, "lateness_ms": config.lateness_ms,
         }))
         outputs_rolled_back = True  # from here the tables may differ from what the old checkpoint wrote
-        removed = _roll_back_outputs(config, row)
+        removed = _roll_back_outputs(config, saved)
         ensure_tables(config)
         spark = _spark(target, spark)
         # Only the state-only batch (and the empty batch after it): events after the savepoint are the
         # next catch-up's or run's to process.
         query, _ = start_query(spark, target, meta, {"availableNow": True},
-                               source_options={"targetSeq": row["source_seq"]})
+                               source_options={"targetSeq": saved.source_seq})
         query.awaitTermination()
         restored = live_state(spark, config.checkpoint, 0)
         checksum = state_checksum(restored)
@@ -341,13 +342,13 @@ def _restore(config: SessionsConfig, savepoint: str, partitions: int | None, mig
             raise StateMismatch(f"restored state does not match the savepoint: {restored.num_rows} rows / "
                                  f"{checksum} vs {expected.num_rows} / {state_checksum(expected)}")
     except Exception as error:  # noqa: BLE001 -- whatever broke, leave the operator a known next step
-        raise _failed_restore(config, row["savepoint_id"], replaced, outputs_rolled_back, error) from None
+        raise _failed_restore(config, saved.savepoint_id, replaced, outputs_rolled_back, error) from None
     clear_restore_marker(config.checkpoint)
     info = inspect_checkpoint(config.checkpoint)
     return RestoreResult(
-        savepoint_id=row["savepoint_id"], batch_id=row["batch_id"], rows=row["rows"],
-        checksum=checksum, verified=True, source_seq=row["source_seq"],
-        watermark_ms=row["watermark_ms"], provider=info.provider, partitions=info.partitions,
+        savepoint_id=saved.savepoint_id, batch_id=saved.batch_id, rows=saved.rows,
+        checksum=checksum, verified=True, source_seq=saved.source_seq,
+        watermark_ms=saved.watermark_ms, provider=info.provider, partitions=info.partitions,
         rolled_back=removed, previous_checkpoint=replaced,
         seconds=round(time.monotonic() - started, 3),
     )
@@ -409,7 +410,7 @@ def rescale(config: SessionsConfig, partitions: int, spark: SparkSession | None 
                                  savepoint_id=None, rows=None, seconds=0.0)
         spark = _spark(config, spark)
         saved = _take_savepoint(config, "pre-rescale", spark)
-        method = "savepoint-restore"
+        method: RescaleMethod = "savepoint-restore"
         if info.provider == "rocksdb":
             repartition_state(spark, config.checkpoint, partitions)
             method = "repartition"

@@ -15,7 +15,7 @@ from pipelines.config import SessionsConfig
 from pipelines.guards import job_lock
 from pipelines.storage import is_s3, join, open_table, storage_options, table_exists
 from state_store.lifecycle import remove_tree, replaced_checkpoints
-from state_store.results import CompactionResult, MaintenanceDue
+from state_store.results import CompactionResult, MaintenanceDue, SavepointInfo
 from state_store.savepoints import SavepointStore
 
 
@@ -64,19 +64,20 @@ def _maintain_table(config: SessionsConfig, uri: str, dry_run: bool) -> dict[str
     return report
 
 
-def savepoints_to_delete(rows: list[dict], keep_last: int, keep_daily_days: int, now: dt.datetime) -> list[dict]:
+def savepoints_to_delete(catalog: list[SavepointInfo], keep_last: int, keep_daily_days: int,
+                         now: dt.datetime) -> list[SavepointInfo]:
     """Keep the newest `keep_last` complete savepoints and the newest one of each of the last
     `keep_daily_days` days; never the newest complete one. Failed attempts go."""
-    complete = [r for r in rows if r["status"] == "complete"]  # rows are newest first
-    keep = {r["savepoint_id"] for r in complete[:max(1, keep_last)]}
+    complete = [s for s in catalog if s.status == "complete"]  # the catalog is newest first
+    keep = {s.savepoint_id for s in complete[:max(1, keep_last)]}
     horizon = (now - dt.timedelta(days=keep_daily_days)).date()
-    seen_days = set()
-    for row in complete:
-        day = dt.datetime.fromisoformat(row["created_at"]).date()
+    seen_days: set[dt.date] = set()
+    for saved in complete:
+        day = dt.datetime.fromisoformat(saved.created_at).date()
         if day > horizon and day not in seen_days:
             seen_days.add(day)
-            keep.add(row["savepoint_id"])
-    return [r for r in rows if r["savepoint_id"] not in keep]
+            keep.add(saved.savepoint_id)
+    return [s for s in catalog if s.savepoint_id not in keep]
 
 
 def _state_folders(config: SessionsConfig, store: SavepointStore) -> set[str]:
@@ -88,9 +89,9 @@ def _state_folders(config: SessionsConfig, store: SavepointStore) -> set[str]:
     return {p.name for p in Path(root).iterdir() if p.is_dir()} if Path(root).exists() else set()
 
 
-def _delete_savepoint(config: SessionsConfig, store: SavepointStore, row: dict[str, Any]) -> None:
-    _delete_state(config, row.get("state_uri") or store.state_uri(row["savepoint_id"]))
-    store.forget(row["savepoint_id"])
+def _delete_savepoint(config: SessionsConfig, store: SavepointStore, saved: SavepointInfo) -> None:
+    _delete_state(config, saved.state_uri or store.state_uri(saved.savepoint_id))
+    store.forget(saved.savepoint_id)
 
 
 def _delete_state(config: SessionsConfig, state: str) -> None:
@@ -114,13 +115,13 @@ def compact(config: SessionsConfig, dry_run: bool = False) -> CompactionResult:
         catalog = store.list()
         expired = savepoints_to_delete(catalog, config.keep_savepoints, config.keep_daily_days, now)
         deleted = []
-        for row in expired:
+        for saved in expired:
             if not dry_run:
-                _delete_savepoint(config, store, row)
-            deleted.append(row["savepoint_id"])
+                _delete_savepoint(config, store, saved)
+            deleted.append(saved.savepoint_id)
         # State tables no catalog row names: savepoints killed before they were recorded. No savepoint can be
         # in flight now (it would hold the lifecycle lease this holds), so every such folder is an orphan.
-        orphans = sorted(_state_folders(config, store) - {r["savepoint_id"] for r in catalog})
+        orphans = sorted(_state_folders(config, store) - {s.savepoint_id for s in catalog})
         if not dry_run:
             for savepoint_id in orphans:
                 _delete_state(config, store.state_uri(savepoint_id))
@@ -132,9 +133,9 @@ def compact(config: SessionsConfig, dry_run: bool = False) -> CompactionResult:
         tables = {}
         uris = {"sessions": config.sessions_table, "quarantine": config.quarantine_table,
                 "raw_events": config.raw_events_table, "savepoint_catalog": store.catalog_uri}
-        for row in catalog:
-            if row["savepoint_id"] not in deleted and row["status"] == "complete":
-                uris[f"savepoint:{row['savepoint_id']}"] = row["state_uri"]
+        for saved in catalog:
+            if saved.savepoint_id not in deleted and saved.status == "complete":
+                uris[f"savepoint:{saved.savepoint_id}"] = saved.state_uri
         for name, uri in uris.items():
             report = _maintain_table(config, uri, dry_run)
             if report:
@@ -168,14 +169,14 @@ def maintenance_due(config: SessionsConfig, now: dt.datetime | None = None) -> M
     is none); compaction when a table has more than compact_files data files or the state more than
     state_files files. Dagster's maintenance sensor asks this; the thresholds are settings."""
     now = now or dt.datetime.now(dt.timezone.utc)
-    complete = [r for r in SavepointStore.of(config).list() if r["status"] == "complete"]
+    complete = [s for s in SavepointStore.of(config).list() if s.status == "complete"]
     newest = complete[0] if complete else None
-    age = (now - dt.datetime.fromisoformat(newest["created_at"])).total_seconds() if newest else None
+    age = (now - dt.datetime.fromisoformat(newest.created_at)).total_seconds() if newest else None
     savepoint = None
     if newest is None:
         savepoint = "no complete savepoint yet"
     elif age is not None and age >= config.savepoint_max_age_hours * 3600:
-        savepoint = f"newest savepoint {newest['savepoint_id']} is {age / 3600:.1f} h old " \
+        savepoint = f"newest savepoint {newest.savepoint_id} is {age / 3600:.1f} h old " \
                     f"(SESSIONS_SAVEPOINT_MAX_AGE_HOURS={config.savepoint_max_age_hours:g})"
     files = {name: _live_data_files(config, uri) for name, uri in
              (("sessions", config.sessions_table), ("quarantine", config.quarantine_table),
@@ -186,6 +187,6 @@ def maintenance_due(config: SessionsConfig, now: dt.datetime | None = None) -> M
         crowded.append(f"the state has {state_files} files")
     compaction = "; ".join(crowded) + f" (limits {config.compact_files} / {config.state_files})" if crowded else None
     return MaintenanceDue(savepoint=savepoint, compaction=compaction,
-                          newest_savepoint_id=newest["savepoint_id"] if newest else None,
+                          newest_savepoint_id=newest.savepoint_id if newest else None,
                           newest_savepoint_age_s=round(age, 1) if age is not None else None,
                           data_files=files, state_files=state_files)

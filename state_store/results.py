@@ -1,31 +1,25 @@
-"""What the lifecycle library's public operations return: frozen dataclasses, read by attribute. `to_dict()` is
-the JSON shape sessionctl prints and Dagster ops pass on: the same keys, in the same order, as before."""
+"""What the lifecycle library's public operations return: frozen dataclasses, read by attribute (the one result
+convention, pipelines.results.Result). `to_dict()` is the JSON shape sessionctl prints and Dagster ops pass on: the
+same keys, in the same order, as before."""
 from __future__ import annotations
 
 import datetime as dt
-from dataclasses import asdict, dataclass, fields
-from typing import Any, ClassVar
+from dataclasses import dataclass, fields
+from typing import Any, ClassVar, Literal
 
+from pipelines.config import Provider
+from pipelines.results import Result
 
-class _Result:
-    __dataclass_fields__: ClassVar[dict[str, Any]]  # every result is a dataclass
-
-    # Keys that were only present when set: left out of to_dict() while None, so the JSON keeps its shape.
-    _omit_if_none: ClassVar[tuple[str, ...]] = ()
-
-    def to_dict(self) -> dict[str, Any]:
-        out = asdict(self)
-        for name in self._omit_if_none:
-            if out[name] is None:
-                del out[name]
-        return out
+Trigger = Literal["manual", "scheduled", "sensor", "pre-rescale", "stop"]  # what asked for a savepoint
+SavepointStatus = Literal["complete", "failed"]
+RescaleMethod = Literal["none", "repartition", "savepoint-restore"]
 
 
 @dataclass(frozen=True)
-class SavepointInfo(_Result):
-    """One savepoint, as its catalog row holds it (take_savepoint, validate_savepoint)."""
+class SavepointInfo(Result):
+    """One savepoint, as its catalog row holds it (SavepointStore.list/get, take_savepoint, validate_savepoint)."""
     savepoint_id: str
-    trigger: str
+    trigger: Trigger
     created_at: str  # ISO-8601, UTC
     batch_id: int
     source_seq: int  # raw_events ingest sequence the state has consumed
@@ -33,7 +27,7 @@ class SavepointInfo(_Result):
     gap_ms: int
     lateness_ms: int
     buckets: int
-    provider: str | None
+    provider: Provider | None
     partitions: int | None
     state_schema: str
     rows: int
@@ -42,7 +36,7 @@ class SavepointInfo(_Result):
     quarantine_version: int
     incarnation: str
     state_uri: str
-    status: str  # complete | failed
+    status: SavepointStatus
     bytes: int | None
     seconds: float | None
     error: str | None = None
@@ -56,15 +50,22 @@ class SavepointInfo(_Result):
 
     @classmethod
     def from_row(cls, row: dict[str, Any], verified: bool | None = None) -> SavepointInfo:
-        """From a catalog row (savepoints.list_savepoints, or the row take_savepoint recorded)."""
+        """From a catalog row (SavepointStore.list, or the row take_savepoint recorded)."""
         created_at = row["created_at"]
         if isinstance(created_at, dt.datetime):
             created_at = created_at.isoformat()
         values = {f.name: row.get(f.name) for f in fields(cls) if f.name not in ("created_at", "verified")}
         return cls(**values, created_at=created_at, verified=verified)  # type: ignore[arg-type]
 
-    def to_dict(self) -> dict[str, Any]:
+    def to_dict(self, *, catalog: bool = False) -> dict[str, Any]:
+        """The savepoint JSON (`savepoint`, `stop --savepoint`, validate): `uri` after `seconds`, `error` and
+        `verified` only when set. With `catalog`, an entry of `savepoints --json`: the catalog row's columns in the
+        catalog's order (`error` always, null when none; never `verified`), then `uri`."""
         out = super().to_dict()
+        if catalog:
+            row = {k: out[k] for k in ("savepoint_id", "status")}
+            row.update((k, v) for k, v in out.items() if k not in ("savepoint_id", "status", "error", "verified"))
+            return {**row, "error": self.error, "uri": self.uri}
         # `uri` after `seconds`, where the savepoint JSON has always had it.
         ordered = {k: v for k, v in out.items() if k not in ("error", "verified")}
         ordered["uri"] = self.uri
@@ -73,7 +74,7 @@ class SavepointInfo(_Result):
 
 
 @dataclass(frozen=True)
-class RestoreResult(_Result):
+class RestoreResult(Result):
     savepoint_id: str
     batch_id: int
     rows: int
@@ -89,10 +90,10 @@ class RestoreResult(_Result):
 
 
 @dataclass(frozen=True)
-class RescaleResult(_Result):
+class RescaleResult(Result):
     partitions_before: int | None
     partitions_after: int | None
-    method: str  # none | repartition | savepoint-restore
+    method: RescaleMethod
     savepoint_id: str | None  # the pre-rescale savepoint
     rows: int | None
     seconds: float
@@ -100,7 +101,7 @@ class RescaleResult(_Result):
 
 
 @dataclass(frozen=True)
-class CompactionResult(_Result):
+class CompactionResult(Result):
     dry_run: bool
     files_before: int
     files_after: int
@@ -118,7 +119,7 @@ class CompactionResult(_Result):
 
 
 @dataclass(frozen=True)
-class StatusReport(_Result):
+class StatusReport(Result):
     checkpoint: str
     provider: str
     partitions: int
@@ -142,7 +143,7 @@ class StatusReport(_Result):
 
 
 @dataclass(frozen=True)
-class MaintenanceDue(_Result):
+class MaintenanceDue(Result):
     """The maintenance policy's answer (maintenance.maintenance_due): what is due now, and why."""
     savepoint: str | None      # why a savepoint is due, None when the newest one is recent enough
     compaction: str | None     # why compaction is due, None when files are below the thresholds
@@ -153,7 +154,7 @@ class MaintenanceDue(_Result):
 
 
 @dataclass(frozen=True)
-class TableFacts(_Result):
+class TableFacts(Result):
     """A Delta table as its log describes it (no data read): observe.table_facts."""
     uri: str
     version: int
@@ -163,7 +164,7 @@ class TableFacts(_Result):
 
 
 @dataclass(frozen=True)
-class StopResult(_Result):
+class StopResult(Result):
     """What `stop` did: the stream it stopped, its last committed batch and, when asked, the savepoint of it."""
     stopped: bool
     stream: str  # the holder of the job lease that was stopped (operation, pid, host)

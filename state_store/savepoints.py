@@ -26,6 +26,7 @@ from pipelines import state_format
 from pipelines.config import SessionsConfig
 from pipelines.errors import SavepointNotFound
 from pipelines.storage import join, s3_errors, storage_options
+from state_store.results import SavepointInfo
 
 CATALOG_SCHEMA = pa.schema([
     ("savepoint_id", pa.string()),
@@ -147,29 +148,28 @@ class SavepointStore:
         with s3_errors(self.catalog_uri):
             DeltaTable(self.catalog_uri, storage_options=self.options).delete(f"savepoint_id = '{savepoint_id}'")
 
-    def list(self) -> list[dict[str, Any]]:
+    def list(self) -> list[SavepointInfo]:
         """The catalog, newest first (failed attempts included, with status and error)."""
         with s3_errors(self.catalog_uri):
             self._flush_pending()
             if not DeltaTable.is_deltatable(self.catalog_uri, storage_options=self.options):
                 return []
             rows = DeltaTable(self.catalog_uri, storage_options=self.options).to_pyarrow_table().to_pylist()
-        for row in rows:
-            row["uri"] = row["state_uri"]
-            row["created_at"] = row["created_at"].isoformat() if row["created_at"] else None
-        return sorted(rows, key=lambda r: (r["created_at"] or "", r["savepoint_id"]), reverse=True)
+        saved = [SavepointInfo.from_row(row) for row in rows]
+        return sorted(saved, key=lambda s: (s.created_at or "", s.savepoint_id), reverse=True)
 
-    def get(self, savepoint: str = "latest") -> dict[str, Any]:
-        rows = self.list()
+    def get(self, savepoint: str = "latest") -> SavepointInfo:
+        """A complete savepoint by id, or the newest complete one ("latest")."""
+        saved = self.list()
         if savepoint == "latest":
-            complete = [r for r in rows if r["status"] == "complete"]
+            complete = [s for s in saved if s.status == "complete"]
             if not complete:
                 raise SavepointNotFound(f"no complete savepoint in {self.uri}")
             return complete[0]
-        for row in rows:
-            if row["savepoint_id"] == savepoint:
-                if row["status"] != "complete":
-                    raise SavepointNotFound(f"savepoint {savepoint} is {row['status']} ({row.get('error')}); "
+        for info in saved:
+            if info.savepoint_id == savepoint:
+                if info.status != "complete":
+                    raise SavepointNotFound(f"savepoint {savepoint} is {info.status} ({info.error}); "
                                             "it cannot be restored")
-                return row
+                return info
         raise SavepointNotFound(f"no such savepoint: {savepoint} in {self.uri}")

@@ -79,7 +79,7 @@ def _summarise_partition(gap_ms: int) -> Callable[[Iterator[pa.RecordBatch]], It
     return summarise
 
 
-def state_summary(spark: SparkSession, checkpoint: Path, gap_ms: int, batch_id: int | None = None) -> dict:
+def state_summary(spark: SparkSession, checkpoint: Path, gap_ms: int, batch_id: int | None = None) -> dict[str, int]:
     """What the state holds, in one pass over it: keys (hash buckets), open users, open sessions, open
     events (frozen ones counted), stored rows, frozen prefixes and the stored value bytes."""
     parts = state_values(spark, checkpoint, batch_id).mapInArrow(_summarise_partition(gap_ms), _SUMMARY_DDL)

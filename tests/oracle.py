@@ -1,7 +1,7 @@
 """An independent batch sessionizer: the contract's "Session semantics (the oracle)" walked in plain Python.
 
-Written from /work/shared/CONTRACT.md alone -- it imports nothing from `pipelines` -- so the job can be checked
-against it rather than against itself.
+Written from those rules alone (README.md, "Session semantics (the oracle)") -- it imports nothing from
+`pipelines` -- so the job can be checked against it rather than against itself.
 
 Input: the valid events as they arrive, split into micro-batches (a list of batches, each a list of event
 dicts in arrival order), plus gap and lateness in milliseconds. An event dict has at least ``user_id``,

@@ -68,3 +68,20 @@ def test_a_bad_setting_and_a_held_lock_are_expected_errors(tmp_path):
     with job_lock(config, "compaction", name="lifecycle"), pytest.raises(LifecycleBusy, match="another lifecycle"), \
             job_lock(config, "restore", name="lifecycle"):
         pass
+
+
+def test_the_dagster_resource_has_every_setting(tmp_path):
+    """SessionsResource is derived from SessionsConfig: one optional field per setting, in the same order, and a
+    field set on the resource is the setting the library gets (the ones the copied resource once lacked too)."""
+    from dataclasses import fields
+
+    from assets.resources import SessionsResource
+
+    assert list(SessionsResource.model_fields) == [setting.name for setting in fields(SessionsConfig)]
+    resource = SessionsResource(home=str(tmp_path), warehouse_uri=str(tmp_path / "tables"),
+                                landing_uri=str(tmp_path / "drop"), checkpoint_uri=str(tmp_path / "shared"),
+                                lease_ttl_s=5.5, ingest_settle_seconds=3, spark_ui=True, gap_minutes=20)
+    config = resource.config()
+    assert (config.warehouse_uri, config.landing_uri, config.checkpoint_uri) == \
+        (str(tmp_path / "tables"), str(tmp_path / "drop"), str((tmp_path / "shared").resolve()))
+    assert (config.lease_ttl_s, config.ingest_settle_seconds, config.spark_ui, config.gap_minutes) == (5.5, 3, True, 20)

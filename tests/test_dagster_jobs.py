@@ -66,7 +66,7 @@ def test_jobs_catch_up_savepoint_restore_runbook(resources, spark):
     assert state["provider"].value == "rocksdb" and state["open_users"].value == len({row[1] for row in read_open_sessions(spark, config)})
 
     assert defs.resolve_job_def("savepoint").execute_in_process(resources=resources).success
-    savepoint_id = sp.SavepointStore.of(config).list()[0]["savepoint_id"]
+    savepoint_id = sp.SavepointStore.of(config).list()[0].savepoint_id
     _observations_reflect_what_exists(resources, config, landed, savepoint_id, spark)
     _lookup_job_reads_the_state(resources, config, spark)
 
@@ -208,7 +208,7 @@ def test_stream_failure_sensor_records_and_optionally_restores(tmp_path, monkeyp
         failure_event = [e for e in failed.all_events if e.event_type_value == "PIPELINE_FAILURE"][0]
         context = build_run_status_sensor_context(
             sensor_name="stream_failure_sensor", dagster_instance=instance, dagster_run=failed.dagster_run,
-            dagster_event=failure_event).for_run_failure()
+            dagster_event=failure_event, resources={"sessions": SessionsResource()}).for_run_failure()
         monkeypatch.delenv("SESSIONS_AUTO_RESTORE", raising=False)
         assert isinstance(stream_failure_sensor(context), SkipReason)
         monkeypatch.setenv("SESSIONS_AUTO_RESTORE", "true")

@@ -42,11 +42,6 @@ REPO = Path(__file__).resolve().parent.parent
 GAP_MIN, LATENESS_MIN = 30, 10
 
 
-@pytest.fixture
-def spark_session(spark):
-    return spark
-
-
 def _config(tmp_path: Path, provider: str, savepoint_uri: str | None = None, **extra) -> SessionsConfig:
     env = {"SESSIONS_HOME": str(tmp_path / "home"), "SESSIONS_STATE_STORE": provider,
            "SESSIONS_GAP_MINUTES": str(GAP_MIN), "SESSIONS_LATENESS_MINUTES": str(LATENESS_MIN),
@@ -80,56 +75,56 @@ def _expected(chunks: list[list[dict]]) -> list[tuple]:
 
 
 @pytest.mark.parametrize("provider,store", [("rocksdb", "s3"), ("hdfs", "local")])
-def test_savepoint_restore_rescale_is_exactly_once(tmp_path, spark_session, s3_endpoint, provider, store):
+def test_savepoint_restore_rescale_is_exactly_once(tmp_path, spark, s3_endpoint, provider, store):
     uri = "s3://savepoints/" + tmp_path.name if store == "s3" else str(tmp_path / "savepoints")
     config = _config(tmp_path, provider, uri)
     chunks = _chunks()
     _land_and_ingest(config, chunks[:2], 0)
-    catch_up(config, spark_session)
-    saved = take_savepoint(config, spark=spark_session)
+    catch_up(config, spark)
+    saved = take_savepoint(config, spark=spark)
     assert saved.status == "complete" and saved.rows > 0 and saved.uri.startswith(uri)
-    assert sp.SavepointStore.of(config).list()[0]["savepoint_id"] == saved.savepoint_id
+    assert sp.SavepointStore.of(config).list()[0].savepoint_id == saved.savepoint_id
 
     _land_and_ingest(config, chunks[2:4], 2)
-    catch_up(config, spark_session)  # these sessions must not survive the restore twice
-    restored = restore(config, "latest", spark=spark_session)
+    catch_up(config, spark)  # these sessions must not survive the restore twice
+    restored = restore(config, "latest", spark=spark)
     assert restored.verified and restored.rows == saved.rows
     assert restored.rolled_back["sessions"] > 0
 
-    scaled = rescale(config, 3, spark=spark_session)
+    scaled = rescale(config, 3, spark=spark)
     assert scaled.partitions_after == 3
     assert scaled.method == ("repartition" if provider == "rocksdb" else "savepoint-restore")
-    assert sp.SavepointStore.of(config).list()[0]["trigger"] == "pre-rescale"
+    assert sp.SavepointStore.of(config).list()[0].trigger == "pre-rescale"
 
     _land_and_ingest(config, chunks[4:], 4)
-    catch_up(config, spark_session)
+    catch_up(config, spark)
     got = _sessions(config)
     assert len({row[0] for row in got}) == len(got), "a session was written twice"
     assert got == _expected(chunks)
 
 
-def test_restore_rebuilds_a_lost_checkpoint_from_s3_alone(tmp_path, spark_session, s3_endpoint):
+def test_restore_rebuilds_a_lost_checkpoint_from_s3_alone(tmp_path, spark, s3_endpoint):
     config = _config(tmp_path, "rocksdb", f"s3://savepoints/{tmp_path.name}")
     chunks = _chunks(seed=5, parts=4)
     _land_and_ingest(config, chunks[:2], 0)
-    catch_up(config, spark_session)
-    take_savepoint(config, spark=spark_session)
+    catch_up(config, spark)
+    take_savepoint(config, spark=spark)
     shutil.rmtree(config.checkpoint)  # the checkpoint is gone entirely
     with pytest.raises(CheckpointMissing, match="no checkpoint"):
-        catch_up(config, spark_session)  # refuses to start over and write sessions twice
-    restore(config, "latest", partitions=2, spark=spark_session)
+        catch_up(config, spark)  # refuses to start over and write sessions twice
+    restore(config, "latest", partitions=2, spark=spark)
     _land_and_ingest(config, chunks[2:], 2)
-    catch_up(config, spark_session)
+    catch_up(config, spark)
     assert _sessions(config) == _expected(chunks)
 
 
-def test_savepoint_failure_mid_write_is_never_listed(tmp_path, spark_session, s3_endpoint, monkeypatch):
+def test_savepoint_failure_mid_write_is_never_listed(tmp_path, spark, s3_endpoint, monkeypatch):
     uri = f"s3://savepoints/{tmp_path.name}"
     config = _config(tmp_path, "rocksdb", uri)
     chunks = _chunks(seed=3, parts=3)
     _land_and_ingest(config, chunks[:2], 0)
-    catch_up(config, spark_session)
-    first = take_savepoint(config, spark=spark_session)
+    catch_up(config, spark)
+    first = take_savepoint(config, spark=spark)
 
     real_read = sp.SavepointStore.read_state
 
@@ -139,7 +134,7 @@ def test_savepoint_failure_mid_write_is_never_listed(tmp_path, spark_session, s3
 
     monkeypatch.setattr(sp.SavepointStore, "read_state", endpoint_dies_after_the_state_write)
     with pytest.raises(SavepointFailed, match="not listed as complete"):
-        take_savepoint(config, spark=spark_session)
+        take_savepoint(config, spark=spark)
     monkeypatch.setattr(sp.SavepointStore, "read_state", real_read)
     os.kill(s3_endpoint["process"].pid, signal.SIGCONT)  # the endpoint is back, with its data
 
@@ -157,7 +152,7 @@ def test_savepoint_failure_mid_write_is_never_listed(tmp_path, spark_session, s3
     assert [r["savepoint_id"] for r in listed if r["status"] == "complete"] == [retried_id, first.savepoint_id]
 
 
-def test_failed_restore_leaves_a_known_next_step(tmp_path, spark_session, monkeypatch):
+def test_failed_restore_leaves_a_known_next_step(tmp_path, spark, monkeypatch):
     """A restore that breaks before touching the tables puts the old checkpoint back (the old job goes on);
     one that breaks after the roll-back says to run it again, and the rerun ends exactly-once."""
     import state_store.lifecycle as lifecycle
@@ -165,10 +160,10 @@ def test_failed_restore_leaves_a_known_next_step(tmp_path, spark_session, monkey
     config = _config(tmp_path, "hdfs", str(tmp_path / "savepoints"))
     chunks = _chunks(seed=13, parts=4)
     _land_and_ingest(config, chunks[:2], 0)
-    catch_up(config, spark_session)
-    take_savepoint(config, spark=spark_session)
+    catch_up(config, spark)
+    take_savepoint(config, spark=spark)
     _land_and_ingest(config, chunks[2:3], 2)
-    catch_up(config, spark_session)
+    catch_up(config, spark)
     batch_before, sessions_before = inspect_checkpoint(config.checkpoint).last_committed_batch, _sessions(config)
 
     def broken(*args, **kwargs):
@@ -177,45 +172,45 @@ def test_failed_restore_leaves_a_known_next_step(tmp_path, spark_session, monkey
     with monkeypatch.context() as patch:
         patch.setattr(lifecycle, "write_job_metadata", broken)
         with pytest.raises(RestoreIncomplete, match="previous checkpoint is back in place"):
-            restore(config, "latest", spark=spark_session)
+            restore(config, "latest", spark=spark)
     assert inspect_checkpoint(config.checkpoint).last_committed_batch == batch_before
     assert _sessions(config) == sessions_before
 
     with monkeypatch.context() as patch:
         patch.setattr(lifecycle, "start_query", broken)
         with pytest.raises(RestoreIncomplete, match="run the same restore again") as incomplete:
-            restore(config, "latest", spark=spark_session)
+            restore(config, "latest", spark=spark)
     assert incomplete.value.next_step == "run the same restore again"
-    assert restore(config, "latest", spark=spark_session).verified
+    assert restore(config, "latest", spark=spark).verified
     _land_and_ingest(config, chunks[3:], 3)
-    catch_up(config, spark_session)
+    catch_up(config, spark)
     assert _sessions(config) == _expected(chunks)
     # the original (set aside by the second attempt) and the half-built checkpoint it left, for compaction
     assert len(lifecycle.replaced_checkpoints(config)) == 2
 
 
-def test_incompatible_savepoint_is_refused_unless_migrating(tmp_path, spark_session):
+def test_incompatible_savepoint_is_refused_unless_migrating(tmp_path, spark):
     config = _config(tmp_path, "hdfs")
     chunks = _chunks(seed=9, parts=2)
     _land_and_ingest(config, chunks[:1], 0)
-    catch_up(config, spark_session)
-    saved = take_savepoint(config, spark=spark_session)
+    catch_up(config, spark)
+    saved = take_savepoint(config, spark=spark)
     other = config.with_(gap_minutes=20)
     with pytest.raises(SavepointIncompatible, match="--migrate"):
-        restore(other, saved.savepoint_id, spark=spark_session)
+        restore(other, saved.savepoint_id, spark=spark)
     with pytest.raises(SavepointNotFound, match="no such savepoint"):
-        restore(config, "sp-does-not-exist", spark=spark_session)
-    migrated = restore(other, saved.savepoint_id, migrate=True, spark=spark_session)
+        restore(config, "sp-does-not-exist", spark=spark)
+    migrated = restore(other, saved.savepoint_id, migrate=True, spark=spark)
     assert migrated.verified
 
 
-def test_damaged_savepoint_is_refused_and_the_job_is_left_alone(tmp_path, spark_session):
+def test_damaged_savepoint_is_refused_and_the_job_is_left_alone(tmp_path, spark):
     """One event's type flipped inside the savepoint's Delta table (count unchanged): validate and restore
     refuse it with the catalog's and the re-read's figures, and the checkpoint is not touched."""
     config = _config(tmp_path, "rocksdb")
     _land_and_ingest(config, _chunks(seed=5, parts=2)[:1], 0)
-    catch_up(config, spark_session)
-    saved = take_savepoint(config, spark=spark_session)
+    catch_up(config, spark)
+    saved = take_savepoint(config, spark=spark)
     rows = DeltaTable(saved.uri).to_pyarrow_table()
     flipped = pa.array(["logout"] + rows["event_type"].to_pylist()[1:], pa.string())
     write_deltalake(saved.uri, rows.set_column(rows.schema.get_field_index("event_type"), "event_type", flipped),
@@ -224,7 +219,7 @@ def test_damaged_savepoint_is_refused_and_the_job_is_left_alone(tmp_path, spark_
     with pytest.raises(SavepointDamaged, match="damaged"):
         validate_savepoint(config, saved.savepoint_id)
     with pytest.raises(SavepointDamaged, match="damaged"):
-        restore(config, "latest", spark=spark_session)
+        restore(config, "latest", spark=spark)
     assert sorted(p.name for p in (config.checkpoint / "commits").iterdir()) == commits_before
 
 
@@ -254,25 +249,27 @@ def test_result_json_keeps_the_contract_keys():
     assert list(saved)[-2:] == ["seconds", "uri"] and saved["uri"] == "/sp/state/sp-1"
     assert saved["created_at"] == "2026-01-01T00:00:00+00:00"
     assert SavepointInfo.from_row(row, verified=True).to_dict()["verified"] is True
+    # `savepoints --json`: each entry is the catalog row (every column, `error` null when none) and its uri
+    assert list(SavepointInfo.from_row(row).to_dict(catalog=True)) == [*sp.CATALOG_SCHEMA.names, "uri"]
     assert "rows" not in RescaleResult(4, 4, "none", None, None, 0.0).to_dict()
 
 
-def test_compaction_and_retention(tmp_path, spark_session):
+def test_compaction_and_retention(tmp_path, spark):
     config = _config(tmp_path, "rocksdb")
     chunks = _chunks(seed=4, parts=4)
     ids = []
     for i, chunk in enumerate(chunks):
         _land_and_ingest(config, [chunk], i)
-        catch_up(config, spark_session)
-        ids.append(take_savepoint(config, spark=spark_session).savepoint_id)
-    restore(config, ids[-1], spark=spark_session)  # leaves a replaced checkpoint behind
+        catch_up(config, spark)
+        ids.append(take_savepoint(config, spark=spark).savepoint_id)
+    restore(config, ids[-1], spark=spark)  # leaves a replaced checkpoint behind
     files_before = len(DeltaTable(config.sessions_table).file_uris())
     orphan = Path(config.savepoint_uri) / "state" / "sp-killed-before-its-catalog-row"
     orphan.mkdir()
     (orphan / "part-00000.parquet").write_bytes(b"half a savepoint")
     report = compact(config.with_(keep_savepoints=2, keep_daily_days=0, vacuum_retention_hours=0))
     assert sorted(report.savepoints_deleted) == sorted(ids[:2])
-    assert [r["savepoint_id"] for r in sp.SavepointStore.of(config).list()] == ids[:1:-1]
+    assert [s.savepoint_id for s in sp.SavepointStore.of(config).list()] == ids[:1:-1]
     assert report.replaced_checkpoints_removed and report.bytes_reclaimed > 0
     assert report.tables["sessions"]["files_before"] == files_before > report.tables["sessions"]["files_after"] == 1
     assert sum(1 for _ in (Path(config.savepoint_uri) / "state").iterdir()) == 2

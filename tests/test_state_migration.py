@@ -35,8 +35,8 @@ def test_v1_savepoint_restores_into_v2_and_continues_exactly(spark, tmp_path, pr
     home = tmp_path / "home"
     shutil.copytree(FIXTURE, home)
     config = make_config(tmp_path, provider, home=home)
-    (row,) = sp.SavepointStore.of(config).list()
-    assert row["state_schema"] == state_format.V1_SCHEMA_ID and row["rows"] > 0
+    (saved,) = sp.SavepointStore.of(config).list()
+    assert saved.state_schema == state_format.V1_SCHEMA_ID and saved.rows > 0
     batches = migration_batches()
     land_batches(config, batches[CUT:], start=CUT)
 

@@ -18,6 +18,7 @@ from deltalake import CommitProperties, DeltaTable, write_deltalake
 
 from pipelines.config import SessionsConfig
 from pipelines.ingest.lines import classify_line
+from pipelines.results import Result
 from pipelines.storage import is_s3, storage_options
 
 RAW_SCHEMA = pa.schema([
@@ -145,7 +146,8 @@ class Source(Protocol):
 
 
 @dataclass(frozen=True)
-class IngestResult:
+class IngestResult(Result):
+    """What one ingest did (to_dict: its JSON shape)."""
     files: int           # files with lines ingested (a growing file counts at each ingest that read some)
     rows: int
     rejected: int
