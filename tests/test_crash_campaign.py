@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from benchmarks.crash_campaign import run_campaign
+from tests.campaign import run_campaign
 
 
 @pytest.mark.parametrize("provider,seed", [("rocksdb", 3), ("hdfs", 4)])
