@@ -13,7 +13,7 @@ from pipelines.errors import SessionsError
 from pipelines.runtime import get_spark, spark_failures, stop_spark
 from pipelines.stream import RunSummary, catch_up
 from pipelines.tables import MicroBatchSink
-from sessionctl.entry import INTERRUPTED, _record
+from sessionctl.interrupt import INTERRUPTED, install, record
 from state_store.lifecycle import rescale, restore, run_stream, stop_stream, take_savepoint
 from state_store.maintenance import compact
 from state_store.savepoints import SavepointStore
@@ -32,10 +32,10 @@ def cmd_catch_up(config: SessionsConfig, args: argparse.Namespace) -> None:
 
 def cmd_run(config: SessionsConfig, args: argparse.Namespace) -> None:
     # The first Ctrl-C asks for an orderly stop (between batches, then the summary), at any moment, JVM start-up
-    # included; a second one is the impatient kind (sessionctl.entry). get_spark keeps that handler over pyspark's.
+    # included; a second one is the impatient kind (sessionctl.interrupt). get_spark keeps that handler over pyspark's.
     stop = INTERRUPTED
-    if signal.getsignal(signal.SIGINT) is not _record:  # called as a library function, not the console script
-        signal.signal(signal.SIGINT, _record)
+    if signal.getsignal(signal.SIGINT) is not record:  # called as a library function, not the console script
+        install()
 
     def progress(summary: RunSummary, sink: MicroBatchSink) -> None:
         print(f"batches={summary.batches} input_rows={summary.input_rows} "
