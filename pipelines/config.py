@@ -1,6 +1,7 @@
 """The one configuration object, read from the environment (the settings: README.md, "Configuration")."""
 from __future__ import annotations
 
+import json
 import os
 from collections.abc import Mapping
 from dataclasses import dataclass, field, fields, replace
@@ -51,9 +52,41 @@ def _bool(env: Mapping[str, str], name: str, default: bool) -> bool:
     return raw in ("true", "1", "yes")
 
 
-def _setting(default: Any, minimum: float = 1, kind: type | None = None) -> Any:
-    """A setting read from SESSIONS_<NAME> (see env_name); `minimum` bounds numbers."""
-    return field(default=default, metadata={"minimum": minimum, "kind": kind or type(default)})
+def _setting(default: Any, minimum: float = 1, kind: type | None = None, secret: bool = False) -> Any:
+    """A setting read from SESSIONS_<NAME> (see env_name); `minimum` bounds numbers; a `secret` one (it may hold
+    credentials) stays out of the config's repr."""
+    return field(default=default, repr=not secret, metadata={"minimum": minimum, "kind": kind or type(default)})
+
+
+def kafka_settings(raw: str, name: str = "SESSIONS_KAFKA_CONF") -> dict[str, str]:
+    """Consumer settings passed through to librdkafka: a JSON object (`{"security.protocol": "SASL_SSL"}`; the form
+    for values holding commas) or `key=value,key=value`. Errors name the key, never a value (it may be a password)."""
+    text = raw.strip()
+    if not text:
+        return {}
+    if text.startswith("{"):
+        try:
+            data = json.loads(text)
+        except ValueError:
+            raise ConfigError(f"{name} starts with '{{' but is not a JSON object") from None
+        if not isinstance(data, dict):
+            raise ConfigError(f"{name} is not a JSON object")
+        settings = {}
+        for key, value in data.items():
+            if isinstance(value, (dict, list)) or value is None:
+                raise ConfigError(f"{name}: the value of {key!r} must be a string, a number or a boolean")
+            settings[str(key).strip()] = str(value).lower() if isinstance(value, bool) else str(value)
+        return settings
+    settings = {}
+    for number, item in enumerate(text.split(","), 1):
+        if not item.strip():
+            continue
+        key, sep, value = item.partition("=")
+        if not sep or not key.strip():  # not echoed: it may be the piece of a password after a comma
+            raise ConfigError(f"{name}: item {number} is not key=value (the form is key=value,key=value; a value "
+                              "with a comma needs the JSON object form)")
+        settings[key.strip()] = value.strip()
+    return settings
 
 
 def env_name(setting: str) -> str:
@@ -108,6 +141,12 @@ class SessionsConfig:
     s3_max_retries: int = _setting(3, minimum=0)
     s3_retry_timeout: str = _setting("15s")
     s3_timeout: str = _setting("30s")
+    # Kafka as the source instead of landing files (pipelines/ingest/kafka.py): both or neither.
+    kafka_bootstrap: str = _setting("")  # host:port,host:port
+    kafka_topic: str = _setting("")
+    # Consumer settings passed to librdkafka (security.protocol, sasl.*, ssl.*, group.id, ...): see kafka_settings.
+    kafka_conf: str = _setting("", secret=True)
+    kafka_commit_messages: int = _setting(100_000)  # messages per ingest commit at most
 
     @classmethod
     def from_env(cls, env: Mapping[str, str] | None = None) -> SessionsConfig:
@@ -141,6 +180,12 @@ class SessionsConfig:
             raise ConfigError(f"SESSIONS_CHECKPOINT_URI={checkpoint_uri!r}: only a local or mounted shared path is "
                               "supported (hdfs:// would need the driver to read it through Hadoop; see deploy/spark)")
         values["checkpoint_uri"] = str(Path(checkpoint_uri).resolve()) if checkpoint_uri else str(home / "checkpoints")
+        if bool(values["kafka_bootstrap"]) != bool(values["kafka_topic"]):
+            given, missing = (("SESSIONS_KAFKA_BOOTSTRAP", "SESSIONS_KAFKA_TOPIC") if values["kafka_bootstrap"]
+                              else ("SESSIONS_KAFKA_TOPIC", "SESSIONS_KAFKA_BOOTSTRAP"))
+            raise ConfigError(f"{given} is set but {missing} is not: set both to ingest from Kafka, or neither to "
+                              "ingest landing files")
+        kafka_settings(values["kafka_conf"])  # refused now, in one line, rather than at the first ingest
         return cls(home=home, **values)
 
     def with_(self, **changes: Any) -> SessionsConfig:
@@ -191,3 +236,13 @@ class SessionsConfig:
     @property
     def max_future_ms(self) -> int:
         return self.max_future_minutes * 60_000
+
+    @property
+    def uses_kafka(self) -> bool:
+        """Ingest reads the Kafka topic (SESSIONS_KAFKA_BOOTSTRAP and SESSIONS_KAFKA_TOPIC), not landing files."""
+        return bool(self.kafka_bootstrap and self.kafka_topic)
+
+    @property
+    def kafka_consumer_settings(self) -> dict[str, str]:
+        """SESSIONS_KAFKA_CONF parsed (see kafka_settings)."""
+        return kafka_settings(self.kafka_conf)

@@ -96,3 +96,19 @@ class StreamFailed(SessionsError):
 
 class StorageUnavailable(SessionsError):
     """An object store (S3) did not answer or refused: the message names the endpoint, the URI and the cause."""
+
+
+class SourceUnavailable(SessionsError):
+    """The event source (Kafka) did not answer, refused, or lacks the topic: the message names the bootstrap servers,
+    the topic and the cause."""
+
+
+class SourceDataLost(SessionsError):
+    """Messages the raw_events table has not ingested yet are gone from the source (retention or a truncation
+    deleted them, or the topic was deleted or recreated under us): the message names the topic, the partition and
+    the offsets lost. Never skipped silently."""
+
+    def __init__(self, message: str, topic: str, partition: int, first: int, last: int) -> None:
+        super().__init__(message)
+        self.topic, self.partition = topic, partition
+        self.first, self.last = first, last  # the offsets lost, inclusive

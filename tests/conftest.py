@@ -354,6 +354,10 @@ TEST_TIERS: dict[str, str | tuple[str, dict[str, str]]] = {
                                        "test_far_future_event_never_moves_the_watermark": "spark",
                                        "test_a_file_still_being_written_loses_no_line": "spark"}),
     "test_interrupted_rescale.py": "subprocess",
+    "test_kafka_ingest.py": ("pure", {"test_partitions_ingested_once_and_sessions_equal_the_oracle": "spark",
+                                      "test_poison_messages_are_quarantined_like_file_lines": "spark",
+                                      "test_kill_before_and_after_the_delta_commit_loses_and_doubles_nothing":
+                                          "subprocess"}),
     "test_lifecycle.py": ("spark", {"test_savepoint_restore_rescale_is_exactly_once": "e2e",
                                     "test_restore_rebuilds_a_lost_checkpoint_from_s3_alone": "e2e",
                                     "test_savepoint_failure_mid_write_is_never_listed": "e2e",

@@ -7,12 +7,13 @@ table and a replay from any source position reproduces it. Each ingest commit ca
 
 One module per concern: lines (the pure rules for one line), table (the raw_events append every source
 shares), landing (the landing layout), positions (how far local files were read), and one module per
-source -- local (a landing directory, tail-read) and s3 (landing objects) -- each a `table.Source`.
+source -- local (a landing directory, tail-read), s3 (landing objects) and kafka (a topic, offsets in the Delta
+log) -- each a `table.Source`.
 """
 from __future__ import annotations
 
 from pipelines.config import SessionsConfig
-from pipelines.ingest import local, s3
+from pipelines.ingest import kafka, local, s3
 from pipelines.ingest.landing import INGESTED_DIR, REFUSED_DIR, LandedFile
 from pipelines.ingest.lines import classify_line, parse_event_time, parse_line
 from pipelines.ingest.table import (
@@ -34,13 +35,17 @@ __all__ = [
 
 
 def _source(config: SessionsConfig) -> Source:
-    """The source the configuration names: the landing directory, or landing objects on S3."""
+    """The source the configuration names: a Kafka topic (SESSIONS_KAFKA_BOOTSTRAP and SESSIONS_KAFKA_TOPIC), else
+    the landing directory, or landing objects on S3."""
+    if config.uses_kafka:
+        return kafka
     return s3 if is_s3(config.landing_uri) else local
 
 
 def ingest(config: SessionsConfig, files_per_commit: int = 16) -> IngestResult:
     """Append the new complete lines of every landed file to raw_events and move finished files to
-    landing/_ingested/<UTC day>/ (see the docstrings of pipelines.ingest.local and pipelines.ingest.s3).
+    landing/_ingested/<UTC day>/ (see the docstrings of pipelines.ingest.local and pipelines.ingest.s3); or, with
+    Kafka configured, the topic's new messages (pipelines.ingest.kafka: offsets in the same Delta commit).
 
     Crash-safe: each commit carries what it holds (local files: their positions; S3 objects: `name:size:mtime`); after
     a crash the positions are rolled forward from the commits, and an object already committed is only archived.

@@ -1,0 +1,405 @@
+"""Kafka as the ingest source (pipelines/ingest/kafka.py) against librdkafka's in-process mock cluster.
+
+The mock speaks the Kafka protocol but is not Apache Kafka: it cannot create or delete topics or records through the
+admin API, so `MockCluster` drives librdkafka's own mock C API (rd_kafka_mock_topic_create / _topic_delete /
+_partition_delete_records, exported by the wheel's bundled librdkafka) through ctypes: a topic of exactly 3 partitions,
+retention (records deleted below an offset), a topic deleted and recreated. (The mock itself keeps about 5 MB per
+partition and deletes older messages, like retention: keep test topics small.)
+"""
+from __future__ import annotations
+
+import ctypes
+import glob
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from tests.conftest import REPO, config_env, free_port, make_config, read_quarantine, read_sessions
+
+GAP_MS, LATENESS_MS = 30 * 60_000, 10 * 60_000
+
+
+class MockCluster:
+    """A librdkafka mock cluster (one broker) this process controls; `bootstrap` is its host:port."""
+
+    def __init__(self) -> None:
+        import confluent_kafka
+
+        libs = Path(confluent_kafka.__file__).resolve().parent.parent / "confluent_kafka.libs"
+        found = glob.glob(str(libs / "librdkafka*.so*"))
+        if not found:
+            pytest.fail(f"no bundled librdkafka under {libs}: the mock cluster's C API is needed")
+        lib = ctypes.CDLL(found[0])
+        vp, cp = ctypes.c_void_p, ctypes.c_char_p
+        for name, restype, argtypes in [
+            ("rd_kafka_conf_new", vp, []),
+            ("rd_kafka_new", vp, [ctypes.c_int, vp, cp, ctypes.c_size_t]),
+            ("rd_kafka_destroy", None, [vp]),
+            ("rd_kafka_mock_cluster_new", vp, [vp, ctypes.c_int]),
+            ("rd_kafka_mock_cluster_destroy", None, [vp]),
+            ("rd_kafka_mock_cluster_bootstraps", cp, [vp]),
+            ("rd_kafka_mock_topic_create", ctypes.c_int, [vp, cp, ctypes.c_int, ctypes.c_int]),
+            ("rd_kafka_mock_topic_delete", ctypes.c_int, [vp, cp]),
+            ("rd_kafka_mock_partition_delete_records", ctypes.c_int, [vp, cp, ctypes.c_int32, ctypes.c_int64]),
+        ]:
+            function = getattr(lib, name)
+            function.restype, function.argtypes = restype, argtypes
+        self.lib = lib
+        errors = ctypes.create_string_buffer(512)
+        self.handle = lib.rd_kafka_new(0, lib.rd_kafka_conf_new(), errors, 512)  # a bare producer owning the mock
+        assert self.handle, errors.value
+        self.cluster = lib.rd_kafka_mock_cluster_new(self.handle, 1)
+        self.bootstrap = lib.rd_kafka_mock_cluster_bootstraps(self.cluster).decode()
+
+    def create_topic(self, topic: str, partitions: int) -> None:
+        assert self.lib.rd_kafka_mock_topic_create(self.cluster, topic.encode(), partitions, 1) == 0
+
+    def delete_topic(self, topic: str) -> None:
+        assert self.lib.rd_kafka_mock_topic_delete(self.cluster, topic.encode()) == 0
+
+    def delete_records(self, topic: str, partition: int, before: int) -> None:
+        assert self.lib.rd_kafka_mock_partition_delete_records(self.cluster, topic.encode(), partition, before) == 0
+
+    def produce(self, topic: str, values: list[tuple[str | None, bytes | None]],
+                partition: int | None = None) -> list[tuple[int, int, bytes | None]]:
+        """(key, value) messages -> (partition, offset, value) as the broker acknowledged them, in send order."""
+        from confluent_kafka import Producer
+
+        producer = Producer({"bootstrap.servers": self.bootstrap, "linger.ms": 5, "enable.idempotence": True})
+        acked: dict[int, tuple[int, int, bytes | None]] = {}
+
+        def delivered(index: int):
+            def callback(err, message) -> None:
+                assert err is None, err
+                acked[index] = (message.partition(), message.offset(), message.value())
+            return callback
+
+        for index, (key, value) in enumerate(values):
+            extra = {} if partition is None else {"partition": partition}
+            while True:
+                try:
+                    producer.produce(topic, value=value, key=key, on_delivery=delivered(index), **extra)
+                    break
+                except BufferError:
+                    producer.poll(0.1)
+            producer.poll(0)
+        assert producer.flush(30) == 0
+        return [acked[i] for i in range(len(values))]
+
+    def close(self) -> None:
+        self.lib.rd_kafka_mock_cluster_destroy(self.cluster)
+        self.lib.rd_kafka_destroy(self.handle)
+
+
+@pytest.fixture(scope="session")
+def kafka_cluster():
+    cluster = MockCluster()
+    yield cluster
+    cluster.close()
+
+
+def kafka_config(tmp_path: Path, cluster: MockCluster, topic: str, **env):
+    return make_config(tmp_path, SESSIONS_KAFKA_BOOTSTRAP=cluster.bootstrap, SESSIONS_KAFKA_TOPIC=topic, **env)
+
+
+def raw_rows(config) -> list[dict]:
+    from deltalake import DeltaTable
+
+    return DeltaTable(config.raw_events_table).to_pyarrow_table(
+        columns=["source_file", "line_no", "event_id", "reject_reason", "raw", "ingest_seq"]).to_pylist()
+
+
+def as_messages(events: list[dict]) -> list[tuple[str | None, bytes | None]]:
+    return [(e["user_id"], json.dumps(e).encode()) for e in events]
+
+
+def assert_each_message_once(config, topic: str, acked: list[tuple[int, int, bytes | None]]) -> None:
+    """raw_events holds every acknowledged message exactly once, at kafka://topic/partition and its offset."""
+    rows = raw_rows(config)
+    where = [(r["source_file"], r["line_no"]) for r in rows]
+    assert len(where) == len(set(where)), "a message was ingested twice"
+    expected = {(f"kafka://{topic}/{p}", offset): json.loads(value)["event_id"] for p, offset, value in acked}
+    assert {w: r["event_id"] for w, r in zip(where, rows)} == expected
+
+
+# --- (a) several partitions, several ingests, the stream vs the oracle -----------------------------------------
+
+def test_partitions_ingested_once_and_sessions_equal_the_oracle(spark, kafka_cluster, tmp_path):
+    from pipelines.ingest import ingest
+    from pipelines.ingest.kafka import kafka_lag
+    from pipelines.sample_data import arrival_order, generate_events
+    from pipelines.stream import catch_up
+    from tests.lifecycle_expectations import expected_closed_sessions
+
+    topic = "clicks-a"
+    kafka_cluster.create_topic(topic, 3)
+    config = kafka_config(tmp_path, kafka_cluster, topic)
+    events = arrival_order(generate_events(200, 3, seed=11), seed=11)  # duplicates included; jitter 120 s < lateness
+    third = len(events) // 3
+    chunks = [events[:third], events[third:2 * third], events[2 * third:]]
+
+    acked = kafka_cluster.produce(topic, as_messages(chunks[0]))
+    assert {p for p, _, _ in acked} == {0, 1, 2}
+    first = catch_up(config, spark)  # ingest + stream
+    assert first.ingested_rows == len(chunks[0])
+    acked += kafka_cluster.produce(topic, as_messages(chunks[1]))
+    second = ingest(config)
+    assert (second.rows, second.files) == (len(chunks[1]), 3)
+    assert ingest(config).rows == 0  # nothing new: no commit
+    acked += kafka_cluster.produce(topic, as_messages(chunks[2]))
+    lag = kafka_lag(config)
+    assert sum(p["lag"] for p in lag.values()) == len(chunks[2])
+    catch_up(config, spark)
+
+    assert_each_message_once(config, topic, acked)
+    assert all(p["lag"] == 0 for p in kafka_lag(config).values())
+    expected = expected_closed_sessions([events], GAP_MS, LATENESS_MS)
+    assert len(expected) > 400 and read_sessions(config) == expected
+    assert read_quarantine(config).empty  # no late event, no bad line
+
+
+# --- (b) kill -9 inside ingest, before and after the Delta commit ------------------------------------------------
+
+CHILD = r"""
+import os, sys
+from pipelines.config import SessionsConfig
+from pipelines.ingest import ingest, kafka, table
+
+point, n = sys.argv[1], int(sys.argv[2])
+calls = 0
+append = table.Appender.append
+
+def killing_append(self, sources, metadata):  # test-only: SIGKILL right before/after the n-th Delta commit
+    global calls
+    calls += 1
+    if point == "before" and calls == n:
+        os.kill(os.getpid(), 9)
+    append(self, sources, metadata)
+    if point == "after" and calls == n:
+        os.kill(os.getpid(), 9)
+
+table.Appender.append = killing_append
+if point == "group":  # after the last Delta commit, before the consumer group commit
+    kafka._Client.commit_group = lambda self, offsets: os.kill(os.getpid(), 9)
+ingest(SessionsConfig.from_env())
+"""
+
+
+def test_kill_before_and_after_the_delta_commit_loses_and_doubles_nothing(kafka_cluster, tmp_path):
+    from confluent_kafka import Consumer, TopicPartition
+
+    from pipelines.ingest import ingest
+    from pipelines.ingest.kafka import DEFAULT_GROUP, _offsets_from_rows, kafka_lag, recorded_offsets
+    from pipelines.ingest.table import open_raw_table
+    from pipelines.sample_data import arrival_order, generate_events
+
+    topic = "clicks-kill"
+    kafka_cluster.create_topic(topic, 3)
+    config = kafka_config(tmp_path, kafka_cluster, topic, SESSIONS_KAFKA_COMMIT_MESSAGES=400)
+    env = config_env(config, SESSIONS_KAFKA_BOOTSTRAP=kafka_cluster.bootstrap, SESSIONS_KAFKA_TOPIC=topic,
+                     SESSIONS_KAFKA_COMMIT_MESSAGES=400)
+    events = arrival_order(generate_events(150, 2, seed=5), seed=5)
+    half = len(events) // 2
+    acked = kafka_cluster.produce(topic, as_messages(events[:half]))
+
+    def killed(point: str, n: int) -> None:
+        done = subprocess.run([sys.executable, "-c", CHILD, point, str(n)], env=env, cwd=REPO, capture_output=True,
+                              text=True, timeout=180)
+        assert done.returncode == -9, done.stderr[-3000:]
+
+    def ingested() -> int:
+        return len(raw_rows(config)) if open_raw_table(config) is not None else 0
+
+    killed("before", 1)  # nothing committed
+    assert ingested() == 0
+    killed("after", 2)  # two commits of 400, the rest not
+    assert ingested() == 800
+    killed("group", 0)  # every Delta commit made, the consumer group never told
+    assert ingested() == half
+    acked += kafka_cluster.produce(topic, as_messages(events[half:]))
+    killed("before", 2)  # one more commit of 400, killed before the second
+    assert ingested() == half + 400
+    killed("after", 1)
+    assert ingested() == half + 800
+    result = ingest(config)
+    assert result.rows == len(events) - half - 800
+    assert_each_message_once(config, topic, acked)
+
+    # The Delta log is the truth; the consumer group got the same offsets afterwards (for lag tools only).
+    recorded = recorded_offsets(open_raw_table(config), topic)
+    assert recorded == {p: 1 + max(o for q, o, _ in acked if q == p) for p in range(3)}
+    assert _offsets_from_rows(open_raw_table(config), topic) == recorded  # the fallback after log cleanup agrees
+    consumer = Consumer({"bootstrap.servers": kafka_cluster.bootstrap, "group.id": DEFAULT_GROUP})
+    try:
+        committed = consumer.committed([TopicPartition(topic, p) for p in range(3)], timeout=10)
+    finally:
+        consumer.close()
+    assert {tp.partition: tp.offset for tp in committed} == recorded
+    assert all(p["lag"] == 0 for p in kafka_lag(config).values())
+
+
+# --- (c) poison messages: the file line rules, per message --------------------------------------------------------
+
+def test_poison_messages_are_quarantined_like_file_lines(spark, kafka_cluster, tmp_path):
+    from pipelines.ingest import ingest
+    from pipelines.stream import catch_up
+
+    topic = "clicks-poison"
+    kafka_cluster.create_topic(topic, 1)
+    good = [{"event_id": f"e{i}", "user_id": "u1", "event_time": f"2026-11-01T08:0{i}:00Z", "event_type": "page_view",
+             "page": "/"} for i in range(3)]
+    values = [json.dumps(good[0]).encode(), b"not json {", json.dumps({"event_id": "x1", "event_time":
+              "2026-11-01T08:00:30Z"}).encode(), None, b"   ", b"\xff\xfe", json.dumps(good[1]).encode(),
+              json.dumps(good[2]).encode()]
+    acked = kafka_cluster.produce(topic, [(None, v) for v in values], partition=0)
+    config = kafka_config(tmp_path, kafka_cluster, topic)
+    assert ingest(config).rows == 6  # the null value and the blank one carry nothing (their offsets are consumed)
+    rows = {r["line_no"]: r for r in raw_rows(config)}
+    offsets = [offset for _, offset, _ in acked]
+    assert rows[offsets[1]]["reject_reason"] == "malformed_json" and rows[offsets[1]]["raw"] == "not json {"
+    assert rows[offsets[2]]["reject_reason"] == "missing_user_id"
+    assert rows[offsets[5]]["reject_reason"] == "invalid_utf8" and rows[offsets[5]]["raw"] == "\\xff\\xfe"
+    assert offsets[3] not in rows and offsets[4] not in rows
+    assert [rows[offsets[i]]["event_id"] for i in (0, 6, 7)] == ["e0", "e1", "e2"]
+
+    # The same values as lines of a landed file get the same reasons.
+    file_config = make_config(tmp_path / "files")
+    file_config.landing.mkdir(parents=True)
+    (file_config.landing / ".same.tmp").write_bytes(b"".join((v or b"") + b"\n" for v in values))
+    os.replace(file_config.landing / ".same.tmp", file_config.landing / "same.jsonl")  # written aside, renamed in
+    ingest(file_config)
+    by_line = {r["line_no"]: r["reject_reason"] for r in raw_rows(file_config)}
+    assert [by_line.get(i + 1) for i in range(len(values))] == [rows[o]["reject_reason"] if o in rows else None
+                                                                  for o in offsets]
+
+    catch_up(config, spark)
+    quarantine = read_quarantine(config)
+    assert sorted(zip(quarantine["source_file"], quarantine["line_no"], quarantine["reason"])) == sorted([
+        (f"kafka://{topic}/0", offsets[1], "malformed_json"), (f"kafka://{topic}/0", offsets[2], "missing_user_id"),
+        (f"kafka://{topic}/0", offsets[5], "invalid_utf8")])
+
+
+# --- (d) broker unreachable -----------------------------------------------------------------------------------------
+
+def test_unreachable_broker_is_one_line_naming_the_bootstrap(tmp_path, capfd):
+    from pipelines.errors import SourceUnavailable
+    from pipelines.ingest import ingest
+    from pipelines.ingest.kafka import kafka_lag
+
+    bootstrap = f"127.0.0.1:{free_port()}"
+    config = make_config(tmp_path, SESSIONS_KAFKA_BOOTSTRAP=bootstrap, SESSIONS_KAFKA_TOPIC="clicks")
+    with pytest.raises(SourceUnavailable) as raised:
+        ingest(config)
+    message = str(raised.value)
+    assert "\n" not in message and bootstrap in message and "clicks" in message
+    assert "Connection refused" in message or "transport" in message.lower(), message
+    assert "%3|" not in capfd.readouterr().err  # librdkafka's log lines go to Python logging, not stderr
+    with pytest.raises(SourceUnavailable):
+        kafka_lag(config)
+
+
+def test_missing_topic_is_one_line(kafka_cluster, tmp_path):
+    from pipelines.errors import SourceUnavailable
+    from pipelines.ingest import ingest
+
+    config = kafka_config(tmp_path, kafka_cluster, "no-such-topic")
+    with pytest.raises(SourceUnavailable, match="Kafka topic no-such-topic does not exist on .*SESSIONS_KAFKA_TOPIC"):
+        ingest(config)
+
+
+# --- (e) offsets out of range: data lost under us ----------------------------------------------------------------
+
+def test_records_deleted_before_ingest_raise_source_data_lost(kafka_cluster, tmp_path):
+    from pipelines.errors import SourceDataLost
+    from pipelines.ingest import ingest
+    from pipelines.ingest.kafka import kafka_lag
+
+    topic = "clicks-retention"
+    kafka_cluster.create_topic(topic, 2)
+    config = kafka_config(tmp_path, kafka_cluster, topic)
+    event = {"event_id": "e", "user_id": "u", "event_time": "2026-11-01T08:00:00Z", "event_type": "page_view"}
+    kafka_cluster.produce(topic, [(None, json.dumps({**event, "event_id": f"a{i}"}).encode()) for i in range(10)],
+                          partition=0)
+    assert ingest(config).rows == 10
+    kafka_cluster.produce(topic, [(None, json.dumps({**event, "event_id": f"b{i}"}).encode()) for i in range(10)],
+                          partition=0)
+    kafka_cluster.delete_records(topic, 0, 15)  # offsets 10..14 gone before they were read
+    before = len(raw_rows(config))
+    with pytest.raises(SourceDataLost) as raised:
+        ingest(config)
+    lost = raised.value
+    assert (lost.topic, lost.partition, lost.first, lost.last) == (topic, 0, 10, 14)
+    assert "\n" not in str(lost) and f"topic {topic} partition 0: offsets 10..14" in str(lost)
+    assert len(raw_rows(config)) == before  # nothing skipped, nothing written
+    assert kafka_lag(config)[0] == {"next_offset": 10, "high_watermark": 20, "lag": 10, "low_watermark": 15}
+    with pytest.raises(SourceDataLost):
+        ingest(config)  # still refused: never a silent skip
+
+
+def test_topic_deleted_or_recreated_raises_source_data_lost(kafka_cluster, tmp_path):
+    from pipelines.errors import SourceDataLost
+    from pipelines.ingest import ingest
+
+    topic = "clicks-recreated"
+    kafka_cluster.create_topic(topic, 2)
+    config = kafka_config(tmp_path, kafka_cluster, topic)
+    event = {"event_id": "e", "user_id": "u", "event_time": "2026-11-01T08:00:00Z"}
+    kafka_cluster.produce(topic, [(None, json.dumps({**event, "event_id": f"a{i}"}).encode()) for i in range(6)],
+                          partition=1)
+    assert ingest(config).rows == 6
+    kafka_cluster.delete_topic(topic)
+    with pytest.raises(SourceDataLost, match=f"Kafka topic {topic} does not exist .* any more") as raised:
+        ingest(config)
+    assert raised.value.partition == 1
+    kafka_cluster.create_topic(topic, 2)  # recreated, empty: offsets 0..5 would be the new topic's, skipped
+    kafka_cluster.produce(topic, [(None, json.dumps({**event, "event_id": "new"}).encode())], partition=1)
+    with pytest.raises(SourceDataLost) as raised:
+        ingest(config)
+    assert (raised.value.partition, raised.value.first, raised.value.last) == (1, 1, 5)
+    assert "deleted and recreated" in str(raised.value)
+
+
+def test_plan_new_partitions_start_at_their_earliest_and_lost_ones_are_refused():
+    from pipelines.errors import SourceDataLost
+    from pipelines.ingest.kafka import Span, plan
+
+    spans = plan("t", {0: 5, 1: 3}, {0: (0, 9), 1: (2, 3), 2: (4, 7)})  # partition 2 is new (retention below 4)
+    assert spans == {0: Span(5, 9, 0), 1: Span(3, 3, 2), 2: Span(4, 7, 4)}
+    with pytest.raises(SourceDataLost) as raised:
+        plan("t", {0: 5, 3: 8}, {0: (0, 9)})  # a recorded partition gone
+    assert (raised.value.partition, raised.value.first) == (3, 8)
+    assert plan("t", {0: 5, 3: 0}, {0: (0, 9)}) == {0: Span(5, 9, 0)}  # never read: nothing lost
+
+
+# --- configuration ---------------------------------------------------------------------------------------------
+
+def test_kafka_settings(tmp_path):
+    from pipelines.config import ConfigError, SessionsConfig, kafka_settings
+    from pipelines.ingest import _source, kafka, local
+
+    with pytest.raises(ConfigError, match="^SESSIONS_KAFKA_BOOTSTRAP is set but SESSIONS_KAFKA_TOPIC is not"):
+        make_config(tmp_path, SESSIONS_KAFKA_BOOTSTRAP="b:9092")
+    with pytest.raises(ConfigError, match="^SESSIONS_KAFKA_TOPIC is set but SESSIONS_KAFKA_BOOTSTRAP is not"):
+        make_config(tmp_path, SESSIONS_KAFKA_TOPIC="t")
+    assert _source(make_config(tmp_path)) is local
+    config = make_config(tmp_path, SESSIONS_KAFKA_BOOTSTRAP="b:9092", SESSIONS_KAFKA_TOPIC="t",
+                         SESSIONS_KAFKA_CONF="security.protocol=SASL_SSL, sasl.password=s=cr")
+    assert _source(config) is kafka
+    assert "s=cr" not in repr(config)  # may hold credentials
+    assert config.kafka_consumer_settings == {"security.protocol": "SASL_SSL", "sasl.password": "s=cr"}
+    assert kafka_settings('{"fetch.max.bytes": 1048576, "check.crcs": true, "sasl.jaas.config": "a,b"}') == {
+        "fetch.max.bytes": "1048576", "check.crcs": "true", "sasl.jaas.config": "a,b"}
+    with pytest.raises(ConfigError, match="item 2 is not key=value") as raised:
+        SessionsConfig.from_env({"SESSIONS_HOME": str(tmp_path), "SESSIONS_KAFKA_CONF": "sasl.password=a,secret"})
+    assert "secret" not in str(raised.value)
+    with pytest.raises(ConfigError, match="is not a JSON object"):
+        kafka_settings("{nope")
+    owned = make_config(tmp_path, SESSIONS_KAFKA_BOOTSTRAP="b:9092", SESSIONS_KAFKA_TOPIC="t",
+                        SESSIONS_KAFKA_CONF="auto.offset.reset=latest")
+    with pytest.raises(ConfigError, match="may not set auto.offset.reset"):
+        kafka._Client(owned)
+
