@@ -51,6 +51,7 @@ def state_metadata(report: StatusReport) -> dict[str, MetadataValue]:
         "frozen_prefixes": MetadataValue.int(report.frozen_prefixes),
         "state_bytes": MetadataValue.int(report.state_bytes),
         "watermark_ms": MetadataValue.int(report.watermark_ms or 0),
+        **({"kafka_lag": MetadataValue.json(report.kafka_lag)} if report.kafka_lag is not None else {}),
     }
 
 

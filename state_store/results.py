@@ -132,6 +132,7 @@ class StatusReport(Result):
     quarantine_rows: int
     restore_in_progress: str | None  # the command that finishes an interrupted restore, None when none is
     rescale_in_progress: str | None = None  # the same for a rescale interrupted inside Spark's repartition
+    kafka_lag: dict[str, Any] | None = None  # Kafka ingest: per partition next_offset, high_watermark, lag
     # from a pass over the live state (zeros when not read: --no-state, or nothing committed)
     state_keys: int = 0
     open_users: int = 0

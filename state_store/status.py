@@ -1,6 +1,8 @@
 """What the job holds now, for `sessionctl status`, Dagster's observations and the demo."""
 from __future__ import annotations
 
+from typing import Any
+
 from pyspark.sql import SparkSession
 
 from pipelines.checkpoint import (
@@ -11,11 +13,24 @@ from pipelines.checkpoint import (
     rescale_command,
 )
 from pipelines.config import SessionsConfig
+from pipelines.errors import SessionsError
+from pipelines.ingest.kafka import kafka_lag
 from pipelines.runtime import get_spark, spark_failures
 from pipelines.storage import storage_options
 from pipelines.tables import table_rows
 from state_store.results import StatusReport
 from state_store.state import state_summary
+
+
+def _kafka_lag(config: SessionsConfig) -> dict[str, Any] | None:
+    """Per partition: next offset ingest starts at, high watermark, lag; None without Kafka. A broker that does not
+    answer is reported in the field, not as a failed status."""
+    if not config.uses_kafka:
+        return None
+    try:
+        return {str(partition): lag for partition, lag in kafka_lag(config).items()}
+    except SessionsError as error:
+        return {"error": str(error)}
 
 
 def status(config: SessionsConfig, spark: SparkSession | None = None, with_state: bool = True) -> StatusReport:
@@ -41,5 +56,6 @@ def status(config: SessionsConfig, spark: SparkSession | None = None, with_state
         restore_in_progress=(read_restore_marker(config.checkpoint) or {}).get("command"),
         rescale_in_progress=rescale_command(info),
         quarantine_rows=table_rows(config.quarantine_table, storage_options(config, config.quarantine_table)),
+        kafka_lag=_kafka_lag(config),
         **state,
     )
