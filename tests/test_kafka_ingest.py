@@ -153,6 +153,10 @@ def test_partitions_ingested_once_and_sessions_equal_the_oracle(spark, kafka_clu
     acked += kafka_cluster.produce(topic, as_messages(chunks[2]))
     lag = kafka_lag(config)
     assert sum(p["lag"] for p in lag.values()) == len(chunks[2])
+    from state_store.status import status
+
+    shown = status(config, with_state=False).kafka_lag  # what `status --json` prints
+    assert shown is not None and sum(p["lag"] for p in shown.values()) == len(chunks[2]) and len(shown) == 3
     catch_up(config, spark)
 
     assert_each_message_once(config, topic, acked)
