@@ -9,6 +9,9 @@ events), then measure in one run:
   state read     Spark's state data source -> canonical Arrow rows alone, for the read share
   restore        state_store.lifecycle.restore(latest) into a fresh checkpoint, verified
   rescale        state_store.lifecycle.rescale(partitions * 2)
+  online         (--online) a savepoint of the RUNNING stream: `sessionctl run` in its own process with a file of
+                 touched users landing every 2 s; the savepoint's duration, and the stream's per-batch latency
+                 (offsets/N -> commits/N file times) during it vs without it, in the same run
 Results: benchmarks/results/lifecycle.json and lifecycle.md. Usage:
   .venv/bin/python benchmarks/lifecycle.py [--sizes 10000,100000] [--provider rocksdb|hdfs|both] [--large]
 """
@@ -19,8 +22,12 @@ import datetime as dt
 import json
 import os
 import shutil
+import signal
+import statistics
+import subprocess
 import sys
 import tempfile
+import threading
 import time
 from pathlib import Path
 
@@ -50,12 +57,70 @@ def build_state(config: SessionsConfig, users: int, spark) -> None:
     catch_up(config, spark)
 
 
-def measure(provider: str, users: int, spark, work: Path) -> dict:
+def _batch_spans(checkpoint: Path) -> list[tuple[float, float]]:
+    """(start, end) wall times of each committed batch: its offset-log file, then its commit file."""
+    spans = []
+    for commit in (checkpoint / "commits").iterdir():
+        if commit.name.isdigit() and (checkpoint / "offsets" / commit.name).exists():
+            spans.append(((checkpoint / "offsets" / commit.name).stat().st_mtime, commit.stat().st_mtime))
+    return sorted(spans)
+
+
+def measure_online(config: SessionsConfig, users: int, spark, quiet_s: float = 25.0) -> dict:
+    """A savepoint beside `sessionctl run` (its own JVM), files landing; batch latency during vs without it."""
+    env = {**{k: v for k, v in os.environ.items() if not k.startswith("SESSIONS_")},
+           "SESSIONS_HOME": str(config.home), "SESSIONS_STATE_STORE": config.state_store,
+           "SESSIONS_STATE_PARTITIONS": str(config.state_partitions), "PYSPARK_PYTHON": sys.executable,
+           "PYTHONPATH": str(REPO)}
+    stop = threading.Event()
+    base = dt.datetime(2026, 11, 1, 10, 20, tzinfo=dt.timezone.utc)
+
+    def feed() -> None:
+        k = 0
+        while not stop.is_set():
+            t = (base + dt.timedelta(seconds=k)).isoformat().replace("+00:00", "Z")
+            land(config.landing, f"live-{k:05d}.jsonl", [json.dumps({
+                "event_id": f"live-{k}-{u}", "user_id": f"u{u:07d}", "event_time": t, "event_type": "page_view",
+                "page": "/"}) for u in range(k * 997 % users, users, max(1, users // 5000))])
+            k += 1
+            stop.wait(2.0)
+
+    run = subprocess.Popen([str(Path(sys.executable).parent / "sessionctl"), "run", "--poll-seconds", "1"], env=env,
+                           stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    feeder = threading.Thread(target=feed, daemon=True)
+    try:
+        first = len(_batch_spans(config.checkpoint))
+        feeder.start()
+        deadline = time.monotonic() + 300
+        while len(_batch_spans(config.checkpoint)) < first + 3 and time.monotonic() < deadline:
+            time.sleep(0.5)
+        time.sleep(quiet_s)  # batches without a savepoint
+        started_wall, started = time.time(), time.monotonic()
+        saved = take_savepoint(config, spark=spark)
+        online_s, ended_wall = time.monotonic() - started, time.time()
+        time.sleep(quiet_s)  # and after it
+    finally:
+        stop.set()
+        run.send_signal(signal.SIGINT)
+        run.wait(timeout=600)
+    spans = _batch_spans(config.checkpoint)[first:]
+    during = [end - start for start, end in spans if start < ended_wall and end > started_wall]
+    without = [end - start for start, end in spans if end <= started_wall or start >= ended_wall]
+    return {"online_savepoint_s": round(online_s, 3), "online_savepoint_batch": saved.batch_id,
+            "online_rows": saved.rows,
+            "batch_s_during_savepoint_median": round(statistics.median(during), 3) if during else None,
+            "batches_during": len(during),
+            "batch_s_without_median": round(statistics.median(without), 3) if without else None,
+            "batches_without": len(without)}
+
+
+def measure(provider: str, users: int, spark, work: Path, online: bool = False) -> dict:
     home = work / f"{provider}-{users}"
     shutil.rmtree(home, ignore_errors=True)
     config = SessionsConfig.from_env({"SESSIONS_HOME": str(home), "SESSIONS_STATE_STORE": provider,
                                       "SESSIONS_STATE_PARTITIONS": "4"})
     build_state(config, users, spark)
+    extra = measure_online(config, users, spark) if online else {}
     started = time.monotonic()
     saved = take_savepoint(config, spark=spark)
     savepoint_s = time.monotonic() - started
@@ -88,6 +153,7 @@ def measure(provider: str, users: int, spark, work: Path) -> dict:
         "restore_s": round(restore_s, 3), "restore_verified": restored.verified,
         "rescale_s": round(rescale_s, 3), "rescale_method": scaled.method,
         "rescale_partitions": f"{scaled.partitions_before}->{scaled.partitions_after}",
+        "load_avg_1m": round(os.getloadavg()[0], 2), **extra,
     }
 
 
@@ -96,6 +162,7 @@ def main() -> None:
     parser.add_argument("--sizes", default="10000,100000")
     parser.add_argument("--large", action="store_true", help="add 1,000,000 users")
     parser.add_argument("--provider", default="rocksdb", choices=["rocksdb", "hdfs", "both"])
+    parser.add_argument("--online", action="store_true", help="also a savepoint of the running stream (latency)")
     parser.add_argument("--note", default="")
     args = parser.parse_args()
     sizes = [int(s) for s in args.sizes.split(",")] + ([1_000_000] if args.large else [])
@@ -105,7 +172,7 @@ def main() -> None:
     results = []
     for provider in providers:
         for users in sizes:
-            result = measure(provider, users, spark, work)
+            result = measure(provider, users, spark, work, online=args.online)
             print(json.dumps(result), flush=True)
             results.append(result)
     shutil.rmtree(work, ignore_errors=True)
@@ -130,6 +197,16 @@ def main() -> None:
                      f"{r['savepoint_over_parquet_rows_per_s']} | {r['delta_over_parquet_rows_per_s']} | "
                      f"{r['restore_s']} | {r['rescale_s']} | "
                      f"{r['rescale_method']} {r['rescale_partitions']} |")
+    online = [r for r in results if "online_savepoint_s" in r]
+    if online:
+        lines += ["", "Savepoint of the running stream (`sessionctl run` in its own JVM, a file of touched users every "
+                  "2 s): its duration, and the stream's batch latency (offset-log -> commit-log file times) during "
+                  "the savepoint vs the batches before and after it, same run.", "",
+                  "| provider | users | online savepoint s | batches during | batch s during (median) | batches "
+                  "without | batch s without (median) | load (1 min) |", "|---|---:|---:|---:|---:|---:|---:|---:|"]
+        lines += [f"| {r['provider']} | {r['users']:,} | {r['online_savepoint_s']} | {r['batches_during']} | "
+                  f"{r['batch_s_during_savepoint_median']} | {r['batches_without']} | {r['batch_s_without_median']} | "
+                  f"{r['load_avg_1m']} |" for r in online]
     (out / "lifecycle.md").write_text("\n".join(lines) + "\n")
 
 

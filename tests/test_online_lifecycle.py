@@ -95,9 +95,14 @@ def _assert_clean_exit(run: subprocess.Popen, out: str, err: str) -> None:
         assert lines[-1] == "sessionctl run: interrupted", err[-3000:]
 
 
-@pytest.mark.parametrize("provider", ["rocksdb", "hdfs"])
-def test_savepoints_of_a_running_stream_and_stop_with_savepoint_restore_exactly_once(tmp_path, spark, provider):
-    config = make_config(tmp_path, provider)
+@pytest.mark.parametrize("provider,store", [("rocksdb", "s3"), ("hdfs", "local")])
+def test_savepoints_of_a_running_stream_and_stop_with_savepoint_restore_exactly_once(tmp_path, spark, provider, store,
+                                                                                      request):
+    savepoints = str(tmp_path / "savepoints")
+    if store == "s3":  # savepoints on a real S3 HTTP endpoint (moto server on loopback)
+        request.getfixturevalue("s3_endpoint")
+        savepoints = f"s3://savepoints/{tmp_path.name}"
+    config = make_config(tmp_path, provider, SESSIONS_SAVEPOINT_URI=savepoints)
     chunks = in_order_chunks(users=60, seed=31, parts=10)
     run = _start_run(config)
     Feeder(config.landing, chunks[:5], every=1.5, prefix="early").start()
@@ -127,6 +132,7 @@ def test_savepoints_of_a_running_stream_and_stop_with_savepoint_restore_exactly_
     assert answer["batch_id"] == answer["last_committed_batch"] == _committed(config)
     complete = [r.savepoint_id for r in SavepointStore.of(config).list() if r.status == "complete"]
     assert complete == [answer["savepoint_id"], online.savepoint_id]
+    assert online.uri.startswith(savepoints) and answer["uri"].startswith(savepoints)
 
     expected_all = expected_closed_sessions(chunks, GAP_MS, LATENESS_MS)
     for savepoint_id, source_seq in ((answer["savepoint_id"], answer["source_seq"]),
