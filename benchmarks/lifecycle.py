@@ -27,7 +27,6 @@ import statistics
 import subprocess
 import sys
 import tempfile
-import threading
 import time
 from pathlib import Path
 
@@ -72,25 +71,26 @@ def measure_online(config: SessionsConfig, users: int, spark, quiet_s: float = 2
            "SESSIONS_HOME": str(config.home), "SESSIONS_STATE_STORE": config.state_store,
            "SESSIONS_STATE_PARTITIONS": str(config.state_partitions), "PYSPARK_PYTHON": sys.executable,
            "PYTHONPATH": str(REPO)}
-    stop = threading.Event()
-    base = dt.datetime(2026, 11, 1, 10, 20, tzinfo=dt.timezone.utc)
-
-    def feed() -> None:
-        k = 0
-        while not stop.is_set():
-            t = (base + dt.timedelta(seconds=k)).isoformat().replace("+00:00", "Z")
-            land(config.landing, f"live-{k:05d}.jsonl", [json.dumps({
-                "event_id": f"live-{k}-{u}", "user_id": f"u{u:07d}", "event_time": t, "event_type": "page_view",
-                "page": "/"}) for u in range(k * 997 % users, users, max(1, users // 5000))])
-            k += 1
-            stop.wait(2.0)
-
+    # The producer is its own process: in this one, the savepoint's Python work would starve a feeder thread of the
+    # GIL, and a stream with no new file makes no batch to measure.
+    feeder_code = (
+        "import datetime as dt, json, sys, time\n"
+        "from pathlib import Path\n"
+        "from pipelines.sample_data import land\n"
+        "landing, users = Path(sys.argv[1]), int(sys.argv[2])\n"
+        "base = dt.datetime(2026, 11, 1, 10, 20, tzinfo=dt.timezone.utc)\n"
+        "for k in range(100000):\n"
+        "    t = (base + dt.timedelta(seconds=k)).isoformat().replace('+00:00', 'Z')\n"
+        "    land(landing, f'live-{k:05d}.jsonl', [json.dumps({'event_id': f'live-{k}-{u}', 'user_id': f'u{u:07d}',"
+        " 'event_time': t, 'event_type': 'page_view', 'page': '/'})"
+        " for u in range(k * 997 % users, users, max(1, users // 5000))])\n"
+        "    time.sleep(2.0)\n")
     run = subprocess.Popen([str(Path(sys.executable).parent / "sessionctl"), "run", "--poll-seconds", "1"], env=env,
                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    feeder = threading.Thread(target=feed, daemon=True)
+    feeder = None
     try:
         first = len(_batch_spans(config.checkpoint))
-        feeder.start()
+        feeder = subprocess.Popen([sys.executable, "-c", feeder_code, str(config.landing), str(users)], env=env)
         deadline = time.monotonic() + 300
         while len(_batch_spans(config.checkpoint)) < first + 3 and time.monotonic() < deadline:
             time.sleep(0.5)
@@ -100,7 +100,9 @@ def measure_online(config: SessionsConfig, users: int, spark, quiet_s: float = 2
         online_s, ended_wall = time.monotonic() - started, time.time()
         time.sleep(quiet_s)  # and after it
     finally:
-        stop.set()
+        if feeder is not None:
+            feeder.kill()
+            feeder.wait()
         run.send_signal(signal.SIGINT)
         run.wait(timeout=600)
     spans = _batch_spans(config.checkpoint)[first:]
