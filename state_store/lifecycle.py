@@ -221,6 +221,10 @@ def stop_stream(config: SessionsConfig, savepoint: bool = False, timeout_s: floa
                              f"savepoint failed ({answer['error']}): take it with `sessionctl savepoint`",
                              next_step="sessionctl savepoint")
     taken = answer.get("savepoint")
+    if savepoint and not taken:  # joined a stop someone else asked for without a savepoint
+        raise StopIncomplete(f"the stream stopped at committed batch {answer['last_committed_batch']} for an earlier "
+                             f"stop request without a savepoint ({request.requested_by}): take it with "
+                             f"`sessionctl savepoint`", next_step="sessionctl savepoint")
     return StopResult(True, stream.describe(), answer.get("last_committed_batch"), seconds,
                       SavepointInfo.from_row(taken) if taken else None)
 

@@ -68,3 +68,35 @@ def test_the_holder_renews_its_lease(tmp_path):
         assert current["token"] == info.token and current["expires_at"] > info.expires_at
         with pytest.raises(LeaseHeld), lease(tmp_path, "job", "savepoint", ttl_s=0.6):
             pass
+
+
+def test_stop_request_is_answered_and_a_joined_stop_without_savepoint_says_so(tmp_path):
+    """The stop protocol without Spark: a holder of the job lease (as `run`) answers the request it finds; a
+    `stop --savepoint` that joins an earlier request made without a savepoint is not reported as having one."""
+    import threading
+
+    from pipelines.errors import NotRunning, StopIncomplete
+    from pipelines.guards import answer_stop, pending_stop, request_stop
+    from state_store.lifecycle import stop_stream
+
+    config = make_config(tmp_path)
+    with pytest.raises(NotRunning, match="no stream is running"):
+        stop_stream(config)
+    with job_lock(config, "run") as held:
+        first = request_stop(config, held, savepoint=False)  # someone asked for a plain stop
+
+        def stream_answers() -> None:
+            deadline = time.monotonic() + 30
+            while (request := pending_stop(config, held)) is None and time.monotonic() < deadline:
+                time.sleep(0.05)
+            assert request is not None and request.token == first.token
+            time.sleep(0.5)  # the second stopper is waiting on the same request by now
+            answer_stop(config, request, {"stopped": True, "last_committed_batch": 7, "savepoint": None, "error": None})
+
+        stream = threading.Thread(target=stream_answers)
+        stream.start()
+        with pytest.raises(StopIncomplete, match="without a savepoint") as joined:
+            stop_stream(config, savepoint=True, timeout_s=30)
+        stream.join()
+    assert joined.value.next_step == "sessionctl savepoint"
+    assert pending_stop(config, held) is None  # answered: the request is gone
