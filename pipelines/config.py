@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import json
+import math
 import os
 from collections.abc import Mapping
 from dataclasses import dataclass, field, fields, replace
@@ -30,7 +31,8 @@ def _int(env: Mapping[str, str], name: str, default: int | None, minimum: float 
     return value
 
 
-def _float(env: Mapping[str, str], name: str, default: float, minimum: float = 0) -> float:
+def _float(env: Mapping[str, str], name: str, default: float | None, minimum: float = 0,
+           inclusive: bool = False) -> float | None:
     raw = env.get(name)
     if raw is None or not raw.strip():
         return default
@@ -38,8 +40,10 @@ def _float(env: Mapping[str, str], name: str, default: float, minimum: float = 0
         value = float(raw)
     except ValueError:
         raise ConfigError(f"{name}={raw!r} is not a number") from None
-    if value <= minimum:
-        raise ConfigError(f"{name}={raw} must be > {minimum:g}")
+    if not math.isfinite(value):
+        raise ConfigError(f"{name}={raw!r} is not a finite number")
+    if value < minimum or (value == minimum and not inclusive):
+        raise ConfigError(f"{name}={raw} must be {'>=' if inclusive else '>'} {minimum:g}")
     return value
 
 
@@ -52,10 +56,12 @@ def _bool(env: Mapping[str, str], name: str, default: bool) -> bool:
     return raw in ("true", "1", "yes")
 
 
-def _setting(default: Any, minimum: float = 1, kind: type | None = None, secret: bool = False) -> Any:
-    """A setting read from SESSIONS_<NAME> (see env_name); `minimum` bounds numbers; a `secret` one (it may hold
-    credentials) stays out of the config's repr."""
-    return field(default=default, repr=not secret, metadata={"minimum": minimum, "kind": kind or type(default)})
+def _setting(default: Any, minimum: float = 1, kind: type | None = None, secret: bool = False,
+             inclusive: bool = False) -> Any:
+    """A setting read from SESSIONS_<NAME> (see env_name); `minimum` bounds numbers (a float must exceed it unless
+    `inclusive`); a `secret` one (it may hold credentials) stays out of the config's repr."""
+    return field(default=default, repr=not secret,
+                 metadata={"minimum": minimum, "kind": kind or type(default), "inclusive": inclusive})
 
 
 def kafka_settings(raw: str, name: str = "SESSIONS_KAFKA_CONF") -> dict[str, str]:
@@ -147,6 +153,9 @@ class SessionsConfig:
     # Consumer settings passed to librdkafka (security.protocol, sasl.*, ssl.*, group.id, ...): see kafka_settings.
     kafka_conf: str = _setting("", secret=True)
     kafka_commit_messages: int = _setting(100_000)  # messages per ingest commit at most
+    # Idle close (README "Idle close"): after this much wall-clock time without an event ingested, ingest appends a
+    # clock row to raw_events. Unset: the lateness (the gap when lateness is 0); 0 turns it off.
+    idle_close_minutes: float | None = _setting(None, minimum=0, kind=float, inclusive=True)
 
     @classmethod
     def from_env(cls, env: Mapping[str, str] | None = None) -> SessionsConfig:
@@ -165,7 +174,8 @@ class SessionsConfig:
             elif kind is int:
                 values[setting.name] = _int(env, name, setting.default, minimum)  # type: ignore[arg-type]
             elif kind is float:
-                values[setting.name] = _float(env, name, setting.default, minimum)  # type: ignore[arg-type]
+                values[setting.name] = _float(env, name, setting.default, minimum,  # type: ignore[arg-type]
+                                              setting.metadata["inclusive"])
             else:
                 values[setting.name] = (env.get(name) or "").strip() or setting.default
         values["state_store"] = values["state_store"].lower()
@@ -232,6 +242,14 @@ class SessionsConfig:
     @property
     def lateness_ms(self) -> int:
         return self.lateness_minutes * 60_000
+
+    @property
+    def idle_close_ms(self) -> int:
+        """Idle time before a clock row (0 = off). The default, the lateness, is the longest that never makes an
+        event late that is newer than the last one ingested (see pipelines.ingest.table.IngestClock)."""
+        if self.idle_close_minutes is None:
+            return self.lateness_ms or self.gap_ms
+        return round(self.idle_close_minutes * 60_000)
 
     @property
     def max_future_ms(self) -> int:

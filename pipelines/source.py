@@ -5,6 +5,7 @@ ingest_seq in (start, end] make a micro-batch. A checkpoint made by a restore st
 `boot: false`: its first micro-batch carries only the savepoint's state rows and one watermark marker
 (origin "state"/"marker"), so the operator loads state at the savepoint's watermark before any event
 is judged late or on time. Events after the savepoint's source position follow from the next batch on.
+An idle-close clock row of raw_events is read as a marker too (README "Idle close").
 """
 from __future__ import annotations
 
@@ -21,6 +22,7 @@ from pyspark.sql.datasource import DataSource, DataSourceStreamReader, InputPart
 from pyspark.sql.streaming.datasource import ReadAllAvailable, ReadLimit, ReadMaxFiles, SupportsTriggerAvailableNow
 
 from pipelines.ingest import latest_ingest_seq
+from pipelines.ingest.table import CLOCK_KIND
 from pipelines.storage import filesystem, s3_options
 
 SOURCE_NAME = "sessions_raw"
@@ -52,13 +54,13 @@ def _arrow_schema() -> pa.Schema:
                       (field.strip().split(" ") for field in SOURCE_SCHEMA.split(","))])
 
 
-def _with_origin(batch: pa.RecordBatch, origin: str) -> pa.RecordBatch:
+def _with_origin(batch: pa.RecordBatch, origin: str | pa.Array) -> pa.RecordBatch:
     """Conform a batch to the source schema: missing columns become nulls, origin is set."""
     schema = _arrow_schema()
     arrays = []
     for field in schema:
         if field.name == "origin":
-            arrays.append(pa.array([origin] * batch.num_rows, pa.string()))
+            arrays.append(origin if isinstance(origin, pa.Array) else pa.array([origin] * batch.num_rows, pa.string()))
         elif field.name in batch.schema.names:
             arrays.append(batch.column(field.name).cast(field.type))
         else:
@@ -74,6 +76,15 @@ def _with_line_key(table: pa.Table) -> pa.Table:
         return table.append_column("line_key", fallback)
     index = table.schema.get_field_index("line_key")
     return table.set_column(index, "line_key", pc.coalesce(table["line_key"], fallback))
+
+
+def _event_origins(batch: pa.RecordBatch) -> str | pa.Array:
+    """raw_events rows are events, except an idle-close clock row (row_kind "clock"): a watermark `marker`, which
+    moves the watermark as an event at its time would and does nothing else (pipelines.operator.sessionize)."""
+    if "row_kind" not in batch.schema.names or batch.column("row_kind").null_count == batch.num_rows:
+        return "event"
+    clock = pc.fill_null(pc.equal(batch.column("row_kind"), CLOCK_KIND), False)
+    return pc.if_else(clock, "marker", "event")
 
 
 class RawEventsStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
@@ -148,7 +159,7 @@ class RawEventsStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow)
             seq = table["ingest_seq"]
             table = table.filter(pc.and_(pc.greater(seq, partition.low), pc.less_equal(seq, partition.high)))
             for batch in _with_line_key(table).to_batches(max_chunksize=ARROW_BATCH_ROWS):
-                yield _with_origin(batch, "event")
+                yield _with_origin(batch, _event_origins(batch))
         elif partition.kind == "state":
             # The restore staged the savepoint's rows next to the checkpoint (read from S3 by the
             # driver, which holds the credentials), so workers need no access to the savepoint store.

@@ -72,6 +72,8 @@ class RunSummary:
     waiting_files: int = 0  # files left in landing at the last ingest: still being written
     stopped_by: str | None = None  # run only: "caller" (event, Ctrl-C) or "stop request" (sessionctl stop)
     savepoint: dict[str, Any] | None = None  # the savepoint a stop request asked for, when taken
+    clock_rows: int = 0     # idle-close clock rows ingest appended (README "Idle close")
+    last_clock: str | None = None  # the newest one's event time
 
     def __post_init__(self) -> None:
         self._seen: set[int] = set()  # batch ids already counted (not a field: not part of the result)
@@ -85,6 +87,9 @@ class RunSummary:
         self.rejected_lines += result.rejected
         self.refused_files += result.refused
         self.waiting_files = result.waiting
+        if result.clock is not None:
+            self.clock_rows += 1
+            self.last_clock = result.clock
 
     def absorb_progress(self, query: StreamingQuery) -> bool:
         """Count the batches the query reported since the last call; True when there were new ones."""

@@ -67,6 +67,9 @@ DEFAULT_ENV = {
     "SESSIONS_GAP_MINUTES": "30",
     "SESSIONS_LATENESS_MINUTES": "10",
     "SESSIONS_MAX_VERSIONS_PER_BATCH": "1",
+    # Off unless a test turns it on (tests/test_idle_close.py): a test that runs longer than the default idle time
+    # would otherwise get clock rows its oracle does not expect.
+    "SESSIONS_IDLE_CLOSE_MINUTES": "0",
 }
 
 
@@ -98,6 +101,7 @@ def config_env(config, **extra) -> dict:
         "SESSIONS_CHECKPOINT_URI": str(config.checkpoint_uri),
         "SESSIONS_WAREHOUSE_URI": str(config.warehouse_uri),
         "SESSIONS_LANDING_URI": str(config.landing_uri),
+        "SESSIONS_IDLE_CLOSE_MINUTES": repr(config.idle_close_ms / 60_000),
         "PYSPARK_PYTHON": sys.executable,
         "PYSPARK_DRIVER_PYTHON": sys.executable,
     })
@@ -350,6 +354,8 @@ TEST_TIERS: dict[str, str | tuple[str, dict[str, str]]] = {
                                        "test_maintenance_sensor_requests": "pure",
                                        "test_compaction_schedule_fires_the_compaction_job_nightly": "pure"}),
     "test_damaged_state.py": "subprocess",
+    "test_idle_close.py": ("pure", {"test_clock_rows_close_like_events_and_replay_after_a_restore": "spark",
+                                    "test_a_quiet_stream_closes_its_sessions_under_run": "subprocess"}),
     "test_hostile_input.py": ("pure", {"test_hostile_mix_every_line_is_accounted_for": "spark",
                                        "test_far_future_event_never_moves_the_watermark": "spark",
                                        "test_a_file_still_being_written_loses_no_line": "spark"}),

@@ -14,6 +14,9 @@ A new event is late when ``event_time <= watermark`` of its batch: it is quarant
 A non-late event whose (user_id, event_id) was accepted before is a duplicate and is dropped (first arrival
 wins). After the data, one empty batch runs at the final watermark ``max event_time overall - lateness``,
 so the sessions closable by then are closed.
+Idle-close clock rows (README "Idle close"): a batch item ``{"clock_ms": T}`` is a clock row ingest appended. It is
+never late, never a duplicate, never sessionized; it counts only towards the max event_time above, exactly as an
+event at T would (so the watermark of the next batch is at least T - lateness).
 Sessions: per user, the accepted events ordered by (event_time, event_id); an event starts a new session
 when there is no current one, the previous event was a logout, or it is >= gap after the previous event.
 A session is closed when the watermark reaches session_end + gap, or, when it ends with a logout, that
@@ -90,6 +93,9 @@ def run_oracle(batches: list[list[dict]], gap_ms: int, lateness_ms: int) -> Orac
     for batch in batches:
         result.watermarks.append(watermark)
         for event in batch:
+            if "clock_ms" in event:
+                max_time = int(event["clock_ms"]) if max_time is None else max(max_time, int(event["clock_ms"]))
+                continue
             user, event_id, t = event["user_id"], event["event_id"], int(event["event_time_ms"])
             if t <= watermark:
                 result.late.append(event_id)

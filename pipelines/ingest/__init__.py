@@ -21,6 +21,7 @@ from pipelines.ingest.table import (
     Appender,
     IngestResult,
     Source,
+    latest_clock,
     latest_ingest_seq,
     latest_seq,
     open_raw_table,
@@ -45,7 +46,8 @@ def _source(config: SessionsConfig) -> Source:
 def ingest(config: SessionsConfig, files_per_commit: int = 16) -> IngestResult:
     """Append the new complete lines of every landed file to raw_events and move finished files to
     landing/_ingested/<UTC day>/ (see the docstrings of pipelines.ingest.local and pipelines.ingest.s3); or, with
-    Kafka configured, the topic's new messages (pipelines.ingest.kafka: offsets in the same Delta commit).
+    Kafka configured, the topic's new messages (pipelines.ingest.kafka: offsets in the same Delta commit). Then,
+    when no event has been ingested for SESSIONS_IDLE_CLOSE_MINUTES, one clock row (README "Idle close").
 
     Crash-safe: each commit carries what it holds (local files: their positions; S3 objects: `name:size:mtime`); after
     a crash the positions are rolled forward from the commits, and an object already committed is only archived.
@@ -53,7 +55,10 @@ def ingest(config: SessionsConfig, files_per_commit: int = 16) -> IngestResult:
     # Catch-up and run hold the job lease already; this one serialises direct callers (tests, benchmarks).
     with waiting_lease(config.lease_dir, "ingest", "ingest", config.lease_ttl_s):
         table = open_raw_table(config)
-        appender = Appender(config, latest_seq(table) if table is not None else 0)
+        appender = Appender(config, latest_seq(table) if table is not None else 0, latest_clock(table))
         found = _source(config).ingest(config, table, appender, max(1, files_per_commit))
+        # Only after the source answered: a source that cannot be read (S3 or the broker down) may hold events,
+        # so its silence is not idleness.
+        clock = appender.append_clock()
     return IngestResult(found.files, appender.rows, appender.rejected, appender.first_seq, appender.seq,
-                        found.refused, found.waiting)
+                        found.refused, found.waiting, clock.isoformat().replace("+00:00", "Z") if clock else None)

@@ -7,6 +7,7 @@ the moment of ingest (the far-future rule) are made here and stored in the row, 
 from __future__ import annotations
 
 import datetime as dt
+import json
 import os
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -14,6 +15,7 @@ from typing import Any, Protocol
 
 import pyarrow as pa
 import pyarrow.compute as pc
+import pyarrow.dataset as ds
 from deltalake import CommitProperties, DeltaTable, write_deltalake
 
 from pipelines.config import SessionsConfig
@@ -39,6 +41,72 @@ RAW_SCHEMA = pa.schema([
     ("ingested_at", pa.timestamp("us", tz="UTC")),  # the commit's clock, which the far-future rule was judged by
 ])
 HISTORY_PAGE = 50               # commits searched to roll the positions forward after a crash
+# The table's own columns beyond a line's: `row_kind` is null for a landed line or message, "clock" for a clock row.
+TABLE_SCHEMA = RAW_SCHEMA.append(pa.field("row_kind", pa.string()))
+CLOCK_KIND = "clock"
+CLOCK_SOURCE = "_clock"         # source_file of a clock row (line_no 0)
+CLOCK_KEY = "ingest_clock"      # commit metadata: the IngestClock after this commit
+
+
+def _us(moment: dt.datetime) -> int:
+    return (moment - dt.datetime(1970, 1, 1, tzinfo=dt.timezone.utc)) // dt.timedelta(microseconds=1)
+
+
+@dataclass(frozen=True)
+class IngestClock:
+    """Event time as ingest has seen it, recorded in the metadata of every ingest commit so that whichever host
+    ingests next decides from the table, not from its memory (README "Idle close").
+
+    `max_event_us`: the largest event_time of a valid event or a clock row in raw_events -- what the stream's
+    watermark follows. `active_us`: the ingested_at of the newest commit that held one. When ingest has appended
+    neither for the idle time, a clock row is due at `max_event_us + (now - active_us)`: event time is taken to
+    have moved on at wall-clock speed from the last point the source showed it, as continuing traffic would have
+    moved it. Not the wall clock itself: a source that delivers late (a 15-minute buffer) or a replayed backlog
+    (last week's files) would see a clock far ahead of its events and every event after the pause judged late."""
+    max_event_us: int | None = None
+    active_us: int | None = None
+
+    def after(self, rows: pa.Table, ingested_at_us: int) -> IngestClock:
+        """The clock once `rows` (raw_events rows of one commit) are appended."""
+        valid = rows.filter(pc.is_null(rows["reject_reason"]))
+        if valid.num_rows == 0:
+            return self
+        newest = int(pc.max(valid["event_time"].cast(pa.int64())).as_py())
+        return IngestClock(newest if self.max_event_us is None else max(self.max_event_us, newest), ingested_at_us)
+
+    def due(self, now_us: int, idle_us: int) -> int | None:
+        """The event time (us, whole ms) of the clock row to append at `now_us`, or None: none yet, or off."""
+        if idle_us <= 0 or self.max_event_us is None or self.active_us is None:
+            return None
+        idle = now_us - self.active_us
+        return None if idle < idle_us else (self.max_event_us + idle) // 1000 * 1000
+
+    def to_json(self) -> str:
+        return json.dumps({"max_event_us": self.max_event_us, "active_us": self.active_us})
+
+    @classmethod
+    def from_json(cls, text: str) -> IngestClock:
+        data = json.loads(text)
+        return cls(data.get("max_event_us"), data.get("active_us"))
+
+
+def latest_clock(table: DeltaTable | None) -> IngestClock:
+    """The clock the newest commit records; for a table written before clocks, recomputed from its rows once."""
+    if table is None:
+        return IngestClock()
+    for commit in sorted(table.history(limit=HISTORY_PAGE), key=lambda c: int(c.get("version", 0)), reverse=True):
+        if CLOCK_KEY in commit:
+            return IngestClock.from_json(commit[CLOCK_KEY])
+    columns = [c for c in ("event_time", "ingested_at") if c in table.schema().to_arrow().names]
+    rows = table.to_pyarrow_dataset().to_table(columns=columns, filter=ds.field("reject_reason").is_null())
+    if rows.num_rows == 0:
+        return IngestClock()
+    newest = int(pc.max(rows["event_time"].cast(pa.int64())).as_py())
+    active = (int(pc.max(rows["ingested_at"].cast(pa.int64())).as_py()) if "ingested_at" in columns
+              and rows["ingested_at"].null_count < rows.num_rows else None)
+    if active is None:  # no ingest time in the rows: the newest commit's time stands in
+        active = max(int(c.get("timestamp", 0)) for c in table.history(limit=1)) * 1000
+    return IngestClock(newest, active)
 
 
 @dataclass(frozen=True)
@@ -103,28 +171,53 @@ def open_raw_table(config: SessionsConfig) -> DeltaTable | None:
 
 
 class Appender:
-    """Appends ingest commits to raw_events, each with the next ingest_seq."""
+    """Appends ingest commits to raw_events, each with the next ingest_seq and the ingest clock after it."""
 
-    def __init__(self, config: SessionsConfig, seq: int):
+    def __init__(self, config: SessionsConfig, seq: int, clock: IngestClock | None = None):
         self.config, self.uri = config, config.raw_events_table
         self.options = storage_options(config, self.uri)
         self.seq, self.rows, self.rejected = seq, 0, 0
         self.first_seq: int | None = None
+        self.clock = clock or IngestClock()
+        self.clock_rows: list[dt.datetime] = []  # event times of the clock rows this appender wrote
 
     def append(self, sources: list[RowSource], metadata: dict[str, str]) -> None:
-        self.seq += 1
         ingested_at = dt.datetime.now(dt.timezone.utc)
-        batch = _rows(sources, self.seq, ingested_at, dt.timedelta(milliseconds=self.config.max_future_ms))
+        batch = _rows(sources, self.seq + 1, ingested_at, dt.timedelta(milliseconds=self.config.max_future_ms))
+        self._commit(batch, ingested_at, metadata)
+        self.rows += batch.num_rows
+        self.rejected += batch.num_rows - batch["reject_reason"].null_count
+
+    def append_clock(self, now: dt.datetime | None = None) -> dt.datetime | None:
+        """Append a clock row when the configured idle time has passed without an event (README "Idle close");
+        returns its event time, or None when none is due. `now` is for tests of the rule; ingest passes none."""
+        now = now or dt.datetime.now(dt.timezone.utc)
+        due_us = self.clock.due(_us(now), self.config.idle_close_ms * 1000)
+        if due_us is None:
+            return None
+        at = dt.datetime(1970, 1, 1, tzinfo=dt.timezone.utc) + dt.timedelta(microseconds=due_us)
+        row: dict[str, list[Any]] = {name: [None] for name in TABLE_SCHEMA.names}
+        row.update(event_time=[at], source_file=[CLOCK_SOURCE], line_no=[0], ingest_seq=[self.seq + 1],
+                   line_key=[1], ingested_at=[now], row_kind=[CLOCK_KIND])
+        self._commit(pa.table(row, schema=TABLE_SCHEMA), now, {"idle_close": "clock row"})
+        self.clock_rows.append(at)
+        return at
+
+    def _commit(self, batch: pa.Table, ingested_at: dt.datetime, metadata: dict[str, str]) -> None:
+        if "row_kind" not in batch.column_names:  # line rows (_rows) carry no kind: null
+            batch = batch.append_column("row_kind", pa.nulls(batch.num_rows, pa.string()))
+        clock = self.clock.after(batch, _us(ingested_at))
         if not is_s3(self.uri):
             os.makedirs(self.uri, exist_ok=True)
         write_deltalake(
             self.uri, batch, mode="append", storage_options=self.options,
-            schema_mode="merge",  # tables written before line_key and ingested_at get the columns
-            commit_properties=CommitProperties(custom_metadata={"ingest_seq": str(self.seq), **metadata}),
+            schema_mode="merge",  # tables written before line_key, ingested_at and row_kind get the columns
+            commit_properties=CommitProperties(custom_metadata={
+                "ingest_seq": str(self.seq + 1), CLOCK_KEY: clock.to_json(), **metadata}),
         )
+        self.seq += 1
+        self.clock = clock
         self.first_seq = self.seq if self.first_seq is None else self.first_seq
-        self.rows += batch.num_rows
-        self.rejected += batch.num_rows - batch["reject_reason"].null_count
 
     def table_id(self) -> str:
         return str(DeltaTable(self.uri, storage_options=self.options).metadata().id)
@@ -155,3 +248,4 @@ class IngestResult(Result):
     last_seq: int
     refused: int = 0     # symlinks and special files moved to landing/_refused/
     waiting: int = 0     # files left in landing: still being written (or an unfinished last line)
+    clock: str | None = None  # the event time of the clock row appended (README "Idle close"), ISO 8601

@@ -1,0 +1,217 @@
+"""Idle close: when no event has been ingested for SESSIONS_IDLE_CLOSE_MINUTES, ingest appends a clock row to
+raw_events that moves the watermark as an event at its time would (README "Idle close").
+
+The clock row's time is max event time + the wall-clock time since the newest commit that held an event or a clock
+row. The oracle's view (tests/oracle.py): a clock row is a batch item ``{"clock_ms": T}`` that counts towards the
+max event time and nothing else.
+"""
+from __future__ import annotations
+
+import datetime as dt
+import json
+import subprocess
+import time
+
+import pyarrow as pa
+import pytest
+from deltalake import DeltaTable, write_deltalake
+
+from pipelines.config import ConfigError
+from pipelines.ingest import ingest, latest_seq, open_raw_table
+from pipelines.ingest.table import CLOCK_KIND, RAW_SCHEMA, Appender, IngestClock, latest_clock
+from pipelines.sample_data import land
+from pipelines.stream import catch_up
+from state_store.lifecycle import restore, take_savepoint
+from tests.conftest import config_env, make_config, read_open_sessions, read_quarantine, read_sessions, tool
+from tests.datagen import iso, land_batches, line, make_event
+from tests.oracle import run_oracle
+
+MINUTE = 60_000
+T0 = int(dt.datetime(2026, 10, 5, 12, tzinfo=dt.timezone.utc).timestamp() * 1000)
+EPOCH = dt.datetime(1970, 1, 1, tzinfo=dt.timezone.utc)
+
+
+def _rows(times_ms: list[int], rejected: list[bool]) -> pa.Table:
+    return pa.table({"event_time": pa.array([t * 1000 for t in times_ms], pa.timestamp("us", tz="UTC")),
+                     "reject_reason": pa.array(["bad" if r else None for r in rejected], pa.string())})
+
+
+def _clock_rows(config) -> list[dict]:
+    rows = DeltaTable(config.raw_events_table).to_pyarrow_table().to_pylist()
+    return sorted((r for r in rows if r.get("row_kind") == CLOCK_KIND), key=lambda r: r["ingest_seq"])
+
+
+# --- the rule (no Spark) ------------------------------------------------------------------------------------------
+
+def test_the_clock_follows_valid_events_and_runs_at_wall_speed_from_the_last_one():
+    clock = IngestClock().after(_rows([T0, T0 + 5 * MINUTE, T0 + 99 * MINUTE], [False, False, True]), 1_000)
+    assert clock == IngestClock((T0 + 5 * MINUTE) * 1000, 1_000)  # a rejected line's time never counts
+    assert clock.after(_rows([T0 + 50 * MINUTE], [True]), 9_000) == clock  # rejected only: not activity
+    older = clock.after(_rows([T0], [False]), 2_000)  # an old (late) event is activity, and does not lower the max
+    assert older == IngestClock((T0 + 5 * MINUTE) * 1000, 2_000)
+    idle_us = 10 * MINUTE * 1000
+    assert older.due(2_000 + idle_us - 1, idle_us) is None
+    assert older.due(2_000 + idle_us, idle_us) == (T0 + 15 * MINUTE) * 1000
+    assert older.due(2_000 + idle_us + 1_500, idle_us) == (T0 + 15 * MINUTE) * 1000 + 1_000  # whole ms
+    assert older.due(10**15, 0) is None and IngestClock().due(10**15, 1) is None  # off; no event ever
+
+
+def test_idle_close_setting_default_off_and_bad_values():
+    assert make_config("/tmp/x", SESSIONS_IDLE_CLOSE_MINUTES=None).idle_close_ms == 10 * MINUTE  # = lateness
+    assert make_config("/tmp/x", SESSIONS_IDLE_CLOSE_MINUTES=None,
+                       SESSIONS_LATENESS_MINUTES="0").idle_close_ms == 30 * MINUTE  # no lateness: the gap
+    assert make_config("/tmp/x", SESSIONS_IDLE_CLOSE_MINUTES="0").idle_close_ms == 0
+    assert make_config("/tmp/x", SESSIONS_IDLE_CLOSE_MINUTES="0.5").idle_close_ms == 30_000
+    for bad in ("-1", "soon", "inf", "nan"):
+        with pytest.raises(ConfigError, match="SESSIONS_IDLE_CLOSE_MINUTES"):
+            make_config("/tmp/x", SESSIONS_IDLE_CLOSE_MINUTES=bad)
+
+
+def test_ingest_appends_one_clock_row_per_idle_period_and_any_host_continues_it(tmp_path):
+    config = make_config(tmp_path, SESSIONS_IDLE_CLOSE_MINUTES="0.02")  # 1.2 s
+    events = [make_event("u1", "a1", T0, "page_view"), make_event("u1", "a2", T0 + MINUTE, "page_view")]
+    land_batches(config, [events])
+    assert ingest(config).clock is None and not _clock_rows(config)  # just ingested: not idle
+
+    time.sleep(1.3)
+    before = dt.datetime.now(dt.timezone.utc)
+    result = ingest(config)
+    after = dt.datetime.now(dt.timezone.utc)
+    (row,) = _clock_rows(config)
+    assert result.clock is not None and result.rows == 0
+    # max event time + the idle wall-clock time since the events were ingested
+    active = next(r["ingested_at"] for r in DeltaTable(config.raw_events_table).to_pyarrow_table().to_pylist()
+                  if r["row_kind"] is None)
+    low = EPOCH + dt.timedelta(milliseconds=T0 + MINUTE) + (before - active)
+    assert low - dt.timedelta(milliseconds=1) <= row["event_time"] <= low + (after - before)
+    assert (row["reject_reason"], row["user_id"], row["event_id"], row["source_file"]) == (None, None, None, "_clock")
+    assert ingest(config).clock is None  # the clock row is the newest activity: the next one an idle period later
+
+    # A rejected line is not an event: the idle period goes on; the next clock row continues from the last one.
+    time.sleep(1.3)
+    land(config.landing, "junk.jsonl", ["not json"])
+    assert ingest(config).clock is not None
+    first, second = _clock_rows(config)
+    assert second["event_time"] - first["event_time"] >= dt.timedelta(seconds=1.2)
+    # Another host (a fresh appender) reads the same clock from the table's newest commit.
+    table = open_raw_table(config)
+    assert latest_clock(table) == Appender(config, latest_seq(table), latest_clock(table)).clock
+    assert latest_clock(table).max_event_us == int((second["event_time"] - EPOCH) / dt.timedelta(microseconds=1))
+
+    off = config.with_(idle_close_minutes=0.0)
+    time.sleep(1.3)
+    assert ingest(off).clock is None and len(_clock_rows(config)) == 2
+
+
+def test_a_table_written_before_clocks_gets_its_clock_from_its_rows(tmp_path):
+    config = make_config(tmp_path)
+    now = dt.datetime(2026, 11, 20, tzinfo=dt.timezone.utc)
+    rows = {name: [None, None] for name in RAW_SCHEMA.names}
+    rows.update(event_time=[EPOCH + dt.timedelta(milliseconds=T0), EPOCH + dt.timedelta(milliseconds=T0 + 9 * MINUTE)],
+                reject_reason=[None, "far_future"], ingested_at=[now, now], ingest_seq=[1, 1], line_no=[1, 2])
+    write_deltalake(config.raw_events_table, pa.table(rows, schema=RAW_SCHEMA))
+    clock = latest_clock(open_raw_table(config))
+    assert clock == IngestClock(T0 * 1000, int((now - EPOCH) / dt.timedelta(microseconds=1)))
+
+
+# --- the stream: a clock row closes and judges late exactly as an event at its time would --------------------------
+
+def _append_clock_at(config, clock_ms: int) -> None:
+    """A clock row at event time `clock_ms`, as ingest would append it after the matching idle time."""
+    table = open_raw_table(config)
+    clock = latest_clock(table)
+    assert clock.max_event_us is not None and clock.active_us is not None
+    now = EPOCH + dt.timedelta(microseconds=clock.active_us + clock_ms * 1000 - clock.max_event_us)
+    assert Appender(config, latest_seq(table), clock).append_clock(now) == EPOCH + dt.timedelta(milliseconds=clock_ms)
+
+
+@pytest.mark.parametrize("provider", ["rocksdb", "hdfs"])
+def test_clock_rows_close_like_events_and_replay_after_a_restore(tmp_path, spark, provider):
+    gap, lateness = 30 * MINUTE, 10 * MINUTE
+    config = make_config(tmp_path, provider, SESSIONS_IDLE_CLOSE_MINUTES="30")  # the clock row below: 35 min idle
+    before = [make_event("u1", "a1", T0, "page_view"), make_event("u1", "a2", T0 + 5 * MINUTE, "click"),
+              make_event("u2", "b1", T0 + 20 * MINUTE, "page_view"), make_event("u2", "b2", T0 + 25 * MINUTE, "click")]
+    clock_ms = T0 + 60 * MINUTE  # watermark T0 + 50 min: u1 (closes at T0 + 35) closes, u2 (T0 + 55) stays open
+    after = [make_event("u2", "b3", T0 + 45 * MINUTE, "page_view"),   # <= T0 + 50: late, because of the clock
+             make_event("u2", "b4", T0 + 51 * MINUTE, "page_view"),   # joins u2's session (26 min after b2)
+             make_event("u3", "c1", T0 + 52 * MINUTE, "page_view")]
+    expected = run_oracle([before, [{"clock_ms": clock_ms}], after], gap, lateness)
+    assert [s[1] for s in expected.closed] == ["u1"] and expected.late == ["b3"]
+    assert run_oracle([before, after], gap, lateness).late == []  # without the clock row nothing is late
+
+    land_batches(config, [before])
+    catch_up(config, spark)
+    saved = take_savepoint(config, spark=spark)  # before the quiet period: u1 and u2 open
+    assert saved.rows > 0 and len(read_open_sessions(spark, config)) == 2 and read_sessions(config) == []
+    _append_clock_at(config, clock_ms)
+    land_batches(config, [after], start=1)
+
+    def check() -> None:
+        assert sorted(read_sessions(config)) == sorted(expected.closed)  # a list: a session written twice shows
+        late = read_quarantine(config)
+        assert sorted(zip(late["event_id"], late["reason"])) == [("b3", "late")]
+        assert read_open_sessions(spark, config) == sorted(expected.open_sessions)
+
+    catch_up(config, spark)
+    check()
+    restore(config, saved.savepoint_id, spark=spark)  # back before the clock row: the replay sees the same clock
+    catch_up(config, spark)
+    check()
+
+
+# --- under `sessionctl run`: a stream that goes quiet -------------------------------------------------------------
+
+def _sessionctl(config, *args: str, timeout: float = 300) -> subprocess.CompletedProcess:
+    done = subprocess.run([tool("sessionctl"), *args], env=config_env(config), capture_output=True, text=True,
+                          timeout=timeout, cwd=config.home.parent)
+    assert done.returncode == 0, done.stderr[-3000:]
+    return done
+
+
+def test_a_quiet_stream_closes_its_sessions_under_run(tmp_path, spark):
+    gap, idle_s, poll_s = MINUTE, 6.0, 1.0
+    config = make_config(tmp_path, SESSIONS_GAP_MINUTES="1", SESSIONS_LATENESS_MINUTES="0",
+                         SESSIONS_IDLE_CLOSE_MINUTES=str(idle_s / 60))
+    now_ms = int(time.time() * 1000)
+    events = [make_event("u1", "a1", now_ms - 50_000, "page_view"), make_event("u1", "a2", now_ms - 45_000, "click"),
+              make_event("u2", "b1", now_ms - 20_000, "page_view"), make_event("u2", "b2", now_ms - 15_000, "click")]
+    for event in events:
+        event["event_time"] = iso(event["event_time_ms"])
+    expected = run_oracle([events, [{"clock_ms": now_ms + 10 * MINUTE}]], gap, 0)
+    assert len(expected.closed) == 2  # a clock far enough ahead closes both; before it the watermark closes none
+    assert run_oracle([events], gap, 0).closed == set()
+
+    land(config.landing, "quiet.jsonl", [line(e) for e in events])
+    catch_up(config, spark)  # in this process (the shared session): only the run below needs its own
+    saved = take_savepoint(config, spark=spark)
+    assert saved.rows > 0 and read_sessions(config) == []
+    ingested_at = DeltaTable(config.raw_events_table).to_pyarrow_table().to_pylist()[0]["ingested_at"]
+
+    started = dt.datetime.now(dt.timezone.utc)
+    run = subprocess.Popen([tool("sessionctl"), "run", "--poll-seconds", str(poll_s)], env=config_env(config),
+                           stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=config.home.parent)
+    try:
+        # The clock runs at wall speed from the newest event (ingested at `ingested_at`): a session is due when it
+        # reaches session_end + gap, written within one idle period and one poll after (plus the batch itself).
+        for session in sorted(expected.closed, key=lambda s: s[3]):
+            due = ingested_at + dt.timedelta(milliseconds=session[3] + gap - events[-1]["event_time_ms"])
+            # 60 s: the run's start (JVM) and the batches, on a loaded machine
+            deadline = max(due, started) + dt.timedelta(seconds=idle_s + poll_s + 60)
+            while session not in read_sessions(config):
+                assert run.poll() is None, run.communicate()[1][-3000:]
+                assert dt.datetime.now(dt.timezone.utc) < deadline, f"{session[1]}'s session not written by {deadline}"
+                time.sleep(0.5)
+        assert sorted(read_sessions(config)) == sorted(expected.closed)
+        shown = json.loads(_sessionctl(config, "state", "--user", "u2", "--json").stdout)
+        assert shown["open_sessions"] == []  # the running job's state agrees
+    finally:
+        _sessionctl(config, "stop", "--json")
+        out, err = run.communicate(timeout=300)
+    summary = json.loads(out.strip().splitlines()[-1])
+    assert summary["clock_rows"] >= 1 and summary["stopped_by"] == "stop request", err[-3000:]
+
+    # Back to before the quiet period: the replay reads the same clock rows and writes the same sessions, once.
+    restore(config, saved.savepoint_id, spark=spark)
+    catch_up(config, spark)
+    assert sorted(read_sessions(config)) == sorted(expected.closed)
+    assert read_open_sessions(spark, config) == []
