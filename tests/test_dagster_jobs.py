@@ -238,3 +238,48 @@ def test_lifecycle_runs_never_overlap(resources):
     failure = [e for e in busy.all_events if e.event_type_value == "STEP_FAILURE"][0]
     message = str(failure.event_specific_data.error.message)
     assert "another lifecycle operation is running" in message and "sessionctl compact" in message
+
+
+def test_session_stream_job_closes_sessions_of_a_quiet_stream(tmp_path, spark):
+    """Idle close from the Dagster `session_stream` job (README "Idle close"): with no new events, its ingest appends
+    clock rows and a session the events alone cannot close is written; the newest user's session stays open."""
+    import threading
+    import time
+
+    from pipelines.sample_data import land
+    from state_store.lifecycle import stop_stream
+    from tests.datagen import iso, line, make_event
+    from tests.oracle import run_oracle
+
+    resources = {"sessions": SessionsResource(home=str(tmp_path / "home"), gap_minutes=2, lateness_minutes=0,
+                                              idle_close_minutes=0.05, state_partitions=2),
+                 "pyspark": pyspark_resource()}
+    config = resources["sessions"].config()
+    now_ms = int(time.time() * 1000)
+    # u1's session closes when event time reaches now - 170 s + 120 s: 10 s after the newest event, which only a
+    # clock row can bring (lateness 0: the events alone hold the watermark at the newest event, now - 60 s); u2's
+    # 120 s after it, long after this test stops the stream.
+    events = [make_event("u1", "a1", now_ms - 170_000, "page_view"), make_event("u2", "b1", now_ms - 60_000, "click")]
+    for event in events:
+        event["event_time"] = iso(event["event_time_ms"])
+    expected = run_oracle([events, [{"clock_ms": now_ms - 45_000}]], 120_000, 0)
+    assert [s[1] for s in expected.closed] == ["u1"] and not run_oracle([events], 120_000, 0).closed
+    land(config.landing, "quiet.jsonl", [line(e) for e in events])
+
+    outcome: dict = {}
+    job = threading.Thread(target=lambda: outcome.update(result=defs.resolve_job_def("session_stream").execute_in_process(
+        resources=resources, run_config={"ops": {"stream_op": {"config": {"poll_seconds": 1.0}}}})), daemon=True)
+    job.start()
+    deadline = time.monotonic() + 180
+    while time.monotonic() < deadline and not (DeltaTable.is_deltatable(config.sessions_table)
+                                               and len(DeltaTable(config.sessions_table).to_pandas())):
+        assert job.is_alive(), outcome
+        time.sleep(0.5)
+    stop_stream(config)
+    job.join(timeout=300)
+    assert outcome["result"].success
+    written = DeltaTable(config.sessions_table).to_pandas()
+    assert sorted(written["session_id"]) == sorted(s[0] for s in expected.closed)
+    assert [s[1] for s in read_open_sessions(spark, config)] == ["u2"]
+    raw = DeltaTable(config.raw_events_table).to_pyarrow_table(columns=["row_kind"])
+    assert raw["row_kind"].to_pylist().count("clock") >= 1
