@@ -3,7 +3,7 @@ VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: setup system-deps demo test test-fast lint bench clean-data check-java
+.PHONY: setup system-deps demo test test-fast lint bench clean-data check-java peers
 
 check-java:
 	@command -v java >/dev/null 2>&1 || { echo "Java 17+ is required by Spark and was not found on PATH. Install it (Debian: apt-get install -y openjdk-17-jre-headless) and run make again." >&2; exit 1; }
@@ -48,3 +48,14 @@ bench: setup
 
 clean-data:
 	rm -rf .data
+
+# The Flink peer of benchmarks/end_to_end.py in its own venv (apache-flink's pins clash with ours: apache-beam & co).
+PEERS_VENV := benchmarks/peers/.venv-flink
+
+$(PEERS_VENV)/.installed: benchmarks/peers/requirements-flink.txt
+	python3 -m venv $(PEERS_VENV)
+	$(PEERS_VENV)/bin/python -m pip install -q --upgrade pip
+	$(PEERS_VENV)/bin/python -m pip install -q -r benchmarks/peers/requirements-flink.txt
+	touch $(PEERS_VENV)/.installed
+
+peers: check-java $(PEERS_VENV)/.installed
