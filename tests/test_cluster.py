@@ -1,12 +1,14 @@
 """Cluster mode on a real Spark standalone cluster (a master and two workers on loopback, separate JVMs), with
-landing, tables and savepoints on the real S3 endpoint (moto server): sessionctl runs catch-up -> savepoint ->
-more -> restore -> rescale -> the rest with SESSIONS_SPARK_MASTER set, and the sessions equal the oracle, each
-exactly once. Only the checkpoint is on a (shared) local path."""
+landing, tables and savepoints on the real S3 endpoint (moto server): one driver runs catch-up -> savepoint ->
+more -> restore -> rescale -> catch-up (tests/cluster_driver.py, the library), then `sessionctl run` and `sessionctl
+compact` with SESSIONS_SPARK_MASTER set, and the sessions equal the oracle, each exactly once. Only the checkpoint is on
+a (shared) local path."""
 from __future__ import annotations
 
 import json
 import signal
 import subprocess
+import sys
 import time
 from pathlib import Path
 
@@ -39,18 +41,17 @@ def test_lifecycle_on_a_standalone_cluster(tmp_path, spark_cluster, s3_endpoint)
         body = "".join(json.dumps(e) + "\n" for e in chunks[i]).encode()
         s3.put_object(Bucket="warehouse", Key=f"{tmp_path.name}/landing/part-{i:04d}.jsonl", Body=body)
 
-    land_part(0)
-    land_part(1)
-    _sessionctl(env, "catch-up")
-    saved = _sessionctl(env, "savepoint", "--json")
-    assert saved["uri"].startswith("s3://savepoints/")
-    land_part(2)
-    _sessionctl(env, "catch-up")  # its sessions are rolled back by the restore and written again after it
-    restored = _sessionctl(env, "restore", "--savepoint", "latest")
-    assert restored["verified"] and restored["rolled_back"]["sessions"] > 0
-    assert _sessionctl(env, "rescale", "--partitions", "3")["partitions_after"] == 3
-    land_part(3)
-    _sessionctl(env, "catch-up")
+    # catch-up -> savepoint -> more -> restore -> rescale -> catch-up: the library in one driver on the cluster
+    spec = tmp_path / "driver.json"
+    spec.write_text(json.dumps({"bucket": "warehouse", "prefix": tmp_path.name,
+                                "parts": [[json.dumps(e) for e in chunk] for chunk in chunks[:4]]}))
+    done = subprocess.run([sys.executable, str(Path(__file__).with_name("cluster_driver.py")), str(spec)], env=env,
+                          capture_output=True, text=True, timeout=900, cwd=Path(__file__).parent.parent)
+    assert done.returncode == 0, done.stderr[-3000:]
+    steps = json.loads(done.stdout.strip().splitlines()[-1])
+    assert steps["savepoint"]["uri"].startswith("s3://savepoints/")
+    assert steps["restore"]["verified"] and steps["restore"]["rolled_back"]["sessions"] > 0
+    assert steps["rescale"]["partitions_after"] == 3
     # `run` on the cluster: picks up part 4 as it lands, stops cleanly on Ctrl-C; then compaction.
     expected = sorted(expected_closed_sessions([chunks[0] + chunks[1], chunks[2], chunks[3], chunks[4]],
                                                GAP_MIN * 60_000, LATENESS_MIN * 60_000))

@@ -1,0 +1,50 @@
+"""The library's lifecycle on a standalone cluster, in ONE driver JVM (tests/test_cluster.py runs it as a process
+with SESSIONS_SPARK_MASTER set): catch-up -> savepoint -> more -> restore -> rescale -> catch-up. The CLI's own
+path on the cluster is `sessionctl run` and `compact`, which the test runs itself; one application here instead of
+six saves five driver and executor start-ups.
+
+argv: a JSON file {"bucket": ..., "prefix": ..., "parts": [[line, ...], ...]} -- parts 0..3 are landed (an S3 put
+is atomic: the object appears complete, the contract's rename-in) at the points of the sequence; prints one JSON
+line with each step's result."""
+from __future__ import annotations
+
+import json
+import sys
+
+import boto3
+
+from pipelines.config import SessionsConfig
+from pipelines.runtime import get_spark, stop_spark
+from pipelines.stream import catch_up
+from state_store.lifecycle import rescale, restore, take_savepoint
+
+
+def main(spec_path: str) -> None:
+    spec = json.loads(open(spec_path).read())
+    s3 = boto3.client("s3")
+
+    def land(i: int) -> None:
+        body = "".join(line + "\n" for line in spec["parts"][i]).encode()
+        s3.put_object(Bucket=spec["bucket"], Key=f"{spec['prefix']}/landing/part-{i:04d}.jsonl", Body=body)
+
+    config = SessionsConfig.from_env()
+    spark = get_spark(config)
+    try:
+        land(0)
+        land(1)
+        catch_up(config, spark)
+        saved = take_savepoint(config, spark=spark)
+        land(2)
+        catch_up(config, spark)  # its sessions are rolled back by the restore and written again after it
+        restored = restore(config, "latest", spark=spark)
+        rescaled = rescale(config, 3, spark=spark)
+        land(3)
+        catch_up(config, spark)
+        print(json.dumps({"savepoint": saved.to_dict(catalog=True), "restore": restored.to_dict(),
+                          "rescale": rescaled.to_dict()}, default=str))
+    finally:
+        stop_spark(spark)
+
+
+if __name__ == "__main__":
+    main(sys.argv[1])
