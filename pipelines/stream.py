@@ -2,6 +2,7 @@
 stopped: by the caller's event, Ctrl-C, or a stop request from `sessionctl stop` on any host)."""
 from __future__ import annotations
 
+import logging
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -15,7 +16,7 @@ from pyspark.sql.streaming import StreamingQuery
 
 from pipelines.checkpoint import JobMetadata, batch_source_range, inspect_checkpoint
 from pipelines.config import SessionsConfig
-from pipelines.errors import SessionsError
+from pipelines.errors import SessionsError, SourceDataLost, SourceUnavailable, StorageUnavailable
 from pipelines.guards import StopRequest, answer_stop, checkpoint_metadata, ensure_tables, job_lock, pending_stop
 from pipelines.ingest import IngestResult, ingest
 from pipelines.locks import LeaseInfo
@@ -24,6 +25,8 @@ from pipelines.runtime import explain_spark_failure, get_spark, prepare_session,
 from pipelines.source import BOOTSTRAP_FILE, SOURCE_NAME
 from pipelines.storage import storage_options
 from pipelines.tables import MicroBatchSink
+
+log = logging.getLogger(__name__)
 
 
 def raw_events_stream(spark: SparkSession, config: SessionsConfig, checkpoint: Path,
@@ -74,6 +77,8 @@ class RunSummary:
     savepoint: dict[str, Any] | None = None  # the savepoint a stop request asked for, when taken
     clock_rows: int = 0     # idle-close clock rows ingest appended (README "Idle close")
     last_clock: str | None = None  # the newest one's event time
+    source_errors: int = 0  # run only: ingests that failed because the source could not be read (then retried)
+    last_source_error: str | None = None  # the newest one's line
 
     def __post_init__(self) -> None:
         self._seen: set[int] = set()  # batch ids already counted (not a field: not part of the result)
@@ -159,32 +164,73 @@ def _drain(query: StreamingQuery, timeout_s: float) -> None:
     query.stop()
 
 
+# What a run retries rather than dies of: the source cannot be read now (the broker or the S3 landing down), or it
+# lost messages until an operator accepts the loss (`sessionctl accept-loss`, beside the running stream).
+RETRIED_SOURCE_ERRORS = (SourceUnavailable, SourceDataLost, StorageUnavailable)
+SOURCE_RETRY_CAP_S = 60.0  # the longest wait between two attempts while the source fails
+
+
+class _RetryingIngest:
+    """run's ingest: a source error is logged as its one line and counted in the summary, and the next attempt waits
+    twice as long as the last (from the poll interval up to SOURCE_RETRY_CAP_S); a success resets it. The stream
+    goes on with what raw_events holds meanwhile."""
+
+    def __init__(self, config: SessionsConfig, summary: RunSummary, poll_seconds: float) -> None:
+        self.config, self.summary, self.poll_seconds = config, summary, poll_seconds
+        self.failures = 0
+
+    def __call__(self) -> float:
+        """One ingest; the seconds to wait until the next one."""
+        try:
+            result = ingest(self.config)
+        except RETRIED_SOURCE_ERRORS as error:
+            self.failures += 1
+            delay = min(self.poll_seconds * 2 ** self.failures, max(SOURCE_RETRY_CAP_S, self.poll_seconds))
+            line = str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
+            self.summary.source_errors += 1
+            self.summary.last_source_error = line
+            log.warning("%s [run retries by itself: %d failed ingest(s) in a row, next attempt in %.0f s; the stream "
+                        "goes on with what raw_events holds]", line, self.failures, delay)
+            return delay
+        if self.failures:
+            log.warning("the source answers again after %d failed ingest(s)", self.failures)
+        self.failures = 0
+        self.summary.add_ingest(result)
+        return self.poll_seconds
+
+
 def run_continuously(config: SessionsConfig, spark: SparkSession | None = None, stop: threading.Event | None = None,
                      poll_seconds: float = 5.0,
                      on_progress: Callable[[RunSummary, MicroBatchSink], None] | None = None,
                      on_stop_request: OnStop | None = None) -> RunSummary:
     """Ingest and process until `stop` is set, Ctrl-C, or a stop request (`sessionctl stop`) names this run's
-    lease; then stop the query between batches. A stop request is answered before the lease is released."""
+    lease; then stop the query between batches. A stop request is answered before the lease is released.
+    A source that cannot be read (SourceUnavailable, SourceDataLost, StorageUnavailable of the landing) does not end
+    the run: logged (logger `pipelines.stream`) as its one line, counted in the summary, retried with backoff
+    (_RetryingIngest); a stop is still noticed within a second while it waits."""
     stop = stop or threading.Event()
     tick = min(poll_seconds, 1.0)  # how often a stop is noticed; ingest and progress still every poll_seconds
     with _job(config, "run", spark) as run:
         summary = run.summary
         request: StopRequest | None = None
         if not stop.is_set():  # a Ctrl-C while the JVM started: stop before the query does
-            summary.add_ingest(ingest(config))
+            ingest_now = _RetryingIngest(config, summary, poll_seconds)
+            wait = ingest_now()
             with spark_failures(config):
                 query, sink = start_query(run.spark, config, run.meta, {"processingTime": f"{poll_seconds} seconds"})
             try:
-                next_poll = time.monotonic() + poll_seconds
+                next_poll = time.monotonic() + wait
+                next_progress = time.monotonic() + poll_seconds
                 while not stop.is_set() and query.isActive:
                     request = pending_stop(config, run.lease)
                     if request is not None:
                         break
                     if time.monotonic() >= next_poll:
-                        summary.add_ingest(ingest(config))
+                        next_poll = time.monotonic() + ingest_now()
+                    if time.monotonic() >= next_progress:
                         if summary.absorb_progress(query) and on_progress:
                             on_progress(summary, sink)
-                        next_poll = time.monotonic() + poll_seconds
+                        next_progress = time.monotonic() + poll_seconds
                     stop.wait(tick)
             except KeyboardInterrupt:
                 pass

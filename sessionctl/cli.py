@@ -10,6 +10,7 @@ from typing import Any
 
 from pipelines.config import SessionsConfig
 from pipelines.errors import SessionsError
+from pipelines.ingest.kafka import accept_loss
 from pipelines.runtime import get_spark, spark_failures, stop_spark
 from pipelines.stream import RunSummary, catch_up
 from pipelines.tables import MicroBatchSink
@@ -41,8 +42,25 @@ def cmd_run(config: SessionsConfig, args: argparse.Namespace) -> None:
         print(f"batches={summary.batches} input_rows={summary.input_rows} "
               f"sessions_written={sink.sessions_written} quarantined={sink.quarantined}", flush=True)
 
+    # A source that cannot be read is retried, not fatal: its one line (pipelines.stream's log) on stderr as well.
+    source_errors = logging.StreamHandler(sys.stderr)
+    source_errors.setFormatter(logging.Formatter("sessionctl run: %(message)s"))
+    logging.getLogger("pipelines.stream").addHandler(source_errors)
     print("running; Ctrl-C or `sessionctl stop` stops cleanly", file=sys.stderr, flush=True)
     _print(run_stream(config, stop=stop, poll_seconds=args.poll_seconds, on_progress=progress).to_dict())
+
+
+def cmd_accept_loss(config: SessionsConfig, args: argparse.Namespace) -> None:
+    result = accept_loss(config)
+    if args.json:
+        _print(result.to_dict())
+    elif not result.accepted:
+        print(f"nothing lost: every offset raw_events recorded for Kafka topic {result.topic} is still in the topic")
+    else:
+        for gap in result.accepted:
+            print(f"accepted: {gap['what']}")
+        print(f"recorded in raw_events commit {result.ingest_seq}: the quarantine table shows each gap "
+              "(reason lost_in_source) once the stream has run; ingest goes on after them")
 
 
 def cmd_stop(config: SessionsConfig, args: argparse.Namespace) -> None:
@@ -110,6 +128,10 @@ def build_parser() -> argparse.ArgumentParser:
     stp.add_argument("--timeout", type=float, default=None, help="seconds to wait (default 2x SESSIONS_STOP_TIMEOUT_S)")
     stp.add_argument("--json", action="store_true")
     stp.set_defaults(fn=cmd_stop)
+    al = sub.add_parser("accept-loss", help="accept Kafka messages lost before ingest (SourceDataLost): a quarantine "
+                        "row per gap, ingest goes on after it")
+    al.add_argument("--json", action="store_true")
+    al.set_defaults(fn=cmd_accept_loss)
     sps = sub.add_parser("savepoints", help="the savepoint catalog, newest first")
     sps.add_argument("--json", action="store_true")
     sps.set_defaults(fn=cmd_savepoints)

@@ -363,7 +363,15 @@ TEST_TIERS: dict[str, str | tuple[str, dict[str, str]]] = {
     "test_kafka_ingest.py": ("pure", {"test_partitions_ingested_once_and_sessions_equal_the_oracle": "spark",
                                       "test_poison_messages_are_quarantined_like_file_lines": "spark",
                                       "test_kill_before_and_after_the_delta_commit_loses_and_doubles_nothing":
-                                          "subprocess"}),
+                                          "subprocess",
+                                      "test_records_deleted_before_ingest_are_refused_until_an_operator_accepts_the_loss":
+                                          "spark",
+                                      "test_topic_deleted_or_recreated_is_refused_until_an_operator_accepts_the_loss":
+                                          "spark",
+                                      "test_accept_loss_command_prints_one_json_line": "subprocess",
+                                      "test_restore_to_a_savepoint_older_than_the_topics_retention_replays_from_raw_events":
+                                          "spark",
+                                      "test_run_retries_with_backoff_while_the_broker_is_down": "subprocess"}),
     "test_lifecycle.py": ("spark", {"test_savepoint_restore_rescale_is_exactly_once": "e2e",
                                     "test_restore_rebuilds_a_lost_checkpoint_from_s3_alone": "e2e",
                                     "test_savepoint_failure_mid_write_is_never_listed": "e2e",

@@ -2,23 +2,27 @@
 
 The mock speaks the Kafka protocol but is not Apache Kafka: it cannot create or delete topics or records through the
 admin API, so `MockCluster` drives librdkafka's own mock C API (rd_kafka_mock_topic_create / _topic_delete /
-_partition_delete_records, exported by the wheel's bundled librdkafka) through ctypes: a topic of exactly 3 partitions,
-retention (records deleted below an offset), a topic deleted and recreated. (The mock itself keeps about 5 MB per
+_partition_delete_records / _broker_set_down / _broker_set_up, exported by the wheel's bundled librdkafka) through
+ctypes: a topic of exactly 3 partitions, retention (records deleted below an offset), a topic deleted and recreated, a
+broker that goes down (refuses connections) and comes back. (The mock itself keeps about 5 MB per
 partition and deletes older messages, like retention: keep test topics small.)
 """
 from __future__ import annotations
 
 import ctypes
+import datetime as dt
 import glob
 import json
 import os
+import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
 
-from tests.conftest import REPO, config_env, free_port, make_config, read_quarantine, read_sessions
+from tests.conftest import REPO, config_env, free_port, make_config, read_quarantine, read_sessions, tool
 
 GAP_MS, LATENESS_MS = 30 * 60_000, 10 * 60_000
 
@@ -45,6 +49,8 @@ class MockCluster:
             ("rd_kafka_mock_topic_create", ctypes.c_int, [vp, cp, ctypes.c_int, ctypes.c_int]),
             ("rd_kafka_mock_topic_delete", ctypes.c_int, [vp, cp]),
             ("rd_kafka_mock_partition_delete_records", ctypes.c_int, [vp, cp, ctypes.c_int32, ctypes.c_int64]),
+            ("rd_kafka_mock_broker_set_down", ctypes.c_int, [vp, ctypes.c_int32]),
+            ("rd_kafka_mock_broker_set_up", ctypes.c_int, [vp, ctypes.c_int32]),
         ]:
             function = getattr(lib, name)
             function.restype, function.argtypes = restype, argtypes
@@ -63,6 +69,13 @@ class MockCluster:
 
     def delete_records(self, topic: str, partition: int, before: int) -> None:
         assert self.lib.rd_kafka_mock_partition_delete_records(self.cluster, topic.encode(), partition, before) == 0
+
+    def broker_down(self) -> None:
+        """The broker closes its connections and refuses new ones (Connection refused) until broker_up."""
+        assert self.lib.rd_kafka_mock_broker_set_down(self.cluster, 1) == 0
+
+    def broker_up(self) -> None:
+        assert self.lib.rd_kafka_mock_broker_set_up(self.cluster, 1) == 0
 
     def produce(self, topic: str, values: list[tuple[str | None, bytes | None]],
                 partition: int | None = None) -> list[tuple[int, int, bytes | None]]:
@@ -118,8 +131,9 @@ def as_messages(events: list[dict]) -> list[tuple[str | None, bytes | None]]:
 
 
 def assert_each_message_once(config, topic: str, acked: list[tuple[int, int, bytes | None]]) -> None:
-    """raw_events holds every acknowledged message exactly once, at kafka://topic/partition and its offset."""
-    rows = raw_rows(config)
+    """raw_events holds every acknowledged message exactly once, at kafka://topic/partition and its offset (and
+    besides them only the rows of accepted losses)."""
+    rows = [r for r in raw_rows(config) if r["reject_reason"] != "lost_in_source"]
     where = [(r["source_file"], r["line_no"]) for r in rows]
     assert len(where) == len(set(where)), "a message was ingested twice"
     expected = {(f"kafka://{topic}/{p}", offset): json.loads(value)["event_id"] for p, offset, value in acked}
@@ -317,20 +331,29 @@ def test_missing_topic_is_one_line(kafka_cluster, tmp_path):
 
 # --- (e) offsets out of range: data lost under us ----------------------------------------------------------------
 
-def test_records_deleted_before_ingest_raise_source_data_lost(kafka_cluster, tmp_path):
+def lost_rows(config) -> list[tuple[str, int, str]]:
+    """The quarantine's lost_in_source rows: (source_file, line_no, raw)."""
+    quarantine = read_quarantine(config)
+    lost = quarantine[quarantine["reason"] == "lost_in_source"]
+    return sorted(zip(lost["source_file"], lost["line_no"].astype(int), lost["raw"]))
+
+
+def test_records_deleted_before_ingest_are_refused_until_an_operator_accepts_the_loss(spark, kafka_cluster, tmp_path):
     from pipelines.errors import SourceDataLost
     from pipelines.ingest import ingest
-    from pipelines.ingest.kafka import kafka_lag
+    from pipelines.ingest.kafka import accept_loss, kafka_lag, recorded_offsets
+    from pipelines.ingest.table import open_raw_table
+    from pipelines.stream import catch_up
 
     topic = "clicks-retention"
     kafka_cluster.create_topic(topic, 2)
     config = kafka_config(tmp_path, kafka_cluster, topic)
     event = {"event_id": "e", "user_id": "u", "event_time": "2026-11-01T08:00:00Z", "event_type": "page_view"}
-    kafka_cluster.produce(topic, [(None, json.dumps({**event, "event_id": f"a{i}"}).encode()) for i in range(10)],
-                          partition=0)
+    acked = kafka_cluster.produce(topic, [(None, json.dumps({**event, "event_id": f"a{i}"}).encode())
+                                          for i in range(10)], partition=0)
     assert ingest(config).rows == 10
-    kafka_cluster.produce(topic, [(None, json.dumps({**event, "event_id": f"b{i}"}).encode()) for i in range(10)],
-                          partition=0)
+    acked += kafka_cluster.produce(topic, [(None, json.dumps({**event, "event_id": f"b{i}"}).encode())
+                                           for i in range(10)], partition=0)
     kafka_cluster.delete_records(topic, 0, 15)  # offsets 10..14 gone before they were read
     before = len(raw_rows(config))
     with pytest.raises(SourceDataLost) as raised:
@@ -338,15 +361,35 @@ def test_records_deleted_before_ingest_raise_source_data_lost(kafka_cluster, tmp
     lost = raised.value
     assert (lost.topic, lost.partition, lost.first, lost.last) == (topic, 0, 10, 14)
     assert "\n" not in str(lost) and f"topic {topic} partition 0: offsets 10..14" in str(lost)
+    assert "next: `sessionctl accept-loss` records the loss" in str(lost)  # the way on, in the same line
     assert len(raw_rows(config)) == before  # nothing skipped, nothing written
     assert kafka_lag(config)[0] == {"next_offset": 10, "high_watermark": 20, "lag": 10, "low_watermark": 15}
     with pytest.raises(SourceDataLost):
         ingest(config)  # still refused: never a silent skip
 
+    accepted = accept_loss(config)
+    (gap,) = accepted.accepted
+    assert (gap["partition"], gap["first"], gap["last"], gap["resumes_at"]) == (0, 10, 14, 15)
+    assert "offsets 10..14 (5 messages)" in gap["what"] and "accepted the loss with `sessionctl accept-loss`" in gap["what"]
+    # One commit: the gap's row and the partition's next offset past it (every partition recorded, as ingest does).
+    assert recorded_offsets(open_raw_table(config), topic) == {0: 15, 1: 0}
+    assert accepted.ingest_seq == max(r["ingest_seq"] for r in raw_rows(config))
+    assert accept_loss(config).accepted == []  # nothing lost any more: no commit
+    assert len(raw_rows(config)) == before + 1
 
-def test_topic_deleted_or_recreated_raises_source_data_lost(kafka_cluster, tmp_path):
-    from pipelines.errors import SourceDataLost
+    summary = catch_up(config, spark)
+    assert summary.ingested_rows == 5  # b5..b9 (offsets 15..19), once
+    assert_each_message_once(config, topic, [a for a in acked if not 10 <= a[1] <= 14])
+    assert lost_rows(config) == [(f"kafka://{topic}/0", 10, gap["what"])]  # in quarantine, for good
+    assert ingest(config).rows == 0
+
+
+def test_topic_deleted_or_recreated_is_refused_until_an_operator_accepts_the_loss(spark, kafka_cluster, tmp_path):
+    from pipelines.errors import SourceDataLost, SourceUnavailable
     from pipelines.ingest import ingest
+    from pipelines.ingest.kafka import accept_loss, recorded_offsets
+    from pipelines.ingest.table import open_raw_table
+    from pipelines.stream import catch_up
 
     topic = "clicks-recreated"
     kafka_cluster.create_topic(topic, 2)
@@ -360,11 +403,67 @@ def test_topic_deleted_or_recreated_raises_source_data_lost(kafka_cluster, tmp_p
         ingest(config)
     assert raised.value.partition == 1
     kafka_cluster.create_topic(topic, 2)  # recreated, empty: offsets 0..5 would be the new topic's, skipped
-    kafka_cluster.produce(topic, [(None, json.dumps({**event, "event_id": "new"}).encode())], partition=1)
+    (new,) = kafka_cluster.produce(topic, [(None, json.dumps({**event, "event_id": "new"}).encode())], partition=1)
     with pytest.raises(SourceDataLost) as raised:
         ingest(config)
     assert (raised.value.partition, raised.value.first, raised.value.last) == (1, 1, 5)
-    assert "deleted and recreated" in str(raised.value)
+    assert "deleted and recreated" in str(raised.value) and str(raised.value).count("sessionctl accept-loss") == 1
+
+    # Recreated: the partition starts over at its new earliest offset; the loss is what the old one held after 5.
+    (recreated,) = accept_loss(config).accepted
+    assert (recreated["partition"], recreated["first"], recreated["last"], recreated["resumes_at"]) == (1, 6, None, 0)
+    assert "from offset 6 on is lost" in recreated["what"]
+    catch_up(config, spark)
+    rows = raw_rows(config)
+    assert [r["line_no"] for r in rows if r["event_id"] == "new"] == [new[1]]  # the new topic's message, once
+
+    # Deleted (and not yet recreated): the partition's recorded offset is dropped; the missing topic is then the
+    # plain one-line error, and a topic created again is read from its earliest offsets.
+    kafka_cluster.delete_topic(topic)
+    with pytest.raises(SourceDataLost, match="does not exist .* any more"):
+        ingest(config)
+    (deleted,) = accept_loss(config).accepted
+    assert (deleted["partition"], deleted["first"], deleted["last"], deleted["resumes_at"]) == (1, 1, None, None)
+    assert recorded_offsets(open_raw_table(config), topic) == {0: 0}
+    with pytest.raises(SourceUnavailable, match=f"Kafka topic {topic} does not exist on .*: create it"):
+        ingest(config)
+    kafka_cluster.create_topic(topic, 2)
+    kafka_cluster.produce(topic, [(None, json.dumps({**event, "event_id": "newer"}).encode())], partition=1)
+    catch_up(config, spark)
+    assert sorted(r["event_id"] for r in raw_rows(config) if r["event_id"]) == sorted(
+        [f"a{i}" for i in range(6)] + ["new", "newer"])
+    assert lost_rows(config) == sorted([(f"kafka://{topic}/1", 6, recreated["what"]),
+                                        (f"kafka://{topic}/1", 1, deleted["what"])])
+
+
+def test_accept_loss_command_prints_one_json_line(kafka_cluster, tmp_path):
+    from pipelines.ingest import ingest
+
+    topic = "clicks-accept-cli"
+    kafka_cluster.create_topic(topic, 1)
+    config = kafka_config(tmp_path, kafka_cluster, topic)
+    env = config_env(config, SESSIONS_KAFKA_BOOTSTRAP=kafka_cluster.bootstrap, SESSIONS_KAFKA_TOPIC=topic)
+    event = {"event_id": "e", "user_id": "u", "event_time": "2026-11-01T08:00:00Z"}
+    kafka_cluster.produce(topic, [(None, json.dumps({**event, "event_id": f"a{i}"}).encode()) for i in range(8)])
+    kafka_cluster.delete_records(topic, 0, 3)  # 0..2 gone before the first ingest: nothing lost (never recorded)
+    assert ingest(config).rows == 5
+    kafka_cluster.produce(topic, [(None, json.dumps({**event, "event_id": f"b{i}"}).encode()) for i in range(4)])
+    kafka_cluster.delete_records(topic, 0, 10)  # 8, 9 lost
+
+    def accept(*args: str) -> subprocess.CompletedProcess:
+        done = subprocess.run([tool("sessionctl"), "accept-loss", *args], env=env, cwd=REPO,
+                              capture_output=True, text=True, timeout=180)
+        assert done.returncode == 0, done.stderr[-3000:]
+        return done
+
+    done = accept("--json")
+    assert done.stdout.count("\n") == 1, done.stdout
+    shown = json.loads(done.stdout)
+    assert shown["topic"] == topic and shown["ingest_seq"] == 2
+    assert [(g["partition"], g["first"], g["last"], g["resumes_at"]) for g in shown["accepted"]] == [(0, 8, 9, 10)]
+    again = accept()
+    assert again.stdout.startswith("nothing lost") and again.stdout.count("\n") == 1, again.stdout
+    assert ingest(config).rows == 2  # b2, b3
 
 
 def test_plan_new_partitions_start_at_their_earliest_and_lost_ones_are_refused():
@@ -377,6 +476,143 @@ def test_plan_new_partitions_start_at_their_earliest_and_lost_ones_are_refused()
         plan("t", {0: 5, 3: 8}, {0: (0, 9)})  # a recorded partition gone
     assert (raised.value.partition, raised.value.first) == (3, 8)
     assert plan("t", {0: 5, 3: 0}, {0: (0, 9)}) == {0: Span(5, 9, 0)}  # never read: nothing lost
+
+
+# --- (f) a restore to a savepoint older than the topic's retention: replayed from raw_events alone ----------------
+
+def test_restore_to_a_savepoint_older_than_the_topics_retention_replays_from_raw_events(spark, kafka_cluster, tmp_path):
+    from pipelines.ingest.kafka import kafka_lag
+    from pipelines.sample_data import arrival_order, generate_events
+    from pipelines.stream import catch_up
+    from state_store.lifecycle import restore, take_savepoint
+    from tests.lifecycle_expectations import expected_closed_sessions
+
+    topic = "clicks-retained"
+    kafka_cluster.create_topic(topic, 2)
+    config = kafka_config(tmp_path, kafka_cluster, topic)
+    events = arrival_order(generate_events(60, 3, seed=23), seed=23)
+    third = len(events) // 3
+    chunks = [events[:third], events[third:2 * third], events[2 * third:]]
+
+    acked = kafka_cluster.produce(topic, as_messages(chunks[0]))
+    catch_up(config, spark)
+    saved = take_savepoint(config, spark=spark)
+    acked += kafka_cluster.produce(topic, as_messages(chunks[1]))
+    catch_up(config, spark)
+    # Retention passes: everything up to the high watermarks is deleted, the messages after the savepoint included
+    # (delete_records leaves the offsets consistent: raw_events recorded reading up to the high watermark).
+    for partition in range(2):
+        kafka_cluster.delete_records(topic, partition, 1 + max(o for p, o, _ in acked if p == partition))
+    assert all(p["low_watermark"] == p["high_watermark"] and p["lag"] == 0 for p in kafka_lag(config).values())
+    acked += kafka_cluster.produce(topic, as_messages(chunks[2]))  # the topic goes on
+
+    restore(config, saved.savepoint_id, spark=spark)
+    assert len(read_sessions(config)) < len(expected) - 20  # the sessions chunk 1 closed are gone with the restore
+    summary = catch_up(config, spark)  # no SourceDataLost: raw_events holds what the topic dropped
+    assert summary.ingested_rows == len(chunks[2])
+    assert_each_message_once(config, topic, acked)
+    expected = expected_closed_sessions(chunks, GAP_MS, LATENESS_MS)
+    assert len(expected) > 100 and read_sessions(config) == expected  # every session once, chunk 1 replayed
+    assert read_quarantine(config).empty
+
+
+# --- (g) `run` rides out a broker outage ----------------------------------------------------------------------
+
+def _wait_until(predicate, seconds: float, what: str, run: subprocess.Popen, err: Path) -> None:
+    deadline = time.monotonic() + seconds
+    while not predicate():
+        assert run.poll() is None, f"run exited ({run.returncode}): {err.read_text()[-3000:]}"
+        assert time.monotonic() < deadline, f"{what} not within {seconds:.0f} s: {err.read_text()[-3000:]}"
+        time.sleep(0.5)
+
+
+def test_run_retries_with_backoff_while_the_broker_is_down(tmp_path):
+    from pipelines.ingest.table import open_raw_table
+    from pipelines.sample_data import arrival_order, generate_events
+    from tests.lifecycle_expectations import expected_closed_sessions
+
+    cluster = MockCluster()  # its own: this test takes the broker down
+    try:
+        topic = "clicks-outage"
+        cluster.create_topic(topic, 3)
+        config = kafka_config(tmp_path, cluster, topic)
+        env = config_env(config, SESSIONS_KAFKA_BOOTSTRAP=cluster.bootstrap, SESSIONS_KAFKA_TOPIC=topic)
+        events = arrival_order(generate_events(60, 3, seed=31), seed=31)
+        half = len(events) // 2
+        acked = cluster.produce(topic, as_messages(events[:half]))
+        expected = expected_closed_sessions([events[:half], events[half:]], GAP_MS, LATENESS_MS)
+
+        def ingested() -> int:
+            return len(raw_rows(config)) if open_raw_table(config) is not None else 0
+
+        out, err = tmp_path / "run.out", tmp_path / "run.err"
+        with out.open("w") as out_file, err.open("w") as err_file:
+            run = subprocess.Popen([tool("sessionctl"), "run", "--poll-seconds", "1"], env=env, stdout=out_file,
+                                   stderr=err_file, cwd=tmp_path)
+        try:
+            _wait_until(lambda: ingested() == half, 180, "the first half ingested", run, err)
+            cluster.broker_down()
+            # Each attempt gives up after the client's 10 s; the waits between them double from the poll interval.
+            _wait_until(lambda: "next attempt in 4 s" in err.read_text(), 90, "two failed ingests", run, err)
+            lines = [line for line in err.read_text().splitlines() if "run retries by itself" in line]
+            assert lines[0].startswith(f"sessionctl run: Kafka at {cluster.bootstrap} is unreachable for topic "
+                                       f"{topic} (") and "next attempt in 2 s" in lines[0], lines
+            cluster.broker_up()
+            acked += cluster.produce(topic, as_messages(events[half:]))
+            _wait_until(lambda: ingested() == len(events), 120, "the second half ingested", run, err)
+            _wait_until(lambda: read_sessions(config) == expected, 120, "the sessions of both halves", run, err)
+        finally:
+            run.send_signal(signal.SIGINT)
+            run.wait(timeout=120)
+        assert run.returncode == 0, err.read_text()[-3000:]
+        summary = json.loads(out.read_text().strip().splitlines()[-1])
+        assert summary["source_errors"] >= 2 and summary["last_source_error"].startswith(f"Kafka at {cluster.bootstrap}")
+        assert "the source answers again after" in err.read_text()
+        assert_each_message_once(config, topic, acked)
+        assert read_sessions(config) == expected and read_quarantine(config).empty
+    finally:
+        cluster.close()
+
+
+# --- (h) idle close: a quiet topic gets clock rows, a broker that is down does not ---------------------------------
+
+def test_idle_close_with_kafka_appends_a_clock_row_only_when_the_broker_answers(tmp_path, monkeypatch):
+    from pipelines.errors import SourceUnavailable
+    from pipelines.ingest import ingest, kafka
+    from pipelines.ingest.table import CLOCK_KIND
+    from pipelines.sample_data import generate_events
+
+    monkeypatch.setattr(kafka, "TIMEOUT_S", 2.0)  # a broker that is down: the error after 2 s, not 10
+    cluster = MockCluster()
+    try:
+        topic = "clicks-idle"
+        cluster.create_topic(topic, 2)
+        config = kafka_config(tmp_path, cluster, topic, SESSIONS_IDLE_CLOSE_MINUTES="0.02")  # 1.2 s
+        events = generate_events(5, 1, seed=3)
+        cluster.produce(topic, as_messages(events))
+
+        def clock_rows() -> list[dict]:
+            from deltalake import DeltaTable
+
+            return [r for r in DeltaTable(config.raw_events_table).to_pyarrow_table().to_pylist()
+                    if r["row_kind"] == CLOCK_KIND]
+
+        first = ingest(config)
+        assert first.rows == len(events) and first.clock is None  # just ingested: not idle
+        time.sleep(1.3)
+        quiet = ingest(config)
+        assert quiet.rows == 0 and quiet.clock is not None
+        assert [r["event_time"] for r in clock_rows()] == [dt.datetime.fromisoformat(quiet.clock.replace("Z", "+00:00"))]
+
+        time.sleep(1.3)  # idle long enough again, but the broker is down: its silence is not idleness
+        cluster.broker_down()
+        with pytest.raises(SourceUnavailable):
+            ingest(config)
+        assert len(clock_rows()) == 1
+        cluster.broker_up()
+        assert ingest(config).clock is not None and len(clock_rows()) == 2  # it answers (nothing new): the clock
+    finally:
+        cluster.close()
 
 
 # --- configuration ---------------------------------------------------------------------------------------------

@@ -25,11 +25,14 @@ Exactly once -- the Delta log is the truth:
 
 Lost data is never skipped silently: a recorded next offset below a partition's earliest offset (retention,
 DeleteRecords), above its end (the topic deleted and recreated, or a broker that lost messages), or a recorded
-partition or topic that is gone raises SourceDataLost naming the topic, the partition and the offsets.
+partition or topic that is gone raises SourceDataLost naming the topic, the partition and the offsets, and the
+next step: `accept_loss` (`sessionctl accept-loss`) records each gap as a `lost_in_source` row of raw_events (and so
+of quarantine, forever) and moves the partition past it in the same commit's `kafka_offsets`.
 """
 from __future__ import annotations
 
 import contextlib
+import datetime as dt
 import json
 import logging
 import re
@@ -44,7 +47,17 @@ from deltalake import DeltaTable
 
 from pipelines.config import SessionsConfig
 from pipelines.errors import ConfigError, SourceDataLost, SourceUnavailable
-from pipelines.ingest.table import HISTORY_PAGE, Appender, Ingested, RowSource, open_raw_table
+from pipelines.ingest.table import (
+    HISTORY_PAGE,
+    Appender,
+    Ingested,
+    RowSource,
+    latest_clock,
+    latest_seq,
+    open_raw_table,
+)
+from pipelines.locks import waiting_lease
+from pipelines.results import Result
 
 OFFSETS_KEY = "kafka_offsets"   # the commit metadata key holding the topic's next offsets
 TIMEOUT_S = 10.0                # metadata and watermark calls; a read that gets nothing for STALL_S gives up
@@ -78,8 +91,10 @@ def _offsets_of(commit: Mapping[str, Any], topic: str) -> dict[int, int] | None:
 def _offsets_from_rows(table: DeltaTable, topic: str) -> dict[int, int]:
     """max(line_no) + 1 per partition of the topic's rows (when no commit metadata is left)."""
     prefix = source_name(topic, 0)[:-1]
-    rows = table.to_pyarrow_dataset().to_table(columns=["source_file", "line_no"],
-                                               filter=pc.starts_with(pc.field("source_file"), prefix))
+    # Not the rows of accepted losses: they name the first offset lost, not one read (accept_loss).
+    rows = table.to_pyarrow_dataset().to_table(
+        columns=["source_file", "line_no"], filter=pc.starts_with(pc.field("source_file"), prefix)
+        & (pc.field("reject_reason").is_null() | (pc.field("reject_reason") != LOST_REASON)))
     if rows.num_rows == 0:
         return {}
     grouped = rows.group_by("source_file").aggregate([("line_no", "max")])
@@ -110,15 +125,83 @@ class Span:
     low: int
 
 
+# What an operator does about a loss, the end of every SourceDataLost line.
+NEXT_STEP = ("next: `sessionctl accept-loss` records the loss (a quarantine row per gap) and ingest goes on after it; "
+             "or bring the messages back (the old topic, a broker restored from backup) and run the command again")
+LOST_REASON = "lost_in_source"  # reject_reason of the raw_events row that records an accepted loss
+
+
+@dataclass(frozen=True)
+class Loss:
+    """Messages of one partition that raw_events has not ingested and the topic no longer holds: the error ingest
+    raises, and what `accept_loss` records and where ingest goes on once an operator accepted it."""
+    partition: int
+    error: SourceDataLost
+    first: int                # the first offset lost
+    last: int | None          # the last one; None: from `first` on, how many is unknown (the partition is gone)
+    resume: int | None        # the next offset after acceptance; None: the partition's recorded offset is dropped
+    what: str                 # the loss in words, for the quarantine row
+
+
+def _lost(message: str, topic: str, partition: int, first: int, last: int) -> SourceDataLost:
+    return SourceDataLost(f"{message}; {NEXT_STEP}", topic, partition, first, last)
+
+
+def losses(topic: str, recorded: Mapping[int, int], watermarks: Mapping[int, tuple[int, int]] | None,
+           bootstrap: str = "") -> list[Loss]:
+    """Every partition whose recorded next offset does not fit the topic as it is now (`watermarks` None: the topic
+    does not exist), by partition."""
+    found = []
+    for partition, next_offset in sorted(recorded.items()):
+        if watermarks is None and next_offset > 0:
+            error = _lost(f"Kafka topic {topic} does not exist on {bootstrap} any more, but raw_events recorded reading "
+                          f"it (partition {partition} up to offset {next_offset - 1}): the topic was deleted; what it "
+                          "held after the recorded offsets is lost", topic, partition, next_offset, next_offset)
+            found.append(Loss(partition, error, next_offset, None, None,
+                              f"Kafka topic {topic} was deleted; raw_events had read partition {partition} up to offset "
+                              f"{next_offset - 1}: whatever it held from offset {next_offset} on is lost (how many "
+                              "messages is unknown); its recorded offset is dropped (a recreated topic is read from its "
+                              "earliest offsets)"))
+        elif watermarks is not None and partition not in watermarks and next_offset > 0:
+            error = _lost(f"Kafka topic {topic} has no partition {partition} any more, but raw_events recorded reading "
+                          f"it up to offset {next_offset - 1}: the topic was deleted and recreated; what it held after "
+                          "that offset is unknown", topic, partition, next_offset, next_offset)
+            found.append(Loss(partition, error, next_offset, None, None,
+                              f"Kafka topic {topic} has no partition {partition} any more; raw_events had read it up to "
+                              f"offset {next_offset - 1}: whatever it held from offset {next_offset} on is lost (how "
+                              "many messages is unknown); its recorded offset is dropped (read from its earliest "
+                              "offset should it come back)"))
+    for partition, (low, high) in sorted((watermarks or {}).items()):
+        start = recorded.get(partition)
+        if start is None:
+            continue
+        if start < low:
+            error = _lost(f"Kafka topic {topic} partition {partition}: offsets {start}..{low - 1} were deleted before "
+                          f"they were ingested (raw_events goes on at {start}, the partition now starts at {low}: "
+                          "retention, DeleteRecords, or the topic deleted under us)", topic, partition, start, low - 1)
+            found.append(Loss(partition, error, start, low - 1, low,
+                              f"Kafka topic {topic} partition {partition}: offsets {start}..{low - 1} "
+                              f"({low - start} messages) were deleted (retention, DeleteRecords) before raw_events "
+                              f"ingested them; ingest goes on at offset {low}"))
+        elif start > high:
+            error = _lost(f"Kafka topic {topic} partition {partition} ends at offset {high} but raw_events recorded "
+                          f"reading it up to {start - 1}: the topic was deleted and recreated, or the broker lost "
+                          f"messages; offsets {high}..{start - 1} would be skipped", topic, partition, high, start - 1)
+            found.append(Loss(partition, error, start, None, low,
+                              f"Kafka topic {topic} partition {partition} now ends at offset {high} but raw_events had "
+                              f"read it up to offset {start - 1} (the topic deleted and recreated, or the broker lost "
+                              f"messages): whatever the old partition held from offset {start} on is lost (how many "
+                              f"messages is unknown); ingest starts over at the partition's earliest offset {low} "
+                              "(messages ingested before under the same event_id are duplicates to the stream)"))
+    return sorted(found, key=lambda loss: loss.partition)
+
+
 def plan(topic: str, recorded: Mapping[int, int], watermarks: Mapping[int, tuple[int, int]]) -> dict[int, Span]:
     """The span of each partition from the recorded next offsets and the (low, high) watermarks; SourceDataLost when
     the recorded offsets do not fit the topic as it is now (never a silent skip)."""
-    for partition, next_offset in sorted(recorded.items()):
-        if partition not in watermarks and next_offset > 0:
-            raise SourceDataLost(
-                f"Kafka topic {topic} has no partition {partition} any more, but raw_events recorded reading it up to "
-                f"offset {next_offset - 1}: the topic was deleted and recreated; what it held after that offset is "
-                "unknown", topic, partition, next_offset, next_offset)
+    found = losses(topic, recorded, watermarks)
+    if found:
+        raise found[0].error
     spans = {}
     for partition, (low, high) in sorted(watermarks.items()):
         start = recorded.get(partition)
@@ -128,16 +211,6 @@ def plan(topic: str, recorded: Mapping[int, int], watermarks: Mapping[int, tuple
                 log.warning("Kafka topic %s partition %d is read for the first time: from its earliest offset %d "
                             "(offsets below it were deleted before this job first read the partition)",
                             topic, partition, low)
-        elif start < low:
-            raise SourceDataLost(
-                f"Kafka topic {topic} partition {partition}: offsets {start}..{low - 1} were deleted before they were "
-                f"ingested (raw_events goes on at {start}, the partition now starts at {low}: retention, "
-                "DeleteRecords, or the topic deleted under us)", topic, partition, start, low - 1)
-        elif start > high:
-            raise SourceDataLost(
-                f"Kafka topic {topic} partition {partition} ends at offset {high} but raw_events recorded reading it "
-                f"up to {start - 1}: the topic was deleted and recreated, or the broker lost messages; offsets "
-                f"{high}..{start - 1} would be skipped", topic, partition, high, start - 1)
         spans[partition] = Span(start, high, low)
     return spans
 
@@ -185,6 +258,13 @@ class _Client:
     def watermarks(self, recorded: Mapping[int, int]) -> dict[int, tuple[int, int]]:
         """(low, high) of every partition of the topic now; SourceDataLost when the topic is gone and raw_events holds
         offsets of it; SourceUnavailable when the cluster does not answer or has no such topic."""
+        marks = self.watermarks_or_none(recorded)
+        if marks is None:
+            raise losses(self.topic, recorded, None, self.bootstrap)[0].error
+        return marks
+
+    def watermarks_or_none(self, recorded: Mapping[int, int]) -> dict[int, tuple[int, int]] | None:
+        """watermarks(), but None when the topic does not exist and raw_events holds offsets of it."""
         try:
             metadata = self.consumer.list_topics(self.topic, timeout=TIMEOUT_S)
         except KafkaException as exc:
@@ -192,14 +272,8 @@ class _Client:
         found = metadata.topics.get(self.topic)
         error = found.error if found is not None else None
         if found is None or (error is not None and error.code() == KafkaError.UNKNOWN_TOPIC_OR_PART):
-            read = {p: n for p, n in recorded.items() if n > 0}
-            if read:
-                partition = min(read)
-                raise SourceDataLost(
-                    f"Kafka topic {self.topic} does not exist on {self.bootstrap} any more, but raw_events recorded "
-                    f"reading it (partition {partition} up to offset {read[partition] - 1}): the topic was deleted; "
-                    "what it held after the recorded offsets is lost", self.topic, partition, read[partition],
-                    read[partition])
+            if any(n > 0 for n in recorded.values()):
+                return None
             raise SourceUnavailable(f"Kafka topic {self.topic} does not exist on {self.bootstrap}: create it or fix "
                                     "SESSIONS_KAFKA_TOPIC")
         if error is not None:
@@ -287,7 +361,7 @@ class _Reader:
         except KafkaException:
             low = self.ends[partition]
         last = max(start, int(low) - 1)
-        return SourceDataLost(
+        return _lost(
             f"Kafka topic {self.topic} partition {partition}: offsets {start}..{last} were deleted while this ingest "
             f"read them ({_first_line(error.str())}): retention, DeleteRecords or the topic deleted under us",
             self.topic, partition, start, last)
@@ -386,3 +460,57 @@ def kafka_lag(config: SessionsConfig) -> dict[int, dict[str, int]]:
         lag[partition] = {"next_offset": next_offset, "high_watermark": high, "lag": max(0, high - next_offset),
                           "low_watermark": low}
     return lag
+
+
+# --- an operator's way past SourceDataLost ----------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class AcceptedLoss(Result):
+    """What `sessionctl accept-loss` recorded (to_dict: its JSON)."""
+    topic: str
+    # One per gap: partition, first (offset), last (null: how many unknown), resumes_at (null: the partition's
+    # recorded offset dropped), what (the quarantine row's raw text).
+    accepted: list[dict[str, Any]]
+    ingest_seq: int | None  # the raw_events commit that recorded them; None when nothing was lost
+
+
+def accept_loss(config: SessionsConfig) -> AcceptedLoss:
+    """Accept every loss SourceDataLost reports now, in ONE raw_events commit: each gap's partition goes on past it
+    (deleted records: at the partition's earliest offset; a recreated topic: starts over at the new earliest; a
+    partition or topic gone: its recorded offset dropped), recorded in the commit's `kafka_offsets` like every ingest
+    commit, and each gap a rejected row (`lost_in_source` at `kafka://topic/partition`, line_no the first offset
+    lost, raw what was lost) that the stream's sink writes to quarantine. Under the ingest lease (beside a running
+    stream, between its ingests). Nothing lost: no commit. SourceUnavailable when Kafka does not answer."""
+    if not config.uses_kafka:
+        raise ConfigError("accept-loss needs SESSIONS_KAFKA_BOOTSTRAP and SESSIONS_KAFKA_TOPIC: it accepts messages "
+                          "lost from a Kafka topic")
+    topic = config.kafka_topic
+    with waiting_lease(config.lease_dir, "ingest", "accept-loss", config.lease_ttl_s):
+        table = open_raw_table(config)
+        recorded = recorded_offsets(table, topic)
+        client = _Client(config)
+        try:
+            found = losses(topic, recorded, client.watermarks_or_none(recorded), client.bootstrap)
+        finally:
+            client.close()
+        if not found:
+            return AcceptedLoss(topic, [], None)
+        accepted_at = dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds").replace("+00:00", "Z")
+        next_offsets = dict(recorded)
+        rows, accepted = [], []
+        for loss in found:
+            if loss.resume is None:
+                next_offsets.pop(loss.partition, None)
+            else:
+                next_offsets[loss.partition] = loss.resume
+            what = f"{loss.what}. An operator accepted the loss with `sessionctl accept-loss` at {accepted_at}."
+            rows.append((source_name(topic, loss.partition), loss.first, LOST_REASON, what))
+            accepted.append({"partition": loss.partition, "first": loss.first, "last": loss.last,
+                             "resumes_at": loss.resume, "what": what})
+        appender = Appender(config, latest_seq(table) if table is not None else 0, latest_clock(table))
+        offsets = {"topic": topic, "next": {str(p): n for p, n in sorted(next_offsets.items())}}
+        appender.append_rejected(rows, {OFFSETS_KEY: json.dumps(offsets, separators=(",", ":")),
+                                        "accepted_loss": f"{len(rows)} gap(s) of {topic}"})
+        for loss in found:
+            log.warning("Kafka loss accepted by an operator: %s", loss.what)
+        return AcceptedLoss(topic, accepted, appender.seq)

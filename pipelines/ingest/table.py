@@ -222,6 +222,19 @@ class Appender:
     def table_id(self) -> str:
         return str(DeltaTable(self.uri, storage_options=self.options).metadata().id)
 
+    def append_rejected(self, rows: list[tuple[str, int, str, str]], metadata: dict[str, str]) -> None:
+        """One commit of rejected rows that are no landed line: (source_file, line_no, reject_reason, raw) each, such
+        as a Kafka gap an operator accepted (pipelines.ingest.kafka.accept_loss). The sink quarantines them."""
+        ingested_at = dt.datetime.now(dt.timezone.utc)
+        columns: dict[str, list[Any]] = {name: [None] * len(rows) for name in RAW_SCHEMA.names}
+        columns.update(source_file=[r[0] for r in rows], line_no=[r[1] for r in rows],
+                       reject_reason=[r[2] for r in rows], raw=[r[3] for r in rows],
+                       line_key=list(range(1, len(rows) + 1)), ingest_seq=[self.seq + 1] * len(rows),
+                       ingested_at=[ingested_at] * len(rows))
+        self._commit(pa.table(columns, schema=RAW_SCHEMA), ingested_at, metadata)
+        self.rows += len(rows)
+        self.rejected += len(rows)
+
 
 @dataclass(frozen=True)
 class Ingested:
