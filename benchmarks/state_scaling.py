@@ -37,7 +37,8 @@ REPO = HERE.parent
 if str(REPO) not in sys.path:
     sys.path.insert(0, str(REPO))
 
-from benchmarks.throughput import batch_record, log, machine_info, start_job, start_native  # noqa: E402
+import benchmarks.throughput as throughput  # noqa: E402
+from benchmarks.throughput import batch_record, log, machine_info, phase_medians, start_job, start_native  # noqa: E402
 from pipelines.config import SessionsConfig  # noqa: E402
 from pipelines.ingest import ingest  # noqa: E402
 from pipelines.runtime import get_spark  # noqa: E402
@@ -117,6 +118,10 @@ def run_one(which: str, spark, config: SessionsConfig, args) -> dict:
         record = batch_record(p)
         record["start_s"] = dt.datetime.fromisoformat(p["timestamp"].replace("Z", "+00:00")).timestamp()
         records.append(record)
+    if throughput.PYTHON_TIME is not None and which == "job":
+        inside = throughput.PYTHON_TIME.per_batch(str(query.runId), [r["batch_id"] for r in records])
+        for r in records:
+            r["python_fn_s"] = inside.get(r["batch_id"])
     data = [r for r in records if r["input_rows"] > 0]
     measured = data[2 + args.warmup:]
     if len(measured) != args.batches:
@@ -135,6 +140,11 @@ def run_one(which: str, spark, config: SessionsConfig, args) -> dict:
         # where a batch's time goes (Spark's progress breakdown: addBatch = operator + sink, ...)
         "duration_ms_median": {k: statistics.median(r["duration_ms"].get(k, 0) for r in measured)
                                for k in measured[0]["duration_ms"]},
+        # the same as cells: durationMs phases, the state operator's updates/removals/commit ms, python_fn_s
+        "phase_medians": dict(zip([*throughput.PHASES, *throughput.OPERATOR_TIMES, "python_fn_s"],
+                                  phase_medians(measured))),
+        "rocksdb_custom_metrics_median": {k: statistics.median(r["state"][0]["custom"].get(k, 0) for r in measured)
+                                          for k in (measured[0]["state"][0]["custom"] if measured[0]["state"] else {})},
         "state_rows_total_at_end": (measured[-1]["state"][0] or {}).get("rows_total") if measured[-1]["state"] else None,
         "loadavg_1m": [round(load_before, 2), round(os.getloadavg()[0], 2)],
     }
@@ -156,6 +166,8 @@ def _run_fresh(which: str, provider: str, data_home: Path, home: Path, spark, ar
     if spark is None:
         spark = get_spark(config)
         spark.conf.set("spark.sql.streaming.numRecentProgressUpdates", "10000")
+        if args.python_time and throughput.PYTHON_TIME is None:
+            throughput.PYTHON_TIME = throughput.PythonTime(spark)
     try:
         return spark, run_one(which, spark, config, args)
     finally:
@@ -183,6 +195,15 @@ def write_markdown(path: Path, results: dict) -> None:
             f"| {job['median_state_bytes_written'] / 1e6:.2f} | {native['median_state_bytes_written'] / 1e6:.2f} "
             f"| {job['state']['state_value_bytes'] / 1e6:.1f} "
             f"| {job['loadavg_1m'][0]:.1f}-{native['loadavg_1m'][1]:.1f} |")
+    lines += ["", "Where a measured batch's time goes (medians, ms; `benchmarks/throughput.py` explains the columns):", "",
+              "| provider | open users | query | trigger | addBatch | planning | latestOffset | walCommit "
+              "| commitOffsets | op updates | op removals | op commit | inside Python fn (s) |",
+              "|---|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
+    for r in results["runs"]:
+        for which in ("job", "native"):
+            cells = r[which].get("phase_medians")
+            if cells:
+                lines.append(f"| {r['provider']} | {r['sleepers']:,} | {which} | " + " | ".join(cells.values()) + " |")
     lines += ["", "Growth from the smallest to the largest N (median s/batch):", ""]
     for provider in s["providers"]:
         runs = [r for r in results["runs"] if r["provider"] == provider]
@@ -208,6 +229,9 @@ def parse_args(argv=None):
     parser.add_argument("--seed", type=int, default=11)
     parser.add_argument("--results-dir", type=Path, default=HERE / "results")
     parser.add_argument("--note", default="")
+    parser.add_argument("--python-time", action="store_true",
+                        help="also measure the seconds inside the job's Python function per batch (benchmarks.throughput"
+                             ".PythonTime)")
     parser.add_argument("--no-prime", dest="prime", action="store_false",
                         help="skip the discarded warm-up pass per provider")
     args = parser.parse_args(argv)

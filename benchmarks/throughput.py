@@ -25,6 +25,7 @@ import os
 import platform
 import shlex
 import shutil
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -213,7 +214,71 @@ def checkpoint_dir(config: SessionsConfig, which: str) -> Path:
     return config.checkpoint if which == "job" else config.home / "checkpoints" / "native"
 
 
+class PythonTime:
+    """Benchmark-only instrumentation: the job's per-bucket function is wrapped so the wall time spent inside it
+    (pandas input included, summed over the tasks of a batch) adds up in a Spark accumulator, read per batch by a
+    query listener. Nothing in the product changes: the wrapper replaces `pipelines.operator.make_session_function`
+    in this driver before the query is built, and cloudpickle ships it to the Python workers."""
+
+    def __init__(self, spark) -> None:
+        from pyspark.sql.streaming import StreamingQueryListener
+
+        import pipelines.operator as operator
+
+        self.acc = spark.sparkContext.accumulator(0.0)
+        self.by_batch: dict[tuple[str, int], float] = {}
+        acc, original = self.acc, operator.make_session_function
+
+        def timed_factory(gap_ms):
+            function = original(gap_ms)
+
+            def timed(key, frames, state):
+                started = time.perf_counter()
+                out = list(function(key, frames, state))
+                acc.add(time.perf_counter() - started)
+                yield from out
+
+            return timed
+
+        operator.make_session_function = timed_factory
+        outer = self
+
+        class Listener(StreamingQueryListener):
+            def onQueryStarted(self, event) -> None:
+                pass
+
+            def onQueryProgress(self, event) -> None:
+                progress = event.progress
+                outer.by_batch[(str(progress.runId), progress.batchId)] = outer.acc.value
+
+            def onQueryIdle(self, event) -> None:
+                pass
+
+            def onQueryTerminated(self, event) -> None:
+                pass
+
+        spark.streams.addListener(Listener())
+
+    def per_batch(self, run_id: str, batch_ids: list[int]) -> dict[int, float]:
+        """Seconds inside the function per batch (the cumulative value's steps; the first from the query's start,
+        which the caller's warm-up batches absorb)."""
+        out, before = {}, None
+        for batch_id in batch_ids:
+            now = self.by_batch.get((run_id, batch_id))
+            if now is not None and before is not None:
+                out[batch_id] = round(now - before, 3)
+            before = now if now is not None else before
+        return out
+
+
+PYTHON_TIME: PythonTime | None = None  # set by main() when --python-time is given
+
+
 def batch_record(progress: dict) -> dict:
+    """One micro-batch from its progress: Spark's `durationMs` phases, and per state operator its rows, memory and
+    times (`allUpdatesTimeMs`: the operator's input and state updates, which in Python operators includes the
+    Python call; `allRemovalsTimeMs`: timeout and eviction processing; `commitTimeMs`: the state store commit) with
+    the provider's custom metrics (RocksDB: commit, flush, checkpoint and compaction latencies, bytes written)."""
     ops = progress.get("stateOperators") or []
     return {
         "batch_id": progress["batchId"],
@@ -228,6 +293,10 @@ def batch_record(progress: dict) -> dict:
             "rows_removed": op.get("numRowsRemoved"),
             "memory_used_bytes": op.get("memoryUsedBytes"),
             "rows_dropped_by_watermark": op.get("numRowsDroppedByWatermark"),
+            "all_updates_ms": op.get("allUpdatesTimeMs"),
+            "all_removals_ms": op.get("allRemovalsTimeMs"),
+            "commit_ms": op.get("commitTimeMs"),
+            "custom": op.get("customMetrics") or {},
         } for op in ops],
     }
 
@@ -257,6 +326,10 @@ def run_query(which: str, spark, config: SessionsConfig, args) -> dict:
         raise RuntimeError(f"{which} query failed: {query.exception()}")
     progresses = sorted((json.loads(p.json) for p in query.recentProgress), key=lambda p: p["batchId"])
     batches = [batch_record(p) for p in progresses]
+    if PYTHON_TIME is not None and which == "job":
+        inside = PYTHON_TIME.per_batch(str(query.runId), [b["batch_id"] for b in batches])
+        for b in batches:
+            b["python_fn_s"] = inside.get(b["batch_id"])
     data = [b for b in batches if b["input_rows"] > 0]
     expected = args.warmup + args.batches
     if len(data) != expected:
@@ -347,6 +420,25 @@ def _mb(n) -> str:
     return "-" if n is None else f"{n / 1e6:.1f}"
 
 
+PHASES = ("triggerExecution", "addBatch", "queryPlanning", "latestOffset", "walCommit", "commitOffsets")
+OPERATOR_TIMES = ("all_updates_ms", "all_removals_ms", "commit_ms")
+
+
+def phase_medians(measured: list[dict]) -> list[str]:
+    """Table cells: median ms of each durationMs phase and operator time, and of python_fn_s, over batches."""
+    def median_of(values: list) -> float | None:
+        values = [v for v in values if v is not None]
+        return statistics.median(values) if values else None
+
+    if not measured:
+        return []
+    cells = [median_of([b["duration_ms"].get(name) for b in measured]) for name in PHASES]
+    cells += [median_of([sum(o.get(name) or 0 for o in b["state"]) if b["state"] else None for b in measured])
+              for name in OPERATOR_TIMES]
+    python = median_of([b.get("python_fn_s") for b in measured])
+    return ["" if v is None else f"{v:,.0f}" for v in cells] + ["" if python is None else f"{python:.2f}"]
+
+
 def write_markdown(path: Path, results: dict) -> None:
     s, m = results["settings"], results["machine"]
     title = "QUICK smoke run (small scale; not a steady-state figure)" if s["quick"] else "Full run"
@@ -373,6 +465,19 @@ def write_markdown(path: Path, results: dict) -> None:
                      f"| {job['mean_batch_seconds']:.2f} | {native['mean_batch_seconds']:.2f} "
                      f"| {job['loadavg_before'][0]:.1f}-{job['loadavg_after'][0]:.1f}; "
                      f"{native['loadavg_before'][0]:.1f}-{native['loadavg_after'][0]:.1f} |")
+    lines += ["", "## Where a measured batch's time goes (medians, ms)", "",
+              "Spark's `durationMs` phases (addBatch = the operator and the sink), the state operator's own times "
+              "(updates: input and state updates, with the Python call for the job; removals: timeouts and "
+              "eviction; commit: the state store commit), and for the job with `--python-time` the seconds inside "
+              "its Python function summed over the batch's tasks (2 cores: up to 2x wall).", "",
+              "| provider | query | trigger | addBatch | planning | latestOffset | walCommit | commitOffsets "
+              "| op updates | op removals | op commit | inside Python fn (s) |",
+              "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
+    for run in results["runs"]:
+        for which in ("job", "native"):
+            row = phase_medians([b for b in run[which]["batches"] if b.get("role") == "measured"])
+            if row:
+                lines.append(f"| {run['provider']} | {which} | " + " | ".join(row) + " |")
     lines += ["", "## Per-batch state (from query progress)", "",
               "Job state rows are hash buckets of users (each holds its users' open rows as zstd Arrow IPC: events "
               "above the watermark, one frozen prefix per session for what is below); "
@@ -428,6 +533,9 @@ def parse_args(argv=None):
     parser.add_argument("--keep", action="store_true", help="keep the work dir")
     parser.add_argument("--results-dir", type=Path, default=HERE / "results",
                         help="where throughput.json and throughput.md go (default benchmarks/results)")
+    parser.add_argument("--python-time", action="store_true",
+                        help="also measure the seconds spent inside the job's Python function per batch (a timing "
+                             "wrapper and an accumulator; negligible cost, off by default so runs stay comparable)")
     parser.add_argument("--note", default="",
                         help="free text for the results, e.g. 'shared CPU: a test suite ran at the same time'")
     args = parser.parse_args(argv)
@@ -475,6 +583,9 @@ def main(argv=None) -> int:
 
         first = make_config(provider_home(work, data_home, providers[0]), providers[0], args)
         spark = get_spark(first)
+        if args.python_time:
+            global PYTHON_TIME
+            PYTHON_TIME = PythonTime(spark)
         spark.conf.set("spark.sql.streaming.numRecentProgressUpdates", "10000")
         runs = []
         for provider in providers:
