@@ -493,6 +493,7 @@ def test_restore_to_a_savepoint_older_than_the_topics_retention_replays_from_raw
     events = arrival_order(generate_events(60, 3, seed=23), seed=23)
     third = len(events) // 3
     chunks = [events[:third], events[third:2 * third], events[2 * third:]]
+    expected = expected_closed_sessions(chunks, GAP_MS, LATENESS_MS)
 
     acked = kafka_cluster.produce(topic, as_messages(chunks[0]))
     catch_up(config, spark)
@@ -511,7 +512,6 @@ def test_restore_to_a_savepoint_older_than_the_topics_retention_replays_from_raw
     summary = catch_up(config, spark)  # no SourceDataLost: raw_events holds what the topic dropped
     assert summary.ingested_rows == len(chunks[2])
     assert_each_message_once(config, topic, acked)
-    expected = expected_closed_sessions(chunks, GAP_MS, LATENESS_MS)
     assert len(expected) > 100 and read_sessions(config) == expected  # every session once, chunk 1 replayed
     assert read_quarantine(config).empty
 
