@@ -33,6 +33,11 @@ _DAMAGED_STATE_CONDITIONS = ("CANNOT_LOAD_STATE_STORE", "CANNOT_READ_STREAMING_S
 _UNFINISHED_REPARTITION = "STREAMING_UNFINISHED_REPARTITION_DETECTED"
 
 
+# Spark reads it when a query's state stores open; an existing checkpoint may switch either way (Spark loads a
+# version from its newest snapshot plus the changelogs after it).
+ROCKSDB_CHANGELOG = "spark.sql.streaming.stateStore.rocksdb.changelogCheckpointing.enabled"
+
+
 def spark_conf(config: SessionsConfig) -> dict[str, str]:
     """Spark settings for the job; shared by the CLI's session and Dagster's PySparkResource."""
     return {
@@ -48,6 +53,7 @@ def spark_conf(config: SessionsConfig) -> dict[str, str]:
         # How long stopping the query may wait for its batch; the runbook waits a little longer for the lock.
         "spark.sql.streaming.stopTimeout": str(int(config.stop_timeout_s * 1000)),
         "spark.sql.streaming.minBatchesToRetain": str(config.min_batches_to_retain),
+        ROCKSDB_CHANGELOG: str(config.rocksdb_changelog).lower(),
         # Spark's log to a file (pipelines/log4j2.properties): the terminal gets sessionctl's one line.
         "spark.driver.extraJavaOptions": f"-Dlog4j2.configurationFile=file:{LOG4J2} -Dsessions.log.dir={config.log_dir}",
         **cluster_conf(config.spark_master),
@@ -74,6 +80,7 @@ def prepare_session(spark: SparkSession, config: SessionsConfig) -> None:
     # SQL confs are read when a query starts; an existing checkpoint's own values still win.
     spark.conf.set("spark.sql.shuffle.partitions", str(config.state_partitions))
     spark.conf.set("spark.sql.streaming.stateStore.providerClass", PROVIDER_CLASSES[config.state_store])
+    spark.conf.set(ROCKSDB_CHANGELOG, str(config.rocksdb_changelog).lower())
     spark.conf.set("spark.sql.session.timeZone", "UTC")
     spark.dataSource.register(RawEventsSource)
 

@@ -344,6 +344,7 @@ TIERS = ("pure", "spark", "subprocess", "e2e")  # cheapest first
 TEST_TIERS: dict[str, str | tuple[str, dict[str, str]]] = {
     "test_bad_input.py": "spark",
     "test_cluster.py": "e2e",
+    "test_changelog.py": "spark",
     "test_compact_while_running.py": "subprocess",
     "test_config.py": ("pure", {"test_cli_reports_a_bad_setting_in_one_line": "subprocess"}),
     "test_core.py": "pure",

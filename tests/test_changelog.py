@@ -1,0 +1,47 @@
+"""RocksDB changelog checkpointing (SESSIONS_ROCKSDB_CHANGELOG, on by default): a checkpoint switched off and on
+again between runs keeps its state, and a savepoint (Spark's state data source) and a rescale (Spark's offline
+repartition) read versions that exist only as snapshot + changelogs. Compared with the oracle."""
+from __future__ import annotations
+
+from pathlib import Path
+
+from pipelines.checkpoint import inspect_checkpoint
+from pipelines.stream import catch_up
+from state_store.lifecycle import rescale, restore, take_savepoint
+from tests.conftest import make_config, read_open_sessions, read_sessions
+from tests.datagen import in_order_chunks, land_batches
+from tests.lifecycle_expectations import expected_closed_sessions
+
+GAP_MS, LATENESS_MS = 30 * 60_000, 10 * 60_000
+
+
+def _changelogs(checkpoint: Path) -> int:
+    return len(list((checkpoint / "state").rglob("*.changelog")))
+
+
+def test_changelog_on_off_on_keeps_state_and_lifecycle_reads_it(tmp_path, spark):
+    on = make_config(tmp_path, "rocksdb", SESSIONS_ROCKSDB_CHANGELOG="true")
+    off = on.with_(rocksdb_changelog=False)
+    chunks = in_order_chunks(40, seed=5, parts=6)
+
+    land_batches(on, chunks[:2])
+    catch_up(on, spark)
+    assert _changelogs(on.checkpoint) > 0  # the commits were changelogs
+    land_batches(off, chunks[2:3], start=2)
+    catch_up(off, spark)  # switched off: loads snapshot + changelogs, commits snapshots
+    land_batches(on, chunks[3:4], start=3)
+    catch_up(on, spark)
+    saved = take_savepoint(on, spark=spark)  # reads the newest version through the state data source
+    assert saved.batch_id == inspect_checkpoint(on.checkpoint).last_committed_batch
+    rescale(on, 3, spark=spark)  # Spark's offline repartition reads and rewrites it
+    land_batches(on, chunks[4:], start=4)
+    catch_up(on, spark)
+
+    expected = expected_closed_sessions(chunks, GAP_MS, LATENESS_MS)
+    written, open_now = read_sessions(on), read_open_sessions(spark, on)
+    assert len(set(written)) == len(written)
+    assert sorted(written) == expected
+    # And back to the savepoint: the same sessions once more, each once.
+    restore(on, saved.savepoint_id, spark=spark)
+    catch_up(on, spark)
+    assert sorted(read_sessions(on)) == expected and read_open_sessions(spark, on) == open_now
