@@ -13,12 +13,14 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, Protocol
 
+import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.dataset as ds
 from deltalake import CommitProperties, DeltaTable, write_deltalake
 
 from pipelines.config import SessionsConfig
+from pipelines.ingest import columnar
 from pipelines.ingest.lines import classify_line
 from pipelines.results import Result
 from pipelines.storage import is_s3, storage_options
@@ -118,9 +120,20 @@ class RowSource:
     refused_raw: str | None = None
 
 
-def _rows(sources: list[RowSource], seq: int, ingested_at: dt.datetime, max_future: dt.timedelta) -> pa.Table:
-    columns: dict[str, list[Any]] = {f.name: [] for f in RAW_SCHEMA}
+def _rows(sources: list[RowSource], seq: int, ingested_at: dt.datetime, max_future: dt.timedelta,
+          per_line: bool = False) -> pa.Table:
+    """The raw_events rows of one commit. The columnar path (pipelines/ingest/columnar.py: pyarrow's JSON reader for
+    the lines it proves valid, classify_line for the rest) gives the same rows as the per-line loop below, which
+    stays the specification (`per_line=True`; tests/test_ingest_columnar.py compares the two)."""
     future_limit = ingested_at + max_future
+    if not per_line:
+        lines = columnar.row_columns(sources, future_limit)
+        n = len(lines["line_no"])
+        return pa.table({**lines, "line_key": pa.array(np.arange(1, n + 1, dtype=np.int64)),
+                         "ingest_seq": pa.nulls(n, pa.int64()).fill_null(seq),
+                         "ingested_at": pa.nulls(n, RAW_SCHEMA.field("ingested_at").type).fill_null(ingested_at)},
+                        schema=RAW_SCHEMA)
+    columns: dict[str, list[Any]] = {f.name: [] for f in RAW_SCHEMA}
 
     def add(fields_: Mapping[str, Any], source_file: str, line_no: int, reason: str | None, raw: str | None) -> None:
         for name in ("event_id", "user_id", "event_time", "event_type", "page"):
