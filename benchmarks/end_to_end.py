@@ -227,6 +227,17 @@ class TreeCpu:
         return round(sum(self.seen.values()) / CLK_TCK, 1)
 
 
+def wait_for_calm(threshold: float | None, max_wait: float) -> float:
+    """Wait (up to max_wait s) until the 1-minute load average is at most `threshold`: the machine is shared, and a
+    run started into someone else's burst measures the burst. Returns the seconds waited (recorded)."""
+    if threshold is None:
+        return 0.0
+    started = time.monotonic()
+    while os.getloadavg()[0] > threshold and time.monotonic() - started < max_wait:
+        time.sleep(5)
+    return round(time.monotonic() - started, 1)
+
+
 def run_process(argv: list[str], env: dict[str, str], run_dir: Path, timeout: float) -> dict[str, Any]:
     run_dir.mkdir(parents=True, exist_ok=True)
     stdout_path, stderr_path = run_dir / "stdout.txt", run_dir / "stderr.txt"
@@ -463,9 +474,12 @@ def summarize(engine: str, runs: list[dict[str, Any]], lines: int) -> dict[str, 
         "runs_failed": len(runs) - len(ok),
         "wall_s_median": median,
         "wall_s_all": [r["wall_s"] for r in runs],
+        "wall_s_min": min(walls) if walls else None,
         "events_per_s": round(lines / median) if median else None,
         "sessions": sessions[0] if len(sessions) == 1 else sessions,
         "engine_cpu_s_median": statistics.median([r["engine_cpu_s"] for r in ok]) if ok else None,
+        "events_per_engine_cpu_s": (round(lines / statistics.median([r["engine_cpu_s"] for r in ok]))
+                                    if ok and statistics.median([r["engine_cpu_s"] for r in ok]) else None),
         "others_cpu_s_all": [r["others_cpu_s"] for r in runs],
         "load1": [(r["load1_before"], r["load1_after"]) for r in runs],
     }
@@ -494,6 +508,7 @@ LABELS = {
 def render_md(results: dict[str, Any]) -> str:
     d, s, m = results["data"], results["settings"], results["machine"]
     base = results["summary"].get("sessionctl-rocksdb", {}).get("events_per_s")
+    base_cpu = results["summary"].get("sessionctl-rocksdb", {}).get("events_per_engine_cpu_s")
     title = "End to end: sessionctl catch-up vs native Spark vs Flink SQL" + (" -- QUICK run" if s["quick"] else "")
     out = [
         f"# {title}",
@@ -509,24 +524,32 @@ def render_md(results: dict[str, Any]) -> str:
         f"({' / '.join(' '.join(o) for o in results['orders'][:2])}); median reported.",
         "",
         "events/s = lines in the file / wall s of the engine's process (start to exit: JVM start, ingest and the "
-        "stream included). ratio = events/s / this job's rocksdb events/s (> 1: faster than this job).",
+        "stream included). ratio = events/s / this job's rocksdb events/s (> 1: faster than this job). Engine CPU s = "
+        "CPU time of the engine's process tree (JVM, Python workers); others' CPU s = the rest of the machine's busy "
+        "CPU during the run (other people's jobs: 2 cores give at most 2 x wall s in all). Before each run the "
+        f"script waited for load <= {s.get('calm_load')} (at most {s.get('calm_wait_s', 0):.0f} s; waits per run in "
+        "the JSON).",
         "",
-        "| engine | provider/backend | wall s median | wall s all runs | events/s | sessions | ratio to this job's rocksdb | engine CPU s (median) | load 1m before->after, per run | others' CPU s per run |",
-        "|---|---|---:|---|---:|---:|---:|---:|---|---|",
+        "| engine | provider/backend | wall s median | wall s all runs | events/s | sessions | ratio to this job's rocksdb | engine CPU s (median) | events per engine CPU s | CPU ratio to this job's rocksdb | load 1m before->after, per run | others' CPU s per run |",
+        "|---|---|---:|---|---:|---:|---:|---:|---:|---:|---|---|",
     ]
     for engine, row in results["summary"].items():
         name, provider = LABELS[engine]
         if row.get("skipped"):
-            out.append(f"| {name} | {provider} | skipped | {row['skipped']} | | | | | | |")
+            out.append(f"| {name} | {provider} | skipped | {row['skipped']} | | | | | | | | |")
             continue
         eps = row["events_per_s"]
         ratio = f"{eps / base:.2f}x" if eps and base else "-"
         loads = ", ".join(f"{a:.1f}->{b:.1f}" for a, b in row["load1"])
         walls = ", ".join(f"{w:.1f}" for w in row["wall_s_all"])
         med = f"{row['wall_s_median']:.1f}" if row["wall_s_median"] else "-"
+        epc = row.get("events_per_engine_cpu_s")
+        per_cpu = f"{epc:,}" if epc else "-"
+        cpu_ratio = f"{epc / base_cpu:.2f}x" if epc and base_cpu else "-"
         out.append(f"| {name} | {provider} | {med} | {walls} | {eps:,} | {row['sessions']} | {ratio} | "
-                   f"{row['engine_cpu_s_median']} | {loads} | {', '.join(str(x) for x in row['others_cpu_s_all'])} |"
-                   if eps else f"| {name} | {provider} | {med} | {walls} | - | {row['sessions']} | - | - | {loads} | |")
+                   f"{row['engine_cpu_s_median']} | {per_cpu} | {cpu_ratio} | {loads} | "
+                   f"{', '.join(str(x) for x in row['others_cpu_s_all'])} |"
+                   if eps else f"| {name} | {provider} | {med} | {walls} | - | {row['sessions']} | - | - | - | - | {loads} | |")
     out += ["", "**Agreement:** " + ("all engines produced the expected sessions, events and page views in every run."
                                      if not results["mismatches"] else "MISMATCHES -- " + "; ".join(results["mismatches"]))]
 
@@ -559,7 +582,7 @@ def render_md(results: dict[str, Any]) -> str:
             inside = r.get("inside", {})
             view = (f"gateway JVM + planning {inside.get('startup_s')} s, submit to end "
                     f"{inside.get('submit_to_end_s')} s, Flink net job runtime {inside.get('job_net_runtime_s')} s; "
-                    f"{inside.get('completed_checkpoints')} checkpoints "
+                    f"source splits {inside.get('source_splits')}; {inside.get('completed_checkpoints')} checkpoints "
                     f"({', '.join(str(x) for x in inside.get('checkpoint_duration_ms', []))} ms); operators "
                     f"{', '.join(inside.get('plan_operators', []))}")
         out.append(f"| {name} | {provider} | {view} |")
@@ -583,7 +606,13 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--work-dir", default=None, help="default: a temp dir, removed afterwards")
     p.add_argument("--keep", action="store_true", help="keep the work dir (data and every run's directory)")
     p.add_argument("--results-dir", default=str(HERE / "results"))
+    p.add_argument("--calm-load", type=float, default=2.0,
+                   help="before each run wait until the 1-minute load average is at most this (default 2.0 = the "
+                        "2 cores; negative: never wait)")
+    p.add_argument("--calm-wait", type=float, default=180, help="... but at most this many seconds (default 180)")
     p.add_argument("--note", default="")
+    p.add_argument("--render", default=None, metavar="JSON",
+                   help="only re-render the summary and the .md from a results JSON of an earlier run")
     args = p.parse_args(argv)
     defaults = QUICK if args.quick else FULL
     for key in ("events", "users", "repetitions"):
@@ -592,6 +621,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     env = os.environ
     args.gap_minutes = int(env.get("SESSIONS_GAP_MINUTES") or 30)
     args.lateness_minutes = int(env.get("SESSIONS_LATENESS_MINUTES") or 10)
+    if args.calm_load is not None and args.calm_load < 0:
+        args.calm_load = None
     args.engine_list = [e.strip() for e in args.engines.split(",") if e.strip()]
     unknown = [e for e in args.engine_list if e not in ENGINES]
     if unknown:
@@ -599,8 +630,23 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     return args
 
 
+def rerender(path: Path) -> int:
+    results = json.loads(path.read_text())
+    lines = results["data"]["lines"]
+    for engine, row in list(results["summary"].items()):
+        if not row.get("skipped"):
+            results["summary"][engine] = summarize(engine, [r for r in results["runs"] if r["engine"] == engine],
+                                                   lines)
+    path.write_text(json.dumps(results, indent=1, default=str) + "\n")
+    path.with_suffix(".md").write_text(render_md(results))
+    print(render_md(results))
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
+    if args.render:
+        return rerender(Path(args.render))
     work = Path(args.work_dir) if args.work_dir else Path(tempfile.mkdtemp(prefix="end_to_end_"))
     work.mkdir(parents=True, exist_ok=True)
     results_dir = Path(args.results_dir)
@@ -637,9 +683,11 @@ def main(argv: list[str] | None = None) -> int:
         log(f"  ingest alone (pipelines.ingest.ingest, no Spark): {ingest_alone[-1]['seconds']} s")
         for engine in order:
             run_dir = work / "runs" / f"r{rep + 1}-{engine}"
-            log(f"  {engine}: running (load 1m {os.getloadavg()[0]:.2f})")
+            waited = wait_for_calm(args.calm_load, args.calm_wait)
+            log(f"  {engine}: running (load 1m {os.getloadavg()[0]:.2f}, waited {waited} s for load <= "
+                f"{args.calm_load})")
             result = run_engine(engine, data, run_dir, args)
-            result.update({"engine": engine, "repetition": rep + 1})
+            result.update({"engine": engine, "repetition": rep + 1, "calm_wait_s": waited})
             runs.append(result)
             problems = check(engine, rep + 1, result, info["expected"])
             for problem in problems:
@@ -665,7 +713,7 @@ def main(argv: list[str] | None = None) -> int:
         "settings": {"quick": args.quick, "events": args.events, "users": args.users,
                      "repetitions": args.repetitions, "engines": engines, "partitions": args.partitions,
                      "gap_minutes": args.gap_minutes, "lateness_minutes": args.lateness_minutes, "seed": args.seed,
-                     "note": args.note,
+                     "calm_load": args.calm_load, "calm_wait_s": args.calm_wait, "note": args.note,
                      "how_measured": {
                          "wall_s": "time.monotonic around the engine's process, Popen to exit",
                          "events_per_s": "lines in the file (events + sentinel) / wall_s",
