@@ -33,6 +33,9 @@ Settings, and why (all recorded in the JSON line):
   pipeline.object-reuse = true             no defensive copies between chained operators (safe here: no UDFs
                                            hold records).
   table.local-time-zone = UTC
+  state.backend.rocksdb.timer-service.factory: left at its default (ROCKSDB). HEAP (`--set`) was tried once on the
+                                           2M-event file: 66 s net job runtime against 72 s, on a machine whose load
+                                           rose meanwhile; not adopted (benchmarks/README.md).
   NOT set: table.exec.mini-batch.* and table.optimizer.agg-phase-strategy. Flink's tuning page: mini-batch and
   local-global aggregation apply to group aggregations and window TVF aggregations *except session window TVF
   aggregation*; window TVF aggregation buffers records per window by itself (in managed memory) regardless of
@@ -71,6 +74,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--heap", default="4g", help="-Xmx of the gateway JVM that hosts the mini-cluster")
     p.add_argument("--exclude-user", default=None, help="a user_id whose sessions are not counted (the sentinel)")
     p.add_argument("--log-dir", default=None, help="Flink's log directory for this run (default: OUTPUT/../flink-log)")
+    p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
+                   help="any further Flink option (recorded in the settings), e.g. "
+                        "state.backend.rocksdb.timer-service.factory=HEAP")
     return p.parse_args(argv)
 
 
@@ -85,6 +91,11 @@ def settings_for(args: argparse.Namespace) -> dict[str, str]:
         "pipeline.object-reuse": "true",
         "table.local-time-zone": "UTC",
     }
+    for item in args.set:
+        key, sep, value = item.partition("=")
+        if not sep:
+            raise SystemExit(f"flink_sessions: --set {item!r} is not KEY=VALUE")
+        conf[key.strip()] = value.strip()
     return conf
 
 
@@ -151,16 +162,19 @@ def count_output(output: Path, exclude_user: str | None) -> dict[str, int]:
 
 
 def checkpoint_stats(log_dir: Path) -> dict[str, object]:
-    completed, durations, sizes = 0, [], []
+    completed, durations, sizes, splits = 0, [], [], 0
     pattern = re.compile(r"Completed checkpoint (\d+) for job \S+ \((\d+) bytes, .*?checkpointDuration=(\d+) ms")
     for log in glob.glob(str(log_dir / "*.log")):
         for line in Path(log).read_text(errors="replace").splitlines():
+            if "Assigned split to subtask" in line:  # the file source's splits (one per file unless split)
+                splits += 1
             m = pattern.search(line)
             if m:
                 completed += 1
                 sizes.append(int(m.group(2)))
                 durations.append(int(m.group(3)))
-    return {"completed_checkpoints": completed, "checkpoint_duration_ms": durations, "checkpoint_bytes": sizes}
+    return {"completed_checkpoints": completed, "checkpoint_duration_ms": durations, "checkpoint_bytes": sizes,
+            "source_splits": splits}
 
 
 def main(argv: list[str] | None = None) -> int:
