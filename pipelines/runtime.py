@@ -147,8 +147,11 @@ def explain_spark_failure(error: BaseException, config: SessionsConfig) -> Sessi
         found = re.search(r"(state/\d+/\d+/[^\s:,]+)", text)
         where = f"the state store file {found.group(1)} of {config.checkpoint}" if found else \
             f"the state store in {config.checkpoint}"
-        cause = "checksum error" if "Checksum" in text else ("missing" if "FileNotFound" in text or
-                                                              "does not exist" in text else "cannot be read")
+        # A changelog (RocksDB's changelog checkpointing) is read without a checksum and Spark's message does not
+        # name it: the reader in the stack says which kind of file it was.
+        cause = ("checksum error" if "Checksum" in text else
+                 "a changelog file is truncated or corrupt" if "ChangelogReader" in text else
+                 "missing" if "FileNotFound" in text or "does not exist" in text else "cannot be read")
         return CheckpointDamaged(f"{where} is damaged ({cause}): `sessionctl restore --savepoint latest` rebuilds the "
                                  f"state from the newest savepoint and replays what came after it ({log})")
     if any(c.startswith("PYTHON_WORKER") for c in conditions) or \
