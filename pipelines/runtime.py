@@ -10,7 +10,7 @@ import threading
 import time
 import traceback
 from collections.abc import Iterator
-from contextlib import contextmanager, suppress
+from contextlib import contextmanager, nullcontext, suppress
 from pathlib import Path
 from typing import Any
 
@@ -60,6 +60,28 @@ def spark_conf(config: SessionsConfig) -> dict[str, str]:
     }
 
 
+JVM_STDERR_LOG = "jvm-stderr.log"  # what the JVM and the Python processes it starts write to their stderr
+
+
+@contextmanager
+def _stderr_to(path: Path) -> Iterator[None]:
+    """fd 2 pointed at `path` while the JVM is launched: the JVM inherits it, and so do the Python processes it starts
+    (workers, the Python data source's runner), whose own output -- e.g. the source runner's traceback when a Ctrl-C
+    stops the query under it -- then lands in the log instead of on the operator's terminal. Our fd 2 is restored."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    sys.stderr.flush()
+    saved = os.dup(2)
+    target = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+    try:
+        os.dup2(target, 2)
+        yield
+    finally:
+        sys.stderr.flush()
+        os.dup2(saved, 2)
+        os.close(saved)
+        os.close(target)
+
+
 def get_spark(config: SessionsConfig) -> SparkSession:
     os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
     os.environ.setdefault("PYSPARK_DRIVER_PYTHON", sys.executable)
@@ -69,7 +91,11 @@ def get_spark(config: SessionsConfig) -> SparkSession:
     # pyspark installs a SIGINT handler that raises KeyboardInterrupt inside whatever py4j call runs; a handler of
     # the caller's own (sessionctl run: Ctrl-C = stop between batches) is kept.
     own = signal.getsignal(signal.SIGINT) if threading.current_thread() is threading.main_thread() else None
-    spark = builder.getOrCreate()
+    from pyspark import SparkContext
+
+    launching = SparkContext._gateway is None  # the first session of this process starts the JVM
+    with _stderr_to(config.log_dir / JVM_STDERR_LOG) if launching else nullcontext():
+        spark = builder.getOrCreate()
     if callable(own) and own is not signal.default_int_handler:
         signal.signal(signal.SIGINT, own)
     spark.sparkContext.setLogLevel("ERROR")
