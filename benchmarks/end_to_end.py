@@ -349,11 +349,8 @@ def run_sessionctl(provider: str, data: Path, run_dir: Path, args: argparse.Name
     return result
 
 
-def run_spark(provider: str, data_dir: Path, run_dir: Path, args: argparse.Namespace) -> dict[str, Any]:
-    argv = [sys.executable, str(PEERS / "spark_sessions.py"), "--input", str(data_dir),
-            "--output", str(run_dir / "out"), "--checkpoint", str(run_dir / "checkpoint"), "--provider", provider,
-            "--gap-minutes", str(args.gap_minutes), "--lateness-minutes", str(args.lateness_minutes),
-            "--partitions", str(args.partitions), "--exclude-user", SENTINEL_USER]
+def run_peer(argv: list[str], run_dir: Path, args: argparse.Namespace) -> dict[str, Any]:
+    """A peer engine's process; its JSON line's counts lifted into the result."""
     result = run_process(argv, clean_env(), run_dir, args.timeout)
     out = result.pop("output") or {}
     result["inside"] = out
@@ -361,6 +358,14 @@ def run_spark(provider: str, data_dir: Path, run_dir: Path, args: argparse.Names
         if key in out:
             result[key] = out[key]
     return result
+
+
+def run_spark(provider: str, data_dir: Path, run_dir: Path, args: argparse.Namespace) -> dict[str, Any]:
+    argv = [sys.executable, str(PEERS / "spark_sessions.py"), "--input", str(data_dir),
+            "--output", str(run_dir / "out"), "--checkpoint", str(run_dir / "checkpoint"), "--provider", provider,
+            "--gap-minutes", str(args.gap_minutes), "--lateness-minutes", str(args.lateness_minutes),
+            "--partitions", str(args.partitions), "--exclude-user", SENTINEL_USER]
+    return run_peer(argv, run_dir, args)
 
 
 def run_flink(backend: str, data_dir: Path, run_dir: Path, args: argparse.Namespace) -> dict[str, Any]:
@@ -368,13 +373,7 @@ def run_flink(backend: str, data_dir: Path, run_dir: Path, args: argparse.Namesp
             "--output", str(run_dir / "out"), "--checkpoints", str(run_dir / "checkpoints"), "--backend", backend,
             "--gap-minutes", str(args.gap_minutes), "--lateness-minutes", str(args.lateness_minutes),
             "--parallelism", "2", "--exclude-user", SENTINEL_USER, "--log-dir", str(run_dir / "flink-log")]
-    result = run_process(argv, clean_env(), run_dir, args.timeout)
-    out = result.pop("output") or {}
-    result["inside"] = out
-    for key in ("sessions", "events_in_sessions", "page_views", "excluded_sessions"):
-        if key in out:
-            result[key] = out[key]
-    return result
+    return run_peer(argv, run_dir, args)
 
 
 def run_engine(engine: str, data: Path, run_dir: Path, args: argparse.Namespace) -> dict[str, Any]:

@@ -17,6 +17,7 @@ from pipelines.ingest import kafka, local, s3
 from pipelines.ingest.landing import INGESTED_DIR, REFUSED_DIR, LandedFile
 from pipelines.ingest.lines import classify_line, parse_event_time, parse_line
 from pipelines.ingest.table import (
+    HISTORY_PAGE,
     RAW_SCHEMA,
     Appender,
     IngestResult,
@@ -55,7 +56,8 @@ def ingest(config: SessionsConfig, files_per_commit: int = 16) -> IngestResult:
     # Catch-up and run hold the job lease already; this one serialises direct callers (tests, benchmarks).
     with waiting_lease(config.lease_dir, "ingest", "ingest", config.lease_ttl_s):
         table = open_raw_table(config)
-        appender = Appender(config, latest_seq(table) if table is not None else 0, latest_clock(table))
+        history = table.history(limit=HISTORY_PAGE) if table is not None else None  # read once, for both
+        appender = Appender(config, latest_seq(table, history) if table is not None else 0, latest_clock(table, history))
         found = _source(config).ingest(config, table, appender, max(1, files_per_commit))
         # Only after the source answered: a source that cannot be read (S3 or the broker down) may hold events,
         # so its silence is not idleness.

@@ -92,11 +92,13 @@ class IngestClock:
         return cls(data.get("max_event_us"), data.get("active_us"))
 
 
-def latest_clock(table: DeltaTable | None) -> IngestClock:
-    """The clock the newest commit records; for a table written before clocks, recomputed from its rows once."""
+def latest_clock(table: DeltaTable | None, history: list[dict[str, Any]] | None = None) -> IngestClock:
+    """The clock the newest commit records; for a table written before clocks, recomputed from its rows once
+    (`history`: the table's newest HISTORY_PAGE commits, if already read)."""
     if table is None:
         return IngestClock()
-    for commit in sorted(table.history(limit=HISTORY_PAGE), key=lambda c: int(c.get("version", 0)), reverse=True):
+    commits = history if history is not None else table.history(limit=HISTORY_PAGE)
+    for commit in sorted(commits, key=lambda c: int(c.get("version", 0)), reverse=True):
         if CLOCK_KEY in commit:
             return IngestClock.from_json(commit[CLOCK_KEY])
     columns = [c for c in ("event_time", "ingested_at") if c in table.schema().to_arrow().names]
@@ -166,11 +168,11 @@ def latest_ingest_seq(table_uri: str, storage_options: dict[str, str] | None = N
     return latest_seq(DeltaTable(table_uri, storage_options=storage_options))
 
 
-def latest_seq(table: DeltaTable) -> int:
-    """latest_ingest_seq of an open table."""
+def latest_seq(table: DeltaTable, history: list[dict[str, Any]] | None = None) -> int:
+    """latest_ingest_seq of an open table (`history`: its newest HISTORY_PAGE commits, if already read)."""
     adds = pa.table(table.get_add_actions(flatten=True))
     seq = int(pc.max(adds["max.ingest_seq"]).as_py() or 0) if adds.num_rows else 0
-    for commit in table.history(limit=HISTORY_PAGE):
+    for commit in history if history is not None else table.history(limit=HISTORY_PAGE):
         if "ingest_seq" in commit:
             seq = max(seq, int(commit["ingest_seq"]))
     return seq
