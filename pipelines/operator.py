@@ -74,8 +74,9 @@ def make_session_function(gap_ms: int) -> Callable[..., Iterator[pd.DataFrame]]:
                             state: GroupState) -> Iterator[pd.DataFrame]:
         store = state_format.BucketStore.load(state.get[0] if state.exists else None)
         watermark = state.getCurrentWatermarkMs()
-        events = no_events()
-        if not state.hasTimedOut:
+        if state.hasTimedOut:
+            events = no_events()
+        else:
             chunks = list(frames)
             events = chunks[0] if len(chunks) == 1 else pd.concat(chunks, ignore_index=True)
             from_state = events["from_state"].to_numpy() == FROM_STATE

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import hashlib
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 import pandas as pd
@@ -38,13 +39,25 @@ def empty_rows() -> dict[str, np.ndarray]:
     return {name: np.empty(0, dtype=object if name in _OBJECT_FIELDS else "int64") for name in STORE_SCHEMA.names}
 
 
+_SESSION_DTYPES = {"session_id": object, "user_id": object, "session_start_ms": "int64", "session_end_ms": "int64",
+                   "event_count": "int64", "page_views": "int64", "end_reason": object}
+_EVENT_DTYPES = {"user_id": object, "event_id": object, "event_time_ms": "int64", "event_type": object}
+
+
+_EMPTY: dict[str, pd.DataFrame] = {}
+
+
+def _empty_frame(dtypes: dict[str, Any]) -> pd.DataFrame:
+    # Built once per process and copied: the operator needs one per bucket call, and building a DataFrame
+    # costs ~0.3 ms -- a tenth of a small bucket's whole call.
+    key = ",".join(dtypes)
+    if key not in _EMPTY:
+        _EMPTY[key] = pd.DataFrame({name: np.empty(0, dtype=dtype) for name, dtype in dtypes.items()})
+    return _EMPTY[key].copy()
+
+
 def empty_sessions() -> pd.DataFrame:
-    return pd.DataFrame({
-        "session_id": pd.Series([], dtype=object), "user_id": pd.Series([], dtype=object),
-        "session_start_ms": pd.Series([], dtype="int64"), "session_end_ms": pd.Series([], dtype="int64"),
-        "event_count": pd.Series([], dtype="int64"), "page_views": pd.Series([], dtype="int64"),
-        "end_reason": pd.Series([], dtype=object),
-    })
+    return _empty_frame(_SESSION_DTYPES)
 
 
 def _column(frame: pd.DataFrame | dict[str, np.ndarray], name: str) -> np.ndarray:
@@ -207,8 +220,7 @@ def rewalk(rows: pa.Table | dict[str, np.ndarray], watermark_ms: int, gap_ms: in
 
 
 def no_events() -> pd.DataFrame:
-    return pd.DataFrame({"user_id": np.empty(0, object), "event_id": np.empty(0, object),
-                         "event_time_ms": np.empty(0, "int64"), "event_type": np.empty(0, object)})
+    return _empty_frame(_EVENT_DTYPES)
 
 
 # ---- reading open sessions out of state rows (status, live lookup) ----------------------------------

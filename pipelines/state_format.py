@@ -68,6 +68,9 @@ CANONICAL_SORT = [("user_id", "ascending"), ("session_start", "ascending"), ("ev
 SPARK_STATE_SCHEMA = "state binary"
 STATE_COLUMN = "state"
 ZSTD_LEVEL = 1  # state is rewritten every time a bucket is touched: favour speed over ratio
+# Below this many rows a bucket is written uncompressed: zstd's per-buffer setup costs 15x the encode of a small
+# table and saves nothing on it. The reader needs no flag (Arrow IPC records the codec per message).
+ZSTD_MIN_ROWS = 256
 
 
 def empty_store() -> pa.Table:
@@ -75,9 +78,10 @@ def empty_store() -> pa.Table:
 
 
 def _ipc(table: pa.Table) -> bytes:
-    """Rows -> one Arrow IPC stream with zstd-compressed buffers."""
+    """Rows -> one Arrow IPC stream, its buffers zstd-compressed from ZSTD_MIN_ROWS rows on."""
     # Built here, not at import: IpcWriteOptions does not pickle into Spark's Python workers.
-    options = pa.ipc.IpcWriteOptions(compression=pa.Codec("zstd", compression_level=ZSTD_LEVEL))
+    options = (pa.ipc.IpcWriteOptions(compression=pa.Codec("zstd", compression_level=ZSTD_LEVEL))
+               if table.num_rows >= ZSTD_MIN_ROWS else pa.ipc.IpcWriteOptions())
     sink = pa.BufferOutputStream()
     with pa.ipc.new_stream(sink, STORE_SCHEMA, options=options) as writer:
         writer.write_table(table.combine_chunks(), max_chunksize=max(table.num_rows, 1))
