@@ -5,10 +5,12 @@ Variants, run side by side in one SparkSession in alternating order (A B C A B C
   rocksdb            the job on RocksDB with changelog checkpointing (SESSIONS_ROCKSDB_CHANGELOG, the default)
   rocksdb-snapshot   the job on RocksDB uploading a snapshot every commit (Spark's own default)
   hdfs               the job on the HDFS-backed provider
+With `--buckets 64,8` each variant runs once per bucket count (SESSIONS_STATE_BUCKETS), named `<variant>/<buckets>`:
+the Python operator pays a fixed cost per bucket it calls, and a small batch touches most buckets.
 Per variant: median trigger ms of the data batches after the first (the first pays the query's start), and the
 medians of Spark's durationMs phases and of the state operator's updates / removals (timeouts) / commit ms.
 
-    .venv/bin/python benchmarks/batch_overhead.py [--batches 10] [--events 200] [--repeats 3]
+    .venv/bin/python benchmarks/batch_overhead.py [--batches 10] [--events 200] [--repeats 3] [--buckets 64]
 """
 from __future__ import annotations
 
@@ -39,9 +41,11 @@ T0 = dt.datetime(2026, 11, 1, 8, tzinfo=dt.timezone.utc)
 
 
 def _config(home: Path, variant: str) -> SessionsConfig:
-    provider, changelog = VARIANTS[variant]
+    name, _, buckets = variant.partition("/")
+    provider, changelog = VARIANTS[name]
     return SessionsConfig.from_env({"SESSIONS_HOME": str(home), "SESSIONS_STATE_STORE": provider,
                                     "SESSIONS_ROCKSDB_CHANGELOG": changelog, "SESSIONS_STATE_PARTITIONS": "2",
+                                    "SESSIONS_STATE_BUCKETS": buckets or "64",
                                     "SESSIONS_MAX_VERSIONS_PER_BATCH": "1", "SESSIONS_IDLE_CLOSE_MINUTES": "0"})
 
 
@@ -74,15 +78,18 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--batches", type=int, default=10)
     parser.add_argument("--events", type=int, default=200)
     parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--buckets", default="64", help="SESSIONS_STATE_BUCKETS, a comma list to compare (default 64)")
     parser.add_argument("--results-dir", type=Path, default=HERE / "results")
     args = parser.parse_args(argv)
     work = Path(tempfile.mkdtemp(prefix="batch-overhead-"))
     spark = get_spark(_config(work / "session", "rocksdb"))
     load = [os.getloadavg()[0]]
-    runs: dict[str, list[dict]] = {v: [] for v in VARIANTS}
-    run_variant(spark, "hdfs", work, args)  # priming: JIT and Python workers warm before anything counts
+    counts = args.buckets.split(",")
+    names = [f"{v}/{b}" for b in counts for v in VARIANTS]
+    runs: dict[str, list[dict]] = {v: [] for v in names}
+    run_variant(spark, f"hdfs/{counts[0]}", work, args)  # priming: JIT and Python workers warm before anything counts
     for repeat in range(args.repeats):
-        for variant in VARIANTS:
+        for variant in names:
             runs[variant].append(run_variant(spark, variant, work, args))
             load.append(os.getloadavg()[0])
             log(f"repeat {repeat}: {variant} median {statistics.median(runs[variant][-1]['trigger_ms'])} ms/batch")
@@ -97,12 +104,13 @@ def main(argv: list[str] | None = None) -> int:
            "settings": vars(args) | {"results_dir": str(args.results_dir)}, "loadavg_1m": load, "variants": summary}
     args.results_dir.mkdir(parents=True, exist_ok=True)
     (args.results_dir / "batch_overhead.json").write_text(json.dumps(out, indent=2) + "\n")
-    base = summary["rocksdb-snapshot"]["median_trigger_ms"]
+    base_name = f"rocksdb-snapshot/{counts[0]}"
+    base = summary[base_name]["median_trigger_ms"]
     lines = ["# Fixed cost of a micro-batch (`benchmarks/batch_overhead.py`)", "",
              f"{out['date']}, {args.batches} batches of {args.events} events per run (the first batch of each run "
              f"not counted), {args.repeats} repeats in alternating order, one SparkSession (`local[2]`, 2 state "
              f"partitions); load 1m {min(load):.1f}-{max(load):.1f}.", "",
-             "| variant | median ms/batch | per repeat | vs rocksdb-snapshot |", "|---|---:|---|---:|"]
+             f"| variant/buckets | median ms/batch | per repeat | vs {base_name} |", "|---|---:|---|---:|"]
     for variant, s in summary.items():
         lines.append(f"| {variant} | {s['median_trigger_ms']:.0f} | {', '.join(f'{m:.0f}' for m in s['per_repeat_median_ms'])} "
                      f"| {s['median_trigger_ms'] / base:.2f}x |")
