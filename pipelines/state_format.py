@@ -10,8 +10,8 @@ Every row carries the `session_start` of the open session it belongs to, so an o
 `(user_id, session_start)` and a reader needs no walk to list open sessions.
 
 Three forms, one set of fields:
-  * STORE_SCHEMA (ms integers + `due_ms`): what the operator keeps per hash bucket of users, as one
-    zstd-compressed Arrow IPC stream in a `binary` state column (works on both state store providers).
+  * STORE_SCHEMA (ms integers + `due_ms`): what the operator keeps per hash bucket of users, as Arrow IPC
+    (zstd-compressed from ZSTD_MIN_ROWS rows) in a `binary` state column (works on both state store providers).
     `due_ms` is per user: the earliest watermark at which the user must be re-walked without new events
     (a session closes, or an event can be frozen). Users neither in the batch nor due are carried over
     untouched -- the batch costs what it touches.

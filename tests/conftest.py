@@ -67,10 +67,17 @@ DEFAULT_ENV = {
     "SESSIONS_GAP_MINUTES": "30",
     "SESSIONS_LATENESS_MINUTES": "10",
     "SESSIONS_MAX_VERSIONS_PER_BATCH": "1",
+    # The operator pays a fixed cost per state bucket it calls, and a test's small batches touch most of them: 8
+    # buckets (4 per partition) keep several users per bucket at a fraction of the product default's per-batch cost.
+    # Tests that run the product default name it: PRODUCT_BUCKETS.
+    "SESSIONS_STATE_BUCKETS": "8",
     # Off unless a test turns it on (tests/test_idle_close.py): a test that runs longer than the default idle time
     # would otherwise get clock rows its oracle does not expect.
     "SESSIONS_IDLE_CLOSE_MINUTES": "0",
 }
+
+
+PRODUCT_BUCKETS = {"SESSIONS_STATE_BUCKETS": None}  # make_config(..., **PRODUCT_BUCKETS): the product's default
 
 
 def make_config(tmp_path: Path, provider: str = "rocksdb", home: Path | str | None = None, **env):

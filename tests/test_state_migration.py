@@ -59,7 +59,7 @@ def test_checkpoint_of_the_json_layout_is_refused_with_the_way_out(tmp_path):
     config = make_config(tmp_path, "rocksdb")
     config.checkpoint.mkdir(parents=True)
     (config.checkpoint / "_job.json").write_text(json.dumps(
-        {"incarnation": "old", "gap_ms": GAP_MS, "lateness_ms": LATENESS_MS, "buckets": 64, "created_from": None}))
+        {"incarnation": "old", "gap_ms": GAP_MS, "lateness_ms": LATENESS_MS, "buckets": config.state_buckets, "created_from": None}))
     with pytest.raises(CheckpointMismatch, match=r"older layout .*sessionctl restore --savepoint latest"):
         catch_up(config, spark=None)
 
