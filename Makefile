@@ -36,8 +36,11 @@ lint: setup
 	$(VENV)/bin/mypy
 
 # Every tier (pyproject [tool.pytest.ini_options] markers; the table in tests/conftest.py): what CI runs.
+# TEST_WORKERS pytest processes (pytest-xdist), a whole module per worker at a time (module fixtures: the Dagster
+# stack, the cluster); each worker has its own SparkSession, PostgreSQL and S3 endpoint. TEST_WORKERS=0: one process.
+TEST_WORKERS ?= 2
 test: setup system-deps lint
-	$(PY) -m pytest -q tests
+	$(PY) -m pytest -q $(if $(filter 0,$(TEST_WORKERS)),,-n $(TEST_WORKERS) --dist loadfile) tests
 
 # The pure and in-process Spark tiers: no sessionctl subprocesses, servers, cluster or crash campaign.
 test-fast: setup
