@@ -21,7 +21,8 @@ from pipelines.ingest import ingest, latest_seq, open_raw_table
 from pipelines.ingest.table import CLOCK_KIND, RAW_SCHEMA, Appender, IngestClock, latest_clock
 from pipelines.sample_data import land
 from pipelines.stream import catch_up
-from state_store.lifecycle import restore, take_savepoint
+from state_store.lifecycle import restore, stop_stream, take_savepoint
+from state_store.state import lookup_user
 from tests.conftest import config_env, make_config, read_open_sessions, read_quarantine, read_sessions, tool
 from tests.datagen import iso, land_batches, line, make_event
 from tests.oracle import run_oracle
@@ -161,13 +162,6 @@ def test_clock_rows_close_like_events_and_replay_after_a_restore(tmp_path, spark
 
 # --- under `sessionctl run`: a stream that goes quiet -------------------------------------------------------------
 
-def _sessionctl(config, *args: str, timeout: float = 300) -> subprocess.CompletedProcess:
-    done = subprocess.run([tool("sessionctl"), *args], env=config_env(config), capture_output=True, text=True,
-                          timeout=timeout, cwd=config.home.parent)
-    assert done.returncode == 0, done.stderr[-3000:]
-    return done
-
-
 def test_a_quiet_stream_closes_its_sessions_under_run(tmp_path, spark):
     gap, idle_s, poll_s = MINUTE, 6.0, 1.0
     config = make_config(tmp_path, SESSIONS_GAP_MINUTES="1", SESSIONS_LATENESS_MINUTES="0",
@@ -202,10 +196,11 @@ def test_a_quiet_stream_closes_its_sessions_under_run(tmp_path, spark):
                 assert dt.datetime.now(dt.timezone.utc) < deadline, f"{session[1]}'s session not written by {deadline}"
                 time.sleep(0.5)
         assert sorted(read_sessions(config)) == sorted(expected.closed)
-        shown = json.loads(_sessionctl(config, "state", "--user", "u2", "--json").stdout)
-        assert shown["open_sessions"] == []  # the running job's state agrees
+        # The running job's state agrees, read from this process (the library under `sessionctl state`).
+        assert lookup_user(spark, config, "u2")["open_sessions"] == []
     finally:
-        _sessionctl(config, "stop", "--json")
+        if run.poll() is None:
+            stop_stream(config)  # the library under `sessionctl stop`: the run's summary says so
         out, err = run.communicate(timeout=300)
     summary = json.loads(out.strip().splitlines()[-1])
     assert summary["clock_rows"] >= 1 and summary["stopped_by"] == "stop request", err[-3000:]
