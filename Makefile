@@ -44,7 +44,7 @@ test: setup system-deps lint
 
 # The pure and in-process Spark tiers: no sessionctl subprocesses, servers, cluster or crash campaign.
 test-fast: setup
-	$(PY) -m pytest -q -m "pure or spark" tests
+	$(PY) -m pytest -q $(if $(filter 0,$(TEST_WORKERS)),,-n $(TEST_WORKERS) --dist loadfile) -m "pure or spark" tests
 
 bench: setup
 	$(PY) benchmarks/throughput.py
