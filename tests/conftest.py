@@ -19,8 +19,9 @@ Helpers (import them with ``from tests.conftest import ...``)
 ``make_config(tmp_path, provider="rocksdb", **env) -> SessionsConfig``
     SESSIONS_HOME is ``tmp_path / "home"`` (override with ``home=...``). Keyword arguments are environment
     variable names (``SESSIONS_GAP_MINUTES=5``), values are str()-ed; a value of None removes the variable.
-    Defaults: gap 30 min, lateness 10 min, 2 state partitions, 8 state buckets (``PRODUCT_BUCKETS`` for 64), SESSIONS_MAX_VERSIONS_PER_BATCH=1 (each ingest
-    commit is its own micro-batch; pass ``SESSIONS_MAX_VERSIONS_PER_BATCH=None`` for "all available").
+    Defaults: gap 30 min, lateness 10 min, 2 state partitions, 8 state buckets (``PRODUCT_BUCKETS`` for the
+    product's 64), SESSIONS_MAX_VERSIONS_PER_BATCH=1 (each ingest commit is its own micro-batch; pass
+    ``SESSIONS_MAX_VERSIONS_PER_BATCH=None`` for "all available").
 ``tool(name) -> str``  the path of a console script of the venv running the tests (sessionctl, dagster, ...).
 ``config_env(config) -> dict``  the environment for a ``sessionctl`` subprocess running the same config.
 ``read_sessions(config) -> list[tuple]``  the sessions table as (session_id, user_id, start_ms, end_ms,
