@@ -1,6 +1,6 @@
 """Everything Dagster loads (`dagster dev -w workspace.yaml`): assets, jobs, the restore runbook, checks,
 schedules and sensors, each in its own module; every op calls the library (pipelines/, state_store/)."""
-from dagster import Definitions
+from dagster import Definitions, in_process_executor
 
 from assets.automation import (
     compaction_schedule,
@@ -31,4 +31,9 @@ defs = Definitions(
     schedules=[compaction_schedule],
     sensors=[observation_sensor, maintenance_sensor, stream_failure_sensor, resume_stream_after_restore],
     resources={"sessions": SessionsResource(), "pyspark": pyspark_resource()},
+    # One process per run, so one Spark driver per run: the steps of a job (the runbook's restore and verify, the
+    # catch-up and its checks) share its SparkSession instead of each starting a JVM of its own, as the default
+    # multiprocess executor would. The steps of every job here depend on each other (or are checks of
+    # seconds), so nothing that could run in parallel is lost. A run is still its own process (run launcher).
+    executor=in_process_executor,
 )
