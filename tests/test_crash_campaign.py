@@ -1,16 +1,24 @@
 """A short seeded crash campaign (benchmarks/crash_campaign.py; the long one has 100+ kill points): commands
-SIGKILLed at random moments across catch-up, savepoint, restore, rescale and compact, the operator's recovery, a
-final catch-up -- no session lost, none written twice, both providers."""
+SIGKILLed at random moments across catch-up, savepoint, restore, rescale and compact, and beside a running stream,
+the operator's recovery, a final catch-up -- no session lost, none written twice, both providers."""
 from __future__ import annotations
 
 import pytest
 
 from tests.campaign import run_campaign
 
+# Seeds picked (by replaying the campaign's random choices) so that the two short runs together kill six of the seven
+# phases, the stream's two among them; the seventh, catch-up, is killed twice per provider by test_crash_restart.py.
+# The moment of each kill is still random (wall clock), the phases are not: a change to the campaign's use of its
+# random generator shows up here instead of quietly moving the coverage.
+CAMPAIGNS = [("rocksdb", 59, {"savepoint", "rescale", "restore"}),
+             ("hdfs", 33, {"compact", "stop-savepoint", "online-savepoint"})]
 
-@pytest.mark.parametrize("provider,seed", [("rocksdb", 3), ("hdfs", 4)])
-def test_short_crash_campaign(tmp_path, provider, seed):
-    report = run_campaign(tmp_path, provider, seed, kill_points=5)
-    assert sum(report["by_phase"].values()) == 5
+
+@pytest.mark.parametrize("provider,seed,phases", CAMPAIGNS, ids=[f"{p}-{s}" for p, s, _ in CAMPAIGNS])
+def test_short_crash_campaign(tmp_path, provider, seed, phases):
+    report = run_campaign(tmp_path, provider, seed, kill_points=3)
+    assert sum(report["by_phase"].values()) == 3
+    assert {hit.split(":")[0] for hit in report["by_phase"]} == phases, report["by_phase"]
     assert (report["lost"], report["duplicated"], report["unexpected"]) == (0, 0, 0), report
     assert report["written"] == report["expected_sessions"] > 0

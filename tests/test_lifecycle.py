@@ -34,7 +34,7 @@ from state_store import savepoints as sp
 from state_store.lifecycle import rescale, restore, take_savepoint, validate_savepoint
 from state_store.maintenance import compact
 from state_store.results import RescaleResult, SavepointInfo
-from tests.conftest import tool
+from tests.conftest import DEFAULT_ENV, tool
 from tests.datagen import in_order_chunks
 from tests.lifecycle_expectations import expected_closed_sessions
 
@@ -42,10 +42,16 @@ REPO = Path(__file__).resolve().parent.parent
 GAP_MIN, LATENESS_MIN = 30, 10
 
 
+# The suite's bucket count (tests/conftest.py DEFAULT_ENV), and S3 calls that give up in seconds: the failure test
+# below stops the endpoint mid-savepoint, and the product's 3 retries of 30 s would only make it wait.
+SUITE_ENV = {"SESSIONS_STATE_BUCKETS": DEFAULT_ENV["SESSIONS_STATE_BUCKETS"], "SESSIONS_S3_TIMEOUT": "5s",
+             "SESSIONS_S3_RETRY_TIMEOUT": "5s", "SESSIONS_S3_MAX_RETRIES": "1"}
+
+
 def _config(tmp_path: Path, provider: str, savepoint_uri: str | None = None, **extra) -> SessionsConfig:
     env = {"SESSIONS_HOME": str(tmp_path / "home"), "SESSIONS_STATE_STORE": provider,
            "SESSIONS_GAP_MINUTES": str(GAP_MIN), "SESSIONS_LATENESS_MINUTES": str(LATENESS_MIN),
-           "SESSIONS_MAX_VERSIONS_PER_BATCH": "1", **extra}
+           "SESSIONS_MAX_VERSIONS_PER_BATCH": "1", **SUITE_ENV, **extra}
     if savepoint_uri:
         env["SESSIONS_SAVEPOINT_URI"] = savepoint_uri
     return SessionsConfig.from_env(env)
@@ -139,7 +145,7 @@ def test_savepoint_failure_mid_write_is_never_listed(tmp_path, spark, s3_endpoin
     os.kill(s3_endpoint["process"].pid, signal.SIGCONT)  # the endpoint is back, with its data
 
     # The operator's next commands are new processes (this one's S3 connections died with the server).
-    env = {"SESSIONS_SAVEPOINT_URI": uri, "SESSIONS_MAX_VERSIONS_PER_BATCH": "1", **s3_endpoint["env"]}
+    env = {"SESSIONS_SAVEPOINT_URI": uri, "SESSIONS_MAX_VERSIONS_PER_BATCH": "1", **s3_endpoint["env"], **SUITE_ENV}
     listed = json.loads(_sessionctl(config.home, "savepoints", "--json", env=env).stdout)
     assert [r["savepoint_id"] for r in listed if r["status"] == "complete"] == [first.savepoint_id]
     # The endpoint was down when the attempt failed: its row waited locally and is in the catalog now.

@@ -62,6 +62,7 @@ from pipelines.results import Result
 OFFSETS_KEY = "kafka_offsets"   # the commit metadata key holding the topic's next offsets
 TIMEOUT_S = 10.0                # metadata and watermark calls; a read that gets nothing for STALL_S gives up
 STALL_S = 30.0
+SLICE_S = 0.5                   # how often a metadata call looks at the errors librdkafka reported meanwhile
 DEFAULT_GROUP = "sessions-ingest"
 CONSUME_BATCH = 10_000
 # Settings the exactly-once reading depends on: SESSIONS_KAFKA_CONF may not change them.
@@ -263,12 +264,22 @@ class _Client:
             raise losses(self.topic, recorded, None, self.bootstrap)[0].error
         return marks
 
+    def _metadata(self) -> Any:
+        """The topic's metadata, asked in short slices of TIMEOUT_S: once librdkafka reports every bootstrap broker
+        down (connection refused, name not resolved) the answer is SourceUnavailable at once, not after TIMEOUT_S --
+        the caller (the run loop's backoff, an operator's command) is the one that waits and retries."""
+        deadline = time.monotonic() + TIMEOUT_S
+        while True:
+            try:
+                return self.consumer.list_topics(self.topic, timeout=min(SLICE_S, max(0.0, deadline - time.monotonic())))
+            except KafkaException as exc:
+                self.consumer.poll(0)  # serves the error callbacks queued meanwhile
+                if time.monotonic() >= deadline or any(e.code() == KafkaError._ALL_BROKERS_DOWN for e in self.errors):
+                    raise self.unavailable(f"is unreachable for topic {self.topic}", exc) from None
+
     def watermarks_or_none(self, recorded: Mapping[int, int]) -> dict[int, tuple[int, int]] | None:
         """watermarks(), but None when the topic does not exist and raw_events holds offsets of it."""
-        try:
-            metadata = self.consumer.list_topics(self.topic, timeout=TIMEOUT_S)
-        except KafkaException as exc:
-            raise self.unavailable(f"is unreachable for topic {self.topic}", exc) from None
+        metadata = self._metadata()
         found = metadata.topics.get(self.topic)
         error = found.error if found is not None else None
         if found is None or (error is not None and error.code() == KafkaError.UNKNOWN_TOPIC_OR_PART):
