@@ -42,9 +42,10 @@ TEST_WORKERS ?= 2
 test: setup system-deps lint
 	$(PY) -m pytest -q $(if $(filter 0,$(TEST_WORKERS)),,-n $(TEST_WORKERS) --dist loadfile) tests
 
-# The pure and in-process Spark tiers: no sessionctl subprocesses, servers, cluster or crash campaign.
+# The pure and in-process Spark tiers: no sessionctl subprocesses, servers, cluster or crash campaign. No module
+# fixtures there, so tests are spread one by one (an idle worker takes queued tests from the busy one).
 test-fast: setup
-	$(PY) -m pytest -q $(if $(filter 0,$(TEST_WORKERS)),,-n $(TEST_WORKERS) --dist loadfile) -m "pure or spark" tests
+	$(PY) -m pytest -q $(if $(filter 0,$(TEST_WORKERS)),,-n $(TEST_WORKERS) --dist worksteal) -m "pure or spark" tests
 
 bench: setup
 	$(PY) benchmarks/throughput.py
