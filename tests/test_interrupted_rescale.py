@@ -16,6 +16,7 @@ from pipelines.errors import RescaleIncomplete
 from pipelines.ingest import ingest
 from pipelines.sample_data import land
 from pipelines.stream import catch_up
+from state_store.lifecycle import rescale
 from tests.conftest import assert_half_done_is_reported, config_env, make_config, read_sessions, tool
 from tests.datagen import in_order_chunks
 from tests.lifecycle_expectations import expected_closed_sessions
@@ -61,10 +62,8 @@ def test_a_rescale_killed_inside_the_repartition_is_finished_by_the_next_rescale
 
     # Spark itself refuses any other count until the interrupted one is finished; ours finishes it first.
     other = 4 if interrupted != 4 else 5
-    done = subprocess.run([tool("sessionctl"), "rescale", "--partitions", str(other)], env=env, capture_output=True,
-                          text=True, timeout=300)  # a fresh process, as an operator runs it
-    assert done.returncode == 0, done.stderr[-2000:]
-    assert json.loads(done.stdout)["partitions_after"] == other
+    # The library under `sessionctl rescale`, in the shared session: the process boundary was the kill's, above.
+    assert rescale(config, other, spark=spark).partitions_after == other
     assert inspect_checkpoint(config.checkpoint).unfinished_rescale is None
 
     land(config.landing, "part-2.jsonl", [json.dumps(e) for e in chunks[2]])
