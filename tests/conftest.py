@@ -403,7 +403,7 @@ TEST_TIERS: dict[str, str | tuple[str, dict[str, str]]] = {
 FIXTURE_TIERS = {"spark": "spark", "s3_endpoint": "e2e", "spark_cluster": "e2e", "postgres_server": "e2e"}
 # Per-test time limits above pyproject's `timeout` (900 s) for the long modules (seconds; module fixtures count
 # towards their first test): the crash campaign (3 kill points per test, each a sessionctl JVM), the Dagster stack (~155 s on
-# 2 idle cores), the standalone cluster (three JVMs plus six sessionctl runs).
+# 2 idle cores), the standalone cluster (three JVMs plus the driver applications it runs).
 TIER_TIMEOUTS = {"test_crash_campaign.py": 1800, "test_dagster_e2e.py": 1800, "test_cluster.py": 1800}
 
 
