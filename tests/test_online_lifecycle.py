@@ -204,7 +204,7 @@ def test_ctrl_c_at_random_moments_is_one_line_or_the_summary(tmp_path, spark, pr
     for i, chunk in enumerate(chunks[:3]):
         land(config.landing, f"first-{i:04d}.jsonl", [json.dumps(e) for e in chunk])
     # Three windows: the JVM's start-up (0.5-4 s), the query's start and state load (6-12 s), batches (14-22 s). The
-    # two providers share the first two (one each: nothing there is the provider's); both get a Ctrl-C in batches.
+    # start-up is the same for both providers (RocksDB takes it), the query's start goes to HDFS, both get batches.
     windows = [(0.5, 4), (14, 22)] if provider == "rocksdb" else [(6, 12), (14, 22)]
     for attempt, delay in enumerate([rng.uniform(*window) for window in windows]):
         land(config.landing, f"more-{attempt:04d}.jsonl", [json.dumps(e) for e in chunks[3 + attempt]])
