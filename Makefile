@@ -3,11 +3,14 @@ VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: setup system-deps demo test test-fast lint bench clean-data check-java peers
+.PHONY: setup system-deps demo test test-fast lint bench clean-data check-java check-javac peers
 
 check-java:
 	@command -v java >/dev/null 2>&1 || { echo "Java 17+ is required by Spark and was not found on PATH. Install it (Debian: apt-get install -y openjdk-17-jre-headless) and run make again." >&2; exit 1; }
 	@java -version 2>&1 | head -1 | grep -Eq '"(1[7-9]|2[0-9])' || { echo "Spark 4.2 needs Java 17 or newer; found: $$(java -version 2>&1 | head -1)" >&2; exit 1; }
+
+check-javac:
+	@command -v javac >/dev/null 2>&1 || { echo "javac (JDK 17+) is required to build the JVM operator (SESSIONS_OPERATOR=jvm) and was not found on PATH. Install it (Debian: apt-get install -y openjdk-17-jdk-headless) and run make again." >&2; exit 1; }
 
 $(STAMP): pyproject.toml
 	python3 -m venv $(VENV)
@@ -25,7 +28,18 @@ system-deps:
 	  if [ "$$(id -u)" = 0 ]; then apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq postgresql-15 >/dev/null; \
 	  else echo "PostgreSQL 15 is missing: install the Debian package postgresql-15 (the Dagster e2e test needs it)" >&2; fi; }
 
-setup: check-java $(STAMP)
+# The experimental JVM operator (SESSIONS_OPERATOR=jvm), compiled against the pyspark wheel's own Spark jars and
+# loaded with spark.jars (pipelines/runtime.py).
+JVM_JAR := build/jvm/sessions-operator.jar
+JVM_SRC := $(wildcard jvm/src/sessions/*.java)
+$(JVM_JAR): $(JVM_SRC) $(STAMP)
+	@$(MAKE) -s check-javac
+	rm -rf build/jvm/classes
+	javac -Xlint:all,-path -Werror --release 17 -d build/jvm/classes \
+	  -cp "$$($(PY) -c 'import os, pyspark; print(os.path.join(os.path.dirname(pyspark.__file__), "jars"))')/*" $(JVM_SRC)
+	jar cf $@ -C build/jvm/classes .
+
+setup: check-java $(STAMP) $(JVM_JAR)
 
 demo: setup
 	$(PY) -m sessionctl.demo

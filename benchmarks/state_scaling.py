@@ -178,7 +178,8 @@ def write_markdown(path: Path, results: dict) -> None:
     s, m = results["settings"], results["machine"]
     lines = [f"# State scaling: job vs native `session_window`{' (QUICK smoke run)' if s['quick'] else ''}", "",
              f"Measured {results['date']} on {m['nproc']} cores ({m['cpu_model']}), PySpark {m['pyspark']}, "
-             f"`local[2]`, {s['partitions']} state partitions, {s['buckets']} job buckets. "
+             f"`local[2]`, {s['partitions']} state partitions, job operator {s.get('operator', 'python')} "
+             f"({s['buckets']} state buckets if python). "
              f"{s['events_per_batch']:,} events per batch over {s['active']:,} active users, "
              f"{s['batch_minutes']} min of event time per batch; N sleeping users with an open session "
              f"each; median of {s['batches']} measured batches after {s['warmup']} warm-up; a discarded priming pass "
@@ -273,6 +274,7 @@ def main(argv=None) -> int:
             "quick": args.quick, "users": args.users, "active": args.active, "events_per_batch": args.events_per_batch,
             "warmup": args.warmup, "batches": args.batches, "batch_minutes": args.batch_minutes,
             "providers": args.providers, "partitions": config.state_partitions, "buckets": config.state_buckets,
+            "operator": config.operator,
             "note": args.note}}
         args.results_dir.mkdir(parents=True, exist_ok=True)
         name = "state_scaling_quick" if args.quick else "state_scaling"

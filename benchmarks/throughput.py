@@ -450,7 +450,8 @@ def write_markdown(path: Path, results: dict) -> None:
         *([f"Note: {s['note']}"] if s["note"] else []),
         f"Settings: {s['events_per_batch']:,} events per micro-batch over {s['users']:,} users, "
         f"{s['warmup']} warm-up + {s['batches']} measured batches, {s['partitions']} state partitions, "
-        f"{s['buckets']} job state buckets, gap {s['gap_minutes']} min, lateness {s['lateness_minutes']} min, "
+        f"job operator {s.get('operator', 'python')} ({s['buckets']} state buckets if python), "
+        f"gap {s['gap_minutes']} min, lateness {s['lateness_minutes']} min, "
         f"order {s['order']}, seed {s['seed']}, priming pass {s['prime_batches']} batches per provider (discarded).",
         "Throughput = sum(numInputRows) / sum(durationMs.triggerExecution) over the measured batches.",
         "",
@@ -607,7 +608,7 @@ def main(argv=None) -> int:
             "settings": {
                 "quick": args.quick, "events_per_batch": args.events_per_batch, "users": args.users,
                 "warmup": args.warmup, "batches": args.batches, "providers": providers,
-                "partitions": config.state_partitions, "buckets": config.state_buckets,
+                "partitions": config.state_partitions, "buckets": config.state_buckets, "operator": config.operator,
                 "gap_minutes": config.gap_minutes, "lateness_minutes": config.lateness_minutes,
                 "master": os.environ.get("SESSIONS_SPARK_MASTER", "local[2]"), "order": args.order,
                 "prime_batches": args.prime_batches,

@@ -41,8 +41,9 @@ class JobMetadata:
     state_layout: str | None = None
 
     @classmethod
-    def new(cls, gap_ms: int, lateness_ms: int, buckets: int, created_from: str | None = None) -> JobMetadata:
-        return cls(uuid.uuid4().hex, gap_ms, lateness_ms, buckets, created_from, SCHEMA_ID)
+    def new(cls, gap_ms: int, lateness_ms: int, buckets: int, created_from: str | None = None,
+            state_layout: str = SCHEMA_ID) -> JobMetadata:
+        return cls(uuid.uuid4().hex, gap_ms, lateness_ms, buckets, created_from, state_layout)
 
 
 def read_job_metadata(checkpoint: Path) -> JobMetadata | None:

@@ -16,6 +16,7 @@ __all__ = ["ConfigError", "SessionsConfig"]  # ConfigError lives with the other 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 Provider = Literal["rocksdb", "hdfs"]  # the state store providers (SESSIONS_STATE_STORE)
 PROVIDERS: tuple[Provider, ...] = ("rocksdb", "hdfs")
+OPERATORS = ("python", "jvm")  # SESSIONS_OPERATOR
 
 
 def _int(env: Mapping[str, str], name: str, default: int | None, minimum: float = 1) -> int | None:
@@ -118,6 +119,9 @@ class SessionsConfig:
     # Sessions state is keyed by a hash bucket of user_id so one Python call handles many users
     # (see README "Performance"); the canonical savepoint form is per user and bucket-free.
     state_buckets: int = _setting(64)
+    # The stateful operator: "python" (applyInPandasWithState over pipelines.sessionize, the default) or "jvm"
+    # (experimental: jvm/src/sessions/SessionsOperator.java, per-user state; no savepoint, restore or rescale yet).
+    operator: str = _setting("python")
     # Versions of the raw-events table per micro-batch (None = all available). Tests use 1.
     max_versions_per_batch: int | None = _setting(None, kind=int)
     # Spark (the CLI's session and Dagster's PySparkResource share them).
@@ -184,6 +188,9 @@ class SessionsConfig:
         values["state_store"] = values["state_store"].lower()
         if values["state_store"] not in PROVIDERS:
             raise ConfigError(f"SESSIONS_STATE_STORE={values['state_store']!r}: expected one of {', '.join(PROVIDERS)}")
+        values["operator"] = values["operator"].lower()
+        if values["operator"] not in OPERATORS:
+            raise ConfigError(f"SESSIONS_OPERATOR={values['operator']!r}: expected one of {', '.join(OPERATORS)}")
         values["savepoint_uri"] = values["savepoint_uri"] or str(home / "savepoints")
         values["warehouse_uri"] = (values["warehouse_uri"] or str(home / "warehouse")).rstrip("/")
         values["landing_uri"] = (values["landing_uri"] or str(home / "landing")).rstrip("/")

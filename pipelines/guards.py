@@ -33,6 +33,7 @@ from pipelines.errors import (
     RestoreIncomplete,
 )
 from pipelines.locks import LeaseHeld, LeaseInfo, lease, live_holder
+from pipelines.operator import JVM_STATE_LAYOUT, state_layout
 from pipelines.runtime import rescale_incomplete
 from pipelines.storage import is_s3, storage_options
 from pipelines.tables import QUARANTINE_SCHEMA, SESSIONS_SCHEMA, ensure_table, table_rows
@@ -95,10 +96,18 @@ def checkpoint_metadata(config: SessionsConfig) -> JobMetadata:
             raise CheckpointMissing(
                 f"no checkpoint at {config.checkpoint} but the sessions table already has rows: "
                 "restore one with `sessionctl restore --savepoint latest` (a fresh start would write them again)")
-        meta = JobMetadata.new(config.gap_ms, config.lateness_ms, config.state_buckets)
+        meta = JobMetadata.new(config.gap_ms, config.lateness_ms, config.state_buckets,
+                               state_layout=state_layout(config.operator))
         write_job_metadata(config.checkpoint, meta)
         return meta
-    if meta.state_layout != state_format.SCHEMA_ID:
+    if JVM_STATE_LAYOUT in (meta.state_layout, state_layout(config.operator)) and \
+            meta.state_layout != state_layout(config.operator):
+        made_by = "jvm" if meta.state_layout == JVM_STATE_LAYOUT else "python"
+        raise CheckpointMismatch(
+            f"the checkpoint at {config.checkpoint} was made by the {made_by} operator and SESSIONS_OPERATOR is "
+            f"{config.operator}: set SESSIONS_OPERATOR={made_by}, or start the other operator on a new checkpoint "
+            "(the two hold state in different layouts)")
+    if meta.state_layout not in (state_format.SCHEMA_ID, JVM_STATE_LAYOUT):
         raise CheckpointMismatch(
             f"the checkpoint at {config.checkpoint} holds state in an older layout ({meta.state_layout or 'JSON, v1'}) "
             "that this build cannot run on: restore a savepoint (`sessionctl restore --savepoint latest`; v1 "

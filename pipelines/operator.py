@@ -24,6 +24,8 @@ from pyspark.sql import functions as F
 from pyspark.sql.streaming.state import GroupState, GroupStateTimeout
 
 from pipelines import state_format
+from pipelines.config import REPO_ROOT
+from pipelines.errors import ConfigError
 from pipelines.sessionize import advance, no_events, rows_table
 
 OUTPUT_COLUMNS = [
@@ -104,8 +106,19 @@ def make_session_function(gap_ms: int) -> Callable[..., Iterator[pd.DataFrame]]:
     return sessions_for_bucket
 
 
-def sessionize(events: DataFrame, gap_ms: int, lateness_ms: int, buckets: int) -> DataFrame:
-    """Source rows -> rows of kind `session` (closed sessions) and `late` (events below the watermark)."""
+JVM_STATE_LAYOUT = "open_sessions_by_user/jvm-v1"  # SessionsOperator.STATE_SCHEMA_ID: per-user rows, not buckets
+JVM_JAR = REPO_ROOT / "build" / "jvm" / "sessions-operator.jar"  # built by `make setup` (the Makefile's jvm target)
+
+
+def state_layout(operator: str) -> str:
+    """The state layout a checkpoint made by `operator` holds (JobMetadata.state_layout)."""
+    return JVM_STATE_LAYOUT if operator == "jvm" else state_format.SCHEMA_ID
+
+
+def sessionize(events: DataFrame, gap_ms: int, lateness_ms: int, buckets: int, layout: str = state_format.SCHEMA_ID
+               ) -> DataFrame:
+    """Source rows -> rows of kind `session` (closed sessions) and `late` (events below the watermark), by the
+    operator that owns `layout`: the Python one (buckets of users) or the experimental JVM one (per user)."""
     # Valid events, a restore's state rows and its watermark marker: a rejected line (a quarantined far-future
     # event has an event_time) must never move the watermark. The filter stands before withWatermark because
     # that is where it runs anyway: Spark pushes a filter that does not reference the event-time column below
@@ -130,6 +143,12 @@ def sessionize(events: DataFrame, gap_ms: int, lateness_ms: int, buckets: int) -
         F.unix_millis("session_start").alias("session_start_ms"), "event_count", "page_views",
         F.when(F.col("origin") == "state", F.lit(FROM_STATE)).otherwise(F.lit(0)).alias("from_state"),
     )
+    if layout == JVM_STATE_LAYOUT:
+        if not JVM_JAR.exists():
+            raise ConfigError(f"the JVM operator (SESSIONS_OPERATOR=jvm) needs {JVM_JAR}: run `make setup` to build it")
+        jvm = keyed.sparkSession._jvm
+        assert jvm is not None  # a classic (py4j) session
+        return DataFrame(jvm.sessions.SessionsOperator.sessionize(keyed._jdf, gap_ms), keyed.sparkSession)
     return keyed.groupBy("bucket").applyInPandasWithState(
         make_session_function(gap_ms), OUTPUT_SCHEMA, state_format.SPARK_STATE_SCHEMA, "append", GroupStateTimeout.EventTimeTimeout,
     )

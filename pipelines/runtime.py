@@ -21,6 +21,7 @@ from pyspark.sql import SparkSession
 from pipelines.checkpoint import PROVIDER_CLASSES, inspect_checkpoint, rescale_command
 from pipelines.config import SessionsConfig
 from pipelines.errors import CheckpointDamaged, RescaleIncomplete, SessionsError, StreamFailed
+from pipelines.operator import JVM_JAR
 from pipelines.shipping import cluster_conf
 from pipelines.source import RawEventsSource
 
@@ -57,6 +58,8 @@ def spark_conf(config: SessionsConfig) -> dict[str, str]:
         # Spark's log to a file (pipelines/log4j2.properties): the terminal gets sessionctl's one line.
         "spark.driver.extraJavaOptions": f"-Dlog4j2.configurationFile=file:{LOG4J2} -Dsessions.log.dir={config.log_dir}",
         **cluster_conf(config.spark_master),
+        # The experimental JVM operator (SESSIONS_OPERATOR=jvm); on a cluster Spark ships the jar to executors.
+        **({"spark.jars": str(JVM_JAR)} if JVM_JAR.exists() else {}),
     }
 
 

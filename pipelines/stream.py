@@ -46,7 +46,7 @@ def raw_events_stream(spark: SparkSession, config: SessionsConfig, checkpoint: P
 def start_query(spark: SparkSession, config: SessionsConfig, meta: JobMetadata, trigger: dict[str, Any],
                 source_options: dict[str, Any] | None = None) -> tuple[StreamingQuery, MicroBatchSink]:
     output = sessionize(raw_events_stream(spark, config, config.checkpoint, source_options),
-                        meta.gap_ms, meta.lateness_ms, meta.buckets)
+                        meta.gap_ms, meta.lateness_ms, meta.buckets, meta.state_layout or "")
     checkpoint = config.checkpoint
     sink = MicroBatchSink(config.sessions_table, config.quarantine_table, config.raw_events_table, meta.incarnation,
                           seq_range=lambda batch_id: batch_source_range(checkpoint, batch_id),

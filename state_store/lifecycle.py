@@ -53,6 +53,7 @@ from pipelines.guards import (
     take_stop_answer,
     withdraw_stop,
 )
+from pipelines.operator import state_layout
 from pipelines.runtime import get_spark, log_traceback, spark_failures
 from pipelines.sessionize import rewalk, rows_table
 from pipelines.source import BOOTSTRAP_FILE
@@ -322,7 +323,7 @@ def _restore(config: SessionsConfig, savepoint: str, partitions: int | None, mig
     outputs_rolled_back = False
     try:
         meta = JobMetadata.new(config.gap_ms, config.lateness_ms, config.state_buckets,
-                               created_from=saved.savepoint_id)
+                               created_from=saved.savepoint_id, state_layout=state_layout(config.operator))
         write_job_metadata(config.checkpoint, meta)
         staged = config.checkpoint / "_bootstrap_state.parquet"
         pq.write_table(state, staged)

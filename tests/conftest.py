@@ -369,6 +369,7 @@ TEST_TIERS: dict[str, str | tuple[str, dict[str, str]]] = {
                                        "test_far_future_event_never_moves_the_watermark": "spark",
                                        "test_a_file_still_being_written_loses_no_line": "spark"}),
     "test_ingest_columnar.py": "pure",
+    "test_jvm_operator.py": "spark",
     "test_interrupted_rescale.py": "subprocess",
     "test_kafka_ingest.py": ("pure", {"test_partitions_ingested_once_and_sessions_equal_the_oracle": "spark",
                                       "test_poison_messages_are_quarantined_like_file_lines": "spark",

@@ -1,0 +1,235 @@
+package sessions;
+
+import java.nio.charset.StandardCharsets;
+import java.security.MessageDigest;
+import java.security.NoSuchAlgorithmException;
+import java.util.ArrayList;
+import java.util.Comparator;
+import java.util.HashSet;
+import java.util.Iterator;
+import java.util.List;
+import java.util.Set;
+
+import org.apache.spark.api.java.function.FlatMapGroupsWithStateFunction;
+import org.apache.spark.sql.Dataset;
+import org.apache.spark.sql.Encoders;
+import org.apache.spark.sql.Row;
+import org.apache.spark.sql.RowFactory;
+import org.apache.spark.sql.functions;
+import org.apache.spark.sql.streaming.GroupState;
+import org.apache.spark.sql.streaming.GroupStateTimeout;
+import org.apache.spark.sql.streaming.OutputMode;
+import org.apache.spark.sql.types.DataTypes;
+import org.apache.spark.sql.types.StructType;
+
+import scala.Tuple2;
+
+/**
+ * The JVM operator (SESSIONS_OPERATOR=jvm, experimental): the same sessionization as the Python core
+ * (pipelines/sessionize.py, the specification; tests compare both with the oracle), run by Spark's
+ * flatMapGroupsWithState keyed by user_id. A user's state is their open rows -- events above the watermark and
+ * at most one frozen prefix per open session (event_id null) -- so a batch reads and writes only the users it
+ * touches or whose timer is due. Input: the columns of pipelines.operator's `keyed` frame; output: OUTPUT_COLUMNS.
+ */
+public final class SessionsOperator {
+    public static final String LOGOUT = "logout";
+    public static final String PAGE_VIEW = "page_view";
+    public static final int FROM_STATE = 1;
+
+    /** A stored row as the state readers see it (DecodeState): pipelines.state_format.ROW_FIELDS, times in ms. */
+    public static final StructType STATE_ROW = new StructType()
+        .add("session_start_ms", DataTypes.LongType, false)
+        .add("event_id", DataTypes.StringType, true)
+        .add("event_time_ms", DataTypes.LongType, false)
+        .add("event_type", DataTypes.StringType, true)
+        .add("event_count", DataTypes.LongType, false)
+        .add("page_views", DataTypes.LongType, false);
+    static final StructType OUTPUT = new StructType()
+        .add("kind", DataTypes.StringType).add("session_id", DataTypes.StringType)
+        .add("user_id", DataTypes.StringType).add("session_start_ms", DataTypes.LongType)
+        .add("session_end_ms", DataTypes.LongType).add("event_count", DataTypes.LongType)
+        .add("page_views", DataTypes.LongType).add("end_reason", DataTypes.StringType)
+        .add("event_id", DataTypes.StringType).add("event_time_ms", DataTypes.LongType)
+        .add("event_type", DataTypes.StringType).add("ingest_seq", DataTypes.LongType)
+        .add("line_key", DataTypes.LongType);
+
+    private SessionsOperator() {}
+
+    /** `keyed` grouped by user through the operator; called from Python through py4j. The key is (xxhash64(user_id),
+     * user_id): Spark sorts a batch by the key before the call, and the hash first makes that sort decide on the
+     * long prefix instead of comparing ids that often share their first bytes. */
+    public static Dataset<Row> sessionize(Dataset<Row> keyed, long gapMs) {
+        Dataset<Row> hashed = keyed.withColumn("user_hash", functions.xxhash64(keyed.col("user_id")));
+        StructType schema = hashed.schema();
+        Fn fn = new Fn(gapMs, new int[] {
+            schema.fieldIndex("event_id"), schema.fieldIndex("event_time_ms"), schema.fieldIndex("event_type"),
+            schema.fieldIndex("ingest_seq"), schema.fieldIndex("line_key"), schema.fieldIndex("session_start_ms"),
+            schema.fieldIndex("event_count"), schema.fieldIndex("page_views"), schema.fieldIndex("from_state")});
+        // groupBy(columns).as(...): Spark groups on the columns themselves (no per-row key function, AppendColumns)
+        return hashed
+            .groupBy(hashed.col("user_hash"), hashed.col("user_id"))
+            .as(Encoders.tuple(Encoders.LONG(), Encoders.STRING()), Encoders.row(schema))
+            .flatMapGroupsWithState(fn, OutputMode.Append(), Encoders.BINARY(), Encoders.row(OUTPUT),
+                                    GroupStateTimeout.EventTimeTimeout());
+    }
+
+    /** One open row of a user (a state row or a fresh event). */
+    static final class R {
+        long start;
+        String id;       // null: a frozen prefix
+        long time;
+        String type;
+        long count;
+        long views;
+        final int seq;   // arrival order: the first of two rows with one event_id wins, ties keep it
+
+        R(long start, String id, long time, String type, long count, long views, int seq) {
+            this.start = start; this.id = id; this.time = time; this.type = type;
+            this.count = count; this.views = views; this.seq = seq;
+        }
+    }
+
+    static final Comparator<R> WALK_ORDER = Comparator
+        .comparingLong((R r) -> r.time)
+        .thenComparing((R r) -> r.id == null ? "" : r.id)
+        .thenComparingInt(r -> r.seq);
+
+    static final class Fn implements FlatMapGroupsWithStateFunction<Tuple2<Long, String>, Row, byte[], Row> {
+        private static final long serialVersionUID = 1L;
+        private final long gapMs;
+        private final int[] ix;  // event_id, event_time_ms, event_type, ingest_seq, line_key, start, count, views, from_state
+
+        Fn(long gapMs, int[] ix) {
+            this.gapMs = gapMs;
+            this.ix = ix;
+        }
+
+        @Override
+        public Iterator<Row> call(Tuple2<Long, String> key, Iterator<Row> events, GroupState<byte[]> state) {
+            String user = key._2();
+            long watermark = state.getCurrentWatermarkMs();
+            List<R> rows = state.exists() ? StateCodec.decode(state.get()) : new ArrayList<>();
+            List<Row> out = new ArrayList<>();
+            List<R> fresh = new ArrayList<>();
+            if (!state.hasTimedOut()) {
+                while (events.hasNext()) {
+                    Row e = events.next();
+                    String id = e.isNullAt(ix[0]) ? null : e.getString(ix[0]);
+                    long time = e.getLong(ix[1]);
+                    String type = e.isNullAt(ix[2]) ? null : e.getString(ix[2]);
+                    if (!e.isNullAt(ix[8]) && e.getInt(ix[8]) == FROM_STATE) {  // a restore's savepoint row
+                        rows.add(new R(e.getLong(ix[5]), id, time, type, e.getLong(ix[6]), e.getLong(ix[7]),
+                                       rows.size()));
+                    } else if (time <= watermark) {
+                        out.add(RowFactory.create("late", null, user, null, null, null, null, null, id, time, type,
+                            e.isNullAt(ix[3]) ? null : e.getLong(ix[3]), e.isNullAt(ix[4]) ? null : e.getLong(ix[4])));
+                    } else {
+                        fresh.add(new R(time, id, time, type, 1, PAGE_VIEW.equals(type) ? 1 : 0, 0));
+                    }
+                }
+            }
+            // State rows first, then fresh events in arrival order: the first row of an event_id wins.
+            List<R> walk = new ArrayList<>(rows.size() + fresh.size());
+            Set<String> seen = new HashSet<>();
+            int seq = 0;
+            for (R r : rows) {
+                if (r.id == null || seen.add(r.id)) {
+                    walk.add(new R(r.start, r.id, r.time, r.type, r.count, r.views, seq++));
+                }
+            }
+            for (R r : fresh) {
+                if (seen.add(r.id)) {
+                    walk.add(new R(r.start, r.id, r.time, r.type, r.count, r.views, seq++));
+                }
+            }
+            walk.sort(WALK_ORDER);
+            List<R> kept = new ArrayList<>();
+            long due = Long.MAX_VALUE;
+            int n = walk.size();
+            int first = 0;
+            while (first < n) {
+                int last = first;
+                while (last + 1 < n && !LOGOUT.equals(walk.get(last).type)
+                       && walk.get(last + 1).time - walk.get(last).time < gapMs) {
+                    last++;
+                }
+                R head = walk.get(first);
+                R tail = walk.get(last);
+                long start = head.id == null ? head.start : head.time;
+                boolean logout = LOGOUT.equals(tail.type);
+                long closeAt = logout ? tail.time : tail.time + gapMs;
+                if (closeAt <= watermark) {
+                    long count = 0;
+                    long views = 0;
+                    for (int i = first; i <= last; i++) {
+                        count += walk.get(i).count;
+                        views += walk.get(i).views;
+                    }
+                    out.add(RowFactory.create("session", sessionId(user, start), user, start, tail.time, count,
+                        views, logout ? "logout" : "inactivity", null, null, null, null, null));
+                } else {
+                    due = Math.min(due, freeze(walk, first, last, start, closeAt, watermark, kept));
+                }
+                first = last + 1;
+            }
+            if (kept.isEmpty()) {
+                if (state.exists()) {
+                    state.remove();
+                }
+            } else {
+                state.update(StateCodec.encode(kept));
+                state.setTimeoutTimestamp(due - 1);  // Spark fires when timeout < watermark
+            }
+            return out.iterator();
+        }
+
+        /** An open session's rows into `kept`, those at or below the watermark collapsed into one frozen
+         * prefix; returns the session's due: when it closes or its next row can be frozen. */
+        private static long freeze(List<R> walk, int first, int last, long start, long closeAt, long watermark,
+                                   List<R> kept) {
+            long due = closeAt;
+            long count = 0;
+            long views = 0;
+            R frozen = null;
+            for (int i = first; i <= last; i++) {
+                R r = walk.get(i);
+                if (r.time <= watermark) {
+                    count += r.count;
+                    views += r.views;
+                    frozen = r;
+                    continue;
+                }
+                if (frozen != null) {
+                    kept.add(new R(start, null, frozen.time, frozen.type, count, views, 0));
+                    frozen = null;
+                }
+                kept.add(new R(start, r.id, r.time, r.type, r.count, r.views, 0));
+                if (r.id != null) {  // a prefix restored under a lower watermark is still frozen
+                    due = Math.min(due, r.time);
+                }
+            }
+            if (frozen != null) {
+                kept.add(new R(start, null, frozen.time, frozen.type, count, views, 0));
+            }
+            return due;
+        }
+    }
+
+    /** pipelines.sessionize.session_id: the same session gets the same id on every replay, restore and rescale. */
+    public static String sessionId(String user, long startMs) {
+        byte[] digest = SHA256.get().digest((user + "\u001f" + startMs).getBytes(StandardCharsets.UTF_8));
+        StringBuilder hex = new StringBuilder(32);
+        for (int i = 0; i < 16; i++) {
+            hex.append(Character.forDigit((digest[i] >> 4) & 0xf, 16)).append(Character.forDigit(digest[i] & 0xf, 16));
+        }
+        return hex.toString();
+    }
+
+    private static final ThreadLocal<MessageDigest> SHA256 = ThreadLocal.withInitial(() -> {
+        try {
+            return MessageDigest.getInstance("SHA-256");
+        } catch (NoSuchAlgorithmException e) {
+            throw new IllegalStateException(e);
+        }
+    });
+}
