@@ -377,13 +377,23 @@ def _failed_restore(config: SessionsConfig, savepoint_id: str, replaced: str | N
                              f"({cause}): run the same restore again{kept}", next_step="run the same restore again")
 
 
+def _check_partitions(config: SessionsConfig, partitions: int) -> None:
+    if partitions < 1:
+        raise RescaleRefused(f"--partitions must be at least 1, got {partitions}")
+    if config.operator == "python" and partitions > config.state_buckets:
+        # The Python operator's state has at most state_buckets keys (hash buckets of user_id): more partitions would
+        # hold nothing but cost a task, a state store instance and its files each, every batch. (The JVM operator's
+        # state is keyed by user.)
+        raise RescaleRefused(f"--partitions must be between 1 and {config.state_buckets} (SESSIONS_STATE_BUCKETS: the "
+                             f"state has at most that many keys), got {partitions}")
+
+
 def restore(config: SessionsConfig, savepoint: str = "latest", partitions: int | None = None,
             migrate: bool = False, spark: SparkSession | None = None) -> RestoreResult:
     """Put state, source position and outputs back to a savepoint, into a fresh checkpoint built from
     the canonical Delta form alone (the old checkpoint is kept aside, not deleted)."""
-    if partitions is not None and not 1 <= partitions <= config.state_buckets:
-        raise RescaleRefused(f"--partitions must be between 1 and {config.state_buckets} (SESSIONS_STATE_BUCKETS: the "
-                             f"state has at most that many keys), got {partitions}")
+    if partitions is not None:
+        _check_partitions(config, partitions)
     with _locks(config, "restore"), spark_failures(config):
         return _restore(config, savepoint, partitions, migrate, spark)
 
@@ -393,11 +403,7 @@ def restore(config: SessionsConfig, savepoint: str = "latest", partitions: int |
 def rescale(config: SessionsConfig, partitions: int, spark: SparkSession | None = None) -> RescaleResult:
     """Change the state partitions of the stopped job, keeping all state. A pre-rescale savepoint is
     taken first; RocksDB uses Spark's offline repartition, the HDFS-backed provider savepoint+restore."""
-    if not 1 <= partitions <= config.state_buckets:
-        # The state has at most state_buckets keys (hash buckets of user_id): more partitions would hold nothing
-        # but cost a task, a state store instance and its files each, every batch.
-        raise RescaleRefused(f"--partitions must be between 1 and {config.state_buckets} (SESSIONS_STATE_BUCKETS: the "
-                             f"state has at most that many keys), got {partitions}")
+    _check_partitions(config, partitions)
     started = time.monotonic()
     with _locks(config, "rescale"), spark_failures(config):
         info = inspect_checkpoint(config.checkpoint)

@@ -105,6 +105,7 @@ def config_env(config, **extra) -> dict:
         "SESSIONS_GAP_MINUTES": str(config.gap_minutes),
         "SESSIONS_LATENESS_MINUTES": str(config.lateness_minutes),
         "SESSIONS_STATE_BUCKETS": str(config.state_buckets),
+        "SESSIONS_OPERATOR": config.operator,
         "SESSIONS_SAVEPOINT_URI": str(config.savepoint_uri),
         "SESSIONS_CHECKPOINT_URI": str(config.checkpoint_uri),
         "SESSIONS_WAREHOUSE_URI": str(config.warehouse_uri),

@@ -89,10 +89,109 @@ public final class SessionsOperator {
         }
     }
 
+    // By time, then event_id as Python orders str (by code point; String.compareTo's UTF-16 order differs past
+    // U+FFFF), then arrival: the Python core's walk order.
     static final Comparator<R> WALK_ORDER = Comparator
         .comparingLong((R r) -> r.time)
-        .thenComparing((R r) -> r.id == null ? "" : r.id)
+        .thenComparing((R r) -> r.id == null ? "" : r.id, SessionsOperator::compareCodePoints)
         .thenComparingInt(r -> r.seq);
+
+    static int compareCodePoints(String a, String b) {
+        int i = 0;
+        int j = 0;
+        while (i < a.length() && j < b.length()) {
+            int x = a.codePointAt(i);
+            int y = b.codePointAt(j);
+            if (x != y) {
+                return Integer.compare(x, y);
+            }
+            i += Character.charCount(x);
+            j += Character.charCount(y);
+        }
+        return Integer.compare(a.length() - i, b.length() - j);
+    }
+
+    /** The core's rule for one user (pipelines.sessionize.advance): `rows` (stored, then a restore's) and `fresh`
+     * (new events above the watermark, in arrival order) -> closed sessions appended to `out`, open rows to `kept`;
+     * returns the earliest due (when a session closes or a row can be frozen), Long.MAX_VALUE if nothing is open. */
+    static long advance(String user, List<R> rows, List<R> fresh, long watermark, long gapMs, List<R> kept,
+                        List<Row> out) {
+        // State rows first, then fresh events in arrival order: the first row of an event_id wins.
+        List<R> walk = new ArrayList<>(rows.size() + fresh.size());
+        Set<String> seen = new HashSet<>();
+        int seq = 0;
+        for (R r : rows) {
+            if (r.id == null || seen.add(r.id)) {
+                walk.add(new R(r.start, r.id, r.time, r.type, r.count, r.views, seq++));
+            }
+        }
+        for (R r : fresh) {
+            if (seen.add(r.id)) {
+                walk.add(new R(r.start, r.id, r.time, r.type, r.count, r.views, seq++));
+            }
+        }
+        walk.sort(WALK_ORDER);
+        long due = Long.MAX_VALUE;
+        int n = walk.size();
+        int first = 0;
+        while (first < n) {
+            int last = first;
+            while (last + 1 < n && !LOGOUT.equals(walk.get(last).type)
+                   && walk.get(last + 1).time - walk.get(last).time < gapMs) {
+                last++;
+            }
+            R head = walk.get(first);
+            R tail = walk.get(last);
+            long start = head.id == null ? head.start : head.time;
+            boolean logout = LOGOUT.equals(tail.type);
+            long closeAt = logout ? tail.time : tail.time + gapMs;
+            if (closeAt <= watermark) {
+                long count = 0;
+                long views = 0;
+                for (int i = first; i <= last; i++) {
+                    count += walk.get(i).count;
+                    views += walk.get(i).views;
+                }
+                out.add(RowFactory.create("session", sessionId(user, start), user, start, tail.time, count,
+                    views, logout ? "logout" : "inactivity", null, null, null, null, null));
+            } else {
+                due = Math.min(due, freeze(walk, first, last, start, closeAt, watermark, kept));
+            }
+            first = last + 1;
+        }
+        return due;
+    }
+
+    /** An open session's rows into `kept`, those at or below the watermark collapsed into one frozen
+     * prefix; returns the session's due: when it closes or its next row can be frozen. */
+    static long freeze(List<R> walk, int first, int last, long start, long closeAt, long watermark,
+                       List<R> kept) {
+        long due = closeAt;
+        long count = 0;
+        long views = 0;
+        R frozen = null;
+        for (int i = first; i <= last; i++) {
+            R r = walk.get(i);
+            if (r.time <= watermark) {
+                count += r.count;
+                views += r.views;
+                frozen = r;
+                continue;
+            }
+            if (frozen != null) {
+                kept.add(new R(start, null, frozen.time, frozen.type, count, views, 0));
+                frozen = null;
+            }
+            kept.add(new R(start, r.id, r.time, r.type, r.count, r.views, 0));
+            if (r.id != null) {  // a prefix restored under a lower watermark is still frozen
+                due = Math.min(due, r.time);
+            }
+        }
+        if (frozen != null) {
+            kept.add(new R(start, null, frozen.time, frozen.type, count, views, 0));
+        }
+        return due;
+    }
 
     static final class Fn implements FlatMapGroupsWithStateFunction<Tuple2<Long, String>, Row, byte[], Row> {
         private static final long serialVersionUID = 1L;
@@ -128,50 +227,8 @@ public final class SessionsOperator {
                     }
                 }
             }
-            // State rows first, then fresh events in arrival order: the first row of an event_id wins.
-            List<R> walk = new ArrayList<>(rows.size() + fresh.size());
-            Set<String> seen = new HashSet<>();
-            int seq = 0;
-            for (R r : rows) {
-                if (r.id == null || seen.add(r.id)) {
-                    walk.add(new R(r.start, r.id, r.time, r.type, r.count, r.views, seq++));
-                }
-            }
-            for (R r : fresh) {
-                if (seen.add(r.id)) {
-                    walk.add(new R(r.start, r.id, r.time, r.type, r.count, r.views, seq++));
-                }
-            }
-            walk.sort(WALK_ORDER);
             List<R> kept = new ArrayList<>();
-            long due = Long.MAX_VALUE;
-            int n = walk.size();
-            int first = 0;
-            while (first < n) {
-                int last = first;
-                while (last + 1 < n && !LOGOUT.equals(walk.get(last).type)
-                       && walk.get(last + 1).time - walk.get(last).time < gapMs) {
-                    last++;
-                }
-                R head = walk.get(first);
-                R tail = walk.get(last);
-                long start = head.id == null ? head.start : head.time;
-                boolean logout = LOGOUT.equals(tail.type);
-                long closeAt = logout ? tail.time : tail.time + gapMs;
-                if (closeAt <= watermark) {
-                    long count = 0;
-                    long views = 0;
-                    for (int i = first; i <= last; i++) {
-                        count += walk.get(i).count;
-                        views += walk.get(i).views;
-                    }
-                    out.add(RowFactory.create("session", sessionId(user, start), user, start, tail.time, count,
-                        views, logout ? "logout" : "inactivity", null, null, null, null, null));
-                } else {
-                    due = Math.min(due, freeze(walk, first, last, start, closeAt, watermark, kept));
-                }
-                first = last + 1;
-            }
+            long due = advance(user, rows, fresh, watermark, gapMs, kept, out);
             if (kept.isEmpty()) {
                 if (state.exists()) {
                     state.remove();
@@ -183,36 +240,6 @@ public final class SessionsOperator {
             return out.iterator();
         }
 
-        /** An open session's rows into `kept`, those at or below the watermark collapsed into one frozen
-         * prefix; returns the session's due: when it closes or its next row can be frozen. */
-        private static long freeze(List<R> walk, int first, int last, long start, long closeAt, long watermark,
-                                   List<R> kept) {
-            long due = closeAt;
-            long count = 0;
-            long views = 0;
-            R frozen = null;
-            for (int i = first; i <= last; i++) {
-                R r = walk.get(i);
-                if (r.time <= watermark) {
-                    count += r.count;
-                    views += r.views;
-                    frozen = r;
-                    continue;
-                }
-                if (frozen != null) {
-                    kept.add(new R(start, null, frozen.time, frozen.type, count, views, 0));
-                    frozen = null;
-                }
-                kept.add(new R(start, r.id, r.time, r.type, r.count, r.views, 0));
-                if (r.id != null) {  // a prefix restored under a lower watermark is still frozen
-                    due = Math.min(due, r.time);
-                }
-            }
-            if (frozen != null) {
-                kept.add(new R(start, null, frozen.time, frozen.type, count, views, 0));
-            }
-            return due;
-        }
     }
 
     /** pipelines.sessionize.session_id: the same session gets the same id on every replay, restore and rescale. */

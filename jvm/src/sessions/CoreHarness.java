@@ -1,0 +1,72 @@
+package sessions;
+
+import java.util.ArrayList;
+import java.util.List;
+
+import com.fasterxml.jackson.databind.JsonNode;
+import com.fasterxml.jackson.databind.ObjectMapper;
+import com.fasterxml.jackson.databind.node.ArrayNode;
+import com.fasterxml.jackson.databind.node.ObjectNode;
+import org.apache.spark.sql.Row;
+
+/**
+ * One call of SessionsOperator.advance without Spark, in JSON, so that tests (tests/test_jvm_operator.py) can hold
+ * the Java rules against the Python core on generated inputs through py4j. Not used by the job.
+ *
+ * Request: {"user", "watermark", "gap", "state": [[start, id, time, type, count, views]...],
+ *           "events": [[id, time, type]...]}; response: {"closed": [[session_id, start, end, count, views, reason]...],
+ *           "open": [[start, id, time, type, count, views]...], "late": [index of each late event...], "due": ms|null}.
+ */
+public final class CoreHarness {
+    private static final ObjectMapper JSON = new ObjectMapper();
+
+    private CoreHarness() {}
+
+    public static String advanceJson(String request) throws Exception {
+        JsonNode in = JSON.readTree(request);
+        String user = in.get("user").asText();
+        long watermark = in.get("watermark").asLong();
+        List<SessionsOperator.R> rows = new ArrayList<>();
+        for (JsonNode r : in.get("state")) {
+            rows.add(new SessionsOperator.R(r.get(0).asLong(), text(r.get(1)), r.get(2).asLong(), text(r.get(3)),
+                                            r.get(4).asLong(), r.get(5).asLong(), rows.size()));
+        }
+        ObjectNode out = JSON.createObjectNode();
+        ArrayNode late = out.putArray("late");
+        List<SessionsOperator.R> fresh = new ArrayList<>();
+        int index = 0;
+        for (JsonNode e : in.get("events")) {  // the split Fn.call makes: late at or below the watermark
+            long time = e.get(1).asLong();
+            String type = text(e.get(2));
+            if (time <= watermark) {
+                late.add(index);
+            } else {
+                fresh.add(new SessionsOperator.R(time, text(e.get(0)), time, type, 1,
+                                                 SessionsOperator.PAGE_VIEW.equals(type) ? 1 : 0, 0));
+            }
+            index++;
+        }
+        List<SessionsOperator.R> kept = new ArrayList<>();
+        List<Row> sessions = new ArrayList<>();
+        long due = SessionsOperator.advance(user, rows, fresh, watermark, in.get("gap").asLong(), kept, sessions);
+        ArrayNode closed = out.putArray("closed");
+        for (Row s : sessions) {
+            closed.addArray().add(s.getString(1)).add(s.getLong(3)).add(s.getLong(4)).add(s.getLong(5))
+                .add(s.getLong(6)).add(s.getString(7));
+        }
+        ArrayNode open = out.putArray("open");
+        for (SessionsOperator.R r : StateCodec.decode(StateCodec.encode(kept))) {  // through the stored form
+            open.addArray().add(r.start).add(r.id).add(r.time).add(r.type).add(r.count).add(r.views);
+        }
+        if (kept.isEmpty()) {
+            out.putNull("due");
+        } else {
+            out.put("due", due);
+        }
+        return JSON.writeValueAsString(out);
+    }
+
+    private static String text(JsonNode node) {
+        return node == null || node.isNull() ? null : node.asText();
+    }
+}
