@@ -28,7 +28,7 @@ system-deps:
 	  if [ "$$(id -u)" = 0 ]; then apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq postgresql-15 >/dev/null; \
 	  else echo "PostgreSQL 15 is missing: install the Debian package postgresql-15 (the Dagster e2e test needs it)" >&2; fi; }
 
-# The experimental JVM operator (SESSIONS_OPERATOR=jvm), compiled against the pyspark wheel's own Spark jars and
+# The JVM operator (the default; SESSIONS_OPERATOR), compiled against the pyspark wheel's own Spark jars and
 # loaded with spark.jars (pipelines/runtime.py).
 JVM_JAR := build/jvm/sessions-operator.jar
 JVM_SRC := $(wildcard jvm/src/sessions/*.java)

@@ -274,7 +274,7 @@ def main(argv=None) -> int:
             "quick": args.quick, "users": args.users, "active": args.active, "events_per_batch": args.events_per_batch,
             "warmup": args.warmup, "batches": args.batches, "batch_minutes": args.batch_minutes,
             "providers": args.providers, "partitions": config.state_partitions, "buckets": config.state_buckets,
-            "operator": config.operator,
+            "operator": config.new_checkpoint_operator,
             "note": args.note}}
         args.results_dir.mkdir(parents=True, exist_ok=True)
         name = "state_scaling_quick" if args.quick else "state_scaling"

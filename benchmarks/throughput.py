@@ -608,7 +608,7 @@ def main(argv=None) -> int:
             "settings": {
                 "quick": args.quick, "events_per_batch": args.events_per_batch, "users": args.users,
                 "warmup": args.warmup, "batches": args.batches, "providers": providers,
-                "partitions": config.state_partitions, "buckets": config.state_buckets, "operator": config.operator,
+                "partitions": config.state_partitions, "buckets": config.state_buckets, "operator": config.new_checkpoint_operator,
                 "gap_minutes": config.gap_minutes, "lateness_minutes": config.lateness_minutes,
                 "master": os.environ.get("SESSIONS_SPARK_MASTER", "local[2]"), "order": args.order,
                 "prime_batches": args.prime_batches,

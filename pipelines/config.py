@@ -17,6 +17,7 @@ REPO_ROOT = Path(__file__).resolve().parent.parent
 Provider = Literal["rocksdb", "hdfs"]  # the state store providers (SESSIONS_STATE_STORE)
 PROVIDERS: tuple[Provider, ...] = ("rocksdb", "hdfs")
 OPERATORS = ("python", "jvm")  # SESSIONS_OPERATOR
+DEFAULT_OPERATOR = "jvm"  # a new checkpoint's operator when SESSIONS_OPERATOR is unset (README "Performance")
 
 
 def _int(env: Mapping[str, str], name: str, default: int | None, minimum: float = 1) -> int | None:
@@ -119,9 +120,11 @@ class SessionsConfig:
     # Sessions state is keyed by a hash bucket of user_id so one Python call handles many users
     # (see README "Performance"); the canonical savepoint form is per user and bucket-free.
     state_buckets: int = _setting(64)
-    # The stateful operator: "python" (applyInPandasWithState over pipelines.sessionize, the default) or "jvm"
-    # (experimental: jvm/src/sessions/SessionsOperator.java, per-user state; no savepoint, restore or rescale yet).
-    operator: str = _setting("python")
+    # The stateful operator: "jvm" (jvm/src/sessions/SessionsOperator.java, flatMapGroupsWithState, per-user state)
+    # or "python" (applyInPandasWithState over pipelines.sessionize, state in hash buckets). Unset (""): a new
+    # checkpoint gets DEFAULT_OPERATOR and an existing one keeps the operator it was made with; set, a checkpoint made
+    # by the other one is refused (a savepoint moves state between them). See new_checkpoint_operator.
+    operator: str = _setting("")
     # Versions of the raw-events table per micro-batch (None = all available). Tests use 1.
     max_versions_per_batch: int | None = _setting(None, kind=int)
     # Spark (the CLI's session and Dagster's PySparkResource share them).
@@ -189,7 +192,7 @@ class SessionsConfig:
         if values["state_store"] not in PROVIDERS:
             raise ConfigError(f"SESSIONS_STATE_STORE={values['state_store']!r}: expected one of {', '.join(PROVIDERS)}")
         values["operator"] = values["operator"].lower()
-        if values["operator"] not in OPERATORS:
+        if values["operator"] and values["operator"] not in OPERATORS:
             raise ConfigError(f"SESSIONS_OPERATOR={values['operator']!r}: expected one of {', '.join(OPERATORS)}")
         values["savepoint_uri"] = values["savepoint_uri"] or str(home / "savepoints")
         values["warehouse_uri"] = (values["warehouse_uri"] or str(home / "warehouse")).rstrip("/")
@@ -210,6 +213,11 @@ class SessionsConfig:
 
     def with_(self, **changes: Any) -> SessionsConfig:
         return replace(self, **changes)
+
+    @property
+    def new_checkpoint_operator(self) -> str:
+        """The operator a new checkpoint (a fresh start or a restore) is made with."""
+        return self.operator or DEFAULT_OPERATOR
 
     # Paths under the data root.
     @property

@@ -97,22 +97,22 @@ def checkpoint_metadata(config: SessionsConfig) -> JobMetadata:
                 f"no checkpoint at {config.checkpoint} but the sessions table already has rows: "
                 "restore one with `sessionctl restore --savepoint latest` (a fresh start would write them again)")
         meta = JobMetadata.new(config.gap_ms, config.lateness_ms, config.state_buckets,
-                               state_layout=state_layout(config.operator))
+                               state_layout=state_layout(config.new_checkpoint_operator))
         write_job_metadata(config.checkpoint, meta)
         return meta
-    if JVM_STATE_LAYOUT in (meta.state_layout, state_layout(config.operator)) and \
-            meta.state_layout != state_layout(config.operator):
-        made_by = "jvm" if meta.state_layout == JVM_STATE_LAYOUT else "python"
-        raise CheckpointMismatch(
-            f"the checkpoint at {config.checkpoint} was made by the {made_by} operator and SESSIONS_OPERATOR is "
-            f"{config.operator}: set SESSIONS_OPERATOR={made_by}, or start the other operator on a new checkpoint "
-            "(the two hold state in different layouts)")
     if meta.state_layout not in (state_format.SCHEMA_ID, JVM_STATE_LAYOUT):
         raise CheckpointMismatch(
             f"the checkpoint at {config.checkpoint} holds state in an older layout ({meta.state_layout or 'JSON, v1'}) "
             "that this build cannot run on: restore a savepoint (`sessionctl restore --savepoint latest`; v1 "
             "savepoints are upgraded and the events after them replayed exactly once)")
-    if (meta.gap_ms, meta.lateness_ms, meta.buckets) != (config.gap_ms, config.lateness_ms, config.state_buckets):
+    if config.operator and meta.state_layout != state_layout(config.operator):  # unset: the checkpoint's own
+        made_by = "jvm" if meta.state_layout == JVM_STATE_LAYOUT else "python"
+        raise CheckpointMismatch(
+            f"the checkpoint at {config.checkpoint} was made by the {made_by} operator and SESSIONS_OPERATOR is "
+            f"{config.operator}: set SESSIONS_OPERATOR={made_by}, or restore a savepoint with SESSIONS_OPERATOR="
+            f"{config.operator} to move its state to the {config.operator} operator")
+    buckets = config.state_buckets if meta.state_layout == state_format.SCHEMA_ID else meta.buckets  # jvm: per user
+    if (meta.gap_ms, meta.lateness_ms, meta.buckets) != (config.gap_ms, config.lateness_ms, buckets):
         raise CheckpointMismatch(
             f"the checkpoint was made with gap {meta.gap_ms // 60000} min, lateness {meta.lateness_ms // 60000} min, "
             f"{meta.buckets} buckets; the settings say gap {config.gap_minutes}, lateness {config.lateness_minutes}, "

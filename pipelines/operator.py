@@ -118,7 +118,7 @@ def state_layout(operator: str) -> str:
 def sessionize(events: DataFrame, gap_ms: int, lateness_ms: int, buckets: int, layout: str = state_format.SCHEMA_ID
                ) -> DataFrame:
     """Source rows -> rows of kind `session` (closed sessions) and `late` (events below the watermark), by the
-    operator that owns `layout`: the Python one (buckets of users) or the experimental JVM one (per user)."""
+    operator that owns `layout`: the Python one (buckets of users) or the JVM one (per user; the default)."""
     # Valid events, a restore's state rows and its watermark marker: a rejected line (a quarantined far-future
     # event has an event_time) must never move the watermark. The filter stands before withWatermark because
     # that is where it runs anyway: Spark pushes a filter that does not reference the event-time column below

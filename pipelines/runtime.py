@@ -58,7 +58,7 @@ def spark_conf(config: SessionsConfig) -> dict[str, str]:
         # Spark's log to a file (pipelines/log4j2.properties): the terminal gets sessionctl's one line.
         "spark.driver.extraJavaOptions": f"-Dlog4j2.configurationFile=file:{LOG4J2} -Dsessions.log.dir={config.log_dir}",
         **cluster_conf(config.spark_master),
-        # The experimental JVM operator (SESSIONS_OPERATOR=jvm); on a cluster Spark ships the jar to executors.
+        # The JVM operator (the default; SESSIONS_OPERATOR); on a cluster Spark ships the jar to executors.
         **({"spark.jars": str(JVM_JAR)} if JVM_JAR.exists() else {}),
     }
 

@@ -26,6 +26,7 @@ from pipelines.checkpoint import (
     clear_restore_marker,
     committed_checkpoint,
     inspect_checkpoint,
+    read_job_metadata,
     write_job_metadata,
     write_restore_marker,
 )
@@ -323,7 +324,8 @@ def _restore(config: SessionsConfig, savepoint: str, partitions: int | None, mig
     outputs_rolled_back = False
     try:
         meta = JobMetadata.new(config.gap_ms, config.lateness_ms, config.state_buckets,
-                               created_from=saved.savepoint_id, state_layout=state_layout(config.operator))
+                               created_from=saved.savepoint_id,
+                               state_layout=state_layout(config.new_checkpoint_operator))
         write_job_metadata(config.checkpoint, meta)
         staged = config.checkpoint / "_bootstrap_state.parquet"
         pq.write_table(state, staged)
@@ -377,10 +379,10 @@ def _failed_restore(config: SessionsConfig, savepoint_id: str, replaced: str | N
                              f"({cause}): run the same restore again{kept}", next_step="run the same restore again")
 
 
-def _check_partitions(config: SessionsConfig, partitions: int) -> None:
+def _check_partitions(config: SessionsConfig, partitions: int, layout: str) -> None:
     if partitions < 1:
         raise RescaleRefused(f"--partitions must be at least 1, got {partitions}")
-    if config.operator == "python" and partitions > config.state_buckets:
+    if layout == state_layout("python") and partitions > config.state_buckets:
         # The Python operator's state has at most state_buckets keys (hash buckets of user_id): more partitions would
         # hold nothing but cost a task, a state store instance and its files each, every batch. (The JVM operator's
         # state is keyed by user.)
@@ -393,7 +395,7 @@ def restore(config: SessionsConfig, savepoint: str = "latest", partitions: int |
     """Put state, source position and outputs back to a savepoint, into a fresh checkpoint built from
     the canonical Delta form alone (the old checkpoint is kept aside, not deleted)."""
     if partitions is not None:
-        _check_partitions(config, partitions)
+        _check_partitions(config, partitions, state_layout(config.new_checkpoint_operator))
     with _locks(config, "restore"), spark_failures(config):
         return _restore(config, savepoint, partitions, migrate, spark)
 
@@ -403,7 +405,8 @@ def restore(config: SessionsConfig, savepoint: str = "latest", partitions: int |
 def rescale(config: SessionsConfig, partitions: int, spark: SparkSession | None = None) -> RescaleResult:
     """Change the state partitions of the stopped job, keeping all state. A pre-rescale savepoint is
     taken first; RocksDB uses Spark's offline repartition, the HDFS-backed provider savepoint+restore."""
-    _check_partitions(config, partitions)
+    meta = read_job_metadata(config.checkpoint)  # the operator the checkpoint was made with bounds its partitions
+    _check_partitions(config, partitions, (meta and meta.state_layout) or state_layout(config.new_checkpoint_operator))
     started = time.monotonic()
     with _locks(config, "rescale"), spark_failures(config):
         info = inspect_checkpoint(config.checkpoint)

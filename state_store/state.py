@@ -75,7 +75,8 @@ def _user_values(spark: SparkSession, checkpoint: Path, batch_id: int | None = N
         reader = reader.option("batchId", batch_id)
     return reader.load(str(checkpoint)).select(
         F.col("key.user_id").alias("user_id"),
-        F.call_function(_DECODE_JVM_STATE, F.col("value.groupState.value")).alias("rows"))
+        F.call_function(_DECODE_JVM_STATE, F.col("value.groupState.value")).alias("rows"),
+        F.length("value.groupState.value").alias("bytes"))
 
 
 def _user_rows(batch: pa.RecordBatch) -> pa.Table:
@@ -106,8 +107,9 @@ def _summarise_partition(gap_ms: int, per_user: bool = False
     def summarise(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
         totals = dict.fromkeys(_SUMMARY_DDL.replace(" long", "").split(", "), 0)
         for batch in batches:
-            if per_user:  # the JVM operator's state: a key per user; its value bytes are not exposed (0)
+            if per_user:  # the JVM operator's state: a key per user
                 rows = _user_rows(batch)
+                totals["bytes"] += int(pc.sum(batch.column(2)).as_py() or 0)
                 totals["keys"] += batch.num_rows
                 totals["users"] += batch.num_rows
                 totals["rows"] += rows.num_rows

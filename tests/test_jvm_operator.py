@@ -15,7 +15,9 @@ import pytest
 from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
+from pipelines.checkpoint import read_job_metadata
 from pipelines.errors import CheckpointMismatch
+from pipelines.operator import state_layout
 from pipelines.sessionize import advance, empty_rows
 from pipelines.stream import catch_up
 from state_store.lifecycle import restore, take_savepoint
@@ -68,9 +70,31 @@ def test_the_other_operator_refuses_the_checkpoint_in_one_line(spark, tmp_path):
     land_batches(config, batches)
     catch_up(config, spark)
     with pytest.raises(CheckpointMismatch) as refused:
-        catch_up(make_config(tmp_path, "hdfs"), spark)
+        catch_up(make_config(tmp_path, "hdfs", SESSIONS_OPERATOR="python"), spark)
     message = str(refused.value)
     assert "made by the jvm operator" in message and "SESSIONS_OPERATOR=jvm" in message and "\n" not in message
+
+
+def test_unset_operator_keeps_the_checkpoints_own(spark, tmp_path):
+    """An upgrade that flips the default must not strand a running deployment: a checkpoint made by the Python
+    operator goes on with the Python operator when SESSIONS_OPERATOR is unset, and still equals the oracle; a fresh
+    checkpoint gets the JVM operator."""
+    batches = stream_scenario(4, 4, True, GAP_MS, LATENESS_MS)
+    config = make_config(tmp_path, "rocksdb", SESSIONS_OPERATOR="python")
+    land_batches(config, batches[:2])
+    catch_up(config, spark)
+    unset = make_config(tmp_path, "rocksdb")
+    assert unset.operator == "" and unset.new_checkpoint_operator == "jvm"
+    land_batches(unset, batches[2:], start=2)
+    catch_up(unset, spark)
+    assert read_job_metadata(unset.checkpoint).state_layout == state_layout("python")
+    expected = run_oracle(batches, GAP_MS, LATENESS_MS)
+    assert read_sessions(unset) == sorted(expected.closed)
+    assert read_open_sessions(spark, unset) == sorted(expected.open_sessions)
+    fresh = make_config(tmp_path / "fresh", "rocksdb")
+    land_batches(fresh, batches[:1])
+    catch_up(fresh, spark)
+    assert read_job_metadata(fresh.checkpoint).state_layout == state_layout("jvm")
 
 
 @pytest.mark.parametrize("provider", ["rocksdb", "hdfs"])

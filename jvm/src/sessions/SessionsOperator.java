@@ -25,7 +25,7 @@ import org.apache.spark.sql.types.StructType;
 import scala.Tuple2;
 
 /**
- * The JVM operator (SESSIONS_OPERATOR=jvm, experimental): the same sessionization as the Python core
+ * The JVM operator (the default for a new checkpoint; SESSIONS_OPERATOR): the same sessionization as the Python core
  * (pipelines/sessionize.py, the specification; tests compare both with the oracle), run by Spark's
  * flatMapGroupsWithState keyed by user_id. A user's state is their open rows -- events above the watermark and
  * at most one frozen prefix per open session (event_id null) -- so a batch reads and writes only the users it
