@@ -6,6 +6,7 @@ import logging
 import threading
 import time
 from collections.abc import Callable, Iterator
+from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -117,15 +118,26 @@ class _Run:
 
 
 @contextmanager
-def _job(config: SessionsConfig, what: str, spark: SparkSession | None) -> Iterator[_Run]:
-    """The head both loops share: the job lease, the tables, the checkpoint's metadata and the session."""
+def _job(config: SessionsConfig, what: str, spark: SparkSession | None,
+         meanwhile: Callable[[RunSummary], None] | None = None) -> Iterator[_Run]:
+    """The head both loops share: the job lease, the tables, the checkpoint's metadata and the session.
+
+    `meanwhile` (catch-up's ingest) runs under the lease in a thread while the Spark JVM starts: the two are seconds
+    each and use different processes (2M events: ingest ~4 s, JVM start ~5 s). Its error, if any, is raised here."""
     started = time.monotonic()
     with job_lock(config, what) as held:
         ensure_tables(config)
         meta = checkpoint_metadata(config)
-        with spark_failures(config):
-            spark = spark or get_spark(config)
-        run = _Run(spark, meta, held, RunSummary())
+        summary = RunSummary()
+        with ThreadPoolExecutor(max_workers=1, thread_name_prefix=f"{what}-meanwhile") as pool:
+            pending = pool.submit(meanwhile, summary) if meanwhile is not None and spark is None else None
+            with spark_failures(config):
+                spark = spark or get_spark(config)
+            if pending is not None:
+                pending.result()
+            elif meanwhile is not None:
+                meanwhile(summary)
+        run = _Run(spark, meta, held, summary)
         yield run
         run.summary.last_committed_batch = inspect_checkpoint(config.checkpoint).last_committed_batch
         run.summary.seconds = round(time.monotonic() - started, 3)
@@ -142,8 +154,7 @@ def _close(run: _Run, query: StreamingQuery, sink: MicroBatchSink, config: Sessi
 
 def catch_up(config: SessionsConfig, spark: SparkSession | None = None) -> RunSummary:
     """Ingest everything landed, process it all (trigger availableNow), stop."""
-    with _job(config, "catch-up", spark) as run:
-        run.summary.add_ingest(ingest(config))
+    with _job(config, "catch-up", spark, meanwhile=lambda summary: summary.add_ingest(ingest(config))) as run:
         with spark_failures(config):
             query, sink = start_query(run.spark, config, run.meta, {"availableNow": True})
             query.awaitTermination()
