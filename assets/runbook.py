@@ -87,14 +87,26 @@ def stop_running_stream_op(context: OpExecutionContext, sessions: SessionsResour
     if plan.stop_stream and not plan.dry_run:
         config = sessions.config()
         stream = running_stream(config)
+        running = (DagsterRunStatus.STARTING, DagsterRunStatus.STARTED)
+
+        def cancel(runs: list[DagsterRun]) -> None:
+            for run in runs:
+                context.log.info(f"cancelling session_stream run {run.run_id} ({run.status.value})")
+                context.instance.run_coordinator.cancel_run(run.run_id)
+                stopped.append(run.run_id)
+
+        # Queued runs first: none may start a stream once this one stops.
+        cancel([run for run in active_stream_runs(context.instance) if run.status not in running])
         if plan.stop_with_savepoint and stream is not None and stream.what == "run":
+            deadline = time.monotonic() + config.stop_timeout_s + 30
             result = expected_errors(lifecycle.stop_stream, config, savepoint=True)
             kept = result.savepoint.savepoint_id if result.savepoint else None
             context.log.info(f"stopped {result.stream} at batch {result.last_committed_batch}, savepoint {kept}")
-        for run in active_stream_runs(context.instance):
-            context.log.info(f"cancelling session_stream run {run.run_id} ({run.status.value})")
-            context.instance.run_coordinator.cancel_run(run.run_id)
-            stopped.append(run.run_id)
+            # The stopped stream's run is still closing its session: it ends by itself, successfully. Cancelling it
+            # now would fail a run that did what was asked, so only runs still active after that are cancelled.
+            while active_stream_runs(context.instance) and time.monotonic() < deadline:
+                time.sleep(1)
+        cancel(active_stream_runs(context.instance))
         deadline = time.monotonic() + config.stop_timeout_s + 30  # query.stop() itself may take stop_timeout_s
         while True:
             try:
