@@ -122,9 +122,8 @@ def _job(config: SessionsConfig, what: str, spark: SparkSession | None,
          meanwhile: Callable[[RunSummary], None] | None = None) -> Iterator[_Run]:
     """The head both loops share: the job lease, the tables, the checkpoint's metadata and the session.
 
-    `meanwhile` (catch-up's ingest) runs under the lease in a thread while the Spark JVM starts and the source is
-    looked up: seconds each, in different processes (2M events: ingest ~4 s, JVM start ~5 s, source ~3 s). Its
-    error, if any, is raised here."""
+    `meanwhile` (catch-up's ingest) runs under the lease in a thread while the Spark JVM starts: the two are seconds
+    each and use different processes (2M events: ingest ~4 s, JVM start ~5 s). Its error, if any, is raised here."""
     started = time.monotonic()
     with job_lock(config, what) as held:
         ensure_tables(config)
@@ -134,10 +133,6 @@ def _job(config: SessionsConfig, what: str, spark: SparkSession | None,
             pending = pool.submit(meanwhile, summary) if meanwhile is not None and spark is None else None
             with spark_failures(config):
                 spark = spark or get_spark(config)
-                if pending is not None:
-                    # Meanwhile too: the source's first lookup starts a Python worker (~2-3 s on a cold JVM); the
-                    # query's own lookup later finds it done. Lazy: nothing is read before the ingest is committed.
-                    raw_events_stream(spark, config, config.checkpoint)
             if pending is not None:
                 pending.result()
             elif meanwhile is not None:
