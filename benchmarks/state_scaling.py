@@ -5,7 +5,9 @@ micro-batch), then the job and Spark's native `session_window` run over it one a
 
   batch 0        N sleeping users, 2 events each (an open session of theirs), never touched again
   batch 1        a clock event: the watermark passes the sleepers' events (the job freezes them) but stays
-                 below their sessions' close, so every sleeper stays open for the whole run
+                 below their sessions' close, so every sleeper stays open for the whole run. With
+                 `--sleepers live` their events are 2 min below the clock instead: above the watermark for the
+                 whole run (kept one by one for de-duplication, never frozen; needs `--batch-minutes 1`)
   batches 2..    `--events-per-batch` events over `--active` active users (distinct from the sleepers),
                  `--batch-minutes` of event time each; the first `--warmup` are discarded, the next
                  `--batches` are measured
@@ -67,9 +69,11 @@ def prepare_data(home: Path, sleepers: int, args) -> dict:
     started = time.monotonic()
     # Sleepers: two events 1 min apart, between T0-14 and T0-12 min: frozen once the clock batch puts the
     # watermark at T0-10 min, still open at the end (their close is >= T0+16 min; the run ends below it).
+    # Live: between T0-2 and T0 min, above the watermark until the newest event passes T0+8 min.
+    first = T0_MS - (2 if args.sleepers == "live" else 14) * MIN
     lines = []
     for u in range(sleepers):
-        t = T0_MS - 14 * MIN + rng.randrange(MIN)
+        t = first + rng.randrange(MIN)
         lines += [_line(f"s{u}-1", f"sleeper-{u}", t, "page_view"), _line(f"s{u}-2", f"sleeper-{u}", t + MIN, "click")]
     batches = [lines, [_line("clock-0", "clock", T0_MS, "page_view")]]
     kinds = ["page_view"] * 6 + ["click"] * 3 + ["search"]
@@ -81,6 +85,9 @@ def prepare_data(home: Path, sleepers: int, args) -> dict:
     last_ms = T0_MS + (args.warmup + args.batches) * args.batch_minutes * MIN
     if last_ms - config.lateness_ms >= T0_MS - 13 * MIN + config.gap_ms:
         raise SystemExit("--batch-minutes too large: sleepers would close during the run")
+    if args.sleepers == "live" and last_ms - config.lateness_ms >= first:
+        raise SystemExit("--batch-minutes too large for --sleepers live: the watermark would pass the sleepers' "
+                         "events during the run (use --batch-minutes 1)")
     for i, batch in enumerate(batches):
         land(config.landing, f"scale-{i:05d}.jsonl", batch)
         result = ingest(config, files_per_commit=1)
@@ -182,7 +189,9 @@ def write_markdown(path: Path, results: dict) -> None:
              f"({s['buckets']} state buckets if python). "
              f"{s['events_per_batch']:,} events per batch over {s['active']:,} active users, "
              f"{s['batch_minutes']} min of event time per batch; N sleeping users with an open session "
-             f"each; median of {s['batches']} measured batches after {s['warmup']} warm-up; a discarded priming pass "
+             f"each, their events {s.get('sleepers', 'frozen')} ("
+             f"{'above the watermark for the whole run' if s.get('sleepers') == 'live' else 'below the watermark'}); "
+             f"median of {s['batches']} measured batches after {s['warmup']} warm-up; a discarded priming pass "
              f"per provider first. State MB written/batch = bytes of checkpoint state files written during the "
              f"batch (by mtime).", "",
              "| provider | open users | job s/batch | native s/batch | job throughput / native | "
@@ -226,6 +235,8 @@ def parse_args(argv=None):
     parser.add_argument("--warmup", type=int)
     parser.add_argument("--batches", type=int)
     parser.add_argument("--batch-minutes", type=int, default=3)
+    parser.add_argument("--sleepers", choices=("frozen", "live"), default="frozen",
+                        help="sleepers' events below the watermark (frozen) or above it for the whole run (live)")
     parser.add_argument("--provider", default="rocksdb,hdfs")
     parser.add_argument("--seed", type=int, default=11)
     parser.add_argument("--results-dir", type=Path, default=HERE / "results")
@@ -273,6 +284,7 @@ def main(argv=None) -> int:
         results = {"date": date, "machine": machine_info(), "runs": runs, "settings": {
             "quick": args.quick, "users": args.users, "active": args.active, "events_per_batch": args.events_per_batch,
             "warmup": args.warmup, "batches": args.batches, "batch_minutes": args.batch_minutes,
+            "sleepers": args.sleepers,
             "providers": args.providers, "partitions": config.state_partitions, "buckets": config.state_buckets,
             "operator": config.new_checkpoint_operator,
             "note": args.note}}
