@@ -237,7 +237,8 @@ def parse_args(argv=None):
     parser.add_argument("--batch-minutes", type=int, default=3)
     parser.add_argument("--sleepers", choices=("frozen", "live"), default="frozen",
                         help="sleepers' events below the watermark (frozen) or above it for the whole run (live)")
-    parser.add_argument("--provider", default="rocksdb,hdfs")
+    parser.add_argument("--provider", default="rocksdb,hdfs",
+                        help="rocksdb, hdfs, both (= rocksdb,hdfs, the default) or a comma list giving the order")
     parser.add_argument("--seed", type=int, default=11)
     parser.add_argument("--results-dir", type=Path, default=HERE / "results")
     parser.add_argument("--note", default="")
@@ -250,7 +251,7 @@ def parse_args(argv=None):
     for key, value in (QUICK if args.quick else FULL).items():
         if getattr(args, key) is None:
             setattr(args, key, value)
-    args.providers = [p.strip() for p in args.provider.split(",")]
+    args.providers = throughput.parse_providers(parser, args.provider)
     return args
 
 

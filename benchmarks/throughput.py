@@ -509,6 +509,14 @@ def write_markdown(path: Path, results: dict) -> None:
 
 # ---------------------------------------------------------------------------------------------------
 
+def parse_providers(parser: argparse.ArgumentParser, value: str) -> list[str]:
+    """`--provider`: rocksdb, hdfs, both (= rocksdb,hdfs) or a comma list giving the order (every benchmark)."""
+    names = ["rocksdb", "hdfs"] if value == "both" else [p.strip().lower() for p in value.split(",")]
+    if not names or any(p not in PROVIDER_CLASSES for p in names) or len(set(names)) != len(names):
+        parser.error(f"--provider {value!r}: expected rocksdb, hdfs, both or a comma list of distinct providers")
+    return names
+
+
 def parse_args(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--quick", action="store_true",
@@ -547,10 +555,7 @@ def parse_args(argv=None):
     for key in ("events_per_batch", "users", "batches"):
         if getattr(args, key) < 1:
             parser.error(f"--{key.replace('_', '-')} must be >= 1")
-    names = ["rocksdb", "hdfs"] if args.provider == "both" else [p.strip().lower() for p in args.provider.split(",")]
-    if not names or any(p not in PROVIDER_CLASSES for p in names) or len(set(names)) != len(names):
-        parser.error(f"--provider {args.provider!r}: expected rocksdb, hdfs, both or a comma list of distinct providers")
-    args.providers = names
+    args.providers = parse_providers(parser, args.provider)
     args.prime_batches = max(0, min(args.prime_batches, args.warmup + args.batches))
     if args.warmup < 0:
         parser.error("--warmup must be >= 0")

@@ -106,7 +106,8 @@ def make_session_function(gap_ms: int) -> Callable[..., Iterator[pd.DataFrame]]:
     return sessions_for_bucket
 
 
-JVM_STATE_LAYOUT = "open_sessions_by_user/jvm-v1"  # SessionsOperator.STATE_SCHEMA_ID: per-user rows, not buckets
+JVM_STATE_LAYOUT = "open_sessions_by_user/jvm-v1"  # per-user keys, not buckets; values carry their own version
+# byte (StateCodec.java: v2 written, v1 read), so a checkpoint holding both needs no new layout id
 JVM_JAR = REPO_ROOT / "build" / "jvm" / "sessions-operator.jar"  # built by `make setup` (the Makefile's jvm target)
 
 

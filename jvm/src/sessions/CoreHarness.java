@@ -66,6 +66,30 @@ public final class CoreHarness {
         return JSON.writeValueAsString(out);
     }
 
+    /** The stored form's round trip of rows [[start, id, time, type, count, views]...]: {"rows": decode(encode(rows)),
+     * "bytes": the encoded length}. */
+    public static String roundTripJson(String rowsJson) throws Exception {
+        List<SessionsOperator.R> rows = new ArrayList<>();
+        for (JsonNode r : JSON.readTree(rowsJson)) {
+            rows.add(new SessionsOperator.R(r.get(0).asLong(), text(r.get(1)), r.get(2).asLong(), text(r.get(3)),
+                                            r.get(4).asLong(), r.get(5).asLong(), rows.size()));
+        }
+        byte[] value = StateCodec.encode(rows);
+        ObjectNode out = (ObjectNode) JSON.readTree(decodeJson(value));
+        out.put("bytes", value.length);
+        return JSON.writeValueAsString(out);
+    }
+
+    /** A stored value's rows: {"rows": [[start, id, time, type, count, views]...]} (any version this build reads). */
+    public static String decodeJson(byte[] value) throws Exception {
+        ObjectNode out = JSON.createObjectNode();
+        ArrayNode rows = out.putArray("rows");
+        for (SessionsOperator.R r : StateCodec.decode(value)) {
+            rows.addArray().add(r.start).add(r.id).add(r.time).add(r.type).add(r.count).add(r.views);
+        }
+        return JSON.writeValueAsString(out);
+    }
+
     private static String text(JsonNode node) {
         return node == null || node.isNull() ? null : node.asText();
     }
