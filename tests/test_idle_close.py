@@ -163,17 +163,20 @@ def test_clock_rows_close_like_events_and_replay_after_a_restore(tmp_path, spark
 # --- under `sessionctl run`: a stream that goes quiet -------------------------------------------------------------
 
 def test_a_quiet_stream_closes_its_sessions_under_run(tmp_path, spark):
-    gap, idle_s, poll_s = MINUTE, 6.0, 1.0
-    config = make_config(tmp_path, SESSIONS_GAP_MINUTES="1", SESSIONS_LATENESS_MINUTES="0",
+    # u1's session is due 2 s of clock after the newest event, u2's (the newest) a whole gap after it: a clock row
+    # closes u1 within the run's first idle periods, and u2 stays open well past the test (nothing waits for a gap).
+    gap, idle_s, poll_s = 5 * MINUTE, 6.0, 1.0
+    config = make_config(tmp_path, SESSIONS_GAP_MINUTES="5", SESSIONS_LATENESS_MINUTES="0",
                          SESSIONS_IDLE_CLOSE_MINUTES=str(idle_s / 60))
     now_ms = int(time.time() * 1000)
-    events = [make_event("u1", "a1", now_ms - 50_000, "page_view"), make_event("u1", "a2", now_ms - 45_000, "click"),
-              make_event("u2", "b1", now_ms - 20_000, "page_view"), make_event("u2", "b2", now_ms - 15_000, "click")]
+    newest = now_ms - 15_000
+    events = [make_event("u1", "a1", newest - gap + 0, "page_view"), make_event("u1", "a2", newest - gap + 2_000, "click"),
+              make_event("u2", "b1", newest - 5_000, "page_view"), make_event("u2", "b2", newest, "click")]
     for event in events:
         event["event_time"] = iso(event["event_time_ms"])
-    expected = run_oracle([events, [{"clock_ms": now_ms + 10 * MINUTE}]], gap, 0)
-    assert len(expected.closed) == 2  # a clock far enough ahead closes both; before it the watermark closes none
-    assert run_oracle([events], gap, 0).closed == set()
+    expected = run_oracle([events, [{"clock_ms": newest + MINUTE}]], gap, 0)
+    assert [s[1] for s in expected.closed] == ["u1"]  # a clock a minute on closes u1 only
+    assert run_oracle([events], gap, 0).closed == set()  # the events alone close nothing
 
     land(config.landing, "quiet.jsonl", [line(e) for e in events])
     catch_up(config, spark)  # in this process (the shared session): only the run below needs its own
@@ -187,17 +190,19 @@ def test_a_quiet_stream_closes_its_sessions_under_run(tmp_path, spark):
     try:
         # The clock runs at wall speed from the newest event (ingested at `ingested_at`): a session is due when it
         # reaches session_end + gap, written within one idle period and one poll after (plus the batch itself).
-        for session in sorted(expected.closed, key=lambda s: s[3]):
-            due = ingested_at + dt.timedelta(milliseconds=session[3] + gap - events[-1]["event_time_ms"])
-            # 60 s: the run's start (JVM) and the batches, on a loaded machine
-            deadline = max(due, started) + dt.timedelta(seconds=idle_s + poll_s + 60)
-            while session not in read_sessions(config):
-                assert run.poll() is None, run.communicate()[1][-3000:]
-                assert dt.datetime.now(dt.timezone.utc) < deadline, f"{session[1]}'s session not written by {deadline}"
-                time.sleep(0.5)
+        [session] = expected.closed
+        due = ingested_at + dt.timedelta(milliseconds=session[3] + gap - newest)
+        # 60 s: the run's start (JVM) and the batches, on a loaded machine
+        deadline = max(due, started) + dt.timedelta(seconds=idle_s + poll_s + 60)
+        while session not in read_sessions(config):
+            assert run.poll() is None, run.communicate()[1][-3000:]
+            assert dt.datetime.now(dt.timezone.utc) < deadline, f"{session[1]}'s session not written by {deadline}"
+            time.sleep(0.5)
         assert sorted(read_sessions(config)) == sorted(expected.closed)
-        # The running job's state agrees, read from this process (the library under `sessionctl state`).
-        assert lookup_user(spark, config, "u2")["open_sessions"] == []
+        # The running job's state agrees, read from this process (the library under `sessionctl state`): u1's
+        # session is closed, u2's still open (due a gap after the newest event).
+        assert lookup_user(spark, config, "u1")["open_sessions"] == []
+        assert len(lookup_user(spark, config, "u2")["open_sessions"]) == 1
     finally:
         if run.poll() is None:
             stop_stream(config)  # the library under `sessionctl stop`: the run's summary says so
@@ -209,4 +214,4 @@ def test_a_quiet_stream_closes_its_sessions_under_run(tmp_path, spark):
     restore(config, saved.savepoint_id, spark=spark)
     catch_up(config, spark)
     assert sorted(read_sessions(config)) == sorted(expected.closed)
-    assert read_open_sessions(spark, config) == []
+    assert [s[1] for s in read_open_sessions(spark, config)] == ["u2"]
