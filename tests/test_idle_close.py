@@ -170,7 +170,7 @@ def test_a_quiet_stream_closes_its_sessions_under_run(tmp_path, spark):
                          SESSIONS_IDLE_CLOSE_MINUTES=str(idle_s / 60))
     now_ms = int(time.time() * 1000)
     newest = now_ms - 15_000
-    events = [make_event("u1", "a1", newest - gap + 0, "page_view"), make_event("u1", "a2", newest - gap + 2_000, "click"),
+    events = [make_event("u1", "a1", newest - gap, "page_view"), make_event("u1", "a2", newest - gap + 2_000, "click"),
               make_event("u2", "b1", newest - 5_000, "page_view"), make_event("u2", "b2", newest, "click")]
     for event in events:
         event["event_time"] = iso(event["event_time_ms"])

@@ -178,7 +178,6 @@ def test_the_java_rule_equals_the_python_core(spark, first, second, steps, gap):
         state = state_after
 
 
-
 # ---- the stored form (jvm/src/sessions/StateCodec.java): v2 written, v1 still read -------------------------------
 
 def _varint(value: int) -> bytes:
@@ -204,10 +203,11 @@ def _v1_value(rows: list[list]) -> bytes:
 
 _LONG = st.integers(-(2 ** 62), 2 ** 62)
 _TIME = st.integers(1_700_000_000_000, 1_900_000_000_000) | _LONG
+_TEXT = st.characters(blacklist_categories=("Cs",))  # no lone surrogates: Spark's strings are UTF-8
 _ID = (st.none() | st.uuids().map(str) | st.uuids().map(lambda u: str(u).upper())
        | st.sampled_from(["e-000000001", "e-000000012", "e-000000123", "", "a3-41234", "a3-41299"])
-       | st.text(max_size=12))
-_KIND = st.none() | st.sampled_from(["page_view", "logout", "click", "search", ""]) | st.text(max_size=6)
+       | st.text(_TEXT, max_size=12))
+_KIND = st.none() | st.sampled_from(["page_view", "logout", "click", "search", ""]) | st.text(_TEXT, max_size=6)
 _ROW = st.tuples(_TIME, _ID, _TIME, _KIND, st.integers(0, 2 ** 40), st.integers(0, 2 ** 40)).map(list)
 
 
@@ -217,7 +217,6 @@ def test_state_values_round_trip_and_v1_values_still_read(spark, rows):
     """Any rows (UUID ids in either case, shared and unrelated prefixes, unicode, nulls, repeated and new types, times
     out of order and at the extremes) come back exactly from the v2 form, and a v1 value (a checkpoint made before v2)
     reads as the same rows."""
-    rows = [r for r in rows if not any(isinstance(v, str) and any(0xD800 <= ord(c) <= 0xDFFF for c in v) for v in r)]
     harness = spark._jvm.sessions.CoreHarness
     assert json.loads(harness.roundTripJson(json.dumps(rows)))["rows"] == rows
     assert json.loads(harness.decodeJson(bytearray(_v1_value(rows))))["rows"] == rows
