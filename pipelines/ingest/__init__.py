@@ -13,7 +13,6 @@ log) -- each a `table.Source`.
 from __future__ import annotations
 
 from pipelines.config import SessionsConfig
-from pipelines.ingest import kafka, local, s3
 from pipelines.ingest.landing import INGESTED_DIR, REFUSED_DIR, LandedFile
 from pipelines.ingest.lines import classify_line, parse_event_time, parse_line
 from pipelines.ingest.table import (
@@ -39,9 +38,16 @@ __all__ = [
 def _source(config: SessionsConfig) -> Source:
     """The source the configuration names: a Kafka topic (SESSIONS_KAFKA_BOOTSTRAP and SESSIONS_KAFKA_TOPIC), else
     the landing directory, or landing objects on S3."""
+    # Imported here: the stream's source imports this package in every Python worker Spark starts for it, and
+    # needs none of the sources (confluent_kafka, boto3).
     if config.uses_kafka:
+        from pipelines.ingest import kafka
         return kafka
-    return s3 if is_s3(config.landing_uri) else local
+    if is_s3(config.landing_uri):
+        from pipelines.ingest import s3
+        return s3
+    from pipelines.ingest import local
+    return local
 
 
 def ingest(config: SessionsConfig, files_per_commit: int = 16) -> IngestResult:

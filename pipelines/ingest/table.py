@@ -16,7 +16,6 @@ from typing import Any, Protocol
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
-import pyarrow.dataset as ds
 from deltalake import CommitProperties, DeltaTable, write_deltalake
 
 from pipelines.config import SessionsConfig
@@ -102,6 +101,8 @@ def latest_clock(table: DeltaTable | None, history: list[dict[str, Any]] | None 
         if CLOCK_KEY in commit:
             return IngestClock.from_json(commit[CLOCK_KEY])
     columns = [c for c in ("event_time", "ingested_at") if c in table.schema().to_arrow().names]
+    import pyarrow.dataset as ds  # here, not at the top: it imports pandas, and the stream's source imports this module
+
     rows = table.to_pyarrow_dataset().to_table(columns=columns, filter=ds.field("reject_reason").is_null())
     if rows.num_rows == 0:
         return IngestClock()
