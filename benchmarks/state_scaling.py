@@ -40,7 +40,15 @@ if str(REPO) not in sys.path:
     sys.path.insert(0, str(REPO))
 
 import benchmarks.throughput as throughput  # noqa: E402
-from benchmarks.throughput import batch_record, log, machine_info, phase_medians, start_job, start_native  # noqa: E402
+from benchmarks.throughput import (  # noqa: E402
+    OPERATOR_TIMES_NOTE,
+    batch_record,
+    log,
+    machine_info,
+    phase_medians,
+    start_job,
+    start_native,
+)
 from pipelines.config import SessionsConfig  # noqa: E402
 from pipelines.ingest import ingest  # noqa: E402
 from pipelines.runtime import get_spark  # noqa: E402
@@ -205,7 +213,7 @@ def write_markdown(path: Path, results: dict) -> None:
             f"| {job['median_state_bytes_written'] / 1e6:.2f} | {native['median_state_bytes_written'] / 1e6:.2f} "
             f"| {job['state']['state_value_bytes'] / 1e6:.1f} "
             f"| {job['loadavg_1m'][0]:.1f}-{native['loadavg_1m'][1]:.1f} |")
-    lines += ["", "Where a measured batch's time goes (medians, ms; `benchmarks/throughput.py` explains the columns):", "",
+    lines += ["", "Where a measured batch's time goes (medians, ms). " + OPERATOR_TIMES_NOTE, "",
               "| provider | open users | query | trigger | addBatch | planning | latestOffset | walCommit "
               "| commitOffsets | op updates | op removals | op commit | inside Python fn (s) |",
               "|---|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
