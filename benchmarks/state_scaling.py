@@ -12,6 +12,11 @@ micro-batch), then the job and Spark's native `session_window` run over it one a
                  `--batch-minutes` of event time each; the first `--warmup` are discarded, the next
                  `--batches` are measured
 
+User ids: `--ids prefixed` (the default, the figures so far) names them `active-N` and `sleeper-N`, so in key order
+the batch's users sit together; `--ids interleaved` names every user `user-<8 hex digits>` from one shuffled
+numbering, so active and sleeping users interleave as real ids do (native's RocksDB keys are user_id-ordered,
+the job's hash-prefixed).
+
 Per query: median trigger time of the measured batches (durationMs.triggerExecution), bytes the checkpoint's
 state directory gained per measured batch (files attributed to a batch by mtime), state directory size at
 the end; for the job also what its state holds (open users/sessions, rows, value bytes). Growth = median
@@ -79,16 +84,23 @@ def prepare_data(home: Path, sleepers: int, args) -> dict:
     # watermark at T0-10 min, still open at the end (their close is >= T0+16 min; the run ends below it).
     # Live: between T0-2 and T0 min, above the watermark until the newest event passes T0+8 min.
     first = T0_MS - (2 if args.sleepers == "live" else 14) * MIN
+    if args.ids == "interleaved":
+        numbers = random.Random(args.seed + 1).sample(range(16 ** 8), sleepers + args.active)
+        sleeper_id = [f"user-{n:08x}" for n in numbers[:sleepers]]
+        active_id = [f"user-{n:08x}" for n in numbers[sleepers:]]
+    else:
+        sleeper_id = [f"sleeper-{u}" for u in range(sleepers)]
+        active_id = [f"active-{a}" for a in range(args.active)]
     lines = []
     for u in range(sleepers):
         t = first + rng.randrange(MIN)
-        lines += [_line(f"s{u}-1", f"sleeper-{u}", t, "page_view"), _line(f"s{u}-2", f"sleeper-{u}", t + MIN, "click")]
+        lines += [_line(f"s{u}-1", sleeper_id[u], t, "page_view"), _line(f"s{u}-2", sleeper_id[u], t + MIN, "click")]
     batches = [lines, [_line("clock-0", "clock", T0_MS, "page_view")]]
     kinds = ["page_view"] * 6 + ["click"] * 3 + ["search"]
     for b in range(args.warmup + args.batches):
         low = T0_MS + b * args.batch_minutes * MIN
         span = args.batch_minutes * MIN
-        batches.append([_line(f"a{b}-{i}", f"active-{rng.randrange(args.active)}", low + rng.randrange(span),
+        batches.append([_line(f"a{b}-{i}", active_id[rng.randrange(args.active)], low + rng.randrange(span),
                               rng.choice(kinds)) for i in range(args.events_per_batch)])
     last_ms = T0_MS + (args.warmup + args.batches) * args.batch_minutes * MIN
     if last_ms - config.lateness_ms >= T0_MS - 13 * MIN + config.gap_ms:
@@ -199,6 +211,7 @@ def write_markdown(path: Path, results: dict) -> None:
              f"{s['batch_minutes']} min of event time per batch; N sleeping users with an open session "
              f"each, their events {s.get('sleepers', 'frozen')} ("
              f"{'above the watermark for the whole run' if s.get('sleepers') == 'live' else 'below the watermark'}); "
+             f"user ids {s.get('ids', 'prefixed')}; "
              f"median of {s['batches']} measured batches after {s['warmup']} warm-up; a discarded priming pass "
              f"per provider first. State MB written/batch = bytes of checkpoint state files written during the "
              f"batch (by mtime).", "",
@@ -245,6 +258,8 @@ def parse_args(argv=None):
     parser.add_argument("--batch-minutes", type=int, default=3)
     parser.add_argument("--sleepers", choices=("frozen", "live"), default="frozen",
                         help="sleepers' events below the watermark (frozen) or above it for the whole run (live)")
+    parser.add_argument("--ids", choices=("prefixed", "interleaved"), default="prefixed",
+                        help="user ids active-N / sleeper-N (grouped in key order) or user-<hex> shuffled (see above)")
     parser.add_argument("--provider", default="rocksdb,hdfs",
                         help="rocksdb, hdfs, both (= rocksdb,hdfs, the default) or a comma list giving the order")
     parser.add_argument("--seed", type=int, default=11)
@@ -293,7 +308,7 @@ def main(argv=None) -> int:
         results = {"date": date, "machine": machine_info(), "runs": runs, "settings": {
             "quick": args.quick, "users": args.users, "active": args.active, "events_per_batch": args.events_per_batch,
             "warmup": args.warmup, "batches": args.batches, "batch_minutes": args.batch_minutes,
-            "sleepers": args.sleepers,
+            "sleepers": args.sleepers, "ids": args.ids,
             "providers": args.providers, "partitions": config.state_partitions, "buckets": config.state_buckets,
             "operator": config.new_checkpoint_operator,
             "note": args.note}}
