@@ -565,3 +565,14 @@ def test_kafka_settings(tmp_path):
     with pytest.raises(ConfigError, match="may not set auto.offset.reset"):
         kafka._Client(owned)
 
+
+
+def test_the_streams_source_imports_neither_the_kafka_client_nor_pandas():
+    """Spark starts ~4 Python processes per query start that import pipelines.source (the source and its schema, the
+    streaming runner, the read planner, the readers); each paid ~0.3 s for pandas (via pyarrow.dataset), the Kafka
+    client and the landing sources before they were imported where used (README "End to end")."""
+    heavy = ("pandas", "confluent_kafka", "boto3", "pyarrow.dataset",
+             "pipelines.ingest.kafka", "pipelines.ingest.s3", "pipelines.ingest.local")
+    probe = f"import sys, pipelines.source; print([m for m in {heavy!r} if m in sys.modules])"
+    out = subprocess.run([sys.executable, "-c", probe], cwd=REPO, capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "[]", out.stdout
