@@ -566,7 +566,6 @@ def test_kafka_settings(tmp_path):
         kafka._Client(owned)
 
 
-
 def test_the_streams_source_imports_neither_the_kafka_client_nor_pandas():
     """Spark starts ~4 Python processes per query start that import pipelines.source (the source and its schema, the
     streaming runner, the read planner, the readers); each paid ~0.3 s for pandas (via pyarrow.dataset), the Kafka
