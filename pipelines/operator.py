@@ -120,12 +120,9 @@ def sessionize(events: DataFrame, gap_ms: int, lateness_ms: int, buckets: int, l
                ) -> DataFrame:
     """Source rows -> rows of kind `session` (closed sessions) and `late` (events below the watermark), by the
     operator that owns `layout`: the Python one (buckets of users) or the JVM one (per user; the default)."""
-    # Valid events, a restore's state rows and its watermark marker: a rejected line (a quarantined far-future
-    # event has an event_time) must never move the watermark. The filter stands before withWatermark because
-    # that is where it runs anyway: Spark pushes a filter that does not reference the event-time column below
-    # EventTimeWatermark (PushPredicateThroughNonJoin).
-    stateful = events.where(
-        F.col("origin").isin("state", "marker") | ((F.col("origin") == "event") & F.col("reject_reason").isNull()))
+    # Valid events, a restore's state rows and its watermark marker: the source never hands over a rejected line
+    # (pipelines.source), so a quarantined far-future event cannot move the watermark.
+    stateful = events
     with_watermark = stateful.withWatermark("event_time", f"{lateness_ms} milliseconds")
     # The marker must reach EventTimeWatermark (it carries the savepoint's watermark when no open row does) and
     # stop there. This filter names event_time so that it stays above the watermark node, not pushed below it.

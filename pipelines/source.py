@@ -27,8 +27,9 @@ from pipelines.storage import filesystem, s3_options
 
 SOURCE_NAME = "sessions_raw"
 SOURCE_SCHEMA = (
-    "event_id string, user_id string, event_time timestamp, event_type string, page string, "
-    "source_file string, line_no long, ingest_seq long, reject_reason string, raw string, line_key long, "
+    # Only what the operator reads: a rejected line never reaches the stream (the sink reads it, and a late
+    # event's provenance, from raw_events), so the reader drops those rows and the page/provenance columns.
+    "event_id string, user_id string, event_time timestamp, event_type string, ingest_seq long, line_key long, "
     "origin string, "
     # a restore's state rows only (pipelines.state_format); null for events
     "session_start timestamp, event_count long, page_views long"
@@ -37,15 +38,22 @@ BOOTSTRAP_FILE = "_bootstrap.json"  # written into a fresh checkpoint by a resto
 
 
 ARROW_BATCH_ROWS = 65_536  # rows per Arrow batch a read hands Spark: large enough to amortise, small for memory
+# A data file with more rows than this is read by one task per Parquet row group: a catch-up over one large
+# landing file would otherwise read, convert and shuffle it on one core while the others wait.
+SPLIT_FILE_ROWS = 262_144
+# raw_events columns a read needs (the operator's, line_no for line_key's fallback, row_kind for clock rows).
+READ_COLUMNS = ("event_id", "user_id", "event_time", "event_type", "ingest_seq", "line_key", "line_no",
+                "reject_reason", "row_kind")
 
 
 class _Range(InputPartition):
     """What one read task reads: `events` of a raw_events data file (`payload` = its URI) with ingest_seq in
     (low, high], or a restore's `state` rows / watermark `marker` (`payload` = the bootstrap JSON)."""
 
-    def __init__(self, kind: str, payload: str, low: int = 0, high: int = 0):
+    def __init__(self, kind: str, payload: str, low: int = 0, high: int = 0, row_groups: list[int] | None = None):
         super().__init__(kind)
         self.kind, self.payload, self.low, self.high = kind, payload, low, high
+        self.row_groups = row_groups  # events: these row groups of the file only (None: the whole file)
 
 
 def _arrow_schema() -> pa.Schema:
@@ -85,6 +93,21 @@ def _event_origins(batch: pa.RecordBatch) -> str | pa.Array:
         return "event"
     clock = pc.fill_null(pc.equal(batch.column("row_kind"), CLOCK_KIND), False)
     return pc.if_else(clock, "marker", "event")
+
+
+def _row_groups(uri: str, low: int, high: int) -> list[int]:
+    """The row groups of a raw_events data file that may hold ingest_seq in (low, high] (by their statistics)."""
+    fs, path = filesystem(uri)
+    with fs.open_input_file(path) as handle:
+        meta = pq.ParquetFile(handle).metadata
+    column = meta.schema.to_arrow_schema().get_field_index("ingest_seq")
+    groups = []
+    for index in range(meta.num_row_groups):
+        stats = meta.row_group(index).column(column).statistics
+        if stats is not None and stats.has_min_max and not (stats.max > low and stats.min <= high):
+            continue
+        groups.append(index)
+    return groups
 
 
 class RawEventsStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
@@ -142,22 +165,33 @@ class RawEventsStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow)
         table = DeltaTable(self.table, storage_options=s3_options(self.table))
         adds = pa.table(table.get_add_actions(flatten=True))
         low, high = start["seq"], end["seq"]
-        lows, highs = adds["min.ingest_seq"].to_pylist(), adds["max.ingest_seq"].to_pylist()
         root = table.table_uri.rstrip("/")
-        return [
-            _Range("events", f"{root}/{path}", low, high)
-            for path, lo, hi in zip(adds["path"].to_pylist(), lows, highs)
-            if lo is None or hi is None or (hi > low and lo <= high)
-        ]
+        ranges = []
+        for path, lo, hi, rows in zip(adds["path"].to_pylist(), adds["min.ingest_seq"].to_pylist(),
+                                      adds["max.ingest_seq"].to_pylist(), adds["num_records"].to_pylist()):
+            if lo is not None and hi is not None and not (hi > low and lo <= high):
+                continue
+            uri = f"{root}/{path}"
+            if rows is not None and rows > SPLIT_FILE_ROWS:
+                ranges += [_Range("events", uri, low, high, [group]) for group in _row_groups(uri, low, high)]
+            else:
+                ranges.append(_Range("events", uri, low, high))
+        return ranges
 
     def read(self, partition: InputPartition) -> Iterator[pa.RecordBatch]:
         assert isinstance(partition, _Range)  # partitions() makes no other kind
         if partition.kind == "events":
             # On the executor, straight from the table's storage (S3 credentials from its AWS_* variables).
             fs, path = filesystem(partition.payload)
-            table = pq.read_table(path, filesystem=fs)
+            with fs.open_input_file(path) as handle:
+                data = pq.ParquetFile(handle)
+                # Files written before line_key or row_kind existed lack them: _with_origin fills nulls.
+                columns = [name for name in READ_COLUMNS if name in data.schema_arrow.names]
+                table = (data.read(columns=columns) if partition.row_groups is None
+                         else data.read_row_groups(partition.row_groups, columns=columns))
             seq = table["ingest_seq"]
-            table = table.filter(pc.and_(pc.greater(seq, partition.low), pc.less_equal(seq, partition.high)))
+            in_range = pc.and_(pc.greater(seq, partition.low), pc.less_equal(seq, partition.high))
+            table = table.filter(pc.and_(in_range, pc.is_null(table["reject_reason"])))
             for batch in _with_line_key(table).to_batches(max_chunksize=ARROW_BATCH_ROWS):
                 yield _with_origin(batch, _event_origins(batch))
         elif partition.kind == "state":

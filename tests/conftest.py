@@ -401,6 +401,7 @@ TEST_TIERS: dict[str, str | tuple[str, dict[str, str]]] = {
     "test_online_lifecycle.py": "subprocess",
     "test_run_continuously.py": "subprocess",
     "test_s3_down.py": "e2e",
+    "test_source_reads.py": "pure",
     "test_state_migration.py": ("spark", {"test_checkpoint_of_the_json_layout_is_refused_with_the_way_out": "pure"}),
     "test_storage.py": "e2e",
     "test_stream_vs_oracle.py": ("spark", {"test_live_state_lookup_equals_the_oracle[rocksdb]": "subprocess"}),
