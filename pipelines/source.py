@@ -166,7 +166,7 @@ class RawEventsStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow)
         adds = pa.table(table.get_add_actions(flatten=True))
         low, high = start["seq"], end["seq"]
         root = table.table_uri.rstrip("/")
-        ranges = []
+        ranges: list[InputPartition] = []
         for path, lo, hi, rows in zip(adds["path"].to_pylist(), adds["min.ingest_seq"].to_pylist(),
                                       adds["max.ingest_seq"].to_pylist(), adds["num_records"].to_pylist()):
             if lo is not None and hi is not None and not (hi > low and lo <= high):
