@@ -12,6 +12,7 @@ from deltalake import WriterProperties, write_deltalake
 from pipelines import source
 from pipelines.ingest.table import CLOCK_KIND, TABLE_SCHEMA
 from pipelines.source import RawEventsStreamReader
+from pipelines.storage import s3_options
 
 T0 = dt.datetime(2026, 11, 1, 10, tzinfo=dt.timezone.utc)
 
@@ -30,7 +31,7 @@ def _commit(uri: str, seq: int, n: int, rejected_every: int, row_group: int, clo
     if clock:
         rows.append({**rows[1], "event_id": None, "user_id": None, "source_file": "_clock", "line_no": 0,
                      "line_key": n + 1, "row_kind": CLOCK_KIND, "reject_reason": None, "raw": None})
-    write_deltalake(uri, pa.Table.from_pylist(rows, schema=TABLE_SCHEMA), mode="append",
+    write_deltalake(uri, pa.Table.from_pylist(rows, schema=TABLE_SCHEMA), mode="append", storage_options=s3_options(uri),
                     writer_properties=WriterProperties(max_row_group_size=row_group))
     return rows
 
@@ -93,3 +94,11 @@ def test_files_written_before_line_key_and_row_kind_still_read(tmp_path, missing
     got = _read(RawEventsStreamReader({"path": uri}), 0, 1)
     assert got == (1, sorted(((f"e{i}", 1, -(i + 1) if "line_key" in missing else i + 1, "event") for i in range(5)),
                              key=str))
+
+
+def test_a_large_file_on_s3_is_split_and_read_the_same(tmp_path, monkeypatch, s3_endpoint):
+    """The read plan opens a large file's footer where the table lives: S3 (the moto endpoint) as well."""
+    uri = f"s3://warehouse/{tmp_path.name}/raw_events"
+    rows = _commit(uri, 1, 300, rejected_every=7, row_group=100) + _commit(uri, 2, 40, rejected_every=3, row_group=100)
+    monkeypatch.setattr(source, "SPLIT_FILE_ROWS", 120)
+    assert _read(RawEventsStreamReader({"path": uri}), 0, 2) == (3 + 1, _expected(rows, 0, 2))
