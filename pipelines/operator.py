@@ -122,8 +122,7 @@ def sessionize(events: DataFrame, gap_ms: int, lateness_ms: int, buckets: int, l
     operator that owns `layout`: the Python one (buckets of users) or the JVM one (per user; the default)."""
     # Valid events, a restore's state rows and its watermark marker: the source never hands over a rejected line
     # (pipelines.source), so a quarantined far-future event cannot move the watermark.
-    stateful = events
-    with_watermark = stateful.withWatermark("event_time", f"{lateness_ms} milliseconds")
+    with_watermark = events.withWatermark("event_time", f"{lateness_ms} milliseconds")
     # The marker must reach EventTimeWatermark (it carries the savepoint's watermark when no open row does) and
     # stop there. This filter names event_time so that it stays above the watermark node, not pushed below it.
     with_watermark = with_watermark.where((F.col("origin") != "marker") | F.col("event_time").isNull())

@@ -47,8 +47,9 @@ READ_COLUMNS = ("event_id", "user_id", "event_time", "event_type", "ingest_seq",
 
 
 class _Range(InputPartition):
-    """What one read task reads: `events` of a raw_events data file (`payload` = its URI) with ingest_seq in
-    (low, high], or a restore's `state` rows / watermark `marker` (`payload` = the bootstrap JSON)."""
+    """What one read task reads: `events` of a raw_events data file (`payload` = its URI; all its row groups or
+    `row_groups`) with ingest_seq in (low, high], or a restore's `state` rows / watermark `marker` (`payload` = the
+    bootstrap JSON)."""
 
     def __init__(self, kind: str, payload: str, low: int = 0, high: int = 0, row_groups: list[int] | None = None):
         super().__init__(kind)
