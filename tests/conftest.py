@@ -357,6 +357,7 @@ def postgres_server() -> Iterator[PostgresServer]:
 TIERS = ("pure", "spark", "subprocess", "e2e")  # cheapest first
 TEST_TIERS: dict[str, str | tuple[str, dict[str, str]]] = {
     "test_bad_input.py": "spark",
+    "test_benchmarks_run.py": "subprocess",
     "test_cluster.py": "e2e",
     "test_changelog.py": "spark",
     "test_compact_while_running.py": "subprocess",
