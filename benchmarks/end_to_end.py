@@ -576,6 +576,8 @@ def render_md(results: dict[str, Any]) -> str:
                     f"(Python + JVM start + ingest; ingest alone without Spark, per repetition: {ingest_alone_text} s); stream (query start "
                     f"+ batches) {sp.get('stream_s')} s; batch offset->commit: {batches}; after the last batch "
                     f"{sp.get('after_last_batch_s')} s")
+            if sm.get("phase_seconds"):  # catch-up's own clock (summaries from before it had none)
+                view += "; catch-up's phases: " + ", ".join(f"{k} {v} s" for k, v in sm["phase_seconds"].items())
         elif engine.startswith("spark"):
             inside = r.get("inside", {})
             phases = "; ".join(f"batch {b['batchId']} ({b['numInputRows']:,} rows): " + ", ".join(

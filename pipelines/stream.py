@@ -8,7 +8,7 @@ import time
 from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -80,12 +80,20 @@ class RunSummary:
     last_clock: str | None = None  # the newest one's event time
     source_errors: int = 0  # run only: ingests that failed because the source could not be read (then retried)
     last_source_error: str | None = None  # the newest one's line
+    # Where the seconds went, for the operator who asks why a catch-up took long: `spark` (the JVM start, ~0 when
+    # attached to a running session), `ingest` (catch-up's, beside the JVM start: the two overlap), `query_start`
+    # (the source, the plan, the query), `stream` (its batches, until it stopped).
+    phase_seconds: dict[str, float] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         self._seen: set[int] = set()  # batch ids already counted (not a field: not part of the result)
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
+
+    def timed(self, phase: str, started: float) -> None:
+        """Record `phase` as lasting from `started` (time.monotonic) until now."""
+        self.phase_seconds[phase] = round(time.monotonic() - started, 3)
 
     def add_ingest(self, result: IngestResult) -> None:
         self.ingested_files += result.files
@@ -129,14 +137,22 @@ def _job(config: SessionsConfig, what: str, spark: SparkSession | None,
         ensure_tables(config)
         meta = checkpoint_metadata(config)
         summary = RunSummary()
+        def ingest_meanwhile() -> None:
+            assert meanwhile is not None
+            begun = time.monotonic()
+            meanwhile(summary)
+            summary.timed("ingest", begun)
+
         with ThreadPoolExecutor(max_workers=1, thread_name_prefix=f"{what}-meanwhile") as pool:
-            pending = pool.submit(meanwhile, summary) if meanwhile is not None and spark is None else None
+            pending = pool.submit(ingest_meanwhile) if meanwhile is not None and spark is None else None
+            begun = time.monotonic()
             with spark_failures(config):
                 spark = spark or get_spark(config)
+            summary.timed("spark", begun)
             if pending is not None:
                 pending.result()
             elif meanwhile is not None:
-                meanwhile(summary)
+                ingest_meanwhile()
         run = _Run(spark, meta, held, summary)
         yield run
         run.summary.last_committed_batch = inspect_checkpoint(config.checkpoint).last_committed_batch
@@ -156,8 +172,12 @@ def catch_up(config: SessionsConfig, spark: SparkSession | None = None) -> RunSu
     """Ingest everything landed, process it all (trigger availableNow), stop."""
     with _job(config, "catch-up", spark, meanwhile=lambda summary: summary.add_ingest(ingest(config))) as run:
         with spark_failures(config):
+            begun = time.monotonic()
             query, sink = start_query(run.spark, config, run.meta, {"availableNow": True})
+            run.summary.timed("query_start", begun)
+            begun = time.monotonic()
             query.awaitTermination()
+            run.summary.timed("stream", begun)
         _close(run, query, sink, config)
     return run.summary
 
@@ -228,7 +248,10 @@ def run_continuously(config: SessionsConfig, spark: SparkSession | None = None, 
             ingest_now = _RetryingIngest(config, summary, poll_seconds)
             wait = ingest_now()
             with spark_failures(config):
+                begun = time.monotonic()
                 query, sink = start_query(run.spark, config, run.meta, {"processingTime": f"{poll_seconds} seconds"})
+                summary.timed("query_start", begun)
+            begun = time.monotonic()
             try:
                 next_poll = time.monotonic() + wait
                 next_progress = time.monotonic() + poll_seconds
@@ -247,6 +270,7 @@ def run_continuously(config: SessionsConfig, spark: SparkSession | None = None, 
                 pass
             finally:
                 _drain(query, config.stop_timeout_s)
+                summary.timed("stream", begun)
             _close(run, query, sink, config)
         summary.stopped_by = "stop request" if request is not None else "caller"
         if request is not None:

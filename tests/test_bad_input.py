@@ -5,7 +5,10 @@ from __future__ import annotations
 
 import json
 import os
+import time
 from pathlib import Path
+
+from deltalake import DeltaTable
 
 from pipelines.stream import catch_up
 from tests.conftest import make_config, read_open_sessions, read_quarantine, read_sessions
@@ -71,7 +74,16 @@ def test_bad_lines_are_quarantined_and_nothing_is_lost(spark, tmp_path):
     from pipelines.ingest import ingest
 
     ingest(config, files_per_commit=1)  # one file = one micro-batch, in landing order
-    catch_up(config, spark)
+    started = time.monotonic()
+    summary = catch_up(config, spark)
+    wall = time.monotonic() - started
+    # The stream reads the well-formed rows only (rejected lines go to quarantine from raw_events, below).
+    raw = DeltaTable(config.raw_events_table).to_pyarrow_table(columns=["reject_reason"])
+    assert summary.input_rows == raw["reject_reason"].null_count < raw.num_rows
+    # Where the seconds went, each phase once, within the call's own time (the JVM was attached: ~0 s).
+    phases = summary.phase_seconds
+    assert set(phases) == {"spark", "ingest", "query_start", "stream"} and phases["stream"] > 0
+    assert sum(phases.values()) <= wall + 0.01 and phases["spark"] < 1
 
     q = read_quarantine(config)
     got = sorted(zip(q["source_file"], q["line_no"].astype(int), q["reason"]))
