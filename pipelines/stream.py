@@ -137,14 +137,8 @@ def _job(config: SessionsConfig, what: str, spark: SparkSession | None,
         ensure_tables(config)
         meta = checkpoint_metadata(config)
         summary = RunSummary()
-        def ingest_meanwhile() -> None:
-            assert meanwhile is not None
-            begun = time.monotonic()
-            meanwhile(summary)
-            summary.timed("ingest", begun)
-
         with ThreadPoolExecutor(max_workers=1, thread_name_prefix=f"{what}-meanwhile") as pool:
-            pending = pool.submit(ingest_meanwhile) if meanwhile is not None and spark is None else None
+            pending = pool.submit(meanwhile, summary) if meanwhile is not None and spark is None else None
             begun = time.monotonic()
             with spark_failures(config):
                 spark = spark or get_spark(config)
@@ -152,7 +146,7 @@ def _job(config: SessionsConfig, what: str, spark: SparkSession | None,
             if pending is not None:
                 pending.result()
             elif meanwhile is not None:
-                ingest_meanwhile()
+                meanwhile(summary)
         run = _Run(spark, meta, held, summary)
         yield run
         run.summary.last_committed_batch = inspect_checkpoint(config.checkpoint).last_committed_batch
@@ -170,7 +164,12 @@ def _close(run: _Run, query: StreamingQuery, sink: MicroBatchSink, config: Sessi
 
 def catch_up(config: SessionsConfig, spark: SparkSession | None = None) -> RunSummary:
     """Ingest everything landed, process it all (trigger availableNow), stop."""
-    with _job(config, "catch-up", spark, meanwhile=lambda summary: summary.add_ingest(ingest(config))) as run:
+    def ingest_timed(summary: RunSummary) -> None:
+        begun = time.monotonic()
+        summary.add_ingest(ingest(config))
+        summary.timed("ingest", begun)
+
+    with _job(config, "catch-up", spark, meanwhile=ingest_timed) as run:
         with spark_failures(config):
             begun = time.monotonic()
             query, sink = start_query(run.spark, config, run.meta, {"availableNow": True})
