@@ -16,6 +16,7 @@ import pyarrow as pa
 import pytest
 from deltalake import DeltaTable, write_deltalake
 
+from pipelines.checkpoint import inspect_checkpoint
 from pipelines.config import ConfigError
 from pipelines.ingest import ingest, latest_seq, open_raw_table
 from pipelines.ingest.table import CLOCK_KIND, RAW_SCHEMA, Appender, IngestClock, latest_clock
@@ -200,8 +201,17 @@ def test_a_quiet_stream_closes_its_sessions_under_run(tmp_path, spark):
             time.sleep(0.5)
         assert sorted(read_sessions(config)) == sorted(expected.closed)
         # The running job's state agrees, read from this process (the library under `sessionctl state`): u1's
-        # session is closed, u2's still open (due a gap after the newest event).
-        assert lookup_user(spark, config, "u1")["open_sessions"] == []
+        # session is closed, u2's still open (due a gap after the newest event). The lookup reads the last
+        # *committed* batch, and Spark writes a batch's commit only after its sink: wait for the batch that wrote
+        # the session to commit (CI once read the batch before it, where u1 was still open).
+        [written_by] = DeltaTable(config.sessions_table).to_pyarrow_table(columns=["batch_id"])["batch_id"].to_pylist()
+        commit_by = dt.datetime.now(dt.timezone.utc) + dt.timedelta(seconds=30)  # the commit follows the sink
+        while (inspect_checkpoint(config.checkpoint).last_committed_batch or -1) < written_by:
+            assert run.poll() is None, run.communicate()[1][-3000:]
+            assert dt.datetime.now(dt.timezone.utc) < commit_by, f"batch {written_by} not committed by {commit_by}"
+            time.sleep(0.2)
+        u1 = lookup_user(spark, config, "u1")
+        assert u1["batch_id"] >= written_by and u1["open_sessions"] == []
         assert len(lookup_user(spark, config, "u2")["open_sessions"]) == 1
     finally:
         if run.poll() is None:
