@@ -19,7 +19,7 @@ from pyspark.errors import PySparkException
 from pyspark.sql import SparkSession
 
 from pipelines.checkpoint import PROVIDER_CLASSES, inspect_checkpoint, rescale_command
-from pipelines.config import SessionsConfig
+from pipelines.config import REPO_ROOT, SessionsConfig
 from pipelines.errors import CheckpointDamaged, RescaleIncomplete, SessionsError, StreamFailed
 from pipelines.operator import JVM_JAR
 from pipelines.shipping import cluster_conf
@@ -39,7 +39,24 @@ _UNFINISHED_REPARTITION = "STREAMING_UNFINISHED_REPARTITION_DETECTED"
 ROCKSDB_CHANGELOG = "spark.sql.streaming.stateStore.rocksdb.changelogCheckpointing.enabled"
 
 
-def spark_conf(config: SessionsConfig) -> dict[str, str]:
+# Built by `make setup` (pipelines/class_archive.py): the JVM's classes pre-parsed, mapped at start instead of loaded.
+CLASS_ARCHIVE = REPO_ROOT / "build" / "jvm" / "spark-classes.jsa"
+
+
+def java_options(config: SessionsConfig, class_archive_dump: Path | None = None) -> str:
+    """The driver JVM's options (in local mode it runs the tasks too)."""
+    options = [f"-Dlog4j2.configurationFile=file:{LOG4J2}", f"-Dsessions.log.dir={config.log_dir}",
+               # The JVM's own warnings (e.g. a stale class archive) to its stderr -- the log -- not to stdout, where
+               # sessionctl prints its JSON.
+               "-Xlog:disable", "-Xlog:all=warning:stderr"]
+    if class_archive_dump is not None:
+        options.append(f"-XX:ArchiveClassesAtExit={class_archive_dump}")
+    elif CLASS_ARCHIVE.exists():
+        options.append(f"-XX:SharedArchiveFile={CLASS_ARCHIVE}")  # -Xshare:auto: one that does not fit is skipped
+    return " ".join(options)
+
+
+def spark_conf(config: SessionsConfig, class_archive_dump: Path | None = None) -> dict[str, str]:
     """Spark settings for the job; shared by the CLI's session and Dagster's PySparkResource."""
     return {
         "spark.master": config.spark_master,
@@ -56,7 +73,7 @@ def spark_conf(config: SessionsConfig) -> dict[str, str]:
         "spark.sql.streaming.minBatchesToRetain": str(config.min_batches_to_retain),
         ROCKSDB_CHANGELOG: str(config.rocksdb_changelog).lower(),
         # Spark's log to a file (pipelines/log4j2.properties): the terminal gets sessionctl's one line.
-        "spark.driver.extraJavaOptions": f"-Dlog4j2.configurationFile=file:{LOG4J2} -Dsessions.log.dir={config.log_dir}",
+        "spark.driver.extraJavaOptions": java_options(config, class_archive_dump),
         **cluster_conf(config.spark_master),
         # The JVM operator (the default; SESSIONS_OPERATOR); on a cluster Spark ships the jar to executors.
         **({"spark.jars": str(JVM_JAR)} if JVM_JAR.exists() else {}),
@@ -85,11 +102,11 @@ def _stderr_to(path: Path) -> Iterator[None]:
         os.close(target)
 
 
-def get_spark(config: SessionsConfig) -> SparkSession:
+def get_spark(config: SessionsConfig, class_archive_dump: Path | None = None) -> SparkSession:
     os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
     os.environ.setdefault("PYSPARK_DRIVER_PYTHON", sys.executable)
     builder = SparkSession.builder
-    for key, value in spark_conf(config).items():
+    for key, value in spark_conf(config, class_archive_dump).items():
         builder = builder.config(key, value)
     # pyspark installs a SIGINT handler that raises KeyboardInterrupt inside whatever py4j call runs; a handler of
     # the caller's own (sessionctl run: Ctrl-C = stop between batches) is kept.
