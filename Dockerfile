@@ -7,11 +7,12 @@
 # bookworm pinned: plain python:3.11-slim follows Debian's newest release, which no longer ships OpenJDK 17.
 FROM python:3.11-slim-bookworm
 
-# Spark 4.2 needs Java 17+. The JRE's postinst registers man-page alternatives; the slim image has no man dirs.
+# Spark 4.2 needs Java 17+; the JDK, not the JRE: the image compiles the JVM operator. Its postinst registers
+# man-page alternatives; the slim image has no man dirs.
 # procps: Spark's launch scripts call ps.
 RUN mkdir -p /usr/share/man/man1 \
     && apt-get update \
-    && apt-get install -y --no-install-recommends openjdk-17-jre-headless procps \
+    && apt-get install -y --no-install-recommends openjdk-17-jdk-headless procps \
     && rm -rf /var/lib/apt/lists/*
 
 ENV PYTHONUNBUFFERED=1 \
@@ -34,6 +35,15 @@ COPY state_store/ state_store/
 COPY assets/ assets/
 COPY sessionctl/ sessionctl/
 RUN pip install --no-deps .
+
+# The JVM operator (the default stateful operator) compiled against the installed pyspark's jars, as the Makefile
+# does (hence the JDK above, not the JRE), then the Spark JVM's class archive made by this image's own JVM
+# (README "First two commands"). The package's code resolves both under /opt/sessions/build/jvm.
+COPY jvm/ jvm/
+RUN JARS="$(python -c 'import os, pyspark; print(os.path.join(os.path.dirname(pyspark.__file__), "jars"))')" \
+    && javac --release 17 -d build/jvm/classes -cp "$JARS/*" jvm/src/sessions/*.java \
+    && jar cf build/jvm/sessions-operator.jar -C build/jvm/classes . \
+    && python -m pipelines.class_archive build/jvm/spark-classes.jsa
 
 # Not root. SESSIONS_HOME is the data root (checkpoint, locks, local tables); in a cluster it is a shared
 # volume mounted here by every pod (deploy/helm/values.yaml). DAGSTER_HOME is where the chart mounts the
