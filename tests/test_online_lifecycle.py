@@ -20,7 +20,7 @@ from pipelines.errors import SavepointFailed, SavepointIncompatible
 from pipelines.locks import live_holder
 from pipelines.sample_data import land
 from pipelines.stream import catch_up
-from state_store.lifecycle import restore, take_savepoint
+from state_store.lifecycle import restore, take_savepoint, validate_savepoint
 from state_store.savepoints import SavepointStore
 from tests.conftest import config_env, make_config, read_open_sessions, read_sessions, tool
 from tests.datagen import in_order_chunks
@@ -169,7 +169,10 @@ def test_kill_9_of_a_savepoint_or_of_the_stream_during_one(tmp_path, spark):
             victim.send_signal(signal.SIGKILL)
             victim.communicate()
             assert run.poll() is None, "a killed savepoint must not touch the stream"
-            if victim.returncode == -signal.SIGKILL and complete() == before:
+            appeared = complete() - before
+            for savepoint_id in appeared:  # finished before the kill, or killed after its catalog row: whole
+                validate_savepoint(config, savepoint_id)  # re-reads its state: rows and checksum as catalogued
+            if victim.returncode == -signal.SIGKILL and not appeared:
                 break  # killed mid-way, and it left no complete savepoint
             _wait_for(lambda: live_holder(config.lease_dir, "lifecycle") is None, 120, "the lease after it")
         else:
