@@ -18,7 +18,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from pipelines.ingest import columnar
-from pipelines.ingest.lines import parse_event_time
+from pipelines.ingest.lines import Lines, parse_event_time, split_lines
 from pipelines.ingest.table import RowSource, _rows
 from pipelines.sample_data import arrival_order, generate_events
 
@@ -33,6 +33,11 @@ def fast_for_any_size(group_bytes: int = 256) -> Iterator[None]:
     """The fast path even for a handful of lines, in small groups (several reads, threads, error recovery)."""
     with mock.patch.object(columnar, "MIN_FAST_LINES", 0), mock.patch.object(columnar, "GROUP_BYTES", group_bytes):
         yield
+
+
+def row_source(name: str, pairs: list[tuple[int, bytes]], refused: str | None = None,
+               refused_raw: str | None = None) -> RowSource:
+    return RowSource(name, Lines.from_pairs(pairs), refused, refused_raw)
 
 
 def assert_same_rows(sources: list[RowSource]) -> pa.Table:
@@ -50,7 +55,7 @@ def assert_same_rows(sources: list[RowSource]) -> pa.Table:
 
 def fast_taken(lines: list[bytes], limit: dt.datetime = LIMIT) -> set[int]:
     with fast_for_any_size():
-        taken, _ = columnar.fast_rows(lines, limit)
+        taken, _ = columnar.fast_rows(Lines.from_pairs(enumerate(lines)), limit)
     return set(taken.tolist())
 
 
@@ -179,7 +184,7 @@ RULES = [
 def test_each_rule_same_row_and_the_fast_path_only_where_certain(line: bytes, fast: bool) -> None:
     clean = dumps(event(event_id="clean"))
     lines = [clean, line, clean]
-    assert_same_rows([RowSource("f.jsonl", [(k + 1, raw) for k, raw in enumerate(lines)])])
+    assert_same_rows([row_source("f.jsonl", [(k + 1, raw) for k, raw in enumerate(lines)])])
     assert fast_taken(lines) == ({0, 1, 2} if fast else {0, 2})
 
 
@@ -187,11 +192,11 @@ def test_all_rules_together_in_one_commit_with_refused_files() -> None:
     rng = random.Random(5)
     lines = [line for _, line, _ in RULES] * 3 + [dumps(event(event_id=f"e{k}")) for k in range(300)]
     rng.shuffle(lines)
-    sources = [RowSource("a.jsonl", [(k + 10, raw) for k, raw in enumerate(lines[:200])]),
-               RowSource("link.jsonl", [], refused="refused_symlink", refused_raw="symlink to /etc"),
-               RowSource("fifo.jsonl", [], refused="refused_special_file", refused_raw="fifo"),
-               RowSource("b.jsonl", [(k + 1, raw) for k, raw in enumerate(lines[200:])]),
-               RowSource("empty.jsonl", [])]
+    sources = [row_source("a.jsonl", [(k + 10, raw) for k, raw in enumerate(lines[:200])]),
+               row_source("link.jsonl", [], refused="refused_symlink", refused_raw="symlink to /etc"),
+               row_source("fifo.jsonl", [], refused="refused_special_file", refused_raw="fifo"),
+               row_source("b.jsonl", [(k + 1, raw) for k, raw in enumerate(lines[200:])]),
+               row_source("empty.jsonl", [])]
     table = assert_same_rows(sources)
     assert table["line_key"].to_pylist() == list(range(1, table.num_rows + 1))
 
@@ -201,7 +206,7 @@ def test_sample_clickstream_is_all_fast_and_equal() -> None:
     lines = [json.dumps(e).encode() for e in events]
     ingested_at = dt.datetime(2026, 12, 1, tzinfo=dt.timezone.utc)
     assert fast_taken(lines, ingested_at + MAX_FUTURE) == set(range(len(lines)))
-    sources = [RowSource("s.jsonl", [(k + 1, raw) for k, raw in enumerate(lines)])]
+    sources = [row_source("s.jsonl", [(k + 1, raw) for k, raw in enumerate(lines)])]
     expected = _rows(sources, 3, ingested_at, MAX_FUTURE, per_line=True)
     assert expected["reject_reason"].null_count == expected.num_rows
     with fast_for_any_size(64 << 10):
@@ -216,7 +221,7 @@ def test_a_parse_error_costs_only_its_line() -> None:
     lines = good[:50] + [bad] + good[50:120] + [bad, bad] + good[120:] + [bad]
     taken = fast_taken(lines)
     assert taken == set(range(len(lines))) - {50, 121, 122, 203}
-    assert_same_rows([RowSource("f.jsonl", [(k + 1, raw) for k, raw in enumerate(lines)])])
+    assert_same_rows([row_source("f.jsonl", [(k + 1, raw) for k, raw in enumerate(lines)])])
 
 
 def test_the_integer_digit_limit_bounds_the_fast_lines() -> None:
@@ -226,7 +231,7 @@ def test_the_integer_digit_limit_bounds_the_fast_lines() -> None:
         sys.set_int_max_str_digits(640)
         line = dumps(event()).replace(b"}", b', "x": ' + b"9" * 700 + b"}")
         assert fast_taken([line]) == set()
-        assert_same_rows([RowSource("f.jsonl", [(1, line)])])
+        assert_same_rows([row_source("f.jsonl", [(1, line)])])
     finally:
         sys.set_int_max_str_digits(limit)
 
@@ -362,7 +367,7 @@ lines_ = st.builds(_mutate, objects, st.integers(0, 35), st.integers(0, 10 ** 6)
 
 
 def _sources(parts: list[tuple[list[bytes], int, str | None]]) -> list[RowSource]:
-    return [RowSource(f"f{s}.jsonl", [(first + k, raw) for k, raw in enumerate(lines)], refused=refused,
+    return [row_source(f"f{s}.jsonl", [(first + k, raw) for k, raw in enumerate(lines)], refused=refused,
                       refused_raw="symlink to x" if refused else None)
             for s, (lines, first, refused) in enumerate(parts)]
 
@@ -390,9 +395,9 @@ def test_columnar_rows_equal_the_per_line_rows() -> None:
 
 def test_empty_and_tiny_inputs() -> None:
     assert_same_rows([])
-    assert_same_rows([RowSource("f.jsonl", [])])
-    assert_same_rows([RowSource("f.jsonl", [(1, b"")]), RowSource("g.jsonl", [(3, b"  ")])])
-    table = _rows([RowSource("f.jsonl", [(1, dumps(event()))])], 1, INGESTED_AT, MAX_FUTURE)  # below MIN_FAST_LINES
+    assert_same_rows([row_source("f.jsonl", [])])
+    assert_same_rows([row_source("f.jsonl", [(1, b"")]), row_source("g.jsonl", [(3, b"  ")])])
+    table = _rows([row_source("f.jsonl", [(1, dumps(event()))])], 1, INGESTED_AT, MAX_FUTURE)  # below MIN_FAST_LINES
     assert table.num_rows == 1 and table["reject_reason"].null_count == 1
     assert np.array_equal(table["line_key"].to_numpy(), [1])
 
@@ -401,7 +406,7 @@ def test_the_gc_pause_of_the_fallback_ends_with_it() -> None:
     import gc
 
     line = dumps(event(event_id=None))
-    _rows([RowSource("f.jsonl", [(1, line)] * 100)], 1, INGESTED_AT, MAX_FUTURE)
+    _rows([row_source("f.jsonl", [(1, line)] * 100)], 1, INGESTED_AT, MAX_FUTURE)
     assert gc.isenabled()
 
     def failing(raw: bytes, limit: dt.datetime | None) -> None:
@@ -409,5 +414,53 @@ def test_the_gc_pause_of_the_fallback_ends_with_it() -> None:
         raise RuntimeError("boom")
 
     with pytest.raises(RuntimeError, match="boom"):
-        columnar.row_columns([RowSource("f.jsonl", [(1, line)] * 100)], LIMIT, classify=failing)
+        columnar.row_columns([row_source("f.jsonl", [(1, line)] * 100)], LIMIT, classify=failing)
     assert gc.isenabled()
+
+
+# --- Lines: a source's lines in one buffer --------------------------------------------------------------------------
+
+def _split_by_bytes(body: bytes, lines_before: int, open_before: bool) -> tuple[list[tuple[int, bytes]], int, bool]:
+    """The definition split_lines keeps (what it was before the buffer: bytes.split): the complete lines of body,
+    numbered on; after an unterminated line the next newline closes that same line."""
+    if not body:
+        return [], lines_before, open_before
+    segments = body.split(b"\n")
+    terminated = segments[-1] == b""
+    if terminated:
+        segments.pop()
+    first = lines_before if open_before else lines_before + 1
+    return [(first + k, seg) for k, seg in enumerate(segments)], first + len(segments) - 1, not terminated
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.binary(max_size=60).map(lambda b: bytes(b"\n\r{} a"[x % 6] for x in b)), st.integers(0, 5), st.booleans())
+def test_split_lines_is_bytes_split(body: bytes, lines_before: int, open_before: bool) -> None:
+    lines, consumed, open_after = split_lines(body, lines_before, open_before)
+    expected, expected_consumed, expected_open = _split_by_bytes(body, lines_before, open_before)
+    assert list(lines) == expected
+    assert (consumed, open_after) == (expected_consumed, expected_open)
+    assert [lines.line(k) for k in range(len(lines))] == [raw for _, raw in expected]
+
+
+def test_split_lines_scans_in_chunks_across_their_borders() -> None:
+    body = b"".join(dumps(event(event_id=f"e{k}")) + b"\n" for k in range(40)) + b"{}"
+    with mock.patch("pipelines.ingest.lines.NEWLINE_SCAN_BYTES", 7):
+        lines, consumed, open_after = split_lines(body, 0, False)
+    assert list(lines) == _split_by_bytes(body, 0, False)[0] and (consumed, open_after) == (41, True)
+
+
+def test_sources_read_from_files_give_the_per_line_rows() -> None:
+    """Sources as the landing sources build them (split_lines over a body: CRLF, blank lines, a lone CR, a BOM, an
+    unterminated last line; then another file, and Kafka-style pairs whose values hold newlines), through the fast
+    path and the per-line path alike."""
+    good = [dumps(event(event_id=f"e{k}")) for k in range(100)]
+    first = b"\r\n".join(good[:40]) + b"\r\n\n   \n" + b"\xef\xbb\xbf" + good[40] + b"\n" + good[41][:-1] + b"\r}\n"
+    second = b"\n".join(good[42:]) + b"\n" + dumps(event(event_id="last"))  # unterminated: taken as a whole line
+    kafka = [(7, good[0]), (9, good[1] + b"\n" + good[2]), (12, b"")]
+    sources = [RowSource("a.jsonl", split_lines(first, 0, False)[0]),
+               RowSource("b.jsonl", split_lines(second, 5, True)[0]),
+               RowSource("topic/0", Lines.from_pairs(kafka))]
+    table = assert_same_rows(sources)
+    assert table.num_rows == 42 + 59 + 2  # blank lines and the empty message dropped
+    assert fast_taken([raw for source in sources for _, raw in source.lines]) >= set(range(40))

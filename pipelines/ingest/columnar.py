@@ -52,7 +52,6 @@ import re
 import sys
 from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
-from operator import itemgetter
 from typing import Any, Protocol
 
 import numpy as np
@@ -60,7 +59,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.json as pj
 
-from pipelines.ingest.lines import classify_line
+from pipelines.ingest.lines import Lines, classify_line
 
 Classified = tuple[dict[str, Any], str | None, str] | None
 Classifier = Callable[[bytes, dt.datetime | None], Classified]
@@ -109,7 +108,7 @@ class LineSource(Protocol):
     @property
     def name(self) -> str: ...
     @property
-    def lines(self) -> list[tuple[int, bytes]]: ...
+    def lines(self) -> Lines: ...
     @property
     def refused(self) -> str | None: ...
     @property
@@ -312,28 +311,28 @@ def _groups(starts: np.ndarray, group_bytes: int) -> list[tuple[int, int]]:
     return [(a, b) for a, b in itertools.pairwise(cuts) if a < b]
 
 
-def fast_rows(raws: list[bytes], future_limit: dt.datetime) -> tuple[np.ndarray, dict[str, pa.Array]]:
-    """The lines proven valid events -> (their indices into raws, ascending; their event_id, user_id, event_time,
-    event_type and page columns). Every other line is left to the per-line path."""
-    n = len(raws)
+def fast_rows(lines: Lines, future_limit: dt.datetime) -> tuple[np.ndarray, dict[str, pa.Array]]:
+    """The lines proven valid events -> (their indices into lines, ascending; their event_id, user_id, event_time,
+    event_type and page columns). Every other line is left to the per-line path. Every line must be followed by its
+    newline (`Lines.concat` makes sure of it)."""
+    n = len(lines)
     empty = np.zeros(0, np.int64)
     if n == 0:
         return empty, {}
     max_line = fast_max_line()
-    lengths = np.fromiter(map(len, raws), np.int64, n)
-    offsets = np.zeros(n + 1, np.int64)
-    np.cumsum(lengths + 1, out=offsets[1:])
-    joined = bytearray(b"\n").join(itertools.chain(raws, [b""]))  # every line followed by its "\n"
+    starts, ends = lines.starts, lines.ends
+    lengths = ends - starts
+    offsets = np.append(starts, ends[-1] + 1)  # each value with its "\n": the lines are contiguous
+    joined = bytearray(lines.data)  # the copy the other lines are blanked in (lines.data stays as landed)
     data = np.frombuffer(joined, np.uint8)
-    starts, ends = offsets[:-1], offsets[:-1] + lengths
     last, before_last = data[np.maximum(ends - 1, 0)], data[np.maximum(ends - 2, 0)]
     shaped = (lengths >= 2) & (lengths <= max_line) & (data[starts] == ord("{"))
     shaped &= (last == ord("}")) | ((last == ord("\r")) & (before_last == ord("}")))
-    lines = pa.Array.from_buffers(pa.large_binary(), n, [None, pa.py_buffer(offsets), pa.py_buffer(joined)])
-    flagged = _match(lines, _FLAG) & shaped
+    values = pa.Array.from_buffers(pa.large_binary(), n, [None, pa.py_buffer(offsets), pa.py_buffer(joined)])
+    flagged = _match(values, _FLAG) & shaped
     ok = shaped & ~flagged
     for k in np.flatnonzero(flagged).tolist():
-        ok[k] = eligible(raws[k], max_line)
+        ok[k] = eligible(lines.line(k), max_line)
     chosen = np.flatnonzero(ok)
     if len(chosen) == 0:
         return empty, {}
@@ -394,15 +393,14 @@ def row_columns(sources: Sequence[LineSource], future_limit: dt.datetime,
     the caller's."""
     names = [source.name for source in sources]
     counts = [len(source.lines) for source in sources]
-    raws = list(itertools.chain.from_iterable(map(itemgetter(1), source.lines) for source in sources))
-    line_nos = np.fromiter(itertools.chain.from_iterable(map(itemgetter(0), source.lines) for source in sources),
-                           np.int64, len(raws))
+    lines = Lines.concat([source.lines for source in sources])
+    line_nos = lines.numbers
     line_source = np.repeat(np.arange(len(sources), dtype=np.int64), counts)
-    if len(raws) >= MIN_FAST_LINES:
-        fast, fast_columns = fast_rows(raws, future_limit)
+    if len(lines) >= MIN_FAST_LINES:
+        fast, fast_columns = fast_rows(lines, future_limit)
     else:
         fast, fast_columns = np.zeros(0, np.int64), {}
-    slow_mask = np.ones(len(raws), bool)
+    slow_mask = np.ones(len(lines), bool)
     slow_mask[fast] = False
     # The per-line path for everything else; each source's refused row comes before its first line.
     slow: dict[str, list[Any]] = {name: [] for name in COLUMNS}
@@ -420,7 +418,7 @@ def row_columns(sources: Sequence[LineSource], future_limit: dt.datetime,
             slow_source.append(s)
     with paused_gc():
         for k in np.flatnonzero(slow_mask).tolist():
-            classified = classify(raws[k], future_limit)
+            classified = classify(lines.line(k), future_limit)
             if classified is None:  # blank lines carry nothing to keep (they keep their numbers)
                 continue
             fields_, reason, text = classified

@@ -47,6 +47,7 @@ from deltalake import DeltaTable
 
 from pipelines.config import SessionsConfig
 from pipelines.errors import ConfigError, SourceDataLost, SourceUnavailable
+from pipelines.ingest.lines import Lines
 from pipelines.ingest.table import (
     HISTORY_PAGE,
     Appender,
@@ -358,7 +359,8 @@ class _Reader:
     def flush(self) -> None:
         if not self.pending:
             return
-        sources = [RowSource(source_name(self.topic, p), lines) for p, lines in sorted(self.pending.items())]
+        sources = [RowSource(source_name(self.topic, p), Lines.from_pairs(lines))
+                   for p, lines in sorted(self.pending.items())]
         offsets = {"topic": self.topic, "next": {str(p): n for p, n in sorted(self.next.items())}}
         self.appender.append(sources, {OFFSETS_KEY: json.dumps(offsets, separators=(",", ":"))})
         self.partitions_read |= set(self.pending)

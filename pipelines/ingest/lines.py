@@ -1,10 +1,13 @@
-"""The rules for one landed line: what parses, what is rejected and why (pure: no I/O, no Spark, no Delta)."""
+"""The rules for one landed line: what parses, what is rejected and why; and `Lines`, a source's lines in one buffer
+(pure: no I/O, no Spark, no Delta)."""
 from __future__ import annotations
 
 import datetime as dt
 import json
-from collections.abc import Mapping
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from typing import Any
+
+import numpy as np
 
 MAX_LINE_BYTES = 1 << 20        # longer lines are quarantined (line_too_long) with a preview, not parsed
 RAW_PREVIEW_BYTES = 4096
@@ -109,14 +112,75 @@ def is_json_object(tail: bytes) -> bool:
         return False
 
 
-def split_lines(body: bytes, lines_before: int, open_before: bool) -> tuple[list[tuple[int, bytes]], int, bool]:
+class Lines:
+    """Complete lines in one buffer (a file's body, an object, a Kafka partition's messages): line k is
+    data[starts[k]:ends[k]] without its newline, numbered numbers[k]. Each line but possibly the last is followed by a
+    newline and the next line starts right after it, so the buffer is the lines as landed: the columnar path reads it
+    whole, and no per-line object exists unless a line is taken one at a time (`line`, iteration)."""
+
+    __slots__ = ("data", "ends", "numbers", "starts")
+
+    def __init__(self, data: bytes, starts: np.ndarray, ends: np.ndarray, numbers: np.ndarray):
+        self.data, self.starts, self.ends, self.numbers = data, starts, ends, numbers
+
+    @classmethod
+    def from_pairs(cls, pairs: Iterable[tuple[int, bytes]]) -> Lines:
+        """(line_no, bytes without the newline) pairs, e.g. Kafka messages (offset, value), joined with newlines."""
+        items = list(pairs)
+        lengths = np.fromiter((len(raw) for _, raw in items), np.int64, len(items))
+        starts = np.zeros(len(items), np.int64)
+        np.cumsum(lengths[:-1] + 1, out=starts[1:])
+        numbers = np.fromiter((no for no, _ in items), np.int64, len(items))
+        return cls(b"".join(raw + b"\n" for _, raw in items), starts, starts + lengths, numbers)
+
+    @classmethod
+    def concat(cls, parts: Sequence[Lines]) -> Lines:
+        """The parts' lines in one buffer, each followed by a newline (a part's unterminated last line gets one):
+        one copy, none when a single part already ends with its newline."""
+        parts = [part for part in parts if len(part)]
+        if len(parts) == 1 and parts[0].data.endswith(b"\n"):
+            return parts[0]
+        chunks: list[memoryview | bytes] = []
+        bases, base = [], 0
+        for part in parts:
+            first, end = int(part.starts[0]), int(part.ends[-1])
+            bases.append(base - first)
+            chunks += [memoryview(part.data)[first:end], b"\n"]
+            base += end - first + 1
+        if not parts:
+            return cls(b"", *(np.zeros(0, np.int64) for _ in range(3)))
+        return cls(b"".join(chunks), np.concatenate([p.starts + b for p, b in zip(parts, bases, strict=True)]),
+                   np.concatenate([p.ends + b for p, b in zip(parts, bases, strict=True)]),
+                   np.concatenate([p.numbers for p in parts]))
+
+    def __len__(self) -> int:
+        return len(self.starts)
+
+    def line(self, k: int) -> bytes:
+        return self.data[int(self.starts[k]):int(self.ends[k])]
+
+    def __iter__(self) -> Iterator[tuple[int, bytes]]:
+        """(line_no, bytes without the newline), one object per line: the per-line path's view."""
+        for k in range(len(self)):
+            yield int(self.numbers[k]), self.line(k)
+
+
+NEWLINE_SCAN_BYTES = 1 << 24    # the newline scan's chunk: a bool array this big, not one the size of the file
+
+
+def split_lines(body: bytes, lines_before: int, open_before: bool) -> tuple[Lines, int, bool]:
     """Complete lines of body numbered on from lines_before -> (lines, lines consumed, last line unterminated).
     After an unterminated line (taken as a whole JSON object) the newline that follows closes that same line."""
-    if not body:
-        return [], lines_before, open_before
-    segments = body.split(b"\n")
-    terminated = segments[-1] == b""
-    if terminated:
-        segments.pop()
+    view = np.frombuffer(body, np.uint8)
+    newlines = np.concatenate([np.zeros(0, np.int64)] + [
+        np.flatnonzero(view[at:at + NEWLINE_SCAN_BYTES] == ord("\n")) + at
+        for at in range(0, len(body), NEWLINE_SCAN_BYTES)])
+    terminated = not body or body.endswith(b"\n")
+    ends = newlines if terminated else np.append(newlines, len(body))
+    starts = np.zeros(len(ends), np.int64)
+    starts[1:] = ends[:-1] + 1
     first = lines_before if open_before else lines_before + 1
-    return [(first + k, s) for k, s in enumerate(segments)], first + len(segments) - 1, not terminated
+    if not body:
+        return Lines(body, starts, ends, starts.copy()), lines_before, open_before
+    return Lines(body, starts, ends, np.arange(first, first + len(ends), dtype=np.int64)), \
+        first + len(ends) - 1, not terminated

@@ -25,10 +25,11 @@ from deltalake import DeltaTable
 
 from pipelines.config import SessionsConfig
 from pipelines.ingest.landing import INGESTED_DIR, REFUSED_DIR, LandedFile, archive_day
-from pipelines.ingest.lines import is_json_object, split_lines
+from pipelines.ingest.lines import Lines, is_json_object, split_lines
 from pipelines.ingest.positions import HEAD_BYTES, FilePosition, Positions, digest, load_positions, save_positions
 from pipelines.ingest.table import Appender, Ingested, RowSource
 
+NO_LINES = Lines.from_pairs([])
 TAIL_WATCH_S = 3600             # a moved file is watched for appended lines this long after its last change
 
 
@@ -38,7 +39,7 @@ class FileRead:
     position: FilePosition            # after this read
     mtime_ns: int
     size: int
-    lines: list[tuple[int, bytes]]    # (line_no, bytes without the newline) of the complete lines read
+    lines: Lines                      # the complete lines read
     continued: bool                   # read on from a known position (not a file seen for the first time)
     archive: bool                     # in landing, read to the end, unchanged during the read: move it
     refused_raw: str | None = None    # what a refused entry is (for its quarantine row)
@@ -105,12 +106,12 @@ def _scan_landing(config: SessionsConfig, positions: Positions, now: float) -> l
             reason = "refused_symlink" if stat.S_ISLNK(info.st_mode) else "refused_special_file"
             if known is not None and known.refused == reason and known.name == entry.name:
                 # Reported by a commit already (a crash came before its move): only moved now.
-                reads.append(FileRead(replace(known, path=entry.name), info.st_mtime_ns, 0, [], True, archive=True))
+                reads.append(FileRead(replace(known, path=entry.name), info.st_mtime_ns, 0, NO_LINES, True, archive=True))
             else:
                 what = (f"symlink to {os.readlink(entry.path)}" if stat.S_ISLNK(info.st_mode)
                         else f"not a regular file (mode {stat.filemode(info.st_mode)})")
                 position = FilePosition(ino=info.st_ino, name=entry.name, path=entry.name, refused=reason)
-                reads.append(FileRead(position, info.st_mtime_ns, 0, [], False, archive=True, refused_raw=what))
+                reads.append(FileRead(position, info.st_mtime_ns, 0, NO_LINES, False, archive=True, refused_raw=what))
             continue
         read = read_file(landing, entry.name, known, now, config.ingest_settle_seconds)
         if read is not None:

@@ -20,7 +20,7 @@ from deltalake import CommitProperties, DeltaTable, write_deltalake
 
 from pipelines.config import SessionsConfig
 from pipelines.ingest import columnar
-from pipelines.ingest.lines import classify_line
+from pipelines.ingest.lines import Lines, classify_line
 from pipelines.results import Result
 from pipelines.storage import is_s3, storage_options
 
@@ -118,7 +118,7 @@ def latest_clock(table: DeltaTable | None, history: list[dict[str, Any]] | None 
 class RowSource:
     """What becomes raw_events rows from one landed file: its complete lines, or one row for a refused file."""
     name: str
-    lines: list[tuple[int, bytes]]    # (line_no, bytes without the newline)
+    lines: Lines
     refused: str | None = None
     refused_raw: str | None = None
 
