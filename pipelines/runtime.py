@@ -75,9 +75,28 @@ def spark_conf(config: SessionsConfig, class_archive_dump: Path | None = None) -
         # Spark's log to a file (pipelines/log4j2.properties): the terminal gets sessionctl's one line.
         "spark.driver.extraJavaOptions": java_options(config, class_archive_dump),
         **cluster_conf(config.spark_master),
-        # The JVM operator (the default; SESSIONS_OPERATOR); on a cluster Spark ships the jar to executors.
-        **({"spark.jars": str(JVM_JAR)} if JVM_JAR.exists() else {}),
+        **jvm_jar_conf(config.spark_master),
     }
+
+
+def jvm_jar_conf(master: str) -> dict[str, str]:
+    """The JVM operator's jar (the default operator; SESSIONS_OPERATOR) on the driver's class path from its start --
+    in local mode the executors are the driver, and the local file system below must be loadable before Spark reads
+    any path --; on a cluster Spark also ships it to the executors (spark.jars)."""
+    if not JVM_JAR.exists():
+        return {}
+    if master.startswith("local"):
+        return {"spark.driver.extraClassPath": str(JVM_JAR), **LOCAL_FS_NO_FORK}
+    return {"spark.driver.extraClassPath": str(JVM_JAR), "spark.jars": str(JVM_JAR)}
+
+
+# file:// paths through Hadoop's local file system minus its child processes (jvm/src/sessions/
+# LocalFileSystemNoFork.java: without Hadoop's native library every chmod and link-status read forks a process).
+# Local masters only: executors of a cluster would load it from the shipped jar, which no test here can vouch for.
+LOCAL_FS_NO_FORK = {
+    "spark.hadoop.fs.file.impl": "sessions.LocalFileSystemNoFork$Checked",
+    "spark.hadoop.fs.AbstractFileSystem.file.impl": "sessions.LocalFileSystemNoFork$CheckedFs",
+}
 
 
 JVM_STDERR_LOG = "jvm-stderr.log"  # what the JVM and the Python processes it starts write to their stderr

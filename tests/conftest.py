@@ -361,6 +361,7 @@ TEST_TIERS: dict[str, str | tuple[str, dict[str, str]]] = {
     "test_cluster.py": "e2e",
     "test_changelog.py": "spark",
     "test_class_archive.py": "subprocess",
+    "test_local_fs.py": "spark",
     "test_compact_while_running.py": "subprocess",
     "test_config.py": ("pure", {"test_cli_reports_a_bad_setting_in_one_line": "subprocess"}),
     "test_core.py": "pure",
