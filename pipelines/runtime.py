@@ -85,7 +85,7 @@ def jvm_jar_conf(master: str) -> dict[str, str]:
     any path --; on a cluster Spark also ships it to the executors (spark.jars)."""
     if not JVM_JAR.exists():
         return {}
-    if master.startswith("local"):
+    if master == "local" or master.startswith("local["):  # not local-cluster[...]: its executors are other JVMs
         return {"spark.driver.extraClassPath": str(JVM_JAR), **LOCAL_FS_NO_FORK}
     return {"spark.driver.extraClassPath": str(JVM_JAR), "spark.jars": str(JVM_JAR)}
 

@@ -32,6 +32,21 @@ def test_settings_reach_spark_and_operations(tmp_path):
     assert defaults.savepoint_uri == str(tmp_path.resolve() / "savepoints")
 
 
+@pytest.mark.parametrize("master,in_process", [("local", True), ("local[2]", True), ("local[*]", True),
+                                               ("local-cluster[2,1,1024]", False), ("spark://127.0.0.1:7077", False)])
+def test_the_jvm_jar_and_the_no_fork_file_system_by_master(tmp_path, master, in_process):
+    """In-process executors (local, local[n]) find the operator on the driver's class path and get the local file
+    system without forks (tests/test_local_fs.py); executors in other JVMs (local-cluster, a cluster) get the jar
+    shipped and Hadoop's own file system."""
+    from pipelines.runtime import JVM_JAR, LOCAL_FS_NO_FORK
+
+    assert JVM_JAR.exists(), "make setup builds it"
+    conf = spark_conf(SessionsConfig.from_env({"SESSIONS_HOME": str(tmp_path), "SESSIONS_SPARK_MASTER": master}))
+    assert conf["spark.driver.extraClassPath"] == str(JVM_JAR)
+    assert ("spark.jars" in conf) is not in_process
+    assert all((conf.get(key) == value) is in_process for key, value in LOCAL_FS_NO_FORK.items())
+
+
 @pytest.mark.parametrize("name,value,says", [
     ("SESSIONS_STATE_STORE", "memory", "expected one of rocksdb, hdfs"),
     ("SESSIONS_STATE_PARTITIONS", "0", "must be >= 1"),
