@@ -138,8 +138,10 @@ class Lines:
         """The parts' lines in one buffer, each followed by a newline (a part's unterminated last line gets one):
         one copy, none when a single part already ends with its newline."""
         parts = [part for part in parts if len(part)]
-        if len(parts) == 1 and parts[0].data.endswith(b"\n"):
-            return parts[0]
+        if not parts:
+            return cls(b"", *(np.zeros(0, np.int64) for _ in range(3)))
+        if len(parts) == 1 and parts[0].starts[0] == 0 and len(parts[0].data) == parts[0].ends[-1] + 1:
+            return parts[0]  # the whole buffer is the lines, the last one with its newline
         chunks: list[memoryview | bytes] = []
         bases, base = [], 0
         for part in parts:
@@ -147,8 +149,6 @@ class Lines:
             bases.append(base - first)
             chunks += [memoryview(part.data)[first:end], b"\n"]
             base += end - first + 1
-        if not parts:
-            return cls(b"", *(np.zeros(0, np.int64) for _ in range(3)))
         return cls(b"".join(chunks), np.concatenate([p.starts + b for p, b in zip(parts, bases, strict=True)]),
                    np.concatenate([p.ends + b for p, b in zip(parts, bases, strict=True)]),
                    np.concatenate([p.numbers for p in parts]))
@@ -171,16 +171,16 @@ NEWLINE_SCAN_BYTES = 1 << 24    # the newline scan's chunk: a bool array this bi
 def split_lines(body: bytes, lines_before: int, open_before: bool) -> tuple[Lines, int, bool]:
     """Complete lines of body numbered on from lines_before -> (lines, lines consumed, last line unterminated).
     After an unterminated line (taken as a whole JSON object) the newline that follows closes that same line."""
+    if not body:
+        return Lines(body, *(np.zeros(0, np.int64) for _ in range(3))), lines_before, open_before
     view = np.frombuffer(body, np.uint8)
     newlines = np.concatenate([np.zeros(0, np.int64)] + [
         np.flatnonzero(view[at:at + NEWLINE_SCAN_BYTES] == ord("\n")) + at
         for at in range(0, len(body), NEWLINE_SCAN_BYTES)])
-    terminated = not body or body.endswith(b"\n")
+    terminated = body.endswith(b"\n")
     ends = newlines if terminated else np.append(newlines, len(body))
     starts = np.zeros(len(ends), np.int64)
     starts[1:] = ends[:-1] + 1
     first = lines_before if open_before else lines_before + 1
-    if not body:
-        return Lines(body, starts, ends, starts.copy()), lines_before, open_before
     return Lines(body, starts, ends, np.arange(first, first + len(ends), dtype=np.int64)), \
         first + len(ends) - 1, not terminated
