@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import datetime as dt
+import itertools
 import json
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from typing import Any
@@ -131,7 +132,8 @@ class Lines:
         starts = np.zeros(len(items), np.int64)
         np.cumsum(lengths[:-1] + 1, out=starts[1:])
         numbers = np.fromiter((no for no, _ in items), np.int64, len(items))
-        return cls(b"".join(raw + b"\n" for _, raw in items), starts, starts + lengths, numbers)
+        data = b"".join(itertools.chain.from_iterable((raw, b"\n") for _, raw in items))  # one copy of each value
+        return cls(data, starts, starts + lengths, numbers)
 
     @classmethod
     def concat(cls, parts: Sequence[Lines]) -> Lines:
