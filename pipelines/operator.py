@@ -126,8 +126,11 @@ def sessionize(events: DataFrame, gap_ms: int, lateness_ms: int, buckets: int, l
     # The marker must reach EventTimeWatermark (it carries the savepoint's watermark when no open row does) and
     # stop there. This filter names event_time so that it stays above the watermark node, not pushed below it.
     with_watermark = with_watermark.where((F.col("origin") != "marker") | F.col("event_time").isNull())
+    jvm_operator = layout == JVM_STATE_LAYOUT
     keyed = with_watermark.select(
-        bucket_column(buckets).alias("bucket"),
+        # The Python operator groups by bucket; the JVM one by (xxhash64(user_id), user_id) and reads its columns by
+        # name, so it is not given a column it would only carry through the shuffle (8 bytes and a hash per event).
+        *([] if jvm_operator else [bucket_column(buckets).alias("bucket")]),
         "user_id", "event_id",
         F.unix_millis("event_time").alias("event_time_ms"),
         # The operator needs a column marked with the watermark (else no event-time timers and no
@@ -140,7 +143,7 @@ def sessionize(events: DataFrame, gap_ms: int, lateness_ms: int, buckets: int, l
         F.unix_millis("session_start").alias("session_start_ms"), "event_count", "page_views",
         F.when(F.col("origin") == "state", F.lit(FROM_STATE)).otherwise(F.lit(0)).alias("from_state"),
     )
-    if layout == JVM_STATE_LAYOUT:
+    if jvm_operator:
         if not JVM_JAR.exists():
             raise ConfigError(f"the JVM operator (SESSIONS_OPERATOR=jvm) needs {JVM_JAR}: run `make setup` to build it")
         jvm = keyed.sparkSession._jvm
