@@ -164,8 +164,24 @@ def stop_spark(spark: SparkSession | None = None) -> None:
         jvm: Any = spark.sparkContext._jvm
         store = jvm.java.lang.Class.forName("org.apache.spark.sql.execution.streaming.state.StateStore$")
         store.getField("MODULE$").get(None).stop()
+    server = None
     with suppress(Exception):
+        server = _take_accumulator_server(spark)
         spark.stop()
+    if server is not None:
+        threading.Thread(target=server.shutdown, name="accumulator-server-shutdown", daemon=True).start()
+
+
+def _take_accumulator_server(spark: SparkSession) -> Any:
+    """PySpark's context stop shuts its accumulator server down with socketserver's `shutdown()`, which waits for
+    `serve_forever`'s next poll (every 0.5 s): 0.28-0.46 s of every sessionctl exit, measured, after 0.11-0.14 s for
+    stopping the JVM's context. Taken from the context before `spark.stop()`, the server is shut down in a daemon
+    thread after it: an exiting process does not wait for it; one that goes on has it closed within the poll."""
+    context: Any = spark.sparkContext
+    server = getattr(context, "_accumulatorServer", None)  # pyspark 4.2's attribute; None: nothing to take
+    if server is not None:
+        context._accumulatorServer = None
+    return server
 
 
 # ---- failures ------------------------------------------------------------------------------------

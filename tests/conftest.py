@@ -407,6 +407,7 @@ TEST_TIERS: dict[str, str | tuple[str, dict[str, str]]] = {
     "test_source_reads.py": "pure",
     "test_state_migration.py": ("spark", {"test_checkpoint_of_the_json_layout_is_refused_with_the_way_out": "pure"}),
     "test_storage.py": "e2e",
+    "test_stop_spark.py": "subprocess",
     "test_stream_vs_oracle.py": ("spark", {"test_live_state_lookup_equals_the_oracle[rocksdb]": "subprocess"}),
 }
 # Fixtures that set a tier's floor: a test using one is at least that tier, whatever the table says (a test added
