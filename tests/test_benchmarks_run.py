@@ -29,11 +29,15 @@ def test_throughput_benchmark_measures_both_queries_on_the_same_batches(tmp_path
 
 
 def test_state_scaling_benchmark_holds_every_open_user_in_both_operators(tmp_path):
-    _run("state_scaling.py", tmp_path)
+    _run("state_scaling.py", tmp_path, "--repeats", "2")
     results = json.loads((tmp_path / "state_scaling_quick.json").read_text())
     active = results["settings"]["active"]
     assert [run["sleepers"] for run in results["runs"]] == results["settings"]["users"]
     for run in results["runs"]:
+        # two job/native pairs, the second in the other order; the tables' figures are one of the measured repeats
+        assert [pair["order"] for pair in run["repeats"]] == [["job", "native"], ["native", "job"]]
+        for which in ("job", "native"):
+            assert run[which] in [pair[which] for pair in run["repeats"]]
         # every sleeper and every active user has one open session at the end (+1: the benchmark's clock user),
         # and native's session windows count the same sessions
         open_users = run["sleepers"] + active + 1
