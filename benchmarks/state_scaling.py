@@ -288,6 +288,8 @@ def parse_args(argv=None):
         if getattr(args, key) is None:
             setattr(args, key, value)
     args.providers = throughput.parse_providers(parser, args.provider)
+    if args.repeats < 1:
+        parser.error("--repeats must be at least 1")
     return args
 
 
