@@ -29,7 +29,8 @@ def test_throughput_benchmark_measures_both_queries_on_the_same_batches(tmp_path
 
 
 def test_state_scaling_benchmark_holds_every_open_user_in_both_operators(tmp_path):
-    _run("state_scaling.py", tmp_path, "--repeats", "2")
+    # one N with two pairs (the quick form's two Ns with one pair each cost the same)
+    _run("state_scaling.py", tmp_path, "--repeats", "2", "--users", "2000")
     results = json.loads((tmp_path / "state_scaling_quick.json").read_text())
     active = results["settings"]["active"]
     assert [run["sleepers"] for run in results["runs"]] == results["settings"]["users"]
