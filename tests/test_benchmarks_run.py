@@ -39,8 +39,9 @@ def test_state_scaling_benchmark_holds_every_open_user_in_both_operators(tmp_pat
         assert [pair["order"] for pair in run["repeats"]] == [["job", "native"], ["native", "job"]]
         for which in ("job", "native"):
             assert run[which] in [pair[which] for pair in run["repeats"]]
-        # every sleeper and every active user has one open session at the end (+1: the benchmark's clock user),
-        # and native's session windows count the same sessions
+        # in every pair, every sleeper and every active user has one open session at the end (+1: the benchmark's
+        # clock user), and native's session windows count the same sessions
         open_users = run["sleepers"] + active + 1
-        assert run["job"]["state"]["open_users"] == run["job"]["state"]["open_sessions"] == open_users
-        assert run["native"]["state_rows_total_at_end"] == open_users
+        for pair in run["repeats"]:
+            assert pair["job"]["state"]["open_users"] == pair["job"]["state"]["open_sessions"] == open_users
+            assert pair["native"]["state_rows_total_at_end"] == open_users
