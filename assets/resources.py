@@ -4,12 +4,11 @@ from __future__ import annotations
 import os
 import sys
 from collections.abc import Callable
-from dataclasses import fields
-from typing import TYPE_CHECKING, Any, TypeVar
+from typing import Any, TypeVar
 
 from dagster import ConfigurableResource, Failure, MetadataValue
 from dagster_pyspark import PySparkResource
-from pydantic import create_model
+from pydantic import Field
 
 from pipelines.config import SessionsConfig, env_name
 from pipelines.errors import NextStepError, SessionsError
@@ -18,22 +17,107 @@ from pipelines.runtime import spark_conf
 T = TypeVar("T")
 
 
-def _settings() -> dict[str, Any]:
-    """One optional field per SessionsConfig field, of its setting's kind (`home`, a path, as a string)."""
-    return {setting.name: (setting.metadata.get("kind", str) | None, None) for setting in fields(SessionsConfig)}
+# Unparametrised, as Dagster's own resources subclass it (the parameter is the resource value: the resource itself).
+class SessionsResource(ConfigurableResource):  # type: ignore[type-arg]
+    """Every setting of pipelines.config.SessionsConfig, as an optional field of the same name and kind, in the same
+    order (tests/test_config.py keeps the two in step). A field left unset (None) comes from its SESSIONS_<NAME>
+    environment variable, and from SessionsConfig's default when that is unset too (README.md, "Configuration"); set
+    one in the launchpad, or with dagster.EnvVar in the Definitions. SessionsConfig alone validates the values."""
 
-
-if TYPE_CHECKING:
-    _Settings = ConfigurableResource[Any]
-else:
-    # Derived, not copied: a setting added to SessionsConfig is a field here too (launchpad, EnvVar) at once.
-    _Settings = create_model("SessionsSettings", __base__=ConfigurableResource, **_settings())
-
-
-class SessionsResource(_Settings):
-    """Every setting of SessionsConfig, as an optional field of the same name (derived from its fields). A field
-    left unset comes from its SESSIONS_<NAME> environment variable (README.md, "Configuration"); set one in the
-    launchpad, or with dagster.EnvVar in the Definitions."""
+    home: str | None = Field(default=None, description="SESSIONS_HOME: the data root (default: the repo's .data)")
+    state_store: str | None = Field(default=None, description="SESSIONS_STATE_STORE: rocksdb (default) or hdfs")
+    state_partitions: int | None = Field(
+        default=None, description="SESSIONS_STATE_PARTITIONS: state store partitions of a new checkpoint (default 4)")
+    gap_minutes: int | None = Field(
+        default=None, description="SESSIONS_GAP_MINUTES: inactivity that ends a session (default 30)")
+    lateness_minutes: int | None = Field(
+        default=None, description="SESSIONS_LATENESS_MINUTES: how far behind the newest event the watermark trails "
+                                  "(default 10)")
+    savepoint_uri: str | None = Field(
+        default=None, description="SESSIONS_SAVEPOINT_URI: a path or s3://bucket/prefix (default: "
+                                  "$SESSIONS_HOME/savepoints)")
+    warehouse_uri: str | None = Field(
+        default=None, description="SESSIONS_WAREHOUSE_URI: where the Delta tables live, a path or s3://bucket/prefix "
+                                  "(default: $SESSIONS_HOME/warehouse)")
+    landing_uri: str | None = Field(
+        default=None, description="SESSIONS_LANDING_URI: where event files land, a path or s3://bucket/prefix "
+                                  "(default: $SESSIONS_HOME/landing)")
+    checkpoint_uri: str | None = Field(
+        default=None, description="SESSIONS_CHECKPOINT_URI: the Spark checkpoint's parent, a path every host shares "
+                                  "(default: $SESSIONS_HOME/checkpoints)")
+    lease_ttl_s: float | None = Field(
+        default=None, description="SESSIONS_LEASE_TTL_S: a lease not renewed for this long may be taken over "
+                                  "(default 60, at most one day)")
+    lease_uri: str | None = Field(
+        default=None, description="SESSIONS_LEASE_URI: where leases and stop requests live, a shared path or "
+                                  "s3://bucket/prefix (default: _leases beside the checkpoint)")
+    lease_wait_s: float | None = Field(
+        default=None, description="SESSIONS_LEASE_WAIT_S: the longest ingest waits for the ingest lease (default 300)")
+    state_buckets: int | None = Field(
+        default=None, description="SESSIONS_STATE_BUCKETS: recorded in a new checkpoint's metadata (default 64)")
+    operator: str | None = Field(
+        default=None, description="SESSIONS_OPERATOR: the stateful operator, jvm (the only one; default unset: jvm)")
+    max_versions_per_batch: int | None = Field(
+        default=None, description="SESSIONS_MAX_VERSIONS_PER_BATCH: raw_events commits per micro-batch at most "
+                                  "(default: all available)")
+    spark_master: str | None = Field(default=None, description="SESSIONS_SPARK_MASTER: Spark's master "
+                                                               "(default local[2])")
+    spark_driver_memory: str | None = Field(
+        default=None, description="SESSIONS_SPARK_DRIVER_MEMORY: the Spark driver's memory (default 4g)")
+    spark_ui: bool | None = Field(default=None, description="SESSIONS_SPARK_UI: Spark's web UI on (default false)")
+    rocksdb_changelog: bool | None = Field(
+        default=None, description="SESSIONS_ROCKSDB_CHANGELOG: RocksDB changelog checkpointing (default true)")
+    min_batches_to_retain: int | None = Field(
+        default=None, description="SESSIONS_MIN_BATCHES_TO_RETAIN: checkpoint versions Spark keeps; a savepoint beside "
+                                  "the stream must finish within this many batches (default 20)")
+    stop_timeout_s: float | None = Field(
+        default=None, description="SESSIONS_STOP_TIMEOUT_S: how long stopping the query may take (default 180)")
+    state_max_age_minutes: float | None = Field(
+        default=None, description="SESSIONS_STATE_MAX_AGE_MINUTES: the state_is_fresh check's limit (default 60)")
+    savepoint_max_age_hours: float | None = Field(
+        default=None, description="SESSIONS_SAVEPOINT_MAX_AGE_HOURS: the maintenance sensor asks for a savepoint when "
+                                  "the newest is older (default 6)")
+    compact_files: int | None = Field(
+        default=None, description="SESSIONS_COMPACT_FILES: a table with more data files is due for compaction "
+                                  "(default 200)")
+    state_files: int | None = Field(
+        default=None, description="SESSIONS_STATE_FILES: a checkpoint with more state files is due for compaction "
+                                  "(default 2000)")
+    auto_restore: bool | None = Field(
+        default=None, description="SESSIONS_AUTO_RESTORE: the stream failure sensor starts the restore runbook "
+                                  "(default false)")
+    observe_state_minutes: float | None = Field(
+        default=None, description="SESSIONS_OBSERVE_STATE_MINUTES: at most one Spark pass over the state per this "
+                                  "(default 5)")
+    keep_savepoints: int | None = Field(
+        default=None, description="SESSIONS_KEEP_SAVEPOINTS: newest complete savepoints compaction keeps (default 5)")
+    keep_daily_days: int | None = Field(
+        default=None, description="SESSIONS_KEEP_DAILY_DAYS: plus the newest savepoint of each of these days "
+                                  "(default 7)")
+    vacuum_retention_hours: int | None = Field(
+        default=None, description="SESSIONS_VACUUM_RETENTION_HOURS: Delta VACUUM horizon of the tables (default 168)")
+    max_future_minutes: int | None = Field(
+        default=None, description="SESSIONS_MAX_FUTURE_MINUTES: an event this far ahead of its ingest time is "
+                                  "quarantined (default 60)")
+    ingest_settle_seconds: int | None = Field(
+        default=None, description="SESSIONS_INGEST_SETTLE_SECONDS: a landed file's unfinished last line counts once "
+                                  "the file has not changed for this long (default 60)")
+    s3_max_retries: int | None = Field(default=None, description="SESSIONS_S3_MAX_RETRIES: S3 retries (default 3)")
+    s3_retry_timeout: str | None = Field(
+        default=None, description="SESSIONS_S3_RETRY_TIMEOUT: S3 retries give up after this (default 15s)")
+    s3_timeout: str | None = Field(default=None, description="SESSIONS_S3_TIMEOUT: one S3 request (default 30s)")
+    kafka_bootstrap: str | None = Field(
+        default=None, description="SESSIONS_KAFKA_BOOTSTRAP: host:port,... to ingest from Kafka (with "
+                                  "kafka_topic; default unset: landing files)")
+    kafka_topic: str | None = Field(default=None, description="SESSIONS_KAFKA_TOPIC: the topic (with kafka_bootstrap)")
+    kafka_conf: str | None = Field(
+        default=None, description="SESSIONS_KAFKA_CONF: librdkafka consumer settings, JSON or key=value,... (may hold "
+                                  "credentials: set it with dagster.EnvVar)")
+    kafka_commit_messages: int | None = Field(
+        default=None, description="SESSIONS_KAFKA_COMMIT_MESSAGES: messages per ingest commit at most (default 100000)")
+    idle_close_minutes: float | None = Field(
+        default=None, description="SESSIONS_IDLE_CLOSE_MINUTES: wall-clock minutes without an event before ingest "
+                                  "appends a clock row; 0 turns it off (default: the lateness, the gap when that is 0)")
 
     def config(self) -> SessionsConfig:
         """The environment, overridden by the fields set here; validated by SessionsConfig alone."""

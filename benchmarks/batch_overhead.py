@@ -64,7 +64,8 @@ def run_variant(spark, variant: str, work: Path, args: argparse.Namespace) -> di
     config = _config(Path(tempfile.mkdtemp(dir=work)), variant)
     _land(config, args.batches, args.events)
     ensure_tables(config)
-    query, _ = start_query(spark, config, checkpoint_metadata(config), {"availableNow": True})
+    meta, operator = checkpoint_metadata(config)
+    query, _ = start_query(spark, config, meta, operator, {"availableNow": True})
     query.awaitTermination()
     if query.exception():
         raise RuntimeError(f"{variant}: {query.exception()}")

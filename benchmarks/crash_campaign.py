@@ -1,4 +1,4 @@
-"""A seeded crash campaign (the campaign itself: tests/campaign.py): `sessionctl` commands SIGKILLed at random
+"""A seeded crash campaign (the campaign itself: testkit/campaign.py): `sessionctl` commands SIGKILLed at random
 moments -- on the stopped job and beside a running stream (online savepoints, stop --savepoint) -- then the operator's
 recovery and a final catch-up, compared with the oracle: lost and duplicated sessions must be 0.
 
@@ -20,7 +20,7 @@ REPO = HERE.parent
 if str(REPO) not in sys.path:
     sys.path.insert(0, str(REPO))
 
-from tests.campaign import run_campaign  # noqa: E402
+from testkit.campaign import run_campaign  # noqa: E402
 
 
 def main() -> None:

@@ -4,13 +4,12 @@ One run generates ONE gap-only clickstream file (pipelines.sample_data: no logou
 duplicate event_ids, disorder of at most 2 minutes against a lateness of 10, so that no event is late anywhere)
 plus one sentinel event, and then runs each engine in a fresh directory, one at a time, over the same file:
 
-  sessionctl-rocksdb / -hdfs   the product with its Python operator (SESSIONS_OPERATOR=python):
-                               `.venv/bin/sessionctl catch-up` (ingest into raw_events, then the availableNow
-                               stream) with SESSIONS_HOME a fresh directory and the file copied into its landing/
-                               beforehand; SESSIONS_STATE_STORE = rocksdb / hdfs. Sessions = rows of the `sessions`
-                               Delta table (read with deltalake).
-  sessionctl-jvm-rocksdb / -hdfs  the same with SESSIONS_OPERATOR=jvm (the JVM operator, the default): the ratios
-                               are to sessionctl-jvm-rocksdb when it ran.
+  sessionctl-jvm-rocksdb / -hdfs  the product: `.venv/bin/sessionctl catch-up` (ingest into raw_events, then the
+                               availableNow stream, the JVM operator) with SESSIONS_HOME a fresh directory and the
+                               file copied into its landing/ beforehand; SESSIONS_STATE_STORE = rocksdb / hdfs.
+                               Sessions = rows of the `sessions` Delta table (read with deltalake). The ratios are
+                               to sessionctl-jvm-rocksdb when it ran. (The names keep "jvm" so that results files of
+                               the retired Python operator's `sessionctl-rocksdb` runs stay apart.)
   spark-rocksdb / -hdfs        native Spark (benchmarks/peers/spark_sessions.py, its own JVM): Spark's JSON file
                                source, withWatermark + groupBy(session_window, user_id), append, parquet sink,
                                availableNow, local[2], shuffle partitions 4, same provider.
@@ -65,7 +64,7 @@ FLINK_PYTHON = PEERS / ".venv-flink" / "bin" / "python"
 SESSIONCTL = REPO / ".venv" / "bin" / "sessionctl"
 SENTINEL_USER = "zz-end-sentinel"
 EVENTS_PER_SESSION = 6.5 + 0.3  # generate_events: 1..12 events per session, +1 logout 30% of the time
-ENGINES = ("sessionctl-rocksdb", "sessionctl-hdfs", "sessionctl-jvm-rocksdb", "sessionctl-jvm-hdfs",
+ENGINES = ("sessionctl-jvm-rocksdb", "sessionctl-jvm-hdfs",
            "spark-rocksdb", "spark-hdfs", "flink-rocksdb", "flink-hashmap")
 FULL = {"events": 2_000_000, "users": 50_000, "repetitions": 3}
 QUICK = {"events": 200_000, "users": 5_000, "repetitions": 1}
@@ -308,12 +307,12 @@ def _mtimes(directory: Path) -> dict[int, float]:
 
 
 def run_sessionctl(variant: str, data: Path, run_dir: Path, args: argparse.Namespace) -> dict[str, Any]:
-    """variant: the provider, or jvm-<provider> for the JVM operator (SESSIONS_OPERATOR=jvm)."""
-    operator, _, provider = variant.rpartition("-")
+    """variant: jvm-<provider>."""
+    _, _, provider = variant.rpartition("-")
     home = run_dir / "home"
     (home / "landing").mkdir(parents=True)
     shutil.copy(data, home / "landing" / data.name)  # before the clock starts: the others read it in place
-    env = clean_env(SESSIONS_HOME=str(home), SESSIONS_STATE_STORE=provider, SESSIONS_OPERATOR=operator or "python",
+    env = clean_env(SESSIONS_HOME=str(home), SESSIONS_STATE_STORE=provider,
                     SESSIONS_GAP_MINUTES=str(args.gap_minutes), SESSIONS_LATENESS_MINUTES=str(args.lateness_minutes))
     result = run_process([str(SESSIONCTL), "catch-up"], env, run_dir, args.timeout)
     result["summary"] = result.pop("output")
@@ -501,8 +500,6 @@ def check(engine: str, rep: int, result: dict[str, Any], expected: dict[str, int
 
 
 LABELS = {
-    "sessionctl-rocksdb": ("sessionctl catch-up, Python operator", "rocksdb"),
-    "sessionctl-hdfs": ("sessionctl catch-up, Python operator", "hdfs"),
     "sessionctl-jvm-rocksdb": ("sessionctl catch-up, JVM operator (the default)", "rocksdb"),
     "sessionctl-jvm-hdfs": ("sessionctl catch-up, JVM operator (the default)", "hdfs"),
     "spark-rocksdb": ("native Spark session_window", "rocksdb"),

@@ -3,7 +3,7 @@
 Per round and variant: a fresh SESSIONS_HOME, then `pipelines.ingest.ingest` timed alone (read the source, apply the
 line rules, append raw_events; Kafka also records offsets in the commits and commits the consumer group; files also
 archive). The events are produced / landed once, before the rounds. The broker is librdkafka's in-process mock
-cluster (driven through its C API by tests/kafka_mock.py, for a topic of --partitions partitions: the mock
+cluster (driven through its C API by testkit/kafka_mock.py, for a topic of --partitions partitions: the mock
 keeps about 5 MB per partition and deletes older messages, like retention): it runs in this process's threads and
 shares the 2 cores with the ingest; it is not Apache Kafka (no disk, no replication, loopback only). Prints one JSON
 object with both figures and the machine's load average before and after.
@@ -33,7 +33,7 @@ from confluent_kafka import Producer  # noqa: E402
 from pipelines.config import SessionsConfig  # noqa: E402
 from pipelines.ingest import ingest  # noqa: E402
 from pipelines.sample_data import arrival_order, generate_events  # noqa: E402
-from tests.kafka_mock import MockCluster  # noqa: E402  (librdkafka's mock C API through ctypes)
+from testkit.kafka_mock import MockCluster  # noqa: E402  (librdkafka's mock C API through ctypes)
 
 TOPIC = "bench-clicks"
 

@@ -2,8 +2,9 @@
 
 For each size N (open users in state): land N users x 2 recent events, catch up (state = N users, 2N
 events), then measure in one run:
-  savepoint      state_store.lifecycle.take_savepoint (read state via Spark's state source, write Delta,
-                 re-read and verify) -> rows/s, MB/s
+  savepoint      state_store.lifecycle.take_savepoint (the executors read the state, write the Delta table's files
+                 and re-read them to verify; the driver commits their metadata) -> rows/s, MB/s, and the peak
+                 resident memory of the driver's Python process and of the JVM during it (PeakRss)
   parquet        pyarrow.parquet.write_table of the same canonical rows (the floor for writing them)
   delta write    SavepointStore.write_state alone (delta-rs) of the same rows, for the write share
   state read     Spark's state data source -> canonical Arrow rows alone, for the read share
@@ -14,6 +15,7 @@ events), then measure in one run:
                  (offsets/N -> commits/N file times) during it vs without it, in the same run
 Results: benchmarks/results/lifecycle.json and lifecycle.md. Usage:
   .venv/bin/python benchmarks/lifecycle.py [--sizes 10000,100000] [--provider rocksdb|hdfs|both] [--large]
+                                           [--savepoint-only]
 """
 from __future__ import annotations
 
@@ -27,6 +29,7 @@ import statistics
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from pathlib import Path
 
@@ -41,6 +44,67 @@ from pipelines.sample_data import land  # noqa: E402
 from pipelines.stream import catch_up  # noqa: E402
 from state_store import savepoints as sp  # noqa: E402
 from state_store.lifecycle import live_state, rescale, restore, take_savepoint  # noqa: E402
+
+
+def _status_kib(pid: int, field: str) -> int | None:
+    try:
+        for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+            if line.startswith(field + ":"):
+                return int(line.split()[1])
+    except OSError:
+        return None
+    return None
+
+
+class PeakRss:
+    """Peak resident memory (MiB) of processes while the block runs. Each process's VmHWM is reset at the start
+    (`5` into /proc/PID/clear_refs) and read at the end; VmRSS is also polled every 50 ms (the only measure where the
+    reset is refused). Also each process's RSS when the block started."""
+
+    def __init__(self, pids: dict[str, int], every_s: float = 0.05) -> None:
+        self.pids, self.every_s = {k: v for k, v in pids.items() if v}, every_s
+        self.peak_kib: dict[str, int] = {}
+        self.start_kib: dict[str, int] = {}
+        self.reset: dict[str, bool] = {}
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._poll, daemon=True)
+
+    def _poll(self) -> None:
+        while not self._stop.is_set():
+            for name, pid in self.pids.items():
+                self.peak_kib[name] = max(self.peak_kib.get(name, 0), _status_kib(pid, "VmRSS") or 0)
+            self._stop.wait(self.every_s)
+
+    def __enter__(self) -> PeakRss:
+        for name, pid in self.pids.items():
+            self.start_kib[name] = _status_kib(pid, "VmRSS") or 0
+            try:
+                Path(f"/proc/{pid}/clear_refs").write_text("5")
+                self.reset[name] = True
+            except OSError:
+                self.reset[name] = False
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self._stop.set()
+        self._thread.join()
+        for name, pid in self.pids.items():
+            if self.reset[name]:
+                self.peak_kib[name] = max(self.peak_kib.get(name, 0), _status_kib(pid, "VmHWM") or 0)
+
+    def figures(self, prefix: str) -> dict:
+        out = {}
+        for name in self.pids:
+            out[f"{prefix}_{name}_peak_mib"] = round(self.peak_kib.get(name, 0) / 1024, 1)
+            out[f"{prefix}_{name}_start_mib"] = round(self.start_kib.get(name, 0) / 1024, 1)
+        return out
+
+
+def process_ids(spark) -> dict[str, int]:
+    """This (the driver's Python) process, and the JVM pyspark started for it (local mode: the executors too)."""
+    proc = getattr(getattr(spark.sparkContext, "_gateway", None), "proc", None)
+    return {"python": os.getpid(), "jvm": getattr(proc, "pid", 0)}
 
 
 def build_state(config: SessionsConfig, users: int, spark) -> None:
@@ -116,7 +180,7 @@ def measure_online(config: SessionsConfig, users: int, spark, quiet_s: float = 2
             "batches_without": len(without)}
 
 
-def measure(provider: str, users: int, spark, work: Path, online: bool = False) -> dict:
+def measure(provider: str, users: int, spark, work: Path, online: bool = False, savepoint_only: bool = False) -> dict:
     home = work / f"{provider}-{users}"
     shutil.rmtree(home, ignore_errors=True)
     config = SessionsConfig.from_env({"SESSIONS_HOME": str(home), "SESSIONS_STATE_STORE": provider,
@@ -124,8 +188,15 @@ def measure(provider: str, users: int, spark, work: Path, online: bool = False) 
     build_state(config, users, spark)
     extra = measure_online(config, users, spark) if online else {}
     started = time.monotonic()
-    saved = take_savepoint(config, spark=spark)
+    with PeakRss(process_ids(spark)) as memory:
+        saved = take_savepoint(config, spark=spark)
     savepoint_s = time.monotonic() - started
+    extra.update(memory.figures("savepoint"))
+    if savepoint_only:
+        return {"provider": provider, "users": users, "state_rows": saved.rows, "savepoint_bytes": saved.bytes,
+                "savepoint_s": round(savepoint_s, 3), "savepoint_rows_per_s": round(saved.rows / savepoint_s),
+                "savepoint_mb_per_s": round(saved.bytes / savepoint_s / 1e6, 2),
+                "load_avg_1m": round(os.getloadavg()[0], 2), **extra}
     started = time.monotonic()
     rows = live_state(spark, config.checkpoint, None)
     state_read_s = time.monotonic() - started
@@ -136,9 +207,12 @@ def measure(provider: str, users: int, spark, work: Path, online: bool = False) 
     started = time.monotonic()
     sp.SavepointStore(str(home / "delta-only")).write_state("bench", rows)
     delta_write_s = time.monotonic() - started
+    del rows
     started = time.monotonic()
-    restored = restore(config, "latest", spark=spark)
+    with PeakRss(process_ids(spark)) as memory:
+        restored = restore(config, "latest", spark=spark)
     restore_s = time.monotonic() - started
+    extra.update(memory.figures("restore"))
     started = time.monotonic()
     scaled = rescale(config, 8, spark=spark)
     rescale_s = time.monotonic() - started

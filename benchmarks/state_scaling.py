@@ -146,10 +146,6 @@ def run_one(which: str, spark, config: SessionsConfig, args) -> dict:
         record = batch_record(p)
         record["start_s"] = dt.datetime.fromisoformat(p["timestamp"].replace("Z", "+00:00")).timestamp()
         records.append(record)
-    if throughput.PYTHON_TIME is not None and which == "job":
-        inside = throughput.PYTHON_TIME.per_batch(str(query.runId), [r["batch_id"] for r in records])
-        for r in records:
-            r["python_fn_s"] = inside.get(r["batch_id"])
     data = [r for r in records if r["input_rows"] > 0]
     measured = data[2 + args.warmup:]
     if len(measured) != args.batches:
@@ -194,8 +190,6 @@ def _run_fresh(which: str, provider: str, data_home: Path, home: Path, spark, ar
     if spark is None:
         spark = get_spark(config)
         spark.conf.set("spark.sql.streaming.numRecentProgressUpdates", "10000")
-        if args.python_time and throughput.PYTHON_TIME is None:
-            throughput.PYTHON_TIME = throughput.PythonTime(spark)
     try:
         return spark, run_one(which, spark, config, args)
     finally:
@@ -278,9 +272,6 @@ def parse_args(argv=None):
     parser.add_argument("--seed", type=int, default=11)
     parser.add_argument("--results-dir", type=Path, default=HERE / "results")
     parser.add_argument("--note", default="")
-    parser.add_argument("--python-time", action="store_true",
-                        help="also measure the seconds inside the job's Python function per batch (benchmarks.throughput"
-                             ".PythonTime)")
     parser.add_argument("--no-prime", dest="prime", action="store_false",
                         help="skip the discarded warm-up pass per provider")
     args = parser.parse_args(argv)

@@ -3,8 +3,9 @@
 One run generates one clickstream (pipelines.sample_data), ingests it into a raw_events Delta table
 with exactly one ingest commit per micro-batch, and then runs, one after the other on that same table:
 
-  job     pipelines.stream.start_query: the "sessions_raw" source -> applyInPandasWithState
-          (sessionize) -> foreachBatch MicroBatchSink (exactly-once Delta append)
+  job     pipelines.stream.start_query: the "sessions_raw" source -> the stateful operator a new checkpoint
+          gets (by default the JVM operator: flatMapGroupsWithState keyed by user,
+          jvm/src/sessions/SessionsOperator.java) -> foreachBatch MicroBatchSink (exactly-once Delta append)
   native  the same "sessions_raw" source -> withWatermark (same lateness) ->
           groupBy(session_window(event_time, gap), user_id) counting events and page views,
           append mode -> foreachBatch Delta append through the same idempotent_append
@@ -146,8 +147,8 @@ def start_job(spark, config: SessionsConfig, target_seq: int | None = None):
     from pipelines.stream import start_query
 
     ensure_tables(config)
-    meta = checkpoint_metadata(config)
-    query, sink = start_query(spark, config, meta, {"availableNow": True}, _source_options(target_seq))
+    meta, operator = checkpoint_metadata(config)
+    query, sink = start_query(spark, config, meta, operator, {"availableNow": True}, _source_options(target_seq))
     return query, lambda: {"sessions_written": sink.sessions_written, "quarantined": sink.quarantined}
 
 
@@ -214,64 +215,6 @@ def checkpoint_dir(config: SessionsConfig, which: str) -> Path:
     return config.checkpoint if which == "job" else config.home / "checkpoints" / "native"
 
 
-class PythonTime:
-    """Benchmark-only instrumentation: the job's per-bucket function is wrapped so the wall time spent inside it
-    (pandas input included, summed over the tasks of a batch) adds up in a Spark accumulator, read per batch by a
-    query listener. Nothing in the product changes: the wrapper replaces `pipelines.operator.make_session_function`
-    in this driver before the query is built, and cloudpickle ships it to the Python workers."""
-
-    def __init__(self, spark) -> None:
-        from pyspark.sql.streaming import StreamingQueryListener
-
-        import pipelines.operator as operator
-
-        self.acc = spark.sparkContext.accumulator(0.0)
-        self.by_batch: dict[tuple[str, int], float] = {}
-        acc, original = self.acc, operator.make_session_function
-
-        def timed_factory(gap_ms):
-            function = original(gap_ms)
-
-            def timed(key, frames, state):
-                started = time.perf_counter()
-                out = list(function(key, frames, state))
-                acc.add(time.perf_counter() - started)
-                yield from out
-
-            return timed
-
-        operator.make_session_function = timed_factory
-        outer = self
-
-        class Listener(StreamingQueryListener):
-            def onQueryStarted(self, event) -> None:
-                pass
-
-            def onQueryProgress(self, event) -> None:
-                progress = event.progress
-                outer.by_batch[(str(progress.runId), progress.batchId)] = outer.acc.value
-
-            def onQueryIdle(self, event) -> None:
-                pass
-
-            def onQueryTerminated(self, event) -> None:
-                pass
-
-        spark.streams.addListener(Listener())
-
-    def per_batch(self, run_id: str, batch_ids: list[int]) -> dict[int, float]:
-        """Seconds inside the function per batch (the cumulative value's steps; the first from the query's start,
-        which the caller's warm-up batches absorb)."""
-        out, before = {}, None
-        for batch_id in batch_ids:
-            now = self.by_batch.get((run_id, batch_id))
-            if now is not None and before is not None:
-                out[batch_id] = round(now - before, 3)
-            before = now if now is not None else before
-        return out
-
-
-PYTHON_TIME: PythonTime | None = None  # set by main() when --python-time is given
 
 
 def batch_record(progress: dict) -> dict:
@@ -325,10 +268,6 @@ def run_query(which: str, spark, config: SessionsConfig, args) -> dict:
         raise RuntimeError(f"{which} query failed: {query.exception()}")
     progresses = sorted((json.loads(p.json) for p in query.recentProgress), key=lambda p: p["batchId"])
     batches = [batch_record(p) for p in progresses]
-    if PYTHON_TIME is not None and which == "job":
-        inside = PYTHON_TIME.per_batch(str(query.runId), [b["batch_id"] for b in batches])
-        for b in batches:
-            b["python_fn_s"] = inside.get(b["batch_id"])
     data = [b for b in batches if b["input_rows"] > 0]
     expected = args.warmup + args.batches
     if len(data) != expected:
@@ -425,12 +364,11 @@ OPERATOR_TIMES = ("all_updates_ms", "all_removals_ms", "commit_ms")
 # span for the two queries, so the tables say so rather than invite subtracting one column from another.
 OPERATOR_TIMES_NOTE = (
     "op updates, op removals and op commit are the state operator's allUpdatesTimeMs, allRemovalsTimeMs and "
-    "commitTimeMs, summed over its tasks. For the job (flatMapGroupsWithState, JVM or Python) Spark measures "
+    "commitTimeMs, summed over its tasks. For the job (flatMapGroupsWithState) Spark measures "
     "updates from the first input row to the end of the timer pass, so **its updates include its removals** "
     "(removals = the timer pass: every key of the partition read to find timeouts below the watermark) and the "
     "job's own data work is updates minus removals; native's session-window operator reports the two apart "
-    "(updates = restoring and saving the batch's windows, removals = evicting closed ones). The Python function's "
-    "time, with `--python-time`, is summed over the batch's tasks (2 cores: up to 2x wall).")
+    "(updates = restoring and saving the batch's windows, removals = evicting closed ones).")
 
 
 def phase_medians(measured: list[dict]) -> list[str]:
@@ -550,9 +488,6 @@ def parse_args(argv=None):
     parser.add_argument("--keep", action="store_true", help="keep the work dir")
     parser.add_argument("--results-dir", type=Path, default=HERE / "results",
                         help="where throughput.json and throughput.md go (default benchmarks/results)")
-    parser.add_argument("--python-time", action="store_true",
-                        help="also measure the seconds spent inside the job's Python function per batch (a timing "
-                             "wrapper and an accumulator; negligible cost, off by default so runs stay comparable)")
     parser.add_argument("--note", default="",
                         help="free text for the results, e.g. 'shared CPU: a test suite ran at the same time'")
     args = parser.parse_args(argv)
@@ -597,9 +532,6 @@ def main(argv=None) -> int:
 
         first = make_config(provider_home(work, data_home, providers[0]), providers[0], args)
         spark = get_spark(first)
-        if args.python_time:
-            global PYTHON_TIME
-            PYTHON_TIME = PythonTime(spark)
         spark.conf.set("spark.sql.streaming.numRecentProgressUpdates", "10000")
         runs = []
         for provider in providers:

@@ -11,7 +11,6 @@ from pathlib import Path
 from typing import Any
 
 from pipelines.errors import NoCommittedBatch
-from pipelines.state_format import SCHEMA_ID
 
 PROVIDER_CLASSES = {
     "rocksdb": "org.apache.spark.sql.execution.streaming.state.RocksDBStateStoreProvider",
@@ -36,13 +35,13 @@ class JobMetadata:
     lateness_ms: int
     buckets: int
     created_from: str | None = None  # savepoint id for a restored checkpoint
-    # Layout of the operator's state values (pipelines.state_format.SCHEMA_ID); None: the JSON layout of
+    # Layout of the operator's state (pipelines.operator: StateOperator.layout); None: the JSON layout of
     # builds before open_sessions/v2, which this build cannot run on.
     state_layout: str | None = None
 
     @classmethod
-    def new(cls, gap_ms: int, lateness_ms: int, buckets: int, created_from: str | None = None,
-            state_layout: str = SCHEMA_ID) -> JobMetadata:
+    def new(cls, gap_ms: int, lateness_ms: int, buckets: int, state_layout: str,
+            created_from: str | None = None) -> JobMetadata:
         return cls(uuid.uuid4().hex, gap_ms, lateness_ms, buckets, created_from, state_layout)
 
 

@@ -16,8 +16,9 @@ __all__ = ["ConfigError", "SessionsConfig"]  # ConfigError lives with the other 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 Provider = Literal["rocksdb", "hdfs"]  # the state store providers (SESSIONS_STATE_STORE)
 PROVIDERS: tuple[Provider, ...] = ("rocksdb", "hdfs")
-OPERATORS = ("python", "jvm")  # SESSIONS_OPERATOR
-DEFAULT_OPERATOR = "jvm"  # a new checkpoint's operator when SESSIONS_OPERATOR is unset (README "Performance")
+OPERATORS = ("jvm",)  # SESSIONS_OPERATOR (pipelines.operator; the Python operator is retired: operator_buckets)
+MAX_LEASE_TTL_S = 86_400.0  # SESSIONS_LEASE_TTL_S at most (one day): the renewal thread waits TTL/3 at a time
+DEFAULT_OPERATOR = "jvm"
 
 
 def _int(env: Mapping[str, str], name: str, default: int | None, minimum: float = 1) -> int | None:
@@ -97,6 +98,20 @@ def kafka_settings(raw: str, name: str = "SESSIONS_KAFKA_CONF") -> dict[str, str
     return settings
 
 
+def _lease_uri(raw: str, checkpoint_uri: str) -> str:
+    """SESSIONS_LEASE_URI: s3://bucket/prefix or a path (made absolute); default `_leases` beside the checkpoint."""
+    uri = raw.strip().removeprefix("file://").rstrip("/")
+    if not uri:
+        return str(Path(checkpoint_uri) / "_leases")
+    if uri.startswith("s3://"):
+        if not uri[len("s3://"):].split("/", 1)[0]:
+            raise ConfigError(f"SESSIONS_LEASE_URI={raw!r}: expected s3://bucket/prefix")
+        return uri
+    if "://" in uri:
+        raise ConfigError(f"SESSIONS_LEASE_URI={raw!r}: expected a shared path or s3://bucket/prefix")
+    return str(Path(uri).resolve())
+
+
 def env_name(setting: str) -> str:
     return "SESSIONS_" + setting.upper()
 
@@ -116,14 +131,16 @@ class SessionsConfig:
     landing_uri: str = _setting("")    # default: $SESSIONS_HOME/landing
     # The Spark checkpoint's parent: one filesystem for every host that runs the job (it also holds the leases).
     checkpoint_uri: str = _setting("")  # default: $SESSIONS_HOME/checkpoints
-    lease_ttl_s: float = _setting(60.0, minimum=0)  # a lease a dead holder on another host left is broken after this
-    # Sessions state is keyed by a hash bucket of user_id so one Python call handles many users
-    # (see README "Performance"); the canonical savepoint form is per user and bucket-free.
+    # Leases (pipelines/locks.py): a lease not renewed for lease_ttl_s may be taken over, and its holder is fenced
+    # from then on; at most MAX_LEASE_TTL_S. Where they live (and stop requests): a shared path or s3://bucket/prefix.
+    lease_ttl_s: float = _setting(60.0, minimum=0)
+    lease_uri: str = _setting("")  # default: _leases beside the checkpoint
+    lease_wait_s: float = _setting(300.0, minimum=0, inclusive=True)  # the longest ingest waits for the ingest lease
+    # Recorded in a new checkpoint's metadata; only the retired Python operator's state was keyed by hash buckets of
+    # user_id (pipelines.operator_buckets reads it with the count its checkpoint recorded).
     state_buckets: int = _setting(64)
-    # The stateful operator: "jvm" (jvm/src/sessions/SessionsOperator.java, flatMapGroupsWithState, per-user state)
-    # or "python" (applyInPandasWithState over pipelines.sessionize, state in hash buckets). Unset (""): a new
-    # checkpoint gets DEFAULT_OPERATOR and an existing one keeps the operator it was made with; set, a checkpoint made
-    # by the other one is refused (a savepoint moves state between them). See new_checkpoint_operator.
+    # The stateful operator: "jvm" (jvm/src/sessions/SessionsOperator.java, flatMapGroupsWithState, per-user state),
+    # the only one; "python" is refused in one line naming the way out for its checkpoints.
     operator: str = _setting("")
     # Versions of the raw-events table per micro-batch (None = all available). Tests use 1.
     max_versions_per_batch: int | None = _setting(None, kind=int)
@@ -192,6 +209,10 @@ class SessionsConfig:
         if values["state_store"] not in PROVIDERS:
             raise ConfigError(f"SESSIONS_STATE_STORE={values['state_store']!r}: expected one of {', '.join(PROVIDERS)}")
         values["operator"] = values["operator"].lower()
+        if values["operator"] == "python":
+            raise ConfigError("SESSIONS_OPERATOR=python: the Python operator is retired; unset SESSIONS_OPERATOR (its "
+                              "checkpoints move to the JVM operator with `sessionctl savepoint` and `sessionctl "
+                              "restore --savepoint latest`)")
         if values["operator"] and values["operator"] not in OPERATORS:
             raise ConfigError(f"SESSIONS_OPERATOR={values['operator']!r}: expected one of {', '.join(OPERATORS)}")
         values["savepoint_uri"] = values["savepoint_uri"] or str(home / "savepoints")
@@ -203,6 +224,10 @@ class SessionsConfig:
             raise ConfigError(f"SESSIONS_CHECKPOINT_URI={checkpoint_uri!r}: only a local or mounted shared path is "
                               "supported (hdfs:// would need the driver to read it through Hadoop; see deploy/spark)")
         values["checkpoint_uri"] = str(Path(checkpoint_uri).resolve()) if checkpoint_uri else str(home / "checkpoints")
+        if values["lease_ttl_s"] > MAX_LEASE_TTL_S:
+            raise ConfigError(f"SESSIONS_LEASE_TTL_S={values['lease_ttl_s']:g} is too long: at most {MAX_LEASE_TTL_S:g} "
+                              "(one day; a holder that died blocks the job for this long)")
+        values["lease_uri"] = _lease_uri(values["lease_uri"], values["checkpoint_uri"])
         if bool(values["kafka_bootstrap"]) != bool(values["kafka_topic"]):
             given, missing = (("SESSIONS_KAFKA_BOOTSTRAP", "SESSIONS_KAFKA_TOPIC") if values["kafka_bootstrap"]
                               else ("SESSIONS_KAFKA_TOPIC", "SESSIONS_KAFKA_BOOTSTRAP"))
@@ -231,8 +256,9 @@ class SessionsConfig:
 
     @property
     def lease_dir(self) -> Path:
-        """Where leases live: beside the checkpoint, on the filesystem every host shares."""
-        return Path(self.checkpoint_uri) / "_leases"
+        """Where leases live when lease_uri is a path (beside the checkpoint by default, on the filesystem every host
+        shares); for an s3:// lease_uri, pass lease_uri itself to pipelines.locks."""
+        return Path(self.lease_uri)
 
     def table_uri(self, name: str) -> str:
         return f"{self.warehouse_uri}/{name}"

@@ -112,3 +112,27 @@ class SourceDataLost(SessionsError):
         super().__init__(message)
         self.topic, self.partition = topic, partition
         self.first, self.last = first, last  # the offsets lost, inclusive
+
+
+class LeaseLost(SessionsError):
+    """This process held a lease and lost it: a newer holder took it (its renewals lapsed past the TTL, or the
+    process was paused) -- it is fenced, and writes nothing more. `lease` is the lease's path or URI, `epoch` this
+    holder's epoch, `newer` the newer holder's epoch when known."""
+
+    def __init__(self, message: str, lease: str, epoch: int, newer: int | None = None) -> None:
+        super().__init__(message)
+        self.lease, self.epoch, self.newer = lease, epoch, newer
+
+
+class LeaseWaitTimedOut(SessionsError):
+    """Waiting for a lease that another live holder keeps renewing took longer than its deadline."""
+
+    def __init__(self, message: str, holder: str, lock: str) -> None:
+        super().__init__(message)
+        self.holder = holder  # what the holder wrote into the lease: "ingest (pid 123 on host, epoch 4)"
+        self.lock = lock      # the lease's path or URI
+
+
+class ConcurrentIngest(SessionsError):
+    """raw_events got an ingest commit from another process while this ingest held the ingest lease (a writer that
+    does not take the lease): this ingest stops before it commits an ingest_seq twice."""

@@ -10,12 +10,11 @@ import socket
 import time
 import uuid
 from collections.abc import Iterator
-from contextlib import ExitStack, contextmanager
+from contextlib import contextmanager
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
-from pipelines import state_format
 from pipelines.checkpoint import (
     JobMetadata,
     inspect_checkpoint,
@@ -32,8 +31,9 @@ from pipelines.errors import (
     LifecycleBusy,
     RestoreIncomplete,
 )
-from pipelines.locks import LeaseHeld, LeaseInfo, lease, live_holder
-from pipelines.operator import JVM_STATE_LAYOUT, state_layout
+from pipelines.lease_stores import LeaseStore, store_for
+from pipelines.locks import Lease, LeaseHeld, LeaseInfo, acquire, holding, live_holder
+from pipelines.operator import StateOperator, for_layout, for_new_checkpoint
 from pipelines.runtime import rescale_incomplete
 from pipelines.storage import is_s3, storage_options
 from pipelines.tables import QUARANTINE_SCHEMA, SESSIONS_SCHEMA, ensure_table, table_rows
@@ -42,34 +42,35 @@ JOB, LIFECYCLE = "job", "lifecycle"
 
 
 @contextmanager
-def job_lock(config: SessionsConfig, what: str, name: str = JOB, wait_s: float = 0.0) -> Iterator[LeaseInfo]:
-    """One process at a time, on any host, may hold each lease beside the checkpoint (pipelines.locks).
+def job_lock(config: SessionsConfig, what: str, name: str = JOB, wait_s: float = 0.0) -> Iterator[Lease]:
+    """One process at a time, on any host, may hold each lease at SESSIONS_LEASE_URI (pipelines.locks).
 
     `job` is held by the running stream and by operations that need it stopped (restore, rescale, catch-up);
     `lifecycle` by every lifecycle operation (savepoints, compaction included), which may run beside the stream
-    but never beside another lifecycle operation. With `wait_s`, a held lease is waited for that long."""
+    but never beside another lifecycle operation. With `wait_s`, a held lease is waited for that long. The block
+    gets the held Lease: `check()` it before writes that must be this holder's (a lease lost meanwhile raises
+    LeaseLost at the end of the block)."""
     deadline = time.monotonic() + wait_s
-    with ExitStack() as stack:
-        while True:
-            try:
-                info = stack.enter_context(lease(config.lease_dir, name, what, config.lease_ttl_s))
-                break
-            except LeaseHeld as held:
-                if time.monotonic() < deadline:
-                    time.sleep(0.5)
-                    continue
-                holder = held.info.describe() if held.info else "another process"
-                if name == JOB:
-                    raise JobRunning(f"the job is running: {holder} holds {held.path}; {what} needs it stopped: "
-                                     f"stop it with `sessionctl stop` (or wait for it)", holder, str(held.path)) from None
-                raise LifecycleBusy(f"another lifecycle operation is running: {holder} holds {held.path}; wait for "
-                                    f"it and run {what} again", holder, str(held.path)) from None
-        yield info
+    while True:
+        try:
+            held = acquire(config.lease_uri, name, what, config.lease_ttl_s)
+            break
+        except LeaseHeld as busy:
+            if time.monotonic() < deadline:
+                time.sleep(0.5)
+                continue
+            if name == JOB:
+                raise JobRunning(f"the job is running: {busy.holder} holds {busy.path}; {what} needs it stopped: "
+                                 f"stop it with `sessionctl stop` (or wait for it)", busy.holder, str(busy.path)) from None
+            raise LifecycleBusy(f"another lifecycle operation is running: {busy.holder} holds {busy.path}; wait for "
+                                f"it and run {what} again", busy.holder, str(busy.path)) from None
+    with holding(held):
+        yield held
 
 
 def running_stream(config: SessionsConfig) -> LeaseInfo | None:
     """The live holder of the job lease (a stream or an operation that needs it stopped), or None."""
-    return live_holder(config.lease_dir, JOB)
+    return live_holder(config.lease_uri, JOB, config.lease_ttl_s)
 
 
 def ensure_tables(config: SessionsConfig) -> None:
@@ -80,8 +81,9 @@ def ensure_tables(config: SessionsConfig) -> None:
     ensure_table(config.quarantine_table, QUARANTINE_SCHEMA, options)
 
 
-def checkpoint_metadata(config: SessionsConfig) -> JobMetadata:
-    """The checkpoint's job metadata, created for a new checkpoint; refuses settings that do not fit."""
+def checkpoint_metadata(config: SessionsConfig) -> tuple[JobMetadata, StateOperator]:
+    """The checkpoint's job metadata (created for a new checkpoint) and the operator that runs it, decided here once;
+    refuses settings that do not fit."""
     marker = read_restore_marker(config.checkpoint)
     if marker is not None:
         raise RestoreIncomplete(
@@ -96,32 +98,23 @@ def checkpoint_metadata(config: SessionsConfig) -> JobMetadata:
             raise CheckpointMissing(
                 f"no checkpoint at {config.checkpoint} but the sessions table already has rows: "
                 "restore one with `sessionctl restore --savepoint latest` (a fresh start would write them again)")
-        meta = JobMetadata.new(config.gap_ms, config.lateness_ms, config.state_buckets,
-                               state_layout=state_layout(config.new_checkpoint_operator))
+        operator = for_new_checkpoint()
+        meta = JobMetadata.new(config.gap_ms, config.lateness_ms, config.state_buckets, state_layout=operator.layout)
         write_job_metadata(config.checkpoint, meta)
-        return meta
-    if meta.state_layout not in (state_format.SCHEMA_ID, JVM_STATE_LAYOUT):
+        return meta, operator
+    operator = for_layout(meta.state_layout)  # one line for a layout this build cannot read
+    if operator.retired is not None:  # readable, not runnable: refused before Spark starts
+        raise CheckpointMismatch(f"{operator.retired} ({config.checkpoint})")
+    if (meta.gap_ms, meta.lateness_ms) != (config.gap_ms, config.lateness_ms):
         raise CheckpointMismatch(
-            f"the checkpoint at {config.checkpoint} holds state in an older layout ({meta.state_layout or 'JSON, v1'}) "
-            "that this build cannot run on: restore a savepoint (`sessionctl restore --savepoint latest`; v1 "
-            "savepoints are upgraded and the events after them replayed exactly once)")
-    if config.operator and meta.state_layout != state_layout(config.operator):  # unset: the checkpoint's own
-        made_by = "jvm" if meta.state_layout == JVM_STATE_LAYOUT else "python"
-        raise CheckpointMismatch(
-            f"the checkpoint at {config.checkpoint} was made by the {made_by} operator and SESSIONS_OPERATOR is "
-            f"{config.operator}: set SESSIONS_OPERATOR={made_by}, or restore a savepoint with SESSIONS_OPERATOR="
-            f"{config.operator} to move its state to the {config.operator} operator")
-    buckets = config.state_buckets if meta.state_layout == state_format.SCHEMA_ID else meta.buckets  # jvm: per user
-    if (meta.gap_ms, meta.lateness_ms, meta.buckets) != (config.gap_ms, config.lateness_ms, buckets):
-        raise CheckpointMismatch(
-            f"the checkpoint was made with gap {meta.gap_ms // 60000} min, lateness {meta.lateness_ms // 60000} min, "
-            f"{meta.buckets} buckets; the settings say gap {config.gap_minutes}, lateness {config.lateness_minutes}, "
-            f"{config.state_buckets} buckets: restore a savepoint with --migrate to change them")
-    return meta
+            f"the checkpoint was made with gap {meta.gap_ms // 60000} min and lateness {meta.lateness_ms // 60000} "
+            f"min; the settings say gap {config.gap_minutes} and lateness {config.lateness_minutes}: restore a "
+            f"savepoint with --migrate to change them")
+    return meta, operator
 
 
 # ---- stop requests ---------------------------------------------------------------------------------
-# A stop request is a file beside the leases (the shared checkpoint filesystem, so any host can write it). It names
+# A stop request is a file beside the leases (in the lease store, so any host can write it). It names
 # the job lease it is for: the stream holding that lease honours it between batches and answers in a response file
 # before it releases the lease; a request for a lease that is gone is stale and ignored by the next stream.
 
@@ -141,62 +134,65 @@ class StopRequest:
         return f"stop.response-{self.token}.json"
 
 
-def _write_json(path: Path, payload: dict[str, Any]) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f"{path.name}.{uuid.uuid4().hex[:8]}.tmp")
-    tmp.write_text(json.dumps(payload, default=str))
-    os.replace(tmp, path)
+def _store(config: SessionsConfig) -> LeaseStore:
+    return store_for(config.lease_uri)
 
 
-def _read_json(path: Path) -> dict[str, Any] | None:
-    try:
-        return dict(json.loads(path.read_text()))
-    except (FileNotFoundError, ValueError):
+def _write_json(config: SessionsConfig, name: str, payload: dict[str, Any]) -> None:
+    _store(config).replace(name, json.dumps(payload, default=str).encode())
+
+
+def _read_json(config: SessionsConfig, name: str) -> dict[str, Any] | None:
+    record = _store(config).read(name)
+    if record is None:
         return None
+    try:
+        found = json.loads(record.data)
+    except ValueError:
+        return None
+    return dict(found) if isinstance(found, dict) else None
 
 
-def request_stop(config: SessionsConfig, stream: LeaseInfo, savepoint: bool) -> StopRequest:
+def request_stop(config: SessionsConfig, stream: LeaseInfo | Lease, savepoint: bool) -> StopRequest:
     """Ask the stream holding `stream` to stop; a request already made for it is joined, not repeated."""
-    path = config.lease_dir / STOP_REQUEST
-    current = _read_json(path)
+    current = _read_json(config, STOP_REQUEST)
     if current is not None and current.get("run_token") == stream.token:
         return StopRequest(**current)
     request = StopRequest(token=uuid.uuid4().hex, run_token=stream.token, savepoint=savepoint,
                           requested_by=f"pid {os.getpid()} on {socket.gethostname()}",
                           requested_at=dt.datetime.now(dt.timezone.utc).isoformat())
-    _write_json(path, asdict(request))
+    _write_json(config, STOP_REQUEST, asdict(request))
     return request
 
 
-def pending_stop(config: SessionsConfig, run: LeaseInfo) -> StopRequest | None:
+def pending_stop(config: SessionsConfig, run: LeaseInfo | Lease) -> StopRequest | None:
     """The stop request for the stream holding lease `run`, if one was made (checked between batches)."""
-    current = _read_json(config.lease_dir / STOP_REQUEST)
+    current = _read_json(config, STOP_REQUEST)
     if current is None or current.get("run_token") != run.token:
         return None
     return StopRequest(**current)
 
 
+def _withdraw(config: SessionsConfig, request: StopRequest) -> None:
+    current = _read_json(config, STOP_REQUEST)
+    if current is not None and current.get("token") == request.token:
+        _store(config).delete(STOP_REQUEST)
+
+
 def answer_stop(config: SessionsConfig, request: StopRequest, answer: dict[str, Any]) -> None:
     """The stream's answer, written before it releases the job lease; the request is done with."""
-    _write_json(config.lease_dir / request.response_path_name, answer)
-    path = config.lease_dir / STOP_REQUEST
-    current = _read_json(path)
-    if current is not None and current.get("token") == request.token:
-        path.unlink(missing_ok=True)
+    _write_json(config, request.response_path_name, answer)
+    _withdraw(config, request)
 
 
 def take_stop_answer(config: SessionsConfig, request: StopRequest) -> dict[str, Any] | None:
     """The answer to `request` if the stream gave one (the file is removed once read)."""
-    path = config.lease_dir / request.response_path_name
-    answer = _read_json(path)
+    answer = _read_json(config, request.response_path_name)
     if answer is not None:
-        path.unlink(missing_ok=True)
+        _store(config).delete(request.response_path_name)
     return answer
 
 
 def withdraw_stop(config: SessionsConfig, request: StopRequest) -> None:
     """Remove a request nobody will answer (its stream went away), so the next stream does not see it."""
-    path = config.lease_dir / STOP_REQUEST
-    current = _read_json(path)
-    if current is not None and current.get("token") == request.token:
-        path.unlink(missing_ok=True)
+    _withdraw(config, request)

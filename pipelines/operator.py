@@ -1,33 +1,28 @@
-"""The stateful operator: Spark's applyInPandasWithState around the pure core.
+"""The operator seam: everything that differs between stateful operators, behind one small typed interface.
 
-State is keyed by a hash bucket of user_id (SESSIONS_STATE_BUCKETS), so one Python call advances the
-sessions of many users with vectorised numpy instead of one call per user. A bucket's value is its users'
-rows in pipelines.state_format (compressed Arrow IPC in a binary column, frozen prefixes for what the
-watermark has passed); each call walks only the users with events in the batch or due, and carries every
-other row over untouched. applyInPandasWithState runs on both the RocksDB and HDFS-backed providers.
+An operator owns its state layout (the id a checkpoint records in `_job.json`), applying a batch, the restore
+bootstrap (a restored checkpoint's open rows, loaded in its first batch), the decoding of its stored values into the
+canonical rows (savepoints, `status`, `state --user`) and the partition bound. Which operator a checkpoint runs is
+decided once -- by its metadata, or by the configuration for a new checkpoint (`for_layout`, `for_new_checkpoint`)
+-- and the object is handed down; nothing below asks again.
 
-Only what sessionization needs crosses the shuffle and the JVM/Python boundary: rejected lines never
-reach the watermark node or the shuffle (the sink reads them from raw_events), and a late event travels
-as (ingest_seq, line_key) -- unique per landed line -- from which the sink fetches the rest from raw_events.
+Two implementations: `pipelines.operator_jvm.JvmOperator` (Spark's flatMapGroupsWithState keyed by user, the
+operator of every new checkpoint) and `pipelines.operator_buckets.BucketLayout` (the state of checkpoints made by
+the retired Python operator: readable, so that a savepoint moves it to the JVM operator, but not runnable).
 """
 from __future__ import annotations
 
-import warnings
-from collections.abc import Callable, Iterator
-from typing import Any
+from abc import ABC, abstractmethod
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
 
-import numpy as np
-import pandas as pd
 import pyarrow as pa
-from pyspark.sql import Column, DataFrame
+from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
-from pyspark.sql.streaming.state import GroupState, GroupStateTimeout
 
-from pipelines import state_format
-from pipelines.config import REPO_ROOT
-from pipelines.errors import ConfigError
-from pipelines.sessionize import advance, no_events, rows_table
-
+# The operator's output, defined once: the JVM operator takes this schema from here (and checks the column order it
+# builds rows in); the sink reads these columns by name.
 OUTPUT_COLUMNS = [
     ("kind", "string"), ("session_id", "string"), ("user_id", "string"),
     ("session_start_ms", "long"), ("session_end_ms", "long"), ("event_count", "long"),
@@ -36,119 +31,132 @@ OUTPUT_COLUMNS = [
     ("ingest_seq", "long"), ("line_key", "long"),
 ]
 OUTPUT_SCHEMA = ", ".join(f"{name} {kind}" for name, kind in OUTPUT_COLUMNS)
-_INT_COLUMNS = {name for name, kind in OUTPUT_COLUMNS if kind == "long"}
-FROM_STATE = 1  # `from_state` column: a savepoint row being restored, not an event
-# PySpark's own serializer concatenates our frames with all-null columns; pandas 2.x warns about a
-# future change on every task. The output schema is fixed, so the warning is noise in worker logs.
-warnings.filterwarnings("ignore", category=FutureWarning, module="pyspark.sql.pandas.serializers")
+
+# Canonical rows as a Spark DDL (pipelines.state_format.CANONICAL_SCHEMA)
+CANONICAL_DDL = ("user_id string, session_start timestamp, event_id string, event_time timestamp, "
+                 "event_type string, event_count long, page_views long")
 
 
-def bucket_column(buckets: int) -> Column:
-    return F.pmod(F.xxhash64("user_id"), F.lit(buckets)).cast("int")
+@dataclass(frozen=True)
+class StoredChunk:
+    """Stored rows of some state keys (pipelines.state_format.ROW_FIELDS, times in ms, each user's rows together),
+    with how many keys they came from and their stored value bytes."""
+    rows: pa.Table
+    keys: int
+    value_bytes: int
 
 
-def _output(frame: pd.DataFrame, kind: str) -> pd.DataFrame:
-    n = len(frame)
-    columns = {}
-    for name, _ in OUTPUT_COLUMNS:
-        if name == "kind":
-            columns[name] = np.full(n, kind, dtype=object)
-        elif name in _INT_COLUMNS:  # nullable longs, built from their buffers (no per-value conversion)
-            if name in frame.columns and frame[name].dtype.kind in "iu":
-                columns[name] = pd.arrays.IntegerArray(frame[name].to_numpy(dtype="int64"), np.zeros(n, dtype=bool))
-            elif name in frame.columns:  # Spark hands a long column with nulls over as floats
-                columns[name] = pd.array(frame[name].to_numpy(), dtype="Int64")
-            else:
-                columns[name] = pd.arrays.IntegerArray(np.zeros(n, dtype="int64"), np.ones(n, dtype=bool))
-        else:
-            columns[name] = frame[name].to_numpy() if name in frame.columns else np.full(n, None, dtype=object)
-    return pd.DataFrame(columns)
+class StateOperator(ABC):
+    """One stateful operator: see the module docstring."""
+
+    name: str     # as SESSIONS_OPERATOR spells it
+    layout: str   # JobMetadata.state_layout of the checkpoints it makes
+    retired: str | None = None  # why its checkpoints cannot run any more, and the way out (None: runnable)
+
+    # ---- running ----------------------------------------------------------------------------------------------
+    @abstractmethod
+    def apply(self, keyed: DataFrame, gap_ms: int, initial_rows: DataFrame | None) -> DataFrame:
+        """`keyed` (see `keyed_events`) -> rows of OUTPUT_SCHEMA: kind `session` (closed) or `late`. `initial_rows`
+        (canonical, a restored checkpoint's first run only) are loaded as the state before its first batch."""
+
+    def max_partitions(self, buckets: int) -> int | None:
+        """The most state partitions that can hold anything, for a checkpoint that recorded `buckets` (None: no
+        bound)."""
+        return None
+
+    # ---- reading state (Spark's state data source; decoded in the executors) -------------------------------------
+    @abstractmethod
+    def stored_values(self, spark: SparkSession, checkpoint: Path, batch_id: int | None) -> DataFrame:
+        """One row per state key, in whatever columns `decode` reads."""
+
+    @staticmethod
+    @abstractmethod
+    def decode(batch: pa.RecordBatch) -> Iterator[StoredChunk]:
+        """A batch of `stored_values` -> its stored rows (runs in the executors: no state on self)."""
+
+    @abstractmethod
+    def user_values(self, spark: SparkSession, checkpoint: Path, batch_id: int | None, user_id: str,
+                    buckets: int) -> DataFrame:
+        """The `stored_values` row(s) that can hold `user_id` (a point lookup reads only those)."""
+
+    def canonical_rows(self, spark: SparkSession, checkpoint: Path, batch_id: int | None) -> DataFrame:
+        """The state's rows in canonical form (CANONICAL_DDL): per open session at most one frozen prefix (event_id
+        null) and its events above the watermark, each row with its session's start."""
+        decode = self.decode
+
+        def to_canonical(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
+            from pipelines.state_format import to_canonical as canonical
+            for batch in batches:
+                for chunk in decode(batch):
+                    yield from canonical(chunk.rows).to_batches()
+
+        return self.stored_values(spark, checkpoint, batch_id).mapInArrow(to_canonical, CANONICAL_DDL)
 
 
-def _restored_rows(restored: pd.DataFrame) -> pa.Table:
-    """Savepoint rows of the restore's bootstrap batch -> stored rows (due now: they are walked at once)."""
-    rows = {name: restored[name].to_numpy() for name in state_format.ROW_FIELDS}
-    return rows_table({**rows, "due_ms": np.full(len(restored), np.iinfo(np.int64).min)})
+def register_coordinator(spark: SparkSession) -> None:
+    # The RocksDB provider calls the driver's StateStoreCoordinator, which Spark registers only when the streaming
+    # query manager is first used; a fresh process (sessionctl) must touch it before reading state.
+    spark.streams.active  # noqa: B018 -- the access itself registers the coordinator
 
 
-def make_session_function(gap_ms: int) -> Callable[..., Iterator[pd.DataFrame]]:
-    def sessions_for_bucket(key: tuple[Any, ...], frames: Iterator[pd.DataFrame],
-                            state: GroupState) -> Iterator[pd.DataFrame]:
-        store = state_format.BucketStore.load(state.get[0] if state.exists else None)
-        watermark = state.getCurrentWatermarkMs()
-        if state.hasTimedOut:
-            events = no_events()
-        else:
-            chunks = list(frames)
-            events = chunks[0] if len(chunks) == 1 else pd.concat(chunks, ignore_index=True)
-            from_state = events["from_state"].to_numpy() == FROM_STATE
-            if from_state.any():  # the restore's bootstrap batch: savepoint rows join the stored state
-                store.hot = pa.concat_tables([store.hot, _restored_rows(events[from_state])])
-                events = events[~from_state]
-        # Touch only what must be touched: users with events in this batch or due (a session to close,
-        # events to freeze); every other user's rows stay where they are (see state_format.BucketStore).
-        walk = store.take(pd.unique(events["user_id"].to_numpy()), watermark)
-        step = advance(walk, events, watermark, gap_ms)
-        value = store.save(rows_table(step.open_rows))
-        if value is None:
-            if state.exists:
-                state.remove()
-        else:
-            state.update((value,))
-            due = store.next_due()
-            if due is not None:  # a stored bucket always has a due row; the guard is for the type
-                state.setTimeoutTimestamp(due - 1)  # Spark fires when timeout < watermark
-        if len(step.closed):
-            yield _output(step.closed, "session")
-        if len(step.late):
-            yield _output(step.late, "late")
-
-    return sessions_for_bucket
+def state_reader(spark: SparkSession, checkpoint: Path, batch_id: int | None) -> DataFrame:
+    """Spark's state data source over the checkpoint's one stateful operator (at `batch_id`, else the newest)."""
+    register_coordinator(spark)
+    reader = spark.read.format("statestore")
+    if batch_id is not None:
+        reader = reader.option("batchId", batch_id)
+    return reader.load(str(checkpoint))
 
 
-JVM_STATE_LAYOUT = "open_sessions_by_user/jvm-v1"  # per-user keys, not buckets; values carry their own version
-# byte (StateCodec.java: v2 written, v1 read), so a checkpoint holding both needs no new layout id
-JVM_JAR = REPO_ROOT / "build" / "jvm" / "sessions-operator.jar"  # built by `make setup` (the Makefile's jvm target)
-
-
-def state_layout(operator: str) -> str:
-    """The state layout a checkpoint made by `operator` holds (JobMetadata.state_layout)."""
-    return JVM_STATE_LAYOUT if operator == "jvm" else state_format.SCHEMA_ID
-
-
-def sessionize(events: DataFrame, gap_ms: int, lateness_ms: int, buckets: int, layout: str = state_format.SCHEMA_ID
-               ) -> DataFrame:
-    """Source rows -> rows of kind `session` (closed sessions) and `late` (events below the watermark), by the
-    operator that owns `layout`: the Python one (buckets of users) or the JVM one (per user; the default)."""
-    # Valid events, a restore's state rows and its watermark marker: the source never hands over a rejected line
-    # (pipelines.source), so a quarantined far-future event cannot move the watermark.
+def keyed_events(events: DataFrame, lateness_ms: int) -> DataFrame:
+    """Source rows -> what an operator takes: valid events (and watermark markers, which stop at the watermark node),
+    event time in ms. The source never hands over a rejected line (pipelines.source), so a quarantined far-future
+    event cannot move the watermark."""
     with_watermark = events.withWatermark("event_time", f"{lateness_ms} milliseconds")
-    # The marker must reach EventTimeWatermark (it carries the savepoint's watermark when no open row does) and
-    # stop there. This filter names event_time so that it stays above the watermark node, not pushed below it.
+    # The marker must reach EventTimeWatermark (it carries a restored savepoint's watermark, or an idle-close clock
+    # row's time) and stop there. This filter names event_time so that it stays above the watermark node.
     with_watermark = with_watermark.where((F.col("origin") != "marker") | F.col("event_time").isNull())
-    jvm_operator = layout == JVM_STATE_LAYOUT
-    keyed = with_watermark.select(
-        # The Python operator groups by bucket; the JVM one by (xxhash64(user_id), user_id) and reads its columns by
-        # name, so it is not given a column it would only carry through the shuffle (8 bytes and a hash per event).
-        *([] if jvm_operator else [bucket_column(buckets).alias("bucket")]),
+    return with_watermark.select(
         "user_id", "event_id",
         F.unix_millis("event_time").alias("event_time_ms"),
-        # The operator needs a column marked with the watermark (else no event-time timers and no
-        # GroupState watermark), but with an event-time timeout Spark also drops input rows at or below
-        # the *previous* batch's watermark before Python sees them -- those late events would vanish
-        # instead of reaching quarantine. A null timestamp carrying the mark gives the one without the other.
+        # The operator needs a column marked with the watermark (else no event-time timers and no GroupState
+        # watermark), but with an event-time timeout Spark also drops input rows at or below the *previous* batch's
+        # watermark before the operator sees them -- those late events would vanish instead of reaching quarantine.
+        # A null timestamp carrying the mark gives the one without the other.
         F.lit(None).cast("timestamp").alias("event_time", metadata={"spark.watermarkDelayMs": lateness_ms}),
         "event_type", "ingest_seq", "line_key",
-        # state rows of a restore (null for events): see pipelines.state_format
-        F.unix_millis("session_start").alias("session_start_ms"), "event_count", "page_views",
-        F.when(F.col("origin") == "state", F.lit(FROM_STATE)).otherwise(F.lit(0)).alias("from_state"),
     )
-    if jvm_operator:
-        if not JVM_JAR.exists():
-            raise ConfigError(f"the JVM operator (SESSIONS_OPERATOR=jvm) needs {JVM_JAR}: run `make setup` to build it")
-        jvm = keyed.sparkSession._jvm
-        assert jvm is not None  # a classic (py4j) session
-        return DataFrame(jvm.sessions.SessionsOperator.sessionize(keyed._jdf, gap_ms), keyed.sparkSession)
-    return keyed.groupBy("bucket").applyInPandasWithState(
-        make_session_function(gap_ms), OUTPUT_SCHEMA, state_format.SPARK_STATE_SCHEMA, "append", GroupStateTimeout.EventTimeTimeout,
-    )
+
+
+def for_layout(layout: str | None) -> StateOperator:
+    """The operator that owns a checkpoint's state layout; a layout this build cannot read is one line saying so."""
+    from pipelines.errors import CheckpointMismatch
+    from pipelines.operator_buckets import BucketLayout
+    from pipelines.operator_jvm import JvmOperator
+
+    for operator in (JvmOperator(), BucketLayout()):
+        if operator.layout == layout:
+            return operator
+    raise CheckpointMismatch(
+        f"the checkpoint holds state in an older layout ({layout or 'JSON, v1'}) that this build cannot run on: "
+        "restore a savepoint (`sessionctl restore --savepoint latest`; v1 savepoints are upgraded and the events "
+        "after them replayed exactly once)")
+
+
+def of_checkpoint(checkpoint: Path) -> StateOperator:
+    """The operator of an existing checkpoint, from its metadata (for readers given only the path)."""
+    from pipelines.checkpoint import read_job_metadata
+    from pipelines.errors import NoCommittedBatch
+
+    meta = read_job_metadata(checkpoint)
+    if meta is None:
+        raise NoCommittedBatch(f"no state yet: no job metadata in {checkpoint}")
+    return for_layout(meta.state_layout)
+
+
+def for_new_checkpoint() -> StateOperator:
+    """The operator a new checkpoint (a fresh start or a restore) is made with: the JVM one, the only runnable one
+    (pipelines.config refuses SESSIONS_OPERATOR=python in one line)."""
+    from pipelines.operator_jvm import JvmOperator
+
+    return JvmOperator()

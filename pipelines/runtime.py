@@ -21,7 +21,7 @@ from pyspark.sql import SparkSession
 from pipelines.checkpoint import PROVIDER_CLASSES, inspect_checkpoint, rescale_command
 from pipelines.config import REPO_ROOT, SessionsConfig
 from pipelines.errors import CheckpointDamaged, RescaleIncomplete, SessionsError, StreamFailed
-from pipelines.operator import JVM_JAR
+from pipelines.operator_jvm import JVM_JAR
 from pipelines.shipping import cluster_conf
 from pipelines.source import RawEventsSource
 

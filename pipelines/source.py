@@ -2,9 +2,10 @@
 
 Offsets are `{"seq": N, "boot": bool, "settled": bool}`: N is the raw table's ingest sequence number; rows with
 ingest_seq in (start, end] make a micro-batch. A checkpoint made by a restore starts with
-`boot: false`: its first micro-batch carries only the savepoint's state rows and one watermark marker
-(origin "state"/"marker"), so the operator loads state at the savepoint's watermark before any event
-is judged late or on time. Events after the savepoint's source position follow from the next batch on.
+`boot: false`: its first micro-batch carries only one watermark marker (origin "marker") at the savepoint's
+watermark, while the operator loads the savepoint's state as its initial state (pipelines.operator), so no event is
+judged late or on time before both are in place. Events after the savepoint's source position follow from the next
+batch on.
 An idle-close clock row of raw_events is read as a marker too (README "Idle close").
 """
 from __future__ import annotations
@@ -30,9 +31,7 @@ SOURCE_SCHEMA = (
     # Only what the operator reads: a rejected line never reaches the stream (the sink reads it, and a late
     # event's provenance, from raw_events), so the reader drops those rows and the page/provenance columns.
     "event_id string, user_id string, event_time timestamp, event_type string, ingest_seq long, line_key long, "
-    "origin string, "
-    # a restore's state rows only (pipelines.state_format); null for events
-    "session_start timestamp, event_count long, page_views long"
+    "origin string"
 )
 BOOTSTRAP_FILE = "_bootstrap.json"  # written into a fresh checkpoint by a restore
 
@@ -48,8 +47,8 @@ READ_COLUMNS = ("event_id", "user_id", "event_time", "event_type", "ingest_seq",
 
 class _Range(InputPartition):
     """What one read task reads: `events` of a raw_events data file (`payload` = its URI; all its row groups or
-    `row_groups`) with ingest_seq in (low, high], or a restore's `state` rows / watermark `marker` (`payload` = the
-    bootstrap JSON)."""
+    `row_groups`) with ingest_seq in (low, high], or a restore's watermark `marker` (`payload` = the bootstrap
+    JSON)."""
 
     def __init__(self, kind: str, payload: str, low: int = 0, high: int = 0, row_groups: list[int] | None = None):
         super().__init__(kind)
@@ -117,7 +116,7 @@ class RawEventsStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow)
         self.bootstrap_file = options.get("bootstrap")
         max_versions = options.get("maxVersionsPerTrigger")
         self.max_versions = int(max_versions) if max_versions else None
-        # Trigger.AvailableNow sets it; a restore caps it at the savepoint (state-only batch).
+        # Trigger.AvailableNow sets it; a restore caps it at the savepoint (its marker-only first batch).
         self.target_seq: int | None = int(options["targetSeq"]) if options.get("targetSeq") else None
 
     def _bootstrap(self) -> dict[str, Any] | None:
@@ -143,7 +142,7 @@ class RawEventsStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow)
 
     def latestOffset(self, start: dict[str, Any], limit: ReadLimit) -> dict[str, Any]:
         if not start["boot"]:
-            return {"seq": start["seq"], "boot": True, "settled": False}  # the state-only batch
+            return {"seq": start["seq"], "boot": True, "settled": False}  # the restore's marker-only batch
         latest = self._latest_seq()
         if self.target_seq is not None:
             latest = min(latest, self.target_seq)
@@ -160,7 +159,7 @@ class RawEventsStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow)
     def partitions(self, start: dict[str, Any], end: dict[str, Any]) -> list[InputPartition]:
         if not start["boot"] and end["boot"]:
             boot = self._bootstrap()
-            return [_Range("state", json.dumps(boot)), _Range("marker", json.dumps(boot))]
+            return [_Range("marker", json.dumps(boot))]
         if end["seq"] <= start["seq"]:
             return []
         table = DeltaTable(self.table, storage_options=s3_options(self.table))
@@ -195,13 +194,6 @@ class RawEventsStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow)
             table = table.filter(pc.and_(in_range, pc.is_null(table["reject_reason"])))
             for batch in _with_line_key(table).to_batches(max_chunksize=ARROW_BATCH_ROWS):
                 yield _with_origin(batch, _event_origins(batch))
-        elif partition.kind == "state":
-            # The restore staged the savepoint's rows next to the checkpoint (read from S3 by the
-            # driver, which holds the credentials), so workers need no access to the savepoint store.
-            boot = json.loads(partition.payload)
-            table = pq.read_table(boot["state_path"])
-            for batch in table.to_batches(max_chunksize=ARROW_BATCH_ROWS):
-                yield _with_origin(batch, "state")
         elif partition.kind == "marker":
             # Carries the savepoint's max event time so the restored watermark equals the original.
             boot = json.loads(partition.payload)

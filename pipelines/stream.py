@@ -20,8 +20,8 @@ from pipelines.config import SessionsConfig
 from pipelines.errors import SessionsError, SourceDataLost, SourceUnavailable, StorageUnavailable
 from pipelines.guards import StopRequest, answer_stop, checkpoint_metadata, ensure_tables, job_lock, pending_stop
 from pipelines.ingest import IngestResult, ingest
-from pipelines.locks import LeaseInfo
-from pipelines.operator import sessionize
+from pipelines.locks import Lease
+from pipelines.operator import StateOperator, keyed_events
 from pipelines.runtime import explain_spark_failure, get_spark, prepare_session, spark_failures
 from pipelines.source import BOOTSTRAP_FILE, SOURCE_NAME
 from pipelines.storage import storage_options
@@ -44,14 +44,19 @@ def raw_events_stream(spark: SparkSession, config: SessionsConfig, checkpoint: P
     return reader.load()
 
 
-def start_query(spark: SparkSession, config: SessionsConfig, meta: JobMetadata, trigger: dict[str, Any],
-                source_options: dict[str, Any] | None = None) -> tuple[StreamingQuery, MicroBatchSink]:
-    output = sessionize(raw_events_stream(spark, config, config.checkpoint, source_options),
-                        meta.gap_ms, meta.lateness_ms, meta.buckets, meta.state_layout or "")
+def start_query(spark: SparkSession, config: SessionsConfig, meta: JobMetadata, operator: StateOperator,
+                trigger: dict[str, Any], source_options: dict[str, Any] | None = None,
+                initial_rows: DataFrame | None = None,
+                lease: Lease | None = None) -> tuple[StreamingQuery, MicroBatchSink]:
+    """The query of the checkpoint `meta` describes, run by `operator`; `initial_rows` (canonical) are a restored
+    checkpoint's state, loaded in its first batch (the restore's bootstrap). With `lease` (the job lease this process
+    holds) the sink checks it before every batch and fences every commit by it (pipelines.fencing)."""
+    events = keyed_events(raw_events_stream(spark, config, config.checkpoint, source_options), meta.lateness_ms)
+    output = operator.apply(events, meta.gap_ms, initial_rows)
     checkpoint = config.checkpoint
     sink = MicroBatchSink(config.sessions_table, config.quarantine_table, config.raw_events_table, meta.incarnation,
                           seq_range=lambda batch_id: batch_source_range(checkpoint, batch_id),
-                          storage_options=storage_options(config, config.warehouse_uri))
+                          storage_options=storage_options(config, config.warehouse_uri), lease=lease)
     query = (output.writeStream.queryName("sessions")
              .option("checkpointLocation", str(config.checkpoint))
              .trigger(**trigger)
@@ -75,6 +80,7 @@ class RunSummary:
     refused_files: int = 0  # symlinks and special files moved to landing/_refused/ (a quarantine row each)
     waiting_files: int = 0  # files left in landing at the last ingest: still being written
     stopped_by: str | None = None  # run only: "caller" (event, Ctrl-C) or "stop request" (sessionctl stop)
+    lease_epoch: int | None = None  # the epoch of the job lease it ran under (its commits record it)
     savepoint: dict[str, Any] | None = None  # the savepoint a stop request asked for, when taken
     clock_rows: int = 0     # idle-close clock rows ingest appended (README "Idle close")
     last_clock: str | None = None  # the newest one's event time
@@ -121,7 +127,8 @@ class RunSummary:
 class _Run:
     spark: SparkSession
     meta: JobMetadata
-    lease: LeaseInfo
+    operator: StateOperator
+    lease: Lease
     summary: RunSummary
 
 
@@ -131,11 +138,15 @@ def _job(config: SessionsConfig, what: str, spark: SparkSession | None,
     """The head both loops share: the job lease, the tables, the checkpoint's metadata and the session.
 
     `meanwhile` (catch-up's ingest) runs under the lease in a thread while the Spark JVM starts: the two are seconds
-    each and use different processes (2M events: ingest ~4 s, JVM start ~5 s). Its error, if any, is raised here."""
+    each and use different processes (2M events: ingest ~4 s, JVM start ~5 s). Its error, if any, is raised here.
+
+    A job lease lost on the way (another process took it over: this one was paused or starved past the TTL) ends the
+    block with LeaseLost, one line naming the lease and the newer holder -- whatever failed because of it (the query,
+    a fenced commit) -- and it is never released (pipelines.locks)."""
     started = time.monotonic()
     with job_lock(config, what) as held:
         ensure_tables(config)
-        meta = checkpoint_metadata(config)
+        meta, operator = checkpoint_metadata(config)
         summary = RunSummary()
         with ThreadPoolExecutor(max_workers=1, thread_name_prefix=f"{what}-meanwhile") as pool:
             pending = pool.submit(meanwhile, summary) if meanwhile is not None and spark is None else None
@@ -147,8 +158,14 @@ def _job(config: SessionsConfig, what: str, spark: SparkSession | None,
                 pending.result()
             elif meanwhile is not None:
                 meanwhile(summary)
-        run = _Run(spark, meta, held, summary)
-        yield run
+        run = _Run(spark, meta, operator, held, summary)
+        summary.lease_epoch = held.epoch
+        try:
+            yield run
+        except Exception:
+            if held.lost is not None:  # whatever it failed of (the query, a commit), it is the lost lease to report
+                raise held.lost from None
+            raise
         run.summary.last_committed_batch = inspect_checkpoint(config.checkpoint).last_committed_batch
         run.summary.seconds = round(time.monotonic() - started, 3)
 
@@ -172,7 +189,8 @@ def catch_up(config: SessionsConfig, spark: SparkSession | None = None) -> RunSu
     with _job(config, "catch-up", spark, meanwhile=ingest_timed) as run:
         with spark_failures(config):
             begun = time.monotonic()
-            query, sink = start_query(run.spark, config, run.meta, {"availableNow": True})
+            query, sink = start_query(run.spark, config, run.meta, run.operator, {"availableNow": True},
+                                      lease=run.lease)
             run.summary.timed("query_start", begun)
             begun = time.monotonic()
             query.awaitTermination()
@@ -205,14 +223,15 @@ class _RetryingIngest:
     twice as long as the last (from the poll interval up to SOURCE_RETRY_CAP_S); a success resets it. The stream
     goes on with what raw_events holds meanwhile."""
 
-    def __init__(self, config: SessionsConfig, summary: RunSummary, poll_seconds: float) -> None:
+    def __init__(self, config: SessionsConfig, summary: RunSummary, poll_seconds: float, lease: Lease) -> None:
         self.config, self.summary, self.poll_seconds = config, summary, poll_seconds
+        self.lease = lease  # the run's job lease: its ingest commits are fenced by it too
         self.failures = 0
 
     def __call__(self) -> float:
         """One ingest; the seconds to wait until the next one."""
         try:
-            result = ingest(self.config)
+            result = ingest(self.config, fenced_by=(self.lease,))
         except RETRIED_SOURCE_ERRORS as error:
             self.failures += 1
             delay = min(self.poll_seconds * 2 ** self.failures, max(SOURCE_RETRY_CAP_S, self.poll_seconds))
@@ -244,17 +263,19 @@ def run_continuously(config: SessionsConfig, spark: SparkSession | None = None, 
         summary = run.summary
         request: StopRequest | None = None
         if not stop.is_set():  # a Ctrl-C while the JVM started: stop before the query does
-            ingest_now = _RetryingIngest(config, summary, poll_seconds)
+            ingest_now = _RetryingIngest(config, summary, poll_seconds, run.lease)
             wait = ingest_now()
             with spark_failures(config):
                 begun = time.monotonic()
-                query, sink = start_query(run.spark, config, run.meta, {"processingTime": f"{poll_seconds} seconds"})
+                query, sink = start_query(run.spark, config, run.meta, run.operator,
+                                          {"processingTime": f"{poll_seconds} seconds"}, lease=run.lease)
                 summary.timed("query_start", begun)
             begun = time.monotonic()
             try:
                 next_poll = time.monotonic() + wait
                 next_progress = time.monotonic() + poll_seconds
                 while not stop.is_set() and query.isActive:
+                    run.lease.check()  # between polls too: a lost lease ends the run (LeaseLost), not the caller
                     request = pending_stop(config, run.lease)
                     if request is not None:
                         break

@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import datetime as dt
 import json
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import numpy as np
@@ -12,6 +12,10 @@ import pyarrow.compute as pc
 import pyarrow.dataset as ds
 from deltalake import CommitProperties, DeltaTable, Transaction, write_deltalake
 from pyspark.sql import DataFrame
+
+from pipelines.errors import LeaseLost
+from pipelines.fencing import committing, fence
+from pipelines.locks import Lease
 
 SESSIONS_SCHEMA = pa.schema([
     ("session_id", pa.string()),
@@ -75,17 +79,23 @@ def _millis_to_ts(column: Any) -> pa.Array:
 
 
 def idempotent_append(uri: str, rows: pa.Table, app_id: str, batch_id: int,
-                      storage_options: dict[str, str] | None = None) -> bool:
-    """Append rows at most once per (app_id, batch_id) using Delta's transaction identifiers."""
-    table = DeltaTable(uri, storage_options=storage_options)
-    done = table.transaction_version(app_id)
-    if done is not None and done >= batch_id:
-        return False
-    rows = rows.set_column(rows.schema.get_field_index("written_version"), "written_version",
-                           pa.array([table.version() + 1] * rows.num_rows, pa.int64()))
-    write_deltalake(table, rows, mode="append",
-                    commit_properties=CommitProperties(app_transactions=[Transaction(app_id, batch_id)]))
-    return True
+                      storage_options: dict[str, str] | None = None, leases: Sequence[Lease] = ()) -> bool:
+    """Append rows at most once per (app_id, batch_id) using Delta's transaction identifiers. With `leases`, fenced
+    (pipelines.fencing): refused with LeaseLost once a newer holder of one of them took over or committed here."""
+    def attempt() -> bool:
+        table = DeltaTable(uri, storage_options=storage_options)
+        done = table.transaction_version(app_id)
+        if done is not None and done >= batch_id:
+            return False
+        out = rows.set_column(rows.schema.get_field_index("written_version"), "written_version",
+                              pa.array([table.version() + 1] * rows.num_rows, pa.int64()))
+        transactions, metadata = fence(table, leases, uri)
+        write_deltalake(table, out, mode="append", commit_properties=CommitProperties(
+            app_transactions=[Transaction(app_id, batch_id), *transactions], custom_metadata=metadata or None,
+            max_commit_retries=0))  # the version it loaded, or again from a fresh load (fencing.committing)
+        return True
+
+    return committing(attempt, uri)
 
 
 def _late_raw(rows: pa.Table) -> list[str]:
@@ -146,14 +156,19 @@ class MicroBatchSink:
     exactly once per (checkpoint incarnation, batch id).
 
     Rejected lines never enter the stateful operator: the sink reads them, and the provenance of late
-    events, from raw_events for the batch's source range (from the checkpoint's offset log)."""
+    events, from raw_events for the batch's source range (from the checkpoint's offset log).
+
+    With `lease` (the job lease of the stream's process), every batch first checks it and every commit is fenced by
+    it (pipelines.fencing): a stream whose lease was taken over fails its batch with LeaseLost (kept in `lost`)."""
 
     def __init__(self, sessions_uri: str, quarantine_uri: str, raw_uri: str, incarnation: str,
                  seq_range: Callable[[int], tuple[int, int]],
-                 storage_options: dict[str, str] | None = None):
+                 storage_options: dict[str, str] | None = None, lease: Lease | None = None):
         self.sessions_uri, self.quarantine_uri, self.raw_uri = sessions_uri, quarantine_uri, raw_uri
         self.storage_options = storage_options  # the warehouse's (all three tables live there)
         self.incarnation, self.seq_range = incarnation, seq_range
+        self.leases: tuple[Lease, ...] = (lease,) if lease is not None else ()
+        self.lost: LeaseLost | None = None
         self.sessions_written = 0
         self.quarantined = 0
 
@@ -187,6 +202,15 @@ class MicroBatchSink:
         }, schema=QUARANTINE_SCHEMA)
 
     def __call__(self, batch_df: DataFrame, batch_id: int) -> None:
+        try:
+            for held in self.leases:
+                held.check()  # before the batch's work: a fenced stream does not even read it
+            self._write(batch_df, batch_id)
+        except LeaseLost as lost:
+            self.lost = lost
+            raise
+
+    def _write(self, batch_df: DataFrame, batch_id: int) -> None:
         rows = batch_df.toArrow()
         kind = rows["kind"]
         sessions = rows.filter(pc.equal(kind, "session"))
@@ -203,9 +227,10 @@ class MicroBatchSink:
                 "written_version": pa.nulls(n, pa.int64()),
             }, schema=SESSIONS_SCHEMA)
             if idempotent_append(self.sessions_uri, out, f"sessions-{self.incarnation}", batch_id,
-                                 self.storage_options):
+                                 self.storage_options, self.leases):
                 self.sessions_written += n
         quarantine = self._quarantine_rows(batch_id, rows.filter(pc.equal(kind, "late")))
-        if quarantine is not None and idempotent_append(
-                self.quarantine_uri, quarantine, f"quarantine-{self.incarnation}", batch_id, self.storage_options):
+        if quarantine is not None and idempotent_append(self.quarantine_uri, quarantine,
+                                                        f"quarantine-{self.incarnation}", batch_id,
+                                                        self.storage_options, self.leases):
             self.quarantined += quarantine.num_rows

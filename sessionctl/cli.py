@@ -2,24 +2,24 @@
 from __future__ import annotations
 
 import argparse
+import gc
 import json
 import logging
 import signal
 import sys
-from typing import Any
+import time
+import weakref
+from typing import TYPE_CHECKING, Any
 
 from pipelines.config import SessionsConfig
 from pipelines.errors import SessionsError
-from pipelines.ingest.kafka import accept_loss
-from pipelines.runtime import get_spark, spark_failures, stop_spark
-from pipelines.stream import RunSummary, catch_up
-from pipelines.tables import MicroBatchSink
 from sessionctl.interrupt import INTERRUPTED, install, record
-from state_store.lifecycle import rescale, restore, run_stream, stop_stream, take_savepoint
-from state_store.maintenance import compact
-from state_store.savepoints import SavepointStore
-from state_store.state import lookup_user, top_sessions
-from state_store.status import status
+
+# Each command imports what it runs, in its own function: `--help`, `savepoints` and the other commands that start no
+# JVM never import pyspark (about a second of such a command's own time, `python -X importtime`).
+if TYPE_CHECKING:
+    from pipelines.stream import RunSummary
+    from pipelines.tables import MicroBatchSink
 
 
 def _print(obj: Any, one_line: bool = True) -> None:
@@ -28,10 +28,14 @@ def _print(obj: Any, one_line: bool = True) -> None:
 
 
 def cmd_catch_up(config: SessionsConfig, args: argparse.Namespace) -> None:
+    from pipelines.stream import catch_up
+
     _print(catch_up(config).to_dict())
 
 
 def cmd_run(config: SessionsConfig, args: argparse.Namespace) -> None:
+    from state_store.lifecycle import run_stream
+
     # The first Ctrl-C asks for an orderly stop (between batches, then the summary), at any moment, JVM start-up
     # included; a second one is the impatient kind (sessionctl.interrupt). get_spark keeps that handler over pyspark's.
     stop = INTERRUPTED
@@ -51,6 +55,8 @@ def cmd_run(config: SessionsConfig, args: argparse.Namespace) -> None:
 
 
 def cmd_accept_loss(config: SessionsConfig, args: argparse.Namespace) -> None:
+    from state_store.kafka_loss import accept_loss
+
     result = accept_loss(config)
     if args.json:
         _print(result.to_dict())
@@ -64,10 +70,14 @@ def cmd_accept_loss(config: SessionsConfig, args: argparse.Namespace) -> None:
 
 
 def cmd_stop(config: SessionsConfig, args: argparse.Namespace) -> None:
+    from state_store.lifecycle import stop_stream
+
     _print(stop_stream(config, savepoint=args.savepoint, timeout_s=args.timeout).to_dict(), args.json)
 
 
 def cmd_status(config: SessionsConfig, args: argparse.Namespace) -> None:
+    from state_store.status import status
+
     report = status(config, with_state=not args.no_state).to_dict()
     if args.json:
         _print(report)
@@ -77,29 +87,42 @@ def cmd_status(config: SessionsConfig, args: argparse.Namespace) -> None:
 
 
 def cmd_savepoint(config: SessionsConfig, args: argparse.Namespace) -> None:
+    from state_store.lifecycle import take_savepoint
+
     _print(take_savepoint(config, trigger="manual").to_dict(), args.json)
 
 
 def cmd_savepoints(config: SessionsConfig, args: argparse.Namespace) -> None:
+    from state_store.savepoints import SavepointStore
+
     # Each entry as the catalog holds it (`error` null when none) and its `uri`: the listing's keys since the start.
     _print([saved.to_dict(catalog=True) for saved in SavepointStore.of(config).list()], args.json)
 
 
 def cmd_restore(config: SessionsConfig, args: argparse.Namespace) -> None:
+    from state_store.lifecycle import restore
+
     _print(restore(config, args.savepoint, partitions=args.partitions, migrate=args.migrate).to_dict())
 
 
 def cmd_rescale(config: SessionsConfig, args: argparse.Namespace) -> None:
+    from state_store.lifecycle import rescale
+
     _print(rescale(config, args.partitions).to_dict())
 
 
 def cmd_compact(config: SessionsConfig, args: argparse.Namespace) -> None:
+    from state_store.maintenance import compact
+
     overrides = {name: value for name, value in (("keep_savepoints", args.keep_last),
                                                  ("keep_daily_days", args.keep_daily_days)) if value is not None}
     _print(compact(config.with_(**overrides), dry_run=args.dry_run).to_dict())
 
 
 def cmd_state(config: SessionsConfig, args: argparse.Namespace) -> None:
+    from pipelines.runtime import get_spark, spark_failures
+    from state_store.state import lookup_user, top_sessions
+
     with spark_failures(config):
         spark = get_spark(config)
         result = lookup_user(spark, config, args.user) if args.user is not None else top_sessions(spark, config, args.top)

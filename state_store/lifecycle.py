@@ -16,15 +16,12 @@ from typing import Any
 
 import pyarrow as pa
 import pyarrow.parquet as pq
-from py4j.protocol import Py4JError
-from pyspark.errors import PySparkException
 from pyspark.sql import SparkSession
 
 from pipelines import state_format
 from pipelines.checkpoint import (
     JobMetadata,
     clear_restore_marker,
-    committed_checkpoint,
     inspect_checkpoint,
     read_job_metadata,
     write_job_metadata,
@@ -38,7 +35,6 @@ from pipelines.errors import (
     RescaleRefused,
     RestoreIncomplete,
     SavepointDamaged,
-    SavepointFailed,
     SavepointIncompatible,
     StateMismatch,
     StopIncomplete,
@@ -54,15 +50,16 @@ from pipelines.guards import (
     take_stop_answer,
     withdraw_stop,
 )
-from pipelines.operator import state_layout
-from pipelines.runtime import get_spark, log_traceback, spark_failures
+from pipelines.operator import StateOperator, for_layout, for_new_checkpoint
+from pipelines.runtime import get_spark, spark_failures
 from pipelines.sessionize import rewalk, rows_table
 from pipelines.source import BOOTSTRAP_FILE
-from pipelines.storage import open_table, storage_options, table_exists
+from pipelines.storage import open_table, table_exists
 from pipelines.stream import RunSummary, run_continuously, start_query
-from pipelines.tables import MicroBatchSink, version_after_batch
+from pipelines.tables import MicroBatchSink
 from state_store.results import RescaleMethod, RescaleResult, RestoreResult, SavepointInfo, StopResult
-from state_store.savepoints import SavepointStore, new_savepoint_id, state_checksum
+from state_store.savepointing import savepoint_last_batch
+from state_store.savepoints import SavepointStore, state_checksum
 from state_store.state import read_state, repartition_state
 
 REPLACED_SUFFIX = ".replaced-"
@@ -81,81 +78,17 @@ def _spark(config: SessionsConfig, spark: SparkSession | None) -> SparkSession:
     return spark or get_spark(config)
 
 
-def live_state(spark: SparkSession, checkpoint: Path, batch_id: int | None) -> pa.Table:
+def live_state(spark: SparkSession, checkpoint: Path, batch_id: int | None, op: StateOperator | None = None
+               ) -> pa.Table:
     """Canonical Arrow table of the state at a committed batch (Spark's state data source)."""
-    return state_format.canonical(read_state(spark, checkpoint, batch_id).toArrow())
+    return state_format.canonical(read_state(spark, checkpoint, batch_id, op).toArrow())
 
 
 # ---- savepoint ---------------------------------------------------------------------------------
-# A savepoint reads one committed batch N beside a running stream: state version N through Spark's state data source
-# (by batch id), the source offset and watermark of N from the offset and commit logs, and the output tables'
-# versions as of N (pipelines.tables.version_after_batch). Spark keeps the last SESSIONS_MIN_BATCHES_TO_RETAIN
-# versions; compaction never runs beside a savepoint (both hold the lifecycle lease).
-
-def _read_batch_state(config: SessionsConfig, spark: SparkSession, batch_id: int) -> pa.Table:
-    """State version `batch_id`; a read that fails because Spark's retention removed that version while it was read
-    (a stream committing faster than the read) is one line saying so, not "the checkpoint is damaged"."""
-    try:
-        return live_state(spark, config.checkpoint, batch_id)
-    except (PySparkException, Py4JError):
-        newest = inspect_checkpoint(config.checkpoint).last_committed_batch or batch_id
-        if newest - batch_id < config.min_batches_to_retain:
-            raise  # not retention: spark_failures explains it
-        log_traceback(config)
-        raise SavepointFailed(_retention_lost(config, batch_id, newest)) from None
-
-
-def _retention_lost(config: SessionsConfig, batch_id: int, newest: int) -> str:
-    return (f"state of batch {batch_id} was removed by Spark's retention while the savepoint read it (the stream "
-            f"committed up to batch {newest}; SESSIONS_MIN_BATCHES_TO_RETAIN={config.min_batches_to_retain}): run the "
-            f"savepoint again, and raise that setting if the stream commits batches faster than a savepoint reads")
-
 
 def _take_savepoint(config: SessionsConfig, trigger: str, spark: SparkSession | None) -> SavepointInfo:
-    started = time.monotonic()
-    committed = committed_checkpoint(config.checkpoint, "nothing to savepoint")
-    info, meta, batch_id = committed.info, committed.meta, committed.batch_id
-    spark = _spark(config, spark)
-    store = SavepointStore.of(config)
-    state = _read_batch_state(config, spark, batch_id)
-    newest = inspect_checkpoint(config.checkpoint).last_committed_batch or batch_id
-    if newest - batch_id >= config.min_batches_to_retain:  # read whole, but the version may be gone by now
-        raise SavepointFailed(_retention_lost(config, batch_id, newest))
-    checksum = state_checksum(state)
-    now = dt.datetime.now(dt.timezone.utc)
-    savepoint_id = new_savepoint_id(batch_id, now)
-    options = storage_options(config, config.warehouse_uri)
-    row = {
-        "savepoint_id": savepoint_id, "trigger": trigger, "created_at": now,
-        "batch_id": batch_id, "source_seq": int((info.source_offset or {}).get("seq", 0)),
-        "watermark_ms": int(committed.watermark_ms or 0), "gap_ms": meta.gap_ms, "lateness_ms": meta.lateness_ms,
-        "buckets": meta.buckets, "provider": info.provider, "partitions": info.partitions,
-        "state_schema": state_format.SCHEMA_ID, "rows": state.num_rows, "checksum": checksum,
-        "sessions_version": version_after_batch(config.sessions_table, meta.incarnation, batch_id, options),
-        "quarantine_version": version_after_batch(config.quarantine_table, meta.incarnation, batch_id, options),
-        "incarnation": meta.incarnation, "state_uri": store.state_uri(savepoint_id),
-    }
-    try:
-        store.write_state(savepoint_id, state)
-        reread = store.read_state(savepoint_id)
-        if reread.num_rows != state.num_rows or state_checksum(reread) != checksum:
-            raise SavepointDamaged(f"re-read of {row['state_uri']} does not match the live state")
-        row.update(status="complete", bytes=store.table_bytes(row["state_uri"]),
-                   seconds=round(time.monotonic() - started, 3))
-        store.record(row)
-    except Exception as error:  # noqa: BLE001 -- any failure must leave no complete row behind
-        row.update(status="failed", error=f"{type(error).__name__}: {error}"[:500],
-                   seconds=round(time.monotonic() - started, 3))
-        try:
-            store.record(row)
-            recorded = "recorded as failed in the catalog"
-        except Exception:  # noqa: BLE001 -- the store is down: keep the row for the next catalog access
-            store.defer(row)
-            recorded = "the catalog is unreachable: the failed attempt will be recorded at the next catalog access"
-        cause = str(error).splitlines()[0][:300] if str(error) else type(error).__name__
-        raise SavepointFailed(f"savepoint {savepoint_id} failed and is not listed as complete ({recorded}): "
-                              f"{cause}") from None
-    return SavepointInfo.from_row(row)
+    """The savepoint of the last committed batch (state_store.savepointing: written and verified by the executors)."""
+    return savepoint_last_batch(config, trigger, _spark(config, spark))
 
 
 def take_savepoint(config: SessionsConfig, trigger: str = "manual", spark: SparkSession | None = None) -> SavepointInfo:
@@ -323,26 +256,29 @@ def _restore(config: SessionsConfig, savepoint: str, partitions: int | None, mig
     replaced = _set_aside(config.checkpoint)
     outputs_rolled_back = False
     try:
-        meta = JobMetadata.new(config.gap_ms, config.lateness_ms, config.state_buckets,
-                               created_from=saved.savepoint_id,
-                               state_layout=state_layout(config.new_checkpoint_operator))
+        operator = for_new_checkpoint()
+        meta = JobMetadata.new(config.gap_ms, config.lateness_ms, config.state_buckets, state_layout=operator.layout,
+                               created_from=saved.savepoint_id)
         write_job_metadata(config.checkpoint, meta)
-        staged = config.checkpoint / "_bootstrap_state.parquet"
+        staged = config.checkpoint / "bootstrap-state.parquet"  # not "_...": Spark skips such files
         pq.write_table(state, staged)
+        # The source's first batch carries the savepoint's watermark (a marker); the operator loads the rows as
+        # Spark's initial state in that same batch (pipelines.operator: the restore's bootstrap).
         (config.checkpoint / BOOTSTRAP_FILE).write_text(json.dumps({
-            "savepoint_uri": config.savepoint_uri, "savepoint_id": saved.savepoint_id, "state_path": str(staged),
-            "source_seq": saved.source_seq, "watermark_ms": saved.watermark_ms, "lateness_ms": config.lateness_ms,
+            "savepoint_id": saved.savepoint_id, "source_seq": saved.source_seq,
+            "watermark_ms": saved.watermark_ms, "lateness_ms": config.lateness_ms,
         }))
         outputs_rolled_back = True  # from here the tables may differ from what the old checkpoint wrote
         removed = _roll_back_outputs(config, saved)
         ensure_tables(config)
         spark = _spark(target, spark)
-        # Only the state-only batch (and the empty batch after it): events after the savepoint are the
-        # next catch-up's or run's to process.
-        query, _ = start_query(spark, target, meta, {"availableNow": True},
-                               source_options={"targetSeq": saved.source_seq})
+        # Only the bootstrap batch (and the empty batch after it): events after the savepoint are the next
+        # catch-up's or run's to process.
+        query, _ = start_query(spark, target, meta, operator, {"availableNow": True},
+                               source_options={"targetSeq": saved.source_seq},
+                               initial_rows=spark.read.parquet(str(staged)))
         query.awaitTermination()
-        restored = live_state(spark, config.checkpoint, 0)
+        restored = live_state(spark, config.checkpoint, 0, operator)
         checksum = state_checksum(restored)
         expected = expected_restored_state(state, meta.gap_ms)
         if restored.num_rows != expected.num_rows or checksum != state_checksum(expected):
@@ -379,15 +315,15 @@ def _failed_restore(config: SessionsConfig, savepoint_id: str, replaced: str | N
                              f"({cause}): run the same restore again{kept}", next_step="run the same restore again")
 
 
-def _check_partitions(config: SessionsConfig, partitions: int, layout: str) -> None:
+def _check_partitions(partitions: int, operator: StateOperator, buckets: int) -> None:
     if partitions < 1:
         raise RescaleRefused(f"--partitions must be at least 1, got {partitions}")
-    if layout == state_layout("python") and partitions > config.state_buckets:
-        # The Python operator's state has at most state_buckets keys (hash buckets of user_id): more partitions would
-        # hold nothing but cost a task, a state store instance and its files each, every batch. (The JVM operator's
-        # state is keyed by user.)
-        raise RescaleRefused(f"--partitions must be between 1 and {config.state_buckets} (SESSIONS_STATE_BUCKETS: the "
-                             f"state has at most that many keys), got {partitions}")
+    bound = operator.max_partitions(buckets)
+    if bound is not None and partitions > bound:
+        # More partitions than the state has keys would hold nothing but cost a task, a state store instance and its
+        # files each, every batch.
+        raise RescaleRefused(f"--partitions must be between 1 and {bound} (the state of this checkpoint has at most "
+                             f"that many keys), got {partitions}")
 
 
 def restore(config: SessionsConfig, savepoint: str = "latest", partitions: int | None = None,
@@ -395,7 +331,7 @@ def restore(config: SessionsConfig, savepoint: str = "latest", partitions: int |
     """Put state, source position and outputs back to a savepoint, into a fresh checkpoint built from
     the canonical Delta form alone (the old checkpoint is kept aside, not deleted)."""
     if partitions is not None:
-        _check_partitions(config, partitions, state_layout(config.new_checkpoint_operator))
+        _check_partitions(partitions, for_new_checkpoint(), config.state_buckets)
     with _locks(config, "restore"), spark_failures(config):
         return _restore(config, savepoint, partitions, migrate, spark)
 
@@ -406,7 +342,10 @@ def rescale(config: SessionsConfig, partitions: int, spark: SparkSession | None 
     """Change the state partitions of the stopped job, keeping all state. A pre-rescale savepoint is
     taken first; RocksDB uses Spark's offline repartition, the HDFS-backed provider savepoint+restore."""
     meta = read_job_metadata(config.checkpoint)  # the operator the checkpoint was made with bounds its partitions
-    _check_partitions(config, partitions, (meta and meta.state_layout) or state_layout(config.new_checkpoint_operator))
+    if meta is not None:
+        _check_partitions(partitions, for_layout(meta.state_layout), meta.buckets)
+    else:
+        _check_partitions(partitions, for_new_checkpoint(), config.state_buckets)
     started = time.monotonic()
     with _locks(config, "rescale"), spark_failures(config):
         info = inspect_checkpoint(config.checkpoint)

@@ -12,6 +12,7 @@ from __future__ import annotations
 import datetime as dt
 import json
 import os
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -61,19 +62,60 @@ def new_savepoint_id(batch_id: int, now: dt.datetime) -> str:
 _NULL_TOKEN = {"event_type": "\x00"}  # v1 checksums used "" for other nulls; kept so v1 savepoints verify
 
 
-def state_checksum(table: pa.Table) -> str:
-    """Order-independent checksum of state rows (canonical v2 or v1): the count and the wrapping sum of
-    per-row 64-bit SipHash values (pandas' deterministic `hash_array`, fixed key) of all fields joined,
-    labelled with the algorithm."""
+CHECKSUM_ALGORITHM = "siphash64"
+_MOD64 = 1 << 64
+
+
+def row_hashes(rows: pa.Table | pa.RecordBatch) -> np.ndarray:
+    """Per-row 64-bit SipHash values (pandas' deterministic `hash_array`, fixed key) of all fields, in the rows'
+    column order, joined by \\x1f: integers and timestamps as their int64 text (epoch microseconds), nulls as ""
+    (event_type: \\x00). What state_checksum sums; the executors hash their share with it too
+    (state_store.savepoint_io)."""
     parts = []
-    for column_field in table.schema:
-        column = table[column_field.name]
+    for column_field in rows.schema:
+        column = rows[column_field.name]
         if pa.types.is_timestamp(column_field.type) or pa.types.is_integer(column_field.type):
             column = pc.cast(pc.cast(column, pa.int64()), pa.string())
         parts.append(pc.fill_null(column, _NULL_TOKEN.get(column_field.name, "")))
     keys = pc.binary_join_element_wise(*parts, "\x1f")
-    hashes = pd.util.hash_array(keys.to_numpy(zero_copy_only=False), categorize=False)
-    return f"siphash64:{table.num_rows}:{int(hashes.sum(dtype=np.uint64)):016x}"
+    return pd.util.hash_array(keys.to_numpy(zero_copy_only=False), categorize=False)
+
+
+def partial_checksum(rows: pa.Table | pa.RecordBatch) -> tuple[int, int]:
+    """(row count, wrapping uint64 sum of row_hashes): a share of a checksum, combined with combine_checksum."""
+    if not rows.num_rows:
+        return 0, 0
+    return rows.num_rows, int(row_hashes(rows).sum(dtype=np.uint64))
+
+
+def combine_checksum(parts: Iterable[tuple[int, int]]) -> str:
+    """The checksum of all rows from the partial checksums of any split of them (order-independent: a count and a
+    sum modulo 2^64), in state_checksum's form."""
+    rows = total = 0
+    for count, hash_sum in parts:
+        rows += int(count)
+        total = (total + int(hash_sum)) % _MOD64
+    return f"{CHECKSUM_ALGORITHM}:{rows}:{total:016x}"
+
+
+def state_checksum(table: pa.Table) -> str:
+    """Order-independent checksum of state rows (canonical v2 or v1): the count and the wrapping sum of
+    per-row 64-bit SipHash values (row_hashes), labelled with the algorithm."""
+    return combine_checksum([partial_checksum(table)])
+
+
+@dataclass(frozen=True)
+class StateFiles:
+    """A savepoint state table as its Delta log lists it: what the executors read (state_store.savepoint_io)."""
+
+    uri: str
+    columns: tuple[str, ...]  # the table's schema, in order (a checksum joins fields in this order)
+    files: tuple[str, ...]    # absolute URIs of the data files (file:// or s3://)
+    sizes: tuple[int, ...]
+
+    @property
+    def bytes(self) -> int:
+        return sum(self.sizes)
 
 
 @dataclass(frozen=True)
@@ -124,8 +166,27 @@ class SavepointStore:
         return target
 
     def read_state(self, savepoint_id: str) -> pa.Table:
+        """The whole state table in this process (small savepoints, tests); state_store.savepoint_io reads it in
+        the executors."""
         with s3_errors(self.uri):
             return DeltaTable(self.state_uri(savepoint_id), storage_options=self.options).to_pyarrow_table()
+
+    def exists(self, savepoint_id: str) -> bool:
+        """Whether the savepoint's state table exists (a committed Delta table; half-written files are not one)."""
+        uri = self.state_uri(savepoint_id)
+        with s3_errors(uri):
+            return bool(DeltaTable.is_deltatable(uri, storage_options=self.options))
+
+    def data_files(self, savepoint_id: str) -> StateFiles:
+        """The state table's current data files and column names, from its Delta log alone (no row is read)."""
+        uri = self.state_uri(savepoint_id)
+        with s3_errors(uri):
+            table = DeltaTable(uri, storage_options=self.options)
+            adds = pa.table(table.get_add_actions(flatten=True))
+            columns = tuple(column.name for column in table.schema().fields)
+            root = table.table_uri.rstrip("/")
+        return StateFiles(uri, columns, tuple(f"{root}/{path}" for path in adds["path"].to_pylist()),
+                          tuple(int(size) for size in adds["size_bytes"].to_pylist()))
 
     def table_bytes(self, uri: str) -> int:
         with s3_errors(uri):

@@ -19,8 +19,7 @@ Helpers (import them with ``from tests.conftest import ...``)
 ``make_config(tmp_path, provider="rocksdb", **env) -> SessionsConfig``
     SESSIONS_HOME is ``tmp_path / "home"`` (override with ``home=...``). Keyword arguments are environment
     variable names (``SESSIONS_GAP_MINUTES=5``), values are str()-ed; a value of None removes the variable.
-    Defaults: gap 30 min, lateness 10 min, 2 state partitions, 8 state buckets (``PRODUCT_BUCKETS`` for the
-    product's 64), SESSIONS_MAX_VERSIONS_PER_BATCH=1 (each ingest commit is its own micro-batch; pass
+    Defaults: gap 30 min, lateness 10 min, 2 state partitions, SESSIONS_MAX_VERSIONS_PER_BATCH=1 (each ingest commit is its own micro-batch; pass
     ``SESSIONS_MAX_VERSIONS_PER_BATCH=None`` for "all available").
 ``tool(name) -> str``  the path of a console script of the venv running the tests (sessionctl, dagster, ...).
 ``config_env(config) -> dict``  the environment for a ``sessionctl`` subprocess running the same config.
@@ -51,8 +50,9 @@ os.environ["PYSPARK_PYTHON"] = sys.executable
 os.environ.setdefault("PYSPARK_DRIVER_PYTHON", sys.executable)
 # The suite's driver JVMs (this process's and every sessionctl / Dagster run it starts, through the environment) are
 # short-lived and the suite is CPU-bound on 2 cores: the C1 compiler alone spends less CPU compiling than it saves.
-# Measured with farm-bench, A B A B: test_crash_restart[rocksdb] 0.88x wall, test_jvm_operator.py 0.94x. Spark reads
-# SPARK_SUBMIT_OPTS into the driver's command line; production JVMs keep the default (tiered C2) compilation.
+# Measured in alternating pairs (A B A B): test_crash_restart[rocksdb] 0.88x wall, test_jvm_operator.py 0.94x
+# (benchmarks/README.md, "The test suite's own time"). Spark reads SPARK_SUBMIT_OPTS into the driver's command line;
+# production JVMs keep the default (tiered C2) compilation.
 os.environ.setdefault("SPARK_SUBMIT_OPTS", "-XX:TieredStopAtLevel=1")
 
 REPO = Path(__file__).resolve().parent.parent
@@ -73,17 +73,10 @@ DEFAULT_ENV = {
     "SESSIONS_GAP_MINUTES": "30",
     "SESSIONS_LATENESS_MINUTES": "10",
     "SESSIONS_MAX_VERSIONS_PER_BATCH": "1",
-    # The operator pays a fixed cost per state bucket it calls, and a test's small batches touch most of them: 8
-    # buckets (4 per partition) keep several users per bucket at a fraction of the product default's per-batch cost.
-    # Tests that run the product default name it: PRODUCT_BUCKETS.
-    "SESSIONS_STATE_BUCKETS": "8",
     # Off unless a test turns it on (tests/test_idle_close.py): a test that runs longer than the default idle time
     # would otherwise get clock rows its oracle does not expect.
     "SESSIONS_IDLE_CLOSE_MINUTES": "0",
 }
-
-
-PRODUCT_BUCKETS = {"SESSIONS_STATE_BUCKETS": None}  # make_config(..., **PRODUCT_BUCKETS): the product's default
 
 
 def make_config(tmp_path: Path, provider: str = "rocksdb", home: Path | str | None = None, **env):
@@ -344,7 +337,7 @@ def postgres_server() -> Iterator[PostgresServer]:
         shutil.rmtree(root, ignore_errors=True)
 
 
-# --- Test tiers (issue 18): every test is pure, spark, subprocess or e2e -----------------------------------------
+# --- Test tiers: every test is pure, spark, subprocess or e2e ----------------------------------------------------
 # Markers registered in pyproject.toml; `make test-fast` runs `-m "pure or spark"`, `make test` everything.
 #   pure        no JVM: the pure core, config, locks, oracle
 #   spark       Spark in-process, through the session-scoped `spark` fixture
@@ -398,12 +391,29 @@ TEST_TIERS: dict[str, str | tuple[str, dict[str, str]]] = {
                                     "test_state_checksum_ignores_order_and_sees_every_field": "pure",
                                     "test_result_json_keeps_the_contract_keys": "pure",
                                     "test_cli_expected_errors_are_one_line": "subprocess"}),
-    "test_locks.py": ("pure", {"test_two_hosts_with_separate_homes_share_the_lease": "subprocess"}),
+    "test_locks.py": ("pure", {"test_two_hosts_with_separate_homes_share_the_lease": "subprocess",
+                               "test_processes_racing_for_an_expired_lease_exactly_one_wins[local]": "subprocess",
+                               "test_a_holder_paused_past_the_ttl_is_fenced_and_never_touches_the_newer_holder[local]":
+                                   "subprocess",
+                               # the S3 variants run against the moto server (s3_endpoint, taken in lease_location)
+                               **{f"{test}[s3]": "e2e" for test in (
+                                   "test_processes_racing_for_an_expired_lease_exactly_one_wins",
+                                   "test_a_holder_paused_past_the_ttl_is_fenced_and_never_touches_the_newer_holder",
+                                   "test_renewals_lapsed_past_the_ttl_fence_the_holder_even_when_nobody_took_over",
+                                   "test_an_empty_lease_record_is_recovered_after_the_ttl",
+                                   "test_waiting_for_a_lease_has_a_deadline_that_names_the_holder",
+                                   "test_a_pid_is_judged_only_in_its_own_host_boot_and_pid_namespace",
+                                   "test_old_epoch_records_are_collected_and_a_hand_emptied_store_starts_a_new_series")}}),
+    "test_fencing.py": ("subprocess", {"test_a_commit_that_loses_the_race_for_its_version_is_tried_again_not_rebased":
+                                           "pure"}),
     "test_restore_marker.py": "subprocess",
     "test_restore_watermark.py": "spark",
     "test_online_lifecycle.py": "subprocess",
     "test_run_continuously.py": "subprocess",
     "test_s3_down.py": "e2e",
+    "test_savepoint_io.py": ("spark", {"test_checksums_of_existing_savepoints_are_unchanged": "pure",
+                                       "test_partial_checksums_of_any_split_combine_to_the_whole": "pure",
+                                       "test_file_statistics_bound_every_value": "pure"}),
     "test_source_reads.py": "pure",
     "test_state_migration.py": ("spark", {"test_checkpoint_of_the_json_layout_is_refused_with_the_way_out": "pure"}),
     "test_storage.py": "e2e",

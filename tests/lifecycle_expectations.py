@@ -1,17 +1,5 @@
-"""Adapter from the lifecycle tests' micro-batches (event dicts with ISO event_time) to the oracle."""
-from __future__ import annotations
+"""Moved to testkit/lifecycle_expectations.py (the crash campaign in testkit uses it too); this re-export keeps the
+many test modules that import `tests.lifecycle_expectations` working. New code imports testkit.lifecycle_expectations."""
+from testkit.lifecycle_expectations import expected_closed_sessions
 
-import datetime as dt
-
-from tests.oracle import run_oracle
-
-
-def _ms(text: str) -> int:
-    return int(dt.datetime.fromisoformat(text.replace("Z", "+00:00")).timestamp() * 1000)
-
-
-def expected_closed_sessions(chunks: list[list[dict]], gap_ms: int, lateness_ms: int) -> list[tuple]:
-    batches = [[{**event, "event_time_ms": _ms(event["event_time"])} for event in chunk] for chunk in chunks]
-    result = run_oracle(batches, gap_ms, lateness_ms)
-    assert not result.late, "these tests use data with no late event"
-    return sorted(result.closed)
+__all__ = ["expected_closed_sessions"]

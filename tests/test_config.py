@@ -85,14 +85,20 @@ def test_a_bad_setting_and_a_held_lock_are_expected_errors(tmp_path):
         pass
 
 
-def test_the_dagster_resource_has_every_setting(tmp_path):
-    """SessionsResource is derived from SessionsConfig: one optional field per setting, in the same order, and a
-    field set on the resource is the setting the library gets (the ones the copied resource once lacked too)."""
+def test_the_dagster_resource_has_every_setting(tmp_path, monkeypatch):
+    """SessionsResource declares every setting of SessionsConfig: one optional field per setting, in the same order,
+    of the setting's kind; a field left unset is the setting's default (unset = SESSIONS_<NAME>, then SessionsConfig's
+    default), and a field set on the resource is the setting the library gets."""
     from dataclasses import fields
 
     from assets.resources import SessionsResource
 
-    assert list(SessionsResource.model_fields) == [setting.name for setting in fields(SessionsConfig)]
+    declared = [(name, field.annotation, field.default) for name, field in SessionsResource.model_fields.items()]
+    assert declared == [(setting.name, setting.metadata.get("kind", str) | None, None)
+                        for setting in fields(SessionsConfig)], "SessionsResource and SessionsConfig differ"
+    for name in [name for name in os.environ if name.startswith("SESSIONS_")]:
+        monkeypatch.delenv(name)
+    assert SessionsResource(home=str(tmp_path)).config() == SessionsConfig.from_env({"SESSIONS_HOME": str(tmp_path)})
     resource = SessionsResource(home=str(tmp_path), warehouse_uri=str(tmp_path / "tables"),
                                 landing_uri=str(tmp_path / "drop"), checkpoint_uri=str(tmp_path / "shared"),
                                 lease_ttl_s=5.5, ingest_settle_seconds=3, spark_ui=True, gap_minutes=20)

@@ -9,24 +9,20 @@ A small harness drives `advance` the way the stream does: per micro-batch, with 
 from __future__ import annotations
 
 import random
-from collections import Counter
 
-import numpy as np
 import pandas as pd
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from pipelines import state_format
-from pipelines.sessionize import advance, empty_rows, open_sessions, rows_table
-from pipelines.state_format import BucketStore
+from pipelines.sessionize import advance, empty_rows, open_sessions
 from tests.datagen import BASE_MS, adversarial_events, event_streams, random_split
 from tests.oracle import oracle_session_id, run_oracle, split_events
 
 GAP = 30 * 60_000
 LATE = 10 * 60_000
 MIN = 60_000
-MODES = ["every", "touched", "bucket"]
+MODES = ["every", "touched"]
 
 
 def _frame(events: list[dict]) -> pd.DataFrame:
@@ -43,11 +39,6 @@ def _rows(closed: pd.DataFrame) -> set:
              int(r.page_views), r.end_reason) for r in closed.itertuples()}
 
 
-def _row_counts(table) -> Counter:
-    """Rows of a STORE_SCHEMA table as a multiset of (user_id, ..., due_ms) tuples."""
-    return Counter(zip(*(table[name].to_pylist() for name in state_format.STORE_SCHEMA.names)))
-
-
 def _check_frozen(rows: dict, watermark: int) -> None:
     """The layout's invariant after a walk at `watermark`: per open session at most one frozen prefix, no
     event row at or below the watermark, every due_ms above it."""
@@ -58,12 +49,10 @@ def _check_frozen(rows: dict, watermark: int) -> None:
     assert (frame["due_ms"] > watermark).all()
 
 
-def drive(batches: list[list[dict]], gap_ms: int, lateness_ms: int, mode: str = "every", compact_min_rows: int = 2):
+def drive(batches: list[list[dict]], gap_ms: int, lateness_ms: int, mode: str = "every"):
     """Run advance over micro-batches as a stateful operator would. Modes:
       * "every": one group, all of it walked every batch;
-      * "touched": one group per user, walked only when the user has new events; flushed at the end;
-      * "bucket": the operator's way: one group stored as a state_format.BucketStore value; `take` hands out the
-        users with events or due, the rest stays (cold bytes untouched unless needed).
+      * "touched": one group per user, walked only when the user has new events; flushed at the end.
     Returns (closed set, open sessions set, late ids, duplicates, list of every closed row in write order)."""
     state: dict[str, dict] = {}
     watermark, max_time = 0, None
@@ -81,30 +70,9 @@ def drive(batches: list[list[dict]], gap_ms: int, lateness_ms: int, mode: str = 
             assert result.next_due_ms > watermark
         return result.open_rows
 
-    stored: Counter = Counter()  # the bucket's rows as this harness tracks them: what was saved, minus what was taken
-
-    def bucket_step(new_events):
-        # A tiny compaction threshold: cold reads, pulls, dead users and compactions all happen often.
-        nonlocal stored
-        users = {e["user_id"] for e in new_events}
-        store = BucketStore.load(state.get("*"), compact_min_rows=compact_min_rows)
-        walk = store.take(users, watermark)
-        taken = _row_counts(walk)
-        assert not taken - stored, "take handed out rows that were never saved"
-        left = stored - taken
-        assert not [r for r in left if r[0] in users or r[-1] <= watermark], "a batch user's or a due row stayed behind"
-        walked = rows_table(step("*", new_events, walk))
-        value = store.save(walked)
-        state["*"] = value
-        stored = left + _row_counts(walked)
-        # The stored value holds exactly the rows left behind plus the walked ones, whatever was compacted.
-        assert (_row_counts(state_format.decode(value)) if value is not None else Counter()) == stored
-
     for batch in batches:
         if mode == "every":
             state["*"] = step("*", batch)
-        elif mode == "bucket":
-            bucket_step(batch)
         else:
             for user in dict.fromkeys(e["user_id"] for e in batch):
                 state[user] = step(user, [e for e in batch if e["user_id"] == user])
@@ -113,12 +81,7 @@ def drive(batches: list[list[dict]], gap_ms: int, lateness_ms: int, mode: str = 
         if max_time is not None:
             watermark = max(watermark, max_time - lateness_ms)
     for group in list(state):
-        if mode == "bucket":
-            bucket_step([])
-        else:
-            state[group] = step(group, [])
-    if mode == "bucket":
-        state = {"*": state_format.decode(state["*"])} if state.get("*") else {}
+        state[group] = step(group, [])
     open_set = set()
     for rows in state.values():
         for r in open_sessions(rows, gap_ms).itertuples():
@@ -128,10 +91,10 @@ def drive(batches: list[list[dict]], gap_ms: int, lateness_ms: int, mode: str = 
     return set(written), open_set, late, duplicates, written
 
 
-def check_against_oracle(events, split, gap_ms=GAP, lateness_ms=LATE, mode="every", compact_min_rows=2):
+def check_against_oracle(events, split, gap_ms=GAP, lateness_ms=LATE, mode="every"):
     batches = split_events(events, split)
     expected = run_oracle(batches, gap_ms, lateness_ms)
-    closed, open_set, late, duplicates, written = drive(batches, gap_ms, lateness_ms, mode, compact_min_rows)
+    closed, open_set, late, duplicates, written = drive(batches, gap_ms, lateness_ms, mode)
     assert len(written) == len(closed), "a session was closed twice"
     assert closed == expected.closed
     assert open_set == set(expected.open_sessions)
@@ -258,7 +221,7 @@ def test_adversarial_generator_matches_oracle(seed):
     events = adversarial_events(seed, users=5, events_per_user=30)
     for parts in (1, 4, 17, len(events)):
         split = random_split(len(events), parts, rng)
-        check_against_oracle(events, split, mode=MODES[parts % 3])
+        check_against_oracle(events, split, mode=MODES[parts % len(MODES)])
 
 
 # --------------------------------------------------------------------------------------------------------
@@ -320,26 +283,3 @@ def test_sleeping_user_is_one_row_and_continues_exactly():
     step4 = advance(step3.open_rows, _frame([]), t0 + 2 * MIN + 1 + GAP, GAP)
     assert _rows(step4.closed) == {(oracle_session_id("u", t0), "u", t0, t0 + 2 * MIN + 1, 4, 3, "inactivity")}
     assert list(step4.open_rows["event_id"]) == ["e"]
-
-
-@settings(max_examples=200, deadline=None, suppress_health_check=[HealthCheck.too_slow])
-@given(batches=near_watermark_streams(), compact_min_rows=st.sampled_from([0, 3, 8, 10_000]))
-def test_bucket_store_any_compaction_threshold_matches_oracle(batches, compact_min_rows):
-    """The bucket value's cold/hot/dead bookkeeping (compaction every call, sometimes, never) is invisible."""
-    events = [e for batch in batches for e in batch]
-    check_against_oracle(events, [len(b) for b in batches], mode="bucket", compact_min_rows=compact_min_rows)
-
-
-def test_untouched_cold_rows_are_carried_as_bytes():
-    """A batch that touches none of the cold users and has none due copies cold's bytes, not its rows."""
-    sleepers = pd.DataFrame({"user_id": [f"s{i}" for i in range(50)], "event_id": [f"e{i}" for i in range(50)],
-                             "event_time_ms": np.full(50, BASE_MS, dtype="int64"), "event_type": ["click"] * 50})
-    value = state_format.encode(rows_table(advance(empty_rows(), sleepers, 0, GAP).open_rows))
-    store = BucketStore.load(value)
-    cold = store.cold_bytes
-    walk = store.take(["active"], BASE_MS - 1)
-    assert walk.num_rows == 0 and store._live_cold is None  # cold never decoded
-    store.save(rows_table(advance(walk, _frame([ev("active", "a", 5)]), BASE_MS - 1, GAP).open_rows))
-    assert store.cold_bytes is cold and store.rows().num_rows == 51
-    due = store.take([], BASE_MS)  # the watermark reaches the sleepers' events: all due (to freeze)
-    assert due.num_rows == 50 and len(store.dead) == 50

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from tests.campaign import run_campaign
+from testkit.campaign import run_campaign
 
 # Seeds picked (by replaying the campaign's random choices) so that the two short runs together kill six of the seven
 # phases, the stream's two among them; the seventh, catch-up, is killed twice per provider by test_crash_restart.py.

@@ -52,9 +52,9 @@ def test_damaged_state_file_is_one_line_and_restore_recovers(tmp_path, spark):
 def test_python_worker_that_cannot_start_is_one_line_and_nothing_is_committed(tmp_path, spark):
     """A Python worker that dies at start (a broken PYSPARK_PYTHON, as a bad image or an overloaded host leaves
     it): catch-up and savepoint fail in one line that quotes the worker and names the log; nothing is committed,
-    and a catch-up with a working interpreter goes on exactly once. (The Python operator: the JVM operator's savepoint
-    reads its state without a Python worker.)"""
-    config = make_config(tmp_path, "hdfs", SESSIONS_OPERATOR="python")
+    and a catch-up with a working interpreter goes on exactly once. (The source and the savepoint's writing tasks run
+    in Python workers.)"""
+    config = make_config(tmp_path, "hdfs")
     chunks = in_order_chunks(40, seed=43, parts=2)
     land(config.landing, "part-0.jsonl", [json.dumps(e) for e in chunks[0]])
     ingest(config, files_per_commit=1)

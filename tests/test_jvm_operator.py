@@ -1,14 +1,16 @@
 """The JVM operator (the default for a new checkpoint, jvm/src/sessions/SessionsOperator.java) against the oracle.
 
-Its rule for one user against the Python core (the specification) on generated inputs, through py4j; the same
-adversarial scenarios as tests/test_stream_vs_oracle.py on both providers; a savepoint taken from the
-Python operator's checkpoint restored into the JVM operator and continued (savepoints are operator-neutral: the
-canonical per-user rows), and back; a checkpoint is refused in one line by the other operator; its stored form
+Its rule for one user against the Python core (the specification) on generated inputs, through py4j (the stream
+against the oracle: tests/test_stream_vs_oracle.py, which runs it); a checkpoint of the retired Python
+operator refused in one line, then moved to the JVM operator by a savepoint and a restore (savepoints are
+operator-neutral: the canonical per-user rows); the constants Java shares with Python; its stored form
 (StateCodec.java) round-trips any rows, and values written before v2 still read.
 """
 from __future__ import annotations
 
 import json
+import shutil
+from pathlib import Path
 
 import numpy as np
 import pandas as pd
@@ -17,85 +19,62 @@ from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
 from pipelines.checkpoint import read_job_metadata
+from pipelines.config import ConfigError
 from pipelines.errors import CheckpointMismatch
-from pipelines.operator import state_layout
+from pipelines.operator import OUTPUT_COLUMNS
+from pipelines.operator_jvm import STATE_LAYOUT as JVM_STATE_LAYOUT
 from pipelines.sessionize import advance, empty_rows
 from pipelines.stream import catch_up
 from state_store.lifecycle import restore, take_savepoint
-from tests.conftest import make_config, read_open_sessions, read_sessions
+from tests import oracle
+from tests.conftest import make_config, read_sessions
 from tests.datagen import land_batches, stream_scenario
 from tests.oracle import run_oracle
 from tests.test_stream_vs_oracle import GAP_MS, LATENESS_MS, assert_matches_oracle
 
-JVM = {"SESSIONS_OPERATOR": "jvm"}
+PYTHON_HOME = Path(__file__).resolve().parent / "fixtures" / "python_operator_home"  # make_python_operator_home.py
+PYTHON_CUT = 4
 
 
-@pytest.mark.parametrize("provider", ["rocksdb", "hdfs"])
-@pytest.mark.parametrize("seed,parts,very_late,partitions", [
-    pytest.param(1, 1, False, 2, id="1batch"),
-    pytest.param(4, 10, False, 4, id="10batches-4partitions"),
-    pytest.param(5, 5, True, 2, id="5batches-very-late"),
-])
-def test_jvm_operator_equals_oracle(spark, tmp_path, provider, seed, parts, very_late, partitions):
-    config = make_config(tmp_path, provider, SESSIONS_STATE_PARTITIONS=partitions, **JVM)
-    batches = stream_scenario(seed, parts, very_late, GAP_MS, LATENESS_MS)
-    land_batches(config, batches)
+def test_a_checkpoint_of_the_retired_python_operator_moves_to_the_jvm_operator(spark, tmp_path):
+    """A checkpoint the Python operator made (HDFS, 4 batches in) cannot run: one line naming the way out, before
+    anything is written. Its state still reads: a savepoint of it, restored (into the JVM operator), then the rest of
+    the data: exactly the oracle's sessions, open sessions and late events for the whole stream."""
+    home = tmp_path / "home"
+    shutil.copytree(PYTHON_HOME, home)
+    config = make_config(tmp_path, "hdfs", home=home, SESSIONS_STATE_PARTITIONS=2)
+    batches = stream_scenario(2, 6, gap_ms=GAP_MS, lateness_ms=LATENESS_MS)
+    land_batches(config, batches[PYTHON_CUT:], start=PYTHON_CUT)
+    sessions_before = read_sessions(config)
+    with pytest.raises(CheckpointMismatch) as refused:
+        catch_up(config, spark)
+    message = str(refused.value)
+    assert "Python operator" in message and "sessionctl savepoint" in message and "\n" not in message
+    assert read_sessions(config) == sessions_before  # refused before anything ran
+
+    saved = take_savepoint(config, spark=spark)
+    expected_cut = run_oracle(batches[:PYTHON_CUT], GAP_MS, LATENESS_MS)
+    assert saved.rows > 0  # open state crosses over, not only the source position
+    restore(config, "latest", spark=spark)
+    assert read_job_metadata(config.checkpoint).state_layout == JVM_STATE_LAYOUT
+    assert sorted(expected_cut.closed) == sessions_before  # the fixture itself is the oracle's, up to the cut
     catch_up(config, spark)
     assert_matches_oracle(spark, config, batches)
 
 
-@pytest.mark.parametrize("first,then", [("python", "jvm"), ("jvm", "python")])
-def test_a_savepoint_moves_state_between_the_operators(spark, tmp_path, first, then):
-    """Savepoint on one operator mid-stream, restore with the other, go on: exactly the oracle's sessions."""
-    batches = stream_scenario(6, 6, True, GAP_MS, LATENESS_MS)
-    cut = 4
-    before = make_config(tmp_path, "rocksdb", SESSIONS_OPERATOR=first)
-    land_batches(before, batches[:cut])
-    catch_up(before, spark)
-    saved = take_savepoint(before, spark=spark)
-    assert saved.rows > 0  # open state crosses over, not only the source position
-
-    after = make_config(tmp_path, "rocksdb", SESSIONS_OPERATOR=then)
-    result = restore(after, "latest", spark=spark)
-    assert result.verified
-    land_batches(after, batches[cut:], start=cut)
-    catch_up(after, spark)
-    expected = run_oracle(batches, GAP_MS, LATENESS_MS)
-    assert read_sessions(after) == sorted(expected.closed)
-    assert read_open_sessions(spark, after) == sorted(expected.open_sessions)
+def test_the_python_operator_setting_is_refused_in_one_line(tmp_path):
+    with pytest.raises(ConfigError, match=r"^SESSIONS_OPERATOR=python: the Python operator is retired;[^\n]*restore"):
+        make_config(tmp_path, "rocksdb", SESSIONS_OPERATOR="python")
 
 
-def test_the_other_operator_refuses_the_checkpoint_in_one_line(spark, tmp_path):
-    batches = stream_scenario(1, 1, False, GAP_MS, LATENESS_MS)
-    config = make_config(tmp_path, "hdfs", **JVM)
-    land_batches(config, batches)
-    catch_up(config, spark)
-    with pytest.raises(CheckpointMismatch) as refused:
-        catch_up(make_config(tmp_path, "hdfs", SESSIONS_OPERATOR="python"), spark)
-    message = str(refused.value)
-    assert "made by the jvm operator" in message and "SESSIONS_OPERATOR=jvm" in message and "\n" not in message
-
-
-def test_unset_operator_keeps_the_checkpoints_own(spark, tmp_path):
-    """An upgrade that flips the default must not strand a running deployment: a checkpoint made by the Python
-    operator goes on with the Python operator when SESSIONS_OPERATOR is unset, and still equals the oracle; a fresh
-    checkpoint gets the JVM operator."""
-    batches = stream_scenario(4, 4, True, GAP_MS, LATENESS_MS)
-    config = make_config(tmp_path, "rocksdb", SESSIONS_OPERATOR="python")
-    land_batches(config, batches[:2])
-    catch_up(config, spark)
-    unset = make_config(tmp_path, "rocksdb")
-    assert unset.operator == "" and unset.new_checkpoint_operator == "jvm"
-    land_batches(unset, batches[2:], start=2)
-    catch_up(unset, spark)
-    assert read_job_metadata(unset.checkpoint).state_layout == state_layout("python")
-    expected = run_oracle(batches, GAP_MS, LATENESS_MS)
-    assert read_sessions(unset) == sorted(expected.closed)
-    assert read_open_sessions(spark, unset) == sorted(expected.open_sessions)
-    fresh = make_config(tmp_path / "fresh", "rocksdb")
-    land_batches(fresh, batches[:1])
-    catch_up(fresh, spark)
-    assert read_job_metadata(fresh.checkpoint).state_layout == state_layout("jvm")
+def test_the_java_side_is_held_to_the_python_seam(spark):
+    """What Java and Python must agree on, compared across py4j: the state layout id a checkpoint records, the output
+    columns (names in the order Java builds rows; types are handed to it from OUTPUT_SCHEMA) and the event types the
+    rules know."""
+    java = spark._jvm.sessions
+    assert java.SessionsOperator.STATE_LAYOUT == JVM_STATE_LAYOUT
+    assert list(java.SessionsOperator.OUTPUT_NAMES) == [name for name, _ in OUTPUT_COLUMNS]
+    assert (java.SessionsOperator.LOGOUT, java.SessionsOperator.PAGE_VIEW) == (oracle.LOGOUT, oracle.PAGE_VIEW)
 
 
 @pytest.mark.parametrize("provider", ["rocksdb", "hdfs"])
@@ -106,13 +85,13 @@ def test_rescale_keeps_the_jvm_operators_state(spark, tmp_path, provider):
 
     batches = stream_scenario(7, 6, True, GAP_MS, LATENESS_MS)
     cut = 3
-    config = make_config(tmp_path, provider, **JVM)
+    config = make_config(tmp_path, provider)
     land_batches(config, batches[:cut])
     catch_up(config, spark)
     result = rescale(config, 3, spark=spark)
     assert (result.partitions_before, result.partitions_after) == (2, 3)
     assert result.method == ("repartition" if provider == "rocksdb" else "savepoint-restore")
-    rescaled = make_config(tmp_path, provider, SESSIONS_STATE_PARTITIONS=3, **JVM)
+    rescaled = make_config(tmp_path, provider, SESSIONS_STATE_PARTITIONS=3)
     land_batches(rescaled, batches[cut:], start=cut)
     catch_up(rescaled, spark)
     assert_matches_oracle(spark, rescaled, batches)

@@ -20,8 +20,8 @@ from pathlib import Path
 
 import pytest
 
+from testkit.kafka_mock import MockCluster
 from tests.conftest import REPO, config_env, free_port, make_config, read_quarantine, read_sessions, tool
-from tests.kafka_mock import MockCluster
 
 GAP_MS, LATENESS_MS = 30 * 60_000, 10 * 60_000
 
@@ -65,7 +65,7 @@ def test_partitions_ingested_once_and_sessions_equal_the_oracle(spark, kafka_clu
     from pipelines.ingest.kafka import kafka_lag
     from pipelines.sample_data import arrival_order, generate_events
     from pipelines.stream import catch_up
-    from tests.lifecycle_expectations import expected_closed_sessions
+    from testkit.lifecycle_expectations import expected_closed_sessions
 
     topic = "clicks-a"
     kafka_cluster.create_topic(topic, 3)
@@ -103,7 +103,7 @@ def test_partitions_ingested_once_and_sessions_equal_the_oracle(spark, kafka_clu
 CHILD = r"""
 import os, sys
 from pipelines.config import SessionsConfig
-from pipelines.ingest import ingest, kafka, table
+from pipelines.ingest import ingest, kafka_client, table
 
 point, n = sys.argv[1], int(sys.argv[2])
 calls = 0
@@ -120,7 +120,7 @@ def killing_append(self, sources, metadata):  # test-only: SIGKILL right before/
 
 table.Appender.append = killing_append
 if point == "group":  # after the last Delta commit, before the consumer group commit
-    kafka._Client.commit_group = lambda self, offsets: os.kill(os.getpid(), 9)
+    kafka_client.KafkaClient.commit_group = lambda self, offsets: os.kill(os.getpid(), 9)
 ingest(SessionsConfig.from_env())
 """
 
@@ -129,7 +129,9 @@ def test_kill_before_and_after_the_delta_commit_loses_and_doubles_nothing(kafka_
     from confluent_kafka import Consumer, TopicPartition
 
     from pipelines.ingest import ingest
-    from pipelines.ingest.kafka import DEFAULT_GROUP, _offsets_from_rows, kafka_lag, recorded_offsets
+    from pipelines.ingest.kafka import kafka_lag
+    from pipelines.ingest.kafka_client import DEFAULT_GROUP
+    from pipelines.ingest.kafka_offsets import _offsets_from_rows, recorded_offsets
     from pipelines.ingest.table import open_raw_table
     from pipelines.sample_data import arrival_order, generate_events
 
@@ -224,7 +226,8 @@ def test_poison_messages_are_quarantined_like_file_lines(spark, kafka_cluster, t
 def test_unreachable_broker_is_one_line_naming_the_bootstrap(tmp_path, capfd):
     from pipelines.errors import SourceUnavailable
     from pipelines.ingest import ingest
-    from pipelines.ingest.kafka import TIMEOUT_S, kafka_lag
+    from pipelines.ingest.kafka import kafka_lag
+    from pipelines.ingest.kafka_client import TIMEOUT_S
 
     bootstrap = f"127.0.0.1:{free_port()}"
     config = make_config(tmp_path, SESSIONS_KAFKA_BOOTSTRAP=bootstrap, SESSIONS_KAFKA_TOPIC="clicks")
@@ -262,9 +265,11 @@ def lost_rows(config) -> list[tuple[str, int, str]]:
 def test_records_deleted_before_ingest_are_refused_until_an_operator_accepts_the_loss(spark, kafka_cluster, tmp_path):
     from pipelines.errors import SourceDataLost
     from pipelines.ingest import ingest
-    from pipelines.ingest.kafka import accept_loss, kafka_lag, recorded_offsets
+    from pipelines.ingest.kafka import kafka_lag
+    from pipelines.ingest.kafka_offsets import recorded_offsets
     from pipelines.ingest.table import open_raw_table
     from pipelines.stream import catch_up
+    from state_store.kafka_loss import accept_loss
 
     topic = "clicks-retention"
     kafka_cluster.create_topic(topic, 2)
@@ -308,9 +313,10 @@ def test_records_deleted_before_ingest_are_refused_until_an_operator_accepts_the
 def test_topic_deleted_or_recreated_is_refused_until_an_operator_accepts_the_loss(spark, kafka_cluster, tmp_path):
     from pipelines.errors import SourceDataLost, SourceUnavailable
     from pipelines.ingest import ingest
-    from pipelines.ingest.kafka import accept_loss, recorded_offsets
+    from pipelines.ingest.kafka_offsets import recorded_offsets
     from pipelines.ingest.table import open_raw_table
     from pipelines.stream import catch_up
+    from state_store.kafka_loss import accept_loss
 
     topic = "clicks-recreated"
     kafka_cluster.create_topic(topic, 2)
@@ -389,7 +395,7 @@ def test_accept_loss_command_prints_one_json_line(kafka_cluster, tmp_path):
 
 def test_plan_new_partitions_start_at_their_earliest_and_lost_ones_are_refused():
     from pipelines.errors import SourceDataLost
-    from pipelines.ingest.kafka import Span, plan
+    from pipelines.ingest.kafka_offsets import Span, plan
 
     spans = plan("t", {0: 5, 1: 3}, {0: (0, 9), 1: (2, 3), 2: (4, 7)})  # partition 2 is new (retention below 4)
     assert spans == {0: Span(5, 9, 0), 1: Span(3, 3, 2), 2: Span(4, 7, 4)}
@@ -406,7 +412,7 @@ def test_restore_to_a_savepoint_older_than_the_topics_retention_replays_from_raw
     from pipelines.sample_data import arrival_order, generate_events
     from pipelines.stream import catch_up
     from state_store.lifecycle import restore, take_savepoint
-    from tests.lifecycle_expectations import expected_closed_sessions
+    from testkit.lifecycle_expectations import expected_closed_sessions
 
     topic = "clicks-retained"
     kafka_cluster.create_topic(topic, 2)
@@ -450,7 +456,7 @@ def _wait_until(predicate, seconds: float, what: str, run: subprocess.Popen, err
 def test_run_retries_with_backoff_while_the_broker_is_down(tmp_path):
     from pipelines.ingest.table import open_raw_table
     from pipelines.sample_data import arrival_order, generate_events
-    from tests.lifecycle_expectations import expected_closed_sessions
+    from testkit.lifecycle_expectations import expected_closed_sessions
 
     cluster = MockCluster()  # its own: this test takes the broker down
     try:
@@ -541,7 +547,7 @@ def test_idle_close_with_kafka_appends_a_clock_row_only_when_the_broker_answers(
 
 def test_kafka_settings(tmp_path):
     from pipelines.config import ConfigError, SessionsConfig, kafka_settings
-    from pipelines.ingest import _source, kafka, local
+    from pipelines.ingest import _source, kafka, kafka_client, local
 
     with pytest.raises(ConfigError, match="^SESSIONS_KAFKA_BOOTSTRAP is set but SESSIONS_KAFKA_TOPIC is not"):
         make_config(tmp_path, SESSIONS_KAFKA_BOOTSTRAP="b:9092")
@@ -563,7 +569,7 @@ def test_kafka_settings(tmp_path):
     owned = make_config(tmp_path, SESSIONS_KAFKA_BOOTSTRAP="b:9092", SESSIONS_KAFKA_TOPIC="t",
                         SESSIONS_KAFKA_CONF="auto.offset.reset=latest")
     with pytest.raises(ConfigError, match="may not set auto.offset.reset"):
-        kafka._Client(owned)
+        kafka_client.KafkaClient(owned)
 
 
 def test_the_streams_source_imports_neither_the_kafka_client_nor_pandas():
@@ -571,7 +577,8 @@ def test_the_streams_source_imports_neither_the_kafka_client_nor_pandas():
     streaming runner, the read planner, the readers); each paid ~0.3 s for pandas (via pyarrow.dataset), the Kafka
     client and the landing sources before they were imported where used (README "End to end")."""
     heavy = ("pandas", "confluent_kafka", "boto3", "pyarrow.dataset",
-             "pipelines.ingest.kafka", "pipelines.ingest.s3", "pipelines.ingest.local")
+             "pipelines.ingest.kafka", "pipelines.ingest.kafka_client", "pipelines.ingest.kafka_offsets",
+             "pipelines.ingest.s3", "pipelines.ingest.local")
     probe = f"import sys, pipelines.source; print([m for m in {heavy!r} if m in sys.modules])"
     out = subprocess.run([sys.executable, "-c", probe], cwd=REPO, capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "[]", out.stdout

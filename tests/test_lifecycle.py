@@ -29,22 +29,24 @@ from pipelines.errors import (
 from pipelines.guards import job_lock
 from pipelines.ingest import ingest
 from pipelines.sample_data import land
+from pipelines.storage import open_table
 from pipelines.stream import catch_up
 from state_store import savepoints as sp
 from state_store.lifecycle import rescale, restore, take_savepoint, validate_savepoint
 from state_store.maintenance import compact
 from state_store.results import RescaleResult, SavepointInfo
-from tests.conftest import DEFAULT_ENV, tool
+from tests.conftest import read_open_sessions, tool
 from tests.datagen import in_order_chunks
 from tests.lifecycle_expectations import expected_closed_sessions
+from tests.savepoint_expectations import after_migration, oracle_of, state_event_keys, state_sessions
 
 REPO = Path(__file__).resolve().parent.parent
 GAP_MIN, LATENESS_MIN = 30, 10
 
 
-# The suite's bucket count (tests/conftest.py DEFAULT_ENV), and S3 calls that give up in seconds: the failure test
+# S3 calls that give up in seconds: the failure test
 # below stops the endpoint mid-savepoint, and the product's 3 retries of 30 s would only make it wait.
-SUITE_ENV = {"SESSIONS_STATE_BUCKETS": DEFAULT_ENV["SESSIONS_STATE_BUCKETS"], "SESSIONS_S3_TIMEOUT": "5s",
+SUITE_ENV = {"SESSIONS_S3_TIMEOUT": "5s",
              "SESSIONS_S3_RETRY_TIMEOUT": "5s", "SESSIONS_S3_MAX_RETRIES": "1"}
 
 
@@ -94,8 +96,17 @@ def test_savepoint_restore_rescale_is_exactly_once(tmp_path, spark, s3_endpoint,
     _land_and_ingest(config, chunks[2:4], 2)
     catch_up(config, spark)  # these sessions must not survive the restore twice
     restored = restore(config, "latest", spark=spark)
-    assert restored.verified and restored.rows == saved.rows
-    assert restored.rolled_back["sessions"] > 0
+    # The savepoint's rows as stored, the state restored from them and the sessions table rolled back to them: each
+    # the oracle's at the savepoint's batch; what was rolled back, the sessions the two batches after it closed.
+    at_savepoint = oracle_of(chunks[:2], GAP_MIN * 60_000, LATENESS_MIN * 60_000)
+    saved_rows = open_table(config, saved.uri).to_pyarrow_table()
+    assert state_sessions(saved_rows) == sorted(at_savepoint.open_sessions)
+    assert state_event_keys(saved_rows) <= at_savepoint.open_events
+    assert restored.savepoint_id == saved.savepoint_id
+    assert read_open_sessions(spark, config) == sorted(at_savepoint.open_sessions)
+    assert _sessions(config) == sorted(at_savepoint.closed)
+    assert restored.rolled_back["sessions"] == \
+        len(oracle_of(chunks[:4], GAP_MIN * 60_000, LATENESS_MIN * 60_000).closed) - len(at_savepoint.closed) > 0
 
     scaled = rescale(config, 3, spark=spark)
     assert scaled.partitions_after == 3
@@ -132,16 +143,18 @@ def test_savepoint_failure_mid_write_is_never_listed(tmp_path, spark, s3_endpoin
     catch_up(config, spark)
     first = take_savepoint(config, spark=spark)
 
-    real_read = sp.SavepointStore.read_state
+    # The state's files are written and committed; the re-read lists them from the Delta log (state_store.
+    # savepoint_io.verify_state_files) when S3 stops answering.
+    real_list = sp.SavepointStore.data_files
 
     def endpoint_dies_after_the_state_write(*args, **kwargs):
         os.kill(s3_endpoint["process"].pid, signal.SIGSTOP)  # S3 stops answering mid-savepoint
-        return real_read(*args, **kwargs)
+        return real_list(*args, **kwargs)
 
-    monkeypatch.setattr(sp.SavepointStore, "read_state", endpoint_dies_after_the_state_write)
+    monkeypatch.setattr(sp.SavepointStore, "data_files", endpoint_dies_after_the_state_write)
     with pytest.raises(SavepointFailed, match="not listed as complete"):
         take_savepoint(config, spark=spark)
-    monkeypatch.setattr(sp.SavepointStore, "read_state", real_read)
+    monkeypatch.setattr(sp.SavepointStore, "data_files", real_list)
     os.kill(s3_endpoint["process"].pid, signal.SIGCONT)  # the endpoint is back, with its data
 
     # The operator's next commands are new processes (this one's S3 connections died with the server).
@@ -187,7 +200,10 @@ def test_failed_restore_leaves_a_known_next_step(tmp_path, spark, monkeypatch):
         with pytest.raises(RestoreIncomplete, match="run the same restore again") as incomplete:
             restore(config, "latest", spark=spark)
     assert incomplete.value.next_step == "run the same restore again"
-    assert restore(config, "latest", spark=spark).verified
+    restore(config, "latest", spark=spark)  # the rerun: state and sessions table as the oracle has them at the savepoint
+    at_savepoint = oracle_of(chunks[:2], GAP_MIN * 60_000, LATENESS_MIN * 60_000)
+    assert read_open_sessions(spark, config) == sorted(at_savepoint.open_sessions)
+    assert _sessions(config) == sorted(at_savepoint.closed)
     _land_and_ingest(config, chunks[3:], 3)
     catch_up(config, spark)
     assert _sessions(config) == _expected(chunks)
@@ -201,13 +217,23 @@ def test_incompatible_savepoint_is_refused_unless_migrating(tmp_path, spark):
     _land_and_ingest(config, chunks[:1], 0)
     catch_up(config, spark)
     saved = take_savepoint(config, spark=spark)
-    other = config.with_(gap_minutes=20)
+    other = config.with_(gap_minutes=3)  # under the steps inside a session (5 s to 5 min): sessions and frozen prefixes split
     with pytest.raises(SavepointIncompatible, match="--migrate"):
         restore(other, saved.savepoint_id, spark=spark)
     with pytest.raises(SavepointNotFound, match="no such savepoint"):
         restore(config, "sp-does-not-exist", spark=spark)
     migrated = restore(other, saved.savepoint_id, migrate=True, spark=spark)
-    assert migrated.verified
+    assert migrated.savepoint_id == saved.savepoint_id
+    # The rest of the data under the new gap ends as the README promises for --migrate: the sessions closed before the
+    # savepoint as written, then the savepoint's rows (checked against the oracle) and the later events walked with the
+    # new gap, each frozen prefix one piece (the new gap would split some of them).
+    saved_rows = open_table(config, saved.uri).to_pyarrow_table()
+    assert state_sessions(saved_rows) == sorted(oracle_of(chunks[:1], GAP_MIN * 60_000, LATENESS_MIN * 60_000).open_sessions)
+    _land_and_ingest(other, chunks[1:], 1)
+    catch_up(other, spark)
+    closed, still_open = after_migration(saved_rows, chunks, 1, GAP_MIN * 60_000, LATENESS_MIN * 60_000, 3 * 60_000)
+    assert _sessions(other) == closed and closed != _expected(chunks)  # the new gap changed sessions
+    assert read_open_sessions(spark, other) == still_open
 
 
 def test_damaged_savepoint_is_refused_and_the_job_is_left_alone(tmp_path, spark):
@@ -254,9 +280,16 @@ def test_result_json_keeps_the_contract_keys():
     assert {"savepoint_id", "batch_id", "rows", "uri"} <= saved.keys() and "error" not in saved
     assert list(saved)[-2:] == ["seconds", "uri"] and saved["uri"] == "/sp/state/sp-1"
     assert saved["created_at"] == "2026-01-01T00:00:00+00:00"
-    assert SavepointInfo.from_row(row, verified=True).to_dict()["verified"] is True
+    # validate's JSON: `verified` last, after uri
+    assert list(SavepointInfo.from_row(row, verified=True).to_dict()) == [
+        "savepoint_id", "trigger", "created_at", "batch_id", "source_seq", "watermark_ms", "gap_ms", "lateness_ms",
+        "buckets", "provider", "partitions", "state_schema", "rows", "checksum", "sessions_version",
+        "quarantine_version", "incarnation", "state_uri", "status", "bytes", "seconds", "uri", "verified"]
     # `savepoints --json`: each entry is the catalog row (every column, `error` null when none) and its uri
-    assert list(SavepointInfo.from_row(row).to_dict(catalog=True)) == [*sp.CATALOG_SCHEMA.names, "uri"]
+    assert list(SavepointInfo.from_row(row).to_dict(catalog=True)) == [
+        "savepoint_id", "status", "trigger", "created_at", "batch_id", "source_seq", "watermark_ms", "gap_ms",
+        "lateness_ms", "buckets", "provider", "partitions", "state_schema", "rows", "checksum", "sessions_version",
+        "quarantine_version", "incarnation", "state_uri", "bytes", "seconds", "error", "uri"]
     assert "rows" not in RescaleResult(4, 4, "none", None, None, 0.0).to_dict()
 
 
@@ -305,10 +338,7 @@ def test_cli_expected_errors_are_one_line(tmp_path):
     assert not_running.returncode == 1 and not_running.stderr.strip().startswith("sessionctl stop: no stream is running")
     nothing = _sessionctl(home, "savepoint", "--json")
     assert nothing.returncode != 0 and "nothing to savepoint" in nothing.stderr
-    # The Python operator's state has at most SESSIONS_STATE_BUCKETS keys (the JVM operator's is keyed by user)
-    huge = _sessionctl(home, "rescale", "--partitions", "100000", env={"SESSIONS_OPERATOR": "python"})
-    assert huge.returncode == 1 and huge.stderr.strip() == (
-        "sessionctl rescale: --partitions must be between 1 and 64 (SESSIONS_STATE_BUCKETS: the state has at most "
-        "that many keys), got 100000")  # 64: the product's default (this test's config sets only SESSIONS_HOME)
+    zero = _sessionctl(home, "rescale", "--partitions", "0")
+    assert zero.returncode == 1 and zero.stderr.strip() == "sessionctl rescale: --partitions must be at least 1, got 0"
     listing = _sessionctl(home, "savepoints", "--json")
     assert listing.returncode == 0 and json.loads(listing.stdout) == []

@@ -4,15 +4,20 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import subprocess
 import sys
+import threading
 import time
+import uuid
 
 import pytest
 
-from pipelines.errors import JobRunning
+from pipelines.errors import ConfigError, JobRunning, LeaseLost, LeaseWaitTimedOut
 from pipelines.guards import job_lock
-from pipelines.locks import LeaseHeld, lease
+from pipelines.lease_stores import store_for
+from pipelines.liveness import identity
+from pipelines.locks import LeaseHeld, LeaseInfo, acquire, lease, live_holder, waiting_lease
 from tests.conftest import config_env, make_config, tool
 
 
@@ -43,6 +48,7 @@ def test_two_hosts_with_separate_homes_share_the_lease(tmp_path):
 
 
 def _plant(directory, name: str, **fields) -> None:
+    """A lease in the single-file format before epochs (`<name>.lease`), as a process of an older version holds it."""
     directory.mkdir(parents=True, exist_ok=True)
     info = {"what": "catch-up", "host": "other-host", "pid": 4242, "token": "t0", "expires_at": time.time() + 60}
     (directory / f"{name}.lease").write_text(json.dumps({**info, **fields}))
@@ -55,19 +61,23 @@ def test_a_live_lease_of_another_host_refuses_and_an_expired_one_is_broken(tmp_p
             job_lock(config, "savepoint"):
         pass
     _plant(config.lease_dir, "job", expires_at=time.time() - 1)
-    with job_lock(config, "savepoint"):
-        current = json.loads((config.lease_dir / "job.lease").read_text())
-        assert current["what"] == "savepoint" and current["pid"] == os.getpid()
-    assert not (config.lease_dir / "job.lease").exists()
+    with job_lock(config, "savepoint") as held:
+        current = live_holder(config.lease_dir, "job")
+        assert current is not None and current.what == "savepoint" and current.pid == os.getpid()
+        assert current.token == held.token and current.epoch == held.epoch == 1
+    assert not (config.lease_dir / "job.lease").exists()  # the old format's lease was removed once expired
+    assert live_holder(config.lease_dir, "job") is None   # released
 
 
 def test_the_holder_renews_its_lease(tmp_path):
-    with lease(tmp_path, "job", "run", ttl_s=0.6) as info:
-        time.sleep(1.0)  # past the first expiry: the renewal thread moved it on
-        current = json.loads((tmp_path / "job.lease").read_text())
-        assert current["token"] == info.token and current["expires_at"] > info.expires_at
-        with pytest.raises(LeaseHeld), lease(tmp_path, "job", "savepoint", ttl_s=0.6):
+    with lease(tmp_path, "job", "run", ttl_s=1.5) as held:
+        first = held.info.expires_at
+        time.sleep(2.0)  # past the first expiry: the renewal thread moved it on
+        current = live_holder(tmp_path, "job")
+        assert current is not None and current.token == held.token and current.expires_at > first
+        with pytest.raises(LeaseHeld), lease(tmp_path, "job", "savepoint", ttl_s=1.5):
             pass
+        held.check()
 
 
 def test_stop_request_is_answered_and_a_joined_stop_without_savepoint_says_so(tmp_path):
@@ -100,3 +110,204 @@ def test_stop_request_is_answered_and_a_joined_stop_without_savepoint_says_so(tm
         stream.join()
     assert joined.value.next_step == "sessionctl savepoint"
     assert pending_stop(config, held) is None  # answered: the request is gone
+
+
+# ---- leases with epochs, on both stores (a shared directory, S3 with conditional writes) ----------------------
+
+@pytest.fixture(params=["local", "s3"])
+def lease_location(request, tmp_path):
+    """Where the leases live: a directory, or a prefix on the test S3 server (moto, real HTTP on loopback)."""
+    if request.param == "local":
+        return tmp_path / "leases"
+    request.getfixturevalue("s3_endpoint")
+    return f"s3://warehouse/leases-{uuid.uuid4().hex[:8]}"
+
+
+def _record(location, name: str, epoch: int, **fields) -> None:
+    """Plant epoch `epoch` of lease `name` (a LeaseInfo with `fields`), or raw bytes with data=b"..."."""
+    data = fields.pop("data", None)
+    if data is None:
+        info = {"what": "run", "host": "other-host", "pid": 4242, "token": uuid.uuid4().hex,
+                "expires_at": time.time() + 60, "epoch": epoch, "series": "s1", **fields}
+        data = json.dumps(info).encode()
+    store_for(location).replace(f"{name}.lease.epoch-{epoch:012d}", data)
+
+
+RACER = """
+import sys, time
+from pipelines.lease_stores import store_for
+from pipelines.locks import LeaseHeld, acquire
+location, start = sys.argv[1], float(sys.argv[2])
+store_for(location)  # connected (S3: boto3 imported, a client made) before the start, so they race for real
+time.sleep(max(0.0, start - time.time()))
+try:
+    held = acquire(location, "job", "racer", 30.0)
+    print(f"won {held.epoch}", flush=True)
+except LeaseHeld as busy:
+    print(f"held: {busy}", flush=True)
+"""
+
+
+def test_processes_racing_for_an_expired_lease_exactly_one_wins(lease_location):
+    _record(lease_location, "job", 1, expires_at=time.time() - 1)  # the last holder's, expired
+    for round_ in range(3):  # then each round's winner exits (dead here: broken at once) and they race again
+        start = time.time() + 4.0  # every racer imported and waiting by then
+        racers = [subprocess.Popen([sys.executable, "-c", RACER, str(lease_location), repr(start)],
+                                   stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=os.getcwd())
+                  for _ in range(4)]
+        outputs = [racer.communicate(timeout=60) for racer in racers]
+        lines = [out.strip() for out, _ in outputs]
+        assert all(racer.returncode == 0 for racer in racers), [err for _, err in outputs]
+        assert lines.count(f"won {round_ + 2}") == 1, lines
+        assert all(line.startswith("held: racer (pid ") for line in lines if not line.startswith("won")), lines
+        record = store_for(lease_location).read(f"job.lease.epoch-{round_ + 2:012d}")
+        winner = LeaseInfo.parse(record.data) if record else None
+        assert winner is not None and winner.what == "racer" and f"won {winner.epoch}" in lines
+        assert not store_for(lease_location).names(f"job.lease.epoch-{round_ + 3:012d}")
+
+
+PAUSED = """
+import sys, time
+from pipelines.errors import LeaseLost
+from pipelines.locks import lease
+try:
+    with lease(sys.argv[1], "job", "run", 2.0) as held:
+        print(f"held {held.epoch}", flush=True)
+        while True:
+            held.check()
+            time.sleep(0.1)
+except LeaseLost as lost:
+    print(f"lost: {lost}", flush=True)
+    sys.exit(3)
+"""
+
+
+def test_a_holder_paused_past_the_ttl_is_fenced_and_never_touches_the_newer_holder(lease_location):
+    """SIGSTOP a holder past its TTL; another process takes the lease; SIGCONT: the old holder's next check() fails
+    with LeaseLost naming the newer holder, and it neither renews nor releases anything of the newer one."""
+    holder = subprocess.Popen([sys.executable, "-c", PAUSED, str(lease_location)], stdout=subprocess.PIPE,
+                              stderr=subprocess.PIPE, text=True, cwd=os.getcwd())
+    try:
+        assert holder.stdout.readline().strip() == "held 1"
+        with pytest.raises(LeaseHeld, match=r"run \(pid \d+ on .*, epoch 1\)"):
+            acquire(lease_location, "job", "restore", 2.0)
+        os.kill(holder.pid, signal.SIGSTOP)
+        time.sleep(3.0)  # past the TTL: its record expired (the process is alive, only stopped)
+        with lease(lease_location, "job", "restore", 30.0) as newer:
+            assert newer.epoch == 2
+            before = store_for(lease_location).read("job.lease.epoch-000000000002")
+            os.kill(holder.pid, signal.SIGCONT)
+            out, err = holder.communicate(timeout=30)
+            assert holder.returncode == 3, err[-2000:]
+            assert out.startswith("lost: the job lease ") and out.count("\n") == 1, out
+            assert "epoch 1" in out and ("epoch 2, restore (pid" in out or "not renewed for" in out), out
+            after = store_for(lease_location).read("job.lease.epoch-000000000002")
+            assert before is not None and after is not None and after.data == before.data
+            newer.check()  # still the holder
+            current = live_holder(lease_location, "job")
+            assert current is not None and current.token == newer.token
+    finally:
+        if holder.poll() is None:
+            os.kill(holder.pid, signal.SIGCONT)
+            holder.kill()
+            holder.wait()
+
+
+def test_renewals_lapsed_past_the_ttl_fence_the_holder_even_when_nobody_took_over(lease_location):
+    with pytest.raises(LeaseLost, match="not renewed for"), lease(lease_location, "job", "run", 30.0) as held:
+        held.check()
+        held._renewed_at -= 31  # as if the process had been stopped for 31 s (its monotonic clock moved on)
+        with pytest.raises(LeaseLost, match=r"the job lease .* was lost by run \(pid \d+ on .*, epoch 1\): not renewed"):
+            held.check()
+        with pytest.raises(LeaseLost):
+            held.renew()  # the renewal thread does not bring it back either
+        raise held.lost  # type: ignore[misc]
+    current = store_for(lease_location).read("job.lease.epoch-000000000001")
+    assert current is not None and b'"released": false' in current.data  # a lost lease is never released
+
+
+def test_an_empty_lease_record_is_recovered_after_the_ttl(lease_location):
+    """A kill between create and write, or a full disk, leaves an empty record: held until a TTL after it was
+    written, then taken over -- never a LeaseHeld(None) forever."""
+    _record(lease_location, "job", 1, data=b"")
+    written = time.time()
+    with pytest.raises(LeaseHeld, match="an unreadable lease record .*job.lease.epoch-000000000001"):
+        acquire(lease_location, "job", "run", 4.0)
+    with pytest.raises(LeaseWaitTimedOut, match="unreadable lease record"):
+        with waiting_lease(lease_location, "job", "run", 4.0, timeout_s=0.5):
+            pass
+    time.sleep(max(0.0, written + 5.0 - time.time()))
+    with lease(lease_location, "job", "run", 4.0) as held:
+        assert held.epoch == 2 and held.info.series  # a new series (the unreadable record named none)
+
+
+def test_an_empty_lease_file_of_the_old_format_is_recovered_after_the_ttl(tmp_path):
+    tmp_path.joinpath("job.lease").write_bytes(b"")  # the operator's wedge: every command failed forever
+    with pytest.raises(LeaseHeld, match="unreadable"):
+        acquire(tmp_path, "job", "run", 2.0)
+    time.sleep(2.2)
+    with lease(tmp_path, "job", "run", 2.0) as held:
+        assert held.epoch == 1 and not tmp_path.joinpath("job.lease").exists()
+
+
+def test_waiting_for_a_lease_has_a_deadline_that_names_the_holder(lease_location):
+    with lease(lease_location, "ingest", "catch-up", 30.0) as held:
+        started = time.monotonic()
+        with pytest.raises(LeaseWaitTimedOut, match=r"ingest waited 1 s for the ingest lease .*ingest.lease, and "
+                                                    r"catch-up \(pid \d+ on .*, epoch 1\) still holds it") as late:
+            with waiting_lease(lease_location, "ingest", "ingest", 30.0, timeout_s=1.0):
+                pass
+        assert 1.0 <= time.monotonic() - started < 10 and late.value.holder == held.describe()
+        assert "\n" not in str(late.value)
+    with lease(lease_location, "ingest", "catch-up", 30.0) as held:
+        releaser = threading.Thread(target=lambda: (time.sleep(0.5), held.release()))
+        releaser.start()
+        with waiting_lease(lease_location, "ingest", "ingest", 30.0, timeout_s=20.0) as mine:
+            assert mine.epoch == held.epoch + 1  # taken once released, well within the deadline
+        releaser.join()
+
+
+def _dead_pid() -> int:
+    child = subprocess.Popen(["true"])
+    child.wait()
+    return child.pid
+
+
+def test_a_pid_is_judged_only_in_its_own_host_boot_and_pid_namespace(lease_location):
+    """Containers sharing a host name (host networking) have their own PID namespaces: a live holder there whose pid
+    happens to be unused here is not broken; on this very host, boot and namespace a dead pid is broken at once."""
+    me = identity()
+    same = {"host": me.host, "boot_id": me.boot_id, "pid": _dead_pid()}
+    _record(lease_location, "job", 1, **same, pid_ns="pid:[4026599999]")  # another container's namespace
+    with pytest.raises(LeaseHeld, match=r"run \(pid \d+ on"):
+        acquire(lease_location, "job", "restore", 30.0)
+    _record(lease_location, "job", 1, **{**same, "boot_id": "another-boot"}, pid_ns=me.pid_ns)  # before a reboot
+    with pytest.raises(LeaseHeld):
+        acquire(lease_location, "job", "restore", 30.0)
+    _record(lease_location, "job", 1, **same, pid_ns=me.pid_ns)  # here, and the process is gone
+    with lease(lease_location, "job", "restore", 30.0) as held:
+        assert held.epoch == 2
+    _record(lease_location, "job", 3, **{**same, "pid": os.getpid()}, pid_ns=me.pid_ns, started="1")  # pid reused
+    with lease(lease_location, "job", "restore", 30.0) as held:
+        assert held.epoch == 4
+
+
+def test_old_epoch_records_are_collected_and_a_hand_emptied_store_starts_a_new_series(lease_location):
+    series = set()
+    for _ in range(8):
+        with lease(lease_location, "job", "run", 30.0) as held:
+            series.add(held.info.series)
+    names = store_for(lease_location).names("job.lease.")
+    assert len(series) == 1 and sorted(names) == [f"job.lease.epoch-{e:012d}" for e in range(5, 9)], names
+    for name in names:
+        store_for(lease_location).delete(name)
+    with lease(lease_location, "job", "run", 30.0) as held:
+        assert held.epoch == 1 and held.info.series not in series
+
+
+def test_a_huge_ttl_is_refused_in_one_line_and_a_long_one_renews_without_overflow(tmp_path):
+    with pytest.raises(ConfigError, match=r"^SESSIONS_LEASE_TTL_S=1e\+11 is too long: at most 86400"):
+        make_config(tmp_path, SESSIONS_LEASE_TTL_S="1e11")
+    assert make_config(tmp_path, SESSIONS_LEASE_TTL_S="86400").lease_ttl_s == 86400
+    with lease(tmp_path, "job", "run", 86400.0) as held:  # the renewal thread waits 8 h at a time: no OverflowError
+        assert held.info.expires_at > time.time() + 86000

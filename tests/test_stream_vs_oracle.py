@@ -12,7 +12,7 @@ import pytest
 
 from pipelines.stream import catch_up
 from state_store.status import status
-from tests.conftest import PRODUCT_BUCKETS, make_config, read_open_sessions, read_quarantine, read_sessions
+from tests.conftest import make_config, read_open_sessions, read_quarantine, read_sessions
 from tests.datagen import land_batches, stream_scenario
 from tests.oracle import run_oracle
 
@@ -50,11 +50,11 @@ def assert_matches_oracle(spark, config, batches: list[list[dict]]) -> None:
 
 
 CASES = [
-    # (seed, random-part micro-batches, extra env, very late events): one big batch, a few, many; a few users
-    # per state bucket; and late events below the previous batch's watermark
+    # (seed, random-part micro-batches, extra env, very late events): one big batch, a few, many; and late events
+    # below the previous batch's watermark
     pytest.param(1, 1, {}, False, id="1batch"),
-    pytest.param(2, 6, {"SESSIONS_STATE_BUCKETS": 3}, False, id="6batches-3buckets"),
-    pytest.param(4, 10, {"SESSIONS_STATE_PARTITIONS": 4, **PRODUCT_BUCKETS}, False, id="10batches-4partitions"),
+    pytest.param(2, 6, {}, False, id="6batches"),
+    pytest.param(4, 10, {"SESSIONS_STATE_PARTITIONS": 4}, False, id="10batches-4partitions"),
     pytest.param(5, 5, {}, True, id="5batches-very-late"),
 ]
 

@@ -12,6 +12,8 @@ log) -- each a `table.Source`.
 """
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 from pipelines.config import SessionsConfig
 from pipelines.ingest.landing import INGESTED_DIR, REFUSED_DIR, LandedFile
 from pipelines.ingest.lines import classify_line, parse_event_time, parse_line
@@ -26,7 +28,7 @@ from pipelines.ingest.table import (
     latest_seq,
     open_raw_table,
 )
-from pipelines.locks import waiting_lease
+from pipelines.locks import Lease, waiting_lease
 from pipelines.storage import is_s3
 
 __all__ = [
@@ -50,7 +52,7 @@ def _source(config: SessionsConfig) -> Source:
     return local
 
 
-def ingest(config: SessionsConfig, files_per_commit: int = 16) -> IngestResult:
+def ingest(config: SessionsConfig, files_per_commit: int = 16, fenced_by: Sequence[Lease] = ()) -> IngestResult:
     """Append the new complete lines of every landed file to raw_events and move finished files to
     landing/_ingested/<UTC day>/ (see the docstrings of pipelines.ingest.local and pipelines.ingest.s3); or, with
     Kafka configured, the topic's new messages (pipelines.ingest.kafka: offsets in the same Delta commit). Then,
@@ -58,12 +60,16 @@ def ingest(config: SessionsConfig, files_per_commit: int = 16) -> IngestResult:
 
     Crash-safe: each commit carries what it holds (local files: their positions; S3 objects: `name:size:mtime`); after
     a crash the positions are rolled forward from the commits, and an object already committed is only archived.
+
+    Under the ingest lease (waited for at most SESSIONS_LEASE_WAIT_S): every commit is fenced by it and by the leases
+    in `fenced_by` (a run passes its job lease), so an ingester that lost its lease commits nothing more.
     """
-    # Catch-up and run hold the job lease already; this one serialises direct callers (tests, benchmarks).
-    with waiting_lease(config.lease_dir, "ingest", "ingest", config.lease_ttl_s):
+    # Catch-up and run hold the job lease already; this one serialises every writer of raw_events.
+    with waiting_lease(config.lease_uri, "ingest", "ingest", config.lease_ttl_s, config.lease_wait_s) as held:
         table = open_raw_table(config)
         history = table.history(limit=HISTORY_PAGE) if table is not None else None  # read once, for both
-        appender = Appender(config, latest_seq(table, history) if table is not None else 0, latest_clock(table, history))
+        appender = Appender(config, latest_seq(table, history) if table is not None else 0, latest_clock(table, history),
+                            leases=(held, *fenced_by), version=table.version() if table is not None else None)
         found = _source(config).ingest(config, table, appender, max(1, files_per_commit))
         # Only after the source answered: a source that cannot be read (S3 or the broker down) may hold events,
         # so its silence is not idleness.

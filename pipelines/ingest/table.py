@@ -9,7 +9,7 @@ from __future__ import annotations
 import datetime as dt
 import json
 import os
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
 
@@ -19,8 +19,11 @@ import pyarrow.compute as pc
 from deltalake import CommitProperties, DeltaTable, write_deltalake
 
 from pipelines.config import SessionsConfig
+from pipelines.errors import ConcurrentIngest
+from pipelines.fencing import committing, fence
 from pipelines.ingest import columnar
 from pipelines.ingest.lines import Lines, classify_line
+from pipelines.locks import Lease
 from pipelines.results import Result
 from pipelines.storage import is_s3, storage_options
 
@@ -187,11 +190,18 @@ def open_raw_table(config: SessionsConfig) -> DeltaTable | None:
 
 
 class Appender:
-    """Appends ingest commits to raw_events, each with the next ingest_seq and the ingest clock after it."""
+    """Appends ingest commits to raw_events, each with the next ingest_seq and the ingest clock after it.
 
-    def __init__(self, config: SessionsConfig, seq: int, clock: IngestClock | None = None):
+    With `leases` (the ingest lease first, then any other lease the caller holds, such as the run's job lease) each
+    commit is fenced (pipelines.fencing): refused with LeaseLost once a newer holder took one of them over or
+    committed to raw_events, and made on the very version it checked -- so no ingest_seq is ever committed twice."""
+
+    def __init__(self, config: SessionsConfig, seq: int, clock: IngestClock | None = None,
+                 leases: Sequence[Lease] = (), version: int | None = None):
         self.config, self.uri = config, config.raw_events_table
         self.options = storage_options(config, self.uri)
+        self.leases = tuple(leases)
+        self.version = version  # the table version `seq` was read at (None: not known; read it at each commit)
         self.seq, self.rows, self.rejected = seq, 0, 0
         self.first_seq: int | None = None
         self.clock = clock or IngestClock()
@@ -225,15 +235,29 @@ class Appender:
         clock = self.clock.after(batch, _us(ingested_at))
         if not is_s3(self.uri):
             os.makedirs(self.uri, exist_ok=True)
-        write_deltalake(
-            self.uri, batch, mode="append", storage_options=self.options,
-            schema_mode="merge",  # tables written before line_key, ingested_at and row_kind get the columns
-            commit_properties=CommitProperties(custom_metadata={
-                "ingest_seq": str(self.seq + 1), CLOCK_KEY: clock.to_json(), **metadata}),
-        )
+        committing(lambda: self._commit_once(batch, clock, metadata), self.uri)
         self.seq += 1
         self.clock = clock
         self.first_seq = self.seq if self.first_seq is None else self.first_seq
+
+    def _commit_once(self, batch: pa.Table, clock: IngestClock, metadata: dict[str, str]) -> None:
+        """One attempt at the commit of ingest_seq seq + 1, on the version loaded here (fencing.committing)."""
+        table = DeltaTable(self.uri, storage_options=self.options) if DeltaTable.is_deltatable(
+            self.uri, storage_options=self.options) else None
+        transactions, fenced = fence(table, self.leases, self.uri)
+        # Whoever committed since this ingest read its seq (a compaction, or an ingester without the lease: an older
+        # version's) must not have taken the next seq: this commit lands on exactly the version checked here.
+        if table is not None and table.version() != self.version and (found := latest_seq(table)) > self.seq:
+            raise ConcurrentIngest(f"raw_events at {self.uri} holds ingest_seq {found} and this ingest would commit "
+                                   f"{self.seq + 1}: another process appended to it meanwhile; ingest again")
+        write_deltalake(
+            table if table is not None else self.uri, batch, mode="append", storage_options=self.options,
+            schema_mode="merge",  # tables written before line_key, ingested_at and row_kind get the columns
+            commit_properties=CommitProperties(custom_metadata={
+                "ingest_seq": str(self.seq + 1), CLOCK_KEY: clock.to_json(), **metadata, **fenced},
+                app_transactions=transactions or None, max_commit_retries=0),
+        )
+        self.version = table.version() + 1 if table is not None else 0
 
     def table_id(self) -> str:
         return str(DeltaTable(self.uri, storage_options=self.options).metadata().id)

@@ -11,8 +11,12 @@ import java.util.List;
 import java.util.Set;
 
 import org.apache.spark.api.java.function.FlatMapGroupsWithStateFunction;
+import org.apache.spark.api.java.function.MapFunction;
+import org.apache.spark.api.java.function.MapGroupsFunction;
 import org.apache.spark.sql.Dataset;
+import org.apache.spark.sql.Encoder;
 import org.apache.spark.sql.Encoders;
+import org.apache.spark.sql.KeyValueGroupedDataset;
 import org.apache.spark.sql.Row;
 import org.apache.spark.sql.RowFactory;
 import org.apache.spark.sql.functions;
@@ -29,12 +33,16 @@ import scala.Tuple2;
  * (pipelines/sessionize.py, the specification; tests compare both with the oracle), run by Spark's
  * flatMapGroupsWithState keyed by user_id. A user's state is their open rows -- events above the watermark and
  * at most one frozen prefix per open session (event_id null) -- so a batch reads and writes only the users it
- * touches or whose timer is due. Input: the columns of pipelines.operator's `keyed` frame; output: OUTPUT_COLUMNS.
+ * touches or whose timer is due. Input: the columns of pipelines.operator's `keyed` frame; output: the schema
+ * pipelines.operator.OUTPUT_SCHEMA hands in (checked against OUTPUT_NAMES, the order this class builds rows in).
+ * A restored checkpoint's state arrives as Spark's initial state (its first batch only), never through the events.
  */
 public final class SessionsOperator {
     public static final String LOGOUT = "logout";
     public static final String PAGE_VIEW = "page_view";
-    public static final int FROM_STATE = 1;
+    /** The checkpoint's state layout (pipelines/operator_jvm.py STATE_LAYOUT, held equal by a test): one key per
+     * user; each value carries its own format version byte (StateCodec.VALUE_FORMAT). */
+    public static final String STATE_LAYOUT = "open_sessions_by_user/jvm-v1";
 
     /** A stored row as the state readers see it (DecodeState): pipelines.state_format.ROW_FIELDS, times in ms. */
     public static final StructType STATE_ROW = new StructType()
@@ -44,33 +52,69 @@ public final class SessionsOperator {
         .add("event_type", DataTypes.StringType, true)
         .add("event_count", DataTypes.LongType, false)
         .add("page_views", DataTypes.LongType, false);
-    static final StructType OUTPUT = new StructType()
-        .add("kind", DataTypes.StringType).add("session_id", DataTypes.StringType)
-        .add("user_id", DataTypes.StringType).add("session_start_ms", DataTypes.LongType)
-        .add("session_end_ms", DataTypes.LongType).add("event_count", DataTypes.LongType)
-        .add("page_views", DataTypes.LongType).add("end_reason", DataTypes.StringType)
-        .add("event_id", DataTypes.StringType).add("event_time_ms", DataTypes.LongType)
-        .add("event_type", DataTypes.StringType).add("ingest_seq", DataTypes.LongType)
-        .add("line_key", DataTypes.LongType);
+    /** The output columns in the order rows are built below; the types come from Python's OUTPUT_SCHEMA. */
+    public static final String[] OUTPUT_NAMES = {"kind", "session_id", "user_id", "session_start_ms",
+        "session_end_ms", "event_count", "page_views", "end_reason", "event_id", "event_time_ms", "event_type",
+        "ingest_seq", "line_key"};
+    private static final Encoder<Tuple2<Long, String>> KEY = Encoders.tuple(Encoders.LONG(), Encoders.STRING());
 
     private SessionsOperator() {}
 
     /** `keyed` grouped by user through the operator; called from Python through py4j. The key is (xxhash64(user_id),
      * user_id): Spark sorts a batch by the key before the call, and the hash first makes that sort decide on the
-     * long prefix instead of comparing ids that often share their first bytes. */
-    public static Dataset<Row> sessionize(Dataset<Row> keyed, long gapMs) {
+     * long prefix instead of comparing ids that often share their first bytes. `initialRows` (null: none) are a
+     * restored checkpoint's open rows (STATE_ROW plus user_id), loaded by Spark in the first batch only. */
+    public static Dataset<Row> sessionize(Dataset<Row> keyed, long gapMs, String outputDdl, Dataset<Row> initialRows) {
+        StructType output = StructType.fromDDL(outputDdl);
+        if (!java.util.Arrays.equals(output.fieldNames(), OUTPUT_NAMES)) {
+            throw new IllegalArgumentException("output schema " + output.simpleString() + " does not list the columns "
+                + String.join(",", OUTPUT_NAMES) + " in this order");
+        }
         Dataset<Row> hashed = keyed.withColumn("user_hash", functions.xxhash64(keyed.col("user_id")));
         StructType schema = hashed.schema();
         Fn fn = new Fn(gapMs, new int[] {
             schema.fieldIndex("event_id"), schema.fieldIndex("event_time_ms"), schema.fieldIndex("event_type"),
-            schema.fieldIndex("ingest_seq"), schema.fieldIndex("line_key"), schema.fieldIndex("session_start_ms"),
-            schema.fieldIndex("event_count"), schema.fieldIndex("page_views"), schema.fieldIndex("from_state")});
+            schema.fieldIndex("ingest_seq"), schema.fieldIndex("line_key")});
         // groupBy(columns).as(...): Spark groups on the columns themselves (no per-row key function, AppendColumns)
-        return hashed
+        KeyValueGroupedDataset<Tuple2<Long, String>, Row> grouped = hashed
             .groupBy(hashed.col("user_hash"), hashed.col("user_id"))
-            .as(Encoders.tuple(Encoders.LONG(), Encoders.STRING()), Encoders.row(schema))
-            .flatMapGroupsWithState(fn, OutputMode.Append(), Encoders.BINARY(), Encoders.row(OUTPUT),
-                                    GroupStateTimeout.EventTimeTimeout());
+            .as(KEY, Encoders.row(schema));
+        if (initialRows == null) {
+            return grouped.flatMapGroupsWithState(fn, OutputMode.Append(), Encoders.BINARY(), Encoders.row(output),
+                                                  GroupStateTimeout.EventTimeTimeout());
+        }
+        return grouped.flatMapGroupsWithState(fn, OutputMode.Append(), Encoders.BINARY(), Encoders.row(output),
+                                              GroupStateTimeout.EventTimeTimeout(), initialState(initialRows));
+    }
+
+    /** Open rows (user_id + STATE_ROW's columns, any order) -> one encoded state value per user, keyed as the
+     * stream's groups are. Spark calls the function for every such key in the first batch (watermark 0: nothing
+     * closes), which sets its timer. */
+    static KeyValueGroupedDataset<Tuple2<Long, String>, byte[]> initialState(Dataset<Row> rows) {
+        Dataset<Row> hashed = rows.withColumn("user_hash", functions.xxhash64(rows.col("user_id")));
+        StructType schema = hashed.schema();
+        int[] ix = new int[STATE_ROW.size()];
+        for (int i = 0; i < ix.length; i++) {
+            ix[i] = schema.fieldIndex(STATE_ROW.fieldNames()[i]);
+        }
+        StructType valueSchema = new StructType().add("user_hash", DataTypes.LongType, false)
+            .add("user_id", DataTypes.StringType, false).add("value", DataTypes.BinaryType, false);
+        Dataset<Row> values = hashed.groupBy(hashed.col("user_hash"), hashed.col("user_id"))
+            .as(KEY, Encoders.row(schema))
+            .mapGroups((MapGroupsFunction<Tuple2<Long, String>, Row, Row>) (key, it) -> {
+                List<R> open = new ArrayList<>();
+                while (it.hasNext()) {
+                    Row r = it.next();
+                    open.add(new R(r.getLong(ix[0]), r.isNullAt(ix[1]) ? null : r.getString(ix[1]), r.getLong(ix[2]),
+                                   r.isNullAt(ix[3]) ? null : r.getString(ix[3]), r.getLong(ix[4]), r.getLong(ix[5]),
+                                   0));
+                }
+                open.sort(WALK_ORDER);  // a deterministic value whatever order the rows were read in
+                return RowFactory.create(key._1(), key._2(), StateCodec.encode(open));
+            }, Encoders.row(valueSchema));
+        return values.groupBy(values.col("user_hash"), values.col("user_id"))
+            .as(KEY, Encoders.row(valueSchema))
+            .mapValues((MapFunction<Row, byte[]>) r -> (byte[]) r.get(2), Encoders.BINARY());
     }
 
     /** One open row of a user (a state row or a fresh event). */
@@ -196,7 +240,7 @@ public final class SessionsOperator {
     static final class Fn implements FlatMapGroupsWithStateFunction<Tuple2<Long, String>, Row, byte[], Row> {
         private static final long serialVersionUID = 1L;
         private final long gapMs;
-        private final int[] ix;  // event_id, event_time_ms, event_type, ingest_seq, line_key, start, count, views, from_state
+        private final int[] ix;  // event_id, event_time_ms, event_type, ingest_seq, line_key
 
         Fn(long gapMs, int[] ix) {
             this.gapMs = gapMs;
@@ -216,10 +260,7 @@ public final class SessionsOperator {
                     String id = e.isNullAt(ix[0]) ? null : e.getString(ix[0]);
                     long time = e.getLong(ix[1]);
                     String type = e.isNullAt(ix[2]) ? null : e.getString(ix[2]);
-                    if (!e.isNullAt(ix[8]) && e.getInt(ix[8]) == FROM_STATE) {  // a restore's savepoint row
-                        rows.add(new R(e.getLong(ix[5]), id, time, type, e.getLong(ix[6]), e.getLong(ix[7]),
-                                       rows.size()));
-                    } else if (time <= watermark) {
+                    if (time <= watermark) {
                         out.add(RowFactory.create("late", null, user, null, null, null, null, null, id, time, type,
                             e.isNullAt(ix[3]) ? null : e.getLong(ix[3]), e.isNullAt(ix[4]) ? null : e.getLong(ix[4])));
                     } else {

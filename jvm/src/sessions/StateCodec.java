@@ -25,7 +25,7 @@ import java.util.List;
  * instead of building rows of arrays of structs.
  */
 public final class StateCodec {
-    public static final String SCHEMA_ID = "open_sessions_by_user/jvm-v2:varint rows of "
+    public static final String VALUE_FORMAT = "open_sessions_by_user/jvm-v2:varint rows of "
         + "(event_time_ms delta, start delta, event_count, page_views, event_id front-coded or UUID, event_type "
         + "dictionary); reads jvm-v1";
     static final byte VERSION_1 = 1;  // read only: tests/test_jvm_operator.py writes v1 values by the spec above
@@ -98,7 +98,7 @@ public final class StateCodec {
             return decodeV1(in);
         }
         throw new IllegalStateException("state value of an unknown layout (version byte "
-            + (value.length == 0 ? "missing" : Byte.toString(version)) + "; this build reads " + SCHEMA_ID + ")");
+            + (value.length == 0 ? "missing" : Byte.toString(version)) + "; this build reads " + VALUE_FORMAT + ")");
     }
 
     private static List<SessionsOperator.R> decodeV2(In in) {

@@ -16,12 +16,13 @@ import sys
 import time
 from collections import Counter
 from pathlib import Path
+from typing import Any
 
 from pipelines.config import SessionsConfig
 from pipelines.guards import running_stream
 from pipelines.sample_data import arrival_order, generate_events, land
 from pipelines.storage import open_table, table_exists
-from tests.lifecycle_expectations import expected_closed_sessions
+from testkit.lifecycle_expectations import expected_closed_sessions
 
 REPO = Path(__file__).resolve().parent.parent
 PHASES = ("catch-up", "savepoint", "restore", "rescale", "compact", "online-savepoint", "stop-savepoint")
@@ -122,7 +123,7 @@ def _final_catch_up(env: dict[str, str]) -> list[str]:
     raise RuntimeError(f"the job did not recover: {steps}")
 
 
-def run_campaign(work: Path, provider: str, seed: int, kill_points: int) -> dict:
+def run_campaign(work: Path, provider: str, seed: int, kill_points: int) -> dict[str, Any]:
     rng = random.Random(seed)
     started = time.monotonic()
     home = work / f"{provider}-{seed}"
@@ -132,7 +133,8 @@ def run_campaign(work: Path, provider: str, seed: int, kill_points: int) -> dict
     parts = max(2, kill_points // 2 + 1)
     size = -(-len(events) // parts)
     chunks = [events[i * size:(i + 1) * size] for i in range(parts)]
-    by_phase, recoveries = Counter(), []
+    by_phase: Counter[str] = Counter()
+    recoveries: list[str] = []
     # A job with a committed batch and a savepoint first, so every phase can be hit from the first kill on.
     land(config.landing, "part-0000.jsonl", [json.dumps(e) for e in chunks[0]])
     for setup in (["catch-up"], ["savepoint", "--json"]):

@@ -5,7 +5,9 @@ from __future__ import annotations
 
 import ctypes
 import glob
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 
 class MockCluster:
@@ -66,17 +68,19 @@ class MockCluster:
         producer = Producer({"bootstrap.servers": self.bootstrap, "linger.ms": 5, "enable.idempotence": True})
         acked: dict[int, tuple[int, int, bytes | None]] = {}
 
-        def delivered(index: int):
-            def callback(err, message) -> None:
+        def delivered(index: int) -> Callable[[Any, Any], None]:
+            def callback(err: Any, message: Any) -> None:
                 assert err is None, err
                 acked[index] = (message.partition(), message.offset(), message.value())
             return callback
 
         for index, (key, value) in enumerate(values):
-            extra = {} if partition is None else {"partition": partition}
             while True:
                 try:
-                    producer.produce(topic, value=value, key=key, on_delivery=delivered(index), **extra)
+                    if partition is None:
+                        producer.produce(topic, value=value, key=key, on_delivery=delivered(index))
+                    else:
+                        producer.produce(topic, value=value, key=key, on_delivery=delivered(index), partition=partition)
                     break
                 except BufferError:
                     producer.poll(0.1)

@@ -1,0 +1,333 @@
+"""Savepoint state tables written, verified and read by Spark's executors; the driver handles metadata only.
+
+Write: the tasks that read the state (a DataFrame of canonical rows, state_store.state.read_state) write their share
+as Parquet files into the savepoint's table directory (pyarrow, local path or S3 through pipelines.storage) and
+yield one row per file: its name, size, row count, Delta statistics and the partial checksum of its rows (count,
+wrapping uint64 sum of state_store.savepoints.row_hashes). The driver collects those rows and commits them in one
+Delta transaction (delta-rs `create_table_with_add_actions`); the checksum is combined from the partial ones and
+equals state_checksum of the same rows. Only rows of task attempts that succeeded reach the driver, so a file of a
+failed attempt (or of a failed job) is never in the log: it is an unreferenced file the table's VACUUM, or
+compaction's removal of failed and orphaned savepoints, deletes.
+
+Verify / read: the driver lists the committed files from the Delta log (metadata only); a DataFrame of their URIs,
+one task per file, re-reads them in the executors: (count, partial checksum) per file for verification, or the
+rows themselves for a restore (savepoint_rows).
+"""
+from __future__ import annotations
+
+import datetime as dt
+import json
+import os
+import time
+import uuid
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+from typing import Any
+
+import pyarrow as pa
+import pyarrow.compute as pc
+import pyarrow.parquet as pq
+from deltalake import Schema
+from deltalake.transaction import AddAction, CommitProperties, create_table_with_add_actions
+from pyspark import TaskContext
+from pyspark.sql import DataFrame, SparkSession
+
+from pipelines import state_format
+from pipelines.errors import SavepointDamaged
+from pipelines.storage import filesystem, is_s3, s3_errors
+from state_store.savepoints import SavepointStore, StateFiles, combine_checksum, partial_checksum
+
+FILE_ROWS = 2_000_000      # rows per data file at most: a task's share beyond it goes on in a new file
+ROW_GROUP_ROWS = 131_072   # rows buffered per Parquet row group (a task holds about this many rows at a time)
+READ_BATCH_ROWS = 65_536   # rows per batch when the executors read a savepoint's files back
+STATS_STRING_BYTES = 64    # string min/max in the Delta statistics: at most this long (parquet-rs' truncation)
+
+CANONICAL_DDL = ("user_id string, session_start timestamp, event_id string, event_time timestamp, "
+                 "event_type string, event_count long, page_views long")
+_FILE_DDL = "path string, size long, num_records long, stats string, hash_sum long"
+_FILE_SCHEMA = pa.schema([("path", pa.string()), ("size", pa.int64()), ("num_records", pa.int64()),
+                          ("stats", pa.string()), ("hash_sum", pa.int64())])
+_PARTIAL_DDL = "path string, rows long, hash_sum long"
+_PARTIAL_SCHEMA = pa.schema([("path", pa.string()), ("rows", pa.int64()), ("hash_sum", pa.int64())])
+_MOD64 = 1 << 64
+
+
+def _signed(value: int) -> int:
+    """A uint64 as Spark's signed long (two's complement); combine_checksum takes it back modulo 2^64."""
+    value %= _MOD64
+    return value - _MOD64 if value >= 1 << 63 else value
+
+
+@dataclass(frozen=True)
+class WrittenFiles:
+    """What the executors wrote for one savepoint, not yet committed: one entry per file."""
+
+    uri: str
+    files: tuple[dict[str, Any], ...]  # path (relative to uri), size, num_records, stats (JSON), hash_sum
+    rows: int
+    checksum: str
+
+    @property
+    def bytes(self) -> int:
+        return sum(int(f["size"]) for f in self.files)
+
+
+# ---- executor side -------------------------------------------------------------------------------
+
+def _timestamp_text(micros: int, round_up: bool) -> str:
+    """Delta's statistics text for a timestamp: UTC, milliseconds (a max is rounded up: still an upper bound)."""
+    millis = -(-micros // 1000) if round_up else micros // 1000
+    moment = dt.datetime(1970, 1, 1, tzinfo=dt.timezone.utc) + dt.timedelta(milliseconds=millis)
+    return moment.strftime("%Y-%m-%dT%H:%M:%S.") + f"{moment.microsecond // 1000:03d}Z"
+
+
+class _FileStats:
+    """Delta per-file statistics of canonical rows, accumulated over the row groups of one file."""
+
+    def __init__(self) -> None:
+        self.nulls = dict.fromkeys(state_format.CANONICAL_SCHEMA.names, 0)
+        self.low: dict[str, Any] = {}
+        self.high: dict[str, Any] = {}
+
+    def update(self, rows: pa.Table) -> None:
+        for column_field in rows.schema:
+            name, column = column_field.name, rows[column_field.name]
+            self.nulls[name] += column.null_count
+            if column.null_count == len(column):
+                continue
+            if pa.types.is_timestamp(column_field.type):
+                column = pc.cast(column, pa.int64())
+            bounds = pc.min_max(column)
+            low, high = bounds["min"].as_py(), bounds["max"].as_py()
+            self.low[name] = low if name not in self.low else min(self.low[name], low)
+            self.high[name] = high if name not in self.high else max(self.high[name], high)
+
+    def to_json(self, num_records: int) -> str:
+        low, high = {}, {}
+        for column_field in state_format.CANONICAL_SCHEMA:
+            name = column_field.name
+            if name not in self.low:
+                continue
+            if pa.types.is_timestamp(column_field.type):
+                low[name], high[name] = _timestamp_text(self.low[name], False), _timestamp_text(self.high[name], True)
+            elif pa.types.is_string(column_field.type):
+                # A longer min is cut to a prefix (still a lower bound); a longer max is left out (unknown).
+                low[name] = self.low[name].encode()[:STATS_STRING_BYTES].decode("utf-8", "ignore")
+                if len(self.high[name].encode()) <= STATS_STRING_BYTES:
+                    high[name] = self.high[name]
+            else:
+                low[name], high[name] = self.low[name], self.high[name]
+        return json.dumps({"numRecords": num_records, "minValues": low, "maxValues": high, "nullCount": self.nulls})
+
+
+class _DataFile:
+    """One Parquet data file being written by a task: rows, partial checksum and statistics as they go in."""
+
+    def __init__(self, fs: Any, root: str, partition: int) -> None:
+        self.name = f"part-{partition:05d}-{uuid.uuid4()}.snappy.parquet"  # unique per task attempt
+        self.stream = fs.open_output_stream(f"{root}/{self.name}")
+        self.writer = pq.ParquetWriter(self.stream, state_format.CANONICAL_SCHEMA, compression="snappy")
+        self.rows, self.hash_sum, self.stats = 0, 0, _FileStats()
+
+    def write(self, rows: pa.Table) -> None:
+        self.writer.write_table(rows, row_group_size=rows.num_rows)
+        count, hash_sum = partial_checksum(rows)
+        self.rows, self.hash_sum = self.rows + count, (self.hash_sum + hash_sum) % _MOD64
+        self.stats.update(rows)
+
+    def close(self) -> dict[str, Any]:
+        self.writer.close()
+        size = self.stream.tell()
+        self.stream.close()  # on S3: completes the upload; an error here fails the task
+        return {"path": self.name, "size": size, "num_records": self.rows, "stats": self.stats.to_json(self.rows),
+                "hash_sum": _signed(self.hash_sum)}
+
+
+def _canonical_batch(batch: pa.RecordBatch) -> pa.Table:
+    return pa.Table.from_batches([batch]).select(state_format.CANONICAL_SCHEMA.names).cast(
+        state_format.CANONICAL_SCHEMA)
+
+
+def _write_partition(table_uri: str, file_rows: int, group_rows: int
+                     ) -> Callable[[Iterator[pa.RecordBatch]], Iterator[pa.RecordBatch]]:
+    """mapInArrow function: a task's canonical rows -> Parquet files under table_uri, one metadata row per file."""
+
+    def write(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
+        fs, root = filesystem(table_uri)
+        fs.create_dir(root, recursive=True)  # a local path needs it; on S3 a prefix is no object
+        context = TaskContext.get()
+        partition = context.partitionId() if context is not None else 0
+        done: list[dict[str, Any]] = []
+        current: _DataFile | None = None
+        pending: list[pa.Table] = []
+        pending_rows = 0
+
+        def flush() -> None:
+            nonlocal current, pending, pending_rows
+            if not pending_rows:
+                return
+            if current is None:
+                current = _DataFile(fs, root, partition)
+            current.write(pa.concat_tables(pending).combine_chunks())
+            pending, pending_rows = [], 0
+            if current.rows >= file_rows:
+                done.append(current.close())
+                current = None
+
+        for batch in batches:
+            if batch.num_rows:
+                pending.append(_canonical_batch(batch))
+                pending_rows += batch.num_rows
+                if pending_rows >= min(group_rows, file_rows - (current.rows if current else 0)):
+                    flush()
+        flush()
+        if current is not None:
+            done.append(current.close())
+        if done:
+            yield pa.RecordBatch.from_pylist(done, schema=_FILE_SCHEMA)
+
+    return write
+
+
+def _conform(batch: pa.RecordBatch, columns: tuple[str, ...]) -> pa.Table:
+    """A batch read back from a data file, as the Delta reader presents it: the table's columns in its schema's order,
+    timestamps in microseconds (the unit the checksum hashes)."""
+    table = pa.Table.from_batches([batch]).select(list(columns))
+    for index, column_field in enumerate(table.schema):
+        if pa.types.is_timestamp(column_field.type) and column_field.type.unit != "us":
+            table = table.set_column(index, column_field.name,
+                                     pc.cast(table[column_field.name], pa.timestamp("us", tz="UTC")))
+    return table
+
+
+def _file_batches(uri: str, columns: tuple[str, ...]) -> Iterator[pa.Table]:
+    fs, path = filesystem(uri)
+    with fs.open_input_file(path) as handle:
+        for batch in pq.ParquetFile(handle).iter_batches(batch_size=READ_BATCH_ROWS, columns=list(columns)):
+            yield _conform(batch, columns)
+
+
+def _checksum_files(columns: tuple[str, ...]) -> Callable[[Iterator[pa.RecordBatch]], Iterator[pa.RecordBatch]]:
+    """mapInArrow function: file URIs -> (uri, rows, partial checksum) of each file, read in the executor."""
+
+    def checksum(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
+        for batch in batches:
+            for uri in batch.column(0).to_pylist():
+                rows = total = 0
+                for part in _file_batches(uri, columns):
+                    count, hash_sum = partial_checksum(part)
+                    rows, total = rows + count, (total + hash_sum) % _MOD64
+                yield pa.RecordBatch.from_pylist([{"path": uri, "rows": rows, "hash_sum": _signed(total)}],
+                                                 schema=_PARTIAL_SCHEMA)
+
+    return checksum
+
+
+def _read_files(columns: tuple[str, ...]) -> Callable[[Iterator[pa.RecordBatch]], Iterator[pa.RecordBatch]]:
+    """mapInArrow function: file URIs -> their rows in the current canonical form (a v1 table upgraded row by row)."""
+    v1 = "session_start" not in columns
+
+    def read(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
+        for batch in batches:
+            for uri in batch.column(0).to_pylist():
+                for part in _file_batches(uri, columns):
+                    rows = state_format.upgrade_v1(part) if v1 else part.select(state_format.CANONICAL_SCHEMA.names).cast(
+                        state_format.CANONICAL_SCHEMA)
+                    yield from rows.to_batches()
+
+    return read
+
+
+# ---- driver side ---------------------------------------------------------------------------------
+
+@contextmanager
+def executor_env(spark: SparkSession, uri: str) -> Iterator[None]:
+    """Python functions that Spark wraps inside this block (mapInArrow) run with this process's AWS_* variables when
+    `uri` is on S3, as spark.executorEnv passes them on a cluster (pipelines.shipping): in local mode the Python
+    workers inherit the JVM's environment, fixed when it started -- possibly before the variables were set."""
+    if not is_s3(uri):
+        yield
+        return
+    environment: dict[str, str] = spark.sparkContext.environment
+    added = {k: v for k, v in os.environ.items() if k.startswith("AWS_") and v and environment.get(k) != v}
+    saved = {k: environment.get(k) for k in added}
+    environment.update(added)
+    try:
+        yield
+    finally:
+        for key, value in saved.items():
+            if value is None:
+                environment.pop(key, None)
+            else:
+                environment[key] = value
+
+
+def write_state_files(spark: SparkSession, rows: DataFrame, uri: str, file_rows: int | None = None,
+                      group_rows: int | None = None) -> WrittenFiles:
+    """Canonical rows (a DataFrame) written as Parquet files under `uri` by the tasks that compute them (at most
+    `file_rows` rows per file, FILE_ROWS by default); returns the files' metadata and the rows' checksum. Nothing is
+    committed: commit_state_files makes them a Delta table."""
+    write = _write_partition(uri, file_rows or FILE_ROWS, group_rows or ROW_GROUP_ROWS)
+    with executor_env(spark, uri):
+        files = rows.mapInArrow(write, _FILE_DDL)
+    written = tuple(row.asDict() for row in files.collect())
+    checksum = combine_checksum((f["num_records"], f["hash_sum"]) for f in written)
+    return WrittenFiles(uri, written, sum(int(f["num_records"]) for f in written), checksum)
+
+
+def commit_state_files(written: WrittenFiles, storage_options: dict[str, str] | None) -> None:
+    """One Delta transaction that creates the savepoint's table with exactly the written files (fails if a table is
+    there already)."""
+    now_ms = int(time.time() * 1000)
+    adds = [AddAction(f["path"], int(f["size"]), {}, now_ms, True, f["stats"]) for f in written.files]
+    with s3_errors(written.uri):
+        create_table_with_add_actions(
+            written.uri, Schema.from_arrow(state_format.CANONICAL_SCHEMA), adds, mode="error",
+            storage_options=storage_options,
+            commit_properties=CommitProperties(custom_metadata={"sessions.rows": written.rows,
+                                                                "sessions.checksum": written.checksum}))
+
+
+def _files_frame(spark: SparkSession, files: StateFiles, function: Callable[..., Any], ddl: str) -> DataFrame:
+    """One task per data file, running `function` (a mapInArrow function over the files' URIs)."""
+    uris = spark.sparkContext.parallelize([(uri,) for uri in files.files], max(1, len(files.files)))
+    with executor_env(spark, files.uri):
+        return spark.createDataFrame(uris, "uri string").mapInArrow(function, ddl)
+
+
+def files_checksum(spark: SparkSession, files: StateFiles) -> tuple[int, str]:
+    """(rows, checksum) of a state table's files, read in the executors: equal to state_checksum of the table's rows
+    as a Delta reader returns them."""
+    if not files.files:
+        return 0, combine_checksum([])
+    parts = _files_frame(spark, files, _checksum_files(files.columns), _PARTIAL_DDL).collect()
+    return sum(int(p["rows"]) for p in parts), combine_checksum((p["rows"], p["hash_sum"]) for p in parts)
+
+
+def savepoint_checksum(spark: SparkSession, store: SavepointStore, savepoint_id: str) -> tuple[int, str]:
+    """(rows, checksum) of a savepoint's state table as stored (v1 or v2 rows: what its catalog row records),
+    computed in the executors."""
+    return files_checksum(spark, store.data_files(savepoint_id))
+
+
+def verify_state_files(spark: SparkSession, store: SavepointStore, savepoint_id: str, rows: int,
+                       checksum: str) -> StateFiles:
+    """Re-read the committed table in the executors; SavepointDamaged unless its count and checksum are the ones the
+    write pass computed. Returns the table's files (their sizes make the savepoint's bytes)."""
+    files = store.data_files(savepoint_id)
+    got_rows, got = files_checksum(spark, files)
+    if (got_rows, got) != (rows, checksum):
+        raise SavepointDamaged(f"re-read of {files.uri} does not match the live state: {got_rows} rows / {got} in "
+                               f"{len(files.files)} files, written {rows} / {checksum}")
+    return files
+
+
+def savepoint_rows(spark: SparkSession, store: SavepointStore, savepoint_id: str) -> DataFrame:
+    """The savepoint's state rows in the current canonical form (CANONICAL_DDL; a v1 savepoint's rows upgraded as
+    state_format.upgrade_v1 does), read by the executors from the files its Delta log lists: no copy in this
+    process. Its count and checksum equal the driver-side store.read_state's (for a v2 savepoint)."""
+    files = store.data_files(savepoint_id)
+    if not files.files:
+        return spark.createDataFrame([], CANONICAL_DDL)
+    return _files_frame(spark, files, _read_files(files.columns), CANONICAL_DDL)

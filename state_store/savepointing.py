@@ -1,0 +1,108 @@
+"""Taking a savepoint (state_store.lifecycle's savepoint, stop --savepoint and pre-rescale savepoint): the flow
+around the executors' write (state_store.savepoint_io) -- batch, retention, catalog row, failure handling."""
+from __future__ import annotations
+
+import datetime as dt
+import time
+from typing import Any
+
+from py4j.protocol import Py4JError
+from pyspark.errors import PySparkException, PythonException
+from pyspark.sql import SparkSession
+
+from pipelines import state_format
+from pipelines.checkpoint import committed_checkpoint, inspect_checkpoint
+from pipelines.config import SessionsConfig
+from pipelines.errors import SavepointFailed
+from pipelines.runtime import log_traceback
+from pipelines.storage import storage_options
+from pipelines.tables import version_after_batch
+from state_store.results import SavepointInfo
+from state_store.savepoint_io import WrittenFiles, commit_state_files, verify_state_files, write_state_files
+from state_store.savepoints import SavepointStore, new_savepoint_id
+from state_store.state import read_state
+
+# A savepoint reads one committed batch N beside a running stream: state version N through Spark's state data source
+# (by batch id), the source offset and watermark of N from the offset and commit logs, and the output tables'
+# versions as of N (pipelines.tables.version_after_batch). Spark keeps the last SESSIONS_MIN_BATCHES_TO_RETAIN
+# versions; compaction never runs beside a savepoint (both hold the lifecycle lease).
+
+def _write_batch_state(config: SessionsConfig, spark: SparkSession, store: SavepointStore, savepoint_id: str,
+                       batch_id: int) -> WrittenFiles:
+    """State version `batch_id` written as the savepoint's data files by the executors that read it (not committed).
+    A read that fails because Spark's retention removed that version while it was read (a stream committing faster
+    than the read) is one line saying so, not "the checkpoint is damaged"; so is a version gone by the end of it."""
+    try:
+        written = write_state_files(spark, read_state(spark, config.checkpoint, batch_id), store.state_uri(savepoint_id))
+    except (PySparkException, Py4JError):
+        newest = inspect_checkpoint(config.checkpoint).last_committed_batch or batch_id
+        if newest - batch_id < config.min_batches_to_retain:
+            raise  # not retention: spark_failures explains it
+        log_traceback(config)
+        raise SavepointFailed(_retention_lost(config, batch_id, newest)) from None
+    newest = inspect_checkpoint(config.checkpoint).last_committed_batch or batch_id
+    if newest - batch_id >= config.min_batches_to_retain:  # read whole, but the version may be gone by now
+        raise SavepointFailed(_retention_lost(config, batch_id, newest))
+    return written
+
+
+def _retention_lost(config: SessionsConfig, batch_id: int, newest: int) -> str:
+    return (f"state of batch {batch_id} was removed by Spark's retention while the savepoint read it (the stream "
+            f"committed up to batch {newest}; SESSIONS_MIN_BATCHES_TO_RETAIN={config.min_batches_to_retain}): run the "
+            f"savepoint again, and raise that setting if the stream commits batches faster than a savepoint reads")
+
+
+def savepoint_last_batch(config: SessionsConfig, trigger: str, spark: SparkSession) -> SavepointInfo:
+    """The savepoint of the last committed batch. The state is written, checksummed and verified by the executors
+    (state_store.savepoint_io); this process commits the files' metadata in one Delta transaction and records the
+    catalog row -- it never holds the state. The caller holds the lifecycle lease."""
+    started = time.monotonic()
+    committed = committed_checkpoint(config.checkpoint, "nothing to savepoint")
+    info, meta, batch_id = committed.info, committed.meta, committed.batch_id
+    store = SavepointStore.of(config)
+    now = dt.datetime.now(dt.timezone.utc)
+    savepoint_id = new_savepoint_id(batch_id, now)
+    options = storage_options(config, config.warehouse_uri)
+    row: dict[str, Any] = {
+        "savepoint_id": savepoint_id, "trigger": trigger, "created_at": now,
+        "batch_id": batch_id, "source_seq": int((info.source_offset or {}).get("seq", 0)),
+        "watermark_ms": int(committed.watermark_ms or 0), "gap_ms": meta.gap_ms, "lateness_ms": meta.lateness_ms,
+        "buckets": meta.buckets, "provider": info.provider, "partitions": info.partitions,
+        "state_schema": state_format.SCHEMA_ID,
+        "sessions_version": version_after_batch(config.sessions_table, meta.incarnation, batch_id, options),
+        "quarantine_version": version_after_batch(config.quarantine_table, meta.incarnation, batch_id, options),
+        "incarnation": meta.incarnation, "state_uri": store.state_uri(savepoint_id),
+    }
+    try:
+        if store.exists(savepoint_id):  # also: the store answers, before any executor writes to it
+            raise SavepointFailed(f"{row['state_uri']} exists already")
+        written = _write_batch_state(config, spark, store, savepoint_id, batch_id)
+        row.update(rows=written.rows, checksum=written.checksum)
+        commit_state_files(written, store.options)
+        files = verify_state_files(spark, store, savepoint_id, written.rows, written.checksum)
+        row.update(status="complete", bytes=files.bytes, seconds=round(time.monotonic() - started, 3))
+        store.record(row)
+    except Exception as error:  # noqa: BLE001 -- any failure must leave no complete row behind
+        executor = isinstance(error, PythonException)  # the executors' write or re-read raised
+        if executor:
+            log_traceback(config)
+        said = _python_error(str(error)) if executor else f"{type(error).__name__}: {error}"
+        row.update(status="failed", error=said[:500], seconds=round(time.monotonic() - started, 3))
+        try:
+            store.record(row)
+            recorded = "recorded as failed in the catalog"
+        except Exception:  # noqa: BLE001 -- the store is down: keep the row for the next catalog access
+            store.defer(row)
+            recorded = "the catalog is unreachable: the failed attempt will be recorded at the next catalog access"
+        if not executor and isinstance(error, (PySparkException, Py4JError)):
+            raise  # Spark's own failure (a worker, the state store): spark_failures makes it the typed one line
+        cause = said if executor else str(error).splitlines()[0][:300] if str(error) else type(error).__name__
+        raise SavepointFailed(f"savepoint {savepoint_id} failed and is not listed as complete ({recorded}): "
+                              f"{cause}") from None
+    return SavepointInfo.from_row(row)
+
+
+def _python_error(text: str) -> str:
+    """The exception line of a Python traceback an executor sent back (its last unindented line)."""
+    lines = [line for line in text.splitlines() if line.strip() and not line[0].isspace()]
+    return f"in an executor: {lines[-1][:300] if lines else 'its Python code failed'}"

@@ -1,0 +1,263 @@
+"""Fencing: a process that lost its lease (paused past the TTL while another process took it over) writes nothing
+more -- its Delta commits are refused by its lease (a newer epoch exists, its renewals lapsed) and by the table
+(a newer epoch committed there), and a commit that lost the race for its version is never rebased onto the winner."""
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pyarrow as pa
+import pytest
+from deltalake import CommitProperties, DeltaTable, Transaction, write_deltalake
+from deltalake.exceptions import CommitFailedError
+
+from pipelines.errors import LeaseLost
+from pipelines.fencing import EPOCH_KEY, committing, fence
+from pipelines.ingest import ingest
+from pipelines.locks import acquire, lease
+from pipelines.sample_data import arrival_order, generate_events, land
+from pipelines.tables import SESSIONS_SCHEMA, ensure_table, idempotent_append
+from tests.conftest import config_env, make_config, tool
+from tests.lifecycle_expectations import expected_closed_sessions
+
+REPO = Path(__file__).resolve().parent.parent
+
+
+def _rows(tag: str, n: int = 2) -> pa.Table:
+    return pa.table({"session_id": [f"{tag}-{i}" for i in range(n)], "user_id": [tag] * n,
+                     "session_start": [0] * n, "session_end": [0] * n, "event_count": [1] * n, "page_views": [0] * n,
+                     "end_reason": ["inactivity"] * n, "batch_id": [1] * n, "incarnation": [tag] * n,
+                     "written_version": [None] * n},
+                    schema=SESSIONS_SCHEMA)
+
+
+def _spawn(script: str, *args: str) -> subprocess.Popen:
+    return subprocess.Popen([sys.executable, "-c", script, *args], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True, cwd=REPO)
+
+
+def _resume(process: subprocess.Popen) -> tuple[str, str]:
+    os.kill(process.pid, signal.SIGCONT)
+    return process.communicate("go\n", timeout=60)
+
+
+STALE_WRITER = """
+import sys
+from pipelines.errors import LeaseLost
+from pipelines.locks import lease
+from pipelines.tables import idempotent_append
+from tests.test_fencing import _rows
+leases, table, skewed = sys.argv[1], sys.argv[2], sys.argv[3] == "skewed"
+try:
+    with lease(leases, "job", "run", 3600.0 if skewed else 2.0) as held:
+        print(f"held {held.epoch}", flush=True)
+        sys.stdin.readline()  # (stopped here past the TTL); another process takes over and commits
+        if skewed:  # and its listing of the lease store is stale: only the table can tell
+            held.check = lambda: None
+        idempotent_append(table, _rows("old"), "sessions-old-incarnation", 1, leases=(held,))
+        print("committed", flush=True)
+except LeaseLost as lost:
+    print(f"refused: {lost}", flush=True)
+    sys.exit(3)
+"""
+
+
+def _expire(location: Path, name: str, epoch: int) -> None:
+    """Make epoch `epoch` of lease `name` look expired to others (the clock of its holder's host far behind)."""
+    record = location / f"{name}.lease.epoch-{epoch:012d}"
+    record.write_text(json.dumps({**json.loads(record.read_text()), "expires_at": time.time() - 1}))
+
+
+def _take_over(process: subprocess.Popen, location: Path, name: str, epoch: int, skewed: bool) -> None:
+    """The holder `process` of epoch `epoch` loses it: stopped past its TTL, or (skewed) its record looks expired
+    to others while it still counts itself within its TTL."""
+    if skewed:
+        _expire(location, name, epoch)
+    else:
+        os.kill(process.pid, signal.SIGSTOP)
+        time.sleep(2.5)
+
+
+@pytest.mark.parametrize("skewed", [False, True], ids=["paused", "skewed-clock-stale-listing"])
+def test_a_fenced_holder_cannot_append_after_a_newer_epoch_committed(tmp_path, skewed):
+    """Two processes: the old holder loses the lease (stopped past its TTL), the new one takes it and appends; the
+    old one, resumed, is refused by its lease -- or, when it cannot know (its clock behind, its listing stale), by
+    the epoch the table recorded."""
+    leases, table = tmp_path / "leases", str(tmp_path / "sessions")
+    ensure_table(table, SESSIONS_SCHEMA)
+    old = _spawn(STALE_WRITER, str(leases), table, "skewed" if skewed else "paused")
+    try:
+        assert old.stdout.readline().strip() == "held 1"
+        _take_over(old, leases, "job", 1, skewed)
+        with lease(leases, "job", "restore", 30.0) as newer:
+            assert newer.epoch == 2
+            assert idempotent_append(table, _rows("new"), "sessions-new-incarnation", 1, leases=(newer,))
+            out, err = _resume(old)
+    finally:
+        if old.poll() is None:
+            old.kill()
+            old.wait()
+    assert old.returncode == 3, (out, err[-2000:])
+    assert out.startswith("refused: the job lease ") and out.count("\n") == 1, out
+    if skewed:
+        assert "epoch 2 of it already committed to" in out, out
+    else:
+        assert "a newer holder took it: epoch 2" in out or "not renewed for" in out, out
+    delta = DeltaTable(table)
+    assert sorted(delta.to_pyarrow_table()["session_id"].to_pylist()) == ["new-0", "new-1"]
+    assert delta.history(limit=1)[0][EPOCH_KEY] == "2"
+
+
+def test_a_commit_that_loses_the_race_for_its_version_is_tried_again_not_rebased(tmp_path):
+    """max_commit_retries=0 (deltalake 1.6.6): a write on a table loaded before another commit fails instead of
+    being rebased; committing() tries again from a fresh load, whose fence sees a newer epoch that committed."""
+    uri = str(tmp_path / "sessions")
+    ensure_table(uri, SESSIONS_SCHEMA)
+    stale = DeltaTable(uri)
+    write_deltalake(uri, _rows("compaction"), mode="append")  # someone else's commit (no lease: a compaction)
+    with pytest.raises(CommitFailedError):
+        write_deltalake(stale, _rows("late"), mode="append", commit_properties=CommitProperties(max_commit_retries=0))
+    held = acquire(tmp_path / "leases", "job", "run", 30.0)
+    loads = [DeltaTable(uri, version=0)]  # the first attempt works on the version before the compaction
+    assert idempotent_append(uri, _rows("a"), "app", 1, leases=(held,))  # plain: loads the newest itself
+
+    def attempt(tag: str) -> None:
+        table = loads.pop() if loads else DeltaTable(uri)
+        transactions, metadata = fence(table, [held], uri)
+        write_deltalake(table, _rows(tag), mode="append", commit_properties=CommitProperties(
+            app_transactions=transactions, custom_metadata=metadata, max_commit_retries=0))
+
+    committing(lambda: attempt("retried"), uri)  # lost the race once, then committed on the newest version
+    assert DeltaTable(uri).version() == 3 and DeltaTable(uri).transaction_version(held.app_id) == 1
+    # A newer epoch commits in between: the retry's fence refuses (the lease store blind, as above).
+    newer_epoch = held.epoch + 1
+    write_deltalake(uri, _rows("newer"), mode="append", commit_properties=CommitProperties(
+        app_transactions=[Transaction(held.app_id, newer_epoch)]))
+    loads.append(DeltaTable(uri, version=3))
+    held.check = lambda: None  # type: ignore[method-assign]
+    with pytest.raises(LeaseLost, match=f"epoch {newer_epoch} of it already committed"):
+        committing(lambda: attempt("fenced"), uri)
+    assert "fenced-0" not in DeltaTable(uri).to_pyarrow_table()["session_id"].to_pylist()
+
+
+STALE_INGESTER = """
+import sys
+from pipelines.errors import LeaseLost
+from pipelines.ingest.lines import split_lines
+from pipelines.ingest.table import Appender, RowSource, latest_clock, latest_seq, open_raw_table
+from pipelines.locks import waiting_lease
+from tests.conftest import make_config
+skewed = sys.argv[2] == "skewed"
+config = make_config(sys.argv[1], SESSIONS_LEASE_TTL_S="3600" if skewed else "2")
+try:
+    with waiting_lease(config.lease_uri, "ingest", "ingest", config.lease_ttl_s, 30) as held:
+        table = open_raw_table(config)
+        appender = Appender(config, latest_seq(table), latest_clock(table), leases=(held,), version=table.version())
+        print(f"ready {held.epoch} {appender.seq}", flush=True)
+        sys.stdin.readline()  # (stopped here past the TTL) while another ingester takes over and commits
+        if skewed:
+            held.check = lambda: None
+        line = b'{"event_id": "a-1", "user_id": "u", "event_time": "2026-11-01T08:00:00Z", "event_type": "x"}\\n'
+        appender.append([RowSource("stale.jsonl", split_lines(line, 0, False)[0])], {"test": "stale"})
+        print("committed", flush=True)
+except LeaseLost as lost:
+    print(f"refused: {lost}", flush=True)
+    sys.exit(3)
+"""
+
+
+@pytest.mark.parametrize("skewed", [False, True], ids=["paused", "skewed-clock-stale-listing"])
+def test_two_ingesters_racing_after_an_expired_lease_never_commit_an_ingest_seq_twice(tmp_path, skewed):
+    config = make_config(tmp_path, SESSIONS_LEASE_TTL_S="2")
+    events = [json.dumps(e) for e in generate_events(5, 2, seed=3)]
+    assert len(events) > 6
+    land(config.landing, "first.jsonl", events[:5])
+    assert ingest(config).last_seq == 1
+    stale = _spawn(STALE_INGESTER, str(tmp_path), "skewed" if skewed else "paused")
+    try:
+        assert stale.stdout.readline().strip() == "ready 2 1"
+        _take_over(stale, config.lease_dir, "ingest", 2, skewed)
+        land(config.landing, "second.jsonl", events[5:])
+        took = ingest(config)  # (waits out the stopped ingester's TTL, then) takes the ingest lease: epoch 3
+        assert (took.first_seq, took.last_seq) == (2, 2)
+        out, err = _resume(stale)
+    finally:
+        if stale.poll() is None:
+            stale.kill()
+            stale.wait()
+    assert stale.returncode == 3, (out, err[-2000:])
+    assert out.startswith("refused: the ingest lease ") and "epoch 2" in out, out
+    if skewed:
+        assert "epoch 3 of it already committed to" in out, out
+    raw = DeltaTable(config.raw_events_table)
+    seqs = [int(c["ingest_seq"]) for c in raw.history() if "ingest_seq" in c]
+    assert sorted(seqs) == [1, 2]
+    rows = raw.to_pyarrow_table(columns=["ingest_seq", "source_file"]).to_pylist()
+    assert {(r["ingest_seq"], r["source_file"]) for r in rows} == {(1, "first.jsonl"), (2, "second.jsonl")}
+
+
+def _sessions(config) -> list[tuple]:
+    frame = DeltaTable(config.sessions_table).to_pandas()
+    return sorted((r.session_id, r.user_id, r.session_start.value // 1_000_000, r.session_end.value // 1_000_000,
+                   int(r.event_count), int(r.page_views), r.end_reason) for r in frame.itertuples())
+
+
+def _wait_for(predicate, seconds: float) -> bool:
+    deadline = time.monotonic() + seconds
+    while time.monotonic() < deadline:
+        if predicate():
+            return True
+        time.sleep(1)
+    return False
+
+
+def test_a_frozen_run_is_fenced_after_another_process_caught_up(tmp_path):
+    """The operator's scenario, catch-up variant: `sessionctl run` frozen (SIGSTOP of its process group) past a short
+    TTL, another process takes the job lease and runs `sessionctl catch-up`, then the run resumes (SIGCONT) and is
+    stopped with Ctrl-C: it commits nothing more and exits non-zero with one line naming the lost lease; the
+    sessions table holds every expected session exactly once."""
+    ttl = "6"
+    config = make_config(tmp_path, SESSIONS_LEASE_TTL_S=ttl)
+    env = config_env(config, SESSIONS_LEASE_TTL_S=ttl)
+    events = arrival_order(generate_events(40, 3, seed=21), seed=21, jitter_seconds=120)
+    first, second = events[: len(events) // 2], events[len(events) // 2:]
+    land(config.landing, "first.jsonl", [json.dumps(e) for e in first])
+    run = subprocess.Popen([tool("sessionctl"), "run", "--poll-seconds", "1"], env=env, start_new_session=True,
+                           stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=tmp_path)
+    try:
+        t0 = time.monotonic()
+        assert _wait_for(lambda: DeltaTable.is_deltatable(config.sessions_table) and len(_sessions(config)) > 0,
+                         180), "no session written while running"
+        print("DEBUG first sessions", time.monotonic() - t0, flush=True)
+        os.killpg(run.pid, signal.SIGSTOP)
+        land(config.landing, "second.jsonl", [json.dumps(e) for e in second])
+        time.sleep(float(ttl) + 2)
+        caught_up = subprocess.run([tool("sessionctl"), "catch-up"], env=env, capture_output=True, text=True,
+                                   timeout=300)
+        assert caught_up.returncode == 0, caught_up.stderr[-3000:]
+        print("DEBUG caught up", time.monotonic() - t0, caught_up.stdout, flush=True)
+        expected = expected_closed_sessions([first, second], 30 * 60_000, 10 * 60_000)
+        assert _sessions(config) == sorted(expected)
+        versions = (DeltaTable(config.sessions_table).version(), DeltaTable(config.raw_events_table).version())
+        os.killpg(run.pid, signal.SIGCONT)
+        time.sleep(1.0)
+        run.send_signal(signal.SIGINT)  # the operator's Ctrl-C
+        out, err = run.communicate(timeout=180)
+        print("DEBUG run exited", time.monotonic() - t0, run.returncode, "\nOUT", out[-1500:], "\nERR", err[-3000:], flush=True)
+    finally:
+        if run.poll() is None:
+            os.killpg(run.pid, signal.SIGCONT)
+            os.killpg(run.pid, signal.SIGKILL)
+            run.wait()
+    assert run.returncode == 1, (out[-2000:], err[-3000:])
+    assert "Traceback" not in err, err[-3000:]
+    last = err.strip().splitlines()[-1]
+    assert last.startswith("sessionctl run: the job lease ") and " was lost by run (pid " in last, err[-3000:]
+    assert "catch-up (pid" in last or "not renewed for" in last, last
+    assert (DeltaTable(config.sessions_table).version(), DeltaTable(config.raw_events_table).version()) == versions
+    assert _sessions(config) == sorted(expected)  # every session exactly once

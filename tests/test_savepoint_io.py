@@ -1,0 +1,277 @@
+"""Savepoints written, verified and read by the executors (state_store.savepoint_io), checked against what the driver
+computes on its own from the same rows -- state_checksum of the rows read by delta-rs in this process, or of the
+state read through Spark's state data source into this process -- and against the oracle's open sessions."""
+from __future__ import annotations
+
+import datetime as dt
+import json
+import random
+from pathlib import Path
+
+import pyarrow as pa
+import pyarrow.compute as pc
+import pyarrow.parquet as pq
+import pytest
+from deltalake import DeltaTable, write_deltalake
+
+from pipelines import state_format
+from pipelines.errors import SavepointFailed
+from pipelines.ingest import ingest
+from pipelines.sample_data import land
+from pipelines.stream import catch_up
+from state_store import savepoint_io as io
+from state_store import savepointing
+from state_store.lifecycle import live_state, take_savepoint, validate_savepoint
+from state_store.savepoints import SavepointStore, combine_checksum, partial_checksum, state_checksum
+from state_store.state import read_state
+from tests.conftest import make_config
+from tests.datagen import in_order_chunks
+from tests.oracle import oracle_session_id, run_oracle
+
+GAP_MS, LATENESS_MS = 30 * 60_000, 10 * 60_000
+UTC_US = pa.timestamp("us", tz="UTC")
+
+
+def _canonical_rows(n: int, seed: int) -> pa.Table:
+    rng = random.Random(seed)
+    start = 1_790_000_000_000_000
+    return pa.table({
+        "user_id": [f"u{rng.randrange(50)}" + "é" * rng.randrange(3) for _ in range(n)],
+        "session_start": pa.array([start + rng.randrange(10**9) for _ in range(n)], UTC_US),
+        "event_id": [None if rng.random() < 0.2 else f"e{i}" for i in range(n)],
+        "event_time": pa.array([start + rng.randrange(10**10) for _ in range(n)], UTC_US),
+        "event_type": [rng.choice(["page_view", "click", "logout", None]) for _ in range(n)],
+        "event_count": [rng.randrange(1, 9) for _ in range(n)],
+        "page_views": [rng.randrange(0, 9) for _ in range(n)],
+    }, schema=state_format.CANONICAL_SCHEMA)
+
+
+# ---- pure: the checksum's shares --------------------------------------------------------------------
+
+def test_checksums_of_existing_savepoints_are_unchanged():
+    """Values computed with the driver-only implementation before the executors' checksum existed (git HEAD
+    2d037ae's state_checksum): catalog rows written then must still verify."""
+    rows = pa.table({"user_id": ["u1", "u2", "ü3"],
+                     "session_start": pa.array([1_700_000_000_123_456, 1_700_000_001_000_000, 5], UTC_US),
+                     "event_id": [None, "e2", "e3"],
+                     "event_time": pa.array([1_700_000_000_123_456, None, 7], UTC_US),
+                     "event_type": ["a", None, "logout"], "event_count": [1, 2, 3], "page_views": [0, 1, None]},
+                    schema=state_format.CANONICAL_SCHEMA)
+    v1 = pa.table({"user_id": ["u1", "u2"], "event_id": ["a", "b"], "event_time": pa.array([1, 2], UTC_US),
+                   "event_type": [None, "x"]}, schema=state_format.V1_SCHEMA)
+    assert state_checksum(rows) == "siphash64:3:c7c38eb32ee540a7"
+    assert state_checksum(v1) == "siphash64:2:75eab36e8fdfe9a2"
+    assert state_checksum(rows.slice(0, 0)) == "siphash64:0:0000000000000000"
+
+
+def test_partial_checksums_of_any_split_combine_to_the_whole():
+    rows = _canonical_rows(5000, seed=3)
+    whole = state_checksum(rows)
+    rng = random.Random(5)
+    for _ in range(5):
+        order = rows.take(pa.array(rng.sample(range(rows.num_rows), rows.num_rows)))
+        cuts = sorted(rng.sample(range(1, rows.num_rows), 7))
+        shares = [order.slice(a, b - a) for a, b in zip([0, *cuts], [*cuts, rows.num_rows])]
+        parts = [partial_checksum(share) for share in shares] + [partial_checksum(rows.slice(0, 0))]
+        assert combine_checksum(parts) == whole
+        # as Spark carries them: signed longs
+        assert combine_checksum((n, io._signed(s)) for n, s in parts) == whole
+        assert combine_checksum(parts[1:]) != whole
+
+
+def test_file_statistics_bound_every_value():
+    rows = _canonical_rows(3000, seed=9)
+    long_max = "z" * 80
+    rows = pa.concat_tables([rows, pa.table({
+        "user_id": [long_max, "é" * 40], "session_start": pa.array([1, 2], UTC_US), "event_id": [None, None],
+        "event_time": pa.array([999, 1_001], UTC_US), "event_type": [None, None], "event_count": [1, 1],
+        "page_views": [0, 0]}, schema=state_format.CANONICAL_SCHEMA)])
+    stats = io._FileStats()
+    for share in (rows.slice(0, 1000), rows.slice(1000)):
+        stats.update(share)
+    got = json.loads(stats.to_json(rows.num_rows))
+    assert got["numRecords"] == rows.num_rows
+    assert got["nullCount"] == {name: rows[name].null_count for name in rows.column_names}
+    assert "user_id" not in got["maxValues"]  # longer than 64 bytes: unknown rather than wrong
+    assert len(got["minValues"]["user_id"].encode()) <= io.STATS_STRING_BYTES
+    for name in rows.column_names:
+        values = [v for v in rows[name].to_pylist() if v is not None]
+        low, high = got["minValues"].get(name), got["maxValues"].get(name)
+        if pa.types.is_timestamp(rows.schema.field(name).type):
+            low = dt.datetime.fromisoformat(low.replace("Z", "+00:00"))
+            high = dt.datetime.fromisoformat(high.replace("Z", "+00:00"))
+        assert low is not None and all(low <= v for v in values), name
+        assert high is None or all(v <= high for v in values), name
+
+
+# ---- with Spark --------------------------------------------------------------------------------------
+
+def _job(tmp_path: Path, spark, provider: str, parts: int = 3, **env):
+    config = make_config(tmp_path, provider, **env)
+    chunks = in_order_chunks(users=40, seed=17, parts=4)[:parts]
+    for i, chunk in enumerate(chunks):
+        land(config.landing, f"part-{i:04d}.jsonl", [json.dumps(e) for e in chunk])
+        ingest(config, files_per_commit=1)
+    catch_up(config, spark)
+    return config, chunks
+
+
+def _oracle_open(chunks: list[list[dict]]) -> list[tuple]:
+    def ms(text: str) -> int:
+        return int(dt.datetime.fromisoformat(text.replace("Z", "+00:00")).timestamp() * 1000)
+
+    batches = [[{**e, "event_time_ms": ms(e["event_time"])} for e in chunk] for chunk in chunks]
+    return sorted(run_oracle(batches, GAP_MS, LATENESS_MS).open_sessions)
+
+
+def _open_sessions(rows: list[dict]) -> list[tuple]:
+    """Canonical rows -> open sessions in the oracle's tuple shape (plain Python, as tests/conftest.py
+    read_open_sessions walks them)."""
+    def ms(ts):
+        return None if ts is None else int(ts.timestamp() * 1000)
+
+    rows = sorted(rows, key=lambda r: (r["user_id"], ms(r["session_start"]), ms(r["event_time"]), r["event_id"] or ""))
+    sessions: list[dict] = []
+    current, key = None, None
+    for r in rows:
+        row_key = (r["user_id"], ms(r["session_start"]))
+        if current is None or row_key != key or current["last_type"] == "logout":
+            current = {"user": r["user_id"], "start": row_key[1], "count": 0, "views": 0}
+            sessions.append(current)
+            key = row_key
+        current.update(last=ms(r["event_time"]), last_type=r["event_type"])
+        current["count"] += r["event_count"]
+        current["views"] += r["page_views"]
+    return sorted((oracle_session_id(s["user"], s["start"]), s["user"], s["start"], s["last"], s["count"], s["views"],
+                   "logout" if s["last_type"] == "logout" else "inactivity") for s in sessions)
+
+
+@pytest.mark.parametrize("provider", ["rocksdb", "hdfs"])
+def test_savepoint_by_the_executors_equals_the_driver_side_state(tmp_path, spark, provider):
+    config, chunks = _job(tmp_path, spark, provider)
+    saved = take_savepoint(config, spark=spark)
+    store = SavepointStore.of(config)
+
+    # The live state read into this process (the old savepoint's path) and the table read by delta-rs here: the same
+    # rows, count and checksum as the catalog row the executors' pass produced.
+    live = live_state(spark, config.checkpoint, saved.batch_id)
+    table = store.read_state(saved.savepoint_id)
+    assert saved.rows == live.num_rows == table.num_rows > 0
+    assert saved.checksum == state_checksum(live) == state_checksum(table)
+    assert table.sort_by(state_format.CANONICAL_SORT).equals(live.cast(table.schema))
+    assert saved.bytes == sum(pa.table(DeltaTable(saved.uri).get_add_actions(flatten=True))["size_bytes"].to_pylist())
+
+    # Read back by the executors for a restore: the same count and checksum, and the oracle's open sessions.
+    rows = io.savepoint_rows(spark, store, saved.savepoint_id)
+    read = rows.toArrow()
+    assert read.num_rows == table.num_rows and state_checksum(read) == state_checksum(table)
+    assert io.savepoint_checksum(spark, store, saved.savepoint_id) == (saved.rows, saved.checksum)
+    assert _open_sessions(rows.collect()) == _oracle_open(chunks) != []
+    assert validate_savepoint(config, saved.savepoint_id).verified  # the driver-side check (restore's) agrees
+
+
+def test_many_files_per_task_and_their_statistics(tmp_path, spark):
+    config, _ = _job(tmp_path, spark, "rocksdb", parts=2)
+    store = SavepointStore.of(config)
+    live = live_state(spark, config.checkpoint, None)
+    written = io.write_state_files(spark, read_state(spark, config.checkpoint), store.state_uri("many"),
+                                   file_rows=25, group_rows=10)
+    assert len(written.files) >= live.num_rows // 25 and written.rows == live.num_rows
+    assert written.checksum == state_checksum(live)
+    io.commit_state_files(written, None)
+    table = DeltaTable(store.state_uri("many"))
+    assert sorted(Path(u).name for u in table.file_uris()) == sorted(f["path"] for f in written.files)
+    assert state_checksum(table.to_pyarrow_table()) == written.checksum
+    # delta-rs skips files by the statistics the executors wrote: a skipped file with a matching row would lose it
+    for user in sorted(set(live["user_id"].to_pylist()))[:5]:
+        expected = live.filter(pc.equal(live["user_id"], user))
+        got = table.to_pyarrow_table(filters=[("user_id", "=", user)])
+        assert state_checksum(got) == state_checksum(expected.cast(got.schema))
+    latest = pc.max(live["event_time"]).as_py()
+    got = table.to_pyarrow_table(filters=[("event_time", ">=", latest)])
+    assert got.num_rows == pc.sum(pc.equal(live["event_time"], latest)).as_py() > 0
+
+
+def test_empty_state_and_v1_savepoints(tmp_path, spark):
+    store = SavepointStore(str(tmp_path / "savepoints"))
+    empty = spark.createDataFrame([], io.CANONICAL_DDL)
+    written = io.write_state_files(spark, empty, store.state_uri("empty"))
+    io.commit_state_files(written, None)
+    assert written.files == () and written.checksum == state_checksum(state_format.CANONICAL_SCHEMA.empty_table())
+    assert io.verify_state_files(spark, store, "empty", 0, written.checksum).files == ()
+    assert io.savepoint_rows(spark, store, "empty").count() == 0
+
+    v1 = pa.table({"user_id": ["u1", "u1", "u2"], "event_id": ["a", "b", "c"],
+                   "event_time": pa.array([1_000_000, 2_000_000, 3_000_000], UTC_US),
+                   "event_type": ["page_view", None, "logout"]}, schema=state_format.V1_SCHEMA)
+    write_deltalake(store.state_uri("v1"), v1.slice(0, 2))
+    write_deltalake(store.state_uri("v1"), v1.slice(2), mode="append")  # two files
+    assert io.savepoint_checksum(spark, store, "v1") == (3, state_checksum(store.read_state("v1")))
+    upgraded = io.savepoint_rows(spark, store, "v1").toArrow()
+    assert state_checksum(upgraded) == state_checksum(state_format.upgrade_v1(v1))
+
+
+def test_failed_writes_are_never_listed_or_committed(tmp_path, spark, monkeypatch):
+    config, _ = _job(tmp_path, spark, "rocksdb", parts=2)
+    store = SavepointStore.of(config)
+    first = take_savepoint(config, spark=spark)
+
+    # A task that fails after its share went out (its files are on disk): no table, no complete savepoint.
+    def rows_failing_in_one_task(spark_, checkpoint, batch_id=None, op=None):
+        def fail_late(batches):
+            import time
+
+            from pyspark import TaskContext
+
+            yield from batches
+            if TaskContext.get().partitionId() == 1:
+                time.sleep(3)  # the writer downstream has its rows and writes them
+                raise RuntimeError("injected: executor lost after writing")
+
+        return read_state(spark_, checkpoint, batch_id, op).repartition(2).mapInArrow(fail_late, io.CANONICAL_DDL)
+
+    monkeypatch.setattr(savepointing, "read_state", rows_failing_in_one_task)
+    monkeypatch.setattr(io, "FILE_ROWS", 1)  # a file per batch: the failing task has closed files before it fails
+    with pytest.raises(SavepointFailed, match="not listed as complete.*RuntimeError: injected: executor lost"):
+        take_savepoint(config, spark=spark)
+    monkeypatch.undo()
+    failed = store.list()[0]
+    assert failed.status == "failed" and failed.savepoint_id != first.savepoint_id
+    assert list(Path(store.state_uri(failed.savepoint_id)).glob("*.parquet")), "the failed tasks wrote files"
+    assert not store.exists(failed.savepoint_id)  # ... that no Delta log references
+
+    # A file changed between the commit and the re-read (one event's type, same count): the verification sees it.
+    real_commit = savepointing.commit_state_files
+
+    def commit_then_damage(written, options):
+        real_commit(written, options)
+        path = Path(written.uri) / written.files[0]["path"]
+        rows = pq.read_table(path)
+        types = rows["event_type"].to_pylist()
+        types[0] = "logout" if types[0] != "logout" else "page_view"
+        pq.write_table(rows.set_column(rows.schema.get_field_index("event_type"), "event_type",
+                                       pa.array(types, pa.string())), path)
+
+    monkeypatch.setattr(savepointing, "commit_state_files", commit_then_damage)
+    with pytest.raises(SavepointFailed, match="not listed as complete.*does not match the live state"):
+        take_savepoint(config, spark=spark)
+    monkeypatch.undo()
+    assert [s.savepoint_id for s in store.list() if s.status == "complete"] == [first.savepoint_id]
+    assert store.get("latest").savepoint_id == first.savepoint_id
+    again = take_savepoint(config, spark=spark)
+    assert (again.rows, again.checksum) == (first.rows, first.checksum)
+
+
+def test_savepoint_on_s3_is_written_and_read_by_the_executors(tmp_path, spark, s3_endpoint):
+    """The session's JVM (and its Python workers) started before the S3 endpoint's AWS_* variables were set: the
+    executors get them from executor_env."""
+    config, chunks = _job(tmp_path, spark, "rocksdb", SESSIONS_SAVEPOINT_URI=f"s3://savepoints/{tmp_path.name}")
+    saved = take_savepoint(config, spark=spark)
+    store = SavepointStore.of(config)
+    assert saved.uri.startswith("s3://savepoints/")
+    table = store.read_state(saved.savepoint_id)
+    assert (saved.rows, saved.checksum) == (table.num_rows, state_checksum(table))
+    assert saved.checksum == state_checksum(live_state(spark, config.checkpoint, saved.batch_id))
+    rows = io.savepoint_rows(spark, store, saved.savepoint_id)
+    assert _open_sessions(rows.collect()) == _oracle_open(chunks)
+    assert validate_savepoint(config, saved.savepoint_id).verified
