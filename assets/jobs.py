@@ -21,7 +21,7 @@ from assets.resources import SessionsResource, expected_errors
 from assets.tables import LIFECYCLE_TAGS, SESSIONS, STATE, STREAM_TAGS, catch_up
 from pipelines.stream import RunSummary
 from pipelines.tables import MicroBatchSink
-from state_store import lifecycle, maintenance, state
+from state_store import lifecycle, maintenance, state, stream_control
 from state_store.results import SavepointInfo
 
 session_catch_up = define_asset_job("session_catch_up", selection=AssetSelection.assets(catch_up),
@@ -46,7 +46,7 @@ def stream_op(context: OpExecutionContext, sessions: SessionsResource, pyspark: 
             "sessions_written": sink.sessions_written, "batches": summary.batches}))
 
     try:
-        summary = expected_errors(lifecycle.run_stream, sessions.config(), spark=pyspark.spark_session,
+        summary = expected_errors(stream_control.run_stream, sessions.config(), spark=pyspark.spark_session,
                                   stop=stop, poll_seconds=config.poll_seconds, on_progress=progress)
     except BaseException:
         stop.set()
@@ -94,7 +94,7 @@ class StopConfig(Config):
 def stop_stream_op(context: OpExecutionContext, sessions: SessionsResource, config: StopConfig) -> dict[str, Any]:
     """Asks the running stream (a session_stream run or `sessionctl run`, any host) to stop after its current batch
     and, when asked, to take the savepoint of that batch before it lets go of the job lease; waits for the answer."""
-    result = expected_errors(lifecycle.stop_stream, sessions.config(), savepoint=config.savepoint)
+    result = expected_errors(stream_control.stop_stream, sessions.config(), savepoint=config.savepoint)
     context.log.info(f"stopped {result.stream} at batch {result.last_committed_batch}")
     if result.savepoint is not None:
         context.log_event(AssetObservation(asset_key=STATE, metadata=_savepoint_metadata(result.savepoint)))

@@ -22,7 +22,7 @@ from assets.resources import SessionsResource, expected_errors
 from assets.tables import LIFECYCLE_TAGS, STATE, state_metadata
 from pipelines.errors import JobRunning
 from pipelines.guards import job_lock, running_stream
-from state_store import lifecycle
+from state_store import lifecycle, stream_control
 from state_store.results import RestoreResult, SavepointInfo
 from state_store.status import status
 
@@ -99,7 +99,7 @@ def stop_running_stream_op(context: OpExecutionContext, sessions: SessionsResour
         cancel([run for run in active_stream_runs(context.instance) if run.status not in running])
         if plan.stop_with_savepoint and stream is not None and stream.what == "run":
             deadline = time.monotonic() + config.stop_timeout_s + 30
-            result = expected_errors(lifecycle.stop_stream, config, savepoint=True)
+            result = expected_errors(stream_control.stop_stream, config, savepoint=True)
             kept = result.savepoint.savepoint_id if result.savepoint else None
             context.log.info(f"stopped {result.stream} at batch {result.last_committed_batch}, savepoint {kept}")
             # The stopped stream's run is still closing its session: it ends by itself, successfully. Cancelling it

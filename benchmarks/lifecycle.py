@@ -207,7 +207,8 @@ def measure(provider: str, users: int, spark, work: Path, online: bool = False, 
     started = time.monotonic()
     sp.SavepointStore(str(home / "delta-only")).write_state("bench", rows)
     delta_write_s = time.monotonic() - started
-    del rows
+    n_rows = rows.num_rows
+    del rows  # not held by this process during the restore measured next
     started = time.monotonic()
     with PeakRss(process_ids(spark)) as memory:
         restored = restore(config, "latest", spark=spark)
@@ -220,11 +221,11 @@ def measure(provider: str, users: int, spark, work: Path, online: bool = False, 
         "provider": provider, "users": users, "state_rows": saved.rows, "savepoint_bytes": saved.bytes,
         "savepoint_s": round(savepoint_s, 3), "savepoint_rows_per_s": round(saved.rows / savepoint_s),
         "savepoint_mb_per_s": round(saved.bytes / savepoint_s / 1e6, 2),
-        "parquet_s": round(parquet_s, 3), "parquet_rows_per_s": round(rows.num_rows / parquet_s),
+        "parquet_s": round(parquet_s, 3), "parquet_rows_per_s": round(n_rows / parquet_s),
         "parquet_mb_per_s": round(parquet_bytes / parquet_s / 1e6, 2),
-        "savepoint_over_parquet_rows_per_s": round((saved.rows / savepoint_s) / (rows.num_rows / parquet_s), 4),
+        "savepoint_over_parquet_rows_per_s": round((saved.rows / savepoint_s) / (n_rows / parquet_s), 4),
         "state_read_s": round(state_read_s, 3), "delta_write_s": round(delta_write_s, 3),
-        "delta_write_rows_per_s": round(rows.num_rows / delta_write_s),
+        "delta_write_rows_per_s": round(n_rows / delta_write_s),
         "delta_over_parquet_rows_per_s": round(parquet_s / delta_write_s, 4),
         "restore_s": round(restore_s, 3), "restore_verified": restored.verified,
         "rescale_s": round(rescale_s, 3), "rescale_method": scaled.method,
@@ -233,12 +234,31 @@ def measure(provider: str, users: int, spark, work: Path, online: bool = False, 
     }
 
 
+def _memory_lines(results: list[dict]) -> list[str]:
+    lines = ["", "Peak resident memory (MiB, VmHWM reset at the start, VmRSS polled every 50 ms) of the driver's Python "
+             "process and of the JVM (local mode: the executors too) during the savepoint and the restore; in "
+             "brackets each one's RSS when the operation started.", "",
+             "| provider | users | state rows | savepoint s | savepoint Python | savepoint JVM | restore s | "
+             "restore Python | restore JVM | load (1 min) |", "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
+
+    def mib(r: dict, what: str) -> str:
+        return f"{r[what + '_peak_mib']:,} ({r[what + '_start_mib']:,})" if what + "_peak_mib" in r else "-"
+
+    lines += [f"| {r['provider']} | {r['users']:,} | {r['state_rows']:,} | {r['savepoint_s']} | "
+              f"{mib(r, 'savepoint_python')} | {mib(r, 'savepoint_jvm')} | {r.get('restore_s', '-')} | "
+              f"{mib(r, 'restore_python')} | {mib(r, 'restore_jvm')} | {r['load_avg_1m']} |" for r in results]
+    return lines
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--sizes", default="10000,100000")
     parser.add_argument("--large", action="store_true", help="add 1,000,000 users")
     parser.add_argument("--provider", default="rocksdb", choices=["rocksdb", "hdfs", "both"])
     parser.add_argument("--online", action="store_true", help="also a savepoint of the running stream (latency)")
+    parser.add_argument("--savepoint-only", action="store_true",
+                        help="only the savepoint (time, peak memory); results in lifecycle-savepoint.json/.md")
+    parser.add_argument("--results-dir", default=str(REPO / "benchmarks" / "results"))
     parser.add_argument("--note", default="")
     args = parser.parse_args()
     sizes = [int(s) for s in args.sizes.split(",")] + ([1_000_000] if args.large else [])
@@ -248,31 +268,35 @@ def main() -> None:
     results = []
     for provider in providers:
         for users in sizes:
-            result = measure(provider, users, spark, work, online=args.online)
+            result = measure(provider, users, spark, work, online=args.online, savepoint_only=args.savepoint_only)
             print(json.dumps(result), flush=True)
             results.append(result)
     shutil.rmtree(work, ignore_errors=True)
-    out = REPO / "benchmarks" / "results"
+    out = Path(args.results_dir)
     out.mkdir(parents=True, exist_ok=True)
+    name = "lifecycle-savepoint" if args.savepoint_only else "lifecycle"
     meta = {"date": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"), "nproc": os.cpu_count(),
             "note": args.note}
-    (out / "lifecycle.json").write_text(json.dumps({"meta": meta, "results": results}, indent=2))
-    lines = [f"# State lifecycle cost as state grows ({meta['date']}, {meta['nproc']} cores) {args.note}", "",
-             "Savepoint = read state with Spark's state data source + write Delta (delta-rs) + re-read and verify "
-             "checksum. State read and Delta write are also timed alone on the same rows; parquet = "
-             "pyarrow.parquet.write_table of the same rows (the floor). Restore = verified restore into a fresh "
-             "checkpoint from the Delta savepoint; rescale = 4 -> 8 state partitions (pre-rescale savepoint "
-             "included).", "",
-             "| provider | users | state rows | savepoint s | rows/s | MB/s | state read s | delta write rows/s | "
-             "parquet rows/s | savepoint/parquet | delta/parquet | restore s | rescale s | rescale |",
-             "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|"]
-    for r in results:
-        lines.append(f"| {r['provider']} | {r['users']:,} | {r['state_rows']:,} | {r['savepoint_s']} | "
-                     f"{r['savepoint_rows_per_s']:,} | {r['savepoint_mb_per_s']} | {r['state_read_s']} | "
-                     f"{r['delta_write_rows_per_s']:,} | {r['parquet_rows_per_s']:,} | "
-                     f"{r['savepoint_over_parquet_rows_per_s']} | {r['delta_over_parquet_rows_per_s']} | "
-                     f"{r['restore_s']} | {r['rescale_s']} | "
-                     f"{r['rescale_method']} {r['rescale_partitions']} |")
+    (out / f"{name}.json").write_text(json.dumps({"meta": meta, "results": results}, indent=2))
+    lines = [f"# State lifecycle cost as state grows ({meta['date']}, {meta['nproc']} cores) {args.note}", ""]
+    if not args.savepoint_only:
+        lines += ["Savepoint = the executors read the state through Spark's state data source and write the Delta "
+                  "table's files, the driver commits their metadata, the executors re-read the files and verify the "
+                  "checksum. State read (into the driver) and Delta write (delta-rs from the driver) are also timed "
+                  "alone on the same rows; parquet = pyarrow.parquet.write_table of the same rows (the floor). "
+                  "Restore = verified restore into a fresh checkpoint from the Delta savepoint; rescale = 4 -> 8 "
+                  "state partitions (pre-rescale savepoint included).", "",
+                  "| provider | users | state rows | savepoint s | rows/s | MB/s | state read s | delta write rows/s | "
+                  "parquet rows/s | savepoint/parquet | delta/parquet | restore s | rescale s | rescale |",
+                  "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|"]
+        for r in results:
+            lines.append(f"| {r['provider']} | {r['users']:,} | {r['state_rows']:,} | {r['savepoint_s']} | "
+                         f"{r['savepoint_rows_per_s']:,} | {r['savepoint_mb_per_s']} | {r['state_read_s']} | "
+                         f"{r['delta_write_rows_per_s']:,} | {r['parquet_rows_per_s']:,} | "
+                         f"{r['savepoint_over_parquet_rows_per_s']} | {r['delta_over_parquet_rows_per_s']} | "
+                         f"{r['restore_s']} | {r['rescale_s']} | "
+                         f"{r['rescale_method']} {r['rescale_partitions']} |")
+    lines += _memory_lines(results)
     online = [r for r in results if "online_savepoint_s" in r]
     if online:
         lines += ["", "Savepoint of the running stream (`sessionctl run` in its own JVM, a file of touched users every "
@@ -283,7 +307,7 @@ def main() -> None:
         lines += [f"| {r['provider']} | {r['users']:,} | {r['online_savepoint_s']} | {r['batches_during']} | "
                   f"{r['batch_s_during_savepoint_median']} | {r['batches_without']} | {r['batch_s_without_median']} | "
                   f"{r['load_avg_1m']} |" for r in online]
-    (out / "lifecycle.md").write_text("\n".join(lines) + "\n")
+    (out / f"{name}.md").write_text("\n".join(lines) + "\n")
 
 
 if __name__ == "__main__":

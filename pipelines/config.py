@@ -149,7 +149,7 @@ class SessionsConfig:
     spark_driver_memory: str = _setting("4g")
     spark_ui: bool = _setting(False)
     # RocksDB commits a changelog of the batch's puts (snapshots uploaded in the background) instead of uploading a
-    # snapshot every batch: the commit's fixed cost per batch (README "Performance"). Off: Spark's own default.
+    # snapshot every batch: the commit's fixed cost per batch (benchmarks/README.md). Off: Spark's own default.
     rocksdb_changelog: bool = _setting(True)
     # Savepoints are the long-term recovery points; the checkpoint keeps a short tail of versions.
     min_batches_to_retain: int = _setting(20)

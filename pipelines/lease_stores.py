@@ -212,6 +212,8 @@ def store_for(location: LeaseStore | Path | str) -> LeaseStore:
     if not isinstance(location, (str, Path)):
         return location
     text = str(location)
+    if text.startswith("s3:/") and not text.startswith("s3://"):
+        text = "s3://" + text[len("s3:/"):]  # Path(config.lease_uri) of an s3:// lease URI (config.lease_dir)
     if not text.startswith("s3://"):
         return LocalStore(Path(text.removeprefix("file://")))
     key = (text, *(os.environ.get(k, "") for k in ("AWS_ENDPOINT_URL", "AWS_ACCESS_KEY_ID", "AWS_PROFILE")))

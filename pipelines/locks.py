@@ -172,6 +172,7 @@ class Lease:
 
     def __init__(self, store: LeaseStore, name: str, info: LeaseInfo, ttl_s: float, renewed_at: float) -> None:
         self.store, self.name, self.ttl_s, self.info = store, name, ttl_s, info
+        self.token, self.epoch = info.token, info.epoch  # for good (renewals move only the expiry)
         self.where = store.where(f"{name}.lease")
         self._record = _epoch_name(name, info.epoch)
         self._renewed_at = renewed_at  # time.monotonic() just before the last expiry written was computed
@@ -179,18 +180,6 @@ class Lease:
         self._mutex = threading.Lock()
         self._stop = threading.Event()
         self._renewer: threading.Thread | None = None
-
-    @property
-    def token(self) -> str:
-        return self.info.token
-
-    @property
-    def epoch(self) -> int:
-        return self.info.epoch
-
-    @property
-    def what(self) -> str:
-        return self.info.what
 
     def describe(self) -> str:
         return self.info.describe()
@@ -216,17 +205,30 @@ class Lease:
 
     def _lapsed(self) -> None:
         idle = time.monotonic() - self._renewed_at
-        if idle > self.ttl_s:
-            self.fence(f"not renewed for {idle:.1f} s, past its TTL of {self.ttl_s:g} s (the process was paused or "
-                       "starved), so another process may hold it now")
+        if idle <= self.ttl_s:
+            return
+        why = f"not renewed for {idle:.1f} s, past its TTL of {self.ttl_s:g} s (the process was paused or starved)"
+        try:
+            newer = self._newest_other()
+        except Exception:  # noqa: BLE001 -- the store cannot say who: the lapse alone fences it
+            newer = None
+        if newer is None:
+            self.fence(f"{why}, so another process may hold it now")
+        self.fence(f"{why}, and a newer holder took it: {newer[1]}", newer[0])
+
+    def _newest_other(self) -> tuple[int, str] | None:
+        """The newest epoch above this one and its holder's description, or None."""
+        epochs = [e for e in _epochs(self.store, self.name) if e > self.epoch]
+        if not epochs:
+            return None
+        record = self.store.read(_epoch_name(self.name, epochs[-1]))
+        info = LeaseInfo.parse(record.data) if record else None
+        return epochs[-1], info.describe() if info else f"epoch {epochs[-1]}"
 
     def _newer(self) -> None:
-        epochs = [e for e in _epochs(self.store, self.name) if e > self.epoch]
-        if epochs:
-            record = self.store.read(_epoch_name(self.name, epochs[-1]))
-            info = LeaseInfo.parse(record.data) if record else None
-            self.fence(f"a newer holder took it: epoch {epochs[-1]}" + (f", {info.describe()}" if info else ""),
-                       epochs[-1])
+        newer = self._newest_other()
+        if newer is not None:
+            self.fence(f"a newer holder took it: {newer[1]}", newer[0])
 
     def check(self) -> None:
         """Raise LeaseLost unless this is still the newest epoch and its renewals have not lapsed past the TTL."""
@@ -238,7 +240,7 @@ class Lease:
         except LeaseLost:
             raise
         except Exception as error:  # noqa: BLE001 -- the store cannot say now: renewed within the TTL, nobody else
-            log.warning("could not list the %s lease's epochs (%s): relying on the last renewal", self.name, error)
+            log.debug("could not list the %s lease's epochs (%s): relying on the last renewal", self.name, error)
 
     def renew(self) -> None:
         """Move the expiry on (the renewal thread calls it every TTL/3); LeaseLost when it was lost."""

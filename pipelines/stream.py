@@ -276,7 +276,10 @@ def run_continuously(config: SessionsConfig, spark: SparkSession | None = None, 
                 next_progress = time.monotonic() + poll_seconds
                 while not stop.is_set() and query.isActive:
                     run.lease.check()  # between polls too: a lost lease ends the run (LeaseLost), not the caller
-                    request = pending_stop(config, run.lease)
+                    try:
+                        request = pending_stop(config, run.lease)
+                    except StorageUnavailable:  # an S3 lease store that does not answer now: asked again next tick
+                        request = None
                     if request is not None:
                         break
                     if time.monotonic() >= next_poll:

@@ -34,8 +34,10 @@ def cmd_catch_up(config: SessionsConfig, args: argparse.Namespace) -> None:
 
 
 def cmd_run(config: SessionsConfig, args: argparse.Namespace) -> None:
-    from state_store.lifecycle import run_stream
+    from state_store.stream_control import run_stream
 
+    if INTERRUPTED.is_set():  # Ctrl-C while that import ran: nothing was started, the one line and 130 (main)
+        raise KeyboardInterrupt
     # The first Ctrl-C asks for an orderly stop (between batches, then the summary), at any moment, JVM start-up
     # included; a second one is the impatient kind (sessionctl.interrupt). get_spark keeps that handler over pyspark's.
     stop = INTERRUPTED
@@ -70,7 +72,7 @@ def cmd_accept_loss(config: SessionsConfig, args: argparse.Namespace) -> None:
 
 
 def cmd_stop(config: SessionsConfig, args: argparse.Namespace) -> None:
-    from state_store.lifecycle import stop_stream
+    from state_store.stream_control import stop_stream
 
     _print(stop_stream(config, savepoint=args.savepoint, timeout_s=args.timeout).to_dict(), args.json)
 
@@ -193,6 +195,40 @@ def _logs_to_file(config: SessionsConfig) -> None:
     logging.basicConfig(handlers=[handler], level=logging.WARNING, force=True)
 
 
+def await_arrow_readers(timeout_s: float = 10.0) -> None:
+    """Return once Arrow's threads hold no Python filesystem handler any more: the last step before the interpreter's
+    teardown.
+
+    deltalake reads a table (`DeltaTable.to_pyarrow_table`, `to_pyarrow_dataset`) as a pyarrow dataset over a Python
+    filesystem: `pyarrow.fs.PyFileSystem` around deltalake's `DeltaStorageHandler`. Arrow's scan hands over its last
+    batch before it has finished: a thread of Arrow's CPU pool still holds the dataset's fragments, and with them the
+    file it read and the filesystem, and releasing those takes the GIL to drop the Python objects in them. When that
+    thread asks for the GIL after the interpreter began finalizing, CPython 3.11 ends it with pthread_exit, whose
+    unwinding through Arrow's noexcept destructor aborts the process -- `terminate called without an active
+    exception`, exit 134, after the command's output was printed (delta-io/delta-rs#2184, apache/arrow#36389: the
+    scanner still running after the call returned). Waiting here, with the GIL free, until every handler is gone
+    lets those threads finish their release while the interpreter is whole. The handler is dropped last (after the
+    file, by the same thread); a handler Python itself still holds makes this wait `timeout_s`, then return."""
+    fs = sys.modules.get("pyarrow.fs")
+    if fs is None:  # nothing was read through pyarrow
+        return
+
+    def kinds(cls: type) -> list[type]:
+        direct: list[type] = cls.__subclasses__()
+        return [cls, *(sub for child in direct for sub in kinds(child))]
+
+    # Instances of Python classes refer to their class: gc.get_referrers finds the live handlers (in C: far cheaper
+    # than an isinstance test of every object).
+    held = [weakref.ref(obj) for obj in gc.get_referrers(*kinds(fs.FileSystemHandler))
+            if isinstance(obj, fs.FileSystemHandler)]
+    if not held:
+        return
+    gc.collect()  # one that only a reference cycle still holds (a failed read's frames) is dropped here, on this thread
+    deadline = time.monotonic() + timeout_s
+    while any(ref() is not None for ref in held) and time.monotonic() < deadline:
+        time.sleep(0.001)  # the GIL free: Arrow's thread takes it, drops the handler, and is idle
+
+
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     if args.command != "run":  # only `run` stops in order on Ctrl-C; the others end at once, in one line
@@ -214,7 +250,11 @@ def main(argv: list[str] | None = None) -> int:
         # Orderly: the queries, the state stores, then the JVM, before Python exits (a JVM left to die with the
         # process can crash in RocksDB's native code on the way out). Ctrl-C here is ignored: we are leaving anyway.
         signal.signal(signal.SIGINT, signal.SIG_IGN)
-        stop_spark()
+        if "pipelines.runtime" in sys.modules:  # only a command that imported it can have started Spark
+            from pipelines.runtime import stop_spark
+
+            stop_spark()
+        await_arrow_readers()
 
 
 if __name__ == "__main__":

@@ -27,6 +27,7 @@ from typing import Any
 
 import pyarrow as pa
 import pyarrow.compute as pc
+import pyarrow.fs as pafs
 import pyarrow.parquet as pq
 from deltalake import Schema
 from deltalake.transaction import AddAction, CommitProperties, create_table_with_add_actions
@@ -155,7 +156,8 @@ def _write_partition(table_uri: str, file_rows: int, group_rows: int
 
     def write(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
         fs, root = filesystem(table_uri)
-        fs.create_dir(root, recursive=True)  # a local path needs it; on S3 a prefix is no object
+        if isinstance(fs, pafs.LocalFileSystem):
+            fs.create_dir(root, recursive=True)  # (on S3 a prefix is no object: nothing to create)
         context = TaskContext.get()
         partition = context.partitionId() if context is not None else 0
         done: list[dict[str, Any]] = []

@@ -354,6 +354,7 @@ TEST_TIERS: dict[str, str | tuple[str, dict[str, str]]] = {
     "test_cluster.py": "e2e",
     "test_changelog.py": "spark",
     "test_class_archive.py": "subprocess",
+    "test_clean_exit.py": "subprocess",
     "test_local_fs.py": "spark",
     "test_compact_while_running.py": "subprocess",
     "test_config.py": ("pure", {"test_cli_reports_a_bad_setting_in_one_line": "subprocess"}),
@@ -403,9 +404,12 @@ TEST_TIERS: dict[str, str | tuple[str, dict[str, str]]] = {
                                    "test_an_empty_lease_record_is_recovered_after_the_ttl",
                                    "test_waiting_for_a_lease_has_a_deadline_that_names_the_holder",
                                    "test_a_pid_is_judged_only_in_its_own_host_boot_and_pid_namespace",
-                                   "test_old_epoch_records_are_collected_and_a_hand_emptied_store_starts_a_new_series")}}),
+                                   "test_old_epoch_records_are_collected_and_a_hand_emptied_store_starts_a_new_series",
+                                   "test_job_lock_and_stop_requests_live_at_the_lease_uri")}}),
     "test_fencing.py": ("subprocess", {"test_a_commit_that_loses_the_race_for_its_version_is_tried_again_not_rebased":
-                                           "pure"}),
+                                           "pure",
+                                       # four sessionctl JVMs one after the other (run, savepoint, restore, catch-up)
+                                       "test_a_frozen_run_is_fenced_after_a_restore_from_another_process": "e2e"}),
     "test_restore_marker.py": "subprocess",
     "test_restore_watermark.py": "spark",
     "test_online_lifecycle.py": "subprocess",

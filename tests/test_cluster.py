@@ -14,9 +14,11 @@ from pathlib import Path
 
 import boto3
 
+from pipelines.storage import open_table
 from tests.conftest import config_env, make_config, read_sessions, tool
 from tests.datagen import in_order_chunks
 from tests.lifecycle_expectations import expected_closed_sessions
+from tests.savepoint_expectations import oracle_of, state_sessions
 
 GAP_MIN, LATENESS_MIN = 30, 10
 
@@ -50,7 +52,16 @@ def test_lifecycle_on_a_standalone_cluster(tmp_path, spark_cluster, s3_endpoint)
     assert done.returncode == 0, done.stderr[-3000:]
     steps = json.loads(done.stdout.strip().splitlines()[-1])
     assert steps["savepoint"]["uri"].startswith("s3://savepoints/")
-    assert steps["restore"]["verified"] and steps["restore"]["rolled_back"]["sessions"] > 0
+    # The savepoint's rows re-read from S3 and what the restore of it rolled back, against the oracle: the open
+    # sessions after parts 0-1, and the sessions part 2's batch closed.
+    gap_ms, lateness_ms = GAP_MIN * 60_000, LATENESS_MIN * 60_000
+    at_savepoint = oracle_of([chunks[0] + chunks[1]], gap_ms, lateness_ms)
+    saved_rows = open_table(config, steps["savepoint"]["uri"]).to_pyarrow_table()
+    assert state_sessions(saved_rows) == sorted(at_savepoint.open_sessions)
+    assert (steps["restore"]["savepoint_id"], steps["restore"]["rows"]) == \
+        (steps["savepoint"]["savepoint_id"], saved_rows.num_rows)
+    assert steps["restore"]["rolled_back"]["sessions"] == \
+        len(oracle_of([chunks[0] + chunks[1], chunks[2]], gap_ms, lateness_ms).closed) - len(at_savepoint.closed) > 0
     assert steps["rescale"]["partitions_after"] == 3
     # `run` on the cluster: picks up part 4 as it lands, stops cleanly on Ctrl-C; then compaction.
     expected = sorted(expected_closed_sessions([chunks[0] + chunks[1], chunks[2], chunks[3], chunks[4]],

@@ -230,17 +230,14 @@ def test_a_frozen_run_is_fenced_after_another_process_caught_up(tmp_path):
     run = subprocess.Popen([tool("sessionctl"), "run", "--poll-seconds", "1"], env=env, start_new_session=True,
                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=tmp_path)
     try:
-        t0 = time.monotonic()
         assert _wait_for(lambda: DeltaTable.is_deltatable(config.sessions_table) and len(_sessions(config)) > 0,
                          180), "no session written while running"
-        print("DEBUG first sessions", time.monotonic() - t0, flush=True)
         os.killpg(run.pid, signal.SIGSTOP)
         land(config.landing, "second.jsonl", [json.dumps(e) for e in second])
         time.sleep(float(ttl) + 2)
         caught_up = subprocess.run([tool("sessionctl"), "catch-up"], env=env, capture_output=True, text=True,
                                    timeout=300)
         assert caught_up.returncode == 0, caught_up.stderr[-3000:]
-        print("DEBUG caught up", time.monotonic() - t0, caught_up.stdout, flush=True)
         expected = expected_closed_sessions([first, second], 30 * 60_000, 10 * 60_000)
         assert _sessions(config) == sorted(expected)
         versions = (DeltaTable(config.sessions_table).version(), DeltaTable(config.raw_events_table).version())
@@ -248,7 +245,6 @@ def test_a_frozen_run_is_fenced_after_another_process_caught_up(tmp_path):
         time.sleep(1.0)
         run.send_signal(signal.SIGINT)  # the operator's Ctrl-C
         out, err = run.communicate(timeout=180)
-        print("DEBUG run exited", time.monotonic() - t0, run.returncode, "\nOUT", out[-1500:], "\nERR", err[-3000:], flush=True)
     finally:
         if run.poll() is None:
             os.killpg(run.pid, signal.SIGCONT)
@@ -261,3 +257,62 @@ def test_a_frozen_run_is_fenced_after_another_process_caught_up(tmp_path):
     assert "catch-up (pid" in last or "not renewed for" in last, last
     assert (DeltaTable(config.sessions_table).version(), DeltaTable(config.raw_events_table).version()) == versions
     assert _sessions(config) == sorted(expected)  # every session exactly once
+
+
+def _batch_files(config) -> tuple[list[str], list[str]]:
+    listing = [sorted(p.name for p in (config.checkpoint / d).iterdir() if p.name.isdigit())
+               for d in ("offsets", "commits")]
+    return listing[0], listing[1]
+
+
+def test_a_frozen_run_is_fenced_after_a_restore_from_another_process(tmp_path):
+    """The operator's scenario as measured: `sessionctl run` frozen past the TTL after a savepoint, `sessionctl
+    restore` of that earlier savepoint from another process (it takes the expired lease), the rest caught up by the
+    new holder, then the frozen run resumed and stopped with Ctrl-C: it exits non-zero with one line naming the lost
+    lease, commits nothing more, and the sessions table holds every expected session exactly once (it held ~1,500
+    extra ones before fencing)."""
+    ttl = "6"
+    config = make_config(tmp_path, SESSIONS_LEASE_TTL_S=ttl)
+    env = config_env(config, SESSIONS_LEASE_TTL_S=ttl)
+    events = arrival_order(generate_events(60, 3, seed=5), seed=5, jitter_seconds=120)
+    thirds = [events[i * len(events) // 3:(i + 1) * len(events) // 3] for i in range(3)]
+    land(config.landing, "first.jsonl", [json.dumps(e) for e in thirds[0]])
+    run = subprocess.Popen([tool("sessionctl"), "run", "--poll-seconds", "1"], env=env, start_new_session=True,
+                           stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=tmp_path)
+    try:
+        assert _wait_for(lambda: DeltaTable.is_deltatable(config.sessions_table) and len(_sessions(config)) > 0,
+                         300), "no session written while running"
+        saved = subprocess.run([tool("sessionctl"), "savepoint", "--json"], env=env, capture_output=True, text=True,
+                               timeout=600)
+        assert saved.returncode == 0, saved.stderr[-3000:]
+        savepoint_id = json.loads(saved.stdout)["savepoint_id"]
+        land(config.landing, "second.jsonl", [json.dumps(e) for e in thirds[1]])
+        two = sorted(expected_closed_sessions(thirds[:2], 30 * 60_000, 10 * 60_000))
+        assert _wait_for(lambda: _sessions(config) == two, 300), "second file not processed"
+        os.killpg(run.pid, signal.SIGSTOP)
+        land(config.landing, "third.jsonl", [json.dumps(e) for e in thirds[2]])
+        time.sleep(float(ttl) + 2)
+        for command in (["restore", "--savepoint", savepoint_id], ["catch-up"]):
+            done = subprocess.run([tool("sessionctl"), *command], env=env, capture_output=True, text=True,
+                                  timeout=600)
+            assert done.returncode == 0, (command, done.stderr[-3000:])
+        expected = sorted(expected_closed_sessions(thirds, 30 * 60_000, 10 * 60_000))
+        assert _sessions(config) == expected
+        before = (DeltaTable(config.sessions_table).version(), DeltaTable(config.raw_events_table).version(),
+                  _batch_files(config))
+        os.killpg(run.pid, signal.SIGCONT)
+        time.sleep(3.0)  # it resumes, and finds itself fenced
+        run.send_signal(signal.SIGINT)
+        out, err = run.communicate(timeout=180)
+    finally:
+        if run.poll() is None:
+            os.killpg(run.pid, signal.SIGCONT)
+            os.killpg(run.pid, signal.SIGKILL)
+            run.wait()
+    assert run.returncode == 1 and "Traceback" not in err, (out[-2000:], err[-3000:])
+    last = err.strip().splitlines()[-1]
+    assert last.startswith("sessionctl run: the job lease ") and " was lost by run (pid " in last, err[-3000:]
+    after = (DeltaTable(config.sessions_table).version(), DeltaTable(config.raw_events_table).version(),
+             _batch_files(config))
+    assert after == before, (before, after)
+    assert _sessions(config) == expected  # every session exactly once

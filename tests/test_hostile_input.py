@@ -1,4 +1,4 @@
-"""Hostile input (issue 8): every landed line ends up in exactly one place, and the real sessions still equal the
+"""Hostile input: every landed line ends up in exactly one place, and the real sessions still equal the
 oracle.
 
 Expectations are written from the contract and the input built here, never from the code under test: each line

@@ -575,7 +575,7 @@ def test_kafka_settings(tmp_path):
 def test_the_streams_source_imports_neither_the_kafka_client_nor_pandas():
     """Spark starts ~4 Python processes per query start that import pipelines.source (the source and its schema, the
     streaming runner, the read planner, the readers); each paid ~0.3 s for pandas (via pyarrow.dataset), the Kafka
-    client and the landing sources before they were imported where used (README "End to end")."""
+    client and the landing sources before they were imported where used (benchmarks/README.md, end_to_end.py)."""
     heavy = ("pandas", "confluent_kafka", "boto3", "pyarrow.dataset",
              "pipelines.ingest.kafka", "pipelines.ingest.kafka_client", "pipelines.ingest.kafka_offsets",
              "pipelines.ingest.s3", "pipelines.ingest.local")

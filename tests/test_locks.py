@@ -87,7 +87,7 @@ def test_stop_request_is_answered_and_a_joined_stop_without_savepoint_says_so(tm
 
     from pipelines.errors import NotRunning, StopIncomplete
     from pipelines.guards import answer_stop, pending_stop, request_stop
-    from state_store.lifecycle import stop_stream
+    from state_store.stream_control import stop_stream
 
     config = make_config(tmp_path)
     with pytest.raises(NotRunning, match="no stream is running"):
@@ -233,9 +233,9 @@ def test_an_empty_lease_record_is_recovered_after_the_ttl(lease_location):
     written = time.time()
     with pytest.raises(LeaseHeld, match="an unreadable lease record .*job.lease.epoch-000000000001"):
         acquire(lease_location, "job", "run", 4.0)
-    with pytest.raises(LeaseWaitTimedOut, match="unreadable lease record"):
-        with waiting_lease(lease_location, "job", "run", 4.0, timeout_s=0.5):
-            pass
+    with pytest.raises(LeaseWaitTimedOut, match="unreadable lease record"), \
+            waiting_lease(lease_location, "job", "run", 4.0, timeout_s=0.5):
+        pass
     time.sleep(max(0.0, written + 5.0 - time.time()))
     with lease(lease_location, "job", "run", 4.0) as held:
         assert held.epoch == 2 and held.info.series  # a new series (the unreadable record named none)
@@ -254,9 +254,9 @@ def test_waiting_for_a_lease_has_a_deadline_that_names_the_holder(lease_location
     with lease(lease_location, "ingest", "catch-up", 30.0) as held:
         started = time.monotonic()
         with pytest.raises(LeaseWaitTimedOut, match=r"ingest waited 1 s for the ingest lease .*ingest.lease, and "
-                                                    r"catch-up \(pid \d+ on .*, epoch 1\) still holds it") as late:
-            with waiting_lease(lease_location, "ingest", "ingest", 30.0, timeout_s=1.0):
-                pass
+                                                    r"catch-up \(pid \d+ on .*, epoch 1\) still holds it") as late, \
+                waiting_lease(lease_location, "ingest", "ingest", 30.0, timeout_s=1.0):
+            pass
         assert 1.0 <= time.monotonic() - started < 10 and late.value.holder == held.describe()
         assert "\n" not in str(late.value)
     with lease(lease_location, "ingest", "catch-up", 30.0) as held:
@@ -311,3 +311,25 @@ def test_a_huge_ttl_is_refused_in_one_line_and_a_long_one_renews_without_overflo
     assert make_config(tmp_path, SESSIONS_LEASE_TTL_S="86400").lease_ttl_s == 86400
     with lease(tmp_path, "job", "run", 86400.0) as held:  # the renewal thread waits 8 h at a time: no OverflowError
         assert held.info.expires_at > time.time() + 86000
+
+
+def test_job_lock_and_stop_requests_live_at_the_lease_uri(lease_location, tmp_path):
+    """SESSIONS_LEASE_URI: a path, or S3 alone (no shared filesystem): the job lease and the stop protocol there."""
+    from pipelines.guards import answer_stop, pending_stop, request_stop, running_stream, take_stop_answer
+
+    config = make_config(tmp_path, SESSIONS_LEASE_URI=lease_location)
+    assert config.lease_uri == str(lease_location).rstrip("/")
+    with job_lock(config, "run") as held:
+        stream = running_stream(config)
+        assert stream is not None and stream.token == held.token and stream.epoch == held.epoch
+        with pytest.raises(JobRunning, match=r"the job is running: run \(pid \d+ on .*, epoch 1\) holds .*job.lease"), \
+                job_lock(config, "restore"):
+            pass
+        request = request_stop(config, stream, savepoint=False)
+        found = pending_stop(config, held)
+        assert found is not None and found.token == request.token
+        answer_stop(config, found, {"stopped": True})
+        assert pending_stop(config, held) is None
+        assert take_stop_answer(config, request) == {"stopped": True}
+        assert take_stop_answer(config, request) is None
+    assert running_stream(config) is None

@@ -20,6 +20,7 @@ from state_store.lifecycle import restore
 from tests.conftest import make_config, read_open_sessions, read_quarantine, read_sessions
 from tests.datagen import land_batches, stream_scenario
 from tests.oracle import run_oracle
+from tests.savepoint_expectations import state_sessions
 
 FIXTURE = Path(__file__).resolve().parent / "fixtures" / "savepoint_v1_home"
 CUT = 4
@@ -41,7 +42,15 @@ def test_v1_savepoint_restores_into_v2_and_continues_exactly(spark, tmp_path, pr
     land_batches(config, batches[CUT:], start=CUT)
 
     restored = restore(config, "latest", spark=spark)
-    assert restored.verified
+    # The v1 rows as stored (one per open event) and the v2 state restored from them: the oracle's at batch CUT.
+    from deltalake import DeltaTable
+
+    at_savepoint = run_oracle(batches[:CUT], GAP_MS, LATENESS_MS)
+    v1_rows = DeltaTable(str(home / "savepoints" / "state" / saved.savepoint_id)).to_pyarrow_table()
+    assert sorted(zip(v1_rows["user_id"].to_pylist(), v1_rows["event_id"].to_pylist())) == \
+        sorted(at_savepoint.open_events)
+    assert restored.savepoint_id == saved.savepoint_id
+    assert read_open_sessions(spark, config) == sorted(at_savepoint.open_sessions)
     catch_up(config, spark)
 
     expected = run_oracle(batches, GAP_MS, LATENESS_MS)
@@ -78,7 +87,13 @@ def test_v2_savepoint_with_frozen_prefixes_restores_on_the_other_provider(spark,
     saved = take_savepoint(config, spark=spark)
     assert saved.state_schema == state_format.SCHEMA_ID
     rows = DeltaTable(saved.uri).to_pyarrow_table()
-    assert rows.schema == state_format.CANONICAL_SCHEMA and rows["event_id"].null_count > 0  # frozen prefixes
+    # README "Savepoints": the state table's columns, written out here rather than taken from the product's schema
+    utc = "timestamp[us, tz=UTC]"
+    assert [(column.name, str(column.type)) for column in rows.schema] == [
+        ("user_id", "string"), ("session_start", utc), ("event_id", "string"), ("event_time", utc),
+        ("event_type", "string"), ("event_count", "int64"), ("page_views", "int64")]
+    assert rows["event_id"].null_count > 0  # frozen prefixes
+    assert state_sessions(rows) == sorted(run_oracle(batches[:CUT], GAP_MS, LATENESS_MS).open_sessions)
 
     land_batches(config, batches[CUT:], start=CUT)
     hdfs = make_config(tmp_path, "hdfs")

@@ -1,4 +1,4 @@
-"""The columnar fast path of raw_events rows (issue 21): pyarrow's JSON reader for the lines it can prove well formed,
+"""The columnar fast path of raw_events rows: pyarrow's JSON reader for the lines it can prove well formed,
 the per-line rules (`lines.classify_line`, the specification) for every other line, the same rows either way.
 
 Pure: pyarrow and numpy, no Spark, no I/O. `table._rows` calls `row_columns`; `table._rows(..., per_line=True)` is

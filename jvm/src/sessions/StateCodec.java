@@ -20,7 +20,7 @@ import java.util.List;
  *     length, bytes).</li>
  * </ul>
  * A v1 value is rewritten as v2 when its user is next touched: no migration step, a checkpoint may hold both. v2
- * writes about a third fewer bytes on short ids and half on UUIDs (README "Performance"). A binary value is what Spark
+ * writes about a third fewer bytes on short ids and half on UUIDs (benchmarks/README.md). A binary value is what Spark
  * stores and copies as it is: the timeout pass, which reads every key of the partition each batch, copies bytes
  * instead of building rows of arrays of structs.
  */

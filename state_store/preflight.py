@@ -1,0 +1,162 @@
+"""Pre-flight of a restore: whether the current settings can restore a savepoint, what would be migrated, and how long
+it should take -- without stopping, locking or writing anything. The real restore runs the same checks first
+(`refusals`), so it is refused exactly when the pre-flight says so."""
+from __future__ import annotations
+
+import json
+import re
+import statistics
+from dataclasses import dataclass
+from pathlib import Path
+
+import pyarrow as pa
+import pyarrow.compute as pc
+
+from pipelines import state_format
+from pipelines.config import SessionsConfig
+from pipelines.errors import JobRunning, RescaleRefused, SavepointDamaged, SavepointIncompatible, SessionsError
+from pipelines.guards import running_stream
+from pipelines.operator import for_new_checkpoint
+from pipelines.results import Result
+from pipelines.storage import open_table, s3_errors, table_exists
+from state_store.results import SavepointInfo
+from state_store.savepoints import SavepointStore
+
+READABLE_SCHEMAS = (state_format.SCHEMA_ID, state_format.V1_SCHEMA_ID)
+# Without a restore of its own on record, the rate of the reference run (benchmarks/results/lifecycle.json: RocksDB,
+# 1M open users, 1,229,641 state rows restored in 14.4 s on 2 cores).
+REFERENCE_ROWS_PER_S = 85_000.0
+HISTORY_FILE = "restore-history.jsonl"  # under SESSIONS_HOME: rows and seconds of each restore done here
+_ROLLBACK = re.compile(r"written_version > (\d+)")
+
+
+@dataclass(frozen=True)
+class RestorePlan(Result):
+    """What `sessionctl restore --dry-run` prints."""
+    savepoint_id: str
+    batch_id: int
+    rows: int
+    restorable: bool
+    reasons: list[str]       # why not, one line each (empty when restorable)
+    migrations: list[str]    # what the restore would change about the state or the job, one line each
+    provider: str            # the checkpoint the restore would build
+    partitions: int
+    expected_seconds: float
+    rate_rows_per_s: float
+    rate_source: str         # "this home's restores (median of N)" or the reference run
+
+
+def _abandoned_timeline(config: SessionsConfig, saved: SavepointInfo) -> SessionsError | None:
+    """A savepoint taken after the version an earlier restore rolled the sessions table back to belongs to the
+    timeline that restore abandoned: the sessions its batches wrote were removed then, so restoring it would lose
+    them (raw_events still holds every event: an older savepoint replays them)."""
+    if not table_exists(config, config.sessions_table):
+        return None
+    for commit in open_table(config, config.sessions_table).history():
+        if commit.get("operation") != "DELETE" or int(commit.get("version", -1)) <= int(saved.sessions_version):
+            continue
+        found = _ROLLBACK.search(str((commit.get("operationParameters") or {}).get("predicate", "")))
+        if found and int(found.group(1)) < int(saved.sessions_version):
+            return SavepointIncompatible(
+                f"savepoint {saved.savepoint_id} belongs to a timeline that a later restore abandoned (sessions "
+                f"table version {commit['version']} rolled back to version {found.group(1)}, before this savepoint's "
+                f"{saved.sessions_version}): its sessions are gone; restore the savepoint that restore used, or one "
+                f"taken after it, and the events are replayed from raw_events")
+    return None
+
+
+def _listed_rows(store: SavepointStore, saved: SavepointInfo) -> int | None:
+    """The rows the savepoint's Delta log lists (file statistics: no data read); None when a file has no count."""
+    from deltalake import DeltaTable
+
+    with s3_errors(saved.state_uri):
+        adds = pa.table(DeltaTable(saved.state_uri, storage_options=store.options).get_add_actions(flatten=True))
+    counts = adds["num_records"]
+    return None if counts.null_count else int(pc.sum(counts).as_py() or 0)
+
+
+def refusals(config: SessionsConfig, saved: SavepointInfo, partitions: int | None, migrate: bool,
+             store: SavepointStore) -> list[SessionsError]:
+    """Every reason the restore of `saved` would be refused under `config`, as the error the restore raises."""
+    found: list[SessionsError] = []
+    if saved.state_schema not in READABLE_SCHEMAS:
+        found.append(SavepointIncompatible(
+            f"savepoint {saved.savepoint_id} has state schema {saved.state_schema!r}; this job reads "
+            f"{' or '.join(map(repr, READABLE_SCHEMAS))}"))
+    if not migrate and (saved.gap_ms, saved.lateness_ms) != (config.gap_ms, config.lateness_ms):
+        found.append(SavepointIncompatible(
+            f"savepoint {saved.savepoint_id} was taken with gap {saved.gap_ms // 60000} min and lateness "
+            f"{saved.lateness_ms // 60000} min; the job is set to {config.gap_minutes} and "
+            f"{config.lateness_minutes}: pass --migrate to restore it under the new settings"))
+    if partitions is not None:
+        bound = for_new_checkpoint().max_partitions(config.state_buckets)
+        if partitions < 1 or (bound is not None and partitions > bound):
+            found.append(RescaleRefused(f"--partitions must be at least 1, got {partitions}" if partitions < 1 else
+                                        f"--partitions must be between 1 and {bound}, got {partitions}"))
+    listed = _listed_rows(store, saved)
+    if listed is not None and listed != saved.rows:
+        found.append(SavepointDamaged(f"savepoint {saved.savepoint_id} is damaged: its table lists {listed} rows, "
+                                      f"the catalog says {saved.rows}"))
+    abandoned = _abandoned_timeline(config, saved)
+    if abandoned is not None:
+        found.append(abandoned)
+    return found
+
+
+def migrations(config: SessionsConfig, saved: SavepointInfo, partitions: int | None) -> list[str]:
+    out = []
+    if saved.state_schema == state_format.V1_SCHEMA_ID:
+        out.append("state schema open_events/v1 -> open_sessions/v2 (one row per open event becomes frozen prefixes)")
+    if (saved.gap_ms, saved.lateness_ms) != (config.gap_ms, config.lateness_ms):
+        out.append(f"gap {saved.gap_ms // 60000} -> {config.gap_minutes:g} min, lateness "
+                   f"{saved.lateness_ms // 60000} -> {config.lateness_minutes:g} min (open sessions re-walked)")
+    if saved.provider and saved.provider != config.state_store:
+        out.append(f"state store provider {saved.provider} -> {config.state_store}")
+    target = partitions or saved.partitions or config.state_partitions
+    if saved.partitions and target != saved.partitions:
+        out.append(f"state partitions {saved.partitions} -> {target}")
+    return out
+
+
+def _rate(config: SessionsConfig) -> tuple[float, str]:
+    path = config.home / HISTORY_FILE
+    rates = []
+    if path.exists():
+        for line in path.read_text().splitlines()[-20:]:
+            try:
+                entry = json.loads(line)
+                if entry["rows"] > 0 and entry["seconds"] > 0:
+                    rates.append(entry["rows"] / entry["seconds"])
+            except (ValueError, KeyError, TypeError):
+                continue  # a torn line of a killed restore: the others still count
+    if rates:
+        return statistics.median(rates), f"this home's restores (median of {len(rates)})"
+    return REFERENCE_ROWS_PER_S, "the reference run (benchmarks/results/lifecycle.json)"
+
+
+def record_restore(home: Path, rows: int, seconds: float) -> None:
+    """Remember a finished restore's size and duration for later estimates (a failure to write is not the
+    restore's failure)."""
+    try:
+        with open(home / HISTORY_FILE, "a") as handle:
+            handle.write(json.dumps({"rows": rows, "seconds": seconds}) + "\n")
+    except OSError:
+        pass
+
+
+def plan_restore(config: SessionsConfig, savepoint: str = "latest", partitions: int | None = None,
+                 migrate: bool = False) -> RestorePlan:
+    """The pre-flight: reads the catalog, the savepoint's Delta log and the sessions table's history; nothing else."""
+    store = SavepointStore.of(config)
+    saved = store.get(savepoint)
+    reasons = [str(error) for error in refusals(config, saved, partitions, migrate, store)]
+    stream = running_stream(config)
+    if stream is not None:
+        reasons.append(str(JobRunning(f"the job is running: {stream.describe()} holds the job lease; restore needs "
+                                      f"it stopped: stop it with `sessionctl stop`", stream.describe(), "")))
+    rate, source = _rate(config)
+    return RestorePlan(
+        savepoint_id=saved.savepoint_id, batch_id=saved.batch_id, rows=saved.rows, restorable=not reasons,
+        reasons=reasons, migrations=migrations(config, saved, partitions), provider=config.state_store,
+        partitions=partitions or saved.partitions or config.state_partitions,
+        expected_seconds=round(saved.rows / rate, 1), rate_rows_per_s=round(rate), rate_source=source)

@@ -1,0 +1,95 @@
+"""The stream as operators control it: `run_stream` (pipelines.stream's run loop, honouring `sessionctl stop
+--savepoint` by taking that last batch's savepoint before it lets go of the job lease) and `stop_stream` (asks the
+stream that holds the job lease -- this process or another, any host sharing the lease store -- to stop)."""
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Callable
+from typing import Any
+
+from pyspark.sql import SparkSession
+
+from pipelines.checkpoint import inspect_checkpoint
+from pipelines.config import SessionsConfig
+from pipelines.errors import JobRunning, NotRunning, StopIncomplete
+from pipelines.guards import (
+    LIFECYCLE,
+    StopRequest,
+    job_lock,
+    request_stop,
+    running_stream,
+    take_stop_answer,
+    withdraw_stop,
+)
+from pipelines.runtime import spark_failures
+from pipelines.stream import RunSummary, run_continuously
+from pipelines.tables import MicroBatchSink
+from state_store.results import SavepointInfo, StopResult
+from state_store.savepointing import savepoint_last_batch
+
+
+def run_stream(config: SessionsConfig, spark: SparkSession | None = None, stop: threading.Event | None = None,
+               poll_seconds: float = 5.0,
+               on_progress: Callable[[RunSummary, MicroBatchSink], None] | None = None) -> RunSummary:
+    """The stream (pipelines.stream.run_continuously) that honours `sessionctl stop --savepoint`: after its last
+    batch it takes that batch's savepoint itself, before it releases the job lease (nothing can start between)."""
+
+    def savepoint_at_stop(request: StopRequest, running: SparkSession) -> dict[str, Any]:
+        # A compaction or another savepoint may hold the lifecycle lease: wait for it rather than fail the stop.
+        with job_lock(config, "stop --savepoint", name=LIFECYCLE, wait_s=config.stop_timeout_s), \
+                spark_failures(config):
+            return savepoint_last_batch(config, "stop", running).to_dict()
+
+    return run_continuously(config, spark=spark, stop=stop, poll_seconds=poll_seconds, on_progress=on_progress,
+                            on_stop_request=savepoint_at_stop)
+
+
+def stop_stream(config: SessionsConfig, savepoint: bool = False, timeout_s: float | None = None) -> StopResult:
+    """Stop the running stream (this or another process, any host sharing the checkpoint path) after its current
+    batch; with `savepoint`, the savepoint of that last batch is taken as part of the stop. Waits for the answer."""
+    started = time.monotonic()
+    stream = running_stream(config)
+    if stream is None:
+        raise NotRunning(f"no stream is running: nothing holds {config.lease_dir / 'job.lease'}"
+                         + ("; `sessionctl savepoint` takes a savepoint of the stopped job" if savepoint else ""))
+    if stream.what != "run":
+        raise JobRunning(f"{stream.describe()} holds the job lease and is not a stream: it stops by itself; wait for "
+                         f"it", stream.describe(), str(config.lease_dir / "job.lease"))
+    request = request_stop(config, stream, savepoint)
+    deadline = started + (timeout_s if timeout_s is not None else config.stop_timeout_s * 2)
+    while True:
+        answer = take_stop_answer(config, request)
+        if answer is not None:
+            break
+        holder = running_stream(config)
+        if holder is None or holder.token != stream.token:
+            answer = take_stop_answer(config, request)  # answered just before it went away
+            if answer is not None:
+                break
+            withdraw_stop(config, request)
+            last = inspect_checkpoint(config.checkpoint).last_committed_batch
+            if request.savepoint:
+                raise StopIncomplete(f"the stream ({stream.describe()}) went away without answering (killed?); it is "
+                                     f"stopped at committed batch {last} without a savepoint: take it with "
+                                     f"`sessionctl savepoint`", next_step="sessionctl savepoint")
+            return StopResult(True, stream.describe(), last, round(time.monotonic() - started, 3))
+        if time.monotonic() > deadline:
+            raise StopIncomplete(f"the stream ({stream.describe()}) did not stop within {deadline - started:g} s; the "
+                                 f"stop request stands and it stops after its current batch: run `sessionctl stop` "
+                                 f"again to wait for it", next_step="sessionctl stop")
+        time.sleep(0.5)
+    seconds = round(time.monotonic() - started, 3)
+    if answer.get("error"):
+        raise StopIncomplete(f"the stream stopped at committed batch {answer['last_committed_batch']} but its "
+                             f"savepoint failed ({answer['error']}): take it with `sessionctl savepoint`",
+                             next_step="sessionctl savepoint")
+    taken = answer.get("savepoint")
+    if savepoint and not taken:  # joined a stop someone else asked for without a savepoint
+        raise StopIncomplete(f"the stream stopped at committed batch {answer['last_committed_batch']} for an earlier "
+                             f"stop request without a savepoint ({request.requested_by}): take it with "
+                             f"`sessionctl savepoint`", next_step="sessionctl savepoint")
+    return StopResult(True, stream.describe(), answer.get("last_committed_batch"), seconds,
+                      SavepointInfo.from_row(taken) if taken else None)
+
+
