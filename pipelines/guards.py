@@ -33,7 +33,8 @@ from pipelines.errors import (
 )
 from pipelines.lease_stores import LeaseStore, store_for
 from pipelines.locks import Lease, LeaseHeld, LeaseInfo, acquire, holding, live_holder
-from pipelines.operator import StateOperator, for_layout, for_new_checkpoint
+from pipelines.operator import StateOperator
+from pipelines.operator_registry import for_layout, for_new_checkpoint
 from pipelines.runtime import rescale_incomplete
 from pipelines.storage import is_s3, storage_options
 from pipelines.tables import QUARANTINE_SCHEMA, SESSIONS_SCHEMA, ensure_table, table_rows

@@ -3,8 +3,8 @@
 An operator owns its state layout (the id a checkpoint records in `_job.json`), applying a batch, the restore
 bootstrap (a restored checkpoint's open rows, loaded in its first batch), the decoding of its stored values into the
 canonical rows (savepoints, `status`, `state --user`) and the partition bound. Which operator a checkpoint runs is
-decided once -- by its metadata, or by the configuration for a new checkpoint (`for_layout`, `for_new_checkpoint`)
--- and the object is handed down; nothing below asks again.
+decided once -- by its metadata, or for a new checkpoint (pipelines.operator_registry: `for_layout`,
+`for_new_checkpoint`) -- and the object is handed down; nothing below asks again.
 
 Two implementations: `pipelines.operator_jvm.JvmOperator` (Spark's flatMapGroupsWithState keyed by user, the
 operator of every new checkpoint) and `pipelines.operator_buckets.BucketLayout` (the state of checkpoints made by
@@ -126,37 +126,3 @@ def keyed_events(events: DataFrame, lateness_ms: int) -> DataFrame:
         F.lit(None).cast("timestamp").alias("event_time", metadata={"spark.watermarkDelayMs": lateness_ms}),
         "event_type", "ingest_seq", "line_key",
     )
-
-
-def for_layout(layout: str | None) -> StateOperator:
-    """The operator that owns a checkpoint's state layout; a layout this build cannot read is one line saying so."""
-    from pipelines.errors import CheckpointMismatch
-    from pipelines.operator_buckets import BucketLayout
-    from pipelines.operator_jvm import JvmOperator
-
-    for operator in (JvmOperator(), BucketLayout()):
-        if operator.layout == layout:
-            return operator
-    raise CheckpointMismatch(
-        f"the checkpoint holds state in an older layout ({layout or 'JSON, v1'}) that this build cannot run on: "
-        "restore a savepoint (`sessionctl restore --savepoint latest`; v1 savepoints are upgraded and the events "
-        "after them replayed exactly once)")
-
-
-def of_checkpoint(checkpoint: Path) -> StateOperator:
-    """The operator of an existing checkpoint, from its metadata (for readers given only the path)."""
-    from pipelines.checkpoint import read_job_metadata
-    from pipelines.errors import NoCommittedBatch
-
-    meta = read_job_metadata(checkpoint)
-    if meta is None:
-        raise NoCommittedBatch(f"no state yet: no job metadata in {checkpoint}")
-    return for_layout(meta.state_layout)
-
-
-def for_new_checkpoint() -> StateOperator:
-    """The operator a new checkpoint (a fresh start or a restore) is made with: the JVM one, the only runnable one
-    (pipelines.config refuses SESSIONS_OPERATOR=python in one line)."""
-    from pipelines.operator_jvm import JvmOperator
-
-    return JvmOperator()

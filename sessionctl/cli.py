@@ -102,6 +102,21 @@ def cmd_savepoints(config: SessionsConfig, args: argparse.Namespace) -> None:
 
 
 def cmd_restore(config: SessionsConfig, args: argparse.Namespace) -> None:
+    if args.dry_run:  # nothing stopped, locked or written; no JVM
+        from state_store.preflight import plan_restore
+
+        plan = plan_restore(config, args.savepoint, partitions=args.partitions, migrate=args.migrate)
+        if args.json:
+            _print(plan.to_dict())
+            return
+        verdict = "restorable" if plan.restorable else "NOT restorable"
+        print(f"savepoint {plan.savepoint_id} (batch {plan.batch_id}, {plan.rows} state rows): {verdict} with the "
+              f"current settings; expected about {plan.expected_seconds:g} s ({plan.rate_source})")
+        for reason in plan.reasons:
+            print(f"  refused: {reason}")
+        for migration in plan.migrations:
+            print(f"  migrates: {migration}")
+        return
     from state_store.lifecycle import restore
 
     _print(restore(config, args.savepoint, partitions=args.partitions, migrate=args.migrate).to_dict())
@@ -164,6 +179,9 @@ def build_parser() -> argparse.ArgumentParser:
     rs.add_argument("--savepoint", required=True, help="savepoint id or 'latest'")
     rs.add_argument("--partitions", type=int, default=None)
     rs.add_argument("--migrate", action="store_true", help="accept a savepoint made with other gap/lateness settings")
+    rs.add_argument("--dry-run", action="store_true", help="say whether the current settings can restore it, what "
+                    "would be migrated and how long it should take; nothing is stopped, locked or written")
+    rs.add_argument("--json", action="store_true", help="with --dry-run: the answer as JSON")
     rs.set_defaults(fn=cmd_restore)
     rc = sub.add_parser("rescale", help="change the state partitions of the stopped job")
     rc.add_argument("--partitions", type=int, required=True)
@@ -209,8 +227,8 @@ def await_arrow_readers(timeout_s: float = 10.0) -> None:
     scanner still running after the call returned). Waiting here, with the GIL free, until every handler is gone
     lets those threads finish their release while the interpreter is whole. The handler is dropped last (after the
     file, by the same thread); a handler Python itself still holds makes this wait `timeout_s`, then return."""
-    fs = sys.modules.get("pyarrow.fs")
-    if fs is None:  # nothing was read through pyarrow
+    handler = getattr(sys.modules.get("pyarrow.fs"), "FileSystemHandler", None)
+    if handler is None:  # nothing was read through pyarrow
         return
 
     def kinds(cls: type) -> list[type]:
@@ -219,8 +237,8 @@ def await_arrow_readers(timeout_s: float = 10.0) -> None:
 
     # Instances of Python classes refer to their class: gc.get_referrers finds the live handlers (in C: far cheaper
     # than an isinstance test of every object).
-    held = [weakref.ref(obj) for obj in gc.get_referrers(*kinds(fs.FileSystemHandler))
-            if isinstance(obj, fs.FileSystemHandler)]
+    held = [weakref.ref(obj) for obj in gc.get_referrers(*kinds(handler))
+            if isinstance(obj, handler) and type(obj).__weakrefoffset__]
     if not held:
         return
     gc.collect()  # one that only a reference cycle still holds (a failed read's frames) is dropped here, on this thread

@@ -27,11 +27,12 @@ from pipelines.guards import (
     LIFECYCLE,
     job_lock,
 )
-from pipelines.operator import StateOperator, for_layout, for_new_checkpoint
+from pipelines.operator import StateOperator
+from pipelines.operator_registry import for_layout, for_new_checkpoint
 from pipelines.runtime import get_spark, spark_failures
-from state_store.results import RescaleMethod, RescaleResult, RestoreResult, SavepointInfo
 from state_store.preflight import refusals
 from state_store.restoring import FAILED_SUFFIX, REPLACED_SUFFIX, frame_checksum, restore_unlocked, verified_savepoint
+from state_store.results import RescaleMethod, RescaleResult, RestoreResult, SavepointInfo
 from state_store.savepointing import savepoint_last_batch
 from state_store.savepoints import SavepointStore
 from state_store.state import read_state, repartition_state

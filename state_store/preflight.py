@@ -11,14 +11,15 @@ from pathlib import Path
 
 import pyarrow as pa
 import pyarrow.compute as pc
+import pyarrow.fs as pafs
 
 from pipelines import state_format
 from pipelines.config import SessionsConfig
 from pipelines.errors import JobRunning, RescaleRefused, SavepointDamaged, SavepointIncompatible, SessionsError
 from pipelines.guards import running_stream
-from pipelines.operator import for_new_checkpoint
+from pipelines.operator_registry import for_new_checkpoint
 from pipelines.results import Result
-from pipelines.storage import open_table, s3_errors, table_exists
+from pipelines.storage import filesystem, open_table, s3_errors, table_exists
 from state_store.results import SavepointInfo
 from state_store.savepoints import SavepointStore
 
@@ -65,14 +66,27 @@ def _abandoned_timeline(config: SessionsConfig, saved: SavepointInfo) -> Session
     return None
 
 
-def _listed_rows(store: SavepointStore, saved: SavepointInfo) -> int | None:
-    """The rows the savepoint's Delta log lists (file statistics: no data read); None when a file has no count."""
+def _damage(store: SavepointStore, saved: SavepointInfo) -> SavepointDamaged | None:
+    """What the savepoint's metadata alone shows to be wrong: rows its Delta log lists (file statistics) other than
+    the catalog's, or data files listed but gone (a file listing; no data read)."""
     from deltalake import DeltaTable
 
     with s3_errors(saved.state_uri):
         adds = pa.table(DeltaTable(saved.state_uri, storage_options=store.options).get_add_actions(flatten=True))
-    counts = adds["num_records"]
-    return None if counts.null_count else int(pc.sum(counts).as_py() or 0)
+        counts = adds["num_records"]
+        listed = None if counts.null_count else int(pc.sum(counts).as_py() or 0)
+        if listed is not None and listed != saved.rows:
+            return SavepointDamaged(f"savepoint {saved.savepoint_id} is damaged: its table lists {listed} rows, the "
+                                    f"catalog says {saved.rows}")
+        files = store.data_files(saved.savepoint_id).files
+        if files:
+            fs, _ = filesystem(files[0])
+            infos = fs.get_file_info([filesystem(uri)[1] for uri in files])
+            missing = [info.path for info in infos if info.type == pafs.FileType.NotFound]
+            if missing:
+                return SavepointDamaged(f"savepoint {saved.savepoint_id} is damaged: {len(missing)} of its "
+                                        f"{len(files)} data files are gone (first: {missing[0]})")
+    return None
 
 
 def refusals(config: SessionsConfig, saved: SavepointInfo, partitions: int | None, migrate: bool,
@@ -93,10 +107,9 @@ def refusals(config: SessionsConfig, saved: SavepointInfo, partitions: int | Non
         if partitions < 1 or (bound is not None and partitions > bound):
             found.append(RescaleRefused(f"--partitions must be at least 1, got {partitions}" if partitions < 1 else
                                         f"--partitions must be between 1 and {bound}, got {partitions}"))
-    listed = _listed_rows(store, saved)
-    if listed is not None and listed != saved.rows:
-        found.append(SavepointDamaged(f"savepoint {saved.savepoint_id} is damaged: its table lists {listed} rows, "
-                                      f"the catalog says {saved.rows}"))
+    damage = _damage(store, saved)
+    if damage is not None:
+        found.append(damage)
     abandoned = _abandoned_timeline(config, saved)
     if abandoned is not None:
         found.append(abandoned)

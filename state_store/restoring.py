@@ -26,7 +26,7 @@ from pipelines.checkpoint import (
 from pipelines.config import SessionsConfig
 from pipelines.errors import RestoreIncomplete, SavepointDamaged, StateMismatch
 from pipelines.guards import ensure_tables
-from pipelines.operator import for_new_checkpoint
+from pipelines.operator_registry import for_new_checkpoint
 from pipelines.runtime import get_spark
 from pipelines.sessionize import rewalk, rows_table
 from pipelines.source import BOOTSTRAP_FILE

@@ -16,7 +16,8 @@ from pipelines import state_format
 from pipelines.checkpoint import CheckpointInfo, JobMetadata, inspect_checkpoint, read_job_metadata
 from pipelines.config import SessionsConfig
 from pipelines.errors import NoCommittedBatch
-from pipelines.operator import StateOperator, StoredChunk, for_layout, of_checkpoint, register_coordinator
+from pipelines.operator import StateOperator, StoredChunk, register_coordinator
+from pipelines.operator_registry import for_layout, of_checkpoint
 from pipelines.sessionize import open_sessions
 
 

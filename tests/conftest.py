@@ -412,6 +412,7 @@ TEST_TIERS: dict[str, str | tuple[str, dict[str, str]]] = {
                                        "test_a_frozen_run_is_fenced_after_a_restore_from_another_process": "e2e"}),
     "test_restore_marker.py": "subprocess",
     "test_restore_watermark.py": "spark",
+    "test_preflight.py": ("spark", {"test_restorable_means_the_restore_goes_through_exactly": "subprocess"}),
     "test_online_lifecycle.py": "subprocess",
     "test_run_continuously.py": "subprocess",
     "test_s3_down.py": "e2e",

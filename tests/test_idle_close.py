@@ -23,8 +23,8 @@ from pipelines.ingest.table import CLOCK_KIND, RAW_SCHEMA, Appender, IngestClock
 from pipelines.sample_data import land
 from pipelines.stream import catch_up
 from state_store.lifecycle import restore, take_savepoint
-from state_store.stream_control import stop_stream
 from state_store.state import lookup_user
+from state_store.stream_control import stop_stream
 from tests.conftest import config_env, make_config, read_open_sessions, read_quarantine, read_sessions, tool
 from tests.datagen import iso, land_batches, line, make_event
 from tests.oracle import run_oracle
