@@ -7,6 +7,7 @@ from pipelines.checkpoint import inspect_checkpoint, last_commit_age_seconds, re
 from pipelines.errors import SavepointNotFound, SessionsError
 from pipelines.storage import open_table
 from state_store import lifecycle
+from state_store.preflight import plan_restore
 
 
 @asset_check(asset=SESSIONS, description="Every session_id appears once.")
@@ -26,6 +27,22 @@ def newest_savepoint_verifies(sessions: SessionsResource) -> AssetCheckResult:
     except SessionsError as error:
         return AssetCheckResult(passed=False, metadata={"error": str(error)})
     return AssetCheckResult(passed=True, metadata={"savepoint_id": saved.savepoint_id, "rows": saved.rows})
+
+
+@asset_check(asset=STATE, description="The current settings can restore the newest complete savepoint (the restore "
+                                      "pre-flight, `sessionctl restore --savepoint latest --dry-run`; a running "
+                                      "stream aside). The restore runbook runs the same pre-flight first.")
+def newest_savepoint_restorable(sessions: SessionsResource) -> AssetCheckResult:
+    try:
+        plan = plan_restore(sessions.config(), "latest")
+    except SavepointNotFound as error:
+        return AssetCheckResult(passed=False, severity=AssetCheckSeverity.WARN, metadata={"error": str(error)})
+    except SessionsError as error:
+        return AssetCheckResult(passed=False, metadata={"error": str(error)})
+    return AssetCheckResult(passed=not plan.savepoint_reasons,
+                            metadata={"savepoint_id": plan.savepoint_id, "reasons": "; ".join(plan.savepoint_reasons),
+                                      "migrations": "; ".join(plan.migrations) or "none",
+                                      "expected_seconds": plan.expected_seconds})
 
 
 @asset_check(asset=STATE, description="The state's newest committed batch is recent (SESSIONS_STATE_MAX_AGE_MINUTES).")
@@ -53,4 +70,5 @@ def no_restore_left_half_done(sessions: SessionsResource) -> AssetCheckResult:
                                       "next_step": marker["command"]})
 
 
-ALL_CHECKS = [sessions_have_unique_ids, newest_savepoint_verifies, state_is_fresh, no_restore_left_half_done]
+ALL_CHECKS = [sessions_have_unique_ids, newest_savepoint_verifies, newest_savepoint_restorable, state_is_fresh,
+              no_restore_left_half_done]

@@ -23,6 +23,7 @@ from assets.tables import LIFECYCLE_TAGS, STATE, state_metadata
 from pipelines.errors import JobRunning
 from pipelines.guards import job_lock, running_stream
 from state_store import lifecycle, stream_control
+from state_store.preflight import plan_restore
 from state_store.results import RestoreResult, SavepointInfo
 from state_store.status import status
 
@@ -62,10 +63,20 @@ class RestoreOutcome:
 
 @op(tags=LIFECYCLE_TAGS)
 def validate_savepoint_op(context: OpExecutionContext, sessions: SessionsResource, config: RestoreConfig) -> RestorePlan:
+    """The pre-flight first (`restore --dry-run`: settings, migrations, expected duration; nothing locked), then the
+    savepoint's files re-read against its catalog row. A running stream is not a refusal here: the next step stops it."""
+    preflight = expected_errors(plan_restore, sessions.config(), config.savepoint, config.partitions or None,
+                                config.migrate)
+    context.log.info(f"pre-flight of {preflight.savepoint_id}: restorable={preflight.restorable}, migrations "
+                     f"{preflight.migrations or 'none'}, expected {preflight.expected_seconds:g} s")
+    if preflight.savepoint_reasons:
+        raise Failure(description="; ".join(preflight.savepoint_reasons),
+                      metadata={"reasons": preflight.savepoint_reasons})
     saved = expected_errors(lifecycle.validate_savepoint, sessions.config(), config.savepoint, config.migrate)
     context.log.info(f"savepoint {saved.savepoint_id} verified: {saved.rows} rows, checksum {saved.checksum}")
     context.add_output_metadata({"savepoint_id": saved.savepoint_id, "rows": saved.rows,
-                                 "batch_id": saved.batch_id, "checksum": saved.checksum})
+                                 "batch_id": saved.batch_id, "checksum": saved.checksum,
+                                 "migrations": preflight.migrations, "expected_seconds": preflight.expected_seconds})
     return RestorePlan(savepoint=saved, partitions=config.partitions or None, migrate=config.migrate,
                        dry_run=config.dry_run, stop_stream=config.stop_stream, resume_stream=config.resume_stream,
                        stop_with_savepoint=config.stop_with_savepoint)

@@ -45,6 +45,12 @@ class RestorePlan(Result):
     expected_seconds: float
     rate_rows_per_s: float
     rate_source: str         # "this home's restores (median of N)" or the reference run
+    job_running: str | None = None  # the holder of the job lease, which a restore needs stopped (also in reasons)
+
+    @property
+    def savepoint_reasons(self) -> list[str]:
+        """The reasons that are the savepoint's or the settings' (a running job aside: a runbook stops it first)."""
+        return self.reasons[:-1] if self.job_running else self.reasons
 
 
 def _abandoned_timeline(config: SessionsConfig, saved: SavepointInfo) -> SessionsError | None:
@@ -164,6 +170,7 @@ def plan_restore(config: SessionsConfig, savepoint: str = "latest", partitions: 
     saved = store.get(savepoint)
     reasons = [str(error) for error in refusals(config, saved, partitions, migrate, store)]
     stream = running_stream(config)
+    holder = stream.describe() if stream is not None else None
     if stream is not None:
         reasons.append(str(JobRunning(f"the job is running: {stream.describe()} holds the job lease; restore needs "
                                       f"it stopped: stop it with `sessionctl stop`", stream.describe(), "")))
@@ -172,4 +179,5 @@ def plan_restore(config: SessionsConfig, savepoint: str = "latest", partitions: 
         savepoint_id=saved.savepoint_id, batch_id=saved.batch_id, rows=saved.rows, restorable=not reasons,
         reasons=reasons, migrations=migrations(config, saved, partitions), provider=config.state_store,
         partitions=partitions or saved.partitions or config.state_partitions,
-        expected_seconds=round(saved.rows / rate, 1), rate_rows_per_s=round(rate), rate_source=source)
+        expected_seconds=round(saved.rows / rate, 1), rate_rows_per_s=round(rate), rate_source=source,
+        job_running=holder)

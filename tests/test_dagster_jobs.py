@@ -21,7 +21,7 @@ from dagster import (
 from deltalake import DeltaTable, write_deltalake
 
 from assets.automation import compaction_schedule, maintenance_sensor, resume_stream_after_restore
-from assets.checks import newest_savepoint_verifies, sessions_have_unique_ids
+from assets.checks import newest_savepoint_restorable, newest_savepoint_verifies, sessions_have_unique_ids
 from assets.definitions import defs
 from assets.observations import observation_sensor
 from assets.resources import SessionsResource, pyspark_resource
@@ -116,6 +116,11 @@ def test_jobs_catch_up_savepoint_restore_runbook(resources, spark):
 
     assert sessions_have_unique_ids(resources["sessions"]).passed
     assert newest_savepoint_verifies(resources["sessions"]).passed
+    restorable = newest_savepoint_restorable(resources["sessions"])
+    assert restorable.passed and restorable.metadata["migrations"].text == "none"
+    other_gap = SessionsResource(home=resources["sessions"].home, gap_minutes=45)
+    refused = newest_savepoint_restorable(other_gap)
+    assert not refused.passed and "--migrate" in refused.metadata["reasons"].text
 
 
 def _observations_reflect_what_exists(resources, config, landed, savepoint_id, spark) -> None:
