@@ -95,10 +95,36 @@ def cmd_savepoint(config: SessionsConfig, args: argparse.Namespace) -> None:
 
 
 def cmd_savepoints(config: SessionsConfig, args: argparse.Namespace) -> None:
+    if args.action == "diff":
+        _savepoints_diff(config, args)
+        return
+    if args.action is not None or args.ids:
+        raise SessionsError(f"unknown savepoints action {' '.join([args.action or '', *args.ids]).strip()!r}: "
+                            "`sessionctl savepoints` lists them, `sessionctl savepoints diff A B` compares two")
     from state_store.savepoints import SavepointStore
 
     # Each entry as the catalog holds it (`error` null when none) and its `uri`: the listing's keys since the start.
     _print([saved.to_dict(catalog=True) for saved in SavepointStore.of(config).list()], args.json)
+
+
+def _savepoints_diff(config: SessionsConfig, args: argparse.Namespace) -> None:
+    if len(args.ids) != 2:
+        raise SessionsError("savepoints diff takes two savepoints: `sessionctl savepoints diff A B` (ids or latest)")
+    from pipelines.runtime import get_spark, spark_failures
+    from state_store.history import diff_savepoints
+
+    with spark_failures(config):
+        diff = diff_savepoints(config, get_spark(config), args.ids[0], args.ids[1])
+    if args.json:
+        _print(diff.to_dict())
+        return
+    print(f"{diff.savepoint_a} (batch {diff.batch_a}) -> {diff.savepoint_b} (batch {diff.batch_b})")
+    print(f"  users: {diff.users_a} -> {diff.users_b}: {diff.users_added} added, {diff.users_removed} removed, "
+          f"{diff.users_changed} changed, {diff.users_unchanged} unchanged")
+    print(f"  open sessions: {diff.open_sessions_a} -> {diff.open_sessions_b}")
+    for kind, users in diff.sample.items():
+        if users:
+            print(f"  e.g. {kind}: {', '.join(users)}")
 
 
 def cmd_restore(config: SessionsConfig, args: argparse.Namespace) -> None:
@@ -140,9 +166,19 @@ def cmd_state(config: SessionsConfig, args: argparse.Namespace) -> None:
     from pipelines.runtime import get_spark, spark_failures
     from state_store.state import lookup_user, top_sessions
 
+    if args.history and args.user is None:
+        raise SessionsError("--history needs --user U: one user's open sessions at each retained savepoint")
+    result: Any
     with spark_failures(config):
         spark = get_spark(config)
-        result = lookup_user(spark, config, args.user) if args.user is not None else top_sessions(spark, config, args.top)
+        if args.history:
+            from state_store.history import user_history
+
+            result = user_history(config, spark, args.user)
+        elif args.user is not None:
+            result = lookup_user(spark, config, args.user)
+        else:
+            result = top_sessions(spark, config, args.top)
     if args.json:
         _print(result)
     else:
@@ -172,7 +208,10 @@ def build_parser() -> argparse.ArgumentParser:
                         "row per gap, ingest goes on after it")
     al.add_argument("--json", action="store_true")
     al.set_defaults(fn=cmd_accept_loss)
-    sps = sub.add_parser("savepoints", help="the savepoint catalog, newest first")
+    sps = sub.add_parser("savepoints", help="the savepoint catalog, newest first; `savepoints diff A B`: what changed")
+    sps.add_argument("action", nargs="?", choices=["diff"], help="diff A B: users and open sessions added, removed "
+                     "and changed from savepoint A to B (ids or latest)")
+    sps.add_argument("ids", nargs="*", help=argparse.SUPPRESS)
     sps.add_argument("--json", action="store_true")
     sps.set_defaults(fn=cmd_savepoints)
     rs = sub.add_parser("restore", help="put state, source position and outputs back to a savepoint")
@@ -190,6 +229,8 @@ def build_parser() -> argparse.ArgumentParser:
     which = sv.add_mutually_exclusive_group(required=True)
     which.add_argument("--user", help="one user's open session(s)")
     which.add_argument("--top", type=int, help="the N largest open sessions (hot keys)")
+    sv.add_argument("--history", action="store_true", help="with --user: the user's open sessions at each retained "
+                    "savepoint, oldest first")
     sv.add_argument("--json", action="store_true")
     sv.set_defaults(fn=cmd_state)
     cp = sub.add_parser("compact", help="compaction and retention")

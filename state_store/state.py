@@ -80,7 +80,7 @@ def _iso(ms: int | None) -> str | None:
         timespec="milliseconds").replace("+00:00", "Z")
 
 
-def _session_json(row: dict[str, Any], watermark_ms: int | None) -> dict[str, Any]:
+def session_json(row: dict[str, Any], watermark_ms: int | None) -> dict[str, Any]:
     return {"session_id": row["session_id"], "session_start": _iso(row["session_start_ms"]),
             "last_event": _iso(row["last_event_ms"]), "last_event_type": row["last_event_type"],
             "events": int(row["event_count"]), "page_views": int(row["page_views"]),
@@ -107,7 +107,7 @@ def lookup_user(spark: SparkSession, config: SessionsConfig, user_id: str) -> di
     rows = rows.filter(pc.equal(rows["user_id"], user_id))
     sessions = open_sessions(rows, meta.gap_ms).to_dict("records")
     return {"user_id": user_id, "batch_id": info.last_committed_batch, "watermark": _iso(watermark),
-            "open_sessions": [_session_json(s, watermark) for s in sessions]}
+            "open_sessions": [session_json(s, watermark) for s in sessions]}
 
 
 def top_sessions(spark: SparkSession, config: SessionsConfig, n: int) -> dict[str, Any]:
@@ -127,4 +127,4 @@ def top_sessions(spark: SparkSession, config: SessionsConfig, n: int) -> dict[st
     values = op.stored_values(spark, config.checkpoint, info.last_committed_batch)
     top = values.mapInArrow(sessions_of, _SESSION_DDL).orderBy(F.desc("event_count"), "user_id").limit(n).collect()
     return {"batch_id": info.last_committed_batch, "watermark": _iso(watermark),
-            "top": [{"user_id": r["user_id"], **_session_json(r.asDict(), watermark)} for r in top]}
+            "top": [{"user_id": r["user_id"], **session_json(r.asDict(), watermark)} for r in top]}

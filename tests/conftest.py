@@ -413,6 +413,7 @@ TEST_TIERS: dict[str, str | tuple[str, dict[str, str]]] = {
     "test_restore_marker.py": "subprocess",
     "test_restore_watermark.py": "spark",
     "test_preflight.py": ("spark", {"test_restorable_means_the_restore_goes_through_exactly": "subprocess"}),
+    "test_history.py": ("spark", {"test_the_cli_prints_the_contracts_keys": "subprocess"}),
     "test_online_lifecycle.py": "subprocess",
     "test_run_continuously.py": "subprocess",
     "test_s3_down.py": "e2e",

@@ -216,22 +216,20 @@ def test_failed_writes_are_never_listed_or_committed(tmp_path, spark, monkeypatc
     store = SavepointStore.of(config)
     first = take_savepoint(config, spark=spark)
 
-    # A task that fails after its share went out (its files are on disk): no table, no complete savepoint.
-    def rows_failing_in_one_task(spark_, checkpoint, batch_id=None, op=None):
-        def fail_late(batches):
-            import time
-
-            from pyspark import TaskContext
-
-            yield from batches
-            if TaskContext.get().partitionId() == 1:
-                time.sleep(3)  # the writer downstream has its rows and writes them
+    # A task that fails after its share went out (its file is on disk): no table, no complete savepoint. (The class
+    # is local, so it travels to the executors by value with the task.)
+    class FailsOnceItsFileIsWritten(io._DataFile):
+        def close(self):
+            done = super().close()
+            if self.name.startswith("part-00001-"):
                 raise RuntimeError("injected: executor lost after writing")
+            return done
 
-        return read_state(spark_, checkpoint, batch_id, op).repartition(2).mapInArrow(fail_late, io.CANONICAL_DDL)
+    def rows_in_two_tasks(spark_, checkpoint, batch_id=None, op=None):
+        return read_state(spark_, checkpoint, batch_id, op).repartition(2)
 
-    monkeypatch.setattr(savepointing, "read_state", rows_failing_in_one_task)
-    monkeypatch.setattr(io, "FILE_ROWS", 1)  # a file per batch: the failing task has closed files before it fails
+    monkeypatch.setattr(savepointing, "read_state", rows_in_two_tasks)
+    monkeypatch.setattr(io, "_DataFile", FailsOnceItsFileIsWritten)
     with pytest.raises(SavepointFailed, match="not listed as complete.*RuntimeError: injected: executor lost"):
         take_savepoint(config, spark=spark)
     monkeypatch.undo()
