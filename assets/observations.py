@@ -22,10 +22,11 @@ from dagster import (
 )
 from dagster_pyspark import PySparkResource
 
-from assets.plots import series_table
+from assets.plots import bar_table, series_table
 from assets.resources import SessionsResource
 from assets.tables import QUARANTINE, RAW_EVENTS, SESSIONS, STATE, state_metadata
 from pipelines.errors import SessionsError
+from state_store.history import diff_savepoints
 from state_store.observe import table_facts
 from state_store.results import SavepointInfo
 from state_store.savepoints import SavepointStore
@@ -112,6 +113,35 @@ def observe_state_op(context: OpExecutionContext, sessions: SessionsResource, py
         "recent_batches": MetadataValue.md(plot),
         "history": MetadataValue.json({"batch": [p[0] for p in points], "state_value_bytes": [p[1] for p in points],
                                        "open_sessions": [p[2] for p in points]})}))
+    _observe_newest_diff(context, sessions, pyspark)
+
+
+def _observe_newest_diff(context: OpExecutionContext, sessions: SessionsResource, pyspark: PySparkResource) -> None:
+    """The diff of the two newest complete savepoints (`sessionctl savepoints diff`) as an observation of the
+    catalog with a plot, once per new pair."""
+    config = sessions.config()
+    complete = [s for s in SavepointStore.of(config).list() if s.status == "complete"][:2]
+    if len(complete) < 2:
+        return
+    newer, older = complete
+    pair = f"{older.savepoint_id}..{newer.savepoint_id}"
+    seen = context.instance.fetch_observations(SAVEPOINTS, limit=20).records
+    if any(r.asset_observation and "diff" in r.asset_observation.metadata
+           and r.asset_observation.metadata["diff"].value == pair for r in seen):
+        return
+    try:
+        diff = diff_savepoints(config, pyspark.spark_session, older.savepoint_id, newer.savepoint_id)
+    except SessionsError as error:
+        context.log.warning(f"savepoint diff not observed: {error}")
+        return
+    plot = bar_table(f"Users from {older.savepoint_id} (batch {diff.batch_a}) to {newer.savepoint_id} "
+                     f"(batch {diff.batch_b})", {"added": diff.users_added, "removed": diff.users_removed,
+                                                 "changed": diff.users_changed, "unchanged": diff.users_unchanged})
+    context.log_event(AssetObservation(asset_key=SAVEPOINTS, metadata={
+        "diff": pair, "users_added": diff.users_added, "users_removed": diff.users_removed,
+        "users_changed": diff.users_changed, "open_sessions_before": diff.open_sessions_a,
+        "open_sessions_after": diff.open_sessions_b, "diff_plot": MetadataValue.md(plot),
+        "sample": MetadataValue.json(diff.sample)}))
 
 
 @job(description="Observe the state (requested by observation_sensor after each new committed batch).")

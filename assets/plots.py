@@ -21,3 +21,12 @@ def series_table(title: str, labels: Sequence[str], series: dict[str, Sequence[f
         if values:
             lines.append(f"| {name} | `{sparkline(values)}` | {min(values):g} | {max(values):g} |")
     return "\n".join(lines)
+
+
+def bar_table(title: str, values: dict[str, float], width: int = 30) -> str:
+    """A markdown block: one row per value with a bar scaled to the largest."""
+    top = max(values.values(), default=0) or 1
+    lines = [title, "", "| | | count |", "|---|---|---|"]
+    for name, value in values.items():
+        lines.append(f"| {name} | `{'█' * round(value / top * width) or '·'}` | {value:g} |")
+    return "\n".join(lines)

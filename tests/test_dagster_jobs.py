@@ -29,6 +29,7 @@ from assets.tables import daily_session_metrics
 from pipelines.checkpoint import inspect_checkpoint
 from pipelines.sample_data import arrival_order, generate_events, land_sample
 from state_store import savepoints as sp
+from state_store.savepoints import SavepointStore
 from tests.conftest import read_open_sessions, read_sessions, tool
 from tests.savepoint_expectations import oracle_of
 
@@ -140,8 +141,16 @@ def _observations_reflect_what_exists(resources, config, landed, savepoint_id, s
         assert len(result.run_requests) == 1 and not again.run_requests  # one pass per new batch
         run = defs.resolve_job_def("observe_state").execute_in_process(resources=resources, instance=instance)
         assert run.success
-        (state,) = [e.event_specific_data.asset_observation.metadata for e in run.all_events
-                    if e.event_type_value == "ASSET_OBSERVATION"]
+        observations = [e.event_specific_data.asset_observation for e in run.all_events
+                        if e.event_type_value == "ASSET_OBSERVATION"]
+        (state,) = [o.metadata for o in observations if o.asset_key.path == ["session_state"]]
+        complete = [s.savepoint_id for s in SavepointStore.of(config).list() if s.status == "complete"]
+        diffs = [o.metadata for o in observations if o.asset_key.path == ["savepoint_catalog"]]
+        if len(complete) >= 2:  # the two newest savepoints' diff, with its plot
+            (diff,) = diffs
+            assert diff["diff"].value == f"{complete[1]}..{complete[0]}" and "added" in diff["diff_plot"].value
+        else:
+            assert diffs == []
         open_sessions = read_open_sessions(spark, config)
         assert state["open_sessions"].value == len(open_sessions) > 0
         assert state["open_events"].value == sum(row[4] for row in open_sessions)
