@@ -17,7 +17,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from pipelines.ingest import columnar
+from pipelines.ingest import columnar, timestamps
 from pipelines.ingest.lines import Lines, parse_event_time, split_lines
 from pipelines.ingest.table import RowSource, _rows
 from pipelines.sample_data import arrival_order, generate_events
@@ -260,7 +260,7 @@ time_texts = st.one_of(
 @settings(max_examples=300, deadline=None)
 @given(st.lists(time_texts, min_size=1, max_size=20))
 def test_event_time_parser_equals_parse_event_time(texts: list[str]) -> None:
-    ok, micros = columnar.parse_times(pa.array(texts, pa.string()))
+    ok, micros = timestamps.parse_times(pa.array(texts, pa.string()))
     for text, fine, us in zip(texts, ok.tolist(), micros.tolist()):
         if fine:
             parsed = parse_event_time(text)
@@ -270,7 +270,7 @@ def test_event_time_parser_equals_parse_event_time(texts: list[str]) -> None:
 
 def test_event_time_parser_takes_the_canonical_forms() -> None:
     texts = ["2026-11-01T08:00:00Z", "2024-02-29 23:59:59.999999-23:59", "2026-11-01T08:00:00.1+00:00", None]
-    ok, micros = columnar.parse_times(pa.array(texts, pa.string()))
+    ok, micros = timestamps.parse_times(pa.array(texts, pa.string()))
     assert ok.tolist() == [True, True, True, False]
     for text, us in zip(texts[:3], micros.tolist()):
         assert us == (parse_event_time(text) - EPOCH) // dt.timedelta(microseconds=1)  # type: ignore[operator]
