@@ -11,6 +11,7 @@ from assets.automation import (
 from assets.checks import ALL_CHECKS
 from assets.jobs import (
     compaction,
+    forget_user,
     rescale,
     savepoint,
     session_catch_up,
@@ -27,7 +28,7 @@ defs = Definitions(
     assets=[catch_up, daily_session_metrics, savepoint_catalog],
     asset_checks=ALL_CHECKS,
     jobs=[session_catch_up, session_stream, stop_stream, savepoint, restore_from_snapshot, rescale, compaction, state_lookup,
-          observe_state],
+          observe_state, forget_user],
     schedules=[compaction_schedule],
     sensors=[observation_sensor, maintenance_sensor, stream_failure_sensor, resume_stream_after_restore],
     resources={"sessions": SessionsResource(), "pyspark": pyspark_resource()},

@@ -21,7 +21,7 @@ from assets.resources import SessionsResource, expected_errors
 from assets.tables import LIFECYCLE_TAGS, SESSIONS, STATE, STREAM_TAGS, catch_up
 from pipelines.stream import RunSummary
 from pipelines.tables import MicroBatchSink
-from state_store import lifecycle, maintenance, state, stream_control
+from state_store import erasure, lifecycle, maintenance, state, stream_control
 from state_store.results import SavepointInfo
 
 session_catch_up = define_asset_job("session_catch_up", selection=AssetSelection.assets(catch_up),
@@ -172,3 +172,30 @@ def lookup_state_op(context: OpExecutionContext, sessions: SessionsResource, pys
 @job(description="Look inside the state: one user's open sessions (user_id) or the N largest (top).")
 def state_lookup() -> None:
     lookup_state_op()
+
+
+class ForgetConfig(Config):
+    user_id: str  # the user to erase (the run config keeps it: delete the run afterwards where that matters)
+    verify_only: bool = False  # only say where the user still appears
+
+
+@op(tags=LIFECYCLE_TAGS)
+def forget_user_op(context: OpExecutionContext, sessions: SessionsResource, pyspark: PySparkResource,
+                   config: ForgetConfig) -> dict[str, Any]:
+    """`sessionctl forget --user U` (or `--verify`): the erasure log and this op's metadata name U by its keyed hash
+    only."""
+    spark = pyspark.spark_session
+    if config.verify_only:
+        found = expected_errors(erasure.verify, sessions.config(), config.user_id, spark=spark)
+        context.add_output_metadata({"clean": found.clean, **{f"found_{k}": v for k, v in found.found.items()}})
+        return found.to_dict()
+    result = expected_errors(erasure.forget, sessions.config(), config.user_id, spark=spark)
+    context.add_output_metadata({"erasure_id": result.erasure_id, "user_hash": result.user_hash,
+                                 **{f"removed_{k}": v for k, v in result.removed.items()},
+                                 "purged_files": result.purged_files})
+    return result.to_dict()
+
+
+@job(tags=LIFECYCLE_TAGS, description="Erase a user everywhere: tables, live state, savepoints, older table versions.")
+def forget_user() -> None:
+    forget_user_op()

@@ -19,8 +19,9 @@ T = TypeVar("T")
 
 # Unparametrised, as Dagster's own resources subclass it (the parameter is the resource value: the resource itself).
 class SessionsResource(ConfigurableResource):  # type: ignore[type-arg]
-    """Every setting of pipelines.config.SessionsConfig, as an optional field of the same name and kind, in the same
-    order (tests/test_config.py keeps the two in step). A field left unset (None) comes from its SESSIONS_<NAME>
+    """Every setting of pipelines.config.SessionsConfig but the secret ones (SESSIONS_KAFKA_CONF, SESSIONS_ERASURE_KEY:
+    from the environment or a secret store only, so never stored in Dagster's run storage), as an optional field of
+    the same name and kind, in the same order (tests/test_config.py keeps the two in step). A field left unset (None) comes from its SESSIONS_<NAME>
     environment variable, and from SessionsConfig's default when that is unset too (README.md, "Configuration"); set
     one in the launchpad, or with dagster.EnvVar in the Definitions. SessionsConfig alone validates the values."""
 
@@ -96,6 +97,9 @@ class SessionsResource(ConfigurableResource):  # type: ignore[type-arg]
                                   "(default 7)")
     vacuum_retention_hours: int | None = Field(
         default=None, description="SESSIONS_VACUUM_RETENTION_HOURS: Delta VACUUM horizon of the tables (default 168)")
+    erasure_deadline_hours: float | None = Field(
+        default=None, description="SESSIONS_ERASURE_DEADLINE_HOURS: older table versions holding an erased user are "
+                                  "purged within this many hours (default 0: at once)")
     max_future_minutes: int | None = Field(
         default=None, description="SESSIONS_MAX_FUTURE_MINUTES: an event this far ahead of its ingest time is "
                                   "quarantined (default 60)")
@@ -110,9 +114,6 @@ class SessionsResource(ConfigurableResource):  # type: ignore[type-arg]
         default=None, description="SESSIONS_KAFKA_BOOTSTRAP: host:port,... to ingest from Kafka (with "
                                   "kafka_topic; default unset: landing files)")
     kafka_topic: str | None = Field(default=None, description="SESSIONS_KAFKA_TOPIC: the topic (with kafka_bootstrap)")
-    kafka_conf: str | None = Field(
-        default=None, description="SESSIONS_KAFKA_CONF: librdkafka consumer settings, JSON or key=value,... (may hold "
-                                  "credentials: set it with dagster.EnvVar)")
     kafka_commit_messages: int | None = Field(
         default=None, description="SESSIONS_KAFKA_COMMIT_MESSAGES: messages per ingest commit at most (default 100000)")
     idle_close_minutes: float | None = Field(

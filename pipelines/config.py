@@ -165,6 +165,12 @@ class SessionsConfig:
     keep_savepoints: int = _setting(5)            # newest complete savepoints kept
     keep_daily_days: int = _setting(7, minimum=0)  # plus the newest of each of these days
     vacuum_retention_hours: int = _setting(168, minimum=0)  # Delta VACUUM horizon for the tables
+    # Erasure (sessionctl forget): older table versions holding an erased user are purged within this many hours
+    # (forget purges what is older; compaction then vacuums with at most this horizon while erasures are recorded).
+    erasure_deadline_hours: float = _setting(0.0, minimum=0, inclusive=True)
+    # The key of the erasure log's keyed hash of user ids (HMAC-SHA256); unset: a key generated once in
+    # $SESSIONS_HOME/erasure.key. A secret: from the environment or a secret store, never run config.
+    erasure_key: str = _setting("", secret=True)
     # Hostile input: an event this far ahead of its ingest time is quarantined (contract).
     max_future_minutes: int = _setting(60, minimum=0)
     # A landed file's last line without a newline counts once the file has not changed for this long (a line

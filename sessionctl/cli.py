@@ -185,6 +185,15 @@ def cmd_state(config: SessionsConfig, args: argparse.Namespace) -> None:
         print(json.dumps(result, indent=2, default=str))
 
 
+def cmd_forget(config: SessionsConfig, args: argparse.Namespace) -> None:
+    from state_store.erasure import forget, verify
+
+    if args.verify:
+        _print(verify(config, args.user).to_dict(), args.json)
+    else:
+        _print(forget(config, args.user).to_dict(), args.json)
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="sessionctl", description=__doc__)
     sub = parser.add_subparsers(dest="command", required=True)
@@ -233,6 +242,12 @@ def build_parser() -> argparse.ArgumentParser:
                     "savepoint, oldest first")
     sv.add_argument("--json", action="store_true")
     sv.set_defaults(fn=cmd_state)
+    fg = sub.add_parser("forget", help="erase a user everywhere: tables, live state, savepoints, older table versions "
+                        "(within SESSIONS_ERASURE_DEADLINE_HOURS), archived landing files")
+    fg.add_argument("--user", required=True, help="the user id to erase")
+    fg.add_argument("--verify", action="store_true", help="only say where the user still appears")
+    fg.add_argument("--json", action="store_true")
+    fg.set_defaults(fn=cmd_forget)
     cp = sub.add_parser("compact", help="compaction and retention")
     cp.add_argument("--keep-last", type=int, default=None, help="savepoints kept (default SESSIONS_KEEP_SAVEPOINTS, 5)")
     cp.add_argument("--keep-daily-days", type=int, default=None,
@@ -255,19 +270,16 @@ def _logs_to_file(config: SessionsConfig) -> None:
 
 
 def await_arrow_readers(timeout_s: float = 10.0) -> None:
-    """Return once Arrow's threads hold no Python filesystem handler any more: the last step before the interpreter's
-    teardown.
+    """Wait, with the GIL free, until Arrow's threads hold no Python filesystem handler: before the interpreter's
+    teardown, which otherwise aborts one `savepoints --json` in about twenty after its output.
 
-    deltalake reads a table (`DeltaTable.to_pyarrow_table`, `to_pyarrow_dataset`) as a pyarrow dataset over a Python
-    filesystem: `pyarrow.fs.PyFileSystem` around deltalake's `DeltaStorageHandler`. Arrow's scan hands over its last
-    batch before it has finished: a thread of Arrow's CPU pool still holds the dataset's fragments, and with them the
-    file it read and the filesystem, and releasing those takes the GIL to drop the Python objects in them. When that
-    thread asks for the GIL after the interpreter began finalizing, CPython 3.11 ends it with pthread_exit, whose
-    unwinding through Arrow's noexcept destructor aborts the process -- `terminate called without an active
-    exception`, exit 134, after the command's output was printed (delta-io/delta-rs#2184, apache/arrow#36389: the
-    scanner still running after the call returned). Waiting here, with the GIL free, until every handler is gone
-    lets those threads finish their release while the interpreter is whole. The handler is dropped last (after the
-    file, by the same thread); a handler Python itself still holds makes this wait `timeout_s`, then return."""
+    deltalake reads a table (`to_pyarrow_table`, `to_pyarrow_dataset`) as a pyarrow dataset over a Python filesystem
+    (`pyarrow.fs.PyFileSystem` around its `DeltaStorageHandler`). Arrow's scan returns its last batch before it has
+    finished: a thread of Arrow's CPU pool then releases the fragments, the file it read and the filesystem, which
+    takes the GIL to drop the Python objects inside (the handler last). Asked for after finalization began, the GIL
+    ends that thread with pthread_exit (CPython 3.11), whose unwinding through Arrow's noexcept destructor is
+    `terminate called without an active exception`, exit 134 (delta-io/delta-rs#2184; apache/arrow#36389: the scanner
+    still running after the call returned). A handler that Python itself still holds keeps this waiting `timeout_s`."""
     handler = getattr(sys.modules.get("pyarrow.fs"), "FileSystemHandler", None)
     if handler is None:  # nothing was read through pyarrow
         return
@@ -298,13 +310,13 @@ def main(argv: list[str] | None = None) -> int:
         config = SessionsConfig.from_env()
         _logs_to_file(config)
         args.fn(config, args)
-        return 0
+        code = 0
     except SessionsError as error:  # the one place an expected error (ConfigError too) becomes one line
         print(f"sessionctl {args.command}: {error}", file=sys.stderr)
-        return 1
+        code = 1
     except KeyboardInterrupt:
         print(f"sessionctl {args.command}: interrupted", file=sys.stderr)
-        return 130
+        code = 130
     finally:
         # Orderly: the queries, the state stores, then the JVM, before Python exits (a JVM left to die with the
         # process can crash in RocksDB's native code on the way out). Ctrl-C here is ignored: we are leaving anyway.
@@ -313,7 +325,10 @@ def main(argv: list[str] | None = None) -> int:
             from pipelines.runtime import stop_spark
 
             stop_spark()
-        await_arrow_readers()
+    # Then Arrow's threads, before the interpreter's teardown (not after an unexpected error: its traceback, whose
+    # frames may hold a dataset, is printed at once).
+    await_arrow_readers()
+    return code
 
 
 if __name__ == "__main__":

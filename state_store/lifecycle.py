@@ -38,7 +38,7 @@ from state_store.savepoints import SavepointStore
 from state_store.state import read_state, repartition_state
 
 
-def _locks(config: SessionsConfig, what: str) -> ExitStack:
+def lifecycle_locks(config: SessionsConfig, what: str) -> ExitStack:
     """Restore and rescale: no other lifecycle operation, and the stream stopped (they replace its checkpoint)."""
     stack = ExitStack()
     stack.enter_context(job_lock(config, what, name=LIFECYCLE))
@@ -101,7 +101,7 @@ def restore(config: SessionsConfig, savepoint: str = "latest", partitions: int |
     the canonical Delta form alone (the old checkpoint is kept aside, not deleted)."""
     if partitions is not None:
         _check_partitions(partitions, for_new_checkpoint(), config.state_buckets)
-    with _locks(config, "restore"), spark_failures(config):
+    with lifecycle_locks(config, "restore"), spark_failures(config):
         return restore_unlocked(config, savepoint, partitions, migrate, spark)
 
 
@@ -116,7 +116,7 @@ def rescale(config: SessionsConfig, partitions: int, spark: SparkSession | None 
     else:
         _check_partitions(partitions, for_new_checkpoint(), config.state_buckets)
     started = time.monotonic()
-    with _locks(config, "rescale"), spark_failures(config):
+    with lifecycle_locks(config, "rescale"), spark_failures(config):
         info = inspect_checkpoint(config.checkpoint)
         if info.last_committed_batch is None:
             raise NoCommittedBatch(f"nothing to rescale: no committed batch in {config.checkpoint}")

@@ -14,6 +14,7 @@ from pipelines.checkpoint import directory_size
 from pipelines.config import SessionsConfig
 from pipelines.guards import job_lock
 from pipelines.storage import is_s3, join, open_table, storage_options, table_exists
+from state_store.erasure import erasures_recorded
 from state_store.lifecycle import remove_tree, replaced_checkpoints
 from state_store.results import CompactionResult, MaintenanceDue, SavepointInfo
 from state_store.savepoints import SavepointStore
@@ -44,6 +45,8 @@ def _maintain_table(config: SessionsConfig, uri: str, dry_run: bool) -> dict[str
     """files_* count the table's live data files (what OPTIMIZE merges); bytes_* everything stored."""
     options = storage_options(config, uri)
     retention_hours = config.vacuum_retention_hours
+    if erasures_recorded(config):  # files of older versions may hold an erased user: purged within the deadline
+        retention_hours = min(retention_hours, int(config.erasure_deadline_hours))
     if not DeltaTable.is_deltatable(uri, storage_options=options):
         return {}
     _, bytes_before = _table_footprint(config, uri)

@@ -200,6 +200,9 @@ def _conform(batch: pa.RecordBatch, columns: tuple[str, ...]) -> pa.Table:
         if pa.types.is_timestamp(column_field.type) and column_field.type.unit != "us":
             table = table.set_column(index, column_field.name,
                                      pc.cast(table[column_field.name], pa.timestamp("us", tz="UTC")))
+        elif pa.types.is_string_view(column_field.type) or pa.types.is_large_string(column_field.type):
+            # files delta-rs rewrote (a DELETE: `sessionctl forget`) may hold string views
+            table = table.set_column(index, column_field.name, pc.cast(table[column_field.name], pa.string()))
     return table
 
 

@@ -5,7 +5,8 @@ Layout under SESSIONS_SAVEPOINT_URI:
   state/<id>/       the open state in canonical form (pipelines.state_format.CANONICAL_SCHEMA, schema id
                     in the catalog row; v1 savepoints -- one row per open event -- still restore)
 A savepoint is listed as complete only after its state table was written, re-read and its count and
-checksum matched the live state; a half-written state table is never referenced by a complete row.
+checksum matched the live state; a half-written state table is never referenced by a complete row. The executors
+write, re-read and checksum the state table (state_store.savepoint_io); this process handles its metadata only.
 """
 from __future__ import annotations
 

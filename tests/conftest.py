@@ -414,6 +414,7 @@ TEST_TIERS: dict[str, str | tuple[str, dict[str, str]]] = {
     "test_restore_watermark.py": "spark",
     "test_preflight.py": ("spark", {"test_restorable_means_the_restore_goes_through_exactly": "subprocess"}),
     "test_history.py": ("spark", {"test_the_cli_prints_the_contracts_keys": "subprocess"}),
+    "test_erasure.py": ("spark", {"test_the_cli_forgets_and_verifies_in_json": "subprocess"}),
     "test_online_lifecycle.py": "subprocess",
     "test_run_continuously.py": "subprocess",
     "test_s3_down.py": "e2e",

@@ -95,7 +95,9 @@ def test_the_dagster_resource_has_every_setting(tmp_path, monkeypatch):
 
     declared = [(name, field.annotation, field.default) for name, field in SessionsResource.model_fields.items()]
     assert declared == [(setting.name, setting.metadata.get("kind", str) | None, None)
-                        for setting in fields(SessionsConfig)], "SessionsResource and SessionsConfig differ"
+                        for setting in fields(SessionsConfig) if setting.repr], "SessionsResource and SessionsConfig differ"
+    secret = [setting.name for setting in fields(SessionsConfig) if not setting.repr]
+    assert secret == ["erasure_key", "kafka_conf"] and not set(secret) & set(SessionsResource.model_fields)
     for name in [name for name in os.environ if name.startswith("SESSIONS_")]:
         monkeypatch.delenv(name)
     assert SessionsResource(home=str(tmp_path)).config() == SessionsConfig.from_env({"SESSIONS_HOME": str(tmp_path)})

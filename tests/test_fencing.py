@@ -207,11 +207,14 @@ def _sessions(config) -> list[tuple]:
                    int(r.event_count), int(r.page_views), r.end_reason) for r in frame.itertuples())
 
 
-def _wait_for(predicate, seconds: float) -> bool:
+def _wait_for(predicate, seconds: float, process: subprocess.Popen | None = None) -> bool:
     deadline = time.monotonic() + seconds
     while time.monotonic() < deadline:
         if predicate():
             return True
+        if process is not None and process.poll() is not None:
+            out, err = process.communicate()
+            raise AssertionError(f"{process.args} ended with {process.returncode}: {out[-1000:]} {err[-3000:]}")
         time.sleep(1)
     return False
 
@@ -231,7 +234,7 @@ def test_a_frozen_run_is_fenced_after_another_process_caught_up(tmp_path):
                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=tmp_path)
     try:
         assert _wait_for(lambda: DeltaTable.is_deltatable(config.sessions_table) and len(_sessions(config)) > 0,
-                         180), "no session written while running"
+                         180, run), "no session written while running"
         os.killpg(run.pid, signal.SIGSTOP)
         land(config.landing, "second.jsonl", [json.dumps(e) for e in second])
         time.sleep(float(ttl) + 2)
@@ -281,14 +284,14 @@ def test_a_frozen_run_is_fenced_after_a_restore_from_another_process(tmp_path):
                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=tmp_path)
     try:
         assert _wait_for(lambda: DeltaTable.is_deltatable(config.sessions_table) and len(_sessions(config)) > 0,
-                         300), "no session written while running"
+                         300, run), "no session written while running"
         saved = subprocess.run([tool("sessionctl"), "savepoint", "--json"], env=env, capture_output=True, text=True,
                                timeout=600)
         assert saved.returncode == 0, saved.stderr[-3000:]
         savepoint_id = json.loads(saved.stdout)["savepoint_id"]
         land(config.landing, "second.jsonl", [json.dumps(e) for e in thirds[1]])
         two = sorted(expected_closed_sessions(thirds[:2], 30 * 60_000, 10 * 60_000))
-        assert _wait_for(lambda: _sessions(config) == two, 300), "second file not processed"
+        assert _wait_for(lambda: _sessions(config) == two, 300, run), "second file not processed"
         os.killpg(run.pid, signal.SIGSTOP)
         land(config.landing, "third.jsonl", [json.dumps(e) for e in thirds[2]])
         time.sleep(float(ttl) + 2)

@@ -1,0 +1,104 @@
+"""`sessionctl forget --user U` against independent expectations: the oracle run on the stream without U equals what
+the job holds after the erasure (sessions, open sessions, late events), after more data, and after a restore of a
+savepoint taken before the erasure; `forget --verify` scans every file and finds U nowhere -- older Delta versions
+included -- where it found U before."""
+from __future__ import annotations
+
+import json
+import subprocess
+
+from pipelines.stream import catch_up
+from state_store.erasure import LOG_TABLE, forget, verify_forgotten
+from state_store.lifecycle import restore, take_savepoint
+from tests.conftest import config_env, make_config, read_open_sessions, read_quarantine, read_sessions, tool
+from tests.datagen import land_batches, stream_scenario
+from tests.oracle import run_oracle
+
+GAP_MS, LATENESS_MS = 30 * 60_000, 10 * 60_000
+# Seed 7's u4: closed sessions, late events and an open session at CUT, and never the newest event of a batch, so
+# that the stream without u4 has the same watermarks (the oracle without it is the expectation for everyone else).
+SEED, USER, CUT = 7, "u4", 3
+
+
+def _without(batches: list[list[dict]], user: str) -> list[list[dict]]:
+    return [[e for e in batch if e["user_id"] != user] for batch in batches]
+
+
+def _assert_is_the_oracle_without_the_user(spark, config, batches) -> None:
+    expected = run_oracle(_without(batches, USER), GAP_MS, LATENESS_MS)
+    assert read_sessions(config) == sorted(expected.closed)
+    assert read_open_sessions(spark, config) == sorted(expected.open_sessions)
+    late = read_quarantine(config)
+    late = late[late["reason"] == "late"]
+    assert sorted(zip(late["user_id"], late["event_id"], late["event_time_ms"].astype(int))) == \
+        sorted(expected.late_keys)
+
+
+def test_forget_a_user_of_a_stopped_job(spark, tmp_path):
+    config = make_config(tmp_path, "rocksdb")
+    batches = stream_scenario(SEED, 6, False, GAP_MS, LATENESS_MS)
+    full = run_oracle(batches, GAP_MS, LATENESS_MS)
+    assert any(s[1] == USER for s in full.closed) and any(k[0] == USER for k in full.late_keys)
+    assert any(s[1] == USER for s in run_oracle(batches[:CUT], GAP_MS, LATENESS_MS).open_sessions)
+    land_batches(config, batches[:CUT])
+    catch_up(config, spark)
+    before_erasure = take_savepoint(config, spark=spark)
+
+    found = verify_forgotten(config, spark, USER)
+    assert not found.clean
+    assert all(found.found[place] > 0 for place in ("raw_events", "sessions", "savepoints", "live_state_events",
+                                                    "landed_lines")), found.found
+
+    result = forget(config, USER, spark=spark)
+    assert result.removed["live_state_events"] > 0 and result.removed["raw_events"] > 0
+    assert result.removed["savepoint_rows"] > 0 and USER not in json.dumps(result.to_dict())
+    after = verify_forgotten(config, spark, USER)
+    assert after.clean and set(after.found.values()) == {0}, after.found
+    assert USER not in _log_text(config) and result.user_hash in _log_text(config)
+
+    # Everyone else's stream goes on exactly once; U's later events never came (the data without U lands).
+    land_batches(config, _without(batches[CUT:], USER), start=CUT)
+    catch_up(config, spark)
+    _assert_is_the_oracle_without_the_user(spark, config, batches)
+
+    # A savepoint taken before the erasure does not bring U back.
+    restore(config, before_erasure.savepoint_id, spark=spark)
+    catch_up(config, spark)
+    _assert_is_the_oracle_without_the_user(spark, config, batches)
+    assert verify_forgotten(config, spark, USER).clean
+
+
+def _log_text(config) -> str:
+    from deltalake import DeltaTable
+
+    return json.dumps(DeltaTable(config.table_uri(LOG_TABLE)).to_pyarrow_table().to_pylist(), default=str)
+
+
+def test_the_cli_forgets_and_verifies_in_json(spark, tmp_path):
+    config = make_config(tmp_path, "hdfs")
+    batches = stream_scenario(SEED, 6, False, GAP_MS, LATENESS_MS)
+    land_batches(config, batches[:CUT])
+    catch_up(config, spark)
+    env = config_env(config)
+    done = subprocess.run([tool("sessionctl"), "forget", "--user", USER, "--json"], env=env, capture_output=True,
+                          text=True, timeout=600)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert json.loads(done.stdout)["removed"]["raw_events"] > 0 and USER not in done.stdout
+    checked = subprocess.run([tool("sessionctl"), "forget", "--verify", "--user", USER, "--json"], env=env,
+                             capture_output=True, text=True, timeout=600)
+    assert checked.returncode == 0, checked.stderr[-2000:]
+    answer = json.loads(checked.stdout)
+    assert answer["clean"] is True and set(answer["found"].values()) == {0}
+
+
+def test_forget_twice_is_a_no_op_the_second_time(spark, tmp_path):
+    """Idempotent: what a forget killed half-way leaves, the same command finishes; run twice, the second finds
+    nothing to remove."""
+    config = make_config(tmp_path, "hdfs")
+    batches = stream_scenario(SEED, 6, False, GAP_MS, LATENESS_MS)
+    land_batches(config, batches[:CUT])
+    catch_up(config, spark)
+    forget(config, USER, spark=spark)
+    again = forget(config, USER, spark=spark)
+    assert set(again.removed.values()) == {0}, again.removed
+    assert verify_forgotten(config, spark, USER).clean
