@@ -60,3 +60,19 @@ def committing(attempt: Callable[[], T], where: str) -> T:
                      str(error).splitlines()[0] if str(error) else type(error).__name__, number + 1)
             time.sleep(0.05 * number)
     raise AssertionError("unreachable")
+
+
+def fenced_delete(uri: str, predicate: str, leases: Sequence[Lease], storage_options: dict[str, str] | None = None
+                  ) -> int:
+    """A Delta DELETE by the holder of `leases` (a restore's roll-back, an erasure): fenced like an append; the rows
+    deleted. Without leases, a plain delete."""
+    from deltalake import CommitProperties
+
+    def attempt() -> int:
+        table = DeltaTable(uri, storage_options=storage_options)
+        transactions, metadata = fence(table, leases, uri)
+        properties = CommitProperties(app_transactions=transactions or None, custom_metadata=metadata or None,
+                                      max_commit_retries=0 if leases else None)
+        return int(table.delete(predicate, commit_properties=properties).get("num_deleted_rows", 0) or 0)
+
+    return committing(attempt, uri)

@@ -33,7 +33,9 @@ from pyspark.sql import SparkSession
 from pipelines.checkpoint import inspect_checkpoint, read_restore_marker
 from pipelines.config import SessionsConfig
 from pipelines.errors import NoCommittedBatch, SessionsError
+from pipelines.fencing import fenced_delete
 from pipelines.ingest.landing import INGESTED_DIR
+from pipelines.locks import Lease
 from pipelines.results import Result
 from pipelines.storage import filesystem, join, storage_options, table_exists
 from state_store.lifecycle import replaced_checkpoints
@@ -91,19 +93,17 @@ def _raw_pattern(user_id: str) -> str:
     return r'"user_id"\s*:\s*' + re.escape(json.dumps(user_id))
 
 
-def _erase_rows(config: SessionsConfig, uri: str, user_id: str, has_raw: bool) -> int:
-    """Delete U's rows from one Delta table (rows of U, and rejected lines whose raw text names U); the rows removed."""
+def _erase_rows(config: SessionsConfig, uri: str, user_id: str, has_raw: bool, leases: list[Lease]) -> int:
+    """Delete U's rows from one Delta table (rows of U, and rejected lines whose raw text names U), fenced by the job
+    lease where the stream writes; the rows removed."""
     if not table_exists(config, uri):
         return 0
     options = storage_options(config, uri)
-    table = DeltaTable(uri, storage_options=options)
-    predicate = f"user_id = {_literal(user_id)}"
-    removed = int(table.delete(predicate).get("num_deleted_rows", 0) or 0)
+    removed = fenced_delete(uri, f"user_id = {_literal(user_id)}", leases, options)
     if has_raw:  # the raw column is read once; the (few) rejected lines that name U are deleted by their text
         raw = pc.fill_null(DeltaTable(uri, storage_options=options).to_pyarrow_table(columns=["raw"])["raw"], "")
         for text in set(pc.filter(raw, pc.match_substring_regex(raw, _raw_pattern(user_id))).to_pylist()):
-            removed += int(DeltaTable(uri, storage_options=options).delete(f"raw = {_literal(text)}")
-                           .get("num_deleted_rows", 0) or 0)
+            removed += fenced_delete(uri, f"raw = {_literal(text)}", leases, options)
     return removed
 
 
@@ -126,7 +126,7 @@ def _erase_savepoints(config: SessionsConfig, spark: SparkSession, user_id: str)
         if not table_exists(config, saved.state_uri):
             continue
         uris.append(saved.state_uri)
-        gone = _erase_rows(config, saved.state_uri, user_id, has_raw=False)
+        gone = _erase_rows(config, saved.state_uri, user_id, has_raw=False, leases=[])
         if gone == 0 and saved.status != "complete":
             continue
         rows, checksum = savepoint_checksum(spark, store, saved.savepoint_id)
@@ -207,9 +207,11 @@ def _live_rows(spark: SparkSession, config: SessionsConfig, user_id: str) -> int
     return sum(int(s["events"]) for s in found["open_sessions"])
 
 
-def forget_unlocked(config: SessionsConfig, spark: SparkSession, user_id: str) -> ForgetResult:
+def forget_unlocked(config: SessionsConfig, spark: SparkSession, user_id: str, lease: Lease | None = None
+                    ) -> ForgetResult:
     """The erasure, for a caller that holds the job and lifecycle leases (the stream stopped, or the run loop between
-    two batches)."""
+    two batches); with `lease` (the job lease) its table writes are fenced by it."""
+    leases = [lease] if lease else []
     if not user_id:
         raise SessionsError("forget needs a user id: --user U")
     started = time.monotonic()
@@ -219,7 +221,7 @@ def forget_unlocked(config: SessionsConfig, spark: SparkSession, user_id: str) -
     removed: dict[str, int] = {}
     marker = read_restore_marker(config.checkpoint)
     if marker is not None:  # a forget killed inside its restore: finish that restore first
-        restore_unlocked(config, marker["savepoint_id"], None, True, spark)
+        restore_unlocked(config, marker["savepoint_id"], None, True, spark, lease=lease)
     live = _live_rows(spark, config, user_id) if inspect_checkpoint(config.checkpoint).last_committed_batch is not None \
         else 0
     removed["live_state_events"] = live
@@ -228,12 +230,12 @@ def forget_unlocked(config: SessionsConfig, spark: SparkSession, user_id: str) -
     removed["savepoint_rows"], removed["savepoints_changed"], savepoint_tables = _erase_savepoints(config, spark,
                                                                                                    user_id)
     if live:
-        result = restore_unlocked(config, erased_at.savepoint_id, None, False, spark)
+        result = restore_unlocked(config, erased_at.savepoint_id, None, False, spark, lease=lease)
         if result.previous_checkpoint:  # the replaced checkpoint's state files hold U
             _remove(Path(result.previous_checkpoint))
-    removed["raw_events"] = _erase_rows(config, config.raw_events_table, user_id, has_raw=True)
-    removed["sessions"] = _erase_rows(config, config.sessions_table, user_id, has_raw=False)
-    removed["quarantine"] = _erase_rows(config, config.quarantine_table, user_id, has_raw=True)
+    removed["raw_events"] = _erase_rows(config, config.raw_events_table, user_id, True, leases)
+    removed["sessions"] = _erase_rows(config, config.sessions_table, user_id, False, leases)
+    removed["quarantine"] = _erase_rows(config, config.quarantine_table, user_id, True, leases)
     removed["landed_lines"] = _erase_landed(config, user_id)
     removed["set_aside_checkpoints"] = _remove_set_aside(config)
     purged = sum(_purge_old_versions(config, uri) for uri in
@@ -318,8 +320,8 @@ def forget(config: SessionsConfig, user_id: str, spark: SparkSession | None = No
     from pipelines.runtime import get_spark, spark_failures
     from state_store.lifecycle import lifecycle_locks
 
-    with lifecycle_locks(config, "forget"), spark_failures(config):
-        return forget_unlocked(config, spark or get_spark(config), user_id)
+    with lifecycle_locks(config, "forget") as held, spark_failures(config):
+        return forget_unlocked(config, spark or get_spark(config), user_id, lease=held)
 
 
 def verify(config: SessionsConfig, user_id: str, spark: SparkSession | None = None) -> ForgetVerification:

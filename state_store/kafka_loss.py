@@ -45,7 +45,7 @@ def accept_loss(config: SessionsConfig) -> AcceptedLoss:
         raise ConfigError("accept-loss needs SESSIONS_KAFKA_BOOTSTRAP and SESSIONS_KAFKA_TOPIC: it accepts messages "
                           "lost from a Kafka topic")
     topic = config.kafka_topic
-    with waiting_lease(config.lease_dir, "ingest", "accept-loss", config.lease_ttl_s):
+    with waiting_lease(config.lease_uri, "ingest", "accept-loss", config.lease_ttl_s, config.lease_wait_s) as held:
         table = open_raw_table(config)
         recorded = recorded_offsets(table, topic)
         found = losses_now(config, recorded)
@@ -63,7 +63,8 @@ def accept_loss(config: SessionsConfig) -> AcceptedLoss:
             rows.append((source_name(topic, loss.partition), loss.first, LOST_REASON, what))
             accepted.append({"partition": loss.partition, "first": loss.first, "last": loss.last,
                              "resumes_at": loss.resume, "what": what})
-        appender = Appender(config, latest_seq(table) if table is not None else 0, latest_clock(table))
+        appender = Appender(config, latest_seq(table) if table is not None else 0, latest_clock(table), leases=[held],
+                            version=table.version() if table is not None else None)
         appender.append_rejected(rows, {**offsets_metadata(topic, next_offsets),
                                         "accepted_loss": f"{len(rows)} gap(s) of {topic}"})
         for loss in found:

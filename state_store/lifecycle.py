@@ -5,7 +5,8 @@ from __future__ import annotations
 
 import shutil
 import time
-from contextlib import ExitStack
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 import pyarrow as pa
@@ -27,6 +28,7 @@ from pipelines.guards import (
     LIFECYCLE,
     job_lock,
 )
+from pipelines.locks import Lease
 from pipelines.operator import StateOperator
 from pipelines.operator_registry import for_layout, for_new_checkpoint
 from pipelines.runtime import get_spark, spark_failures
@@ -38,12 +40,12 @@ from state_store.savepoints import SavepointStore
 from state_store.state import read_state, repartition_state
 
 
-def lifecycle_locks(config: SessionsConfig, what: str) -> ExitStack:
-    """Restore and rescale: no other lifecycle operation, and the stream stopped (they replace its checkpoint)."""
-    stack = ExitStack()
-    stack.enter_context(job_lock(config, what, name=LIFECYCLE))
-    stack.enter_context(job_lock(config, what, name=JOB))
-    return stack
+@contextmanager
+def lifecycle_locks(config: SessionsConfig, what: str) -> Iterator[Lease]:
+    """Restore, rescale, erasure: no other lifecycle operation, and the stream stopped (they replace its checkpoint
+    and rewrite its tables); the job lease, which their writes are fenced by."""
+    with job_lock(config, what, name=LIFECYCLE), job_lock(config, what, name=JOB) as held:
+        yield held
 
 
 def _spark(config: SessionsConfig, spark: SparkSession | None) -> SparkSession:
@@ -101,8 +103,8 @@ def restore(config: SessionsConfig, savepoint: str = "latest", partitions: int |
     the canonical Delta form alone (the old checkpoint is kept aside, not deleted)."""
     if partitions is not None:
         _check_partitions(partitions, for_new_checkpoint(), config.state_buckets)
-    with lifecycle_locks(config, "restore"), spark_failures(config):
-        return restore_unlocked(config, savepoint, partitions, migrate, spark)
+    with lifecycle_locks(config, "restore") as held, spark_failures(config):
+        return restore_unlocked(config, savepoint, partitions, migrate, spark, lease=held)
 
 
 # ---- rescale -----------------------------------------------------------------------------------
@@ -116,7 +118,7 @@ def rescale(config: SessionsConfig, partitions: int, spark: SparkSession | None 
     else:
         _check_partitions(partitions, for_new_checkpoint(), config.state_buckets)
     started = time.monotonic()
-    with lifecycle_locks(config, "rescale"), spark_failures(config):
+    with lifecycle_locks(config, "rescale") as held, spark_failures(config):
         info = inspect_checkpoint(config.checkpoint)
         if info.last_committed_batch is None:
             raise NoCommittedBatch(f"nothing to rescale: no committed batch in {config.checkpoint}")
@@ -143,7 +145,8 @@ def rescale(config: SessionsConfig, partitions: int, spark: SparkSession | None 
                                     f"{saved.savepoint_id}; restore it with `sessionctl restore --savepoint "
                                     f"{saved.savepoint_id} --partitions {partitions}`")
         else:
-            restore_unlocked(config.with_(state_store=info.provider), saved.savepoint_id, partitions, False, spark)
+            restore_unlocked(config.with_(state_store=info.provider), saved.savepoint_id, partitions, False, spark,
+                             lease=held)
         return RescaleResult(partitions_before=before,
                              partitions_after=inspect_checkpoint(config.checkpoint).partitions,
                              method=method, savepoint_id=saved.savepoint_id, rows=saved.rows,

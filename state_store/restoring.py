@@ -25,12 +25,14 @@ from pipelines.checkpoint import (
 )
 from pipelines.config import SessionsConfig
 from pipelines.errors import RestoreIncomplete, SavepointDamaged, StateMismatch
+from pipelines.fencing import fenced_delete
 from pipelines.guards import ensure_tables
+from pipelines.locks import Lease
 from pipelines.operator_registry import for_new_checkpoint
 from pipelines.runtime import get_spark
 from pipelines.sessionize import rewalk, rows_table
 from pipelines.source import BOOTSTRAP_FILE
-from pipelines.storage import open_table, table_exists
+from pipelines.storage import storage_options, table_exists
 from pipelines.stream import start_query
 from state_store.preflight import record_restore, refusals
 from state_store.results import RestoreResult, SavepointInfo
@@ -104,20 +106,22 @@ def _set_aside(checkpoint: Path) -> str | None:
     return str(target)
 
 
-def _roll_back_outputs(config: SessionsConfig, saved: SavepointInfo) -> dict[str, int]:
-    """Remove what the job wrote after the savepoint; the replay writes it again, exactly once."""
+def _roll_back_outputs(config: SessionsConfig, saved: SavepointInfo, lease: Lease | None) -> dict[str, int]:
+    """Remove what the job wrote after the savepoint; the replay writes it again, exactly once. Fenced by the job
+    lease: a stream that lost it to this restore can no longer commit to these tables."""
     removed = {}
     for name, uri, version in (("sessions", config.sessions_table, saved.sessions_version),
                                ("quarantine", config.quarantine_table, saved.quarantine_version)):
         if table_exists(config, uri):
-            metrics = open_table(config, uri).delete(f"written_version > {int(version)}")
-            removed[name] = int(metrics.get("num_deleted_rows", 0) or 0)
+            removed[name] = fenced_delete(uri, f"written_version > {int(version)}", [lease] if lease else [],
+                                          storage_options(config, uri))
     return removed
 
 
 def restore_unlocked(config: SessionsConfig, savepoint: str, partitions: int | None, migrate: bool,
-                     spark: SparkSession | None) -> RestoreResult:
-    """The restore, for a caller that holds the job and lifecycle leases (state_store.lifecycle)."""
+                     spark: SparkSession | None, lease: Lease | None = None) -> RestoreResult:
+    """The restore, for a caller that holds the job and lifecycle leases (state_store.lifecycle); with `lease` (the
+    job lease) its writes are fenced by it."""
     started = time.monotonic()
     store = SavepointStore.of(config)
     saved = store.get(savepoint)
@@ -143,12 +147,12 @@ def restore_unlocked(config: SessionsConfig, savepoint: str, partitions: int | N
             "watermark_ms": saved.watermark_ms, "lateness_ms": config.lateness_ms,
         }))
         outputs_rolled_back = True  # from here the tables may differ from what the old checkpoint wrote
-        removed = _roll_back_outputs(config, saved)
+        removed = _roll_back_outputs(config, saved, lease)
         ensure_tables(config)
         # Only the bootstrap batch (and the empty batch after it): events after the savepoint are the next
         # catch-up's or run's to process.
         query, _ = start_query(spark, target, meta, operator, {"availableNow": True},
-                               source_options={"targetSeq": saved.source_seq}, initial_rows=initial)
+                               source_options={"targetSeq": saved.source_seq}, initial_rows=initial, lease=lease)
         query.awaitTermination()
         failure = query.exception()
         if failure is not None:

@@ -43,6 +43,10 @@ FILE_ROWS = 2_000_000      # rows per data file at most: a task's share beyond i
 ROW_GROUP_ROWS = 131_072   # rows buffered per Parquet row group (a task holds about this many rows at a time)
 READ_BATCH_ROWS = 65_536   # rows per batch when the executors read a savepoint's files back
 STATS_STRING_BYTES = 64    # string min/max in the Delta statistics: at most this long (parquet-rs' truncation)
+# zstd: a quarter smaller than snappy and no slower to write on rows shaped like the lifecycle benchmark's (200k users
+# hash-partitioned into 4 files: 3.7 vs 5.0 MB, pyarrow alone); every Parquet reader here (pyarrow, delta-rs, Spark)
+# reads it.
+COMPRESSION = "zstd"
 
 CANONICAL_DDL = ("user_id string, session_start timestamp, event_id string, event_time timestamp, "
                  "event_type string, event_count long, page_views long")
@@ -126,9 +130,9 @@ class _DataFile:
     """One Parquet data file being written by a task: rows, partial checksum and statistics as they go in."""
 
     def __init__(self, fs: Any, root: str, partition: int) -> None:
-        self.name = f"part-{partition:05d}-{uuid.uuid4()}.snappy.parquet"  # unique per task attempt
+        self.name = f"part-{partition:05d}-{uuid.uuid4()}.zstd.parquet"  # unique per task attempt
         self.stream = fs.open_output_stream(f"{root}/{self.name}")
-        self.writer = pq.ParquetWriter(self.stream, state_format.CANONICAL_SCHEMA, compression="snappy")
+        self.writer = pq.ParquetWriter(self.stream, state_format.CANONICAL_SCHEMA, compression=COMPRESSION)
         self.rows, self.hash_sum, self.stats = 0, 0, _FileStats()
 
     def write(self, rows: pa.Table) -> None:

@@ -175,6 +175,7 @@ def test_failed_restore_leaves_a_known_next_step(tmp_path, spark, monkeypatch):
     """A restore that breaks before touching the tables puts the old checkpoint back (the old job goes on);
     one that breaks after the roll-back says to run it again, and the rerun ends exactly-once."""
     import state_store.lifecycle as lifecycle
+    import state_store.restoring as restoring
 
     config = _config(tmp_path, "hdfs", str(tmp_path / "savepoints"))
     chunks = _chunks(seed=13, parts=4)
@@ -189,14 +190,14 @@ def test_failed_restore_leaves_a_known_next_step(tmp_path, spark, monkeypatch):
         raise OSError("injected: disk full")
 
     with monkeypatch.context() as patch:
-        patch.setattr(lifecycle, "write_job_metadata", broken)
+        patch.setattr(restoring, "write_job_metadata", broken)
         with pytest.raises(RestoreIncomplete, match="previous checkpoint is back in place"):
             restore(config, "latest", spark=spark)
     assert inspect_checkpoint(config.checkpoint).last_committed_batch == batch_before
     assert _sessions(config) == sessions_before
 
     with monkeypatch.context() as patch:
-        patch.setattr(lifecycle, "start_query", broken)
+        patch.setattr(restoring, "start_query", broken)
         with pytest.raises(RestoreIncomplete, match="run the same restore again") as incomplete:
             restore(config, "latest", spark=spark)
     assert incomplete.value.next_step == "run the same restore again"
