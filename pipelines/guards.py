@@ -120,6 +120,9 @@ def checkpoint_metadata(config: SessionsConfig) -> tuple[JobMetadata, StateOpera
 # before it releases the lease; a request for a lease that is gone is stale and ignored by the next stream.
 
 STOP_REQUEST = "stop.request.json"
+# An erasure request (`sessionctl forget` beside a running stream): the stream applies it between two batches and
+# goes on. It names the user until the stream answers, then it is removed (the answer names only a keyed hash).
+ERASE_REQUEST = "erase.request.json"
 
 
 @dataclass(frozen=True)
@@ -129,10 +132,15 @@ class StopRequest:
     savepoint: bool    # take the savepoint of the last batch as part of the stop
     requested_by: str
     requested_at: str
+    erase_user: str | None = None  # an erasure request: the stream erases this user between batches, not stop
 
     @property
     def response_path_name(self) -> str:
         return f"stop.response-{self.token}.json"
+
+    @property
+    def name(self) -> str:
+        return ERASE_REQUEST if self.erase_user is not None else STOP_REQUEST
 
 
 def _store(config: SessionsConfig) -> LeaseStore:
@@ -166,18 +174,32 @@ def request_stop(config: SessionsConfig, stream: LeaseInfo | Lease, savepoint: b
     return request
 
 
+def request_erasure(config: SessionsConfig, stream: LeaseInfo | Lease, user_id: str) -> StopRequest:
+    """Ask the stream holding `stream` to erase `user_id` between two batches (one request at a time)."""
+    current = _read_json(config, ERASE_REQUEST)
+    if current is not None and current.get("run_token") == stream.token and current.get("erase_user") == user_id:
+        return StopRequest(**current)
+    request = StopRequest(token=uuid.uuid4().hex, run_token=stream.token, savepoint=False,
+                          requested_by=f"pid {os.getpid()} on {socket.gethostname()}",
+                          requested_at=dt.datetime.now(dt.timezone.utc).isoformat(), erase_user=user_id)
+    _write_json(config, ERASE_REQUEST, asdict(request))
+    return request
+
+
 def pending_stop(config: SessionsConfig, run: LeaseInfo | Lease) -> StopRequest | None:
-    """The stop request for the stream holding lease `run`, if one was made (checked between batches)."""
-    current = _read_json(config, STOP_REQUEST)
-    if current is None or current.get("run_token") != run.token:
-        return None
-    return StopRequest(**current)
+    """The stop request -- or else an erasure request -- for the stream holding lease `run`, if one was made (checked
+    between batches)."""
+    for name in (STOP_REQUEST, ERASE_REQUEST):
+        current = _read_json(config, name)
+        if current is not None and current.get("run_token") == run.token:
+            return StopRequest(**current)
+    return None
 
 
 def _withdraw(config: SessionsConfig, request: StopRequest) -> None:
-    current = _read_json(config, STOP_REQUEST)
+    current = _read_json(config, request.name)
     if current is not None and current.get("token") == request.token:
-        _store(config).delete(STOP_REQUEST)
+        _store(config).delete(request.name)
 
 
 def answer_stop(config: SessionsConfig, request: StopRequest, answer: dict[str, Any]) -> None:

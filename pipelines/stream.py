@@ -251,9 +251,11 @@ class _RetryingIngest:
 def run_continuously(config: SessionsConfig, spark: SparkSession | None = None, stop: threading.Event | None = None,
                      poll_seconds: float = 5.0,
                      on_progress: Callable[[RunSummary, MicroBatchSink], None] | None = None,
-                     on_stop_request: OnStop | None = None) -> RunSummary:
+                     on_stop_request: OnStop | None = None, on_erasure: OnErase | None = None) -> RunSummary:
     """Ingest and process until `stop` is set, Ctrl-C, or a stop request (`sessionctl stop`) names this run's
     lease; then stop the query between batches. A stop request is answered before the lease is released.
+    An erasure request (`sessionctl forget` beside this stream) is applied between two batches by `on_erasure`,
+    answered, and the stream goes on from the checkpoint the erasure left.
     A source that cannot be read (SourceUnavailable, SourceDataLost, StorageUnavailable of the landing) does not end
     the run: logged (logger `pipelines.stream`) as its one line, counted in the summary, retried with backoff
     (_RetryingIngest); a stop is still noticed within a second while it waits."""
@@ -262,43 +264,74 @@ def run_continuously(config: SessionsConfig, spark: SparkSession | None = None, 
     with _job(config, "run", spark) as run:
         summary = run.summary
         request: StopRequest | None = None
-        if not stop.is_set():  # a Ctrl-C while the JVM started: stop before the query does
-            ingest_now = _RetryingIngest(config, summary, poll_seconds, run.lease)
-            wait = ingest_now()
-            with spark_failures(config):
-                begun = time.monotonic()
-                query, sink = start_query(run.spark, config, run.meta, run.operator,
-                                          {"processingTime": f"{poll_seconds} seconds"}, lease=run.lease)
-                summary.timed("query_start", begun)
-            begun = time.monotonic()
-            try:
-                next_poll = time.monotonic() + wait
-                next_progress = time.monotonic() + poll_seconds
-                while not stop.is_set() and query.isActive:
-                    run.lease.check()  # between polls too: a lost lease ends the run (LeaseLost), not the caller
-                    try:
-                        request = pending_stop(config, run.lease)
-                    except StorageUnavailable:  # an S3 lease store that does not answer now: asked again next tick
-                        request = None
-                    if request is not None:
-                        break
-                    if time.monotonic() >= next_poll:
-                        next_poll = time.monotonic() + ingest_now()
-                    if time.monotonic() >= next_progress:
-                        if summary.absorb_progress(query) and on_progress:
-                            on_progress(summary, sink)
-                        next_progress = time.monotonic() + poll_seconds
-                    stop.wait(tick)
-            except KeyboardInterrupt:
-                pass
-            finally:
-                _drain(query, config.stop_timeout_s)
-                summary.timed("stream", begun)
-            _close(run, query, sink, config)
+        ingest_now = _RetryingIngest(config, summary, poll_seconds, run.lease)
+        wait = 0.0 if stop.is_set() else ingest_now()
+        while not stop.is_set():  # a Ctrl-C while the JVM started: stop before the query does
+            request = _run_query(config, run, stop, tick, poll_seconds, ingest_now, wait, on_progress)
+            if request is None or request.erase_user is None:
+                break
+            _answer_erasure(config, run, request, on_erasure)
+            request, wait = None, 0.0
         summary.stopped_by = "stop request" if request is not None else "caller"
         if request is not None:
             _answer(config, run, request, on_stop_request)
     return summary
+
+
+def _run_query(config: SessionsConfig, run: _Run, stop: threading.Event, tick: float, poll_seconds: float,
+               ingest_now: _RetryingIngest, wait: float,
+               on_progress: Callable[[RunSummary, MicroBatchSink], None] | None) -> StopRequest | None:
+    """One query of the run, until the caller stops it or a request (stop or erasure) arrives; drained and closed."""
+    summary, request = run.summary, None
+    with spark_failures(config):
+        begun = time.monotonic()
+        query, sink = start_query(run.spark, config, run.meta, run.operator,
+                                  {"processingTime": f"{poll_seconds} seconds"}, lease=run.lease)
+        summary.timed("query_start", begun)
+    begun = time.monotonic()
+    try:
+        next_poll = time.monotonic() + wait
+        next_progress = time.monotonic() + poll_seconds
+        while not stop.is_set() and query.isActive:
+            run.lease.check()  # between polls too: a lost lease ends the run (LeaseLost), not the caller
+            try:
+                request = pending_stop(config, run.lease)
+            except StorageUnavailable:  # an S3 lease store that does not answer now: asked again next tick
+                request = None
+            if request is not None:
+                break
+            if time.monotonic() >= next_poll:
+                next_poll = time.monotonic() + ingest_now()
+            if time.monotonic() >= next_progress:
+                if summary.absorb_progress(query) and on_progress:
+                    on_progress(summary, sink)
+                next_progress = time.monotonic() + poll_seconds
+            stop.wait(tick)
+    except KeyboardInterrupt:
+        pass
+    finally:
+        _drain(query, config.stop_timeout_s)
+        summary.timed("stream", begun)
+    _close(run, query, sink, config)
+    return request
+
+
+# Called by the run loop for an erasure request, with the query stopped and the job lease held; returns the answer
+# (the erasure's result). The state layer does the erasure (state_store.erasure); this layer does not know how.
+OnErase = Callable[[StopRequest, SparkSession, Lease], "dict[str, Any]"]
+
+
+def _answer_erasure(config: SessionsConfig, run: _Run, request: StopRequest, on_erase: OnErase | None) -> None:
+    answer: dict[str, Any] = {"erased": None, "error": None}
+    try:
+        if on_erase is None:
+            raise SessionsError("this stream cannot apply erasures (no erasure handler): stop it and run forget")
+        answer["erased"] = on_erase(request, run.spark, run.lease)
+    except SessionsError as error:
+        answer["error"] = str(error).splitlines()[0] if str(error) else type(error).__name__
+    finally:
+        answer_stop(config, request, answer)
+    run.meta, run.operator = checkpoint_metadata(config)  # the erasure may have restored the checkpoint
 
 
 def _answer(config: SessionsConfig, run: _Run, request: StopRequest, on_stop: OnStop | None) -> None:

@@ -32,7 +32,7 @@ from pyspark.sql import SparkSession
 
 from pipelines.checkpoint import inspect_checkpoint, read_restore_marker
 from pipelines.config import SessionsConfig
-from pipelines.errors import NoCommittedBatch, SessionsError
+from pipelines.errors import NoCommittedBatch, SessionsError, StopIncomplete
 from pipelines.fencing import fenced_delete
 from pipelines.ingest.landing import INGESTED_DIR
 from pipelines.locks import Lease
@@ -315,13 +315,47 @@ def verify_forgotten(config: SessionsConfig, spark: SparkSession, user_id: str) 
     return ForgetVerification(user_hash(config, user_id), not any(found.values()), found)
 
 
-def forget(config: SessionsConfig, user_id: str, spark: SparkSession | None = None) -> ForgetResult:
-    """Erase U everywhere (see the module docstring); the stream must be stopped or take the request itself."""
+def forget(config: SessionsConfig, user_id: str, spark: SparkSession | None = None,
+           timeout_s: float | None = None) -> ForgetResult:
+    """Erase U everywhere (see the module docstring). A running stream (any host) is asked to do it between two
+    batches and goes on; otherwise it is done here under the job and lifecycle leases."""
+    from pipelines.guards import request_erasure, running_stream, take_stop_answer, withdraw_stop
     from pipelines.runtime import get_spark, spark_failures
     from state_store.lifecycle import lifecycle_locks
 
-    with lifecycle_locks(config, "forget") as held, spark_failures(config):
-        return forget_unlocked(config, spark or get_spark(config), user_id, lease=held)
+    if not user_id:
+        raise SessionsError("forget needs a user id: --user U")
+    stream = running_stream(config)
+    if stream is None or stream.what != "run":
+        with lifecycle_locks(config, "forget") as held, spark_failures(config):
+            return forget_unlocked(config, spark or get_spark(config), user_id, lease=held)
+    request = request_erasure(config, stream, user_id)
+    patience = timeout_s if timeout_s is not None else config.stop_timeout_s * 2
+    deadline = time.monotonic() + patience
+    while True:
+        answer = take_stop_answer(config, request)
+        if answer is not None:
+            break
+        holder = running_stream(config)
+        if holder is None or holder.token != stream.token:
+            answer = take_stop_answer(config, request)
+            if answer is not None:
+                break
+            withdraw_stop(config, request)
+            raise StopIncomplete(f"the stream ({stream.describe()}) went away before it erased the user: run the "
+                                 "same forget again (the stream is stopped now, so it runs here)",
+                                 next_step="run the same forget again")
+        if time.monotonic() > deadline:
+            withdraw_stop(config, request)
+            raise StopIncomplete(f"the stream ({stream.describe()}) did not take the erasure within {patience:g} s: run "
+                                 "the same forget again", next_step="run the same forget again")
+        time.sleep(0.5)
+    if answer.get("error") or not answer.get("erased"):
+        raise StopIncomplete(f"the stream could not erase the user ({answer.get('error')}): run the same forget again",
+                             next_step="run the same forget again")
+    erased = answer["erased"]
+    return ForgetResult(erased["erasure_id"], erased["user_hash"], erased["removed"], erased["purged_files"],
+                        erased["seconds"])
 
 
 def verify(config: SessionsConfig, user_id: str, spark: SparkSession | None = None) -> ForgetVerification:

@@ -22,6 +22,7 @@ from pipelines.guards import (
     take_stop_answer,
     withdraw_stop,
 )
+from pipelines.locks import Lease
 from pipelines.runtime import spark_failures
 from pipelines.stream import RunSummary, run_continuously
 from pipelines.tables import MicroBatchSink
@@ -41,8 +42,14 @@ def run_stream(config: SessionsConfig, spark: SparkSession | None = None, stop: 
                 spark_failures(config):
             return savepoint_last_batch(config, "stop", running).to_dict()
 
+    def erase_between_batches(request: StopRequest, running: SparkSession, lease: Lease) -> dict[str, Any]:
+        from state_store.erasure import forget_unlocked
+
+        with job_lock(config, "forget", name=LIFECYCLE, wait_s=config.stop_timeout_s), spark_failures(config):
+            return forget_unlocked(config, running, request.erase_user or "", lease=lease).to_dict()
+
     return run_continuously(config, spark=spark, stop=stop, poll_seconds=poll_seconds, on_progress=on_progress,
-                            on_stop_request=savepoint_at_stop)
+                            on_stop_request=savepoint_at_stop, on_erasure=erase_between_batches)
 
 
 def stop_stream(config: SessionsConfig, savepoint: bool = False, timeout_s: float | None = None) -> StopResult:

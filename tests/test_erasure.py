@@ -102,3 +102,55 @@ def test_forget_twice_is_a_no_op_the_second_time(spark, tmp_path):
     again = forget(config, USER, spark=spark)
     assert set(again.removed.values()) == {0}, again.removed
     assert verify_forgotten(config, spark, USER).clean
+
+
+def _caught_up(config) -> bool:
+    from pipelines.checkpoint import inspect_checkpoint
+    from pipelines.ingest import latest_ingest_seq
+
+    offset = inspect_checkpoint(config.checkpoint).source_offset or {}
+    return offset.get("seq") == latest_ingest_seq(config.raw_events_table) and bool(offset.get("settled"))
+
+
+def _wait(predicate, seconds: float, what: str, process) -> None:
+    import time
+
+    deadline = time.monotonic() + seconds
+    while time.monotonic() < deadline:
+        if process.poll() is not None:
+            raise AssertionError(f"the stream exited ({process.returncode}) while waiting for {what}: "
+                                 f"{process.stderr.read()[-2000:]}")
+        if predicate():
+            return
+        time.sleep(1)
+    raise AssertionError(f"timed out waiting for {what}")
+
+
+def test_forget_beside_a_running_stream(spark, tmp_path):
+    """`sessionctl forget` while `sessionctl run` works: the stream erases U between two batches and goes on; the rest
+    of the data (without U) lands and is processed by the same stream; stopped, the job holds exactly the oracle's
+    sessions of the stream without U, and U is nowhere."""
+    config = make_config(tmp_path, "rocksdb")
+    batches = stream_scenario(SEED, 6, False, GAP_MS, LATENESS_MS)
+    land_batches(config, batches[:CUT])
+    env = config_env(config)
+    run = subprocess.Popen([tool("sessionctl"), "run", "--poll-seconds", "1"], env=env, stdout=subprocess.PIPE,
+                           stderr=subprocess.PIPE, text=True)
+    try:
+        _wait(lambda: _caught_up(config), 300, "the first batches", run)
+        done = subprocess.run([tool("sessionctl"), "forget", "--user", USER, "--json"], env=env, capture_output=True,
+                              text=True, timeout=600)
+        assert done.returncode == 0, done.stderr[-2000:]
+        assert json.loads(done.stdout)["removed"]["live_state_events"] > 0
+        assert run.poll() is None, "the stream goes on after the erasure"
+        land_batches(config, _without(batches[CUT:], USER), start=CUT)
+        _wait(lambda: _caught_up(config), 300, "the rest of the data", run)
+        stop = subprocess.run([tool("sessionctl"), "stop", "--json"], env=env, capture_output=True, text=True,
+                              timeout=600)
+        assert stop.returncode == 0, stop.stderr[-2000:]
+        assert run.wait(timeout=300) == 0, run.stderr.read()[-2000:]
+    finally:
+        if run.poll() is None:
+            run.kill()
+    _assert_is_the_oracle_without_the_user(spark, config, batches)
+    assert verify_forgotten(config, spark, USER).clean
