@@ -1,7 +1,6 @@
 """The one configuration object, read from the environment (the settings: README.md, "Configuration")."""
 from __future__ import annotations
 
-import json
 import math
 import os
 from collections.abc import Mapping
@@ -10,8 +9,9 @@ from pathlib import Path
 from typing import Any, Literal
 
 from pipelines.errors import ConfigError
+from pipelines.kafka_conf import check_kafka_settings, kafka_settings
 
-__all__ = ["ConfigError", "SessionsConfig"]  # ConfigError lives with the other errors; importable from here too
+__all__ = ["ConfigError", "SessionsConfig", "kafka_settings"]  # ConfigError lives with the other errors; importable from here too
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 Provider = Literal["rocksdb", "hdfs"]  # the state store providers (SESSIONS_STATE_STORE)
@@ -19,9 +19,18 @@ PROVIDERS: tuple[Provider, ...] = ("rocksdb", "hdfs")
 OPERATORS = ("jvm",)  # SESSIONS_OPERATOR (pipelines.operator; the Python operator is retired: operator_buckets)
 MAX_LEASE_TTL_S = 86_400.0  # SESSIONS_LEASE_TTL_S at most (one day): the renewal thread waits TTL/3 at a time
 DEFAULT_OPERATOR = "jvm"
+# Upper bounds of every number setting unless it declares its own: a Java int (several go to Spark as one), and for
+# seconds, minutes and hours a billion (a wait of that many seconds still fits Python's thread timeouts).
+MAX_INT = 2**31 - 1
+MAX_FLOAT = 1e9
+# Settings that delete data have floors; below them only with this variable set in the environment (never from run
+# config: SessionsResource has no such field). erasure_deadline_hours is exempt: purging early is the erasure's point.
+MIN_VACUUM_RETENTION_HOURS = 24
+ALLOW_SHORT_RETENTION = "SESSIONS_ALLOW_SHORT_RETENTION"
 
 
-def _int(env: Mapping[str, str], name: str, default: int | None, minimum: float = 1) -> int | None:
+def _int(env: Mapping[str, str], name: str, default: int | None, minimum: float = 1,
+         maximum: float = MAX_INT) -> int | None:
     raw = env.get(name)
     if raw is None or not raw.strip():
         return default
@@ -31,11 +40,13 @@ def _int(env: Mapping[str, str], name: str, default: int | None, minimum: float 
         raise ConfigError(f"{name}={raw!r} is not an integer") from None
     if value < minimum:
         raise ConfigError(f"{name}={value} must be >= {minimum:g}")
+    if value > maximum:
+        raise ConfigError(f"{name}={value} must be <= {maximum:g}")
     return value
 
 
 def _float(env: Mapping[str, str], name: str, default: float | None, minimum: float = 0,
-           inclusive: bool = False) -> float | None:
+           inclusive: bool = False, maximum: float = MAX_FLOAT) -> float | None:
     raw = env.get(name)
     if raw is None or not raw.strip():
         return default
@@ -47,6 +58,8 @@ def _float(env: Mapping[str, str], name: str, default: float | None, minimum: fl
         raise ConfigError(f"{name}={raw!r} is not a finite number")
     if value < minimum or (value == minimum and not inclusive):
         raise ConfigError(f"{name}={raw} must be {'>=' if inclusive else '>'} {minimum:g}")
+    if value > maximum:
+        raise ConfigError(f"{name}={raw} must be <= {maximum:g}")
     return value
 
 
@@ -60,42 +73,24 @@ def _bool(env: Mapping[str, str], name: str, default: bool) -> bool:
 
 
 def _setting(default: Any, minimum: float = 1, kind: type | None = None, secret: bool = False,
-             inclusive: bool = False) -> Any:
-    """A setting read from SESSIONS_<NAME> (see env_name); `minimum` bounds numbers (a float must exceed it unless
-    `inclusive`); a `secret` one (it may hold credentials) stays out of the config's repr."""
+             inclusive: bool = False, maximum: float | None = None) -> Any:
+    """A setting read from SESSIONS_<NAME> (see env_name); `minimum` and `maximum` bound numbers (a float must exceed
+    the minimum unless `inclusive`; the maximum defaults to MAX_INT or MAX_FLOAT); a `secret` one (it may hold
+    credentials) stays out of the config's repr."""
+    kind = kind or type(default)
     return field(default=default, repr=not secret,
-                 metadata={"minimum": minimum, "kind": kind or type(default), "inclusive": inclusive})
+                 metadata={"minimum": minimum, "kind": kind, "inclusive": inclusive,
+                           "maximum": maximum if maximum is not None else MAX_FLOAT if kind is float else MAX_INT})
 
 
-def kafka_settings(raw: str, name: str = "SESSIONS_KAFKA_CONF") -> dict[str, str]:
-    """Consumer settings passed through to librdkafka: a JSON object (`{"security.protocol": "SASL_SSL"}`; the form
-    for values holding commas) or `key=value,key=value`. Errors name the key, never a value (it may be a password)."""
-    text = raw.strip()
-    if not text:
-        return {}
-    if text.startswith("{"):
-        try:
-            data = json.loads(text)
-        except ValueError:
-            raise ConfigError(f"{name} starts with '{{' but is not a JSON object") from None
-        if not isinstance(data, dict):
-            raise ConfigError(f"{name} is not a JSON object")
-        settings = {}
-        for key, value in data.items():
-            if isinstance(value, (dict, list)) or value is None:
-                raise ConfigError(f"{name}: the value of {key!r} must be a string, a number or a boolean")
-            settings[str(key).strip()] = str(value).lower() if isinstance(value, bool) else str(value)
-        return settings
-    settings = {}
-    for number, item in enumerate(text.split(","), 1):
-        if not item.strip():
-            continue
-        key, sep, value = item.partition("=")
-        if not sep or not key.strip():  # not echoed: it may be the piece of a password after a comma
-            raise ConfigError(f"{name}: item {number} is not key=value (the form is key=value,key=value; a value "
-                              "with a comma needs the JSON object form)")
-        settings[key.strip()] = value.strip()
-    return settings
+def check_setting(setting: str, value: int | float, label: str) -> Any:
+    """`value` for the setting named `setting`, checked against the bounds SESSIONS_<NAME> has (an override such as
+    `sessionctl compact --keep-last`); a ConfigError naming `label` otherwise."""
+    meta = next(f for f in fields(SessionsConfig) if f.name == setting).metadata
+    env = {label: str(value)}
+    if meta["kind"] is float:
+        return _float(env, label, None, meta["minimum"], meta["inclusive"], meta["maximum"])
+    return _int(env, label, None, meta["minimum"], meta["maximum"])
 
 
 def _lease_uri(raw: str, checkpoint_uri: str) -> str:
@@ -110,6 +105,31 @@ def _lease_uri(raw: str, checkpoint_uri: str) -> str:
     if "://" in uri:
         raise ConfigError(f"SESSIONS_LEASE_URI={raw!r}: expected a shared path or s3://bucket/prefix")
     return str(Path(uri).resolve())
+
+
+# The data locations (SESSIONS_HOME first): a local one must be a directory, or not exist yet under one.
+PATH_SETTINGS = ("home", "savepoint_uri", "warehouse_uri", "landing_uri", "checkpoint_uri", "lease_uri")
+
+
+def _check_directories(env: Mapping[str, str], home: Path, values: Mapping[str, Any]) -> None:
+    """A local data location that names a file, or lies under one, is refused here in one line, not at the first
+    write as NotADirectoryError."""
+    for setting in PATH_SETTINGS:
+        uri = str(home if setting == "home" else values[setting]).removeprefix("file://")
+        if "://" in uri:
+            continue
+        name = env_name(setting)
+        given = f"{name}={env[name].strip()!r}" if (env.get(name) or "").strip() else f"{name} (unset: {uri})"
+        for path in (Path(uri), *Path(uri).parents):
+            try:
+                if not path.exists():
+                    continue
+                if not path.is_dir():
+                    what = "is a file" if path == Path(uri) else f"lies under {path}, a file"
+                    raise ConfigError(f"{given} {what}, not a directory: point it at a directory")
+            except OSError:  # not readable: the command that uses it says so
+                pass
+            break
 
 
 def env_name(setting: str) -> str:
@@ -163,8 +183,9 @@ class SessionsConfig:
     observe_state_minutes: float = _setting(5.0, minimum=0)  # at most one Spark pass over the state per this
     # Retention (sessionctl compact, the Dagster compaction job and its schedule share them).
     keep_savepoints: int = _setting(5)            # newest complete savepoints kept
-    keep_daily_days: int = _setting(7, minimum=0)  # plus the newest of each of these days
-    vacuum_retention_hours: int = _setting(168, minimum=0)  # Delta VACUUM horizon for the tables
+    keep_daily_days: int = _setting(7, minimum=0, maximum=36_500)  # plus the newest of each of these days
+    # Delta VACUUM horizon for the tables: at least MIN_VACUUM_RETENTION_HOURS unless ALLOW_SHORT_RETENTION.
+    vacuum_retention_hours: int = _setting(168, minimum=0)
     # Erasure (sessionctl forget): older table versions holding an erased user are purged within this many hours
     # (forget purges what is older; compaction then vacuums with at most this horizon while erasures are recorded).
     erasure_deadline_hours: float = _setting(0.0, minimum=0, inclusive=True)
@@ -202,13 +223,14 @@ class SessionsConfig:
             if setting.name == "home":
                 continue
             name, kind, minimum = env_name(setting.name), setting.metadata["kind"], setting.metadata["minimum"]
+            maximum = setting.metadata["maximum"]
             if kind is bool:
                 values[setting.name] = _bool(env, name, setting.default)  # type: ignore[arg-type]
             elif kind is int:
-                values[setting.name] = _int(env, name, setting.default, minimum)  # type: ignore[arg-type]
+                values[setting.name] = _int(env, name, setting.default, minimum, maximum)  # type: ignore[arg-type]
             elif kind is float:
                 values[setting.name] = _float(env, name, setting.default, minimum,  # type: ignore[arg-type]
-                                              setting.metadata["inclusive"])
+                                              setting.metadata["inclusive"], maximum)
             else:
                 values[setting.name] = (env.get(name) or "").strip() or setting.default
         values["state_store"] = values["state_store"].lower()
@@ -234,12 +256,18 @@ class SessionsConfig:
             raise ConfigError(f"SESSIONS_LEASE_TTL_S={values['lease_ttl_s']:g} is too long: at most {MAX_LEASE_TTL_S:g} "
                               "(one day; a holder that died blocks the job for this long)")
         values["lease_uri"] = _lease_uri(values["lease_uri"], values["checkpoint_uri"])
+        _check_directories(env, home, values)
+        if values["vacuum_retention_hours"] < MIN_VACUUM_RETENTION_HOURS and not _bool(env, ALLOW_SHORT_RETENTION, False):
+            raise ConfigError(f"SESSIONS_VACUUM_RETENTION_HOURS={values['vacuum_retention_hours']} is below "
+                              f"{MIN_VACUUM_RETENTION_HOURS}: VACUUM would delete table files a reader, a restore or "
+                              f"the stream may still need; at least {MIN_VACUUM_RETENTION_HOURS}, or set "
+                              f"{ALLOW_SHORT_RETENTION}=true in the environment")
         if bool(values["kafka_bootstrap"]) != bool(values["kafka_topic"]):
             given, missing = (("SESSIONS_KAFKA_BOOTSTRAP", "SESSIONS_KAFKA_TOPIC") if values["kafka_bootstrap"]
                               else ("SESSIONS_KAFKA_TOPIC", "SESSIONS_KAFKA_BOOTSTRAP"))
             raise ConfigError(f"{given} is set but {missing} is not: set both to ingest from Kafka, or neither to "
                               "ingest landing files")
-        kafka_settings(values["kafka_conf"])  # refused now, in one line, rather than at the first ingest
+        check_kafka_settings(kafka_settings(values["kafka_conf"]))  # refused now, in one line, not at the first ingest
         return cls(home=home, **values)
 
     def with_(self, **changes: Any) -> SessionsConfig:

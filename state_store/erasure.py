@@ -319,9 +319,10 @@ def forget(config: SessionsConfig, user_id: str, spark: SparkSession | None = No
            timeout_s: float | None = None) -> ForgetResult:
     """Erase U everywhere (see the module docstring). A running stream (any host) is asked to do it between two
     batches and goes on; otherwise it is done here under the job and lifecycle leases."""
-    from pipelines.guards import request_erasure, running_stream, take_stop_answer, withdraw_stop
+    from pipelines.guards import request_erasure, running_stream
     from pipelines.runtime import get_spark, spark_failures
     from state_store.lifecycle import lifecycle_locks
+    from state_store.stream_control import await_answer
 
     if not user_id:
         raise SessionsError("forget needs a user id: --user U")
@@ -330,26 +331,11 @@ def forget(config: SessionsConfig, user_id: str, spark: SparkSession | None = No
         with lifecycle_locks(config, "forget") as held, spark_failures(config):
             return forget_unlocked(config, spark or get_spark(config), user_id, lease=held)
     request = request_erasure(config, stream, user_id)
-    patience = timeout_s if timeout_s is not None else config.stop_timeout_s * 2
-    deadline = time.monotonic() + patience
-    while True:
-        answer = take_stop_answer(config, request)
-        if answer is not None:
-            break
-        holder = running_stream(config)
-        if holder is None or holder.token != stream.token:
-            answer = take_stop_answer(config, request)
-            if answer is not None:
-                break
-            withdraw_stop(config, request)
-            raise StopIncomplete(f"the stream ({stream.describe()}) went away before it erased the user: run the "
-                                 "same forget again (the stream is stopped now, so it runs here)",
-                                 next_step="run the same forget again")
-        if time.monotonic() > deadline:
-            withdraw_stop(config, request)
-            raise StopIncomplete(f"the stream ({stream.describe()}) did not take the erasure within {patience:g} s: run "
-                                 "the same forget again", next_step="run the same forget again")
-        time.sleep(0.5)
+    answer = await_answer(config, stream, request, timeout_s if timeout_s is not None else config.stop_timeout_s * 2,
+                          withdraw_on_timeout=True)
+    if answer is None:
+        raise StopIncomplete(f"the stream ({stream.describe()}) went away before it erased the user: run the same "
+                             "forget again (with the stream stopped, it runs here)", next_step="run the same forget again")
     if answer.get("error") or not answer.get("erased"):
         raise StopIncomplete(f"the stream could not erase the user ({answer.get('error')}): run the same forget again",
                              next_step="run the same forget again")

@@ -22,7 +22,7 @@ from pipelines.guards import (
     take_stop_answer,
     withdraw_stop,
 )
-from pipelines.locks import Lease
+from pipelines.locks import Lease, LeaseInfo
 from pipelines.runtime import spark_failures
 from pipelines.stream import RunSummary, run_continuously
 from pipelines.tables import MicroBatchSink
@@ -52,6 +52,34 @@ def run_stream(config: SessionsConfig, spark: SparkSession | None = None, stop: 
                             on_stop_request=savepoint_at_stop, on_erasure=erase_between_batches)
 
 
+def await_answer(config: SessionsConfig, stream: LeaseInfo, request: StopRequest, patience: float,
+                 withdraw_on_timeout: bool) -> dict[str, Any] | None:
+    """The stream's answer to `request` (a stop or an erasure), or None when the stream went away without one (the
+    request is withdrawn then); StopIncomplete after `patience` seconds (the request stands unless
+    `withdraw_on_timeout`)."""
+    deadline = time.monotonic() + patience
+    while True:
+        answer = take_stop_answer(config, request)
+        if answer is not None:
+            return answer
+        holder = running_stream(config)
+        if holder is None or holder.token != stream.token:
+            answer = take_stop_answer(config, request)  # answered just before it went away
+            if answer is None:
+                withdraw_stop(config, request)
+            return answer
+        if time.monotonic() > deadline:
+            if withdraw_on_timeout:
+                withdraw_stop(config, request)
+            what = "take the erasure" if request.erase_user is not None else "stop"
+            again = "forget" if request.erase_user is not None else "stop"
+            raise StopIncomplete(f"the stream ({stream.describe()}) did not {what} within {patience:g} s: run "
+                                 f"`sessionctl {again}` again" + ("" if withdraw_on_timeout else
+                                                                  " to wait for it (the request stands)"),
+                                 next_step=f"sessionctl {again}")
+        time.sleep(0.5)
+
+
 def stop_stream(config: SessionsConfig, savepoint: bool = False, timeout_s: float | None = None) -> StopResult:
     """Stop the running stream (this or another process, any host sharing the checkpoint path) after its current
     batch; with `savepoint`, the savepoint of that last batch is taken as part of the stop. Waits for the answer."""
@@ -64,28 +92,15 @@ def stop_stream(config: SessionsConfig, savepoint: bool = False, timeout_s: floa
         raise JobRunning(f"{stream.describe()} holds the job lease and is not a stream: it stops by itself; wait for "
                          f"it", stream.describe(), str(config.lease_dir / "job.lease"))
     request = request_stop(config, stream, savepoint)
-    deadline = started + (timeout_s if timeout_s is not None else config.stop_timeout_s * 2)
-    while True:
-        answer = take_stop_answer(config, request)
-        if answer is not None:
-            break
-        holder = running_stream(config)
-        if holder is None or holder.token != stream.token:
-            answer = take_stop_answer(config, request)  # answered just before it went away
-            if answer is not None:
-                break
-            withdraw_stop(config, request)
-            last = inspect_checkpoint(config.checkpoint).last_committed_batch
-            if request.savepoint:
-                raise StopIncomplete(f"the stream ({stream.describe()}) went away without answering (killed?); it is "
-                                     f"stopped at committed batch {last} without a savepoint: take it with "
-                                     f"`sessionctl savepoint`", next_step="sessionctl savepoint")
-            return StopResult(True, stream.describe(), last, round(time.monotonic() - started, 3))
-        if time.monotonic() > deadline:
-            raise StopIncomplete(f"the stream ({stream.describe()}) did not stop within {deadline - started:g} s; the "
-                                 f"stop request stands and it stops after its current batch: run `sessionctl stop` "
-                                 f"again to wait for it", next_step="sessionctl stop")
-        time.sleep(0.5)
+    patience = timeout_s if timeout_s is not None else config.stop_timeout_s * 2
+    answer = await_answer(config, stream, request, patience, withdraw_on_timeout=False)
+    if answer is None:  # the stream went away without answering
+        last = inspect_checkpoint(config.checkpoint).last_committed_batch
+        if request.savepoint:
+            raise StopIncomplete(f"the stream ({stream.describe()}) went away without answering (killed?); it is "
+                                 f"stopped at committed batch {last} without a savepoint: take it with "
+                                 f"`sessionctl savepoint`", next_step="sessionctl savepoint")
+        return StopResult(True, stream.describe(), last, round(time.monotonic() - started, 3))
     seconds = round(time.monotonic() - started, 3)
     if answer.get("error"):
         raise StopIncomplete(f"the stream stopped at committed batch {answer['last_committed_batch']} but its "

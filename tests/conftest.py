@@ -165,14 +165,18 @@ def read_quarantine(config):
 
 
 def read_open_sessions(spark, config) -> list[tuple]:
-    """The open sessions the state store holds, in the oracle's tuple shape (session_id, user_id, start_ms,
-    last_event_ms, event_count, page_views, "logout" | "inactivity" by the last event), sorted. Read from the
-    canonical state rows with plain Python: rows of one (user, session_start) in time order, a new session
-    after a logout (two sessions may share a start ms)."""
+    """The open sessions the state store holds, in the oracle's tuple shape (open_sessions_of)."""
     from state_store.state import read_state
+
+    return open_sessions_of(read_state(spark, config.checkpoint).collect())
+
+
+def open_sessions_of(rows) -> list[tuple]:
+    """Canonical state rows -> open sessions in the oracle's tuple shape (session_id, user_id, start_ms,
+    last_event_ms, event_count, page_views, "logout" | "inactivity" by the last event), sorted. Plain Python: rows of
+    one (user, session_start) in time order, a new session after a logout (two sessions may share a start ms)."""
     from tests.oracle import oracle_session_id
 
-    rows = read_state(spark, config.checkpoint).collect()
     ms = lambda ts: int(ts.timestamp() * 1000) if ts is not None else None  # noqa: E731
     rows = sorted(rows, key=lambda r: (r["user_id"], ms(r["session_start"]), ms(r["event_time"]), r["event_id"] or ""))
     sessions, current, key = [], None, None
@@ -187,6 +191,14 @@ def read_open_sessions(spark, config) -> list[tuple]:
         current["views"] += r["page_views"]
     return sorted((oracle_session_id(s["user"], s["start"]), s["user"], s["start"], s["last"], s["count"], s["views"],
                    "logout" if s["last_type"] == "logout" else "inactivity") for s in sessions)
+
+
+def assert_late_keys(config, expected) -> None:
+    """The quarantine's `late` rows are exactly the oracle's late events (user, event id, event time)."""
+    late = read_quarantine(config)
+    late = late[late["reason"] == "late"]
+    assert sorted(zip(late["user_id"], late["event_id"], late["event_time_ms"].astype(int))) == \
+        sorted(expected.late_keys)
 
 
 @pytest.fixture(scope="session")

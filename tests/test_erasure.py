@@ -10,7 +10,7 @@ import subprocess
 from pipelines.stream import catch_up
 from state_store.erasure import LOG_TABLE, forget, verify_forgotten
 from state_store.lifecycle import restore, take_savepoint
-from tests.conftest import config_env, make_config, read_open_sessions, read_quarantine, read_sessions, tool
+from tests.conftest import assert_late_keys, config_env, make_config, read_open_sessions, read_sessions, tool
 from tests.datagen import land_batches, stream_scenario
 from tests.oracle import run_oracle
 
@@ -28,10 +28,7 @@ def _assert_is_the_oracle_without_the_user(spark, config, batches) -> None:
     expected = run_oracle(_without(batches, USER), GAP_MS, LATENESS_MS)
     assert read_sessions(config) == sorted(expected.closed)
     assert read_open_sessions(spark, config) == sorted(expected.open_sessions)
-    late = read_quarantine(config)
-    late = late[late["reason"] == "late"]
-    assert sorted(zip(late["user_id"], late["event_id"], late["event_time_ms"].astype(int))) == \
-        sorted(expected.late_keys)
+    assert_late_keys(config, expected)
 
 
 def test_forget_a_user_of_a_stopped_job(spark, tmp_path):

@@ -566,10 +566,30 @@ def test_kafka_settings(tmp_path):
     assert "secret" not in str(raised.value)
     with pytest.raises(ConfigError, match="is not a JSON object"):
         kafka_settings("{nope")
-    owned = make_config(tmp_path, SESSIONS_KAFKA_BOOTSTRAP="b:9092", SESSIONS_KAFKA_TOPIC="t",
-                        SESSIONS_KAFKA_CONF="auto.offset.reset=latest")
-    with pytest.raises(ConfigError, match="may not set auto.offset.reset"):
-        kafka_client.KafkaClient(owned)
+    with pytest.raises(ConfigError, match="may not set auto.offset.reset"):  # refused when the settings are read
+        make_config(tmp_path, SESSIONS_KAFKA_BOOTSTRAP="b:9092", SESSIONS_KAFKA_TOPIC="t",
+                    SESSIONS_KAFKA_CONF="auto.offset.reset=latest")
+    kafka = make_config(tmp_path, SESSIONS_KAFKA_BOOTSTRAP="b:9092", SESSIONS_KAFKA_TOPIC="t")
+    with pytest.raises(ConfigError, match="may not set auto.offset.reset"):  # and by the client, for a config in code
+        kafka_client.KafkaClient(kafka.with_(kafka_conf="auto.offset.reset=latest"))
+    # Only an allowlist passes: nothing that loads code or runs a command, no read of aborted transactions; the line
+    # names the key, never the value.
+    for conf, says in (("plugin.library.paths=/tmp/evil.so", "'plugin.library.paths' is not an allowed"),
+                       ("ssl.engine.location=/tmp/evil.so", "'ssl.engine.location' is not an allowed"),
+                       ("sasl.kerberos.kinit.cmd=touch /tmp/pwned", "'sasl.kerberos.kinit.cmd' is not an allowed"),
+                       ("isolation.level=read_uncommitted", "isolation.level may only be read_committed"),
+                       ("enable.auto.commit=true", "may not set enable.auto.commit"),
+                       ("metadata.broker.list=elsewhere:9092", "may not set metadata.broker.list"),
+                       ("sasl.password=a,b=secret", "no consumer property name")):
+        with pytest.raises(ConfigError, match=says) as refused:
+            make_config(tmp_path, SESSIONS_KAFKA_CONF=conf)
+        assert conf.split("=")[-1] not in str(refused.value)
+        with pytest.raises(ConfigError, match=says):
+            kafka_client.KafkaClient(kafka.with_(kafka_conf=conf))
+    allowed = make_config(tmp_path, SESSIONS_KAFKA_CONF='{"security.protocol": "SASL_SSL", "sasl.mechanism": "PLAIN", '
+                          '"ssl.ca.location": "/ca.pem", "group.id": "g", "client.id": "c", "session.timeout.ms": 9000, '
+                          '"fetch.max.bytes": 1, "socket.timeout.ms": 1, "isolation.level": "read_committed"}')
+    assert len(allowed.kafka_consumer_settings) == 9
 
 
 def test_the_streams_source_imports_neither_the_kafka_client_nor_pandas():

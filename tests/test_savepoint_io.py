@@ -24,9 +24,9 @@ from state_store import savepointing
 from state_store.lifecycle import live_state, take_savepoint, validate_savepoint
 from state_store.savepoints import SavepointStore, combine_checksum, partial_checksum, state_checksum
 from state_store.state import read_state
-from tests.conftest import make_config
+from tests.conftest import make_config, open_sessions_of
 from tests.datagen import in_order_chunks
-from tests.oracle import oracle_session_id, run_oracle
+from tests.oracle import run_oracle
 
 GAP_MS, LATENESS_MS = 30 * 60_000, 10 * 60_000
 UTC_US = pa.timestamp("us", tz="UTC")
@@ -124,28 +124,6 @@ def _oracle_open(chunks: list[list[dict]]) -> list[tuple]:
     return sorted(run_oracle(batches, GAP_MS, LATENESS_MS).open_sessions)
 
 
-def _open_sessions(rows: list[dict]) -> list[tuple]:
-    """Canonical rows -> open sessions in the oracle's tuple shape (plain Python, as tests/conftest.py
-    read_open_sessions walks them)."""
-    def ms(ts):
-        return None if ts is None else int(ts.timestamp() * 1000)
-
-    rows = sorted(rows, key=lambda r: (r["user_id"], ms(r["session_start"]), ms(r["event_time"]), r["event_id"] or ""))
-    sessions: list[dict] = []
-    current, key = None, None
-    for r in rows:
-        row_key = (r["user_id"], ms(r["session_start"]))
-        if current is None or row_key != key or current["last_type"] == "logout":
-            current = {"user": r["user_id"], "start": row_key[1], "count": 0, "views": 0}
-            sessions.append(current)
-            key = row_key
-        current.update(last=ms(r["event_time"]), last_type=r["event_type"])
-        current["count"] += r["event_count"]
-        current["views"] += r["page_views"]
-    return sorted((oracle_session_id(s["user"], s["start"]), s["user"], s["start"], s["last"], s["count"], s["views"],
-                   "logout" if s["last_type"] == "logout" else "inactivity") for s in sessions)
-
-
 @pytest.mark.parametrize("provider", ["rocksdb", "hdfs"])
 def test_savepoint_by_the_executors_equals_the_driver_side_state(tmp_path, spark, provider):
     config, chunks = _job(tmp_path, spark, provider)
@@ -166,7 +144,7 @@ def test_savepoint_by_the_executors_equals_the_driver_side_state(tmp_path, spark
     read = rows.toArrow()
     assert read.num_rows == table.num_rows and state_checksum(read) == state_checksum(table)
     assert io.savepoint_checksum(spark, store, saved.savepoint_id) == (saved.rows, saved.checksum)
-    assert _open_sessions(rows.collect()) == _oracle_open(chunks) != []
+    assert open_sessions_of(rows.collect()) == _oracle_open(chunks) != []
     validate_savepoint(config, saved.savepoint_id)  # restore's check agrees: it raises SavepointDamaged else
 
 
@@ -271,5 +249,5 @@ def test_savepoint_on_s3_is_written_and_read_by_the_executors(tmp_path, spark, s
     assert (saved.rows, saved.checksum) == (table.num_rows, state_checksum(table))
     assert saved.checksum == state_checksum(live_state(spark, config.checkpoint, saved.batch_id))
     rows = io.savepoint_rows(spark, store, saved.savepoint_id)
-    assert _open_sessions(rows.collect()) == _oracle_open(chunks)
+    assert open_sessions_of(rows.collect()) == _oracle_open(chunks)
     validate_savepoint(config, saved.savepoint_id)  # raises SavepointDamaged unless the files match the catalog

@@ -17,7 +17,7 @@ from pipelines.errors import CheckpointMismatch
 from pipelines.stream import catch_up
 from state_store import savepoints as sp
 from state_store.lifecycle import restore
-from tests.conftest import make_config, read_open_sessions, read_quarantine, read_sessions
+from tests.conftest import assert_late_keys, make_config, read_open_sessions, read_sessions
 from tests.datagen import land_batches, stream_scenario
 from tests.oracle import run_oracle
 from tests.savepoint_expectations import state_sessions
@@ -56,10 +56,7 @@ def test_v1_savepoint_restores_into_v2_and_continues_exactly(spark, tmp_path, pr
     expected = run_oracle(batches, GAP_MS, LATENESS_MS)
     assert read_sessions(config) == sorted(expected.closed)
     assert read_open_sessions(spark, config) == sorted(expected.open_sessions)
-    late = read_quarantine(config)
-    late = late[late["reason"] == "late"]
-    assert sorted(zip(late["user_id"], late["event_id"], late["event_time_ms"].astype(int))) == \
-        sorted(expected.late_keys)
+    assert_late_keys(config, expected)
 
 
 def test_checkpoint_of_the_json_layout_is_refused_with_the_way_out(tmp_path):

@@ -19,13 +19,14 @@ from confluent_kafka import Consumer, KafkaError, KafkaException, TopicPartition
 from pipelines.config import SessionsConfig
 from pipelines.errors import ConfigError, SourceUnavailable
 from pipelines.ingest.kafka_offsets import Loss, losses
+from pipelines.kafka_conf import KAFKA_OWNED_SETTINGS, check_kafka_settings
 
 TIMEOUT_S = 10.0                # metadata and watermark calls
 SLICE_S = 0.5                   # how often a metadata call looks at the errors librdkafka reported meanwhile
 DEFAULT_GROUP = "sessions-ingest"
-# Settings the exactly-once reading depends on: SESSIONS_KAFKA_CONF may not change them.
-OWNED_SETTINGS = ("bootstrap.servers", "enable.auto.commit", "enable.auto.offset.store", "enable.partition.eof",
-                  "auto.offset.reset")
+# Settings the exactly-once reading depends on: SESSIONS_KAFKA_CONF may not change them (nor set anything outside
+# pipelines.kafka_conf's allowlist: refused when the configuration is read, and again here).
+OWNED_SETTINGS = KAFKA_OWNED_SETTINGS
 
 log = logging.getLogger(__name__)
 
@@ -42,10 +43,12 @@ class KafkaClient:
         if owned:
             raise ConfigError(f"SESSIONS_KAFKA_CONF may not set {', '.join(owned)}: ingest owns "
                               "them (exactly once; the bootstrap servers come from SESSIONS_KAFKA_BOOTSTRAP)")
+        check_kafka_settings(settings)  # a config made in code (with_) did not pass SessionsConfig.from_env's check
         conf: dict[str, Any] = {
             "group.id": DEFAULT_GROUP, "client.id": "sessions-ingest", **settings,
             "bootstrap.servers": self.bootstrap, "enable.auto.commit": False, "enable.auto.offset.store": False,
             "enable.partition.eof": True, "auto.offset.reset": "error",
+            "isolation.level": "read_committed",  # librdkafka's default, stated: never aborted transactions' messages
             "logger": _LibrdkafkaLog(),  # to Python logging, not librdkafka's own lines on stderr
             "error_cb": self.errors.append,
             "on_commit": lambda err, _partitions: self.committed.append(err is None),
