@@ -19,6 +19,7 @@ from dagster_pyspark import PySparkResource
 
 from assets.resources import SessionsResource, expected_errors
 from assets.tables import LIFECYCLE_TAGS, SESSIONS, STATE, STREAM_TAGS, catch_up
+from pipelines.config import positive_seconds
 from pipelines.stream import RunSummary
 from pipelines.tables import MicroBatchSink
 from state_store import erasure, lifecycle, maintenance, state, stream_control
@@ -38,6 +39,7 @@ def stream_op(context: OpExecutionContext, sessions: SessionsResource, pyspark: 
     """Runs until the run is cancelled from the UI; the query is then stopped cleanly. Each batch that
     wrote sessions is a materialization of the sessions table."""
     stop = threading.Event()
+    poll_seconds = expected_errors(positive_seconds, config.poll_seconds, "poll_seconds")  # 0 would spin
 
     def progress(summary: RunSummary, sink: MicroBatchSink) -> None:
         context.log.info(f"batches={summary.batches} input_rows={summary.input_rows} "
@@ -47,7 +49,7 @@ def stream_op(context: OpExecutionContext, sessions: SessionsResource, pyspark: 
 
     try:
         summary = expected_errors(stream_control.run_stream, sessions.config(), spark=pyspark.spark_session,
-                                  stop=stop, poll_seconds=config.poll_seconds, on_progress=progress)
+                                  stop=stop, poll_seconds=poll_seconds, on_progress=progress)
     except BaseException:
         stop.set()
         raise
@@ -152,8 +154,8 @@ class LookupConfig(Config):
 def lookup_state_op(context: OpExecutionContext, sessions: SessionsResource, pyspark: PySparkResource,
                     config: LookupConfig) -> dict[str, Any]:
     """Live state, read from the committed state store of the running or stopped job (queryable state)."""
-    if bool(config.user_id) == bool(config.top):
-        raise Failure(description="set exactly one of user_id and top")
+    if bool(config.user_id) == bool(config.top) or config.top < 0:
+        raise Failure(description="set exactly one of user_id and top (a count >= 1)")
     spark = pyspark.spark_session
     if config.user_id:
         found = expected_errors(state.lookup_user, spark, sessions.config(), config.user_id)

@@ -6,12 +6,12 @@ import sys
 from collections.abc import Callable
 from typing import Any, TypeVar
 
-from dagster import ConfigurableResource, Failure, MetadataValue
+from dagster import ConfigurableResource, Failure, InitResourceContext, MetadataValue
 from dagster_pyspark import PySparkResource
-from pydantic import Field
+from pydantic import Field, PrivateAttr
 
-from pipelines.config import SessionsConfig, env_name
-from pipelines.errors import NextStepError, SessionsError
+from pipelines.config import PATH_SETTINGS, SessionsConfig, env_name
+from pipelines.errors import ConfigError, NextStepError, SessionsError
 from pipelines.runtime import spark_conf
 
 T = TypeVar("T")
@@ -23,7 +23,8 @@ class SessionsResource(ConfigurableResource):  # type: ignore[type-arg]
     from the environment or a secret store only, so never stored in Dagster's run storage), as an optional field of
     the same name and kind, in the same order (tests/test_config.py keeps the two in step). A field left unset (None) comes from its SESSIONS_<NAME>
     environment variable, and from SessionsConfig's default when that is unset too (README.md, "Configuration"); set
-    one in the launchpad, or with dagster.EnvVar in the Definitions. SessionsConfig alone validates the values."""
+    one in the launchpad, or with dagster.EnvVar in the Definitions. SessionsConfig alone validates the values; the
+    data locations (PATH_SETTINGS) the launchpad may only repeat, not change (config())."""
 
     home: str | None = Field(default=None, description="SESSIONS_HOME: the data root (default: the repo's .data)")
     state_store: str | None = Field(default=None, description="SESSIONS_STATE_STORE: rocksdb (default) or hdfs")
@@ -120,13 +121,52 @@ class SessionsResource(ConfigurableResource):  # type: ignore[type-arg]
         default=None, description="SESSIONS_IDLE_CLOSE_MINUTES: wall-clock minutes without an event before ingest "
                                   "appends a clock row; 0 turns it off (default: the lateness, the gap when that is 0)")
 
+    # What the run's own run config (the launchpad) set on this resource, seen at setup_for_execution: the settings
+    # by name, and whether there is a run at all.
+    _launched: dict[str, Any] = PrivateAttr(default_factory=dict)
+
+    def setup_for_execution(self, context: InitResourceContext) -> None:
+        run = getattr(context, "run", None)  # None outside a run (a sensor's or a test's context)
+        run_config: Any = getattr(run, "run_config", None)
+        resources = run_config.get("resources") if isinstance(run_config, dict) else None
+        resources = resources if isinstance(resources, dict) else {}
+        mine = getattr(context, "resource_def", None)
+        keys = [key for key, definition in (getattr(context, "all_resource_defs", None) or {}).items()
+                if definition is mine] or list(resources)
+        given: set[str] = set()
+        for key in keys:
+            entry = resources.get(key)
+            settings = entry.get("config") if isinstance(entry, dict) else None
+            given |= {name for name, value in (settings or {}).items() if value is not None}
+        self._launched.update(run=run is not None, settings=given & set(type(self).model_fields))
+
     def config(self) -> SessionsConfig:
-        """The environment, overridden by the fields set here; validated by SessionsConfig alone."""
-        env = dict(os.environ)
-        for name, value in self.model_dump().items():
-            if value is not None:
-                env[env_name(name)] = str(value).lower() if isinstance(value, bool) else str(value)
-        return SessionsConfig.from_env(env)
+        """The environment, overridden by the fields set here; validated by SessionsConfig alone (floors of the
+        settings that delete data, the Kafka allowlist: the CLI's rules). A data location (PATH_SETTINGS) set in a
+        run's run config must be the environment's own: a deployment fixes them by environment, and the launchpad
+        must not point a run at another data root, savepoint store or checkpoint. In a run, a refused setting is a
+        Failure whose description is its one line."""
+        try:
+            env = dict(os.environ)
+            for name, value in self.model_dump().items():
+                if value is not None:
+                    env[env_name(name)] = str(value).lower() if isinstance(value, bool) else str(value)
+            config = SessionsConfig.from_env(env)
+            launched = [name for name in PATH_SETTINGS if name in self._launched.get("settings", ())]
+            if launched:
+                fixed = SessionsConfig.from_env(os.environ)
+                for name in launched:
+                    if getattr(config, name) != getattr(fixed, name):
+                        raise ConfigError(f"run config sets {name} to {str(getattr(config, name))!r}, not the "
+                                          f"deployment's {str(getattr(fixed, name))!r}: data locations come from the "
+                                          f"environment ({env_name(name)}), never from run config; remove {name} "
+                                          "from the run config's resources.sessions.config")
+            return config
+        except ConfigError as error:
+            if not self._launched.get("run"):
+                raise
+            raise Failure(description=str(error), metadata={"error": MetadataValue.text(type(error).__name__)},
+                          allow_retries=False) from None
 
 
 def expected_errors(fn: Callable[..., T], *args: Any, **kwargs: Any) -> T:

@@ -10,7 +10,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
-from pipelines.errors import NoCommittedBatch
+from pipelines.errors import CheckpointDamaged, NoCommittedBatch
 
 PROVIDER_CLASSES = {
     "rocksdb": "org.apache.spark.sql.execution.streaming.state.RocksDBStateStoreProvider",
@@ -65,8 +65,37 @@ def _batch_files(directory: Path) -> list[int]:
     return sorted(int(p.name) for p in directory.iterdir() if p.name.isdigit())
 
 
-def _log_entry(path: Path) -> list[str]:
-    return [line for line in path.read_text().splitlines() if line.strip()]
+def _log_entry(path: Path, lines: int = 1) -> list[str]:
+    """The lines of a checkpoint log file (offsets/N, commits/N), at least `lines` of them (Spark's own reader needs
+    the version line, and an offset file its metadata line too): CheckpointDamaged when it is missing, empty or cut
+    short -- a write a full disk or a crash cut short -- in one line naming the file and what recovers it."""
+    try:
+        entry = [line for line in path.read_text().splitlines() if line.strip()]
+        cause = None if len(entry) >= lines else "empty" if not entry else "cut short"
+    except FileNotFoundError:
+        cause = "missing"
+    except (OSError, UnicodeDecodeError) as error:
+        cause = f"unreadable ({type(error).__name__})"
+    if cause is not None:
+        raise _damaged(path, cause)
+    return entry
+
+
+def _damaged(path: Path, cause: str) -> CheckpointDamaged:
+    checkpoint = path.parent.parent
+    return CheckpointDamaged(f"the checkpoint log file {path.parent.name}/{path.name} of {checkpoint} is {cause}: "
+                             "`sessionctl restore --savepoint latest` rebuilds the checkpoint from the newest savepoint "
+                             "and replays what came after it")
+
+
+def _log_json(path: Path, entry: list[str], index: int) -> dict[str, Any]:
+    try:
+        value = json.loads(entry[index])
+    except ValueError:
+        raise _damaged(path, "not valid JSON") from None
+    if not isinstance(value, dict):
+        raise _damaged(path, "not valid JSON")
+    return value
 
 
 @dataclass(frozen=True)
@@ -89,20 +118,23 @@ def inspect_checkpoint(checkpoint: Path) -> CheckpointInfo:
     if not commits:
         return CheckpointInfo(str(checkpoint), None, None, None, None, None, None)
     last = commits[-1]
-    offsets = _log_entry(checkpoint / "offsets" / str(last))
-    meta = json.loads(offsets[1])
+    offsets_file = checkpoint / "offsets" / str(last)
+    offsets = _log_entry(offsets_file, 2)
+    meta = _log_json(offsets_file, offsets, 1)
     conf = meta.get("conf", {})
     unfinished = None
     pending = [batch for batch in _batch_files(checkpoint / "offsets") if batch > last]
     if pending:
         # A batch a crash left uncommitted keeps the checkpoint's partitions; only a repartition changes them.
-        pending_conf = json.loads(_log_entry(checkpoint / "offsets" / str(pending[-1]))[1]).get("conf", {})
+        pending_file = checkpoint / "offsets" / str(pending[-1])
+        pending_conf = _log_json(pending_file, _log_entry(pending_file, 2), 1).get("conf", {})
         count = pending_conf.get("spark.sql.shuffle.partitions")
         if count and count != conf.get("spark.sql.shuffle.partitions"):
             unfinished = int(count)
-    source = json.loads(offsets[2]) if len(offsets) > 2 and offsets[2] != "-" else None
-    commit = _log_entry(checkpoint / "commits" / str(last))
-    next_wm = json.loads(commit[1]).get("nextBatchWatermarkMs") if len(commit) > 1 else None
+    source = _log_json(offsets_file, offsets, 2) if len(offsets) > 2 and offsets[2] != "-" else None
+    commit_file = checkpoint / "commits" / str(last)
+    commit = _log_entry(commit_file)
+    next_wm = _log_json(commit_file, commit, 1).get("nextBatchWatermarkMs") if len(commit) > 1 else None
     provider_cls = conf.get("spark.sql.streaming.stateStore.providerClass")
     partitions = conf.get("spark.sql.shuffle.partitions")
     # Spark's offline repartition records the new count here (state-metadata may still show the old
@@ -164,8 +196,8 @@ def batch_source_range(checkpoint: Path, batch_id: int) -> tuple[int, int]:
     checkpoint = Path(checkpoint)
 
     def seq_at(batch: int) -> int:
-        lines = _log_entry(checkpoint / "offsets" / str(batch))
-        return int(json.loads(lines[2])["seq"])
+        path = checkpoint / "offsets" / str(batch)
+        return int(_log_json(path, _log_entry(path, 3), 2)["seq"])
 
     high = seq_at(batch_id)
     if batch_id > 0 and (checkpoint / "offsets" / str(batch_id - 1)).exists():

@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import math
 import os
+import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field, fields, replace
 from pathlib import Path
@@ -41,7 +42,7 @@ def _int(env: Mapping[str, str], name: str, default: int | None, minimum: float 
     if value < minimum:
         raise ConfigError(f"{name}={value} must be >= {minimum:g}")
     if value > maximum:
-        raise ConfigError(f"{name}={value} must be <= {maximum:g}")
+        raise ConfigError(f"{name}={value} must be <= {int(maximum)}")
     return value
 
 
@@ -83,14 +84,22 @@ def _setting(default: Any, minimum: float = 1, kind: type | None = None, secret:
                            "maximum": maximum if maximum is not None else MAX_FLOAT if kind is float else MAX_INT})
 
 
-def check_setting(setting: str, value: int | float, label: str) -> Any:
-    """`value` for the setting named `setting`, checked against the bounds SESSIONS_<NAME> has (an override such as
-    `sessionctl compact --keep-last`); a ConfigError naming `label` otherwise."""
+def check_setting(setting: str, value: object, label: str) -> Any:
+    """`value` (a number or its text) for the setting named `setting`, checked against the bounds SESSIONS_<NAME> has
+    (an override such as `sessionctl compact --keep-last`); a ConfigError naming `label` otherwise."""
     meta = next(f for f in fields(SessionsConfig) if f.name == setting).metadata
     env = {label: str(value)}
     if meta["kind"] is float:
         return _float(env, label, None, meta["minimum"], meta["inclusive"], meta["maximum"])
     return _int(env, label, None, meta["minimum"], meta["maximum"])
+
+
+def positive_seconds(value: object, label: str) -> float:
+    """A wait or poll interval (`sessionctl run --poll-seconds`, Dagster's poll_seconds): finite, > 0 -- 0 would
+    spin -- and at most MAX_FLOAT; a ConfigError naming `label` otherwise."""
+    seconds = _float({label: str(value)}, label, None)
+    assert seconds is not None
+    return seconds
 
 
 def _lease_uri(raw: str, checkpoint_uri: str) -> str:
@@ -105,6 +114,11 @@ def _lease_uri(raw: str, checkpoint_uri: str) -> str:
     if "://" in uri:
         raise ConfigError(f"SESSIONS_LEASE_URI={raw!r}: expected a shared path or s3://bucket/prefix")
     return str(Path(uri).resolve())
+
+
+# A duration as object_store (delta-rs's S3 client) reads it: "30s", "500ms", "2min", "1h 30m" (humantime's units).
+_DURATION = re.compile(r"\s*(\d+(\.\d+)?\s*(nsec|ns|usec|us|msec|ms|seconds|second|secs|sec|s|minutes|minute|mins|min|m|hours|"
+                       r"hour|hrs|hr|h|days|day|d|weeks|week|w)\s*)+")
 
 
 # The data locations (SESSIONS_HOME first): a local one must be a directory, or not exist yet under one.
@@ -153,7 +167,7 @@ class SessionsConfig:
     checkpoint_uri: str = _setting("")  # default: $SESSIONS_HOME/checkpoints
     # Leases (pipelines/locks.py): a lease not renewed for lease_ttl_s may be taken over, and its holder is fenced
     # from then on; at most MAX_LEASE_TTL_S. Where they live (and stop requests): a shared path or s3://bucket/prefix.
-    lease_ttl_s: float = _setting(60.0, minimum=0)
+    lease_ttl_s: float = _setting(60.0, minimum=0, maximum=math.inf)  # at most MAX_LEASE_TTL_S: from_env says why
     lease_uri: str = _setting("")  # default: _leases beside the checkpoint
     lease_wait_s: float = _setting(300.0, minimum=0, inclusive=True)  # the longest ingest waits for the ingest lease
     # Recorded in a new checkpoint's metadata; only the retired Python operator's state was keyed by hash buckets of
@@ -257,6 +271,13 @@ class SessionsConfig:
                               "(one day; a holder that died blocks the job for this long)")
         values["lease_uri"] = _lease_uri(values["lease_uri"], values["checkpoint_uri"])
         _check_directories(env, home, values)
+        if not re.fullmatch(r"\d+([kmgtp]b?|b)?", values["spark_driver_memory"].lower()):  # else the JVM fails to start
+            raise ConfigError(f"SESSIONS_SPARK_DRIVER_MEMORY={values['spark_driver_memory']!r} is not a size: such as "
+                              "4g or 4096m")
+        for duration in ("s3_timeout", "s3_retry_timeout"):  # object_store reads them at the first S3 request
+            if not _DURATION.fullmatch(values[duration]):
+                raise ConfigError(f"{env_name(duration)}={values[duration]!r} is not a duration: a number and a unit, "
+                                  "such as 30s, 500ms, 2min or 1h")
         if values["vacuum_retention_hours"] < MIN_VACUUM_RETENTION_HOURS and not _bool(env, ALLOW_SHORT_RETENTION, False):
             raise ConfigError(f"SESSIONS_VACUUM_RETENTION_HOURS={values['vacuum_retention_hours']} is below "
                               f"{MIN_VACUUM_RETENTION_HOURS}: VACUUM would delete table files a reader, a restore or "

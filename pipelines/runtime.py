@@ -253,10 +253,13 @@ def rescale_incomplete(finish: str, suffix: str = "") -> RescaleIncomplete:
 
 
 def log_traceback(config: SessionsConfig) -> None:
-    """Append the exception being handled to $SESSIONS_HOME/logs/errors.log (where the one line points)."""
-    config.log_dir.mkdir(parents=True, exist_ok=True)
-    with (config.log_dir / ERRORS_LOG).open("a") as log:
-        log.write(f"--- {time.strftime('%Y-%m-%dT%H:%M:%S%z')} pid {os.getpid()}\n{traceback.format_exc()}\n")
+    """Append the exception being handled to $SESSIONS_HOME/logs/errors.log (where the one line points). A log that
+    cannot be written (a full disk, a read-only or missing log directory) is skipped: it never replaces the one line
+    of the error being handled."""
+    with suppress(OSError):
+        config.log_dir.mkdir(parents=True, exist_ok=True)
+        with (config.log_dir / ERRORS_LOG).open("a") as log:
+            log.write(f"--- {time.strftime('%Y-%m-%dT%H:%M:%S%z')} pid {os.getpid()}\n{traceback.format_exc()}\n")
 
 
 @contextmanager

@@ -2,9 +2,11 @@
 from __future__ import annotations
 
 import os
+import re
 import socket
 from collections.abc import Iterator
 from contextlib import contextmanager
+from contextvars import ContextVar
 from urllib.parse import urlparse
 
 import pyarrow.fs as pafs
@@ -48,17 +50,51 @@ def s3_options(uri: str, max_retries: int = 3, retry_timeout: str = "15s",
     return options
 
 
+# The S3 request limits of pyarrow's filesystem (per request: seconds, attempts) for the code in a `s3_limits`
+# block; pyarrow's defaults (30 s, 3 attempts) elsewhere -- e.g. on an executor, which has no configuration.
+_LIMITS: ContextVar[tuple[float, int | None]] = ContextVar("s3_limits", default=(30.0, None))
+
+
+@contextmanager
+def s3_limits(config: SessionsConfig) -> Iterator[None]:
+    """pyarrow S3 filesystems made in the block wait at most SESSIONS_S3_TIMEOUT per request and retry
+    SESSIONS_S3_MAX_RETRIES times, as delta-rs's requests do (storage_options): a landing bucket that stopped
+    answering fails an ingest in ~timeout x (retries + 1), not in pyarrow's 90 s."""
+    token = _LIMITS.set((seconds(config.s3_timeout), config.s3_max_retries + 1))
+    try:
+        yield
+    finally:
+        _LIMITS.reset(token)
+
+
 def s3_filesystem() -> pafs.S3FileSystem:
     """pyarrow's S3 filesystem from this process's standard AWS_* variables (driver or executor alike: executors
-    get them through spark.executorEnv, see pipelines.shipping)."""
+    get them through spark.executorEnv, see pipelines.shipping); request limits from s3_limits."""
     env = os.environ
     endpoint = env.get("AWS_ENDPOINT_URL", "")
     scheme, _, host = endpoint.partition("://") if "://" in endpoint else ("https", "", endpoint)
+    request_timeout_s, max_attempts = _LIMITS.get()
+    retries = {} if max_attempts is None else {
+        "retry_strategy": pafs.AwsStandardS3RetryStrategy(max_attempts=max(1, max_attempts))}
     return pafs.S3FileSystem(
         access_key=env.get("AWS_ACCESS_KEY_ID"), secret_key=env.get("AWS_SECRET_ACCESS_KEY"),
         session_token=env.get("AWS_SESSION_TOKEN"),
         region=env.get("AWS_REGION") or env.get("AWS_DEFAULT_REGION") or "us-east-1",
-        endpoint_override=host or None, scheme=scheme, connect_timeout=5, request_timeout=30)
+        endpoint_override=host or None, scheme=scheme, connect_timeout=5, request_timeout=request_timeout_s,
+        **retries)
+
+
+def seconds(duration: str) -> float:
+    """An object_store duration ("30s", "500ms", "2min", "1h"; a bare number is seconds) in seconds; 30 for one it
+    does not read (object_store reads more forms)."""
+    text = duration.strip().lower()
+    try:
+        for suffix, factor in (("ms", 0.001), ("min", 60.0), ("s", 1.0), ("m", 60.0), ("h", 3600.0)):
+            if text.endswith(suffix):
+                return float(text[: -len(suffix)]) * factor
+        return float(text)
+    except ValueError:
+        return 30.0
 
 
 def filesystem(uri: str) -> tuple[pafs.FileSystem, str]:
@@ -96,25 +132,76 @@ def _probe(uri: str) -> None:
                                  "then run the command again") from None
 
 
-def _cause(error: BaseException) -> str:
-    text = " ".join(str(error).split())
-    for needle, said in (("Connection refused", "connection refused"), ("timed out", "timed out"),
-                         ("error sending request", "no answer"), ("InvalidAccessKeyId", "invalid access key"),
-                         ("SignatureDoesNotMatch", "wrong secret key"), ("NoSuchBucket", "no such bucket")):
+_ANSI = re.compile(r"\x1b\[[0-9;]*m")
+
+
+def _cause(error: BaseException | str) -> str:
+    text = " ".join(_ANSI.sub("", str(error)).split())
+    for needle, said in (("Connection refused", "connection refused"), ("tcp connect error", "connection refused"),
+                         ("Could not connect to server", "connection refused"), ("timed out", "timed out"),
+                         ("Timeout was reached", "timed out"), ("error sending request", "no answer"),
+                         ("InvalidAccessKeyId", "invalid access key"), ("SignatureDoesNotMatch", "wrong secret key"),
+                         ("NoSuchBucket", "no such bucket"), ("AccessDenied", "access denied"),
+                         ("SlowDown", "slow down (throttled)"), ("ServiceUnavailable", "service unavailable"),
+                         ("InternalError", "internal error")):
         if needle in text:
             return said
-    return f"{type(error).__name__}: {text[:200]}"
+    name = type(error).__name__ if isinstance(error, BaseException) else "error"
+    return f"{name}: {text[:200]}"
+
+
+S3_ADVICE = ": check the endpoint and the AWS_* credentials, then run the command again"
+
+
+def s3_failure(error: BaseException | str, uri: str, advice: str = S3_ADVICE) -> StorageUnavailable:
+    """The one line of an object store failure on `uri`: endpoint, URI, cause (and what to do)."""
+    return StorageUnavailable(f"S3 at {s3_endpoint()} failed for {uri} ({_cause(error)}){advice}")
 
 
 @contextmanager
-def s3_errors(uri: str) -> Iterator[None]:
-    """Turn an object store failure on `uri` into StorageUnavailable (one line: endpoint, URI, cause, what to do)."""
+def s3_errors(uri: str, probe: bool = True) -> Iterator[None]:
+    """Turn an object store failure on `uri` into StorageUnavailable (one line: endpoint, URI, cause, what to do).
+    `probe`: first fail in a second when the endpoint refuses connections (once per operation is enough)."""
     if not is_s3(uri):
         yield
         return
-    _probe(uri)
+    if probe:
+        _probe(uri)
     try:
         yield
     except (OSError, DeltaError, BotoCoreError, ClientError) as error:
-        raise StorageUnavailable(f"S3 at {s3_endpoint()} failed for {uri} ({_cause(error)}): check the endpoint "
-                                 "and the AWS_* credentials, then run the command again") from None
+        raise s3_failure(error, uri) from None
+
+
+# What an S3 client's failure says, in whichever process it happened (the driver; or a Spark Python worker, whose
+# traceback reaches the query's failure as text): delta-rs/object_store's, pyarrow's (the AWS SDK's), botocore's,
+# and this module's own StorageUnavailable line.
+_OBJECT_STORE_MARKERS = ("Generic S3 error", "AWS Error", "curlCode", "EndpointConnectionError",
+                         "Could not connect to the endpoint URL", "StorageUnavailable")
+
+
+def is_object_store_failure(error: BaseException | str) -> bool:
+    """Whether `error` (or a failure's text) is an S3 client's failure -- the endpoint did not answer, refused or
+    throttled -- rather than one of the data or the program: the run loop rides those out (pipelines.stream)."""
+    if isinstance(error, (StorageUnavailable, BotoCoreError, ClientError)):
+        return True
+    text = str(error)
+    return any(marker in text for marker in _OBJECT_STORE_MARKERS) or (
+        f"S3 at {s3_endpoint()} failed for" in text)
+
+
+@contextmanager
+def object_store_errors(uri: str) -> Iterator[None]:
+    """Like s3_errors, narrower: only what is_object_store_failure recognises becomes StorageUnavailable (for code
+    that also reads local files, whose errors stay what they are). Nothing for a local `uri`."""
+    if not is_s3(uri):
+        yield
+        return
+    try:
+        yield
+    except StorageUnavailable:
+        raise
+    except Exception as error:
+        if is_object_store_failure(error):
+            raise s3_failure(error, uri) from None
+        raise

@@ -7,7 +7,7 @@ import threading
 import time
 from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
-from contextlib import contextmanager
+from contextlib import contextmanager, suppress
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -17,14 +17,16 @@ from pyspark.sql.streaming import StreamingQuery
 
 from pipelines.checkpoint import JobMetadata, batch_source_range, inspect_checkpoint
 from pipelines.config import SessionsConfig
-from pipelines.errors import SessionsError, SourceDataLost, SourceUnavailable, StorageUnavailable
+from pipelines.errors import SessionsError, StorageUnavailable
 from pipelines.guards import StopRequest, answer_stop, checkpoint_metadata, ensure_tables, job_lock, pending_stop
 from pipelines.ingest import IngestResult, ingest
 from pipelines.locks import Lease
 from pipelines.operator import StateOperator, keyed_events
-from pipelines.runtime import explain_spark_failure, get_spark, prepare_session, spark_failures
+from pipelines.run_retries import RetryingIngest as _RetryingIngest
+from pipelines.run_retries import ride_out
+from pipelines.runtime import ERRORS_LOG, explain_spark_failure, get_spark, prepare_session, spark_failures
 from pipelines.source import BOOTSTRAP_FILE, SOURCE_NAME
-from pipelines.storage import storage_options
+from pipelines.storage import is_object_store_failure, is_s3, object_store_errors, s3_failure, storage_options
 from pipelines.tables import MicroBatchSink
 
 log = logging.getLogger(__name__)
@@ -86,13 +88,21 @@ class RunSummary:
     last_clock: str | None = None  # the newest one's event time
     source_errors: int = 0  # run only: ingests that failed because the source could not be read (then retried)
     last_source_error: str | None = None  # the newest one's line
+    # run only: queries that failed because the warehouse's object store (S3) did not answer, each then restarted
+    # from the checkpoint once it waited (exactly once: the sink's appends are idempotent per batch id)
+    storage_errors: int = 0
+    last_storage_error: str | None = None  # the newest one's line
     # Where the seconds went, for the operator who asks why a catch-up took long: `spark` (the JVM start, ~0 when
     # attached to a running session), `ingest` (catch-up's, beside the JVM start: the two overlap), `query_start`
     # (the source, the plan, the query), `stream` (its batches, until it stopped).
     phase_seconds: dict[str, float] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
-        self._seen: set[int] = set()  # batch ids already counted (not a field: not part of the result)
+        # What absorb_progress has counted (not fields: not part of the result), in constant memory however long the
+        # run: the query run it last read, the newest batch id of that run it counted, and its newest progress's time.
+        self._query_run: str | None = None
+        self._counted_batch = -1
+        self._last_report: str | None = None
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -112,11 +122,21 @@ class RunSummary:
             self.last_clock = result.clock
 
     def absorb_progress(self, query: StreamingQuery) -> bool:
-        """Count the batches the query reported since the last call; True when there were new ones."""
+        """Count the batches the query ran since the last call; True when there were new ones.
+
+        Within one run of a query its batch ids grow, so one high-water mark per run is all it keeps (a restarted
+        query starts a new run: a batch that failed is counted when it runs again). Only progress of a batch that ran
+        counts: an idle trigger reports the id of the batch it did not run, without an `addBatch` phase."""
+        last = query.lastProgress
+        if last is None or (last.timestamp == self._last_report and str(query.runId) == self._query_run):
+            return False  # nothing reported since: Spark's recent progress (its last 100) not read again
+        if str(query.runId) != self._query_run:
+            self._query_run, self._counted_batch = str(query.runId), -1
+        self._last_report = last.timestamp
         new = False
         for progress in query.recentProgress:
-            if progress.batchId not in self._seen:
-                self._seen.add(progress.batchId)
+            if progress.batchId > self._counted_batch and "addBatch" in (progress.durationMs or {}):
+                self._counted_batch = progress.batchId
                 self.batches += 1
                 self.input_rows += int(progress.numInputRows)
                 new = True
@@ -171,19 +191,34 @@ def _job(config: SessionsConfig, what: str, spark: SparkSession | None,
 
 
 def _close(run: _Run, query: StreamingQuery, sink: MicroBatchSink, config: SessionsConfig) -> None:
-    """The tail both loops share: a failed query is the typed one line; otherwise the counts."""
-    failure = query.exception()
-    if failure is not None:
-        raise explain_spark_failure(failure, config)
+    """The tail both loops share: the counts (of the batches it committed, failed or not), then a failed query as the
+    typed one line: StorageUnavailable when the warehouse's object store failed it (in the sink, or in the source's
+    Python workers: recognised by the failure's text), else explain_spark_failure's."""
     run.summary.absorb_progress(query)
     run.summary.sessions_written, run.summary.quarantined = sink.sessions_written, sink.quarantined
+    failure = query.exception()
+    if failure is None:
+        return
+    if sink.unavailable is None and not (is_s3(config.warehouse_uri) and is_object_store_failure(failure)):
+        raise explain_spark_failure(failure, config)
+    _log_details(config, failure)
+    raise sink.unavailable or s3_failure(failure, config.warehouse_uri)
+
+
+def _log_details(config: SessionsConfig, failure: BaseException) -> None:
+    """The whole failure into $SESSIONS_HOME/logs/errors.log (the run's line says only the cause)."""
+    with suppress(OSError):
+        config.log_dir.mkdir(parents=True, exist_ok=True)
+        with (config.log_dir / ERRORS_LOG).open("a") as details:
+            details.write(f"--- {time.strftime('%Y-%m-%dT%H:%M:%S%z')} query failed (storage)\n{failure}\n")
 
 
 def catch_up(config: SessionsConfig, spark: SparkSession | None = None) -> RunSummary:
     """Ingest everything landed, process it all (trigger availableNow), stop."""
     def ingest_timed(summary: RunSummary) -> None:
         begun = time.monotonic()
-        summary.add_ingest(ingest(config))
+        with object_store_errors(config.raw_events_table):  # the landing's are StorageUnavailable already
+            summary.add_ingest(ingest(config))
         summary.timed("ingest", begun)
 
     with _job(config, "catch-up", spark, meanwhile=ingest_timed) as run:
@@ -212,42 +247,6 @@ def _drain(query: StreamingQuery, timeout_s: float) -> None:
     query.stop()
 
 
-# What a run retries rather than dies of: the source cannot be read now (the broker or the S3 landing down), or it
-# lost messages until an operator accepts the loss (`sessionctl accept-loss`, beside the running stream).
-RETRIED_SOURCE_ERRORS = (SourceUnavailable, SourceDataLost, StorageUnavailable)
-SOURCE_RETRY_CAP_S = 60.0  # the longest wait between two attempts while the source fails
-
-
-class _RetryingIngest:
-    """run's ingest: a source error is logged as its one line and counted in the summary, and the next attempt waits
-    twice as long as the last (from the poll interval up to SOURCE_RETRY_CAP_S); a success resets it. The stream
-    goes on with what raw_events holds meanwhile."""
-
-    def __init__(self, config: SessionsConfig, summary: RunSummary, poll_seconds: float, lease: Lease) -> None:
-        self.config, self.summary, self.poll_seconds = config, summary, poll_seconds
-        self.lease = lease  # the run's job lease: its ingest commits are fenced by it too
-        self.failures = 0
-
-    def __call__(self) -> float:
-        """One ingest; the seconds to wait until the next one."""
-        try:
-            result = ingest(self.config, fenced_by=(self.lease,))
-        except RETRIED_SOURCE_ERRORS as error:
-            self.failures += 1
-            delay = min(self.poll_seconds * 2 ** self.failures, max(SOURCE_RETRY_CAP_S, self.poll_seconds))
-            line = str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
-            self.summary.source_errors += 1
-            self.summary.last_source_error = line
-            log.warning("%s [run retries by itself: %d failed ingest(s) in a row, next attempt in %.0f s; the stream "
-                        "goes on with what raw_events holds]", line, self.failures, delay)
-            return delay
-        if self.failures:
-            log.warning("the source answers again after %d failed ingest(s)", self.failures)
-        self.failures = 0
-        self.summary.add_ingest(result)
-        return self.poll_seconds
-
-
 def run_continuously(config: SessionsConfig, spark: SparkSession | None = None, stop: threading.Event | None = None,
                      poll_seconds: float = 5.0,
                      on_progress: Callable[[RunSummary, MicroBatchSink], None] | None = None,
@@ -258,7 +257,12 @@ def run_continuously(config: SessionsConfig, spark: SparkSession | None = None, 
     answered, and the stream goes on from the checkpoint the erasure left.
     A source that cannot be read (SourceUnavailable, SourceDataLost, StorageUnavailable of the landing) does not end
     the run: logged (logger `pipelines.stream`) as its one line, counted in the summary, retried with backoff
-    (_RetryingIngest); a stop is still noticed within a second while it waits."""
+    (_RetryingIngest); a stop is still noticed within a second while it waits.
+    Nor does a query that the warehouse's object store failed (StorageUnavailable: S3 did not answer while its
+    source read raw_events or its sink committed): one line, counted (`storage_errors`), a wait with the same backoff
+    (a stop or an erasure request still answered meanwhile), and the query starts again from its checkpoint -- the
+    failed batch runs again, and the sink's appends it had committed are not made twice. Any other failure of the
+    query ends the run with its one line."""
     stop = stop or threading.Event()
     tick = min(poll_seconds, 1.0)  # how often a stop is noticed; ingest and progress still every poll_seconds
     with _job(config, "run", spark) as run:
@@ -267,7 +271,12 @@ def run_continuously(config: SessionsConfig, spark: SparkSession | None = None, 
         ingest_now = _RetryingIngest(config, summary, poll_seconds, run.lease)
         wait = 0.0 if stop.is_set() else ingest_now()
         while not stop.is_set():  # a Ctrl-C while the JVM started: stop before the query does
-            request = _run_query(config, run, stop, tick, poll_seconds, ingest_now, wait, on_progress)
+            try:
+                request = _run_query(config, run, stop, tick, poll_seconds, ingest_now, wait, on_progress)
+            except StorageUnavailable as failure:
+                request, wait = ride_out(config, run.lease, stop, tick, ingest_now.query_failed(failure)), 0.0
+                if request is None:
+                    continue  # the query again (or the stop the caller asked for meanwhile)
             if request is None or request.erase_user is None:
                 break
             _answer_erasure(config, run, request, on_erasure)
@@ -288,6 +297,7 @@ def _run_query(config: SessionsConfig, run: _Run, stop: threading.Event, tick: f
         query, sink = start_query(run.spark, config, run.meta, run.operator,
                                   {"processingTime": f"{poll_seconds} seconds"}, lease=run.lease)
         summary.timed("query_start", begun)
+    sink.sessions_written, sink.quarantined = summary.sessions_written, summary.quarantined  # the run's, so far
     begun = time.monotonic()
     try:
         next_poll = time.monotonic() + wait
@@ -303,8 +313,10 @@ def _run_query(config: SessionsConfig, run: _Run, stop: threading.Event, tick: f
             if time.monotonic() >= next_poll:
                 next_poll = time.monotonic() + ingest_now()
             if time.monotonic() >= next_progress:
-                if summary.absorb_progress(query) and on_progress:
-                    on_progress(summary, sink)
+                if summary.absorb_progress(query):
+                    ingest_now.query_progressed()
+                    if on_progress:
+                        on_progress(summary, sink)
                 next_progress = time.monotonic() + poll_seconds
             stop.wait(tick)
     except KeyboardInterrupt:

@@ -13,9 +13,10 @@ import pyarrow.dataset as ds
 from deltalake import CommitProperties, DeltaTable, Transaction, write_deltalake
 from pyspark.sql import DataFrame
 
-from pipelines.errors import LeaseLost
+from pipelines.errors import LeaseLost, StorageUnavailable
 from pipelines.fencing import committing, fence
 from pipelines.locks import Lease
+from pipelines.storage import is_object_store_failure, is_s3, s3_failure
 
 SESSIONS_SCHEMA = pa.schema([
     ("session_id", pa.string()),
@@ -159,7 +160,11 @@ class MicroBatchSink:
     events, from raw_events for the batch's source range (from the checkpoint's offset log).
 
     With `lease` (the job lease of the stream's process), every batch first checks it and every commit is fenced by
-    it (pipelines.fencing): a stream whose lease was taken over fails its batch with LeaseLost (kept in `lost`)."""
+    it (pipelines.fencing): a stream whose lease was taken over fails its batch with LeaseLost (kept in `lost`).
+
+    A warehouse on S3 that does not answer (or refuses) fails the batch with StorageUnavailable, naming the table it
+    was at (kept in `unavailable`): the run loop restarts the query from its checkpoint once S3 answers, and the
+    batch's appends that did commit are not made again (their transaction identifiers)."""
 
     def __init__(self, sessions_uri: str, quarantine_uri: str, raw_uri: str, incarnation: str,
                  seq_range: Callable[[int], tuple[int, int]],
@@ -169,6 +174,8 @@ class MicroBatchSink:
         self.incarnation, self.seq_range = incarnation, seq_range
         self.leases: tuple[Lease, ...] = (lease,) if lease is not None else ()
         self.lost: LeaseLost | None = None
+        self.unavailable: StorageUnavailable | None = None
+        self._at = sessions_uri  # where the batch is: the table it reads or writes now (for `unavailable`'s line)
         self.sessions_written = 0
         self.quarantined = 0
 
@@ -177,6 +184,7 @@ class MicroBatchSink:
         if high <= low and not late.num_rows:
             return None
         # One snapshot of raw_events per batch.
+        self._at = self.raw_uri
         raw = DeltaTable(self.raw_uri, storage_options=self.storage_options).to_pyarrow_dataset()
         parts = []
         if high > low:
@@ -209,8 +217,17 @@ class MicroBatchSink:
         except LeaseLost as lost:
             self.lost = lost
             raise
+        except StorageUnavailable as unavailable:
+            self.unavailable = unavailable
+            raise
+        except Exception as error:
+            if not (is_s3(self.sessions_uri) and is_object_store_failure(error)):
+                raise
+            self.unavailable = s3_failure(error, self._at)
+            raise self.unavailable from None
 
     def _write(self, batch_df: DataFrame, batch_id: int) -> None:
+        self._at = self.raw_uri  # the batch's rows are read from raw_events (by the source's tasks)
         rows = batch_df.toArrow()
         kind = rows["kind"]
         sessions = rows.filter(pc.equal(kind, "session"))
@@ -226,10 +243,12 @@ class MicroBatchSink:
                 "incarnation": pa.array([self.incarnation] * n, pa.string()),
                 "written_version": pa.nulls(n, pa.int64()),
             }, schema=SESSIONS_SCHEMA)
+            self._at = self.sessions_uri
             if idempotent_append(self.sessions_uri, out, f"sessions-{self.incarnation}", batch_id,
                                  self.storage_options, self.leases):
                 self.sessions_written += n
         quarantine = self._quarantine_rows(batch_id, rows.filter(pc.equal(kind, "late")))
+        self._at = self.quarantine_uri
         if quarantine is not None and idempotent_append(self.quarantine_uri, quarantine,
                                                         f"quarantine-{self.incarnation}", batch_id,
                                                         self.storage_options, self.leases):

@@ -11,8 +11,9 @@ import time
 import weakref
 from typing import TYPE_CHECKING, Any
 
-from pipelines.config import SessionsConfig
+from pipelines.config import SessionsConfig, check_setting
 from pipelines.errors import SessionsError
+from sessionctl.checks import SECONDS, LogFile, Parser, checked, count, object_store_failure, user_id
 from sessionctl.interrupt import INTERRUPTED, install, record
 
 # Each command imports what it runs, in its own function: `--help`, `savepoints` and the other commands that start no
@@ -91,7 +92,7 @@ def cmd_status(config: SessionsConfig, args: argparse.Namespace) -> None:
 def cmd_savepoint(config: SessionsConfig, args: argparse.Namespace) -> None:
     from state_store.lifecycle import take_savepoint
 
-    _print(take_savepoint(config, trigger="manual").to_dict(), args.json)
+    _print(take_savepoint(config, trigger="manual", full=args.full).to_dict(), args.json)
 
 
 def cmd_savepoints(config: SessionsConfig, args: argparse.Namespace) -> None:
@@ -195,11 +196,11 @@ def cmd_forget(config: SessionsConfig, args: argparse.Namespace) -> None:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="sessionctl", description=__doc__)
+    parser = Parser(prog="sessionctl", description=__doc__)
     sub = parser.add_subparsers(dest="command", required=True)
     sub.add_parser("catch-up", help="process everything in landing, then stop").set_defaults(fn=cmd_catch_up)
     run = sub.add_parser("run", help="process continuously until interrupted")
-    run.add_argument("--poll-seconds", type=float, default=5.0)
+    run.add_argument("--poll-seconds", type=SECONDS, default=5.0)
     run.set_defaults(fn=cmd_run)
     st = sub.add_parser("status", help="provider, partitions, last batch, state keys and bytes, watermark")
     st.add_argument("--json", action="store_true")
@@ -207,10 +208,12 @@ def build_parser() -> argparse.ArgumentParser:
     st.set_defaults(fn=cmd_status)
     save = sub.add_parser("savepoint", help="savepoint at the last committed batch (the stream may keep running)")
     save.add_argument("--json", action="store_true")
+    save.add_argument("--full", action="store_true", help="a full savepoint even where an incremental one (only the "
+                      "users changed since the previous savepoint) would do")
     save.set_defaults(fn=cmd_savepoint)
     stp = sub.add_parser("stop", help="stop the running stream (any process or host) after its current batch")
     stp.add_argument("--savepoint", action="store_true", help="take the savepoint of its last batch as part of the stop")
-    stp.add_argument("--timeout", type=float, default=None, help="seconds to wait (default 2x SESSIONS_STOP_TIMEOUT_S)")
+    stp.add_argument("--timeout", type=SECONDS, default=None, help="seconds to wait (default 2x SESSIONS_STOP_TIMEOUT_S)")
     stp.add_argument("--json", action="store_true")
     stp.set_defaults(fn=cmd_stop)
     al = sub.add_parser("accept-loss", help="accept Kafka messages lost before ingest (SourceDataLost): a quarantine "
@@ -236,22 +239,24 @@ def build_parser() -> argparse.ArgumentParser:
     rc.set_defaults(fn=cmd_rescale)
     sv = sub.add_parser("state", help="open sessions as the state store holds them now (running or stopped job)")
     which = sv.add_mutually_exclusive_group(required=True)
-    which.add_argument("--user", help="one user's open session(s)")
-    which.add_argument("--top", type=int, help="the N largest open sessions (hot keys)")
+    which.add_argument("--user", type=user_id, help="one user's open session(s)")
+    which.add_argument("--top", type=count(1), help="the N largest open sessions (hot keys)")
     sv.add_argument("--history", action="store_true", help="with --user: the user's open sessions at each retained "
                     "savepoint, oldest first")
     sv.add_argument("--json", action="store_true")
     sv.set_defaults(fn=cmd_state)
     fg = sub.add_parser("forget", help="erase a user everywhere: tables, live state, savepoints, older table versions "
                         "(within SESSIONS_ERASURE_DEADLINE_HOURS), archived landing files")
-    fg.add_argument("--user", required=True, help="the user id to erase")
+    fg.add_argument("--user", required=True, type=user_id, help="the user id to erase")
     fg.add_argument("--verify", action="store_true", help="only say where the user still appears")
     fg.add_argument("--json", action="store_true")
     fg.set_defaults(fn=cmd_forget)
     cp = sub.add_parser("compact", help="compaction and retention")
-    cp.add_argument("--keep-last", type=int, default=None, help="savepoints kept (default SESSIONS_KEEP_SAVEPOINTS, 5)")
-    cp.add_argument("--keep-daily-days", type=int, default=None,
-                    help="plus the newest of each of these days (default SESSIONS_KEEP_DAILY_DAYS, 7)")
+    # Within the bounds of the settings they override (pipelines.config).
+    cp.add_argument("--keep-last", type=checked(lambda text: check_setting("keep_savepoints", text, "n")),
+                    default=None, help="savepoints kept (default SESSIONS_KEEP_SAVEPOINTS, 5)")
+    cp.add_argument("--keep-daily-days", type=checked(lambda text: check_setting("keep_daily_days", text, "n")),
+                    default=None, help="plus the newest of each of these days (default SESSIONS_KEEP_DAILY_DAYS, 7)")
     cp.add_argument("--dry-run", action="store_true")
     cp.set_defaults(fn=cmd_compact)
     return parser
@@ -262,7 +267,7 @@ def _logs_to_file(config: SessionsConfig) -> None:
     Ctrl-C with its traceback (on the root logger), and the terminal gets sessionctl's one line."""
     try:
         config.log_dir.mkdir(parents=True, exist_ok=True)
-        handler: logging.Handler = logging.FileHandler(config.log_dir / "errors.log")
+        handler: logging.Handler = LogFile(config.log_dir / "errors.log")
     except OSError:
         handler = logging.NullHandler()
     handler.setFormatter(logging.Formatter("%(asctime)s %(name)s %(levelname)s %(message)s"))
@@ -304,6 +309,7 @@ def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     if args.command != "run":  # only `run` stops in order on Ctrl-C; the others end at once, in one line
         signal.signal(signal.SIGINT, signal.default_int_handler)
+    config: SessionsConfig | None = None
     try:
         if INTERRUPTED.is_set():  # Ctrl-C while Python was still importing: nothing was started
             raise KeyboardInterrupt
@@ -317,6 +323,13 @@ def main(argv: list[str] | None = None) -> int:
     except KeyboardInterrupt:
         print(f"sessionctl {args.command}: interrupted", file=sys.stderr)
         code = 130
+    except Exception as error:
+        translated = object_store_failure(config, error) if config is not None else None
+        if translated is None:
+            raise  # not an expected error: its traceback
+        logging.getLogger("sessionctl").warning("%s", translated, exc_info=error)  # the details, to errors.log
+        print(f"sessionctl {args.command}: {translated}", file=sys.stderr)
+        code = 1
     finally:
         # Orderly: the queries, the state stores, then the JVM, before Python exits (a JVM left to die with the
         # process can crash in RocksDB's native code on the way out). Ctrl-C here is ignored: we are leaving anyway.

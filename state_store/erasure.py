@@ -122,7 +122,9 @@ def _erase_savepoints(config: SessionsConfig, spark: SparkSession, user_id: str)
     store = SavepointStore.of(config)
     removed = changed = 0
     uris = []
-    for saved in store.list():
+    # Oldest first: an incremental savepoint's state resolves through the older tables of its chain, so those are
+    # erased before its own count and checksum are recomputed.
+    for saved in reversed(store.list()):
         if not table_exists(config, saved.state_uri):
             continue
         uris.append(saved.state_uri)

@@ -60,16 +60,20 @@ def live_state(spark: SparkSession, checkpoint: Path, batch_id: int | None, op: 
 
 # ---- savepoint ---------------------------------------------------------------------------------
 
-def _take_savepoint(config: SessionsConfig, trigger: str, spark: SparkSession | None) -> SavepointInfo:
-    """The savepoint of the last committed batch (state_store.savepointing: written and verified by the executors)."""
-    return savepoint_last_batch(config, trigger, _spark(config, spark))
+def _take_savepoint(config: SessionsConfig, trigger: str, spark: SparkSession | None, full: bool = False
+                    ) -> SavepointInfo:
+    """The savepoint of the last committed batch (state_store.savepointing: written and verified by the executors;
+    incremental where state_store.savepoint_policy allows and not `full`)."""
+    return savepoint_last_batch(config, trigger, _spark(config, spark), full=full)
 
 
-def take_savepoint(config: SessionsConfig, trigger: str = "manual", spark: SparkSession | None = None) -> SavepointInfo:
+def take_savepoint(config: SessionsConfig, trigger: str = "manual", spark: SparkSession | None = None,
+                   full: bool = False) -> SavepointInfo:
     """Savepoint at the last committed batch, of a stopped job or beside the running stream (which keeps
-    committing): state + source position + watermark + output table versions, all of that one batch."""
+    committing): state + source position + watermark + output table versions, all of that one batch. Incremental
+    (only the users changed since the previous savepoint of the lineage) unless `full` or the policy says full."""
     with job_lock(config, "savepoint", name=LIFECYCLE), spark_failures(config):
-        return _take_savepoint(config, trigger, spark)
+        return _take_savepoint(config, trigger, spark, full)
 
 
 # ---- validate / restore ------------------------------------------------------------------------

@@ -17,6 +17,7 @@ from pipelines.storage import is_s3, join, open_table, storage_options, table_ex
 from state_store.erasure import erasures_recorded
 from state_store.lifecycle import remove_tree, replaced_checkpoints
 from state_store.results import CompactionResult, MaintenanceDue, SavepointInfo
+from state_store.savepoint_fold import fold, fold_plan, needed, sweep_unreferenced
 from state_store.savepoints import SavepointStore
 
 
@@ -70,7 +71,8 @@ def _maintain_table(config: SessionsConfig, uri: str, dry_run: bool) -> dict[str
 def savepoints_to_delete(catalog: list[SavepointInfo], keep_last: int, keep_daily_days: int,
                          now: dt.datetime) -> list[SavepointInfo]:
     """Keep the newest `keep_last` complete savepoints and the newest one of each of the last
-    `keep_daily_days` days; never the newest complete one. Failed attempts go."""
+    `keep_daily_days` days; never the newest complete one. Failed attempts go. (The policy alone: compact then keeps
+    what the chains of the kept ones need, state_store.savepoint_fold.)"""
     complete = [s for s in catalog if s.status == "complete"]  # the catalog is newest first
     keep = {s.savepoint_id for s in complete[:max(1, keep_last)]}
     horizon = (now - dt.timedelta(days=keep_daily_days)).date()
@@ -81,6 +83,27 @@ def savepoints_to_delete(catalog: list[SavepointInfo], keep_last: int, keep_dail
             seen_days.add(day)
             keep.add(saved.savepoint_id)
     return [s for s in catalog if s.savepoint_id not in keep]
+
+
+def _chain_retention(config: SessionsConfig, store: SavepointStore, catalog: list[SavepointInfo],
+                     expired: list[SavepointInfo], dry_run: bool
+                     ) -> tuple[list[SavepointInfo], list[str], list[SavepointInfo]]:
+    """Retention over incremental chains (state_store.savepoint_fold): the chains of kept savepoints folded where
+    their full savepoint expires, and of `expired` only what no kept savepoint's chain needs. (expired, folded ids,
+    the catalog after the folds)"""
+    keep = {s.savepoint_id for s in catalog} - {s.savepoint_id for s in expired}
+    folds, chains = fold_plan(catalog, keep)
+    if folds and not dry_run:
+        from pipelines.runtime import get_spark, spark_failures
+
+        with spark_failures(config):
+            spark = get_spark(config)
+            for saved in folds:
+                fold(spark, store, saved, catalog)
+        catalog = store.list()
+        chains = {s.savepoint_id: s.chain_ids for s in catalog if s.status == "complete"}
+    required = needed(chains, keep)
+    return [s for s in catalog if s.savepoint_id not in required], [s.savepoint_id for s in folds], catalog
 
 
 def _state_folders(config: SessionsConfig, store: SavepointStore) -> set[str]:
@@ -117,6 +140,7 @@ def compact(config: SessionsConfig, dry_run: bool = False) -> CompactionResult:
         store = SavepointStore.of(config)
         catalog = store.list()
         expired = savepoints_to_delete(catalog, config.keep_savepoints, config.keep_daily_days, now)
+        expired, folded, catalog = _chain_retention(config, store, catalog, expired, dry_run)
         deleted = []
         for saved in expired:
             if not dry_run:
@@ -136,13 +160,18 @@ def compact(config: SessionsConfig, dry_run: bool = False) -> CompactionResult:
         tables = {}
         uris = {"sessions": config.sessions_table, "quarantine": config.quarantine_table,
                 "raw_events": config.raw_events_table, "savepoint_catalog": store.catalog_uri}
+        unreferenced = {}
         for saved in catalog:
             if saved.savepoint_id not in deleted and saved.status == "complete":
                 uris[f"savepoint:{saved.savepoint_id}"] = saved.state_uri
+                if not dry_run and store.exists(saved.savepoint_id):
+                    unreferenced[f"savepoint:{saved.savepoint_id}"] = sweep_unreferenced(store, saved.savepoint_id)
         for name, uri in uris.items():
             report = _maintain_table(config, uri, dry_run)
             if report:
                 tables[name] = report
+                if unreferenced.get(name):
+                    report["unreferenced_files_removed"] = unreferenced[name]
         state_files, state_bytes = directory_size(config.checkpoint / "state")
         files_before = sum(t["files_before"] for t in tables.values())
         bytes_before = sum(t["bytes_before"] for t in tables.values()) + checkpoint_bytes
@@ -160,6 +189,7 @@ def compact(config: SessionsConfig, dry_run: bool = False) -> CompactionResult:
             state_files=state_files, state_bytes=state_bytes,
             tables=tables,
             seconds=round(time.monotonic() - started, 3),
+            savepoints_folded=folded,
         )
 
 

@@ -81,7 +81,8 @@ def _damage(store: SavepointStore, saved: SavepointInfo) -> SavepointDamaged | N
         adds = pa.table(DeltaTable(saved.state_uri, storage_options=store.options).get_add_actions(flatten=True))
         counts = adds["num_records"]
         listed = None if counts.null_count else int(pc.sum(counts).as_py() or 0)
-        if listed is not None and listed != saved.rows:
+        # (an incremental savepoint's table holds its increment; `rows` counts the state its chain resolves to)
+        if listed is not None and saved.kind != "incremental" and listed != saved.rows:
             return SavepointDamaged(f"savepoint {saved.savepoint_id} is damaged: its table lists {listed} rows, the "
                                     f"catalog says {saved.rows}")
         files = store.data_files(saved.savepoint_id).files
@@ -114,6 +115,11 @@ def refusals(config: SessionsConfig, saved: SavepointInfo, partitions: int | Non
             found.append(RescaleRefused(f"--partitions must be at least 1, got {partitions}" if partitions < 1 else
                                         f"--partitions must be between 1 and {bound}, got {partitions}"))
     damage = _damage(store, saved)
+    if damage is None and saved.kind == "incremental":  # the older tables its state resolves through
+        try:
+            damage = next(filter(None, (_damage(store, member) for member in store.chain(saved)[:-1])), None)
+        except SavepointDamaged as missing:
+            damage = missing
     if damage is not None:
         found.append(damage)
     abandoned = _abandoned_timeline(config, saved)

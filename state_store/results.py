@@ -4,7 +4,7 @@ same keys, in the same order, as before."""
 from __future__ import annotations
 
 import datetime as dt
-from dataclasses import dataclass, fields
+from dataclasses import dataclass, field, fields
 from typing import Any, ClassVar, Literal
 
 from pipelines.config import Provider
@@ -41,12 +41,23 @@ class SavepointInfo(Result):
     seconds: float | None
     error: str | None = None
     verified: bool | None = None  # set by validate_savepoint (re-read matched the catalog row)
-    _omit_if_none: ClassVar[tuple[str, ...]] = ("error", "verified")
+    # Incremental savepoints (state_store.savepoints: "Incremental savepoints"); `rows`/`checksum` above are always
+    # the state the savepoint represents, `table_rows` what its own table held when written.
+    kind: str | None = None       # full | incremental
+    base_id: str | None = None    # an incremental one's full savepoint
+    chain: str | None = None      # ids base..this, comma-separated
+    table_rows: int | None = None
+    _omit_if_none: ClassVar[tuple[str, ...]] = ("error", "verified", "kind", "base_id", "chain", "table_rows")
 
     @property
     def uri(self) -> str:
         """Where the savepoint's state table lives (the contract's `uri`)."""
         return self.state_uri
+
+    @property
+    def chain_ids(self) -> list[str]:
+        """The savepoint's chain, base first (a full savepoint: itself)."""
+        return self.chain.split(",") if self.chain else [self.savepoint_id]
 
     @classmethod
     def from_row(cls, row: dict[str, Any], verified: bool | None = None) -> SavepointInfo:
@@ -67,8 +78,12 @@ class SavepointInfo(Result):
             row.update((k, v) for k, v in out.items() if k not in ("savepoint_id", "status", "error", "verified"))
             return {**row, "error": self.error, "uri": self.uri}
         # `uri` after `seconds`, where the savepoint JSON has always had it.
-        ordered = {k: v for k, v in out.items() if k not in ("error", "verified")}
-        ordered["uri"] = self.uri
+        ordered: dict[str, Any] = {}
+        for key, value in out.items():
+            if key not in ("error", "verified"):
+                ordered[key] = value
+            if key == "seconds":
+                ordered["uri"] = self.uri
         ordered.update({k: out[k] for k in ("error", "verified") if k in out})
         return ordered
 
@@ -116,6 +131,7 @@ class CompactionResult(Result):
     state_bytes: int
     tables: dict[str, dict[str, int]]  # per table: files_/bytes_before, and after or would_vacuum (dry run)
     seconds: float
+    savepoints_folded: list[str] = field(default_factory=list)  # incremental savepoints made full (their chains')
 
 
 @dataclass(frozen=True)

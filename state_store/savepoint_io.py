@@ -37,7 +37,7 @@ from pyspark.sql import DataFrame, SparkSession
 from pipelines import state_format
 from pipelines.errors import SavepointDamaged
 from pipelines.storage import filesystem, is_s3, s3_errors
-from state_store.savepoints import SavepointStore, StateFiles, combine_checksum, partial_checksum
+from state_store.savepoints import DELETED, SavepointStore, StateFiles, combine_checksum, partial_checksum
 
 FILE_ROWS = 2_000_000      # rows per data file at most: a task's share beyond it goes on in a new file
 ROW_GROUP_ROWS = 131_072   # rows buffered per Parquet row group (a task holds about this many rows at a time)
@@ -72,6 +72,7 @@ class WrittenFiles:
     files: tuple[dict[str, Any], ...]  # path (relative to uri), size, num_records, stats (JSON), hash_sum
     rows: int
     checksum: str
+    schema: pa.Schema = state_format.CANONICAL_SCHEMA  # the table's: canonical, or an increment's (with tombstones)
 
     @property
     def bytes(self) -> int:
@@ -88,10 +89,11 @@ def _timestamp_text(micros: int, round_up: bool) -> str:
 
 
 class _FileStats:
-    """Delta per-file statistics of canonical rows, accumulated over the row groups of one file."""
+    """Delta per-file statistics of state rows, accumulated over the row groups of one file."""
 
-    def __init__(self) -> None:
-        self.nulls = dict.fromkeys(state_format.CANONICAL_SCHEMA.names, 0)
+    def __init__(self, schema: pa.Schema) -> None:
+        self.schema = schema
+        self.nulls = dict.fromkeys(schema.names, 0)
         self.low: dict[str, Any] = {}
         self.high: dict[str, Any] = {}
 
@@ -110,7 +112,7 @@ class _FileStats:
 
     def to_json(self, num_records: int) -> str:
         low, high = {}, {}
-        for column_field in state_format.CANONICAL_SCHEMA:
+        for column_field in self.schema:
             name = column_field.name
             if name not in self.low:
                 continue
@@ -129,11 +131,11 @@ class _FileStats:
 class _DataFile:
     """One Parquet data file being written by a task: rows, partial checksum and statistics as they go in."""
 
-    def __init__(self, fs: Any, root: str, partition: int) -> None:
+    def __init__(self, fs: Any, root: str, partition: int, schema: pa.Schema) -> None:
         self.name = f"part-{partition:05d}-{uuid.uuid4()}.zstd.parquet"  # unique per task attempt
         self.stream = fs.open_output_stream(f"{root}/{self.name}")
-        self.writer = pq.ParquetWriter(self.stream, state_format.CANONICAL_SCHEMA, compression=COMPRESSION)
-        self.rows, self.hash_sum, self.stats = 0, 0, _FileStats()
+        self.writer = pq.ParquetWriter(self.stream, schema, compression=COMPRESSION)
+        self.rows, self.hash_sum, self.stats = 0, 0, _FileStats(schema)
 
     def write(self, rows: pa.Table) -> None:
         self.writer.write_table(rows, row_group_size=rows.num_rows)
@@ -149,14 +151,14 @@ class _DataFile:
                 "hash_sum": _signed(self.hash_sum)}
 
 
-def _canonical_batch(batch: pa.RecordBatch) -> pa.Table:
-    return pa.Table.from_batches([batch]).select(state_format.CANONICAL_SCHEMA.names).cast(
-        state_format.CANONICAL_SCHEMA)
+def _schema_batch(batch: pa.RecordBatch, schema: pa.Schema) -> pa.Table:
+    return pa.Table.from_batches([batch]).select(schema.names).cast(schema)
 
 
-def _write_partition(table_uri: str, file_rows: int, group_rows: int
+def _write_partition(table_uri: str, file_rows: int, group_rows: int, schema: pa.Schema
                      ) -> Callable[[Iterator[pa.RecordBatch]], Iterator[pa.RecordBatch]]:
-    """mapInArrow function: a task's canonical rows -> Parquet files under table_uri, one metadata row per file."""
+    """mapInArrow function: a task's state rows (`schema`'s columns) -> Parquet files under table_uri, one metadata
+    row per file."""
 
     def write(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
         fs, root = filesystem(table_uri)
@@ -174,7 +176,7 @@ def _write_partition(table_uri: str, file_rows: int, group_rows: int
             if not pending_rows:
                 return
             if current is None:
-                current = _DataFile(fs, root, partition)
+                current = _DataFile(fs, root, partition, schema)
             current.write(pa.concat_tables(pending).combine_chunks())
             pending, pending_rows = [], 0
             if current.rows >= file_rows:
@@ -183,7 +185,7 @@ def _write_partition(table_uri: str, file_rows: int, group_rows: int
 
         for batch in batches:
             if batch.num_rows:
-                pending.append(_canonical_batch(batch))
+                pending.append(_schema_batch(batch, schema))
                 pending_rows += batch.num_rows
                 if pending_rows >= min(group_rows, file_rows - (current.rows if current else 0)):
                     flush()
@@ -273,16 +275,18 @@ def executor_env(spark: SparkSession, uri: str) -> Iterator[None]:
 
 
 def write_state_files(spark: SparkSession, rows: DataFrame, uri: str, file_rows: int | None = None,
-                      group_rows: int | None = None) -> WrittenFiles:
-    """Canonical rows (a DataFrame) written as Parquet files under `uri` by the tasks that compute them (at most
-    `file_rows` rows per file, FILE_ROWS by default); returns the files' metadata and the rows' checksum. Nothing is
-    committed: commit_state_files makes them a Delta table."""
-    write = _write_partition(uri, file_rows or FILE_ROWS, group_rows or ROW_GROUP_ROWS)
+                      group_rows: int | None = None, schema: pa.Schema = state_format.CANONICAL_SCHEMA
+                      ) -> WrittenFiles:
+    """State rows (a DataFrame: canonical, or an increment's with `schema` savepoints.INCREMENT_SCHEMA) written as
+    Parquet files under `uri` by the tasks that compute them (at most `file_rows` rows per file, FILE_ROWS by
+    default); returns the files' metadata and the rows' checksum. Nothing is committed: commit_state_files makes them
+    a Delta table."""
+    write = _write_partition(uri, file_rows or FILE_ROWS, group_rows or ROW_GROUP_ROWS, schema)
     with executor_env(spark, uri):
         files = rows.mapInArrow(write, _FILE_DDL)
     written = tuple(row.asDict() for row in files.collect())
     checksum = combine_checksum((f["num_records"], f["hash_sum"]) for f in written)
-    return WrittenFiles(uri, written, sum(int(f["num_records"]) for f in written), checksum)
+    return WrittenFiles(uri, written, sum(int(f["num_records"]) for f in written), checksum, schema)
 
 
 def commit_state_files(written: WrittenFiles, storage_options: dict[str, str] | None) -> None:
@@ -292,7 +296,7 @@ def commit_state_files(written: WrittenFiles, storage_options: dict[str, str] | 
     adds = [AddAction(f["path"], int(f["size"]), {}, now_ms, True, f["stats"]) for f in written.files]
     with s3_errors(written.uri):
         create_table_with_add_actions(
-            written.uri, Schema.from_arrow(state_format.CANONICAL_SCHEMA), adds, mode="error",
+            written.uri, Schema.from_arrow(written.schema), adds, mode="error",
             storage_options=storage_options,
             commit_properties=CommitProperties(custom_metadata={"sessions.rows": written.rows,
                                                                 "sessions.checksum": written.checksum}))
@@ -315,9 +319,22 @@ def files_checksum(spark: SparkSession, files: StateFiles) -> tuple[int, str]:
 
 
 def savepoint_checksum(spark: SparkSession, store: SavepointStore, savepoint_id: str) -> tuple[int, str]:
-    """(rows, checksum) of a savepoint's state table as stored (v1 or v2 rows: what its catalog row records),
-    computed in the executors."""
-    return files_checksum(spark, store.data_files(savepoint_id))
+    """(rows, checksum) of the state a savepoint holds, computed in the executors: its state table as stored for a
+    full savepoint (v1 or v2 rows), the chain resolved for an incremental one -- what its catalog row records."""
+    files = store.data_files(savepoint_id)
+    if DELETED not in files.columns:
+        return files_checksum(spark, files)
+    from state_store.savepoint_chain import frame_checksum, resolved_rows
+
+    return frame_checksum(resolved_rows(spark, store, _chain_members(store, savepoint_id)))
+
+
+def _chain_members(store: SavepointStore, savepoint_id: str) -> list[str]:
+    saved = store.find(savepoint_id)
+    if saved is None:
+        raise SavepointDamaged(f"{store.state_uri(savepoint_id)} is an incremental savepoint's table, but the "
+                               "catalog has no row for it: its chain is unknown")
+    return store.chain_members(saved)
 
 
 def verify_state_files(spark: SparkSession, store: SavepointStore, savepoint_id: str, rows: int,
@@ -332,11 +349,22 @@ def verify_state_files(spark: SparkSession, store: SavepointStore, savepoint_id:
     return files
 
 
-def savepoint_rows(spark: SparkSession, store: SavepointStore, savepoint_id: str) -> DataFrame:
-    """The savepoint's state rows in the current canonical form (CANONICAL_DDL; a v1 savepoint's rows upgraded as
-    state_format.upgrade_v1 does), read by the executors from the files its Delta log lists: no copy in this
-    process. Its count and checksum equal the driver-side store.read_state's (for a v2 savepoint)."""
-    files = store.data_files(savepoint_id)
+def table_rows(spark: SparkSession, files: StateFiles) -> DataFrame:
+    """A full state table's rows in the current canonical form (CANONICAL_DDL; v1 rows upgraded as
+    state_format.upgrade_v1 does), read by the executors from the files its Delta log lists."""
     if not files.files:
         return spark.createDataFrame([], CANONICAL_DDL)
     return _files_frame(spark, files, _read_files(files.columns), CANONICAL_DDL)
+
+
+def savepoint_rows(spark: SparkSession, store: SavepointStore, savepoint_id: str) -> DataFrame:
+    """The savepoint's state rows in the current canonical form (CANONICAL_DDL; a v1 savepoint's rows upgraded as
+    state_format.upgrade_v1 does; an incremental savepoint's chain resolved, state_store.savepoint_chain), read by
+    the executors from the files the Delta logs list: no copy in this process. Its count and checksum equal the
+    driver-side store.read_state's (for a v2 savepoint)."""
+    files = store.data_files(savepoint_id)
+    if DELETED not in files.columns:
+        return table_rows(spark, files)
+    from state_store.savepoint_chain import resolved_rows
+
+    return resolved_rows(spark, store, _chain_members(store, savepoint_id))

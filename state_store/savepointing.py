@@ -1,5 +1,6 @@
 """Taking a savepoint (state_store.lifecycle's savepoint, stop --savepoint and pre-rescale savepoint): the flow
-around the executors' write (state_store.savepoint_io) -- batch, retention, catalog row, failure handling."""
+around the executors' write (state_store.savepoint_io) -- batch, retention, full or incremental
+(state_store.savepoint_policy, state_store.savepoint_chain), catalog row, failure handling."""
 from __future__ import annotations
 
 import datetime as dt
@@ -13,13 +14,25 @@ from pyspark.sql import SparkSession
 from pipelines import state_format
 from pipelines.checkpoint import committed_checkpoint, inspect_checkpoint
 from pipelines.config import SessionsConfig
-from pipelines.errors import SavepointFailed
+from pipelines.errors import SavepointDamaged, SavepointFailed
 from pipelines.runtime import log_traceback
-from pipelines.storage import storage_options
+from pipelines.storage import filesystem, storage_options
 from pipelines.tables import version_after_batch
+from state_store.kill_points import kill_point
 from state_store.results import SavepointInfo
+from state_store.savepoint_chain import changed_rows, increment_facts, old_contribution
 from state_store.savepoint_io import WrittenFiles, commit_state_files, verify_state_files, write_state_files
-from state_store.savepoints import SavepointStore, new_savepoint_id
+from state_store.savepoint_policy import SavepointPlan, plan_savepoint
+from state_store.savepoints import (
+    FULL,
+    INCREMENT_SCHEMA,
+    INCREMENTAL,
+    SavepointStore,
+    StateFiles,
+    checksum_parts,
+    combine_checksum,
+    new_savepoint_id,
+)
 from state_store.state import read_state
 
 # A savepoint reads one committed batch N beside a running stream: state version N through Spark's state data source
@@ -46,16 +59,57 @@ def _write_batch_state(config: SessionsConfig, spark: SparkSession, store: Savep
     return written
 
 
+def _write_increment(config: SessionsConfig, spark: SparkSession, store: SavepointStore, savepoint_id: str,
+                     after_batch: int, batch_id: int) -> WrittenFiles | str:
+    """The increment from batch `after_batch` to `batch_id` written as the savepoint's data files (not committed);
+    when Spark cannot read that change feed (versions gone, a provider without one), the reason, with nothing left
+    in the savepoint's folder."""
+    try:
+        written = write_state_files(spark, changed_rows(spark, config.checkpoint, after_batch, batch_id),
+                                    store.state_uri(savepoint_id), schema=INCREMENT_SCHEMA)
+        newest = inspect_checkpoint(config.checkpoint).last_committed_batch or batch_id
+        if newest - after_batch < config.min_batches_to_retain:
+            return written
+        reason = f"Spark's retention reached batch {after_batch + 1} while the change feed was read"
+    except PythonException:
+        raise  # this code's own failure in an executor: said as such, not hidden behind a full savepoint
+    except (PySparkException, Py4JError) as error:
+        log_traceback(config)
+        reason = f"the change feed could not be read ({str(error).strip().splitlines()[0][:200]})"
+    fs, root = filesystem(store.state_uri(savepoint_id))
+    fs.delete_dir_contents(root, missing_dir_ok=True)  # files of the increment's tasks: never committed
+    return reason
+
+
+def _verify_increment(spark: SparkSession, store: SavepointStore, savepoint_id: str, written: WrittenFiles,
+                      tip: SavepointInfo) -> tuple[int, str, StateFiles]:
+    """Re-read the committed increment in the executors (SavepointDamaged unless its count and checksum are the
+    write pass's); the (rows, checksum) of the state it represents: the previous savepoint's, without what the
+    increment's users held there, with what they hold now (state_store.savepoint_chain)."""
+    files = store.data_files(savepoint_id)
+    facts = increment_facts(spark, files)
+    if (facts.rows, facts.checksum) != (written.rows, written.checksum):
+        raise SavepointDamaged(f"re-read of {files.uri} does not match the live state: {facts.rows} rows / "
+                               f"{facts.checksum} in {len(files.files)} files, written {written.rows} / "
+                               f"{written.checksum}")
+    old_rows, old_sum = old_contribution(spark, store, store.chain_members(tip), facts.users)
+    checksum = combine_checksum([checksum_parts(tip.checksum), (-old_rows, -old_sum),
+                                 (facts.state_rows, facts.state_sum)])
+    return int(checksum.split(":")[1]), checksum, files
+
+
 def _retention_lost(config: SessionsConfig, batch_id: int, newest: int) -> str:
     return (f"state of batch {batch_id} was removed by Spark's retention while the savepoint read it (the stream "
             f"committed up to batch {newest}; SESSIONS_MIN_BATCHES_TO_RETAIN={config.min_batches_to_retain}): run the "
             f"savepoint again, and raise that setting if the stream commits batches faster than a savepoint reads")
 
 
-def savepoint_last_batch(config: SessionsConfig, trigger: str, spark: SparkSession) -> SavepointInfo:
-    """The savepoint of the last committed batch. The state is written, checksummed and verified by the executors
-    (state_store.savepoint_io); this process commits the files' metadata in one Delta transaction and records the
-    catalog row -- it never holds the state. The caller holds the lifecycle lease."""
+def savepoint_last_batch(config: SessionsConfig, trigger: str, spark: SparkSession, full: bool = False
+                         ) -> SavepointInfo:
+    """The savepoint of the last committed batch, full or incremental (state_store.savepoint_policy; `full` forces
+    full). The state is written, checksummed and verified by the executors (state_store.savepoint_io); this process
+    commits the files' metadata in one Delta transaction and records the catalog row -- it never holds the state.
+    The caller holds the lifecycle lease."""
     started = time.monotonic()
     committed = committed_checkpoint(config.checkpoint, "nothing to savepoint")
     info, meta, batch_id = committed.info, committed.meta, committed.batch_id
@@ -76,10 +130,25 @@ def savepoint_last_batch(config: SessionsConfig, trigger: str, spark: SparkSessi
     try:
         if store.exists(savepoint_id):  # also: the store answers, before any executor writes to it
             raise SavepointFailed(f"{row['state_uri']} exists already")
-        written = _write_batch_state(config, spark, store, savepoint_id, batch_id)
-        row.update(rows=written.rows, checksum=written.checksum)
+        plan = plan_savepoint(config, store, store.list(), committed, full)
+        increment: WrittenFiles | str | None = None
+        if plan.tip is not None:
+            increment = _write_increment(config, spark, store, savepoint_id, plan.tip.batch_id, batch_id)
+            if isinstance(increment, str):
+                plan = SavepointPlan(FULL, increment)
+        written = increment if isinstance(increment, WrittenFiles) else \
+            _write_batch_state(config, spark, store, savepoint_id, batch_id)
+        row.update(rows=written.rows, checksum=written.checksum, table_rows=written.rows, kind=plan.kind,
+                   chain=f"{plan.chain},{savepoint_id}" if plan.tip else savepoint_id,
+                   base_id=plan.tip.chain_ids[0] if plan.tip else None)
+        kill_point("savepoint:files-written")
         commit_state_files(written, store.options)
-        files = verify_state_files(spark, store, savepoint_id, written.rows, written.checksum)
+        kill_point("savepoint:committed")
+        if plan.tip is not None and plan.kind == INCREMENTAL:
+            rows, checksum, files = _verify_increment(spark, store, savepoint_id, written, plan.tip)
+            row.update(rows=rows, checksum=checksum)
+        else:
+            files = verify_state_files(spark, store, savepoint_id, written.rows, written.checksum)
         row.update(status="complete", bytes=files.bytes, seconds=round(time.monotonic() - started, 3))
         store.record(row)
     except Exception as error:  # noqa: BLE001 -- any failure must leave no complete row behind

@@ -2,14 +2,34 @@
 
 Layout under SESSIONS_SAVEPOINT_URI:
   catalog/          one row per savepoint attempt (status complete | failed); the only index
-  state/<id>/       the open state in canonical form (pipelines.state_format.CANONICAL_SCHEMA, schema id
-                    in the catalog row; v1 savepoints -- one row per open event -- still restore)
+  state/<id>/       a full savepoint: the open state in canonical form (pipelines.state_format.CANONICAL_SCHEMA,
+                    schema id in the catalog row; v1 savepoints -- one row per open event -- still restore);
+                    an incremental one: INCREMENT_SCHEMA (canonical + `deleted`), see below
 A savepoint is listed as complete only after its state table was written, re-read and its count and
 checksum matched the live state; a half-written state table is never referenced by a complete row. The executors
 write, re-read and checksum the state table (state_store.savepoint_io); this process handles its metadata only.
+
+Incremental savepoints (state_store.savepoint_chain). An incremental savepoint's table holds only the users whose
+state changed since the previous savepoint of its chain: every canonical row of each such user (its whole state at
+the savepoint's batch, `deleted` false) and, for a user whose state was removed, one tombstone row (`user_id` set,
+the other canonical columns null, `deleted` true). The catalog row names its `chain` (ids from the full savepoint it
+builds on, `base_id`, to itself) and its `kind`; the state it represents is the chain resolved: per user the rows of
+the newest table of the chain that holds the user, unless those are a tombstone. As a Delta view (SQL):
+
+    SELECT user_id, session_start, event_id, event_time, event_type, event_count, page_views FROM (
+      SELECT *, MAX(pos) OVER (PARTITION BY user_id) AS newest FROM (
+        SELECT *, false AS deleted, 0 AS pos FROM delta.`state/<base_id>`
+        UNION ALL SELECT *, 1 AS pos FROM delta.`state/<chain[1]>` ... UNION ALL SELECT *, n AS pos FROM ...))
+    WHERE pos = newest AND NOT deleted
+
+A table without the `deleted` column is full: resolution starts at the newest full table of the chain (compaction
+folds a chain by rewriting a member's table as full, state_store.savepoint_fold). `rows` and `checksum` in the
+catalog are always those of the resolved state (what a restore loads and verifies); `table_rows` what the
+savepoint's own table held when written.
 """
 from __future__ import annotations
 
+import builtins
 import datetime as dt
 import json
 import os
@@ -26,7 +46,7 @@ from deltalake import DeltaTable, write_deltalake
 
 from pipelines import state_format
 from pipelines.config import SessionsConfig
-from pipelines.errors import SavepointNotFound
+from pipelines.errors import SavepointDamaged, SavepointNotFound
 from pipelines.storage import join, s3_errors, storage_options
 from state_store.results import SavepointInfo
 
@@ -53,7 +73,18 @@ CATALOG_SCHEMA = pa.schema([
     ("bytes", pa.int64()),
     ("seconds", pa.float64()),
     ("error", pa.string()),
+    # Incremental savepoints (the columns were added later: a row without them is a full savepoint)
+    ("kind", pa.string()),              # full | incremental
+    ("base_id", pa.string()),           # an incremental one's full savepoint (chain[0]); null for a full one
+    ("chain", pa.string()),             # ids base..this, comma-separated; a full one: its own id
+    ("table_rows", pa.int64()),         # rows of its own table as written (rows/checksum: the resolved state)
 ])
+FULL, INCREMENTAL = "full", "incremental"
+DELETED = "deleted"  # the tombstone flag of an incremental savepoint's table
+INCREMENT_SCHEMA = state_format.CANONICAL_SCHEMA.append(pa.field(DELETED, pa.bool_()))
+
+
+Catalog = list[SavepointInfo]  # (inside SavepointStore, `list` names its method)
 
 
 def new_savepoint_id(batch_id: int, now: dt.datetime) -> str:
@@ -75,7 +106,8 @@ def row_hashes(rows: pa.Table | pa.RecordBatch) -> np.ndarray:
     parts = []
     for column_field in rows.schema:
         column = rows[column_field.name]
-        if pa.types.is_timestamp(column_field.type) or pa.types.is_integer(column_field.type):
+        if pa.types.is_timestamp(column_field.type) or pa.types.is_integer(column_field.type) or \
+                pa.types.is_boolean(column_field.type):  # (a boolean: "0" / "1")
             column = pc.cast(pc.cast(column, pa.int64()), pa.string())
         parts.append(pc.fill_null(column, _NULL_TOKEN.get(column_field.name, "")))
     keys = pc.binary_join_element_wise(*parts, "\x1f")
@@ -97,6 +129,15 @@ def combine_checksum(parts: Iterable[tuple[int, int]]) -> str:
         rows += int(count)
         total = (total + int(hash_sum)) % _MOD64
     return f"{CHECKSUM_ALGORITHM}:{rows}:{total:016x}"
+
+
+def checksum_parts(checksum: str) -> tuple[int, int]:
+    """A checksum back into its (rows, uint64 sum): combine_checksum of it and other parts (negative ones take rows
+    out) gives the checksum of the rows together."""
+    algorithm, rows, total = checksum.split(":")
+    if algorithm != CHECKSUM_ALGORITHM:
+        raise ValueError(f"not a {CHECKSUM_ALGORITHM} checksum: {checksum!r}")
+    return int(rows), int(total, 16)
 
 
 def state_checksum(table: pa.Table) -> str:
@@ -166,11 +207,27 @@ class SavepointStore:
             write_deltalake(target, rows, mode="error", storage_options=self.options)
         return target
 
+    def read_table(self, uri: str) -> pa.Table:
+        with s3_errors(uri):
+            return DeltaTable(uri, storage_options=self.options).to_pyarrow_table()
+
     def read_state(self, savepoint_id: str) -> pa.Table:
-        """The whole state table in this process (small savepoints, tests); state_store.savepoint_io reads it in
-        the executors."""
-        with s3_errors(self.uri):
-            return DeltaTable(self.state_uri(savepoint_id), storage_options=self.options).to_pyarrow_table()
+        """The savepoint's state in this process (small savepoints, tests): its table as stored for a full savepoint
+        (v1 or v2 rows), the chain resolved for an incremental one (canonical rows). state_store.savepoint_io reads
+        it in the executors."""
+        saved = self.find(savepoint_id)
+        if saved is None or saved.kind != INCREMENTAL:
+            return self.read_table(self.state_uri(savepoint_id))
+        tables = [self.read_table(self.state_uri(i)) for i in self.chain_members(saved)]
+        seen: pa.Array = pa.array([], pa.string())
+        parts = []
+        for table in reversed(tables):  # newest first: a user's rows come from the newest table holding them
+            fresh = table.filter(pc.invert(pc.is_in(table["user_id"], value_set=seen)))
+            if DELETED in table.column_names:
+                fresh = fresh.filter(pc.invert(pc.fill_null(fresh[DELETED], False)))
+            parts.append(fresh.select(state_format.CANONICAL_SCHEMA.names).cast(state_format.CANONICAL_SCHEMA))
+            seen = pa.concat_arrays([seen, pc.unique(table["user_id"]).cast(pa.string())])
+        return pa.concat_tables(parts)
 
     def exists(self, savepoint_id: str) -> bool:
         """Whether the savepoint's state table exists (a committed Delta table; half-written files are not one)."""
@@ -197,8 +254,9 @@ class SavepointStore:
 
     def _append(self, row: dict[str, Any]) -> None:
         full = {name: row.get(name) for name in CATALOG_SCHEMA.names}
+        # schema_mode="merge": a catalog written before a column was added gains it (its old rows read as null)
         write_deltalake(self.catalog_uri, pa.Table.from_pylist([full], schema=CATALOG_SCHEMA), mode="append",
-                        storage_options=self.options)
+                        schema_mode="merge", storage_options=self.options)
 
     def record(self, row: dict[str, Any]) -> None:
         with s3_errors(self.catalog_uri):
@@ -217,8 +275,58 @@ class SavepointStore:
             if not DeltaTable.is_deltatable(self.catalog_uri, storage_options=self.options):
                 return []
             rows = DeltaTable(self.catalog_uri, storage_options=self.options).to_pyarrow_table().to_pylist()
+        for row in rows:  # a row from before incremental savepoints: a full one, its own chain
+            row["kind"] = row.get("kind") or FULL
+            row["chain"] = row.get("chain") or row["savepoint_id"]
         saved = [SavepointInfo.from_row(row) for row in rows]
         return sorted(saved, key=lambda s: (s.created_at or "", s.savepoint_id), reverse=True)
+
+    def find(self, savepoint_id: str, catalog: Catalog | None = None) -> SavepointInfo | None:
+        """The catalog row of a savepoint, whatever its status (None: no row names it)."""
+        return next((s for s in (self.list() if catalog is None else catalog) if s.savepoint_id == savepoint_id),
+                    None)
+
+    def chain(self, saved: SavepointInfo, catalog: Catalog | None = None) -> Catalog:
+        """The catalog rows of a savepoint's chain, base first (a full savepoint: itself); SavepointDamaged when a
+        member is gone from the catalog or not complete (retention never deletes one a kept savepoint needs)."""
+        ids = saved.chain_ids
+        if len(ids) == 1:
+            return [saved]
+        catalog = self.list() if catalog is None else catalog
+        by_id = {s.savepoint_id: s for s in catalog}
+        missing = [i for i in ids[:-1] if i not in by_id or by_id[i].status != "complete"]
+        if missing:
+            raise SavepointDamaged(f"savepoint {saved.savepoint_id} is incremental and needs {missing[0]} of its "
+                                   f"chain, which is {'not complete' if missing[0] in by_id else 'gone'}")
+        return [by_id[i] for i in ids[:-1]] + [saved]
+
+    def chain_members(self, saved: SavepointInfo, catalog: Catalog | None = None) -> builtins.list[str]:
+        """The savepoints whose state tables a savepoint's state resolves from, oldest first: its chain from the
+        newest full table on (a member compaction folded is full before the catalog says so:
+        state_store.savepoint_fold)."""
+        ids: builtins.list[str] = []
+        for member in reversed(self.chain(saved, catalog)):
+            ids.insert(0, member.savepoint_id)
+            if not self.is_increment(self.state_uri(member.savepoint_id)):
+                break
+        return ids
+
+    def is_increment(self, uri: str) -> bool:
+        """Whether a state table is an increment (has the tombstone column), from its Delta log alone."""
+        with s3_errors(uri):
+            return DELETED in [f.name for f in DeltaTable(uri, storage_options=self.options).schema().fields]
+
+    def update_rows(self, rows: builtins.list[dict[str, Any]], columns: tuple[str, ...]) -> None:
+        """Set `columns` of several catalog rows (by savepoint_id) in one Delta transaction: all or none."""
+        if not rows:
+            return
+        names = ("savepoint_id", *columns)
+        source = pa.Table.from_pylist([{k: row.get(k) for k in names} for row in rows],
+                                      schema=pa.schema([CATALOG_SCHEMA.field(k) for k in names]))
+        with s3_errors(self.catalog_uri):
+            (DeltaTable(self.catalog_uri, storage_options=self.options)
+             .merge(source, "t.savepoint_id = s.savepoint_id", source_alias="s", target_alias="t")
+             .when_matched_update(updates={k: f"s.{k}" for k in columns}).execute())
 
     def get(self, savepoint: str = "latest") -> SavepointInfo:
         """A complete savepoint by id, or the newest complete one ("latest")."""

@@ -384,6 +384,7 @@ TEST_TIERS: dict[str, str | tuple[str, dict[str, str]]] = {
                                        "test_far_future_event_never_moves_the_watermark": "spark",
                                        "test_a_file_still_being_written_loses_no_line": "spark"}),
     "test_ingest_columnar.py": "pure",
+    "test_launchpad.py": "pure",
     "test_jvm_operator.py": "spark",
     "test_interrupted_rescale.py": "subprocess",
     "test_kafka_ingest.py": ("pure", {"test_partitions_ingested_once_and_sessions_equal_the_oracle": "spark",
@@ -428,6 +429,8 @@ TEST_TIERS: dict[str, str | tuple[str, dict[str, str]]] = {
     "test_history.py": ("spark", {"test_the_cli_prints_the_contracts_keys": "subprocess"}),
     "test_erasure.py": ("spark", {"test_the_cli_forgets_and_verifies_in_json": "subprocess",
                                   "test_forget_beside_a_running_stream": "subprocess"}),
+    "test_one_line_errors.py": ("subprocess", {"test_a_log_that_cannot_be_written_never_replaces_the_one_line":
+                                                   "pure"}),
     "test_online_lifecycle.py": "subprocess",
     "test_run_continuously.py": "subprocess",
     "test_s3_down.py": "e2e",

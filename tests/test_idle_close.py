@@ -19,7 +19,7 @@ from deltalake import DeltaTable, write_deltalake
 from pipelines.checkpoint import inspect_checkpoint
 from pipelines.config import ConfigError
 from pipelines.ingest import ingest, latest_seq, open_raw_table
-from pipelines.ingest.table import CLOCK_KIND, RAW_SCHEMA, Appender, IngestClock, latest_clock
+from pipelines.ingest.table import CLOCK_KIND, CLOCK_MAX_IDLE_PERIODS, RAW_SCHEMA, Appender, IngestClock, latest_clock
 from pipelines.sample_data import land
 from pipelines.stream import catch_up
 from state_store.lifecycle import restore, take_savepoint
@@ -57,6 +57,53 @@ def test_the_clock_follows_valid_events_and_runs_at_wall_speed_from_the_last_one
     assert older.due(2_000 + idle_us, idle_us) == (T0 + 15 * MINUTE) * 1000
     assert older.due(2_000 + idle_us + 1_500, idle_us) == (T0 + 15 * MINUTE) * 1000 + 1_000  # whole ms
     assert older.due(10**15, 0) is None and IngestClock().due(10**15, 1) is None  # off; no event ever
+
+
+def test_a_wall_clock_step_is_a_line_in_the_log_not_a_jump():
+    """A clock row moves event time at most CLOCK_MAX_IDLE_PERIODS idle periods past the newest event or clock row,
+    however far the wall clock says it is past the last commit; a wall clock behind that commit appends none."""
+    idle_us = 10 * MINUTE * 1000
+    active = (T0 + 3 * MINUTE) * 1000  # when the newest event (T0) was ingested
+    clock = IngestClock(T0 * 1000, active)
+    assert clock.judge(active + 15 * MINUTE * 1000, idle_us) == ((T0 + 15 * MINUTE) * 1000, None)  # wall speed
+    bound = CLOCK_MAX_IDLE_PERIODS * idle_us
+    assert clock.judge(active + bound, idle_us) == (T0 * 1000 + bound, None)  # up to the bound: no step
+    ahead, step = clock.judge(active + 5 * 60 * MINUTE * 1000, idle_us)  # the host's clock jumped 5 h ahead
+    assert ahead == T0 * 1000 + bound and clock.due(active + 5 * 60 * MINUTE * 1000, idle_us) == ahead
+    assert step is not None and "300.0 min past" in step and "20 min only" in step
+    behind, step = clock.judge(active - 60 * MINUTE * 1000, idle_us)  # stepped back an hour: no row
+    assert behind is None and step is not None and "3600.000 s behind" in step
+    assert clock.judge(active + idle_us - 1, idle_us) == (None, None) and clock.judge(active - 1, 0) == (None, None)
+
+
+def test_appending_after_a_clock_step_moves_event_time_by_the_bound_and_logs_one_line(tmp_path, caplog):
+    config = make_config(tmp_path, SESSIONS_IDLE_CLOSE_MINUTES="10")
+    land_batches(config, [[make_event("u1", "a1", T0, "page_view")]])
+    ingest(config)
+    table = open_raw_table(config)
+    clock = latest_clock(table)
+    assert clock.active_us is not None
+    active = EPOCH + dt.timedelta(microseconds=clock.active_us)
+    appender = Appender(config, latest_seq(table), clock)
+    caplog.set_level("WARNING", logger="pipelines.ingest")
+
+    stepped = active + dt.timedelta(hours=6)  # NTP stepped the host's clock six hours ahead
+    at = appender.append_clock(stepped)
+    assert at == EPOCH + dt.timedelta(milliseconds=T0 + CLOCK_MAX_IDLE_PERIODS * 10 * MINUTE)  # not T0 + 6 h
+    [line] = [r.getMessage() for r in caplog.records if r.name == "pipelines.ingest"]
+    assert "more than 2 idle periods" in line and "\n" not in line
+    assert [r["event_time"] for r in _clock_rows(config)] == [at]
+    assert appender.append_clock(stepped + dt.timedelta(minutes=1)) is None  # the next one an idle period later
+
+    caplog.clear()
+    for _ in range(3):  # the clock is set right again: behind the row's commit, so no row, and one line, not three
+        assert appender.append_clock(active + dt.timedelta(hours=1)) is None
+    [line] = [r.getMessage() for r in caplog.records if r.name == "pipelines.ingest"]
+    assert "behind the newest raw_events commit" in line
+    assert len(_clock_rows(config)) == 1
+    # Another host continues from the table: the same clock, the same judgement.
+    assert latest_clock(open_raw_table(config)) == appender.clock
+    assert appender.clock.max_event_us == int((at - EPOCH) / dt.timedelta(microseconds=1))
 
 
 def test_idle_close_setting_default_off_and_bad_values():

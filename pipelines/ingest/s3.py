@@ -3,6 +3,11 @@
 Landing on S3 holds objects, which are whole when they appear and never grow (and there are no symlinks):
 each is read once, whole, and archived by copy + delete, crash-safe through the commit's `name:size:mtime`
 identities.
+
+A landing bucket that does not answer (or refuses) fails the ingest with StorageUnavailable naming the landing URI
+and the cause -- `run` retries it with backoff (pipelines.stream) --; requests wait at most SESSIONS_S3_TIMEOUT,
+retried SESSIONS_S3_MAX_RETRIES times. What was committed before stays committed; an object committed but not yet
+archived is only archived by the next ingest.
 """
 from __future__ import annotations
 
@@ -15,7 +20,7 @@ from pipelines.config import SessionsConfig
 from pipelines.ingest.landing import INGESTED_DIR, LandedFile, archive_day
 from pipelines.ingest.lines import split_lines
 from pipelines.ingest.table import HISTORY_PAGE, Appender, Ingested, RowSource
-from pipelines.storage import filesystem
+from pipelines.storage import filesystem, s3_errors, s3_limits
 
 
 def landed_objects(config: SessionsConfig) -> list[LandedFile]:
@@ -77,18 +82,26 @@ def _archive_object(config: SessionsConfig, file: LandedFile) -> None:
 
 def ingest(config: SessionsConfig, table: DeltaTable | None, appender: Appender, step: int) -> Ingested:
     """Every object whole (an object is complete when it appears: its last line needs no newline). Every object
-    listed is committed and archived (or this raised): none is refused, none left waiting."""
+    listed is committed and archived (or this raised): none is refused, none left waiting. The landing's failures
+    are StorageUnavailable (raw_events' own, in the warehouse, are the appender's)."""
+    landing = config.landing_uri
     already = _recent_identities(table)
     pending = []
-    for file in landed_objects(config):
-        if file.identity in already or file.legacy_identity in already:
-            _archive_object(config, file)
-        else:
-            pending.append(file)
-    for start in range(0, len(pending), step):
-        chunk = pending[start:start + step]
-        sources = [RowSource(f.name, split_lines(_read_object(f), 0, False)[0]) for f in chunk]
-        appender.append(sources, {"ingested_files": json.dumps([f.identity for f in chunk])})
-        for file in chunk:
-            _archive_object(config, file)
+    with s3_limits(config):
+        with s3_errors(landing):  # probes the endpoint first: refused connections fail in a second
+            listed = landed_objects(config)
+        for file in listed:
+            if file.identity in already or file.legacy_identity in already:
+                with s3_errors(landing, probe=False):
+                    _archive_object(config, file)
+            else:
+                pending.append(file)
+        for start in range(0, len(pending), step):
+            chunk = pending[start:start + step]
+            with s3_errors(landing, probe=False):
+                sources = [RowSource(f.name, split_lines(_read_object(f), 0, False)[0]) for f in chunk]
+            appender.append(sources, {"ingested_files": json.dumps([f.identity for f in chunk])})
+            with s3_errors(landing, probe=False):
+                for file in chunk:
+                    _archive_object(config, file)
     return Ingested(len(pending))

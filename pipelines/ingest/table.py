@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import datetime as dt
 import json
+import logging
 import os
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
@@ -50,10 +51,22 @@ TABLE_SCHEMA = RAW_SCHEMA.append(pa.field("row_kind", pa.string()))
 CLOCK_KIND = "clock"
 CLOCK_SOURCE = "_clock"         # source_file of a clock row (line_no 0)
 CLOCK_KEY = "ingest_clock"      # commit metadata: the IngestClock after this commit
+# A clock row moves event time at most this many idle periods past the newest event or clock row (IngestClock.due).
+CLOCK_MAX_IDLE_PERIODS = 2
+
+log = logging.getLogger("pipelines.ingest")
 
 
 def _us(moment: dt.datetime) -> int:
     return (moment - dt.datetime(1970, 1, 1, tzinfo=dt.timezone.utc)) // dt.timedelta(microseconds=1)
+
+
+def _iso(us: int) -> str:
+    try:
+        return (dt.datetime(1970, 1, 1, tzinfo=dt.timezone.utc) + dt.timedelta(microseconds=us)).isoformat(
+            timespec="milliseconds").replace("+00:00", "Z")
+    except (OverflowError, ValueError):
+        return f"{us} us after the epoch"
 
 
 @dataclass(frozen=True)
@@ -66,7 +79,9 @@ class IngestClock:
     neither for the idle time, a clock row is due at `max_event_us + (now - active_us)`: event time is taken to
     have moved on at wall-clock speed from the last point the source showed it, as continuing traffic would have
     moved it. Not the wall clock itself: a source that delivers late (a 15-minute buffer) or a replayed backlog
-    (last week's files) would see a clock far ahead of its events and every event after the pause judged late."""
+    (last week's files) would see a clock far ahead of its events and every event after the pause judged late.
+    Nor more than CLOCK_MAX_IDLE_PERIODS idle periods past `max_event_us` in one row, and none while the wall clock
+    is behind `active_us`: a clock that steps (NTP, a skewed host) is a line in the log, not a jump (`judge`)."""
     max_event_us: int | None = None
     active_us: int | None = None
 
@@ -80,10 +95,31 @@ class IngestClock:
 
     def due(self, now_us: int, idle_us: int) -> int | None:
         """The event time (us, whole ms) of the clock row to append at `now_us`, or None: none yet, or off."""
+        return self.judge(now_us, idle_us)[0]
+
+    def judge(self, now_us: int, idle_us: int) -> tuple[int | None, str | None]:
+        """(due, step): `due` as above; `step`, one line for the log when the wall clock disagrees with the commit
+        history -- `now_us` before `active_us` (the clock stepped back: no clock row until it is past that again), or
+        more than CLOCK_MAX_IDLE_PERIODS idle periods after it (a clock stepped forward, or no ingest ran that long:
+        the row moves event time by that bound only, never by the whole step). The bound keeps a skewed host from
+        putting the watermark hours ahead of the source, where every live event would be judged late."""
         if idle_us <= 0 or self.max_event_us is None or self.active_us is None:
-            return None
+            return None, None
         idle = now_us - self.active_us
-        return None if idle < idle_us else (self.max_event_us + idle) // 1000 * 1000
+        if idle < 0:
+            return None, (f"idle close: the wall clock ({_iso(now_us)}) is {-idle / 1e6:.3f} s behind the newest "
+                          f"raw_events commit that held an event or a clock row ({_iso(self.active_us)}): it stepped "
+                          "back, or hosts disagree (NTP); no clock row until it is past that time again")
+        if idle < idle_us:
+            return None, None
+        bound = CLOCK_MAX_IDLE_PERIODS * idle_us
+        if idle <= bound:
+            return (self.max_event_us + idle) // 1000 * 1000, None
+        return (self.max_event_us + bound) // 1000 * 1000, (
+            f"idle close: the wall clock ({_iso(now_us)}) is {idle / 60e6:.1f} min past the newest raw_events commit "
+            f"that held an event or a clock row ({_iso(self.active_us)}), more than {CLOCK_MAX_IDLE_PERIODS} idle "
+            f"periods: the clock row moves event time by {bound / 60e6:g} min only (a clock step forward, or no ingest "
+            "ran meanwhile)")
 
     def to_json(self) -> str:
         return json.dumps({"max_event_us": self.max_event_us, "active_us": self.active_us})
@@ -189,6 +225,9 @@ def open_raw_table(config: SessionsConfig) -> DeltaTable | None:
     return DeltaTable(uri, storage_options=options) if DeltaTable.is_deltatable(uri, storage_options=options) else None
 
 
+_STEPS_LOGGED: set[tuple[IngestClock, bool]] = set()  # what this process logged already (a poll every few seconds)
+
+
 class Appender:
     """Appends ingest commits to raw_events, each with the next ingest_seq and the ingest clock after it.
 
@@ -218,7 +257,13 @@ class Appender:
         """Append a clock row when the configured idle time has passed without an event (README "Idle close");
         returns its event time, or None when none is due. `now` is for tests of the rule; ingest passes none."""
         now = now or dt.datetime.now(dt.timezone.utc)
-        due_us = self.clock.due(_us(now), self.config.idle_close_ms * 1000)
+        due_us, step = self.clock.judge(_us(now), self.config.idle_close_ms * 1000)
+        back = self.clock.active_us is not None and _us(now) < self.clock.active_us
+        if step is not None and (self.clock, back) not in _STEPS_LOGGED:  # one line per clock and kind of step
+            if len(_STEPS_LOGGED) > 1000:
+                _STEPS_LOGGED.clear()
+            _STEPS_LOGGED.add((self.clock, back))
+            log.warning("%s", step)
         if due_us is None:
             return None
         at = dt.datetime(1970, 1, 1, tzinfo=dt.timezone.utc) + dt.timedelta(microseconds=due_us)

@@ -1,0 +1,24 @@
+"""Named kill points for the crash campaign (testkit/campaign.py): with SESSIONS_KILL_AT=<name> in its environment,
+a process SIGKILLs itself when it reaches that point -- a crash at an exact moment instead of a random one. Unset (as
+in production), a kill point does nothing.
+
+Points: `savepoint:files-written` (the executors wrote a savepoint's files, the Delta commit not made),
+`savepoint:committed` (its table committed, no catalog row yet), `fold:written` (compaction wrote a folded table's
+files, not committed), `fold:committed` (the folded table committed, the catalog not updated)."""
+from __future__ import annotations
+
+import os
+import signal
+
+ENV = "SESSIONS_KILL_AT"
+POINTS = ("savepoint:files-written", "savepoint:committed", "fold:written", "fold:committed")
+
+
+def kill_point(name: str) -> None:
+    if os.environ.get(ENV) != name:
+        return
+    # The process group when this process leads it (sessionctl started by the campaign: its JVM dies with it), else
+    # this process alone.
+    if os.getpgid(0) == os.getpid():
+        os.killpg(os.getpid(), signal.SIGKILL)
+    os.kill(os.getpid(), signal.SIGKILL)

@@ -1,0 +1,205 @@
+"""Every bad input is one line: a table of sessionctl arguments and settings, each refused with a non-zero exit and
+exactly one line on stderr, `sessionctl <command>: ...` (argparse's refusals too), never a traceback.
+
+Each was a traceback once (found by a new user): an OverflowError, a DeltaError/OSError of an S3 endpoint that is
+down, NotADirectoryError, IndexError of a zero-byte checkpoint log file, a full disk while writing errors.log. Each is
+refused at its cause: arguments and settings up front (pipelines.config, sessionctl.checks), a damaged checkpoint log
+where it is read (pipelines.checkpoint), and only an S3 client's failure no layer below translated at the CLI's
+boundary (sessionctl.checks.object_store_failure). Nothing here starts a JVM.
+"""
+from __future__ import annotations
+
+import http.server
+import logging
+import os
+import re
+import subprocess
+import threading
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import pytest
+
+from tests.conftest import free_port, tool
+
+OFFSETS = ('v1\n{"batchWatermarkMs":0,"batchTimestampMs":0,"conf":{"spark.sql.shuffle.partitions":"2",'
+           '"spark.sql.streaming.stateStore.providerClass":"org.apache.spark.sql.execution.streaming.state.'
+           'RocksDBStateStoreProvider"}}\n{"seq":1}\n')
+
+
+def _checkpoint(home: Path, offsets: str = OFFSETS, commit: str = "") -> None:
+    """A checkpoint whose batch 0 has these offsets/0 and commits/0 (default: a zero-byte commit file)."""
+    root = home / "checkpoints" / "sessions"
+    (root / "offsets").mkdir(parents=True)
+    (root / "commits").mkdir(parents=True)
+    (root / "offsets" / "0").write_text(offsets)
+    (root / "commits" / "0").write_text(commit)
+
+
+def _a_file(name: str) -> Callable[[Path], None]:
+    def setup(home: Path) -> None:
+        home.mkdir(parents=True, exist_ok=True)
+        (home / name).write_text("not a directory\n")
+    return setup
+
+
+def _full_disk(home: Path) -> None:
+    """errors.log on a full disk: every write to it fails with ENOSPC."""
+    (home / "logs").mkdir(parents=True)
+    (home / "logs" / "errors.log").symlink_to("/dev/full")
+
+
+@dataclass(frozen=True)
+class Case:
+    argv: tuple[str, ...]
+    says: str                                   # a regex the one line matches after `sessionctl <command>: `
+    env: dict[str, str] = field(default_factory=dict)  # "{home}" and "{s3}" (the fake endpoint) are filled in
+    setup: Callable[[Path], None] | None = None
+    code: int = 1                               # 2: argparse's refusal
+
+
+S3_DOWN = {"SESSIONS_WAREHOUSE_URI": "s3://nobucket/x", "AWS_ENDPOINT_URL": "http://127.0.0.1:9",
+           "AWS_EC2_METADATA_DISABLED": "true", "SESSIONS_S3_TIMEOUT": "1s", "SESSIONS_S3_MAX_RETRIES": "0",
+           "AWS_ACCESS_KEY_ID": "test", "AWS_SECRET_ACCESS_KEY": "test"}
+CASES = {
+    # arguments
+    "keep-daily-days overflow": Case(("compact", "--keep-daily-days", "1000000"),
+                                     r"argument --keep-daily-days: 1000000 must be <= 36500", code=2),
+    "keep-daily-days negative": Case(("compact", "--keep-daily-days", "-3"),
+                                     r"argument --keep-daily-days: -3 must be >= 0", code=2),
+    "keep-last negative": Case(("compact", "--keep-last", "-1"), r"argument --keep-last: -1 must be >= 1", code=2),
+    "keep-last zero": Case(("compact", "--keep-last", "0"), r"argument --keep-last: 0 must be >= 1", code=2),
+    "keep-last not a number": Case(("compact", "--keep-last", "all"), r"argument --keep-last: 'all' is not an "
+                                   r"integer", code=2),
+    "poll-seconds zero": Case(("run", "--poll-seconds", "0"), r"argument --poll-seconds: 0 must be > 0", code=2),
+    "poll-seconds negative": Case(("run", "--poll-seconds", "-1"), r"argument --poll-seconds: -1 must be > 0",
+                                  code=2),
+    "poll-seconds nan": Case(("run", "--poll-seconds", "nan"), r"'nan' is not a finite number", code=2),
+    "poll-seconds inf": Case(("run", "--poll-seconds", "inf"), r"'inf' is not a finite number", code=2),
+    "poll-seconds huge": Case(("run", "--poll-seconds", "1e300"), r"1e300 must be <= 1e\+09", code=2),
+    "stop timeout zero": Case(("stop", "--timeout", "0"), r"argument --timeout: 0 must be > 0", code=2),
+    "top zero": Case(("state", "--top", "0"), r"argument --top: 0 must be between 1 and 2147483647", code=2),
+    "top negative": Case(("state", "--top", "-5"), r"argument --top: -5 must be between 1", code=2),
+    "empty user": Case(("state", "--user", ""), r"argument --user: a user id, not an empty string", code=2),
+    "forget empty user": Case(("forget", "--user", " "), r"argument --user: a user id, not an empty string", code=2),
+    "unknown command": Case(("compress",), r"argument command: invalid choice: 'compress'", code=2),
+    "missing savepoint": Case(("restore",), r"the following arguments are required: --savepoint", code=2),
+    "restore partitions zero": Case(("restore", "--savepoint", "latest", "--partitions", "0"),
+                                    r"--partitions must be at least 1, got 0"),
+    "rescale partitions zero": Case(("rescale", "--partitions", "0"), r"--partitions must be at least 1, got 0"),
+    "unknown savepoint": Case(("restore", "--savepoint", "sp-nope"), r"no such savepoint: sp-nope"),
+    "unknown savepoint, dry run": Case(("restore", "--savepoint", "sp-nope", "--dry-run"),
+                                       r"no such savepoint: sp-nope"),
+    "diff of one": Case(("savepoints", "diff", "a"), r"savepoints diff takes two savepoints"),
+    # settings
+    "lease ttl 1e11": Case(("status", "--no-state"), r"SESSIONS_LEASE_TTL_S=1e\+11 is too long: at most 86400",
+                           {"SESSIONS_LEASE_TTL_S": "1e11"}),
+    "keep daily days setting": Case(("compact",), r"SESSIONS_KEEP_DAILY_DAYS=1000000 must be <= 36500",
+                                    {"SESSIONS_KEEP_DAILY_DAYS": "1000000"}),
+    "a huge number": Case(("status", "--no-state"), r"SESSIONS_MAX_FUTURE_MINUTES=99999999999 must be <= 2147483647",
+                          {"SESSIONS_MAX_FUTURE_MINUTES": "99999999999"}),
+    "vacuum below its floor": Case(("compact", "--dry-run"), r"SESSIONS_VACUUM_RETENTION_HOURS=0 is below 24",
+                                   {"SESSIONS_VACUUM_RETENTION_HOURS": "0"}),
+    "s3 timeout": Case(("status", "--no-state"), r"SESSIONS_S3_TIMEOUT='soon' is not a duration",
+                       {"SESSIONS_S3_TIMEOUT": "soon"}),
+    "driver memory": Case(("status", "--no-state"), r"SESSIONS_SPARK_DRIVER_MEMORY='lots' is not a size",
+                          {"SESSIONS_SPARK_DRIVER_MEMORY": "lots"}),
+    "kafka plugin": Case(("status", "--no-state"), r"SESSIONS_KAFKA_CONF: 'plugin.library.paths' is not an allowed",
+                         {"SESSIONS_KAFKA_CONF": "plugin.library.paths=/tmp/evil.so"}),
+    "checkpoint uri names a file": Case(("status", "--no-state"),
+                                        r"SESSIONS_CHECKPOINT_URI='[^']+/home/ck' is a file, not a directory",
+                                        {"SESSIONS_CHECKPOINT_URI": "{home}/ck"}, setup=_a_file("ck")),
+    "checkpoint uri under a file": Case(("catch-up",), r"SESSIONS_CHECKPOINT_URI='[^']+/home/ck/x' lies under "
+                                        r"[^ ]+/home/ck, a file", {"SESSIONS_CHECKPOINT_URI": "{home}/ck/x"},
+                                        setup=_a_file("ck")),
+    "home's checkpoints a file": Case(("status", "--no-state"), r"SESSIONS_CHECKPOINT_URI \(unset: [^)]+/home/"
+                                      r"checkpoints\) is a file", setup=_a_file("checkpoints")),
+    # storage
+    "s3 endpoint down": Case(("status", "--no-state"), r"S3 endpoint http://127.0.0.1:9 is unreachable for "
+                             r"s3://nobucket/x \(Connection refused\)", S3_DOWN),
+    "s3 endpoint down, errors.log on a full disk": Case(("status", "--no-state"), r"S3 endpoint http://127.0.0.1:9 "
+                                                        r"is unreachable", S3_DOWN, setup=_full_disk),
+    "s3 endpoint that is no s3": Case(("status", "--no-state"), r"S3 at http://127.0.0.1:\d+ failed for "
+                                      r"s3://nobucket/x \(.*\): check the endpoint",
+                                      {**S3_DOWN, "AWS_ENDPOINT_URL": "{s3}"}),
+    # a damaged checkpoint log
+    "zero-byte commit, status": Case(("status", "--no-state"), r"the checkpoint log file commits/0 of [^ ]+ is "
+                                     r"empty: `sessionctl restore --savepoint latest`", setup=_checkpoint),
+    "zero-byte commit, catch-up": Case(("catch-up",), r"the checkpoint log file commits/0 of [^ ]+ is empty",
+                                       setup=_checkpoint),
+    "zero-byte offsets, status": Case(("status", "--no-state"), r"the checkpoint log file offsets/0 of [^ ]+ is "
+                                      r"empty", setup=lambda home: _checkpoint(home, offsets="", commit="v1\n{}\n")),
+    "cut-short offsets, catch-up": Case(("catch-up",), r"offsets/0 of [^ ]+ is cut short",
+                                        setup=lambda home: _checkpoint(home, offsets="v1\n", commit="v1\n{}\n")),
+    "garbled commit, status": Case(("status", "--no-state"), r"commits/0 of [^ ]+ is not valid JSON",
+                                   setup=lambda home: _checkpoint(home, commit="v1\n{\"nextBatch\n")),
+}
+
+
+@pytest.fixture(scope="module")
+def not_s3() -> Iterator[str]:
+    """An HTTP server that answers, but is no S3: every request a 404 page."""
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", free_port()), http.server.SimpleHTTPRequestHandler)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    try:
+        yield f"http://127.0.0.1:{server.server_address[1]}"
+    finally:
+        server.shutdown()
+        server.server_close()
+
+
+@pytest.mark.parametrize("name", list(CASES))
+def test_a_bad_input_is_one_line(tmp_path, not_s3, name):
+    case = CASES[name]
+    home = tmp_path / "home"
+    if case.setup is not None:
+        case.setup(home)
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("SESSIONS_", "AWS_"))}
+    env.update({"SESSIONS_HOME": str(home), "SESSIONS_IDLE_CLOSE_MINUTES": "0"})
+    env.update({k: v.format(home=home, s3=not_s3) for k, v in case.env.items()})
+    done = subprocess.run([tool("sessionctl"), *case.argv], env=env, capture_output=True, text=True, timeout=300,
+                          cwd=tmp_path)
+    prefix = "sessionctl: " if name == "unknown command" else f"sessionctl {case.argv[0]}: "
+    assert done.returncode == case.code, (done.returncode, done.stderr[-3000:])
+    assert "Traceback" not in done.stderr and "Logging error" not in done.stderr, done.stderr[-3000:]
+    lines = done.stderr.splitlines()
+    assert len(lines) == 1, done.stderr[-3000:]
+    assert lines[0].startswith(prefix) and re.search(case.says, lines[0]), lines[0]
+    assert "/tmp/evil.so" not in lines[0]  # a Kafka setting's value is never echoed
+    assert done.stdout == ""
+
+
+def test_a_log_that_cannot_be_written_never_replaces_the_one_line(tmp_path, capsys):
+    """log_traceback (Spark failures' details, in-process) and the CLI's errors.log handler drop what they cannot
+    write -- a full disk, a log directory that is a file -- and the one line of the error stands."""
+    from pyspark.errors import PySparkException
+
+    from pipelines.errors import StreamFailed
+    from pipelines.runtime import log_traceback, spark_failures
+    from sessionctl.checks import LogFile
+    from tests.conftest import make_config
+
+    full = make_config(tmp_path / "full")
+    _full_disk(full.home)
+    a_file = make_config(tmp_path / "file")
+    _a_file("logs")(a_file.home)
+    for config in (full, a_file):
+        with pytest.raises(StreamFailed, match="Spark failed: the query broke"), spark_failures(config):
+            raise PySparkException(message="the query broke")
+        try:
+            raise ValueError("handled")
+        except ValueError:
+            log_traceback(config)  # nothing raised
+    assert (a_file.home / "logs").is_file()
+
+    handler = LogFile(full.log_dir / "errors.log")
+    logger = logging.getLogger("tests.one_line")
+    logger.addHandler(handler)
+    try:
+        logger.error("details", exc_info=ValueError("x"))
+    finally:
+        logger.removeHandler(handler)
+        handler.close()
+    assert capsys.readouterr().err == ""  # no "--- Logging error ---" block
