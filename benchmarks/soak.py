@@ -44,10 +44,6 @@ SESSIONCTL = str(Path(sys.executable).parent / "sessionctl")
 EVENT_START = dt.datetime(2026, 11, 1, 8, tzinfo=dt.timezone.utc)
 
 
-def _iso(moment: dt.datetime) -> str:
-    return moment.isoformat().replace("+00:00", "Z")
-
-
 # ---- the process tree's memory -------------------------------------------------------------------------------
 
 def _proc_table() -> dict[int, tuple[int, str]]:
@@ -129,7 +125,7 @@ class Producer(threading.Thread):
                 kind = "logout" if self.rng.random() < 0.03 else self.rng.choice(TYPES)
                 lines.append(json.dumps({"event_id": f"e-{self.events:010d}",
                                          "user_id": f"user-{self.rng.randrange(self.users):07d}",
-                                         "event_time": _iso(at), "event_type": kind,
+                                         "event_time": at.isoformat().replace("+00:00", "Z"), "event_type": kind,
                                          "page": None if kind == "logout" else self.rng.choice(PAGES)}))
             land(self.landing, f"soak-{self.files:06d}.jsonl", lines)
             self.files += 1
@@ -245,8 +241,8 @@ def soak(args: argparse.Namespace, work: Path) -> dict[str, Any]:
         run.wait(timeout=600)
     stdout = out_path.read_text().strip().splitlines()
     summary = json.loads(stdout[-1]) if stdout and stdout[-1].startswith("{") else None
-    return {"exit": run.returncode, "ran_s": round(time.time() - started, 1), "summary": summary, "files_landed": producer.files,
-            "events_landed": producer.events, "load_before": load_before,
+    return {"exit": run.returncode, "ran_s": round(time.time() - started, 1), "summary": summary,
+            "files_landed": producer.files, "events_landed": producer.events, "load_before": load_before,
             "load_after": [round(x, 2) for x in os.getloadavg()], "samples": sampler.samples,
             "batches": [{"batch": b, "start": round(s - started, 2), "seconds": round(e - s, 3)}
                         for b, (s, e) in sorted(sampler.batches.items())],
@@ -305,6 +301,14 @@ def windows(result: dict[str, Any], minutes: float, window_minutes: float) -> di
            for k in first["rss_mib_median_by_kind"]}}}
 
 
+def per_minute(points: list[tuple[float, float]], digits: int) -> str:
+    """Median of the values of each minute of the run: "minute: median, ..."."""
+    minutes: dict[int, list[float]] = {}
+    for at, value in points:
+        minutes.setdefault(int(at // 60), []).append(value)
+    return ", ".join(f"{m}: {_median(v, digits)}" for m, v in sorted(minutes.items()))
+
+
 SUMMARY_KEYS = ("ingested_files", "batches", "input_rows", "sessions_written", "source_errors", "storage_errors")
 
 
@@ -345,6 +349,10 @@ def markdown(report: dict[str, Any]) -> str:
                   f"{p['t']:.0f} s: {p['seconds']} s" + (f" (batch {p.get('batch_id')}, {p.get('rows')} rows)"
                                                           if p["exit"] == 0 else f" FAILED {p.get('error')}")
                   for p in r["savepoints"]) or "none"), "",
+              "Process tree RSS (MiB, median of each minute's samples): "
+              + per_minute([(x["t"], x["rss_kib"]["total"] / 1024) for x in r["samples"]], 0), "",
+              "Batch seconds (median of each minute's batches): "
+              + per_minute([(b["start"], b["seconds"]) for b in r["batches"]], 2), "",
               "Sizes on disk (bytes) each minute, first and last: "
               + (f"{r['sizes'][0]} ... {r['sizes'][-1]}" if r["sizes"] else "none"), ""]
     return "\n".join(lines)

@@ -356,108 +356,19 @@ def postgres_server() -> Iterator[PostgresServer]:
 #   subprocess  its own JVM/Python through `sessionctl` or other subprocesses (kill -9, Ctrl-C, one-line CLI errors)
 #   e2e         servers: Dagster webserver/daemon, PostgreSQL, chromium, a standalone Spark cluster, moto S3, and the
 #               crash campaign
-# A module maps to its tier, or to (its tier, {test: tier}) where some of its tests differ; a test is looked up by
-# its full name first (with parameters: "test_x[rocksdb]"), then by its function name. A test module missing here
-# fails collection: classify it when you add it.
+# Each test module says its tier: `pytestmark = pytest.mark.tier("spark")`; a test that differs carries its own
+# `@pytest.mark.tier("subprocess")`, and a parametrized case that differs is named in the module's TIER_OF_CASE
+# ({"test_x[rocksdb]": "subprocess"}). A module without a tier fails the collection.
 TIERS = ("pure", "spark", "subprocess", "e2e")  # cheapest first
-TEST_TIERS: dict[str, str | tuple[str, dict[str, str]]] = {
-    "test_bad_input.py": "spark",
-    "test_benchmarks_run.py": "subprocess",
-    "test_cluster.py": "e2e",
-    "test_changelog.py": "spark",
-    "test_class_archive.py": "subprocess",
-    "test_clean_exit.py": "subprocess",
-    "test_local_fs.py": "spark",
-    "test_compact_while_running.py": "subprocess",
-    "test_config.py": ("pure", {"test_cli_reports_a_bad_setting_in_one_line": "subprocess"}),
-    "test_core.py": "pure",
-    "test_crash_campaign.py": "e2e",
-    "test_crash_restart.py": "subprocess",
-    "test_dagster_e2e.py": "e2e",
-    "test_dagster_jobs.py": ("spark", {"test_definitions_validate": "subprocess",
-                                       "test_maintenance_sensor_requests": "pure",
-                                       "test_compaction_schedule_fires_the_compaction_job_nightly": "pure"}),
-    "test_damaged_state.py": "subprocess",
-    "test_idle_close.py": ("pure", {"test_clock_rows_close_like_events_and_replay_after_a_restore": "spark",
-                                    "test_a_quiet_stream_closes_its_sessions_under_run": "subprocess"}),
-    "test_hostile_input.py": ("pure", {"test_hostile_mix_every_line_is_accounted_for": "spark",
-                                       "test_far_future_event_never_moves_the_watermark": "spark",
-                                       "test_a_file_still_being_written_loses_no_line": "spark"}),
-    "test_ingest_columnar.py": "pure",
-    "test_launchpad.py": "pure",
-    "test_jvm_operator.py": "spark",
-    "test_interrupted_rescale.py": "subprocess",
-    "test_kafka_ingest.py": ("pure", {"test_partitions_ingested_once_and_sessions_equal_the_oracle": "spark",
-                                      "test_poison_messages_are_quarantined_like_file_lines": "spark",
-                                      "test_kill_before_and_after_the_delta_commit_loses_and_doubles_nothing":
-                                          "subprocess",
-                                      "test_records_deleted_before_ingest_are_refused_until_an_operator_accepts_the_loss":
-                                          "spark",
-                                      "test_topic_deleted_or_recreated_is_refused_until_an_operator_accepts_the_loss":
-                                          "spark",
-                                      "test_accept_loss_command_prints_one_json_line": "subprocess",
-                                      "test_restore_to_a_savepoint_older_than_the_topics_retention_replays_from_raw_events":
-                                          "spark",
-                                      "test_run_retries_with_backoff_while_the_broker_is_down": "subprocess"}),
-    "test_lifecycle.py": ("spark", {"test_savepoint_restore_rescale_is_exactly_once": "e2e",
-                                    "test_restore_rebuilds_a_lost_checkpoint_from_s3_alone": "e2e",
-                                    "test_savepoint_failure_mid_write_is_never_listed": "e2e",
-                                    "test_state_checksum_ignores_order_and_sees_every_field": "pure",
-                                    "test_result_json_keeps_the_contract_keys": "pure",
-                                    "test_cli_expected_errors_are_one_line": "subprocess"}),
-    "test_locks.py": ("pure", {"test_two_hosts_with_separate_homes_share_the_lease": "subprocess",
-                               "test_processes_racing_for_an_expired_lease_exactly_one_wins[local]": "subprocess",
-                               "test_a_holder_paused_past_the_ttl_is_fenced_and_never_touches_the_newer_holder[local]":
-                                   "subprocess",
-                               # the S3 variants run against the moto server (s3_endpoint, taken in lease_location)
-                               **{f"{test}[s3]": "e2e" for test in (
-                                   "test_processes_racing_for_an_expired_lease_exactly_one_wins",
-                                   "test_a_holder_paused_past_the_ttl_is_fenced_and_never_touches_the_newer_holder",
-                                   "test_renewals_lapsed_past_the_ttl_fence_the_holder_even_when_nobody_took_over",
-                                   "test_an_empty_lease_record_is_recovered_after_the_ttl",
-                                   "test_waiting_for_a_lease_has_a_deadline_that_names_the_holder",
-                                   "test_a_pid_is_judged_only_in_its_own_host_boot_and_pid_namespace",
-                                   "test_old_epoch_records_are_collected_and_a_hand_emptied_store_starts_a_new_series",
-                                   "test_job_lock_and_stop_requests_live_at_the_lease_uri")}}),
-    "test_fencing.py": ("subprocess", {"test_a_commit_that_loses_the_race_for_its_version_is_tried_again_not_rebased":
-                                           "pure",
-                                       # four sessionctl JVMs one after the other (run, savepoint, restore, catch-up)
-                                       "test_a_frozen_run_is_fenced_after_a_restore_from_another_process": "e2e"}),
-    "test_restore_marker.py": "subprocess",
-    "test_restore_watermark.py": "spark",
-    "test_preflight.py": ("spark", {"test_restorable_means_the_restore_goes_through_exactly": "subprocess"}),
-    "test_history.py": ("spark", {"test_the_cli_prints_the_contracts_keys": "subprocess"}),
-    "test_erasure.py": ("spark", {"test_the_cli_forgets_and_verifies_in_json": "subprocess",
-                                  "test_forget_beside_a_running_stream": "subprocess"}),
-    "test_one_line_errors.py": ("subprocess", {"test_a_log_that_cannot_be_written_never_replaces_the_one_line":
-                                                   "pure"}),
-    "test_online_lifecycle.py": "subprocess",
-    "test_run_continuously.py": "subprocess",
-    "test_s3_down.py": "e2e",
-    "test_savepoint_io.py": ("spark", {"test_checksums_of_existing_savepoints_are_unchanged": "pure",
-                                       "test_partial_checksums_of_any_split_combine_to_the_whole": "pure",
-                                       "test_file_statistics_bound_every_value": "pure"}),
-    "test_source_reads.py": "pure",
-    "test_state_migration.py": ("spark", {"test_checkpoint_of_the_json_layout_is_refused_with_the_way_out": "pure"}),
-    "test_storage.py": "e2e",
-    "test_stop_spark.py": "subprocess",
-    "test_stream_vs_oracle.py": ("spark", {"test_live_state_lookup_equals_the_oracle[rocksdb]": "subprocess"}),
-}
-# Fixtures that set a tier's floor: a test using one is at least that tier, whatever the table says (a test added
+# Fixtures that set a tier's floor: a test using one is at least that tier, whatever its mark says (a test added
 # to a pure module that takes `spark` still leaves the pure tier JVM-free).
 FIXTURE_TIERS = {"spark": "spark", "s3_endpoint": "e2e", "spark_cluster": "e2e", "postgres_server": "e2e"}
-# Per-test time limits above pyproject's `timeout` (900 s) for the long modules (seconds; module fixtures count
-# towards their first test): the crash campaign (3 kill points per test, each a sessionctl JVM), the Dagster stack (~155 s on
-# 2 idle cores), the standalone cluster (three JVMs plus the driver applications it runs).
-TIER_TIMEOUTS = {"test_crash_campaign.py": 1800, "test_dagster_e2e.py": 1800, "test_cluster.py": 1800}
 
 
 def _tier_of(item: pytest.Item) -> str | None:
-    entry = TEST_TIERS.get(item.path.name)
-    if entry is None:
-        return None
-    tier, overrides = (entry, {}) if isinstance(entry, str) else entry
-    tier = overrides.get(item.name, overrides.get(getattr(item, "originalname", item.name), tier))
+    cases = getattr(getattr(item, "module", None), "TIER_OF_CASE", {})
+    marker = item.get_closest_marker("tier")
+    tier = cases.get(item.name) or (marker.args[0] if marker and marker.args else None)
     if tier not in TIERS:
         return tier  # refused by the caller
     for fixture in getattr(item, "fixturenames", ()):
@@ -468,19 +379,11 @@ def _tier_of(item: pytest.Item) -> str | None:
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    """Marks every test with its tier from TEST_TIERS (and the longer timeouts of TIER_TIMEOUTS); a test module
-    that is not in the table fails the collection."""
-    unknown = sorted({item.path.name for item in items if item.path.name not in TEST_TIERS})
-    if unknown:
-        raise pytest.UsageError(
-            f"tests/conftest.py TEST_TIERS does not classify {', '.join(unknown)}: add each module with its tier "
-            f"({', '.join(TIERS)}; see the comment above TEST_TIERS)")
+    """Marks every test with its tier (the module's `tier` mark, a test's own, or TIER_OF_CASE)."""
     for item in items:
         tier = _tier_of(item)
         if tier not in TIERS:
-            raise pytest.UsageError(f"tests/conftest.py TEST_TIERS gives {item.nodeid} the tier {tier!r}: "
-                                    f"expected one of {', '.join(TIERS)}")
+            raise pytest.UsageError(f"{item.nodeid} has {'the tier ' + repr(tier) if tier else 'no tier'}: give its "
+                                    f"module `pytestmark = pytest.mark.tier(...)` with one of {', '.join(TIERS)} "
+                                    f"(see the comment above TIERS in tests/conftest.py)")
         item.add_marker(getattr(pytest.mark, tier))
-        limit = TIER_TIMEOUTS.get(item.path.name)
-        if limit and item.get_closest_marker("timeout") is None:
-            item.add_marker(pytest.mark.timeout(limit))

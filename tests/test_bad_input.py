@@ -8,12 +8,15 @@ import os
 import time
 from pathlib import Path
 
+import pytest
 from deltalake import DeltaTable
 
 from pipelines.stream import catch_up
 from tests.conftest import make_config, read_open_sessions, read_quarantine, read_sessions
 from tests.datagen import BASE_MS, iso
 from tests.oracle import run_oracle
+
+pytestmark = pytest.mark.tier("spark")
 
 MIN = 60_000
 GAP_MS, LATENESS_MS = 30 * MIN, 10 * MIN

@@ -5,12 +5,16 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import pytest
+
 from pipelines.checkpoint import inspect_checkpoint
 from pipelines.stream import catch_up
 from state_store.lifecycle import rescale, restore, take_savepoint
 from tests.conftest import make_config, read_open_sessions, read_sessions
 from tests.datagen import in_order_chunks, land_batches
 from tests.lifecycle_expectations import expected_closed_sessions
+
+pytestmark = pytest.mark.tier("spark")
 
 GAP_MS, LATENESS_MS = 30 * 60_000, 10 * 60_000
 

@@ -10,8 +10,12 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 from pipelines.runtime import CLASS_ARCHIVE, JVM_STDERR_LOG
 from tests.conftest import config_env, make_config
+
+pytestmark = pytest.mark.tier("subprocess")
 
 # sessionctl catch-up with pipelines.runtime patched first (the archive's path, or a JVM log flag): the same
 # command line, its options built by the product's own java_options.

@@ -21,6 +21,8 @@ from pipelines.sample_data import land
 from tests.conftest import config_env, make_config, tool
 from tests.datagen import in_order_chunks
 
+pytestmark = pytest.mark.tier("subprocess")
+
 # Runs of each light command, 200 in all: `savepoints --json` is the one that aborted (about 1 CPU-second a run, most
 # of it imports); `status --no-state` (no Arrow scan, never seen to abort; 1.5 s: it imports pyspark) and `--help`
 # (nothing read, 0.15 s) are the controls.
@@ -29,9 +31,10 @@ RUNS = {SAVEPOINTS: 70, HELP: 120, STATUS: 10}
 
 
 @pytest.fixture(scope="module")
-def home(tmp_path_factory) -> dict:
-    """A real home with one savepoint: a landed file processed by `sessionctl catch-up` (one batch), then `sessionctl
-    savepoint` (each its own JVM, once for the module). Returns the environment of a sessionctl process on it."""
+def home(tmp_path_factory) -> tuple[dict, dict]:
+    """A real home with one savepoint: a landed file processed by `sessionctl catch-up`, then `sessionctl savepoint`
+    (each its own JVM, once for the module). Returns the environment of a sessionctl process on it and the savepoint
+    as `savepoint --json` printed it."""
     config = make_config(tmp_path_factory.mktemp("clean-exit"))
     for index, chunk in enumerate(in_order_chunks(10, seed=3, parts=1)):
         land(config.landing, f"part-{index:04d}.jsonl", [json.dumps(event) for event in chunk])
@@ -39,7 +42,7 @@ def home(tmp_path_factory) -> dict:
     for args in (["catch-up"], ["savepoint", "--json"]):
         done = subprocess.run([tool("sessionctl"), *args], env=env, capture_output=True, text=True, timeout=300)
         assert done.returncode == 0, done.stderr[-3000:]
-    return env
+    return env, json.loads(done.stdout)
 
 
 def _sessionctl(env: dict, args: tuple[str, ...]) -> tuple[tuple[str, ...], subprocess.CompletedProcess]:
@@ -47,12 +50,13 @@ def _sessionctl(env: dict, args: tuple[str, ...]) -> tuple[tuple[str, ...], subp
 
 
 def test_light_commands_exit_0_every_time_with_whole_json(home):
+    env, savepoint = home
     # Interleaved (savepoints, --help, status, savepoints, ...), two processes at a time.
     queues = [[args] * count for args, count in RUNS.items()]
     jobs = [args for batch in zip_longest(*queues) for args in batch if args is not None]
     assert len(jobs) >= 200
     with ThreadPoolExecutor(max_workers=2) as pool:
-        results = list(pool.map(lambda args: _sessionctl(home, args), jobs))
+        results = list(pool.map(lambda args: _sessionctl(env, args), jobs))
 
     failed = [(" ".join(args), done.returncode, done.stderr.strip()[-300:]) for args, done in results
               if done.returncode != 0]
@@ -61,9 +65,9 @@ def test_light_commands_exit_0_every_time_with_whole_json(home):
         assert "terminate called" not in done.stderr, done.stderr
         if args == SAVEPOINTS:
             [saved] = json.loads(done.stdout)
-            assert saved["status"] == "complete" and saved["batch_id"] == 0, saved
+            assert saved["savepoint_id"] == savepoint["savepoint_id"] and saved["status"] == "complete", saved
         elif args == STATUS:
-            assert json.loads(done.stdout)["last_committed_batch"] == 0
+            assert json.loads(done.stdout)["last_committed_batch"] == savepoint["batch_id"]
         else:
             assert done.stdout.startswith("usage: sessionctl"), done.stdout[:200]
 
@@ -89,7 +93,7 @@ print(json.dumps({"code": code, "heavy": heavy}), file=sys.stderr)
     (SAVEPOINTS, {"pyarrow", "deltalake", "pandas"}),
 ], ids=["help", "savepoints"])
 def test_light_commands_import_no_spark(home, args, allowed):
-    done = subprocess.run([sys.executable, "-c", _IMPORTS, *args], env=home, capture_output=True, text=True,
+    done = subprocess.run([sys.executable, "-c", _IMPORTS, *args], env=home[0], capture_output=True, text=True,
                           timeout=120)
     report = json.loads(done.stderr.strip().splitlines()[-1])
     assert report["code"] == 0

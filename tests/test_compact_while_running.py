@@ -7,11 +7,15 @@ import signal
 import subprocess
 import time
 
+import pytest
+
 from pipelines.sample_data import land
 from state_store.maintenance import compact
 from tests.conftest import config_env, make_config, read_sessions, tool
 from tests.datagen import in_order_chunks
 from tests.lifecycle_expectations import expected_closed_sessions
+
+pytestmark = pytest.mark.tier("subprocess")
 
 
 def test_compaction_beside_a_running_stream_is_exactly_once(tmp_path):

@@ -13,6 +13,8 @@ from pipelines.guards import job_lock
 from pipelines.runtime import spark_conf
 from tests.conftest import tool
 
+pytestmark = pytest.mark.tier("pure")
+
 REPO = Path(__file__).resolve().parent.parent
 
 
@@ -63,6 +65,7 @@ def test_bad_values_are_refused_by_name(tmp_path, name, value, says):
     assert name in str(error.value)
 
 
+@pytest.mark.tier("subprocess")
 def test_cli_reports_a_bad_setting_in_one_line(tmp_path):
     env = {**os.environ, "SESSIONS_HOME": str(tmp_path), "SESSIONS_STATE_STORE": "memory"}
     done = subprocess.run([tool("sessionctl"), "status", "--json"], env=env,

@@ -19,6 +19,8 @@ from pipelines.sessionize import advance, empty_rows, open_sessions
 from tests.datagen import BASE_MS, adversarial_events, event_streams, random_split
 from tests.oracle import oracle_session_id, run_oracle, split_events
 
+pytestmark = pytest.mark.tier("pure")
+
 GAP = 30 * 60_000
 LATE = 10 * 60_000
 MIN = 60_000

@@ -7,6 +7,8 @@ import pytest
 
 from testkit.campaign import run_campaign
 
+pytestmark = [pytest.mark.tier("e2e"), pytest.mark.timeout(1800)]
+
 # Seeds picked (by replaying the campaign's random choices) so that the two short runs together kill six of the seven
 # phases, the stream's two among them; the seventh, catch-up, is killed twice per provider by test_crash_restart.py.
 # The moment of each kill is still random (wall clock), the phases are not: a change to the campaign's use of its

@@ -24,6 +24,8 @@ from tests.conftest import SESSIONCTL, config_env, make_config, read_open_sessio
 from tests.datagen import adversarial_events, has_colliding_session_ids, land_files, line, pick_seed, random_split
 from tests.oracle import run_oracle, split_events
 
+pytestmark = pytest.mark.tier("subprocess")
+
 GAP_MS, LATENESS_MS = 30 * 60_000, 10 * 60_000
 TIMEOUT_S = 240
 BATCHES = 12

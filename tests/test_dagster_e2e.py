@@ -37,6 +37,8 @@ from pipelines.sample_data import land_sample
 from state_store.savepoints import SavepointStore
 from tests.conftest import PostgresServer, free_port, tool
 
+pytestmark = [pytest.mark.tier("e2e"), pytest.mark.timeout(1800)]
+
 REPO = Path(__file__).resolve().parent.parent
 ARTIFACTS = REPO / "tests" / "artifacts"
 INSTANCE_YAML = REPO / "deploy" / "dagster.yaml"

@@ -33,9 +33,12 @@ from state_store.savepoints import SavepointStore
 from tests.conftest import read_open_sessions, read_sessions, tool
 from tests.savepoint_expectations import oracle_of
 
+pytestmark = pytest.mark.tier("spark")
+
 REPO = Path(__file__).resolve().parent.parent
 
 
+@pytest.mark.tier("subprocess")
 def test_definitions_validate():
     done = subprocess.run([tool("dagster"), "definitions", "validate", "-w", "workspace.yaml"],
                           cwd=REPO, capture_output=True, text=True, timeout=180)
@@ -178,6 +181,7 @@ def _lookup_job_reads_the_state(resources, config, spark) -> None:
     assert [s["events"] for s in top] == sorted((row[4] for row in expected), reverse=True)[:3]
 
 
+@pytest.mark.tier("pure")
 def test_maintenance_sensor_requests(tmp_path):
     """The library's policy, asked by the sensor: no savepoint -> one; 7 h old with a 6 h limit -> one;
     a fresh one -> none; a table over SESSIONS_COMPACT_FILES data files -> compaction."""
@@ -202,6 +206,7 @@ def test_maintenance_sensor_requests(tmp_path):
     assert request.job_name == "compaction" and "sessions has 3 data files" in request.tags["sessions/reason"]
 
 
+@pytest.mark.tier("pure")
 def test_compaction_schedule_fires_the_compaction_job_nightly():
     """README (Dagster): `nightly_compaction` compacts once a night at 02:30 (UTC, the schedule sets no timezone).
     Over three fixed days, the ticks the scheduler daemon would fire (its own cron iteration) are exactly those, and

@@ -5,6 +5,8 @@ from __future__ import annotations
 import json
 import subprocess
 
+import pytest
+
 from pipelines.checkpoint import inspect_checkpoint
 from pipelines.ingest import ingest
 from pipelines.sample_data import land
@@ -13,6 +15,8 @@ from state_store.lifecycle import restore, take_savepoint
 from tests.conftest import config_env, make_config, read_sessions, tool
 from tests.datagen import in_order_chunks
 from tests.lifecycle_expectations import expected_closed_sessions
+
+pytestmark = pytest.mark.tier("subprocess")
 
 
 def test_damaged_state_file_is_one_line_and_restore_recovers(tmp_path, spark):

@@ -7,12 +7,16 @@ from __future__ import annotations
 import json
 import subprocess
 
+import pytest
+
 from pipelines.stream import catch_up
 from state_store.erasure import LOG_TABLE, forget, verify_forgotten
 from state_store.lifecycle import restore, take_savepoint
 from tests.conftest import assert_late_keys, config_env, make_config, read_open_sessions, read_sessions, tool
 from tests.datagen import land_batches, stream_scenario
 from tests.oracle import run_oracle
+
+pytestmark = pytest.mark.tier("spark")
 
 GAP_MS, LATENESS_MS = 30 * 60_000, 10 * 60_000
 # Seed 7's u4: closed sessions, late events and an open session at CUT, and never the newest event of a batch, so
@@ -71,6 +75,7 @@ def _log_text(config) -> str:
     return json.dumps(DeltaTable(config.table_uri(LOG_TABLE)).to_pyarrow_table().to_pylist(), default=str)
 
 
+@pytest.mark.tier("subprocess")
 def test_the_cli_forgets_and_verifies_in_json(spark, tmp_path):
     config = make_config(tmp_path, "hdfs")
     batches = stream_scenario(SEED, 6, False, GAP_MS, LATENESS_MS)
@@ -123,6 +128,7 @@ def _wait(predicate, seconds: float, what: str, process) -> None:
     raise AssertionError(f"timed out waiting for {what}")
 
 
+@pytest.mark.tier("subprocess")
 def test_forget_beside_a_running_stream(spark, tmp_path):
     """`sessionctl forget` while `sessionctl run` works: the stream erases U between two batches and goes on; the rest
     of the data (without U) lands and is processed by the same stream; stopped, the job holds exactly the oracle's

@@ -25,6 +25,8 @@ from pipelines.tables import SESSIONS_SCHEMA, ensure_table, idempotent_append
 from tests.conftest import config_env, make_config, tool
 from tests.lifecycle_expectations import expected_closed_sessions
 
+pytestmark = pytest.mark.tier("subprocess")
+
 REPO = Path(__file__).resolve().parent.parent
 
 
@@ -113,6 +115,7 @@ def test_a_fenced_holder_cannot_append_after_a_newer_epoch_committed(tmp_path, s
     assert delta.history(limit=1)[0][EPOCH_KEY] == "2"
 
 
+@pytest.mark.tier("pure")
 def test_a_commit_that_loses_the_race_for_its_version_is_tried_again_not_rebased(tmp_path):
     """max_commit_retries=0 (deltalake 1.6.6): a write on a table loaded before another commit fails instead of
     being rebased; committing() tries again from a fresh load, whose fence sees a newer epoch that committed."""
@@ -268,6 +271,7 @@ def _batch_files(config) -> tuple[list[str], list[str]]:
     return listing[0], listing[1]
 
 
+@pytest.mark.tier("e2e")
 def test_a_frozen_run_is_fenced_after_a_restore_from_another_process(tmp_path):
     """The operator's scenario as measured: `sessionctl run` frozen past the TTL after a savepoint, `sessionctl
     restore` of that earlier savepoint from another process (it takes the expired lease), the rest caught up by the

@@ -17,6 +17,8 @@ from tests.conftest import config_env, make_config, tool
 from tests.datagen import land_batches, stream_scenario
 from tests.oracle import run_oracle
 
+pytestmark = pytest.mark.tier("spark")
+
 GAP_MS, LATENESS_MS = 30 * 60_000, 10 * 60_000
 CUTS = (1, 5)  # seed 8: users open at the first and not the second, the other way, and in both
 
@@ -77,6 +79,7 @@ def test_history_equals_the_oracle_at_each_savepoint(spark, two_savepoints):
     assert checked > 0
 
 
+@pytest.mark.tier("subprocess")
 def test_the_cli_prints_the_contracts_keys(two_savepoints):
     config, _, (a, b) = two_savepoints
     env = config_env(config)

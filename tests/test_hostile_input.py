@@ -27,6 +27,8 @@ from tests.conftest import make_config, read_open_sessions, read_quarantine, rea
 from tests.datagen import BASE_MS, iso
 from tests.oracle import run_oracle
 
+pytestmark = pytest.mark.tier("pure")
+
 MIN = 60_000
 GAP_MS, LATENESS_MS = 30 * MIN, 10 * MIN
 T = BASE_MS
@@ -182,6 +184,7 @@ def _round_3() -> list[LandedFile]:
     return [a]
 
 
+@pytest.mark.tier("spark")
 def test_hostile_mix_every_line_is_accounted_for(spark, tmp_path):
     config = make_config(tmp_path, "rocksdb")
     outside = tmp_path / "outside"
@@ -257,6 +260,7 @@ def test_hostile_mix_every_line_is_accounted_for(spark, tmp_path):
     assert len(future) == 3 and future["ingested_at"].notna().all()
 
 
+@pytest.mark.tier("spark")
 def test_far_future_event_never_moves_the_watermark(spark, tmp_path):
     """One 9999-12-31 event amid normal traffic: quarantined once (future_event_time), and the sessions, the open
     state and the watermark are what the oracle says without it."""
@@ -286,6 +290,7 @@ def test_far_future_event_never_moves_the_watermark(spark, tmp_path):
     assert status(config, spark, with_state=False).watermark_ms == expected.final_watermark_ms
 
 
+@pytest.mark.tier("spark")
 def test_a_file_still_being_written_loses_no_line(spark, tmp_path):
     """A writer keeps one file open and appends to it -- lines split in two writes, pauses, the file moved to
     _ingested/ under it -- while catch-up and ingest run again and again. Every line it wrote is in raw_events

@@ -29,6 +29,8 @@ from tests.conftest import config_env, make_config, read_open_sessions, read_qua
 from tests.datagen import iso, land_batches, line, make_event
 from tests.oracle import run_oracle
 
+pytestmark = pytest.mark.tier("pure")
+
 MINUTE = 60_000
 T0 = int(dt.datetime(2026, 10, 5, 12, tzinfo=dt.timezone.utc).timestamp() * 1000)
 EPOCH = dt.datetime(1970, 1, 1, tzinfo=dt.timezone.utc)
@@ -175,6 +177,7 @@ def _append_clock_at(config, clock_ms: int) -> None:
     assert Appender(config, latest_seq(table), clock).append_clock(now) == EPOCH + dt.timedelta(milliseconds=clock_ms)
 
 
+@pytest.mark.tier("spark")
 @pytest.mark.parametrize("provider", ["rocksdb", "hdfs"])
 def test_clock_rows_close_like_events_and_replay_after_a_restore(tmp_path, spark, provider):
     gap, lateness = 30 * MINUTE, 10 * MINUTE
@@ -211,6 +214,7 @@ def test_clock_rows_close_like_events_and_replay_after_a_restore(tmp_path, spark
 
 # --- under `sessionctl run`: a stream that goes quiet -------------------------------------------------------------
 
+@pytest.mark.tier("subprocess")
 def test_a_quiet_stream_closes_its_sessions_under_run(tmp_path, spark):
     # u1's session is due 2 s of clock after the newest event, u2's (the newest) a whole gap after it: a clock row
     # closes u1 within the run's first idle periods, and u2 stays open well past the test (nothing waits for a gap).

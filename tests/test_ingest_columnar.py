@@ -22,6 +22,8 @@ from pipelines.ingest.lines import Lines, parse_event_time, split_lines
 from pipelines.ingest.table import RowSource, _rows
 from pipelines.sample_data import arrival_order, generate_events
 
+pytestmark = pytest.mark.tier("pure")
+
 INGESTED_AT = dt.datetime(2026, 11, 1, 12, 0, 0, 123456, tzinfo=dt.timezone.utc)
 MAX_FUTURE = dt.timedelta(minutes=60)
 LIMIT = INGESTED_AT + MAX_FUTURE

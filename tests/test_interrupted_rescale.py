@@ -21,6 +21,8 @@ from tests.conftest import assert_half_done_is_reported, config_env, make_config
 from tests.datagen import in_order_chunks
 from tests.lifecycle_expectations import expected_closed_sessions
 
+pytestmark = pytest.mark.tier("subprocess")
+
 
 def _kill_inside_repartition(config, env: dict, partitions: int) -> bool:
     """Start `sessionctl rescale`, SIGKILL it once Spark has written the repartition batch's offset and before

@@ -32,6 +32,8 @@ from tests.datagen import land_batches, stream_scenario
 from tests.oracle import run_oracle
 from tests.test_stream_vs_oracle import GAP_MS, LATENESS_MS, assert_matches_oracle
 
+pytestmark = pytest.mark.tier("spark")
+
 PYTHON_HOME = Path(__file__).resolve().parent / "fixtures" / "python_operator_home"  # make_python_operator_home.py
 PYTHON_CUT = 4
 

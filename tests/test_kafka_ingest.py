@@ -23,6 +23,8 @@ import pytest
 from testkit.kafka_mock import MockCluster
 from tests.conftest import REPO, config_env, free_port, make_config, read_quarantine, read_sessions, tool
 
+pytestmark = pytest.mark.tier("pure")
+
 GAP_MS, LATENESS_MS = 30 * 60_000, 10 * 60_000
 
 
@@ -60,6 +62,7 @@ def assert_each_message_once(config, topic: str, acked: list[tuple[int, int, byt
 
 # --- (a) several partitions, several ingests, the stream vs the oracle -----------------------------------------
 
+@pytest.mark.tier("spark")
 def test_partitions_ingested_once_and_sessions_equal_the_oracle(spark, kafka_cluster, tmp_path):
     from pipelines.ingest import ingest
     from pipelines.ingest.kafka import kafka_lag
@@ -125,6 +128,7 @@ ingest(SessionsConfig.from_env())
 """
 
 
+@pytest.mark.tier("subprocess")
 def test_kill_before_and_after_the_delta_commit_loses_and_doubles_nothing(kafka_cluster, tmp_path):
     from confluent_kafka import Consumer, TopicPartition
 
@@ -182,6 +186,7 @@ def test_kill_before_and_after_the_delta_commit_loses_and_doubles_nothing(kafka_
 
 # --- (c) poison messages: the file line rules, per message --------------------------------------------------------
 
+@pytest.mark.tier("spark")
 def test_poison_messages_are_quarantined_like_file_lines(spark, kafka_cluster, tmp_path):
     from pipelines.ingest import ingest
     from pipelines.stream import catch_up
@@ -262,6 +267,7 @@ def lost_rows(config) -> list[tuple[str, int, str]]:
     return sorted(zip(lost["source_file"], lost["line_no"].astype(int), lost["raw"]))
 
 
+@pytest.mark.tier("spark")
 def test_records_deleted_before_ingest_are_refused_until_an_operator_accepts_the_loss(spark, kafka_cluster, tmp_path):
     from pipelines.errors import SourceDataLost
     from pipelines.ingest import ingest
@@ -310,6 +316,7 @@ def test_records_deleted_before_ingest_are_refused_until_an_operator_accepts_the
     assert ingest(config).rows == 0
 
 
+@pytest.mark.tier("spark")
 def test_topic_deleted_or_recreated_is_refused_until_an_operator_accepts_the_loss(spark, kafka_cluster, tmp_path):
     from pipelines.errors import SourceDataLost, SourceUnavailable
     from pipelines.ingest import ingest
@@ -363,6 +370,7 @@ def test_topic_deleted_or_recreated_is_refused_until_an_operator_accepts_the_los
                                         (f"kafka://{topic}/1", 1, deleted["what"])])
 
 
+@pytest.mark.tier("subprocess")
 def test_accept_loss_command_prints_one_json_line(kafka_cluster, tmp_path):
     from pipelines.ingest import ingest
 
@@ -407,6 +415,7 @@ def test_plan_new_partitions_start_at_their_earliest_and_lost_ones_are_refused()
 
 # --- (f) a restore to a savepoint older than the topic's retention: replayed from raw_events alone ----------------
 
+@pytest.mark.tier("spark")
 def test_restore_to_a_savepoint_older_than_the_topics_retention_replays_from_raw_events(spark, kafka_cluster, tmp_path):
     from pipelines.ingest.kafka import kafka_lag
     from pipelines.sample_data import arrival_order, generate_events
@@ -453,6 +462,7 @@ def _wait_until(predicate, seconds: float, what: str, run: subprocess.Popen, err
         time.sleep(0.5)
 
 
+@pytest.mark.tier("subprocess")
 def test_run_retries_with_backoff_while_the_broker_is_down(tmp_path):
     from pipelines.ingest.table import open_raw_table
     from pipelines.sample_data import arrival_order, generate_events

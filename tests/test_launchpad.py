@@ -24,6 +24,8 @@ from assets.jobs import compaction, session_stream, state_lookup
 from assets.resources import SessionsResource
 from pipelines.config import PATH_SETTINGS, ConfigError, SessionsConfig, check_setting
 
+pytestmark = pytest.mark.tier("pure")
+
 
 @op
 def probe_op(sessions: SessionsResource) -> dict[str, Any]:

@@ -40,6 +40,8 @@ from tests.datagen import in_order_chunks
 from tests.lifecycle_expectations import expected_closed_sessions
 from tests.savepoint_expectations import after_migration, oracle_of, state_event_keys, state_sessions
 
+pytestmark = pytest.mark.tier("spark")
+
 REPO = Path(__file__).resolve().parent.parent
 GAP_MIN, LATENESS_MIN = 30, 10
 
@@ -82,6 +84,7 @@ def _expected(chunks: list[list[dict]]) -> list[tuple]:
     return sorted(expected_closed_sessions(chunks, GAP_MIN * 60_000, LATENESS_MIN * 60_000))
 
 
+@pytest.mark.tier("e2e")
 @pytest.mark.parametrize("provider,store", [("rocksdb", "s3"), ("hdfs", "local")])
 def test_savepoint_restore_rescale_is_exactly_once(tmp_path, spark, s3_endpoint, provider, store):
     uri = "s3://savepoints/" + tmp_path.name if store == "s3" else str(tmp_path / "savepoints")
@@ -120,6 +123,7 @@ def test_savepoint_restore_rescale_is_exactly_once(tmp_path, spark, s3_endpoint,
     assert got == _expected(chunks)
 
 
+@pytest.mark.tier("e2e")
 def test_restore_rebuilds_a_lost_checkpoint_from_s3_alone(tmp_path, spark, s3_endpoint):
     config = _config(tmp_path, "rocksdb", f"s3://savepoints/{tmp_path.name}")
     chunks = _chunks(seed=5, parts=4)
@@ -135,6 +139,7 @@ def test_restore_rebuilds_a_lost_checkpoint_from_s3_alone(tmp_path, spark, s3_en
     assert _sessions(config) == _expected(chunks)
 
 
+@pytest.mark.tier("e2e")
 def test_savepoint_failure_mid_write_is_never_listed(tmp_path, spark, s3_endpoint, monkeypatch):
     uri = f"s3://savepoints/{tmp_path.name}"
     config = _config(tmp_path, "rocksdb", uri)
@@ -256,6 +261,7 @@ def test_damaged_savepoint_is_refused_and_the_job_is_left_alone(tmp_path, spark)
     assert sorted(p.name for p in (config.checkpoint / "commits").iterdir()) == commits_before
 
 
+@pytest.mark.tier("pure")
 def test_state_checksum_ignores_order_and_sees_every_field():
     rows = pa.table({"user_id": ["u1", "u1", "u2"], "event_id": ["a", "b", "c"],
                      "event_time": pa.array([1_000_000, 2_000_000, 3_000_000], pa.timestamp("us", tz="UTC")),
@@ -271,6 +277,7 @@ def test_state_checksum_ignores_order_and_sees_every_field():
     assert sp.state_checksum(rows.slice(0, 2)) != base
 
 
+@pytest.mark.tier("pure")
 def test_result_json_keeps_the_contract_keys():
     """The CLI prints to_dict(): a savepoint has at least savepoint_id, batch_id, rows, uri (uri right after
     seconds, as always); keys that were only present when set stay out while None."""
@@ -323,6 +330,7 @@ def _sessionctl(home: Path, *args: str, env: dict | None = None) -> subprocess.C
                           capture_output=True, text=True, timeout=300)
 
 
+@pytest.mark.tier("subprocess")
 def test_cli_expected_errors_are_one_line(tmp_path):
     home = tmp_path / "home"
     missing = _sessionctl(home, "restore", "--savepoint", "nope")

@@ -11,6 +11,8 @@ import stat
 import pytest
 from py4j.protocol import Py4JJavaError
 
+pytestmark = pytest.mark.tier("spark")
+
 
 @pytest.fixture(scope="module")
 def hadoop(spark):

@@ -20,7 +20,23 @@ from pipelines.liveness import identity
 from pipelines.locks import LeaseHeld, LeaseInfo, acquire, lease, live_holder, waiting_lease
 from tests.conftest import config_env, make_config, tool
 
+pytestmark = pytest.mark.tier("pure")
+# Parametrized tests whose cases differ in tier (tests/conftest.py reads this)
+TIER_OF_CASE = {
+    "test_processes_racing_for_an_expired_lease_exactly_one_wins[local]": "subprocess",
+    "test_a_holder_paused_past_the_ttl_is_fenced_and_never_touches_the_newer_holder[local]": "subprocess",
+    "test_processes_racing_for_an_expired_lease_exactly_one_wins[s3]": "e2e",
+    "test_a_holder_paused_past_the_ttl_is_fenced_and_never_touches_the_newer_holder[s3]": "e2e",
+    "test_renewals_lapsed_past_the_ttl_fence_the_holder_even_when_nobody_took_over[s3]": "e2e",
+    "test_an_empty_lease_record_is_recovered_after_the_ttl[s3]": "e2e",
+    "test_waiting_for_a_lease_has_a_deadline_that_names_the_holder[s3]": "e2e",
+    "test_a_pid_is_judged_only_in_its_own_host_boot_and_pid_namespace[s3]": "e2e",
+    "test_old_epoch_records_are_collected_and_a_hand_emptied_store_starts_a_new_series[s3]": "e2e",
+    "test_job_lock_and_stop_requests_live_at_the_lease_uri[s3]": "e2e",
+}
 
+
+@pytest.mark.tier("subprocess")
 def test_two_hosts_with_separate_homes_share_the_lease(tmp_path):
     """Two processes, each its own SESSIONS_HOME, one shared checkpoint filesystem."""
     shared = tmp_path / "shared-checkpoints"

@@ -23,6 +23,8 @@ import pytest
 
 from tests.conftest import free_port, tool
 
+pytestmark = pytest.mark.tier("subprocess")
+
 OFFSETS = ('v1\n{"batchWatermarkMs":0,"batchTimestampMs":0,"conf":{"spark.sql.shuffle.partitions":"2",'
            '"spark.sql.streaming.stateStore.providerClass":"org.apache.spark.sql.execution.streaming.state.'
            'RocksDBStateStoreProvider"}}\n{"seq":1}\n')
@@ -171,6 +173,7 @@ def test_a_bad_input_is_one_line(tmp_path, not_s3, name):
     assert done.stdout == ""
 
 
+@pytest.mark.tier("pure")
 def test_a_log_that_cannot_be_written_never_replaces_the_one_line(tmp_path, capsys):
     """log_traceback (Spark failures' details, in-process) and the CLI's errors.log handler drop what they cannot
     write -- a full disk, a log directory that is a file -- and the one line of the error stands."""

@@ -27,6 +27,8 @@ from tests.datagen import in_order_chunks
 from tests.lifecycle_expectations import expected_closed_sessions
 from tests.oracle import run_oracle
 
+pytestmark = pytest.mark.tier("subprocess")
+
 GAP_MS, LATENESS_MS = 30 * 60_000, 10 * 60_000
 
 

@@ -19,6 +19,8 @@ from tests.conftest import config_env, make_config, read_open_sessions, read_ses
 from tests.datagen import land_batches, stream_scenario
 from tests.oracle import run_oracle
 
+pytestmark = pytest.mark.tier("spark")
+
 GAP_MS, LATENESS_MS = 30 * 60_000, 10 * 60_000
 CUT = 3
 
@@ -84,6 +86,7 @@ def test_a_damaged_savepoint_is_refused_by_both(spark, tmp_path):
         restore(config, saved.savepoint_id, spark=spark)
 
 
+@pytest.mark.tier("subprocess")
 def test_restorable_means_the_restore_goes_through_exactly(spark, taken):
     """Last in the module: it replaces the shared job's checkpoint. The dry-run from the CLI says restorable (exit 0,
     the contract's keys); the restore then puts the job at the savepoint and a catch-up ends at the oracle's."""

@@ -20,6 +20,8 @@ from tests.conftest import assert_half_done_is_reported, config_env, make_config
 from tests.datagen import in_order_chunks
 from tests.lifecycle_expectations import expected_closed_sessions
 
+pytestmark = pytest.mark.tier("subprocess")
+
 
 def test_a_killed_restore_is_reported_and_finished_by_its_command(tmp_path, spark):
     config = make_config(tmp_path, "hdfs")

@@ -17,6 +17,8 @@ from tests.conftest import make_config, read_quarantine, read_sessions
 from tests.datagen import land_batches, make_event
 from tests.oracle import run_oracle
 
+pytestmark = pytest.mark.tier("spark")
+
 GAP_MS = 30 * 60_000
 T0 = int(dt.datetime(2026, 10, 5, 12, tzinfo=dt.timezone.utc).timestamp() * 1000)
 MINUTE = 60_000

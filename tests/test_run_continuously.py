@@ -10,11 +10,14 @@ import sys
 import time
 from pathlib import Path
 
+import pytest
 from deltalake import DeltaTable
 
 from pipelines.sample_data import arrival_order, generate_events, land
 from tests.conftest import tool
 from tests.lifecycle_expectations import expected_closed_sessions
+
+pytestmark = pytest.mark.tier("subprocess")
 
 REPO = Path(__file__).resolve().parent.parent
 

@@ -25,6 +25,8 @@ from state_store.lifecycle import take_savepoint
 from tests.conftest import REPO, config_env, free_port, make_config, tool
 from tests.lifecycle_expectations import expected_closed_sessions
 
+pytestmark = pytest.mark.tier("e2e")
+
 COMMANDS = (("savepoints", "--json"), ("restore", "--savepoint", "latest"), ("compact",), ("savepoint", "--json"))
 
 

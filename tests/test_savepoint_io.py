@@ -28,6 +28,8 @@ from tests.conftest import make_config, open_sessions_of
 from tests.datagen import in_order_chunks
 from tests.oracle import run_oracle
 
+pytestmark = pytest.mark.tier("spark")
+
 GAP_MS, LATENESS_MS = 30 * 60_000, 10 * 60_000
 UTC_US = pa.timestamp("us", tz="UTC")
 
@@ -48,6 +50,7 @@ def _canonical_rows(n: int, seed: int) -> pa.Table:
 
 # ---- pure: the checksum's shares --------------------------------------------------------------------
 
+@pytest.mark.tier("pure")
 def test_checksums_of_existing_savepoints_are_unchanged():
     """Values computed with the driver-only implementation before the executors' checksum existed (git HEAD
     2d037ae's state_checksum): catalog rows written then must still verify."""
@@ -64,6 +67,7 @@ def test_checksums_of_existing_savepoints_are_unchanged():
     assert state_checksum(rows.slice(0, 0)) == "siphash64:0:0000000000000000"
 
 
+@pytest.mark.tier("pure")
 def test_partial_checksums_of_any_split_combine_to_the_whole():
     rows = _canonical_rows(5000, seed=3)
     whole = state_checksum(rows)
@@ -79,6 +83,7 @@ def test_partial_checksums_of_any_split_combine_to_the_whole():
         assert combine_checksum(parts[1:]) != whole
 
 
+@pytest.mark.tier("pure")
 def test_file_statistics_bound_every_value():
     rows = _canonical_rows(3000, seed=9)
     long_max = "z" * 80

@@ -14,6 +14,8 @@ from pipelines.ingest.table import CLOCK_KIND, TABLE_SCHEMA
 from pipelines.source import RawEventsStreamReader
 from pipelines.storage import s3_options
 
+pytestmark = pytest.mark.tier("pure")
+
 T0 = dt.datetime(2026, 11, 1, 10, tzinfo=dt.timezone.utc)
 
 

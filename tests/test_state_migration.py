@@ -22,6 +22,8 @@ from tests.datagen import land_batches, stream_scenario
 from tests.oracle import run_oracle
 from tests.savepoint_expectations import state_sessions
 
+pytestmark = pytest.mark.tier("spark")
+
 FIXTURE = Path(__file__).resolve().parent / "fixtures" / "savepoint_v1_home"
 CUT = 4
 GAP_MS, LATENESS_MS = 30 * 60_000, 10 * 60_000  # make_config's defaults
@@ -59,6 +61,7 @@ def test_v1_savepoint_restores_into_v2_and_continues_exactly(spark, tmp_path, pr
     assert_late_keys(config, expected)
 
 
+@pytest.mark.tier("pure")
 def test_checkpoint_of_the_json_layout_is_refused_with_the_way_out(tmp_path):
     """A checkpoint written before v2 (its _job.json has no state_layout) cannot run on this build: one clear
     error naming the restore that upgrades, before Spark starts or anything is written."""

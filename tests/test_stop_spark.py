@@ -6,7 +6,11 @@ from __future__ import annotations
 import subprocess
 import sys
 
+import pytest
+
 from tests.conftest import config_env, make_config
+
+pytestmark = pytest.mark.tier("subprocess")
 
 _SCRIPT = """
 import time

@@ -14,6 +14,8 @@ from pipelines.ingest import s3 as ingest_s3
 from pipelines.storage import open_table
 from tests.conftest import make_config
 
+pytestmark = pytest.mark.tier("e2e")
+
 
 def _put(client, key: str, lines: list[str]) -> None:
     client.put_object(Bucket="warehouse", Key=key, Body="".join(line + "\n" for line in lines).encode())

@@ -16,6 +16,12 @@ from tests.conftest import make_config, read_open_sessions, read_quarantine, rea
 from tests.datagen import land_batches, stream_scenario
 from tests.oracle import run_oracle
 
+pytestmark = pytest.mark.tier("spark")
+# Parametrized tests whose cases differ in tier (tests/conftest.py reads this)
+TIER_OF_CASE = {
+    "test_live_state_lookup_equals_the_oracle[rocksdb]": "subprocess",
+}
+
 GAP_MS, LATENESS_MS = 30 * 60_000, 10 * 60_000
 
 
