@@ -30,6 +30,7 @@ from pipelines.errors import (
     JobRunning,
     LifecycleBusy,
     RestoreIncomplete,
+    StopIncomplete,
 )
 from pipelines.lease_stores import LeaseStore, store_for
 from pipelines.locks import Lease, LeaseHeld, LeaseInfo, acquire, holding, live_holder
@@ -219,3 +220,31 @@ def take_stop_answer(config: SessionsConfig, request: StopRequest) -> dict[str, 
 def withdraw_stop(config: SessionsConfig, request: StopRequest) -> None:
     """Remove a request nobody will answer (its stream went away), so the next stream does not see it."""
     _withdraw(config, request)
+
+
+def await_answer(config: SessionsConfig, stream: LeaseInfo, request: StopRequest, patience: float,
+                 withdraw_on_timeout: bool) -> dict[str, Any] | None:
+    """The stream's answer to `request` (a stop or an erasure), or None when the stream went away without one (the
+    request is withdrawn then); StopIncomplete after `patience` seconds (the request stands unless
+    `withdraw_on_timeout`)."""
+    deadline = time.monotonic() + patience
+    while True:
+        answer = take_stop_answer(config, request)
+        if answer is not None:
+            return answer
+        holder = running_stream(config)
+        if holder is None or holder.token != stream.token:
+            answer = take_stop_answer(config, request)  # answered just before it went away
+            if answer is None:
+                withdraw_stop(config, request)
+            return answer
+        if time.monotonic() > deadline:
+            if withdraw_on_timeout:
+                withdraw_stop(config, request)
+            what = "take the erasure" if request.erase_user is not None else "stop"
+            again = "forget" if request.erase_user is not None else "stop"
+            raise StopIncomplete(f"the stream ({stream.describe()}) did not {what} within {patience:g} s: run "
+                                 f"`sessionctl {again}` again" + ("" if withdraw_on_timeout else
+                                                                  " to wait for it (the request stands)"),
+                                 next_step=f"sessionctl {again}")
+        time.sleep(0.5)

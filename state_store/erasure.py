@@ -321,10 +321,9 @@ def forget(config: SessionsConfig, user_id: str, spark: SparkSession | None = No
            timeout_s: float | None = None) -> ForgetResult:
     """Erase U everywhere (see the module docstring). A running stream (any host) is asked to do it between two
     batches and goes on; otherwise it is done here under the job and lifecycle leases."""
-    from pipelines.guards import request_erasure, running_stream
+    from pipelines.guards import await_answer, request_erasure, running_stream
     from pipelines.runtime import get_spark, spark_failures
     from state_store.lifecycle import lifecycle_locks
-    from state_store.stream_control import await_answer
 
     if not user_id:
         raise SessionsError("forget needs a user id: --user U")

@@ -16,13 +16,12 @@ from pipelines.errors import JobRunning, NotRunning, StopIncomplete
 from pipelines.guards import (
     LIFECYCLE,
     StopRequest,
+    await_answer,
     job_lock,
     request_stop,
     running_stream,
-    take_stop_answer,
-    withdraw_stop,
 )
-from pipelines.locks import Lease, LeaseInfo
+from pipelines.locks import Lease
 from pipelines.runtime import spark_failures
 from pipelines.stream import RunSummary, run_continuously
 from pipelines.tables import MicroBatchSink
@@ -50,34 +49,6 @@ def run_stream(config: SessionsConfig, spark: SparkSession | None = None, stop: 
 
     return run_continuously(config, spark=spark, stop=stop, poll_seconds=poll_seconds, on_progress=on_progress,
                             on_stop_request=savepoint_at_stop, on_erasure=erase_between_batches)
-
-
-def await_answer(config: SessionsConfig, stream: LeaseInfo, request: StopRequest, patience: float,
-                 withdraw_on_timeout: bool) -> dict[str, Any] | None:
-    """The stream's answer to `request` (a stop or an erasure), or None when the stream went away without one (the
-    request is withdrawn then); StopIncomplete after `patience` seconds (the request stands unless
-    `withdraw_on_timeout`)."""
-    deadline = time.monotonic() + patience
-    while True:
-        answer = take_stop_answer(config, request)
-        if answer is not None:
-            return answer
-        holder = running_stream(config)
-        if holder is None or holder.token != stream.token:
-            answer = take_stop_answer(config, request)  # answered just before it went away
-            if answer is None:
-                withdraw_stop(config, request)
-            return answer
-        if time.monotonic() > deadline:
-            if withdraw_on_timeout:
-                withdraw_stop(config, request)
-            what = "take the erasure" if request.erase_user is not None else "stop"
-            again = "forget" if request.erase_user is not None else "stop"
-            raise StopIncomplete(f"the stream ({stream.describe()}) did not {what} within {patience:g} s: run "
-                                 f"`sessionctl {again}` again" + ("" if withdraw_on_timeout else
-                                                                  " to wait for it (the request stands)"),
-                                 next_step=f"sessionctl {again}")
-        time.sleep(0.5)
 
 
 def stop_stream(config: SessionsConfig, savepoint: bool = False, timeout_s: float | None = None) -> StopResult:
