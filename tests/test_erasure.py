@@ -157,3 +157,33 @@ def test_forget_beside_a_running_stream(spark, tmp_path):
             run.kill()
     _assert_is_the_oracle_without_the_user(spark, config, batches)
     assert verify_forgotten(config, spark, USER).clean
+
+
+@pytest.mark.tier("subprocess")
+@pytest.mark.parametrize("kill_after_s", [4.0, 12.0])
+def test_a_forget_killed_midway_is_finished_by_running_it_again(spark, tmp_path, kill_after_s):
+    """kill -9 of `sessionctl forget` part-way (the JVM start, the savepoint, the restore, the table deletes, as the
+    moment falls), then the same command again: U is nowhere, and the job is the oracle's without U -- never a
+    half-applied erasure left looking done."""
+    import os
+    import signal
+    import time
+
+    config = make_config(tmp_path, "hdfs")
+    batches = stream_scenario(SEED, 6, False, GAP_MS, LATENESS_MS)
+    land_batches(config, batches[:CUT])
+    catch_up(config, spark)
+    env = config_env(config)
+    victim = subprocess.Popen([tool("sessionctl"), "forget", "--user", USER, "--json"], env=env,
+                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True)
+    time.sleep(kill_after_s)
+    if victim.poll() is None:
+        os.killpg(victim.pid, signal.SIGKILL)
+    victim.wait(timeout=60)
+    again = subprocess.run([tool("sessionctl"), "forget", "--user", USER, "--json"], env=env, capture_output=True,
+                           text=True, timeout=600)
+    assert again.returncode == 0, again.stderr[-2000:]
+    assert verify_forgotten(config, spark, USER).clean
+    land_batches(config, _without(batches[CUT:], USER), start=CUT)
+    catch_up(config, spark)
+    _assert_is_the_oracle_without_the_user(spark, config, batches)

@@ -229,6 +229,7 @@ def test_a_warehouse_outage_inside_a_batch_restarts_the_query_and_writes_each_ro
                                            ("missing_user_id", "part-0.jsonl", len(parts[0]) + 2)])
 
 
+@pytest.mark.tier("pure")
 def test_run_summary_counts_each_batch_that_ran_once_in_constant_memory():
     """RunSummary keeps a high-water mark per query run, not every batch id: a restarted query (a new run id) is
     counted from its own progress, and an idle trigger's report (the id of a batch that did not run) is not."""
@@ -261,6 +262,7 @@ def test_run_summary_counts_each_batch_that_ran_once_in_constant_memory():
     assert set(vars(summary)) - set(summary.to_dict()) == {"_query_run", "_counted_batch", "_last_report"}
 
 
+@pytest.mark.tier("pure")
 def test_object_store_failures_are_told_from_other_failures_by_what_the_clients_say():
     from pipelines.storage import is_object_store_failure, s3_failure
 
