@@ -4,9 +4,13 @@ recovery and a final catch-up, compared with the oracle: lost and duplicated ses
 
     .venv/bin/python benchmarks/crash_campaign.py --kill-points 100 --seed 7     # both providers, ~45 min
     .venv/bin/python benchmarks/crash_campaign.py --kill-points 10               # a short one
+    .venv/bin/python benchmarks/crash_campaign.py --named-kills                  # the named kill points only
 
 Writes benchmarks/results/crash_campaign.{json,md}: kill points by phase (killed while running / finished before the
 kill), lost and duplicated sessions per provider. `tests/test_crash_campaign.py` runs a short seeded one in make test.
+With --named-kills: the named kill points of state_store/kill_points.py (a savepoint between its task files and its
+Delta commit, and between that commit and its catalog row, inside an incremental chain; a chain fold before and after
+its commit), each once per provider, in benchmarks/results/crash_campaign_kill_points.{json,md}.
 """
 from __future__ import annotations
 
@@ -20,7 +24,7 @@ REPO = HERE.parent
 if str(REPO) not in sys.path:
     sys.path.insert(0, str(REPO))
 
-from testkit.campaign import run_campaign  # noqa: E402
+from testkit.campaign import run_campaign, run_kill_points  # noqa: E402
 
 
 def main() -> None:
@@ -30,7 +34,13 @@ def main() -> None:
     parser.add_argument("--providers", default="rocksdb,hdfs")
     parser.add_argument("--work-dir", default="/tmp/crash-campaign")
     parser.add_argument("--results-dir", default=str(HERE / "results"))
+    parser.add_argument("--named-kills", action="store_true", help="the named kill points only (see above)")
     args = parser.parse_args()
+    if args.named_kills:
+        named = [run_kill_points(Path(args.work_dir), provider, args.seed) for provider in args.providers.split(",")]
+        write_named(named, Path(args.results_dir))
+        print(json.dumps(named, default=dict))
+        return
     reports = [run_campaign(Path(args.work_dir), provider, args.seed, args.kill_points)
                for provider in args.providers.split(",")]
     write_results(reports, Path(args.results_dir))
@@ -45,6 +55,20 @@ def write_results(reports: list[dict], out: Path) -> None:
     lines += [f"| {r['provider']} | {r['seed']} | {r['kill_points']} | {r['by_phase']} | {dict(r['recoveries'])} | "
               f"{r['lost']} | {r['duplicated']} | {r['unexpected']} | {r['minutes']} |" for r in reports]
     (out / "crash_campaign.md").write_text("\n".join(lines) + "\n")
+
+
+def write_named(reports: list[dict], out: Path) -> None:
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "crash_campaign_kill_points.json").write_text(json.dumps(reports, indent=2, default=dict))
+    lines = ["# Crash campaign: named kill points", "", "| provider | kill point | killed there | complete savepoints "
+             "unchanged | chains whole | newest restorable (pre-flight) |", "|---|---|---|---|---|---|"]
+    lines += [f"| {r['provider']} | {o['point']} | {o['killed']} | {o['complete_unchanged']} | {o['chains_whole']} | "
+              f"{o['restorable']} |" for r in reports for o in r["kill_points"]]
+    lines += ["", "| provider | folded by the compaction after the kills | savepoints at the end | lost | duplicated | "
+              "unexpected | minutes | load (1 min, end) |", "|---|---|---|---|---|---|---|---|"]
+    lines += [f"| {r['provider']} | {r['compact_after_kills_folded']} | {r['kinds_at_end']} | {r['lost']} | "
+              f"{r['duplicated']} | {r['unexpected']} | {r['minutes']} | {r['load_avg_1m_end']} |" for r in reports]
+    (out / "crash_campaign_kill_points.md").write_text("\n".join(lines) + "\n")
 
 
 if __name__ == "__main__":

@@ -2,13 +2,17 @@
 
 For each size N (open users in state): land N users x 2 recent events, catch up (state = N users, 2N
 events), then measure in one run:
-  savepoint      state_store.lifecycle.take_savepoint (the executors read the state, write the Delta table's files
-                 and re-read them to verify; the driver commits their metadata) -> rows/s, MB/s, and the peak
+  savepoint      state_store.lifecycle.take_savepoint, full (the executors read the state, write the Delta table's
+                 files and re-read them to verify; the driver commits their metadata) -> rows/s, MB/s, and the peak
                  resident memory of the driver's Python process and of the JVM during it (PeakRss)
+  incremental    (not with --savepoint-only) 1% of the users get a new event (not raising the watermark: only they
+                 change), then the savepoint after it -- incremental (SESSIONS_SAVEPOINT_FULL_EVERY=10 here), read
+                 from Spark's state change feed -- and a full one (--full) of the same batch, side by side; the
+                 restore below restores the incremental one (its chain resolved by the executors)
   parquet        pyarrow.parquet.write_table of the same canonical rows (the floor for writing them)
   delta write    SavepointStore.write_state alone (delta-rs) of the same rows, for the write share
   state read     Spark's state data source -> canonical Arrow rows alone, for the read share
-  restore        state_store.lifecycle.restore(latest) into a fresh checkpoint, verified
+  restore        state_store.lifecycle.restore of the incremental savepoint into a fresh checkpoint, verified
   rescale        state_store.lifecycle.rescale(partitions * 2)
   online         (--online) a savepoint of the RUNNING stream: `sessionctl run` in its own process with a file of
                  touched users landing every 2 s; the savepoint's duration, and the stream's per-batch latency
@@ -120,6 +124,22 @@ def build_state(config: SessionsConfig, users: int, spark) -> None:
     catch_up(config, spark)
 
 
+def touch_users(config: SessionsConfig, users: int, spark, share: int = 100) -> int:
+    """One new event for every `share`-th user (1%), inside the window build_state's events span: not late, and the
+    maximum event time -- so the watermark -- stays where it was, so no other user is re-walked."""
+    at = (dt.datetime(2026, 11, 1, 10, tzinfo=dt.timezone.utc) + dt.timedelta(seconds=500)).isoformat()
+    at = at.replace("+00:00", "Z")
+    touched = range(0, users, share)
+    land(config.landing, "touch.jsonl", [json.dumps({"event_id": f"t{u}", "user_id": f"u{u:07d}", "event_time": at,
+                                                      "event_type": "page_view", "page": "/"}) for u in touched])
+    catch_up(config, spark)
+    return len(touched)
+
+
+def _load() -> list[float]:
+    return [round(x, 2) for x in os.getloadavg()]
+
+
 def _batch_spans(checkpoint: Path) -> list[tuple[float, float]]:
     """(start, end) wall times of each committed batch: its offset-log file, then its commit file."""
     spans = []
@@ -189,14 +209,32 @@ def measure(provider: str, users: int, spark, work: Path, online: bool = False, 
     extra = measure_online(config, users, spark) if online else {}
     started = time.monotonic()
     with PeakRss(process_ids(spark)) as memory:
-        saved = take_savepoint(config, spark=spark)
+        saved = take_savepoint(config, spark=spark, full=True)
     savepoint_s = time.monotonic() - started
-    extra.update(memory.figures("savepoint"))
+    extra.update(memory.figures("savepoint"), load_at_savepoint=_load())
     if savepoint_only:
         return {"provider": provider, "users": users, "state_rows": saved.rows, "savepoint_bytes": saved.bytes,
                 "savepoint_s": round(savepoint_s, 3), "savepoint_rows_per_s": round(saved.rows / savepoint_s),
                 "savepoint_mb_per_s": round(saved.bytes / savepoint_s / 1e6, 2),
                 "load_avg_1m": round(os.getloadavg()[0], 2), **extra}
+    changed = touch_users(config, users, spark)
+    load_before = _load()
+    started = time.monotonic()
+    with PeakRss(process_ids(spark)) as memory:
+        incremental = take_savepoint(config, spark=spark)
+    incremental_s = time.monotonic() - started
+    extra.update(memory.figures("incremental"))
+    started = time.monotonic()
+    with PeakRss(process_ids(spark)) as memory:
+        full = take_savepoint(config, spark=spark, full=True)
+    full_s = time.monotonic() - started
+    extra.update(memory.figures("full"))
+    extra.update(changed_users=changed, incremental_kind=incremental.kind, incremental_table_rows=incremental.table_rows,
+                 incremental_bytes=incremental.bytes, incremental_savepoint_s=round(incremental_s, 3),
+                 full_savepoint_s=round(full_s, 3), full_rows=full.rows, full_bytes=full.bytes,
+                 incremental_over_full_s=round(incremental_s / full_s, 4),
+                 same_state=(incremental.rows, incremental.checksum) == (full.rows, full.checksum),
+                 load_incremental_before=load_before, load_incremental_after=_load())
     started = time.monotonic()
     rows = live_state(spark, config.checkpoint, None)
     state_read_s = time.monotonic() - started
@@ -211,7 +249,7 @@ def measure(provider: str, users: int, spark, work: Path, online: bool = False, 
     del rows  # not held by this process during the restore measured next
     started = time.monotonic()
     with PeakRss(process_ids(spark)) as memory:
-        restored = restore(config, "latest", spark=spark)
+        restored = restore(config, incremental.savepoint_id, spark=spark)
     restore_s = time.monotonic() - started
     extra.update(memory.figures("restore"))
     started = time.monotonic()
@@ -227,11 +265,36 @@ def measure(provider: str, users: int, spark, work: Path, online: bool = False, 
         "state_read_s": round(state_read_s, 3), "delta_write_s": round(delta_write_s, 3),
         "delta_write_rows_per_s": round(n_rows / delta_write_s),
         "delta_over_parquet_rows_per_s": round(parquet_s / delta_write_s, 4),
+        "full_over_parquet_rows_per_s": round((full.rows / full_s) / (n_rows / parquet_s), 4),
         "restore_s": round(restore_s, 3), "restore_verified": restored.verified,
+        "restore_savepoint_kind": incremental.kind, "restore_rows": restored.rows,
         "rescale_s": round(rescale_s, 3), "rescale_method": scaled.method,
         "rescale_partitions": f"{scaled.partitions_before}->{scaled.partitions_after}",
-        "load_avg_1m": round(os.getloadavg()[0], 2), **extra,
+        "load_avg_1m": round(os.getloadavg()[0], 2), "load_end": _load(), **extra,
     }
+
+
+def _incremental_lines(results: list[dict]) -> list[str]:
+    if not results:
+        return []
+    lines = ["", "Incremental savepoint after 1% of the users changed (one new event each, the watermark unmoved), "
+             "and a full savepoint (--full) of the same batch, side by side; goals: incremental <= 1 s and <= 0.1x "
+             "the full one; full savepoint >= 0.5x a bare Parquet write of the same rows (pyarrow, driver, one file); "
+             "restore of the incremental savepoint (chain resolved by the executors) <= 10 s. Python/JVM: peak RSS "
+             "MiB of the driver's Python process / the JVM. Load: /proc/loadavg 1/5/15 min before the incremental "
+             "savepoint.", "",
+             "| provider | users | changed users | increment rows | incremental s | full s | incremental/full | "
+             "full rows/s / parquet rows/s | restore s | Python MiB incr / full / restore | JVM MiB incr / full / "
+             "restore | load |", "|---|---:|---:|---:|---:|---:|---:|---:|---:|---|---|---|"]
+    for r in results:
+        lines.append(
+            f"| {r['provider']} | {r['users']:,} | {r['changed_users']:,} | {r['incremental_table_rows']:,} | "
+            f"{r['incremental_savepoint_s']} | {r['full_savepoint_s']} | {r['incremental_over_full_s']} | "
+            f"{r['full_over_parquet_rows_per_s']} | {r['restore_s']} | "
+            f"{r.get('incremental_python_peak_mib')} / {r.get('full_python_peak_mib')} / "
+            f"{r.get('restore_python_peak_mib')} | {r.get('incremental_jvm_peak_mib')} / {r.get('full_jvm_peak_mib')}"
+            f" / {r.get('restore_jvm_peak_mib')} | {' '.join(map(str, r['load_incremental_before']))} |")
+    return lines
 
 
 def _memory_lines(results: list[dict]) -> list[str]:
@@ -263,6 +326,7 @@ def main() -> None:
     args = parser.parse_args()
     sizes = [int(s) for s in args.sizes.split(",")] + ([1_000_000] if args.large else [])
     providers = ["rocksdb", "hdfs"] if args.provider == "both" else [args.provider]
+    os.environ.setdefault("SESSIONS_SAVEPOINT_FULL_EVERY", "10")  # incremental savepoints, whatever the default
     work = Path(tempfile.mkdtemp(prefix="lifecycle-bench-"))
     spark = get_spark(SessionsConfig.from_env({"SESSIONS_HOME": str(work)}))
     results = []
@@ -284,8 +348,8 @@ def main() -> None:
                   "table's files, the driver commits their metadata, the executors re-read the files and verify the "
                   "checksum. State read (into the driver) and Delta write (delta-rs from the driver) are also timed "
                   "alone on the same rows; parquet = pyarrow.parquet.write_table of the same rows (the floor). "
-                  "Restore = verified restore into a fresh checkpoint from the Delta savepoint; rescale = 4 -> 8 "
-                  "state partitions (pre-rescale savepoint included).", "",
+                  "Restore = verified restore into a fresh checkpoint from the incremental savepoint (its chain "
+                  "resolved by the executors); rescale = 4 -> 8 state partitions (pre-rescale savepoint included).", "",
                   "| provider | users | state rows | savepoint s | rows/s | MB/s | state read s | delta write rows/s | "
                   "parquet rows/s | savepoint/parquet | delta/parquet | restore s | rescale s | rescale |",
                   "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|"]
@@ -296,6 +360,7 @@ def main() -> None:
                          f"{r['savepoint_over_parquet_rows_per_s']} | {r['delta_over_parquet_rows_per_s']} | "
                          f"{r['restore_s']} | {r['rescale_s']} | "
                          f"{r['rescale_method']} {r['rescale_partitions']} |")
+    lines += _incremental_lines([r for r in results if "incremental_savepoint_s" in r])
     lines += _memory_lines(results)
     online = [r for r in results if "online_savepoint_s" in r]
     if online:

@@ -39,8 +39,6 @@ from state_store.savepoints import DELETED, INCREMENT_SCHEMA, SavepointStore, St
 
 INCREMENT_DDL = CANONICAL_DDL + f", {DELETED} boolean"
 _POSITIONED_DDL = INCREMENT_DDL + ", pos int"
-_FACTS_DDL = "rows long, hash_sum long, state_rows long, state_hash_sum long, users array<string>"
-_OLD_DDL = "user_id string, pos int, rows long, hash_sum long, tombstone boolean"
 CANONICAL = state_format.CANONICAL_SCHEMA.names
 BROADCAST_BYTES = 32 << 20  # increments' files up to this size: their users go to every task (no shuffle of a base)
 _MOD64 = 1 << 64
@@ -55,9 +53,10 @@ def _tombstones(users: pa.Array | pa.ChunkedArray) -> pa.Table:
     return pa.table({**columns, DELETED: pa.array([True] * n, pa.bool_())}, schema=INCREMENT_SCHEMA)
 
 
-def _latest_per_user(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
-    """mapInArrow function over one state partition's change feed (user_id, change_type, rows) in version order:
-    per user its last change -> its rows (`deleted` false), or a tombstone (a delete, or a value without rows)."""
+def latest_per_user(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
+    """mapInArrow function over one state partition's change feed (change_feed: user_id, change_type, rows) in
+    version order: per user its last change -> its rows (`deleted` false), or a tombstone (a delete, or a value
+    without rows). Runs in the task that writes the increment (savepoint_io.write_state_files' `prepare`)."""
     tables = [pa.Table.from_batches([b]) for b in batches if b.num_rows]
     if not tables:
         return
@@ -77,18 +76,18 @@ def _latest_per_user(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBat
     yield from pa.concat_tables([rows, _tombstones(gone["user_id"])]).to_batches()
 
 
-def changed_rows(spark: SparkSession, checkpoint: Path, after_batch: int, batch_id: int) -> DataFrame:
-    """The increment from the state of batch `after_batch` to that of `batch_id` (INCREMENT_DDL): per user whose state
-    changed in between, all its rows at `batch_id`, or a tombstone. The JVM operator's state (one key per user)."""
+def change_feed(spark: SparkSession, checkpoint: Path, after_batch: int, batch_id: int) -> DataFrame:
+    """The state's changes from batch `after_batch` to `batch_id` (user_id, change_type, rows: the value decoded by
+    the JVM operator's DecodeState), in version order per state partition; latest_per_user makes the increment of
+    them (INCREMENT_DDL): per user whose state changed, all its rows at `batch_id`, or a tombstone."""
     if batch_id <= after_batch:
-        return spark.createDataFrame([], INCREMENT_DDL)
+        return spark.createDataFrame([], f"user_id string, change_type string, rows {_ROWS_DDL}")
     register_coordinator(spark)
     spark.udf.registerJavaFunction(_DECODE_STATE, "sessions.DecodeState", _ROWS_DDL)
     feed = (spark.read.format("statestore").option("readChangeFeed", "true")
             .option("changeStartBatchId", after_batch + 1).option("changeEndBatchId", batch_id).load(str(checkpoint)))
     return feed.select(F.col("key.user_id").alias("user_id"), "change_type",
-                       F.call_function(_DECODE_STATE, F.col("value.groupState.value")).alias("rows")
-                       ).mapInArrow(_latest_per_user, INCREMENT_DDL)
+                       F.call_function(_DECODE_STATE, F.col("value.groupState.value")).alias("rows"))
 
 
 # ---- resolution -----------------------------------------------------------------------------------------------------
@@ -152,95 +151,86 @@ def frame_checksum(rows: DataFrame) -> tuple[int, str]:
     return sum(int(p["rows"]) for p in parts), combine_checksum((p["rows"], p["hash_sum"]) for p in parts)
 
 
-# ---- an increment's own facts, and the old rows of its users --------------------------------------------------------
+# ---- an increment re-read, and the old rows of its users, in one pass ----------------------------------------------
 
-@dataclass(frozen=True)
-class IncrementFacts:
-    """An increment's table re-read: its own count and checksum (every column), the count and wrapping sum of its live
-    rows in canonical form (what it adds to the resolved state) and the users it holds (rows or tombstones)."""
-    rows: int
-    checksum: str
-    state_rows: int
-    state_sum: int
-    users: pa.Array
+_CHECK_SCHEMA = pa.schema([("key", pa.string()), ("pos", pa.int32()), ("rows", pa.int64()), ("hash_sum", pa.int64()),
+                           ("tombstone", pa.bool_())])
+_CHECK_DDL = "key string, pos int, rows long, hash_sum long, tombstone boolean"
+NEW = -1  # the position of the new increment's own files in that pass
 
 
-def _facts(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
-    for batch in batches:
-        for uri in batch.column(0).to_pylist():
-            rows = total = state_rows = state_total = 0
-            users: list[pa.Array] = []
-            for part in _file_batches(uri, _columns(True)):
-                rows, total = rows + part.num_rows, (total + int(row_hashes(part).sum(dtype=np.uint64))) % _MOD64
-                live = part.filter(pc.invert(pc.fill_null(part[DELETED], False))).select(list(CANONICAL))
-                if live.num_rows:
-                    state_rows += live.num_rows
-                    state_total = (state_total + int(row_hashes(live).sum(dtype=np.uint64))) % _MOD64
-                users.append(pc.unique(part["user_id"].combine_chunks()))
-            found = pc.unique(pa.concat_arrays(users)) if users else pa.array([], pa.string())
-            yield pa.RecordBatch.from_pydict({
-                "rows": [rows], "hash_sum": [_signed(total)], "state_rows": [state_rows],
-                "state_hash_sum": [_signed(state_total)], "users": pa.array([found.to_pylist()], pa.list_(pa.string()))})
+def _per_user(part: pa.Table, pos: int, increment: bool) -> pa.RecordBatch:
+    """Per user of `part`: its live rows' count and wrapping hash sum (canonical columns), or a tombstone."""
+    deleted = pc.fill_null(part[DELETED], False) if increment else pa.array([False] * part.num_rows)
+    gone = part.filter(deleted)["user_id"].to_pylist()
+    live = part.filter(pc.invert(deleted))
+    codes, uniques = pd.factorize(live["user_id"].to_numpy(zero_copy_only=False))
+    sums = np.zeros(len(uniques), np.uint64)
+    if live.num_rows:
+        np.add.at(sums, codes, row_hashes(live.select(list(CANONICAL))).astype(np.uint64))
+    counts = np.bincount(codes, minlength=len(uniques)) if live.num_rows else np.zeros(0, np.int64)
+    return pa.RecordBatch.from_pydict({
+        "key": list(uniques) + gone, "pos": [pos] * (len(uniques) + len(gone)),
+        "rows": [int(c) for c in counts] + [0] * len(gone),
+        "hash_sum": [_signed(int(v)) for v in sums] + [0] * len(gone),
+        "tombstone": [False] * len(uniques) + [True] * len(gone)}, schema=_CHECK_SCHEMA)
 
 
-def increment_facts(spark: SparkSession, files: StateFiles) -> IncrementFacts:
-    if not files.files:
-        return IncrementFacts(0, combine_checksum([]), 0, 0, pa.array([], pa.string()))
-    found = _positioned_frame(spark, [(0, files)], _facts, _FACTS_DDL).toArrow()
-    rows = combine_checksum(zip(found["rows"].to_pylist(), found["hash_sum"].to_pylist()))
-    state = combine_checksum(zip(found["state_rows"].to_pylist(), found["state_hash_sum"].to_pylist()))
-    _, count, total = state.split(":")
-    users = pc.unique(pc.list_flatten(found["users"]).combine_chunks())
-    return IncrementFacts(int(rows.split(":")[1]), rows, int(count), int(total, 16), users)
+def _check(users: Any) -> Callable[[Iterator[pa.RecordBatch]], Iterator[pa.RecordBatch]]:
+    """mapInArrow function over (uri, pos, increment): a file of the new increment (pos NEW) -> its count and
+    checksum (key = its uri); a file of the previous chain -> per user of `users` (a broadcast) in it, its rows'
+    count and wrapping hash sum, or a tombstone (key = the user)."""
 
-
-def _old_rows(users: Any) -> Callable[[Iterator[pa.RecordBatch]], Iterator[pa.RecordBatch]]:
-    """mapInArrow function: (uri, pos, increment) -> per user of `users` (a broadcast) in the file: its live rows'
-    count and wrapping hash sum, or a tombstone."""
-
-    def old(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
-        wanted = users.value
+    def check(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
+        wanted = None
         for batch in batches:
             for uri, pos, increment in zip(*(batch.column(i).to_pylist() for i in range(3))):
+                rows = total = 0
                 for part in _file_batches(uri, _columns(increment)):
-                    hit = part.filter(pc.is_in(part["user_id"], value_set=wanted))
-                    if not hit.num_rows:
+                    if pos == NEW:
+                        rows, total = rows + part.num_rows, (total + int(row_hashes(part).sum(dtype=np.uint64)))
                         continue
-                    deleted = pc.fill_null(hit[DELETED], False) if increment else pa.array([False] * hit.num_rows)
-                    gone = hit.filter(deleted)["user_id"].to_pylist()
-                    live = hit.filter(pc.invert(deleted))
-                    codes, uniques = pd.factorize(live["user_id"].to_numpy(zero_copy_only=False))
-                    sums = np.zeros(len(uniques), np.uint64)
-                    if live.num_rows:
-                        np.add.at(sums, codes, row_hashes(live.select(list(CANONICAL))).astype(np.uint64))
-                    counts = np.bincount(codes, minlength=len(uniques)) if live.num_rows else np.zeros(0, np.int64)
-                    yield pa.RecordBatch.from_pydict({
-                        "user_id": list(uniques) + gone, "pos": [pos] * (len(uniques) + len(gone)),
-                        "rows": [int(c) for c in counts] + [0] * len(gone),
-                        "hash_sum": [_signed(int(v)) for v in sums] + [0] * len(gone),
-                        "tombstone": [False] * len(uniques) + [True] * len(gone)},
-                        schema=pa.schema([("user_id", pa.string()), ("pos", pa.int32()), ("rows", pa.int64()),
-                                          ("hash_sum", pa.int64()), ("tombstone", pa.bool_())]))
+                    wanted = users.value if wanted is None else wanted
+                    hit = part.filter(pc.is_in(part["user_id"], value_set=wanted))
+                    if hit.num_rows:
+                        yield _per_user(hit, pos, increment)
+                if pos == NEW:
+                    yield pa.RecordBatch.from_pylist([{"key": uri, "pos": NEW, "rows": rows,
+                                                       "hash_sum": _signed(total % _MOD64), "tombstone": False}],
+                                                     schema=_CHECK_SCHEMA)
 
-    return old
+    return check
 
 
-def old_contribution(spark: SparkSession, store: SavepointStore, members: list[str], users: pa.Array
-                     ) -> tuple[int, int]:
-    """(rows, wrapping uint64 sum) of what `users` held in the state the chain `members` resolves to."""
-    tables = [(pos, files) for pos, files in enumerate(store.data_files(m) for m in members) if files.files]
-    if not len(users) or not tables:
-        return 0, 0
+@dataclass(frozen=True)
+class IncrementCheck:
+    """The new increment's table re-read (count, checksum), and what its users held in the previous savepoint's
+    resolved state (count, wrapping uint64 sum of their rows' hashes)."""
+    rows: int
+    checksum: str
+    old_rows: int
+    old_sum: int
+
+
+def check_increment(spark: SparkSession, store: SavepointStore, files: StateFiles, members: list[str],
+                    users: pa.Array) -> IncrementCheck:
+    """One pass of the executors over the new increment's files and the previous savepoint's chain (`members`,
+    SavepointStore.chain_members of it), keeping only `users` there."""
+    tables = [(NEW, files)] if files.files else []
+    if len(users):
+        tables += [(pos, t) for pos, t in enumerate(store.data_files(m) for m in members) if t.files]
+    if not tables:
+        return IncrementCheck(0, combine_checksum([]), 0, 0)
     wanted = spark.sparkContext.broadcast(users)
     try:
-        found = _positioned_frame(spark, tables, _old_rows(wanted), _OLD_DDL).toArrow()
+        found = _positioned_frame(spark, tables, _check(wanted), _CHECK_DDL).toArrow().to_pandas()
     finally:
         wanted.unpersist()
-    if not found.num_rows:
-        return 0, 0
-    frame = found.to_pandas()
-    # per user the newest table holding it (its partial rows may be spread over several files of that table)
-    frame = frame[frame["pos"] == frame.groupby("user_id")["pos"].transform("max")]
-    frame = frame[~frame["tombstone"]]
-    total = int(frame["hash_sum"].to_numpy().astype(np.int64).view(np.uint64).sum(dtype=np.uint64)) % _MOD64
-    return int(frame["rows"].sum()), total
+    own = found[found["pos"] == NEW]
+    checksum = combine_checksum(zip(own["rows"].tolist(), own["hash_sum"].tolist()))
+    old = found[found["pos"] != NEW]
+    # per user the newest table of the chain holding it (its rows may be spread over several files of that table)
+    old = old[old["pos"] == old.groupby("key")["pos"].transform("max")]
+    old = old[~old["tombstone"]]
+    total = int(old["hash_sum"].to_numpy().astype(np.int64).view(np.uint64).sum(dtype=np.uint64)) % _MOD64
+    return IncrementCheck(int(own["rows"].sum()), checksum, int(old["rows"].sum()), total)

@@ -15,8 +15,6 @@ rows themselves for a restore (savepoint_rows).
 """
 from __future__ import annotations
 
-import datetime as dt
-import json
 import os
 import time
 import uuid
@@ -37,12 +35,12 @@ from pyspark.sql import DataFrame, SparkSession
 from pipelines import state_format
 from pipelines.errors import SavepointDamaged
 from pipelines.storage import filesystem, is_s3, s3_errors
+from state_store.savepoint_stats import STATS_STRING_BYTES, _FileStats  # noqa: F401 (STATS_STRING_BYTES: tests)
 from state_store.savepoints import DELETED, SavepointStore, StateFiles, combine_checksum, partial_checksum
 
 FILE_ROWS = 2_000_000      # rows per data file at most: a task's share beyond it goes on in a new file
 ROW_GROUP_ROWS = 131_072   # rows buffered per Parquet row group (a task holds about this many rows at a time)
 READ_BATCH_ROWS = 65_536   # rows per batch when the executors read a savepoint's files back
-STATS_STRING_BYTES = 64    # string min/max in the Delta statistics: at most this long (parquet-rs' truncation)
 # zstd: a quarter smaller than snappy and no slower to write on rows shaped like the lifecycle benchmark's (200k users
 # hash-partitioned into 4 files: 3.7 vs 5.0 MB, pyarrow alone); every Parquet reader here (pyarrow, delta-rs, Spark)
 # reads it.
@@ -53,6 +51,10 @@ CANONICAL_DDL = ("user_id string, session_start timestamp, event_id string, even
 _FILE_DDL = "path string, size long, num_records long, stats string, hash_sum long"
 _FILE_SCHEMA = pa.schema([("path", pa.string()), ("size", pa.int64()), ("num_records", pa.int64()),
                           ("stats", pa.string()), ("hash_sum", pa.int64())])
+# An increment's file also says what its live rows add to the resolved state, and which users it holds.
+_INCREMENT_FILE_DDL = _FILE_DDL + ", state_records long, state_hash_sum long, users array<string>"
+_INCREMENT_FILE_SCHEMA = pa.schema([*_FILE_SCHEMA, ("state_records", pa.int64()), ("state_hash_sum", pa.int64()),
+                                    ("users", pa.list_(pa.string()))])
 _PARTIAL_DDL = "path string, rows long, hash_sum long"
 _PARTIAL_SCHEMA = pa.schema([("path", pa.string()), ("rows", pa.int64()), ("hash_sum", pa.int64())])
 _MOD64 = 1 << 64
@@ -73,6 +75,10 @@ class WrittenFiles:
     rows: int
     checksum: str
     schema: pa.Schema = state_format.CANONICAL_SCHEMA  # the table's: canonical, or an increment's (with tombstones)
+    # an increment's: count and wrapping sum of its live rows in canonical form, the users it holds
+    state_rows: int = 0
+    state_sum: int = 0
+    users: pa.Array | None = None
 
     @property
     def bytes(self) -> int:
@@ -80,53 +86,6 @@ class WrittenFiles:
 
 
 # ---- executor side -------------------------------------------------------------------------------
-
-def _timestamp_text(micros: int, round_up: bool) -> str:
-    """Delta's statistics text for a timestamp: UTC, milliseconds (a max is rounded up: still an upper bound)."""
-    millis = -(-micros // 1000) if round_up else micros // 1000
-    moment = dt.datetime(1970, 1, 1, tzinfo=dt.timezone.utc) + dt.timedelta(milliseconds=millis)
-    return moment.strftime("%Y-%m-%dT%H:%M:%S.") + f"{moment.microsecond // 1000:03d}Z"
-
-
-class _FileStats:
-    """Delta per-file statistics of state rows, accumulated over the row groups of one file."""
-
-    def __init__(self, schema: pa.Schema) -> None:
-        self.schema = schema
-        self.nulls = dict.fromkeys(schema.names, 0)
-        self.low: dict[str, Any] = {}
-        self.high: dict[str, Any] = {}
-
-    def update(self, rows: pa.Table) -> None:
-        for column_field in rows.schema:
-            name, column = column_field.name, rows[column_field.name]
-            self.nulls[name] += column.null_count
-            if column.null_count == len(column):
-                continue
-            if pa.types.is_timestamp(column_field.type):
-                column = pc.cast(column, pa.int64())
-            bounds = pc.min_max(column)
-            low, high = bounds["min"].as_py(), bounds["max"].as_py()
-            self.low[name] = low if name not in self.low else min(self.low[name], low)
-            self.high[name] = high if name not in self.high else max(self.high[name], high)
-
-    def to_json(self, num_records: int) -> str:
-        low, high = {}, {}
-        for column_field in self.schema:
-            name = column_field.name
-            if name not in self.low:
-                continue
-            if pa.types.is_timestamp(column_field.type):
-                low[name], high[name] = _timestamp_text(self.low[name], False), _timestamp_text(self.high[name], True)
-            elif pa.types.is_string(column_field.type):
-                # A longer min is cut to a prefix (still a lower bound); a longer max is left out (unknown).
-                low[name] = self.low[name].encode()[:STATS_STRING_BYTES].decode("utf-8", "ignore")
-                if len(self.high[name].encode()) <= STATS_STRING_BYTES:
-                    high[name] = self.high[name]
-            else:
-                low[name], high[name] = self.low[name], self.high[name]
-        return json.dumps({"numRecords": num_records, "minValues": low, "maxValues": high, "nullCount": self.nulls})
-
 
 class _DataFile:
     """One Parquet data file being written by a task: rows, partial checksum and statistics as they go in."""
@@ -136,31 +95,48 @@ class _DataFile:
         self.stream = fs.open_output_stream(f"{root}/{self.name}")
         self.writer = pq.ParquetWriter(self.stream, schema, compression=COMPRESSION)
         self.rows, self.hash_sum, self.stats = 0, 0, _FileStats(schema)
+        self.increment = DELETED in schema.names
+        self.state_rows, self.state_sum = 0, 0
+        self.users: list[pa.Array] = []
 
     def write(self, rows: pa.Table) -> None:
         self.writer.write_table(rows, row_group_size=rows.num_rows)
         count, hash_sum = partial_checksum(rows)
         self.rows, self.hash_sum = self.rows + count, (self.hash_sum + hash_sum) % _MOD64
         self.stats.update(rows)
+        if self.increment:
+            live = rows.filter(pc.invert(pc.fill_null(rows[DELETED], False)))
+            count, hash_sum = partial_checksum(live.select(state_format.CANONICAL_SCHEMA.names))
+            self.state_rows, self.state_sum = self.state_rows + count, (self.state_sum + hash_sum) % _MOD64
+            self.users.append(pc.unique(rows["user_id"].combine_chunks()))
 
     def close(self) -> dict[str, Any]:
         self.writer.close()
         size = self.stream.tell()
         self.stream.close()  # on S3: completes the upload; an error here fails the task
-        return {"path": self.name, "size": size, "num_records": self.rows, "stats": self.stats.to_json(self.rows),
+        done = {"path": self.name, "size": size, "num_records": self.rows, "stats": self.stats.to_json(self.rows),
                 "hash_sum": _signed(self.hash_sum)}
+        if self.increment:
+            done.update(state_records=self.state_rows, state_hash_sum=_signed(self.state_sum),
+                        users=pc.unique(pa.concat_arrays(self.users)).to_pylist() if self.users else [])
+        return done
 
 
 def _schema_batch(batch: pa.RecordBatch, schema: pa.Schema) -> pa.Table:
     return pa.Table.from_batches([batch]).select(schema.names).cast(schema)
 
 
-def _write_partition(table_uri: str, file_rows: int, group_rows: int, schema: pa.Schema
+Prepare = Callable[[Iterator[pa.RecordBatch]], Iterator[pa.RecordBatch]]
+
+
+def _write_partition(table_uri: str, file_rows: int, group_rows: int, schema: pa.Schema, prepare: Prepare | None
                      ) -> Callable[[Iterator[pa.RecordBatch]], Iterator[pa.RecordBatch]]:
-    """mapInArrow function: a task's state rows (`schema`'s columns) -> Parquet files under table_uri, one metadata
-    row per file."""
+    """mapInArrow function: a task's state rows (`schema`'s columns; or what `prepare` makes them from, in the same
+    Python worker) -> Parquet files under table_uri, one metadata row per file."""
 
     def write(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
+        if prepare is not None:
+            batches = prepare(batches)
         fs, root = filesystem(table_uri)
         if isinstance(fs, pafs.LocalFileSystem):
             fs.create_dir(root, recursive=True)  # (on S3 a prefix is no object: nothing to create)
@@ -193,7 +169,8 @@ def _write_partition(table_uri: str, file_rows: int, group_rows: int, schema: pa
         if current is not None:
             done.append(current.close())
         if done:
-            yield pa.RecordBatch.from_pylist(done, schema=_FILE_SCHEMA)
+            yield pa.RecordBatch.from_pylist(done, schema=_INCREMENT_FILE_SCHEMA if DELETED in schema.names
+                                             else _FILE_SCHEMA)
 
     return write
 
@@ -275,18 +252,27 @@ def executor_env(spark: SparkSession, uri: str) -> Iterator[None]:
 
 
 def write_state_files(spark: SparkSession, rows: DataFrame, uri: str, file_rows: int | None = None,
-                      group_rows: int | None = None, schema: pa.Schema = state_format.CANONICAL_SCHEMA
-                      ) -> WrittenFiles:
-    """State rows (a DataFrame: canonical, or an increment's with `schema` savepoints.INCREMENT_SCHEMA) written as
-    Parquet files under `uri` by the tasks that compute them (at most `file_rows` rows per file, FILE_ROWS by
-    default); returns the files' metadata and the rows' checksum. Nothing is committed: commit_state_files makes them
-    a Delta table."""
-    write = _write_partition(uri, file_rows or FILE_ROWS, group_rows or ROW_GROUP_ROWS, schema)
+                      group_rows: int | None = None, schema: pa.Schema = state_format.CANONICAL_SCHEMA,
+                      prepare: Prepare | None = None) -> WrittenFiles:
+    """State rows (a DataFrame: canonical, or an increment's with `schema` savepoints.INCREMENT_SCHEMA; or what
+    `prepare`, a mapInArrow function, makes of its rows in the writing task) written as Parquet files under `uri` by
+    the tasks that compute them (at most `file_rows` rows per file, FILE_ROWS by default); returns the files'
+    metadata and the rows' checksum. Nothing is committed: commit_state_files makes them a Delta table."""
+    increment = DELETED in schema.names
+    write = _write_partition(uri, file_rows or FILE_ROWS, group_rows or ROW_GROUP_ROWS, schema, prepare)
     with executor_env(spark, uri):
-        files = rows.mapInArrow(write, _FILE_DDL)
-    written = tuple(row.asDict() for row in files.collect())
+        files = rows.mapInArrow(write, _INCREMENT_FILE_DDL if increment else _FILE_DDL)
+    if not increment:
+        written = tuple(row.asDict() for row in files.collect())
+        checksum = combine_checksum((f["num_records"], f["hash_sum"]) for f in written)
+        return WrittenFiles(uri, written, sum(int(f["num_records"]) for f in written), checksum, schema)
+    found = files.toArrow()  # the users stay in Arrow
+    written = tuple(found.drop_columns(["users"]).to_pylist())
     checksum = combine_checksum((f["num_records"], f["hash_sum"]) for f in written)
-    return WrittenFiles(uri, written, sum(int(f["num_records"]) for f in written), checksum, schema)
+    state = combine_checksum((f["state_records"], f["state_hash_sum"]) for f in written)
+    users = pc.unique(pc.list_flatten(found["users"]).combine_chunks()) if found.num_rows else pa.array([], pa.string())
+    return WrittenFiles(uri, written, sum(int(f["num_records"]) for f in written), checksum, schema,
+                        int(state.split(":")[1]), int(state.split(":")[2], 16), users.cast(pa.string()))
 
 
 def commit_state_files(written: WrittenFiles, storage_options: dict[str, str] | None) -> None:

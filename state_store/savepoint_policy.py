@@ -9,7 +9,7 @@ when all of these hold, else full (the reason is said):
     new one), of the same state schema, gap, provider and partitions, at or before this batch, whose chain is whole;
   * the change feed still reaches back to it: it is fewer than SESSIONS_MIN_BATCHES_TO_RETAIN - 1 batches behind the
     newest committed one, and every batch in between ran with the same state partitions (a repartition starts over);
-  * its chain is shorter than SESSIONS_SAVEPOINT_FULL_EVERY (default 1: every savepoint full; e.g. 10: every 10th is full;
+  * its chain is shorter than SESSIONS_SAVEPOINT_FULL_EVERY (default 10: every 10th savepoint of a lineage is full;
     1 = never incremental);
   * its chain's increments hold no more rows than SESSIONS_SAVEPOINT_CHAIN_SHARE (default 0.5) of its full one's.
 If the change feed read fails all the same (a version Spark's retention removed meanwhile, a checkpoint written with
@@ -34,7 +34,7 @@ from state_store.results import SavepointInfo
 from state_store.savepoints import FULL, INCREMENTAL, SavepointStore
 
 FULL_EVERY_ENV, CHAIN_SHARE_ENV = "SESSIONS_SAVEPOINT_FULL_EVERY", "SESSIONS_SAVEPOINT_CHAIN_SHARE"
-DEFAULT_FULL_EVERY, DEFAULT_CHAIN_SHARE = 1, 0.5  # 1: every savepoint full (incremental chains opt-in, in progress)
+DEFAULT_FULL_EVERY, DEFAULT_CHAIN_SHARE = 10, 0.5
 
 
 @dataclass(frozen=True)

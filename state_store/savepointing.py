@@ -7,6 +7,7 @@ import datetime as dt
 import time
 from typing import Any
 
+import pyarrow as pa
 from py4j.protocol import Py4JError
 from pyspark.errors import PySparkException, PythonException
 from pyspark.sql import SparkSession
@@ -20,7 +21,7 @@ from pipelines.storage import filesystem, storage_options
 from pipelines.tables import version_after_batch
 from state_store.kill_points import kill_point
 from state_store.results import SavepointInfo
-from state_store.savepoint_chain import changed_rows, increment_facts, old_contribution
+from state_store.savepoint_chain import change_feed, check_increment, latest_per_user
 from state_store.savepoint_io import WrittenFiles, commit_state_files, verify_state_files, write_state_files
 from state_store.savepoint_policy import SavepointPlan, plan_savepoint
 from state_store.savepoints import (
@@ -65,8 +66,8 @@ def _write_increment(config: SessionsConfig, spark: SparkSession, store: Savepoi
     when Spark cannot read that change feed (versions gone, a provider without one), the reason, with nothing left
     in the savepoint's folder."""
     try:
-        written = write_state_files(spark, changed_rows(spark, config.checkpoint, after_batch, batch_id),
-                                    store.state_uri(savepoint_id), schema=INCREMENT_SCHEMA)
+        written = write_state_files(spark, change_feed(spark, config.checkpoint, after_batch, batch_id),
+                                    store.state_uri(savepoint_id), schema=INCREMENT_SCHEMA, prepare=latest_per_user)
         newest = inspect_checkpoint(config.checkpoint).last_committed_batch or batch_id
         if newest - after_batch < config.min_batches_to_retain:
             return written
@@ -87,14 +88,14 @@ def _verify_increment(spark: SparkSession, store: SavepointStore, savepoint_id: 
     write pass's); the (rows, checksum) of the state it represents: the previous savepoint's, without what the
     increment's users held there, with what they hold now (state_store.savepoint_chain)."""
     files = store.data_files(savepoint_id)
-    facts = increment_facts(spark, files)
-    if (facts.rows, facts.checksum) != (written.rows, written.checksum):
-        raise SavepointDamaged(f"re-read of {files.uri} does not match the live state: {facts.rows} rows / "
-                               f"{facts.checksum} in {len(files.files)} files, written {written.rows} / "
+    users = written.users if written.users is not None else pa.array([], pa.string())
+    check = check_increment(spark, store, files, store.chain_members(tip), users)
+    if (check.rows, check.checksum) != (written.rows, written.checksum):
+        raise SavepointDamaged(f"re-read of {files.uri} does not match the live state: {check.rows} rows / "
+                               f"{check.checksum} in {len(files.files)} files, written {written.rows} / "
                                f"{written.checksum}")
-    old_rows, old_sum = old_contribution(spark, store, store.chain_members(tip), facts.users)
-    checksum = combine_checksum([checksum_parts(tip.checksum), (-old_rows, -old_sum),
-                                 (facts.state_rows, facts.state_sum)])
+    checksum = combine_checksum([checksum_parts(tip.checksum), (-check.old_rows, -check.old_sum),
+                                 (written.state_rows, written.state_sum)])
     return int(checksum.split(":")[1]), checksum, files
 
 

@@ -173,3 +173,103 @@ def run_campaign(work: Path, provider: str, seed: int, kill_points: int) -> dict
             "unexpected": len(set(got) - expected_ids),
             "savepoints_complete": sum(1 for r in complete_savepoints if r["status"] == "complete"), "recoveries": Counter(r.split(":")[0] for r in recoveries),
             "minutes": round((time.monotonic() - started) / 60, 1), "load_avg_1m_end": round(os.getloadavg()[0], 2)}
+
+
+# ---- named kill points (state_store/kill_points.py): crashes at exact moments of savepoints and folds -------------
+
+NAMED_KILLS = (("savepoint", "savepoint:files-written"), ("savepoint", "savepoint:committed"),
+               ("compact", "fold:written"), ("compact", "fold:committed"))
+
+
+def _killed_at(env: dict[str, str], point: str, args: list[str]) -> int:
+    """`sessionctl args` with SESSIONS_KILL_AT=point, in its own process group (the JVM dies with it): its exit code
+    (-9 when it reached the point)."""
+    proc = subprocess.Popen([SESSIONCTL, *args], env={**env, "SESSIONS_KILL_AT": point}, stdout=subprocess.DEVNULL,
+                            stderr=subprocess.DEVNULL, start_new_session=True)
+    code = proc.wait(timeout=900)
+    with contextlib.suppress(ProcessLookupError):
+        os.killpg(proc.pid, signal.SIGKILL)  # whatever is left of the group
+    return code
+
+
+def _catalog(config: SessionsConfig) -> list[dict[str, Any]]:
+    from deltalake import DeltaTable
+
+    uri = f"{config.savepoint_uri}/catalog"
+    return DeltaTable(uri).to_pyarrow_table().to_pylist() if DeltaTable.is_deltatable(uri) else []
+
+
+def _chains_whole(config: SessionsConfig, catalog: list[dict[str, Any]]) -> bool:
+    """Every complete savepoint's chain: members complete in the catalog, each a committed Delta table."""
+    from deltalake import DeltaTable
+
+    complete = {row["savepoint_id"] for row in catalog if row["status"] == "complete"}
+    for row in catalog:
+        if row["status"] != "complete":
+            continue
+        members = (row.get("chain") or row["savepoint_id"]).split(",")
+        if not set(members) <= complete or not all(
+                DeltaTable.is_deltatable(f"{config.savepoint_uri}/state/{member}") for member in members):
+            return False
+    return True
+
+
+def run_kill_points(work: Path, provider: str, seed: int) -> dict[str, Any]:
+    """A chain of incremental savepoints, killed at each named point in turn -- between a savepoint's task files and
+    its Delta commit, between that commit and its catalog row, inside a chain fold before and after the folded
+    table's commit -- each followed by checks that nothing is half-listed as complete (the complete savepoints are
+    the same, every chain whole, the newest restorable by the pre-flight); then a compaction, a savepoint, a restore
+    of the newest and a final catch-up compared with the oracle."""
+    started = time.monotonic()
+    home = work / f"{provider}-kill-points-{seed}"
+    env = {**_env(home, provider), "SESSIONS_SAVEPOINT_FULL_EVERY": "10", "SESSIONS_SAVEPOINT_CHAIN_SHARE": "100"}
+    config = SessionsConfig.from_env(env)
+    events = arrival_order(generate_events(40, 3, seed=seed), seed=seed, jitter_seconds=120)
+    parts = 2 * len(NAMED_KILLS) + 2
+    size = -(-len(events) // parts)
+    chunks = [events[i * size:(i + 1) * size] for i in range(parts)]
+    landed = 0
+
+    def step(*commands: list[str]) -> None:
+        nonlocal landed
+        land(config.landing, f"part-{landed:04d}.jsonl", [json.dumps(e) for e in chunks[landed]])
+        landed += 1
+        for command in (["catch-up"], *commands):
+            done = _sessionctl(env, *command)
+            if done.returncode != 0:
+                raise RuntimeError(f"sessionctl {' '.join(command)} failed: {done.stderr[-500:]}")
+
+    step(["savepoint", "--json"])  # the chain's full savepoint
+    outcomes = []
+    for command, point in NAMED_KILLS:
+        step(["savepoint", "--json"])  # the chain grows by an increment before each kill
+        if command == "savepoint":
+            step()  # changes for the savepoint that is killed
+        before = _catalog(config)
+        args = ["savepoint", "--json"] if command == "savepoint" else ["compact", "--keep-last", "1",
+                                                                         "--keep-daily-days", "0"]
+        code = _killed_at(env, point, args)
+        after = _catalog(config)
+        dry = _sessionctl(env, "restore", "--savepoint", "latest", "--dry-run", "--json")
+        complete_before = {r["savepoint_id"] for r in before if r["status"] == "complete"}
+        outcomes.append({
+            "point": point, "killed": code == -signal.SIGKILL,
+            "complete_unchanged": {r["savepoint_id"] for r in after if r["status"] == "complete"} == complete_before,
+            "chains_whole": _chains_whole(config, after),
+            "incremental_before": sum(1 for r in before if r.get("kind") == "incremental"),
+            "restorable": dry.returncode == 0 and bool(json.loads(dry.stdout or "{}").get("restorable"))})
+    compacted = _sessionctl(env, "compact", "--keep-last", "1", "--keep-daily-days", "0")
+    folded = json.loads(compacted.stdout or "{}").get("savepoints_folded") if compacted.returncode == 0 else None
+    step(["savepoint", "--json"], ["restore", "--savepoint", "latest"])
+    for i in range(landed, len(chunks)):
+        land(config.landing, f"part-{i:04d}.jsonl", [json.dumps(e) for e in chunks[i]])
+    recoveries = _final_catch_up(env)
+    expected = {row[0] for row in expected_closed_sessions(chunks, GAP_MS, LATENESS_MS)}
+    got = open_table(config, config.sessions_table).to_pyarrow_table(columns=["session_id"])["session_id"].to_pylist()
+    catalog = _catalog(config)
+    return {"provider": provider, "seed": seed, "kill_points": outcomes, "compact_after_kills_folded": folded,
+            "chains_whole_at_end": _chains_whole(config, catalog),
+            "kinds_at_end": dict(Counter(str(r.get("kind")) for r in catalog if r["status"] == "complete")),
+            "expected_sessions": len(expected), "written": len(got), "lost": len(expected - set(got)),
+            "duplicated": len(got) - len(set(got)), "unexpected": len(set(got) - expected), "recoveries": recoveries,
+            "minutes": round((time.monotonic() - started) / 60, 1), "load_avg_1m_end": round(os.getloadavg()[0], 2)}

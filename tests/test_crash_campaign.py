@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from testkit.campaign import run_campaign
+from testkit.campaign import run_campaign, run_kill_points
 
 pytestmark = [pytest.mark.tier("e2e"), pytest.mark.timeout(1800)]
 
@@ -22,5 +22,19 @@ def test_short_crash_campaign(tmp_path, provider, seed, phases):
     report = run_campaign(tmp_path, provider, seed, kill_points=3)
     assert sum(report["by_phase"].values()) == 3
     assert {hit.split(":")[0] for hit in report["by_phase"]} == phases, report["by_phase"]
+    assert (report["lost"], report["duplicated"], report["unexpected"]) == (0, 0, 0), report
+    assert report["written"] == report["expected_sessions"] > 0
+
+
+def test_kill_points_inside_savepoints_chains_and_folds(tmp_path):
+    """SIGKILL at exact moments (state_store/kill_points.py): a savepoint between its task files and its Delta commit
+    and between that commit and its catalog row, inside an incremental chain; a chain fold before and after the
+    folded table's commit. Nothing is half-listed as complete, every chain stays whole and restorable; after a
+    compaction, a restore of the newest savepoint and a catch-up: no session lost, none written twice."""
+    report = run_kill_points(tmp_path, "rocksdb", seed=7)
+    assert all(o["killed"] for o in report["kill_points"]), report
+    assert all(o["complete_unchanged"] and o["chains_whole"] and o["restorable"] for o in report["kill_points"]), report
+    assert all(o["incremental_before"] > 0 for o in report["kill_points"]), "the kills hit incremental chains"
+    assert report["compact_after_kills_folded"] and report["chains_whole_at_end"], report
     assert (report["lost"], report["duplicated"], report["unexpected"]) == (0, 0, 0), report
     assert report["written"] == report["expected_sessions"] > 0

@@ -28,26 +28,36 @@ def two_savepoints(spark, tmp_path_factory):
     config = make_config(tmp_path_factory.mktemp("history"), "rocksdb")
     batches = stream_scenario(8, 6, True, GAP_MS, LATENESS_MS)
     taken, done = [], 0
-    for cut in CUTS:
-        land_batches(config, batches[done:cut], start=done)
-        catch_up(config, spark)
-        taken.append(take_savepoint(config, spark=spark))
-        done = cut
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setenv("SESSIONS_SAVEPOINT_FULL_EVERY", "10")  # the second one incremental: diff resolves its chain
+        for cut in CUTS:
+            land_batches(config, batches[done:cut], start=done)
+            catch_up(config, spark)
+            taken.append(take_savepoint(config, spark=spark))
+            done = cut
+    assert [s.kind for s in taken] == ["full", "incremental"]
     return config, batches, taken
 
 
-def _rows_by_user(uri: str) -> dict[str, frozenset]:
-    table = DeltaTable(uri).to_pyarrow_table().to_pylist()
-    users: dict[str, set] = defaultdict(set)
-    for row in table:
-        users[row["user_id"]].add(tuple(sorted(row.items(), key=lambda kv: kv[0])))
-    return {user: frozenset(rows) for user, rows in users.items()}
+def _rows_by_user(saved) -> dict[str, frozenset]:
+    """The savepoint's state by user from its Delta tables, as the documented view resolves an incremental one's
+    chain (state_store/savepoints.py): per user the rows of the newest table of the chain holding the user, unless
+    they are a tombstone (`deleted`)."""
+    users: dict[str, set] = {}
+    for member in reversed(saved.chain.split(",") if saved.chain else [saved.savepoint_id]):
+        found: dict[str, set] = defaultdict(set)
+        for row in DeltaTable(saved.uri.rsplit("/", 1)[0] + "/" + member).to_pyarrow_table().to_pylist():
+            deleted = row.pop("deleted", False)
+            found[row["user_id"]].update(() if deleted else [tuple(sorted(row.items(), key=lambda kv: kv[0]))])
+        for user, rows in found.items():
+            users.setdefault(user, rows)
+    return {user: frozenset(rows) for user, rows in users.items() if rows}
 
 
 def test_diff_equals_a_recomputation_from_the_tables(spark, two_savepoints):
     config, batches, (a, b) = two_savepoints
     diff = diff_savepoints(config, spark, a.savepoint_id, b.savepoint_id)
-    rows_a, rows_b = _rows_by_user(a.uri), _rows_by_user(b.uri)
+    rows_a, rows_b = _rows_by_user(a), _rows_by_user(b)
     added = set(rows_b) - set(rows_a)
     removed = set(rows_a) - set(rows_b)
     changed = {u for u in set(rows_a) & set(rows_b) if rows_a[u] != rows_b[u]}

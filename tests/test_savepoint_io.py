@@ -214,7 +214,7 @@ def test_failed_writes_are_never_listed_or_committed(tmp_path, spark, monkeypatc
     monkeypatch.setattr(savepointing, "read_state", rows_in_two_tasks)
     monkeypatch.setattr(io, "_DataFile", FailsOnceItsFileIsWritten)
     with pytest.raises(SavepointFailed, match="not listed as complete.*RuntimeError: injected: executor lost"):
-        take_savepoint(config, spark=spark)
+        take_savepoint(config, spark=spark, full=True)  # (an incremental one has no change to write here)
     monkeypatch.undo()
     failed = store.list()[0]
     assert failed.status == "failed" and failed.savepoint_id != first.savepoint_id
@@ -235,7 +235,7 @@ def test_failed_writes_are_never_listed_or_committed(tmp_path, spark, monkeypatc
 
     monkeypatch.setattr(savepointing, "commit_state_files", commit_then_damage)
     with pytest.raises(SavepointFailed, match="not listed as complete.*does not match the live state"):
-        take_savepoint(config, spark=spark)
+        take_savepoint(config, spark=spark, full=True)
     monkeypatch.undo()
     assert [s.savepoint_id for s in store.list() if s.status == "complete"] == [first.savepoint_id]
     assert store.get("latest").savepoint_id == first.savepoint_id
