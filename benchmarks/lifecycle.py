@@ -19,7 +19,10 @@ events), then measure in one run:
                  (offsets/N -> commits/N file times) during it vs without it, in the same run
 Results: benchmarks/results/lifecycle.json and lifecycle.md. Usage:
   .venv/bin/python benchmarks/lifecycle.py [--sizes 10000,100000] [--provider rocksdb|hdfs|both] [--large]
-                                           [--savepoint-only]
+                                           [--savepoint-only] [--scale [--master spark://127.0.0.1:7077]]
+  scale          (--scale) only a full savepoint and its restore, with the peak memory of the driver's Python
+                 process, its JVM and each executor JVM of a standalone cluster (--master): the driver's must not
+                 grow with the state
 """
 from __future__ import annotations
 
@@ -105,22 +108,41 @@ class PeakRss:
         return out
 
 
+def _executor_pids() -> list[int]:
+    """The standalone cluster's executor JVMs on this machine (CoarseGrainedExecutorBackend), oldest first."""
+    found = []
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            try:
+                if b"CoarseGrainedExecutorBackend" in (entry / "cmdline").read_bytes():
+                    found.append(int(entry.name))
+            except OSError:
+                continue
+    return sorted(found)
+
+
 def process_ids(spark) -> dict[str, int]:
-    """This (the driver's Python) process, and the JVM pyspark started for it (local mode: the executors too)."""
+    """This (the driver's Python) process, the JVM pyspark started for it (local mode: the executors too) and, on a
+    standalone cluster, each executor JVM."""
     proc = getattr(getattr(spark.sparkContext, "_gateway", None), "proc", None)
-    return {"python": os.getpid(), "jvm": getattr(proc, "pid", 0)}
+    ids = {"python": os.getpid(), "jvm": getattr(proc, "pid", 0)}
+    if not spark.sparkContext.master.startswith("local"):
+        ids.update({f"executor{i}": pid for i, pid in enumerate(_executor_pids(), 1)})
+    return ids
 
 
-def build_state(config: SessionsConfig, users: int, spark) -> None:
+def build_state(config: SessionsConfig, users: int, spark, users_per_file: int = 100_000) -> None:
+    """users x 2 events, landed in files of `users_per_file` users (this process never holds them all)."""
     base = dt.datetime(2026, 11, 1, 10, tzinfo=dt.timezone.utc)
-    lines = []
-    for u in range(users):
-        for k in range(2):
-            t = base + dt.timedelta(seconds=(u % 600) + 30 * k)
-            lines.append(json.dumps({"event_id": f"e{u}-{k}", "user_id": f"u{u:07d}",
-                                     "event_time": t.isoformat().replace("+00:00", "Z"),
-                                     "event_type": "page_view", "page": "/"}))
-    land(config.landing, "state.jsonl", lines)
+    for first in range(0, users, users_per_file):
+        lines = []
+        for u in range(first, min(users, first + users_per_file)):
+            for k in range(2):
+                t = base + dt.timedelta(seconds=(u % 600) + 30 * k)
+                lines.append(json.dumps({"event_id": f"e{u}-{k}", "user_id": f"u{u:07d}",
+                                         "event_time": t.isoformat().replace("+00:00", "Z"),
+                                         "event_type": "page_view", "page": "/"}))
+        land(config.landing, f"state-{first // users_per_file:05d}.jsonl", lines)
     catch_up(config, spark)
 
 
@@ -200,11 +222,37 @@ def measure_online(config: SessionsConfig, users: int, spark, quiet_s: float = 2
             "batches_without": len(without)}
 
 
+def _config(home: Path, provider: str, master: str | None) -> SessionsConfig:
+    env = {"SESSIONS_HOME": str(home), "SESSIONS_STATE_STORE": provider, "SESSIONS_STATE_PARTITIONS": "4"}
+    return SessionsConfig.from_env({**env, **({"SESSIONS_SPARK_MASTER": master} if master else {})})
+
+
+def measure_scale(provider: str, users: int, spark, work: Path, master: str | None) -> dict:
+    """The scale proof: a full savepoint and its restore, each with the peak memory of the driver's Python process,
+    its JVM and (on a cluster) every executor JVM."""
+    home = work / f"{provider}-{users}"
+    shutil.rmtree(home, ignore_errors=True)
+    config = _config(home, provider, master)
+    build_state(config, users, spark)
+    started = time.monotonic()
+    with PeakRss(process_ids(spark)) as memory:
+        saved = take_savepoint(config, spark=spark, full=True)
+    savepoint_s = time.monotonic() - started
+    extra = memory.figures("savepoint")
+    started = time.monotonic()
+    with PeakRss(process_ids(spark)) as memory:
+        restored = restore(config, saved.savepoint_id, spark=spark)
+    restore_s = time.monotonic() - started
+    extra.update(memory.figures("restore"))
+    return {"provider": provider, "users": users, "master": spark.sparkContext.master, "state_rows": saved.rows,
+            "savepoint_bytes": saved.bytes, "savepoint_s": round(savepoint_s, 3), "restore_s": round(restore_s, 3),
+            "restore_rows": restored.rows, "load_avg_1m": round(os.getloadavg()[0], 2), "load_end": _load(), **extra}
+
+
 def measure(provider: str, users: int, spark, work: Path, online: bool = False, savepoint_only: bool = False) -> dict:
     home = work / f"{provider}-{users}"
     shutil.rmtree(home, ignore_errors=True)
-    config = SessionsConfig.from_env({"SESSIONS_HOME": str(home), "SESSIONS_STATE_STORE": provider,
-                                      "SESSIONS_STATE_PARTITIONS": "4"})
+    config = _config(home, provider, None)
     build_state(config, users, spark)
     extra = measure_online(config, users, spark) if online else {}
     started = time.monotonic()
@@ -302,14 +350,21 @@ def _memory_lines(results: list[dict]) -> list[str]:
              "process and of the JVM (local mode: the executors too) during the savepoint and the restore; in "
              "brackets each one's RSS when the operation started.", "",
              "| provider | users | state rows | savepoint s | savepoint Python | savepoint JVM | restore s | "
-             "restore Python | restore JVM | load (1 min) |", "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
+             "restore Python | restore JVM | savepoint executors | restore executors | load (1 min) |",
+             "|---|---:|---:|---:|---:|---:|---:|---:|---:|---|---|---:|"]
 
     def mib(r: dict, what: str) -> str:
         return f"{r[what + '_peak_mib']:,} ({r[what + '_start_mib']:,})" if what + "_peak_mib" in r else "-"
 
+    def executors(r: dict, op: str) -> str:
+        found = sorted(k[len(op) + 1:-len("_peak_mib")] for k in r if k.startswith(f"{op}_executor")
+                       and k.endswith("_peak_mib"))
+        return " / ".join(mib(r, f"{op}_{name}") for name in found) or "-"
+
     lines += [f"| {r['provider']} | {r['users']:,} | {r['state_rows']:,} | {r['savepoint_s']} | "
               f"{mib(r, 'savepoint_python')} | {mib(r, 'savepoint_jvm')} | {r.get('restore_s', '-')} | "
-              f"{mib(r, 'restore_python')} | {mib(r, 'restore_jvm')} | {r['load_avg_1m']} |" for r in results]
+              f"{mib(r, 'restore_python')} | {mib(r, 'restore_jvm')} | {executors(r, 'savepoint')} | "
+              f"{executors(r, 'restore')} | {r['load_avg_1m']} |" for r in results]
     return lines
 
 
@@ -321,6 +376,11 @@ def main() -> None:
     parser.add_argument("--online", action="store_true", help="also a savepoint of the running stream (latency)")
     parser.add_argument("--savepoint-only", action="store_true",
                         help="only the savepoint (time, peak memory); results in lifecycle-savepoint.json/.md")
+    parser.add_argument("--scale", action="store_true",
+                        help="the scale proof: a full savepoint and its restore with every process's peak memory; "
+                             "results in lifecycle-scale.json/.md")
+    parser.add_argument("--master", default=None,
+                        help="a Spark master, e.g. spark://127.0.0.1:7077 (deploy/local-cluster start); local[2] if unset")
     parser.add_argument("--results-dir", default=str(REPO / "benchmarks" / "results"))
     parser.add_argument("--note", default="")
     args = parser.parse_args()
@@ -328,22 +388,23 @@ def main() -> None:
     providers = ["rocksdb", "hdfs"] if args.provider == "both" else [args.provider]
     os.environ.setdefault("SESSIONS_SAVEPOINT_FULL_EVERY", "10")  # incremental savepoints, whatever the default
     work = Path(tempfile.mkdtemp(prefix="lifecycle-bench-"))
-    spark = get_spark(SessionsConfig.from_env({"SESSIONS_HOME": str(work)}))
+    spark = get_spark(_config(work, "rocksdb", args.master))
     results = []
     for provider in providers:
         for users in sizes:
-            result = measure(provider, users, spark, work, online=args.online, savepoint_only=args.savepoint_only)
+            result = (measure_scale(provider, users, spark, work, args.master) if args.scale else
+                      measure(provider, users, spark, work, online=args.online, savepoint_only=args.savepoint_only))
             print(json.dumps(result), flush=True)
             results.append(result)
     shutil.rmtree(work, ignore_errors=True)
     out = Path(args.results_dir)
     out.mkdir(parents=True, exist_ok=True)
-    name = "lifecycle-savepoint" if args.savepoint_only else "lifecycle"
+    name = "lifecycle-scale" if args.scale else "lifecycle-savepoint" if args.savepoint_only else "lifecycle"
     meta = {"date": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"), "nproc": os.cpu_count(),
             "note": args.note}
     (out / f"{name}.json").write_text(json.dumps({"meta": meta, "results": results}, indent=2))
     lines = [f"# State lifecycle cost as state grows ({meta['date']}, {meta['nproc']} cores) {args.note}", ""]
-    if not args.savepoint_only:
+    if not (args.savepoint_only or args.scale):
         lines += ["Savepoint = the executors read the state through Spark's state data source and write the Delta "
                   "table's files, the driver commits their metadata, the executors re-read the files and verify the "
                   "checksum. State read (into the driver) and Delta write (delta-rs from the driver) are also timed "

@@ -38,6 +38,7 @@ from pathlib import Path
 from typing import NoReturn
 
 from pipelines.errors import LeaseLost, LeaseWaitTimedOut
+from pipelines.kill_points import kill_point
 from pipelines.lease_stores import LeaseStore, Record, store_for
 from pipelines.liveness import Identity, dead_here, identity, started
 
@@ -321,6 +322,7 @@ def acquire(location: Location, name: str, what: str, ttl_s: float) -> Lease:
             store.replace(_epoch_name(name, top + 1), replace(mine, released=True).to_bytes())
             record = store.read(_epoch_name(name, newer[-1]))
             raise LeaseHeld(LeaseInfo.parse(record.data) if record else None, where, f"epoch {newer[-1]}")
+        kill_point("lease:taken")
         _collect(store, name, top + 1)
         return Lease(store, name, mine, ttl_s, began)
     raise LeaseHeld(None, where, "a holder whose records kept changing while they were read")

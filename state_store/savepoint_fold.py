@@ -23,8 +23,8 @@ from pyspark.sql import SparkSession
 
 from pipelines import state_format
 from pipelines.errors import SavepointDamaged
+from pipelines.kill_points import kill_point
 from pipelines.storage import filesystem, s3_errors
-from state_store.kill_points import kill_point
 from state_store.results import SavepointInfo
 from state_store.savepoint_chain import resolved_rows
 from state_store.savepoint_io import files_checksum, write_state_files

@@ -16,10 +16,10 @@ from pipelines import state_format
 from pipelines.checkpoint import committed_checkpoint, inspect_checkpoint
 from pipelines.config import SessionsConfig
 from pipelines.errors import SavepointDamaged, SavepointFailed
+from pipelines.kill_points import kill_point
 from pipelines.runtime import log_traceback
 from pipelines.storage import filesystem, storage_options
 from pipelines.tables import version_after_batch
-from state_store.kill_points import kill_point
 from state_store.results import SavepointInfo
 from state_store.savepoint_chain import change_feed, check_increment, latest_per_user
 from state_store.savepoint_io import WrittenFiles, commit_state_files, verify_state_files, write_state_files

@@ -175,10 +175,12 @@ def run_campaign(work: Path, provider: str, seed: int, kill_points: int) -> dict
             "minutes": round((time.monotonic() - started) / 60, 1), "load_avg_1m_end": round(os.getloadavg()[0], 2)}
 
 
-# ---- named kill points (state_store/kill_points.py): crashes at exact moments of savepoints and folds -------------
+# ---- named kill points (pipelines/kill_points.py): crashes at exact moments of savepoints and folds -------------
 
 NAMED_KILLS = (("savepoint", "savepoint:files-written"), ("savepoint", "savepoint:committed"),
                ("compact", "fold:written"), ("compact", "fold:committed"))
+# Killed right after taking a lease (its new epoch written, nothing done under it): the next command takes it over.
+LEASE_KILLS = ((["catch-up"], "lease:taken"), (["restore", "--savepoint", "latest"], "lease:taken"))
 
 
 def _killed_at(env: dict[str, str], point: str, args: list[str]) -> int:
@@ -218,7 +220,8 @@ def run_kill_points(work: Path, provider: str, seed: int) -> dict[str, Any]:
     """A chain of incremental savepoints, killed at each named point in turn -- between a savepoint's task files and
     its Delta commit, between that commit and its catalog row, inside a chain fold before and after the folded
     table's commit -- each followed by checks that nothing is half-listed as complete (the complete savepoints are
-    the same, every chain whole, the newest restorable by the pre-flight); then a compaction, a savepoint, a restore
+    the same, every chain whole, the newest restorable by the pre-flight); a catch-up and a restore killed right after
+    taking their lease, each followed by a catch-up that must take it over; then a compaction, a savepoint, a restore
     of the newest and a final catch-up compared with the oracle."""
     started = time.monotonic()
     home = work / f"{provider}-kill-points-{seed}"
@@ -258,6 +261,12 @@ def run_kill_points(work: Path, provider: str, seed: int) -> dict[str, Any]:
             "chains_whole": _chains_whole(config, after),
             "incremental_before": sum(1 for r in before if r.get("kind") == "incremental"),
             "restorable": dry.returncode == 0 and bool(json.loads(dry.stdout or "{}").get("restorable"))})
+    taken = []
+    for args, point in LEASE_KILLS:
+        code = _killed_at(env, point, args)
+        resumed = _sessionctl(env, "catch-up")  # takes over the dead holder's lease at once (same host, pid dead)
+        taken.append({"point": point, "command": " ".join(args), "killed": code == -signal.SIGKILL,
+                      "next_command_exit": resumed.returncode, "next_command_error": resumed.stderr.strip()[-300:]})
     compacted = _sessionctl(env, "compact", "--keep-last", "1", "--keep-daily-days", "0")
     folded = json.loads(compacted.stdout or "{}").get("savepoints_folded") if compacted.returncode == 0 else None
     step(["savepoint", "--json"], ["restore", "--savepoint", "latest"])
@@ -267,7 +276,8 @@ def run_kill_points(work: Path, provider: str, seed: int) -> dict[str, Any]:
     expected = {row[0] for row in expected_closed_sessions(chunks, GAP_MS, LATENESS_MS)}
     got = open_table(config, config.sessions_table).to_pyarrow_table(columns=["session_id"])["session_id"].to_pylist()
     catalog = _catalog(config)
-    return {"provider": provider, "seed": seed, "kill_points": outcomes, "compact_after_kills_folded": folded,
+    return {"provider": provider, "seed": seed, "kill_points": outcomes, "lease_kills": taken,
+            "compact_after_kills_folded": folded,
             "chains_whole_at_end": _chains_whole(config, catalog),
             "kinds_at_end": dict(Counter(str(r.get("kind")) for r in catalog if r["status"] == "complete")),
             "expected_sessions": len(expected), "written": len(got), "lost": len(expected - set(got)),

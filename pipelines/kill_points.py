@@ -4,14 +4,15 @@ in production), a kill point does nothing.
 
 Points: `savepoint:files-written` (the executors wrote a savepoint's files, the Delta commit not made),
 `savepoint:committed` (its table committed, no catalog row yet), `fold:written` (compaction wrote a folded table's
-files, not committed), `fold:committed` (the folded table committed, the catalog not updated)."""
+files, not committed), `fold:committed` (the folded table committed, the catalog not updated), `lease:taken` (a lease's
+new epoch record written, nothing done under it yet: the next command must take it over, not wait or wedge)."""
 from __future__ import annotations
 
 import os
 import signal
 
 ENV = "SESSIONS_KILL_AT"
-POINTS = ("savepoint:files-written", "savepoint:committed", "fold:written", "fold:committed")
+POINTS = ("savepoint:files-written", "savepoint:committed", "fold:written", "fold:committed", "lease:taken")
 
 
 def kill_point(name: str) -> None:
