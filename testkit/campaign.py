@@ -177,8 +177,10 @@ def run_campaign(work: Path, provider: str, seed: int, kill_points: int) -> dict
 
 # ---- named kill points (pipelines/kill_points.py): crashes at exact moments of savepoints and folds -------------
 
-NAMED_KILLS = (("savepoint", "savepoint:files-written"), ("savepoint", "savepoint:committed"),
-               ("compact", "fold:written"), ("compact", "fold:committed"))
+# (command, point, grow): `grow` -- the chain grows by an increment first (the second kill of a kind reuses the chain
+# and the changes its first one left: that one committed nothing).
+NAMED_KILLS = (("savepoint", "savepoint:files-written", True), ("savepoint", "savepoint:committed", False),
+               ("compact", "fold:written", True), ("compact", "fold:committed", False))
 # Killed right after taking a lease (its new epoch written, nothing done under it): the next command takes it over.
 LEASE_KILLS = ((["catch-up"], "lease:taken"), (["restore", "--savepoint", "latest"], "lease:taken"))
 
@@ -228,7 +230,7 @@ def run_kill_points(work: Path, provider: str, seed: int) -> dict[str, Any]:
     env = {**_env(home, provider), "SESSIONS_SAVEPOINT_FULL_EVERY": "10", "SESSIONS_SAVEPOINT_CHAIN_SHARE": "100"}
     config = SessionsConfig.from_env(env)
     events = arrival_order(generate_events(40, 3, seed=seed), seed=seed, jitter_seconds=120)
-    parts = 2 * len(NAMED_KILLS) + 2
+    parts = 2 * len(NAMED_KILLS) + 2  # (more than the steps take: the rest lands before the final catch-up)
     size = -(-len(events) // parts)
     chunks = [events[i * size:(i + 1) * size] for i in range(parts)]
     landed = 0
@@ -244,10 +246,11 @@ def run_kill_points(work: Path, provider: str, seed: int) -> dict[str, Any]:
 
     step(["savepoint", "--json"])  # the chain's full savepoint
     outcomes = []
-    for command, point in NAMED_KILLS:
-        step(["savepoint", "--json"])  # the chain grows by an increment before each kill
-        if command == "savepoint":
-            step()  # changes for the savepoint that is killed
+    for command, point, grow in NAMED_KILLS:
+        if grow:
+            step(["savepoint", "--json"])  # the chain grows by an increment
+            if command == "savepoint":
+                step()  # changes for the savepoints that are killed
         before = _catalog(config)
         args = ["savepoint", "--json"] if command == "savepoint" else ["compact", "--keep-last", "1",
                                                                          "--keep-daily-days", "0"]
