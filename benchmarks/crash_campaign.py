@@ -47,28 +47,34 @@ def main() -> None:
     print(json.dumps(reports, default=dict))
 
 
-def write_results(reports: list[dict], out: Path) -> None:
+def _save(out: Path, name: str, reports: list[dict], lines: list[str]) -> None:
     out.mkdir(parents=True, exist_ok=True)
-    (out / "crash_campaign.json").write_text(json.dumps(reports, indent=2, default=dict))
+    (out / f"{name}.json").write_text(json.dumps(reports, indent=2, default=dict))
+    (out / f"{name}.md").write_text("\n".join(lines) + "\n")
+
+
+def write_results(reports: list[dict], out: Path) -> None:
     lines = ["# Crash campaign", "", "| provider | seed | kill points | by phase | operator's recoveries | lost | "
              "duplicated | unexpected | minutes |", "|---|---|---|---|---|---|---|---|---|"]
     lines += [f"| {r['provider']} | {r['seed']} | {r['kill_points']} | {r['by_phase']} | {dict(r['recoveries'])} | "
               f"{r['lost']} | {r['duplicated']} | {r['unexpected']} | {r['minutes']} |" for r in reports]
-    (out / "crash_campaign.md").write_text("\n".join(lines) + "\n")
+    _save(out, "crash_campaign", reports, lines)
 
 
 def write_named(reports: list[dict], out: Path) -> None:
-    out.mkdir(parents=True, exist_ok=True)
-    (out / "crash_campaign_kill_points.json").write_text(json.dumps(reports, indent=2, default=dict))
     lines = ["# Crash campaign: named kill points", "", "| provider | kill point | killed there | complete savepoints "
              "unchanged | chains whole | newest restorable (pre-flight) |", "|---|---|---|---|---|---|"]
     lines += [f"| {r['provider']} | {o['point']} | {o['killed']} | {o['complete_unchanged']} | {o['chains_whole']} | "
               f"{o['restorable']} |" for r in reports for o in r["kill_points"]]
+    lines += ["", "| provider | killed right after taking its lease | killed there | the next catch-up's exit |",
+              "|---|---|---|---|"]
+    lines += [f"| {r['provider']} | {k['command']} ({k['point']}) | {k['killed']} | {k['next_command_exit']} |"
+              for r in reports for k in r.get("lease_kills", [])]
     lines += ["", "| provider | folded by the compaction after the kills | savepoints at the end | lost | duplicated | "
               "unexpected | minutes | load (1 min, end) |", "|---|---|---|---|---|---|---|---|"]
     lines += [f"| {r['provider']} | {r['compact_after_kills_folded']} | {r['kinds_at_end']} | {r['lost']} | "
               f"{r['duplicated']} | {r['unexpected']} | {r['minutes']} | {r['load_avg_1m_end']} |" for r in reports]
-    (out / "crash_campaign_kill_points.md").write_text("\n".join(lines) + "\n")
+    _save(out, "crash_campaign_kill_points", reports, lines)
 
 
 if __name__ == "__main__":

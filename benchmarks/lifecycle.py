@@ -162,13 +162,46 @@ def _load() -> list[float]:
     return [round(x, 2) for x in os.getloadavg()]
 
 
-def _batch_spans(checkpoint: Path) -> list[tuple[float, float]]:
-    """(start, end) wall times of each committed batch: its offset-log file, then its commit file."""
-    spans = []
+def _batch_spans(checkpoint: Path) -> dict[int, tuple[float, float]]:
+    """(start, end) wall times of each committed batch still in the logs: its offset-log file, then its commit file."""
+    spans = {}
     for commit in (checkpoint / "commits").iterdir():
-        if commit.name.isdigit() and (checkpoint / "offsets" / commit.name).exists():
-            spans.append(((checkpoint / "offsets" / commit.name).stat().st_mtime, commit.stat().st_mtime))
-    return sorted(spans)
+        try:
+            if commit.name.isdigit():
+                spans[int(commit.name)] = ((checkpoint / "offsets" / commit.name).stat().st_mtime,
+                                           commit.stat().st_mtime)
+        except OSError:  # purged meanwhile
+            continue
+    return spans
+
+
+class BatchSpans:
+    """Every batch's span, sampled while the block runs: Spark purges its offset and commit logs down to the last
+    SESSIONS_MIN_BATCHES_TO_RETAIN batches, so reading them once at the end would miss the earlier ones."""
+
+    def __init__(self, checkpoint: Path, every_s: float = 0.5) -> None:
+        self.checkpoint, self.every_s, self.spans = checkpoint, every_s, {}
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._poll, daemon=True)
+
+    def _poll(self) -> None:
+        while True:
+            self.spans.update(_batch_spans(self.checkpoint))
+            if self._stop.wait(self.every_s):
+                return
+
+    def __enter__(self) -> BatchSpans:
+        self.before = set(_batch_spans(self.checkpoint))
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self._stop.set()
+        self._thread.join()
+        self.spans.update(_batch_spans(self.checkpoint))
+
+    def new(self) -> list[tuple[float, float]]:
+        return [span for batch, span in sorted(self.spans.items()) if batch not in self.before]
 
 
 def measure_online(config: SessionsConfig, users: int, spark, quiet_s: float = 25.0) -> dict:
@@ -195,23 +228,23 @@ def measure_online(config: SessionsConfig, users: int, spark, quiet_s: float = 2
                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     feeder = None
     try:
-        first = len(_batch_spans(config.checkpoint))
-        feeder = subprocess.Popen([sys.executable, "-c", feeder_code, str(config.landing), str(users)], env=env)
-        deadline = time.monotonic() + 300
-        while len(_batch_spans(config.checkpoint)) < first + 3 and time.monotonic() < deadline:
-            time.sleep(0.5)
-        time.sleep(quiet_s)  # batches without a savepoint
-        started_wall, started = time.time(), time.monotonic()
-        saved = take_savepoint(config, spark=spark)
-        online_s, ended_wall = time.monotonic() - started, time.time()
-        time.sleep(quiet_s)  # and after it
+        with BatchSpans(config.checkpoint) as sampled:
+            feeder = subprocess.Popen([sys.executable, "-c", feeder_code, str(config.landing), str(users)], env=env)
+            deadline = time.monotonic() + 300
+            while len(sampled.new()) < 3 and time.monotonic() < deadline:
+                time.sleep(0.5)
+            time.sleep(quiet_s)  # batches without a savepoint
+            started_wall, started = time.time(), time.monotonic()
+            saved = take_savepoint(config, spark=spark)
+            online_s, ended_wall = time.monotonic() - started, time.time()
+            time.sleep(quiet_s)  # and after it
     finally:
         if feeder is not None:
             feeder.kill()
             feeder.wait()
         run.send_signal(signal.SIGINT)
         run.wait(timeout=600)
-    spans = _batch_spans(config.checkpoint)[first:]
+    spans = sampled.new()
     during = [end - start for start, end in spans if start < ended_wall and end > started_wall]
     without = [end - start for start, end in spans if end <= started_wall or start >= ended_wall]
     return {"online_savepoint_s": round(online_s, 3), "online_savepoint_batch": saved.batch_id,
@@ -219,7 +252,10 @@ def measure_online(config: SessionsConfig, users: int, spark, quiet_s: float = 2
             "batch_s_during_savepoint_median": round(statistics.median(during), 3) if during else None,
             "batches_during": len(during),
             "batch_s_without_median": round(statistics.median(without), 3) if without else None,
-            "batches_without": len(without)}
+            "batches_without": len(without),
+            # every batch as (start, end) seconds from the savepoint's start: what "during" and "without" were made of
+            "batch_spans_from_savepoint_s": [(round(start - started_wall, 2), round(end - started_wall, 2))
+                                             for start, end in spans]}
 
 
 def _config(home: Path, provider: str, master: str | None) -> SessionsConfig:
@@ -246,7 +282,7 @@ def measure_scale(provider: str, users: int, spark, work: Path, master: str | No
     extra.update(memory.figures("restore"))
     return {"provider": provider, "users": users, "master": spark.sparkContext.master, "state_rows": saved.rows,
             "savepoint_bytes": saved.bytes, "savepoint_s": round(savepoint_s, 3), "restore_s": round(restore_s, 3),
-            "restore_rows": restored.rows, "load_avg_1m": round(os.getloadavg()[0], 2), "load_end": _load(), **extra}
+            "restore_rows": restored.rows, "restore_phases": restored.phases, "load_avg_1m": round(os.getloadavg()[0], 2), "load_end": _load(), **extra}
 
 
 def measure(provider: str, users: int, spark, work: Path, online: bool = False, savepoint_only: bool = False) -> dict:
@@ -314,7 +350,7 @@ def measure(provider: str, users: int, spark, work: Path, online: bool = False, 
         "delta_write_rows_per_s": round(n_rows / delta_write_s),
         "delta_over_parquet_rows_per_s": round(parquet_s / delta_write_s, 4),
         "full_over_parquet_rows_per_s": round((full.rows / full_s) / (n_rows / parquet_s), 4),
-        "restore_s": round(restore_s, 3), "restore_verified": restored.verified,
+        "restore_s": round(restore_s, 3), "restore_verified": restored.verified, "restore_phases": restored.phases,
         "restore_savepoint_kind": incremental.kind, "restore_rows": restored.rows,
         "rescale_s": round(rescale_s, 3), "rescale_method": scaled.method,
         "rescale_partitions": f"{scaled.partitions_before}->{scaled.partitions_after}",

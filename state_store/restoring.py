@@ -123,6 +123,13 @@ def restore_unlocked(config: SessionsConfig, savepoint: str, partitions: int | N
     """The restore, for a caller that holds the job and lifecycle leases (state_store.lifecycle); with `lease` (the
     job lease) its writes are fenced by it."""
     started = time.monotonic()
+    phases: dict[str, float] = {}
+    last = [started]  # when the previous phase ended
+
+    def phase(name: str) -> None:
+        now = time.monotonic()
+        phases[name], last[0] = round(now - last[0], 3), now
+
     store = SavepointStore.of(config)
     saved = store.get(savepoint)
     refused = refusals(config, saved, partitions, migrate, store)
@@ -130,7 +137,9 @@ def restore_unlocked(config: SessionsConfig, savepoint: str, partitions: int | N
         raise refused[0]
     target = config.with_(state_partitions=partitions or saved.partitions or config.state_partitions)
     spark = spark or get_spark(target)
+    phase("preflight")
     saved = verified_savepoint(config, spark, saved.savepoint_id)
+    phase("savepoint_verified")
     write_restore_marker(config.checkpoint, saved.savepoint_id, partitions)  # before the first change
     replaced = _set_aside(config.checkpoint)
     outputs_rolled_back = False
@@ -149,6 +158,7 @@ def restore_unlocked(config: SessionsConfig, savepoint: str, partitions: int | N
         outputs_rolled_back = True  # from here the tables may differ from what the old checkpoint wrote
         removed = _roll_back_outputs(config, saved, lease)
         ensure_tables(config)
+        phase("outputs_rolled_back")
         # Only the bootstrap batch (and the empty batch after it): events after the savepoint are the next
         # catch-up's or run's to process.
         query, _ = start_query(spark, target, meta, operator, {"availableNow": True},
@@ -157,7 +167,9 @@ def restore_unlocked(config: SessionsConfig, savepoint: str, partitions: int | N
         failure = query.exception()
         if failure is not None:
             raise failure
+        phase("bootstrap_batch")
         got = frame_checksum(operator.canonical_rows(spark, config.checkpoint, 0))
+        phase("state_checked")
         if got != expected:
             raise StateMismatch(f"restored state does not match the savepoint: {got[0]} rows / {got[1]} vs "
                                 f"{expected[0]} / {expected[1]}")
@@ -171,7 +183,7 @@ def restore_unlocked(config: SessionsConfig, savepoint: str, partitions: int | N
         savepoint_id=saved.savepoint_id, batch_id=saved.batch_id, rows=saved.rows,
         checksum=got[1], verified=True, source_seq=saved.source_seq,
         watermark_ms=saved.watermark_ms, provider=info.provider, partitions=info.partitions,
-        rolled_back=removed, previous_checkpoint=replaced, seconds=seconds,
+        rolled_back=removed, previous_checkpoint=replaced, seconds=seconds, phases=phases,
     )
 
 

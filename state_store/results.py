@@ -102,6 +102,8 @@ class RestoreResult(Result):
     rolled_back: dict[str, int]  # output table -> rows removed (written after the savepoint)
     previous_checkpoint: str | None  # where the replaced checkpoint was set aside
     seconds: float
+    # where the time went: pre-flight, savepoint verified, outputs rolled back, bootstrap batch, restored state checked
+    phases: dict[str, float] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)
