@@ -22,7 +22,8 @@ Results: benchmarks/results/lifecycle.json and lifecycle.md. Usage:
                                            [--savepoint-only] [--scale [--master spark://127.0.0.1:7077]]
   scale          (--scale) only a full savepoint and its restore, with the peak memory of the driver's Python
                  process, its JVM and each executor JVM of a standalone cluster (--master): the driver's must not
-                 grow with the state
+                 grow with the state. The state is built by one process, measured by a fresh one (whose driver never
+                 ingested it: ingest's own memory is not the savepoint's)
 """
 from __future__ import annotations
 
@@ -264,12 +265,10 @@ def _config(home: Path, provider: str, master: str | None) -> SessionsConfig:
 
 
 def measure_scale(provider: str, users: int, spark, work: Path, master: str | None) -> dict:
-    """The scale proof: a full savepoint and its restore, each with the peak memory of the driver's Python process,
+    """The scale proof, in this process: a full savepoint of the state `--scale-step build` made in another process
+    (so this driver never ingested it), then its restore, each with the peak memory of the driver's Python process,
     its JVM and (on a cluster) every executor JVM."""
-    home = work / f"{provider}-{users}"
-    shutil.rmtree(home, ignore_errors=True)
-    config = _config(home, provider, master)
-    build_state(config, users, spark)
+    config = _config(work / f"{provider}-{users}", provider, master)
     started = time.monotonic()
     with PeakRss(process_ids(spark)) as memory:
         saved = take_savepoint(config, spark=spark, full=True)
@@ -282,7 +281,20 @@ def measure_scale(provider: str, users: int, spark, work: Path, master: str | No
     extra.update(memory.figures("restore"))
     return {"provider": provider, "users": users, "master": spark.sparkContext.master, "state_rows": saved.rows,
             "savepoint_bytes": saved.bytes, "savepoint_s": round(savepoint_s, 3), "restore_s": round(restore_s, 3),
-            "restore_rows": restored.rows, "restore_phases": restored.phases, "load_avg_1m": round(os.getloadavg()[0], 2), "load_end": _load(), **extra}
+            "restore_rows": restored.rows, "restore_phases": restored.phases, "load_avg_1m": round(os.getloadavg()[0], 2),
+            "load_end": _load(), **extra}
+
+
+def scale_run(provider: str, users: int, work: Path, master: str | None) -> dict:
+    """One size of the scale proof: the state built by one process (`--scale-step build`), measured by a fresh one
+    (`--scale-step measure`), one after the other (a standalone cluster gives its cores to one application)."""
+    home = work / f"{provider}-{users}"
+    shutil.rmtree(home, ignore_errors=True)
+    common = [sys.executable, __file__, "--provider", provider, "--sizes", str(users), "--work-dir", str(work),
+              *(["--master", master] if master else [])]
+    subprocess.run([*common, "--scale-step", "build"], check=True)
+    done = subprocess.run([*common, "--scale-step", "measure"], check=True, capture_output=True, text=True)
+    return json.loads(done.stdout.strip().splitlines()[-1])
 
 
 def measure(provider: str, users: int, spark, work: Path, online: bool = False, savepoint_only: bool = False) -> dict:
@@ -417,18 +429,28 @@ def main() -> None:
                              "results in lifecycle-scale.json/.md")
     parser.add_argument("--master", default=None,
                         help="a Spark master, e.g. spark://127.0.0.1:7077 (deploy/local-cluster start); local[2] if unset")
+    parser.add_argument("--scale-step", choices=("build", "measure"), help=argparse.SUPPRESS)
+    parser.add_argument("--work-dir", help=argparse.SUPPRESS)
     parser.add_argument("--results-dir", default=str(REPO / "benchmarks" / "results"))
     parser.add_argument("--note", default="")
     args = parser.parse_args()
     sizes = [int(s) for s in args.sizes.split(",")] + ([1_000_000] if args.large else [])
     providers = ["rocksdb", "hdfs"] if args.provider == "both" else [args.provider]
     os.environ.setdefault("SESSIONS_SAVEPOINT_FULL_EVERY", "10")  # incremental savepoints, whatever the default
+    if args.scale_step:  # one process of scale_run: one provider, one size
+        work = Path(args.work_dir)
+        spark = get_spark(_config(work, providers[0], args.master))
+        if args.scale_step == "build":
+            build_state(_config(work / f"{providers[0]}-{sizes[0]}", providers[0], args.master), sizes[0], spark)
+        else:
+            print(json.dumps(measure_scale(providers[0], sizes[0], spark, work, args.master)), flush=True)
+        return
     work = Path(tempfile.mkdtemp(prefix="lifecycle-bench-"))
-    spark = get_spark(_config(work, "rocksdb", args.master))
+    spark = None if args.scale else get_spark(_config(work, "rocksdb", args.master))
     results = []
     for provider in providers:
         for users in sizes:
-            result = (measure_scale(provider, users, spark, work, args.master) if args.scale else
+            result = (scale_run(provider, users, work, args.master) if args.scale else
                       measure(provider, users, spark, work, online=args.online, savepoint_only=args.savepoint_only))
             print(json.dumps(result), flush=True)
             results.append(result)
