@@ -35,8 +35,15 @@ from pyspark.sql import DataFrame, SparkSession
 from pipelines import state_format
 from pipelines.errors import SavepointDamaged
 from pipelines.storage import filesystem, is_s3, s3_errors
-from state_store.savepoint_stats import STATS_STRING_BYTES, _FileStats  # noqa: F401 (STATS_STRING_BYTES: tests)
-from state_store.savepoints import DELETED, SavepointStore, StateFiles, combine_checksum, partial_checksum
+from state_store.savepoint_stats import FileStats
+from state_store.savepoints import (
+    DELETED,
+    SavepointStore,
+    StateFiles,
+    checksum_parts,
+    combine_checksum,
+    partial_checksum,
+)
 
 FILE_ROWS = 2_000_000      # rows per data file at most: a task's share beyond it goes on in a new file
 ROW_GROUP_ROWS = 131_072   # rows buffered per Parquet row group (a task holds about this many rows at a time)
@@ -94,7 +101,7 @@ class _DataFile:
         self.name = f"part-{partition:05d}-{uuid.uuid4()}.zstd.parquet"  # unique per task attempt
         self.stream = fs.open_output_stream(f"{root}/{self.name}")
         self.writer = pq.ParquetWriter(self.stream, schema, compression=COMPRESSION)
-        self.rows, self.hash_sum, self.stats = 0, 0, _FileStats(schema)
+        self.rows, self.hash_sum, self.stats = 0, 0, FileStats(schema)
         self.increment = DELETED in schema.names
         self.state_rows, self.state_sum = 0, 0
         self.users: list[pa.Array] = []
@@ -269,10 +276,10 @@ def write_state_files(spark: SparkSession, rows: DataFrame, uri: str, file_rows:
     found = files.toArrow()  # the users stay in Arrow
     written = tuple(found.drop_columns(["users"]).to_pylist())
     checksum = combine_checksum((f["num_records"], f["hash_sum"]) for f in written)
-    state = combine_checksum((f["state_records"], f["state_hash_sum"]) for f in written)
+    state_rows, state_sum = checksum_parts(combine_checksum((f["state_records"], f["state_hash_sum"]) for f in written))
     users = pc.unique(pc.list_flatten(found["users"]).combine_chunks()) if found.num_rows else pa.array([], pa.string())
     return WrittenFiles(uri, written, sum(int(f["num_records"]) for f in written), checksum, schema,
-                        int(state.split(":")[1]), int(state.split(":")[2], 16), users.cast(pa.string()))
+                        state_rows, state_sum, users.cast(pa.string()))
 
 
 def commit_state_files(written: WrittenFiles, storage_options: dict[str, str] | None) -> None:

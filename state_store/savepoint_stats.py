@@ -21,7 +21,7 @@ def _timestamp_text(micros: int, round_up: bool) -> str:
     return moment.strftime("%Y-%m-%dT%H:%M:%S.") + f"{moment.microsecond // 1000:03d}Z"
 
 
-class _FileStats:
+class FileStats:
     """Delta per-file statistics of state rows, accumulated over the row groups of one file."""
 
     def __init__(self, schema: pa.Schema = state_format.CANONICAL_SCHEMA) -> None:

@@ -20,7 +20,7 @@ from pipelines.ingest import ingest
 from pipelines.sample_data import land
 from pipelines.stream import catch_up
 from state_store import savepoint_io as io
-from state_store import savepointing
+from state_store import savepoint_stats, savepointing
 from state_store.lifecycle import live_state, take_savepoint, validate_savepoint
 from state_store.savepoints import SavepointStore, combine_checksum, partial_checksum, state_checksum
 from state_store.state import read_state
@@ -91,14 +91,14 @@ def test_file_statistics_bound_every_value():
         "user_id": [long_max, "é" * 40], "session_start": pa.array([1, 2], UTC_US), "event_id": [None, None],
         "event_time": pa.array([999, 1_001], UTC_US), "event_type": [None, None], "event_count": [1, 1],
         "page_views": [0, 0]}, schema=state_format.CANONICAL_SCHEMA)])
-    stats = io._FileStats()
+    stats = savepoint_stats.FileStats()
     for share in (rows.slice(0, 1000), rows.slice(1000)):
         stats.update(share)
     got = json.loads(stats.to_json(rows.num_rows))
     assert got["numRecords"] == rows.num_rows
     assert got["nullCount"] == {name: rows[name].null_count for name in rows.column_names}
     assert "user_id" not in got["maxValues"]  # longer than 64 bytes: unknown rather than wrong
-    assert len(got["minValues"]["user_id"].encode()) <= io.STATS_STRING_BYTES
+    assert len(got["minValues"]["user_id"].encode()) <= savepoint_stats.STATS_STRING_BYTES
     for name in rows.column_names:
         values = [v for v in rows[name].to_pylist() if v is not None]
         low, high = got["minValues"].get(name), got["maxValues"].get(name)
