@@ -72,6 +72,12 @@ class SessionsResource(ConfigurableResource):  # type: ignore[type-arg]
     min_batches_to_retain: int | None = Field(
         default=None, description="SESSIONS_MIN_BATCHES_TO_RETAIN: checkpoint versions Spark keeps; a savepoint beside "
                                   "the stream must finish within this many batches (default 20)")
+    savepoint_full_every: int | None = Field(
+        default=None, description="SESSIONS_SAVEPOINT_FULL_EVERY: every Nth savepoint of a lineage is full, the others "
+                                  "incremental where they can be (default 10; 1: always full)")
+    savepoint_chain_share: float | None = Field(
+        default=None, description="SESSIONS_SAVEPOINT_CHAIN_SHARE: a savepoint is full once its chain's increments "
+                                  "would hold more rows than this share of the chain's full one (default 0.5)")
     stop_timeout_s: float | None = Field(
         default=None, description="SESSIONS_STOP_TIMEOUT_S: how long stopping the query may take (default 180)")
     state_max_age_minutes: float | None = Field(

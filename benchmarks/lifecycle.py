@@ -260,7 +260,8 @@ def measure_online(config: SessionsConfig, users: int, spark, quiet_s: float = 2
 
 
 def _config(home: Path, provider: str, master: str | None) -> SessionsConfig:
-    env = {"SESSIONS_HOME": str(home), "SESSIONS_STATE_STORE": provider, "SESSIONS_STATE_PARTITIONS": "4"}
+    env = {"SESSIONS_HOME": str(home), "SESSIONS_STATE_STORE": provider, "SESSIONS_STATE_PARTITIONS": "4",
+           "SESSIONS_SAVEPOINT_FULL_EVERY": "10"}  # incremental savepoints, whatever the default
     return SessionsConfig.from_env({**env, **({"SESSIONS_SPARK_MASTER": master} if master else {})})
 
 
@@ -436,7 +437,6 @@ def main() -> None:
     args = parser.parse_args()
     sizes = [int(s) for s in args.sizes.split(",")] + ([1_000_000] if args.large else [])
     providers = ["rocksdb", "hdfs"] if args.provider == "both" else [args.provider]
-    os.environ.setdefault("SESSIONS_SAVEPOINT_FULL_EVERY", "10")  # incremental savepoints, whatever the default
     if args.scale_step:  # one process of scale_run: one provider, one size
         work = Path(args.work_dir)
         spark = get_spark(_config(work, providers[0], args.master))

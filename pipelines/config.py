@@ -187,6 +187,10 @@ class SessionsConfig:
     rocksdb_changelog: bool = _setting(True)
     # Savepoints are the long-term recovery points; the checkpoint keeps a short tail of versions.
     min_batches_to_retain: int = _setting(20)
+    # Incremental savepoints (state_store/savepoint_policy.py): a full one every Nth savepoint of a lineage (1: always
+    # full), or once a chain's increments hold more rows than this share of its full savepoint's.
+    savepoint_full_every: int = _setting(10)
+    savepoint_chain_share: float = _setting(0.5, minimum=0)
     # Operations (Dagster runbook, checks and sensors).
     stop_timeout_s: float = _setting(180.0, minimum=0)
     state_max_age_minutes: float = _setting(60.0, minimum=0)

@@ -4,14 +4,15 @@ from __future__ import annotations
 import os
 import re
 import socket
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from contextvars import ContextVar
 from urllib.parse import urlparse
 
+import pyarrow as pa
 import pyarrow.fs as pafs
 from botocore.exceptions import BotoCoreError, ClientError
-from deltalake import DeltaTable
+from deltalake import DeltaTable, QueryBuilder
 from deltalake.exceptions import DeltaError
 
 from pipelines.config import SessionsConfig
@@ -110,6 +111,27 @@ def table_exists(config: SessionsConfig, uri: str) -> bool:
 
 def open_table(config: SessionsConfig, uri: str) -> DeltaTable:
     return DeltaTable(uri, storage_options=storage_options(config, uri))
+
+
+def sql_literal(text: str) -> str:
+    """A string as a SQL literal, for delta-rs predicates and queries."""
+    return "'" + text.replace("'", "''") + "'"
+
+
+def read_rows(table: DeltaTable, columns: Sequence[str] | None = None, where: str | None = None) -> pa.Table:
+    """A Delta table's rows (`columns`, those matching the SQL predicate `where`), read by delta-rs itself, in Rust,
+    and cast to the table's own Arrow types (DataFusion reads strings as string_view).
+
+    Not `to_pyarrow_table` / `to_pyarrow_dataset`: they scan a pyarrow dataset over a Python filesystem, and an Arrow
+    pool thread may still be releasing that filesystem's Python handler when the interpreter exits, which aborts the
+    process after its work is done (`terminate called without an active exception`, exit 134; delta-io/delta-rs#2184,
+    apache/arrow#36389)."""
+    schema = pa.schema(table.schema().to_arrow())
+    names = list(columns) if columns is not None else schema.names
+    select = ", ".join('"' + name.replace('"', '""') + '"' for name in names)
+    query = f"SELECT {select} FROM rows" + (f" WHERE {where}" if where else "")
+    read = pa.table(QueryBuilder().register("rows", table).execute(query).read_all())
+    return read.select(names).cast(pa.schema([schema.field(name) for name in names]))
 
 
 def s3_endpoint() -> str:

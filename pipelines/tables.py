@@ -16,7 +16,7 @@ from pyspark.sql import DataFrame
 from pipelines.errors import LeaseLost, StorageUnavailable
 from pipelines.fencing import committing, fence
 from pipelines.locks import Lease
-from pipelines.storage import is_object_store_failure, is_s3, s3_failure
+from pipelines.storage import is_object_store_failure, is_s3, read_rows, s3_failure, sql_literal
 
 SESSIONS_SCHEMA = pa.schema([
     ("session_id", pa.string()),
@@ -68,8 +68,7 @@ def version_after_batch(uri: str, incarnation: str, batch_id: int,
         return 0
     table = DeltaTable(uri, storage_options=storage_options)
     current = table.version()
-    later = table.to_pyarrow_dataset().to_table(
-        columns=["written_version"], filter=(ds.field("incarnation") == incarnation) & (ds.field("batch_id") > batch_id))
+    later = read_rows(table, ["written_version"], where=f"incarnation = {sql_literal(incarnation)} AND batch_id > {int(batch_id)}")
     if later.num_rows == 0:
         return current
     return min(current, int(pc.min(later["written_version"]).as_py()) - 1)

@@ -37,7 +37,7 @@ from pipelines.fencing import fenced_delete
 from pipelines.ingest.landing import INGESTED_DIR
 from pipelines.locks import Lease
 from pipelines.results import Result
-from pipelines.storage import filesystem, join, storage_options, table_exists
+from pipelines.storage import filesystem, join, read_rows, sql_literal, storage_options, table_exists
 from state_store.lifecycle import replaced_checkpoints
 from state_store.restoring import restore_unlocked
 from state_store.savepoint_io import savepoint_checksum
@@ -84,10 +84,6 @@ def user_hash(config: SessionsConfig, user_id: str) -> str:
     return "hmac-sha256:" + hmac.new(key, user_id.encode(), hashlib.sha256).hexdigest()
 
 
-def _literal(text: str) -> str:
-    return "'" + text.replace("'", "''") + "'"
-
-
 def _raw_pattern(user_id: str) -> str:
     """A rejected line that still names U as its user_id (its raw text is kept for the operator)."""
     return r'"user_id"\s*:\s*' + re.escape(json.dumps(user_id))
@@ -99,11 +95,11 @@ def _erase_rows(config: SessionsConfig, uri: str, user_id: str, has_raw: bool, l
     if not table_exists(config, uri):
         return 0
     options = storage_options(config, uri)
-    removed = fenced_delete(uri, f"user_id = {_literal(user_id)}", leases, options)
+    removed = fenced_delete(uri, f"user_id = {sql_literal(user_id)}", leases, options)
     if has_raw:  # the raw column is read once; the (few) rejected lines that name U are deleted by their text
-        raw = pc.fill_null(DeltaTable(uri, storage_options=options).to_pyarrow_table(columns=["raw"])["raw"], "")
+        raw = pc.fill_null(read_rows(DeltaTable(uri, storage_options=options), ["raw"])["raw"], "")
         for text in set(pc.filter(raw, pc.match_substring_regex(raw, _raw_pattern(user_id))).to_pylist()):
-            removed += fenced_delete(uri, f"raw = {_literal(text)}", leases, options)
+            removed += fenced_delete(uri, f"raw = {sql_literal(text)}", leases, options)
     return removed
 
 
@@ -134,8 +130,8 @@ def _erase_savepoints(config: SessionsConfig, spark: SparkSession, user_id: str)
         rows, checksum = savepoint_checksum(spark, store, saved.savepoint_id)
         if gone or (rows, checksum) != (saved.rows, saved.checksum):  # a rerun after a kill between the two
             DeltaTable(store.catalog_uri, storage_options=store.options).update(
-                updates={"rows": str(rows), "checksum": _literal(checksum)},
-                predicate=f"savepoint_id = {_literal(saved.savepoint_id)}")
+                updates={"rows": str(rows), "checksum": sql_literal(checksum)},
+                predicate=f"savepoint_id = {sql_literal(saved.savepoint_id)}")
             changed += 1
         removed += gone
     return removed, changed, uris
@@ -286,7 +282,7 @@ def _set_aside_since_erasure(config: SessionsConfig, hashed: str) -> list[Path]:
     erased_at = None
     uri = config.table_uri(LOG_TABLE)
     if table_exists(config, uri):
-        log = DeltaTable(uri, storage_options=storage_options(config, uri)).to_pyarrow_table().to_pylist()
+        log = read_rows(DeltaTable(uri, storage_options=storage_options(config, uri))).to_pylist()
         done = [row["at"] for row in log if row["user_hash"] == hashed and row["status"] == "complete"]
         erased_at = max(done) if done else None
     found = []

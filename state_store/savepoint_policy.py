@@ -9,32 +9,28 @@ when all of these hold, else full (the reason is said):
     new one), of the same state schema, gap, provider and partitions, at or before this batch, whose chain is whole;
   * the change feed still reaches back to it: it is fewer than SESSIONS_MIN_BATCHES_TO_RETAIN - 1 batches behind the
     newest committed one, and every batch in between ran with the same state partitions (a repartition starts over);
-  * its chain is shorter than SESSIONS_SAVEPOINT_FULL_EVERY (default 10: every 10th savepoint of a lineage is full;
-    1 = never incremental);
-  * its chain's increments hold no more rows than SESSIONS_SAVEPOINT_CHAIN_SHARE (default 0.5) of its full one's.
+  * its chain is shorter than SessionsConfig.savepoint_full_every (SESSIONS_SAVEPOINT_FULL_EVERY, default 10: every
+    10th savepoint of a lineage is full; 1 = never incremental);
+  * its chain's increments hold no more rows than savepoint_chain_share (SESSIONS_SAVEPOINT_CHAIN_SHARE, default 0.5)
+    of its full one's.
 If the change feed read fails all the same (a version Spark's retention removed meanwhile, a checkpoint written with
 changelog checkpointing off), the savepoint is written full in the same run.
-
-SESSIONS_SAVEPOINT_FULL_EVERY and SESSIONS_SAVEPOINT_CHAIN_SHARE are read from the environment here (the CLI and Dagster
-processes alike); they are not SessionsConfig settings (yet).
 """
 from __future__ import annotations
 
 import json
-import os
 from dataclasses import dataclass
 from pathlib import Path
 
 from pipelines import state_format
 from pipelines.checkpoint import CommittedBatch, inspect_checkpoint
-from pipelines.config import SessionsConfig
-from pipelines.errors import ConfigError, SavepointDamaged
+from pipelines.config import SessionsConfig, env_name
+from pipelines.errors import SavepointDamaged
 from pipelines.operator_jvm import STATE_LAYOUT
 from state_store.results import SavepointInfo
 from state_store.savepoints import FULL, INCREMENTAL, SavepointStore
 
-FULL_EVERY_ENV, CHAIN_SHARE_ENV = "SESSIONS_SAVEPOINT_FULL_EVERY", "SESSIONS_SAVEPOINT_CHAIN_SHARE"
-DEFAULT_FULL_EVERY, DEFAULT_CHAIN_SHARE = 10, 0.5
+FULL_EVERY_ENV, CHAIN_SHARE_ENV = env_name("savepoint_full_every"), env_name("savepoint_chain_share")
 
 
 @dataclass(frozen=True)
@@ -47,28 +43,6 @@ class SavepointPlan:
     def chain(self) -> str | None:
         """The new savepoint's chain without its own id (incremental), else None."""
         return ",".join(self.tip.chain_ids) if self.tip is not None else None
-
-
-def full_every() -> int:
-    raw = os.environ.get(FULL_EVERY_ENV, "").strip()
-    try:
-        value = int(raw) if raw else DEFAULT_FULL_EVERY
-    except ValueError:
-        raise ConfigError(f"{FULL_EVERY_ENV}={raw!r}: expected a whole number >= 1") from None
-    if value < 1:
-        raise ConfigError(f"{FULL_EVERY_ENV}={raw!r}: expected a whole number >= 1")
-    return value
-
-
-def chain_share() -> float:
-    raw = os.environ.get(CHAIN_SHARE_ENV, "").strip()
-    try:
-        value = float(raw) if raw else DEFAULT_CHAIN_SHARE
-    except ValueError:
-        raise ConfigError(f"{CHAIN_SHARE_ENV}={raw!r}: expected a number > 0") from None
-    if not value > 0:
-        raise ConfigError(f"{CHAIN_SHARE_ENV}={raw!r}: expected a number > 0")
-    return value
 
 
 def _partitions_of(checkpoint: Path, batch_id: int) -> int | None:
@@ -88,7 +62,7 @@ def plan_savepoint(config: SessionsConfig, store: SavepointStore, catalog: list[
                    committed: CommittedBatch, full: bool = False) -> SavepointPlan:
     """Full or incremental for a savepoint of `committed` (see the module docstring)."""
     info, meta, batch_id = committed.info, committed.meta, committed.batch_id
-    every, share = full_every(), chain_share()
+    every, share = config.savepoint_full_every, config.savepoint_chain_share
     if full:
         return _full("asked for (--full)")
     if meta.state_layout != STATE_LAYOUT:

@@ -47,7 +47,7 @@ from deltalake import DeltaTable, write_deltalake
 from pipelines import state_format
 from pipelines.config import SessionsConfig
 from pipelines.errors import SavepointDamaged, SavepointNotFound
-from pipelines.storage import join, s3_errors, storage_options
+from pipelines.storage import join, read_rows, s3_errors, storage_options
 from state_store.results import SavepointInfo
 
 CATALOG_SCHEMA = pa.schema([
@@ -209,7 +209,7 @@ class SavepointStore:
 
     def read_table(self, uri: str) -> pa.Table:
         with s3_errors(uri):
-            return DeltaTable(uri, storage_options=self.options).to_pyarrow_table()
+            return read_rows(DeltaTable(uri, storage_options=self.options))
 
     def read_state(self, savepoint_id: str) -> pa.Table:
         """The savepoint's state in this process (small savepoints, tests): its table as stored for a full savepoint
@@ -274,7 +274,7 @@ class SavepointStore:
             self._flush_pending()
             if not DeltaTable.is_deltatable(self.catalog_uri, storage_options=self.options):
                 return []
-            rows = DeltaTable(self.catalog_uri, storage_options=self.options).to_pyarrow_table().to_pylist()
+            rows = read_rows(DeltaTable(self.catalog_uri, storage_options=self.options)).to_pylist()
         for row in rows:  # a row from before incremental savepoints: a full one, its own chain
             row["kind"] = row.get("kind") or FULL
             row["chain"] = row.get("chain") or row["savepoint_id"]

@@ -25,16 +25,15 @@ CUTS = (1, 5)  # seed 8: users open at the first and not the second, the other w
 
 @pytest.fixture(scope="module")
 def two_savepoints(spark, tmp_path_factory):
-    config = make_config(tmp_path_factory.mktemp("history"), "rocksdb")
+    # The second savepoint incremental (a full one every 10th): diff resolves its chain.
+    config = make_config(tmp_path_factory.mktemp("history"), "rocksdb", SESSIONS_SAVEPOINT_FULL_EVERY=10)
     batches = stream_scenario(8, 6, True, GAP_MS, LATENESS_MS)
     taken, done = [], 0
-    with pytest.MonkeyPatch.context() as patch:
-        patch.setenv("SESSIONS_SAVEPOINT_FULL_EVERY", "10")  # the second one incremental: diff resolves its chain
-        for cut in CUTS:
-            land_batches(config, batches[done:cut], start=done)
-            catch_up(config, spark)
-            taken.append(take_savepoint(config, spark=spark))
-            done = cut
+    for cut in CUTS:
+        land_batches(config, batches[done:cut], start=done)
+        catch_up(config, spark)
+        taken.append(take_savepoint(config, spark=spark))
+        done = cut
     assert [s.kind for s in taken] == ["full", "incremental"]
     return config, batches, taken
 

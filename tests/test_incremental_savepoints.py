@@ -19,7 +19,6 @@ from state_store.erasure import _erase_savepoints
 from state_store.lifecycle import live_state, restore, take_savepoint, validate_savepoint
 from state_store.maintenance import compact
 from state_store.savepoint_io import savepoint_checksum, savepoint_rows
-from state_store.savepoint_policy import CHAIN_SHARE_ENV, FULL_EVERY_ENV
 from state_store.savepoints import DELETED, SavepointStore, state_checksum
 from tests.conftest import make_config, open_sessions_of, read_open_sessions, read_sessions
 from tests.datagen import BASE_MS, iso
@@ -28,10 +27,6 @@ from tests.savepoint_expectations import oracle_of
 pytestmark = pytest.mark.tier("spark")  # (the S3 case: e2e, by its s3_endpoint fixture)
 
 
-@pytest.fixture(autouse=True)
-def _chains(monkeypatch):
-    """Incremental savepoints whatever the default policy: a full one every 10th of a lineage."""
-    monkeypatch.setenv(FULL_EVERY_ENV, "10")
 
 GAP_MS, LATENESS_MS = 30 * 60_000, 10 * 60_000
 MINUTE = 60_000
@@ -86,11 +81,11 @@ def _chain(config, spark, chunks: list[list[dict]]) -> list:
 
 
 @pytest.mark.parametrize("provider,store", [("rocksdb", "s3"), ("hdfs", "local")])
-def test_a_chain_resolves_to_the_live_state_and_restores_exactly_once(tmp_path, spark, s3_endpoint, monkeypatch,
-                                                                       provider, store):
-    monkeypatch.setenv(CHAIN_SHARE_ENV, "100")  # the share rule is tested below: here one chain, whatever it holds
+def test_a_chain_resolves_to_the_live_state_and_restores_exactly_once(tmp_path, spark, s3_endpoint, provider, store):
     uri = f"s3://savepoints/{tmp_path.name}" if store == "s3" else str(tmp_path / "savepoints")
-    config = make_config(tmp_path, provider, SESSIONS_SAVEPOINT_URI=uri, SESSIONS_S3_TIMEOUT="10s")
+    # The share rule is tested below: here one chain, whatever it holds.
+    config = make_config(tmp_path, provider, SESSIONS_SAVEPOINT_URI=uri, SESSIONS_S3_TIMEOUT="10s",
+                         SESSIONS_SAVEPOINT_CHAIN_SHARE=100)
     chunks = _scenario(6)
     taken = _chain(config, spark, chunks)
     assert [s.kind for s in taken] == ["full"] + ["incremental"] * 5
@@ -128,10 +123,8 @@ def test_a_chain_resolves_to_the_live_state_and_restores_exactly_once(tmp_path, 
     assert len({row[0] for row in got}) == len(got) and got == sorted(oracle_of(chunks, GAP_MS, LATENESS_MS).closed)
 
 
-def test_policy_full_every_k_forced_full_new_lineage_and_chain_share(tmp_path, spark, monkeypatch):
-    monkeypatch.setenv(FULL_EVERY_ENV, "3")
-    monkeypatch.setenv(CHAIN_SHARE_ENV, "100")
-    config = make_config(tmp_path, "rocksdb")
+def test_policy_full_every_k_forced_full_new_lineage_and_chain_share(tmp_path, spark):
+    config = make_config(tmp_path, "rocksdb", SESSIONS_SAVEPOINT_FULL_EVERY=3, SESSIONS_SAVEPOINT_CHAIN_SHARE=100)
     chunks = _scenario(8)
     taken = _chain(config, spark, chunks[:5])
     assert [s.kind for s in taken] == ["full", "incremental", "incremental", "full", "incremental"]
@@ -145,7 +138,7 @@ def test_policy_full_every_k_forced_full_new_lineage_and_chain_share(tmp_path, s
     _land(config, [chunks[5]], 5)
     catch_up(config, spark)
     assert take_savepoint(config, spark=spark).kind == "full"
-    monkeypatch.setenv(CHAIN_SHARE_ENV, "0.05")
+    config = config.with_(savepoint_chain_share=0.05)
     kinds = []
     for k in (6, 7):  # the first increment passes (nothing before it); it holds more than 5% of the base's rows
         _land(config, [chunks[k]], k)
@@ -186,8 +179,7 @@ def test_compact_folds_a_chain_and_keeps_what_kept_savepoints_need(tmp_path, spa
     """Retention keeps the newest two of a chain of five: the older of the two is folded into a full savepoint (in
     place), the three before go. A fold killed before its commit, or after it and before the catalog's update, leaves
     every savepoint restorable; the next compaction finishes it."""
-    monkeypatch.setenv(CHAIN_SHARE_ENV, "100")
-    config = make_config(tmp_path, "rocksdb")
+    config = make_config(tmp_path, "rocksdb", SESSIONS_SAVEPOINT_CHAIN_SHARE=100)
     chunks = _scenario(6)
     taken = _chain(config, spark, chunks[:5])
     ids = [s.savepoint_id for s in taken]
@@ -235,11 +227,10 @@ def test_compact_folds_a_chain_and_keeps_what_kept_savepoints_need(tmp_path, spa
     assert len({row[0] for row in got}) == len(got) and got == sorted(oracle_of(chunks, GAP_MS, LATENESS_MS).closed)
 
 
-def test_erasure_rewrites_every_table_of_a_chain(tmp_path, spark, monkeypatch):
+def test_erasure_rewrites_every_table_of_a_chain(tmp_path, spark):
     """A user erased from every savepoint table (state_store.erasure, oldest first): each savepoint's resolved state
     is what it was without the user, and its catalog count and checksum say so."""
-    monkeypatch.setenv(CHAIN_SHARE_ENV, "100")
-    config = make_config(tmp_path, "hdfs")
+    config = make_config(tmp_path, "hdfs", SESSIONS_SAVEPOINT_CHAIN_SHARE=100)
     chunks = _scenario(6)
     taken = _chain(config, spark, chunks[:5])
     store = SavepointStore.of(config)

@@ -15,11 +15,11 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-import pyarrow.compute as pc
 from deltalake import DeltaTable
 
 from pipelines.errors import SourceDataLost
 from pipelines.ingest.table import HISTORY_PAGE
+from pipelines.storage import read_rows, sql_literal
 
 OFFSETS_KEY = "kafka_offsets"   # the commit metadata key holding the topic's next offsets
 LOST_REASON = "lost_in_source"  # reject_reason of the raw_events row that records an accepted loss
@@ -57,9 +57,9 @@ def _offsets_from_rows(table: DeltaTable, topic: str) -> dict[int, int]:
     """max(line_no) + 1 per partition of the topic's rows (when no commit metadata is left)."""
     prefix = source_name(topic, 0)[:-1]
     # Not the rows of accepted losses: they name the first offset lost, not one read (accept_loss).
-    rows = table.to_pyarrow_dataset().to_table(
-        columns=["source_file", "line_no"], filter=pc.starts_with(pc.field("source_file"), prefix)
-        & (pc.field("reject_reason").is_null() | (pc.field("reject_reason") != LOST_REASON)))
+    rows = read_rows(table, ["source_file", "line_no"],
+                     where=f"starts_with(source_file, {sql_literal(prefix)}) AND (reject_reason IS NULL"
+                           f" OR reject_reason <> {sql_literal(LOST_REASON)})")
     if rows.num_rows == 0:
         return {}
     grouped = rows.group_by("source_file").aggregate([("line_no", "max")])

@@ -26,7 +26,7 @@ from pipelines.ingest import columnar
 from pipelines.ingest.lines import Lines, classify_line
 from pipelines.locks import Lease
 from pipelines.results import Result
-from pipelines.storage import is_s3, storage_options
+from pipelines.storage import is_s3, read_rows, storage_options
 
 RAW_SCHEMA = pa.schema([
     ("event_id", pa.string()),
@@ -140,9 +140,7 @@ def latest_clock(table: DeltaTable | None, history: list[dict[str, Any]] | None 
         if CLOCK_KEY in commit:
             return IngestClock.from_json(commit[CLOCK_KEY])
     columns = [c for c in ("event_time", "ingested_at") if c in table.schema().to_arrow().names]
-    import pyarrow.dataset as ds  # here, not at the top: it imports pandas, and the stream's source imports this module
-
-    rows = table.to_pyarrow_dataset().to_table(columns=columns, filter=ds.field("reject_reason").is_null())
+    rows = read_rows(table, columns, where="reject_reason IS NULL")
     if rows.num_rows == 0:
         return IngestClock()
     newest = int(pc.max(rows["event_time"].cast(pa.int64())).as_py())
