@@ -396,7 +396,8 @@ def _incremental_lines(results: list[dict]) -> list[str]:
 
 def _memory_lines(results: list[dict]) -> list[str]:
     lines = ["", "Peak resident memory (MiB, VmHWM reset at the start, VmRSS polled every 50 ms) of the driver's Python "
-             "process and of the JVM (local mode: the executors too) during the savepoint and the restore; in "
+             "process and of the JVM (the driver's; under local[N] the executors run in it too, on a cluster they have "
+             "their own columns) during the savepoint and the restore; in "
              "brackets each one's RSS when the operation started.", "",
              "| provider | users | state rows | savepoint s | savepoint Python | savepoint JVM | restore s | "
              "restore Python | restore JVM | savepoint executors | restore executors | load (1 min) |",
