@@ -33,13 +33,15 @@ def fence(table: DeltaTable | None, leases: Sequence[Lease], where: str) -> tupl
     lease is lost; else the transactions and the commit metadata that record their epochs. Call it right before the
     commit."""
     transactions, metadata = [], {}
+    # The lease first: a holder that was paused past its TTL is told so in its own terms (not renewed for N s, who
+    # took it), whether or not its renewal thread noticed before this thread ran; the table catches what it cannot.
+    for held in leases:
+        held.check()
     for held in leases:
         committed = table.transaction_version(held.app_id) if table is not None else None
         if committed is not None and committed > held.epoch:
             held.fence(f"epoch {committed} of it already committed to {where}", committed)
         transactions.append(Transaction(held.app_id, held.epoch))
-    for held in leases:
-        held.check()
     if leases:
         metadata[EPOCH_KEY] = str(leases[0].epoch)
         metadata[LEASES_KEY] = ",".join(f"{held.name}:{held.epoch}" for held in leases)
