@@ -40,7 +40,7 @@ from pipelines.results import Result
 from pipelines.storage import filesystem, join, read_rows, sql_literal, storage_options, table_exists
 from state_store.lifecycle import replaced_checkpoints
 from state_store.restoring import restore_unlocked
-from state_store.savepoint_io import savepoint_checksum
+from state_store.savepoint_chain import savepoint_checksum
 from state_store.savepointing import savepoint_last_batch
 from state_store.savepoints import SavepointStore
 from state_store.state import lookup_user

@@ -1,6 +1,6 @@
 """How state changed: what differs between two savepoints (`sessionctl savepoints diff A B`), and one user's open
 sessions at each retained savepoint (`sessionctl state --user U --history`). Both read savepoint files in the
-executors (state_store.savepoint_io.savepoint_rows); the driver gets per-user summaries' counts and a sample."""
+executors (state_store.savepoint_chain.savepoint_rows); the driver gets per-user summaries' counts and a sample."""
 from __future__ import annotations
 
 from collections.abc import Iterator
@@ -19,7 +19,7 @@ from pipelines.config import SessionsConfig
 from pipelines.results import Result
 from pipelines.sessionize import open_sessions
 from state_store.results import SavepointInfo
-from state_store.savepoint_io import savepoint_rows
+from state_store.savepoint_chain import savepoint_rows
 from state_store.savepoints import SavepointStore, row_hashes
 from state_store.state import session_json
 

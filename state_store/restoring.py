@@ -36,7 +36,7 @@ from pipelines.storage import storage_options, table_exists
 from pipelines.stream import start_query
 from state_store.preflight import record_restore, refusals
 from state_store.results import RestoreResult, SavepointInfo
-from state_store.savepoint_io import savepoint_checksum, savepoint_rows
+from state_store.savepoint_chain import savepoint_checksum, savepoint_rows
 from state_store.savepoints import SavepointStore, combine_checksum, partial_checksum, state_checksum
 
 REPLACED_SUFFIX = ".replaced-"

@@ -32,9 +32,10 @@ from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 
 from pipelines import state_format
+from pipelines.errors import SavepointDamaged
 from pipelines.operator import register_coordinator
 from pipelines.operator_jvm import _DECODE_STATE, _ROWS_DDL
-from state_store.savepoint_io import CANONICAL_DDL, _file_batches, _signed, executor_env, table_rows
+from state_store.savepoint_io import CANONICAL_DDL, executor_env, file_batches, files_checksum, signed, table_rows
 from state_store.savepoints import DELETED, INCREMENT_SCHEMA, SavepointStore, StateFiles, combine_checksum, row_hashes
 
 INCREMENT_DDL = CANONICAL_DDL + f", {DELETED} boolean"
@@ -109,7 +110,7 @@ def _read_positioned(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBat
     """mapInArrow function: (uri, pos, increment) -> the file's rows with `deleted` and `pos`."""
     for batch in batches:
         for uri, pos, increment in zip(*(batch.column(i).to_pylist() for i in range(3))):
-            for part in _file_batches(uri, _columns(increment)):
+            for part in file_batches(uri, _columns(increment)):
                 part = part.select(list(_columns(increment))).cast(
                     INCREMENT_SCHEMA if increment else state_format.CANONICAL_SCHEMA)
                 if not increment:
@@ -142,7 +143,7 @@ def _partials(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
         if batch.num_rows:
             count += batch.num_rows
             total = (total + int(row_hashes(batch).sum(dtype=np.uint64))) % _MOD64
-    yield pa.RecordBatch.from_pylist([{"rows": count, "hash_sum": _signed(total)}])
+    yield pa.RecordBatch.from_pylist([{"rows": count, "hash_sum": signed(total)}])
 
 
 def frame_checksum(rows: DataFrame) -> tuple[int, str]:
@@ -172,7 +173,7 @@ def _per_user(part: pa.Table, pos: int, increment: bool) -> pa.RecordBatch:
     return pa.RecordBatch.from_pydict({
         "key": list(uniques) + gone, "pos": [pos] * (len(uniques) + len(gone)),
         "rows": [int(c) for c in counts] + [0] * len(gone),
-        "hash_sum": [_signed(int(v)) for v in sums] + [0] * len(gone),
+        "hash_sum": [signed(int(v)) for v in sums] + [0] * len(gone),
         "tombstone": [False] * len(uniques) + [True] * len(gone)}, schema=_CHECK_SCHEMA)
 
 
@@ -186,7 +187,7 @@ def _check(users: Any) -> Callable[[Iterator[pa.RecordBatch]], Iterator[pa.Recor
         for batch in batches:
             for uri, pos, increment in zip(*(batch.column(i).to_pylist() for i in range(3))):
                 rows = total = 0
-                for part in _file_batches(uri, _columns(increment)):
+                for part in file_batches(uri, _columns(increment)):
                     if pos == NEW:
                         rows, total = rows + part.num_rows, (total + int(row_hashes(part).sum(dtype=np.uint64)))
                         continue
@@ -196,7 +197,7 @@ def _check(users: Any) -> Callable[[Iterator[pa.RecordBatch]], Iterator[pa.Recor
                         yield _per_user(hit, pos, increment)
                 if pos == NEW:
                     yield pa.RecordBatch.from_pylist([{"key": uri, "pos": NEW, "rows": rows,
-                                                       "hash_sum": _signed(total % _MOD64), "tombstone": False}],
+                                                       "hash_sum": signed(total % _MOD64), "tombstone": False}],
                                                      schema=_CHECK_SCHEMA)
 
     return check
@@ -234,3 +235,32 @@ def check_increment(spark: SparkSession, store: SavepointStore, files: StateFile
     old = old[~old["tombstone"]]
     total = int(old["hash_sum"].to_numpy().astype(np.int64).view(np.uint64).sum(dtype=np.uint64)) % _MOD64
     return IncrementCheck(int(own["rows"].sum()), checksum, int(old["rows"].sum()), total)
+
+
+# A savepoint's state, whichever its kind: a full one's table (state_store.savepoint_io), an incremental one's chain.
+def savepoint_checksum(spark: SparkSession, store: SavepointStore, savepoint_id: str) -> tuple[int, str]:
+    """(rows, checksum) of the state a savepoint holds, computed in the executors: its state table as stored for a
+    full savepoint (v1 or v2 rows), the chain resolved for an incremental one -- what its catalog row records."""
+    files = store.data_files(savepoint_id)
+    if DELETED not in files.columns:
+        return files_checksum(spark, files)
+    return frame_checksum(resolved_rows(spark, store, _chain_members(store, savepoint_id)))
+
+
+def _chain_members(store: SavepointStore, savepoint_id: str) -> list[str]:
+    saved = store.find(savepoint_id)
+    if saved is None:
+        raise SavepointDamaged(f"{store.state_uri(savepoint_id)} is an incremental savepoint's table, but the "
+                               "catalog has no row for it: its chain is unknown")
+    return store.chain_members(saved)
+
+
+def savepoint_rows(spark: SparkSession, store: SavepointStore, savepoint_id: str) -> DataFrame:
+    """The savepoint's state rows in the current canonical form (CANONICAL_DDL; a v1 savepoint's rows upgraded as
+    state_format.upgrade_v1 does; an incremental savepoint's chain resolved), read by
+    the executors from the files the Delta logs list: no copy in this process. Its count and checksum equal the
+    driver-side store.read_state's (for a v2 savepoint)."""
+    files = store.data_files(savepoint_id)
+    if DELETED not in files.columns:
+        return table_rows(spark, files)
+    return resolved_rows(spark, store, _chain_members(store, savepoint_id))

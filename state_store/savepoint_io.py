@@ -67,7 +67,7 @@ _PARTIAL_SCHEMA = pa.schema([("path", pa.string()), ("rows", pa.int64()), ("hash
 _MOD64 = 1 << 64
 
 
-def _signed(value: int) -> int:
+def signed(value: int) -> int:
     """A uint64 as Spark's signed long (two's complement); combine_checksum takes it back modulo 2^64."""
     value %= _MOD64
     return value - _MOD64 if value >= 1 << 63 else value
@@ -122,9 +122,9 @@ class _DataFile:
         size = self.stream.tell()
         self.stream.close()  # on S3: completes the upload; an error here fails the task
         done = {"path": self.name, "size": size, "num_records": self.rows, "stats": self.stats.to_json(self.rows),
-                "hash_sum": _signed(self.hash_sum)}
+                "hash_sum": signed(self.hash_sum)}
         if self.increment:
-            done.update(state_records=self.state_rows, state_hash_sum=_signed(self.state_sum),
+            done.update(state_records=self.state_rows, state_hash_sum=signed(self.state_sum),
                         users=pc.unique(pa.concat_arrays(self.users)).to_pylist() if self.users else [])
         return done
 
@@ -196,7 +196,7 @@ def _conform(batch: pa.RecordBatch, columns: tuple[str, ...]) -> pa.Table:
     return table
 
 
-def _file_batches(uri: str, columns: tuple[str, ...]) -> Iterator[pa.Table]:
+def file_batches(uri: str, columns: tuple[str, ...]) -> Iterator[pa.Table]:
     fs, path = filesystem(uri)
     with fs.open_input_file(path) as handle:
         for batch in pq.ParquetFile(handle).iter_batches(batch_size=READ_BATCH_ROWS, columns=list(columns)):
@@ -210,10 +210,10 @@ def _checksum_files(columns: tuple[str, ...]) -> Callable[[Iterator[pa.RecordBat
         for batch in batches:
             for uri in batch.column(0).to_pylist():
                 rows = total = 0
-                for part in _file_batches(uri, columns):
+                for part in file_batches(uri, columns):
                     count, hash_sum = partial_checksum(part)
                     rows, total = rows + count, (total + hash_sum) % _MOD64
-                yield pa.RecordBatch.from_pylist([{"path": uri, "rows": rows, "hash_sum": _signed(total)}],
+                yield pa.RecordBatch.from_pylist([{"path": uri, "rows": rows, "hash_sum": signed(total)}],
                                                  schema=_PARTIAL_SCHEMA)
 
     return checksum
@@ -226,7 +226,7 @@ def _read_files(columns: tuple[str, ...]) -> Callable[[Iterator[pa.RecordBatch]]
     def read(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
         for batch in batches:
             for uri in batch.column(0).to_pylist():
-                for part in _file_batches(uri, columns):
+                for part in file_batches(uri, columns):
                     rows = state_format.upgrade_v1(part) if v1 else part.select(state_format.CANONICAL_SCHEMA.names).cast(
                         state_format.CANONICAL_SCHEMA)
                     yield from rows.to_batches()
@@ -311,25 +311,6 @@ def files_checksum(spark: SparkSession, files: StateFiles) -> tuple[int, str]:
     return sum(int(p["rows"]) for p in parts), combine_checksum((p["rows"], p["hash_sum"]) for p in parts)
 
 
-def savepoint_checksum(spark: SparkSession, store: SavepointStore, savepoint_id: str) -> tuple[int, str]:
-    """(rows, checksum) of the state a savepoint holds, computed in the executors: its state table as stored for a
-    full savepoint (v1 or v2 rows), the chain resolved for an incremental one -- what its catalog row records."""
-    files = store.data_files(savepoint_id)
-    if DELETED not in files.columns:
-        return files_checksum(spark, files)
-    from state_store.savepoint_chain import frame_checksum, resolved_rows
-
-    return frame_checksum(resolved_rows(spark, store, _chain_members(store, savepoint_id)))
-
-
-def _chain_members(store: SavepointStore, savepoint_id: str) -> list[str]:
-    saved = store.find(savepoint_id)
-    if saved is None:
-        raise SavepointDamaged(f"{store.state_uri(savepoint_id)} is an incremental savepoint's table, but the "
-                               "catalog has no row for it: its chain is unknown")
-    return store.chain_members(saved)
-
-
 def verify_state_files(spark: SparkSession, store: SavepointStore, savepoint_id: str, rows: int,
                        checksum: str) -> StateFiles:
     """Re-read the committed table in the executors; SavepointDamaged unless its count and checksum are the ones the
@@ -348,16 +329,3 @@ def table_rows(spark: SparkSession, files: StateFiles) -> DataFrame:
     if not files.files:
         return spark.createDataFrame([], CANONICAL_DDL)
     return _files_frame(spark, files, _read_files(files.columns), CANONICAL_DDL)
-
-
-def savepoint_rows(spark: SparkSession, store: SavepointStore, savepoint_id: str) -> DataFrame:
-    """The savepoint's state rows in the current canonical form (CANONICAL_DDL; a v1 savepoint's rows upgraded as
-    state_format.upgrade_v1 does; an incremental savepoint's chain resolved, state_store.savepoint_chain), read by
-    the executors from the files the Delta logs list: no copy in this process. Its count and checksum equal the
-    driver-side store.read_state's (for a v2 savepoint)."""
-    files = store.data_files(savepoint_id)
-    if DELETED not in files.columns:
-        return table_rows(spark, files)
-    from state_store.savepoint_chain import resolved_rows
-
-    return resolved_rows(spark, store, _chain_members(store, savepoint_id))

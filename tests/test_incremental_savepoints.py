@@ -18,7 +18,7 @@ from pipelines.stream import catch_up
 from state_store.erasure import _erase_savepoints
 from state_store.lifecycle import live_state, restore, take_savepoint, validate_savepoint
 from state_store.maintenance import compact
-from state_store.savepoint_io import savepoint_checksum, savepoint_rows
+from state_store.savepoint_chain import savepoint_checksum, savepoint_rows
 from state_store.savepoints import DELETED, SavepointStore, state_checksum
 from tests.conftest import make_config, open_sessions_of, read_open_sessions, read_sessions
 from tests.datagen import BASE_MS, iso

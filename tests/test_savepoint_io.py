@@ -19,6 +19,7 @@ from pipelines.errors import SavepointFailed
 from pipelines.ingest import ingest
 from pipelines.sample_data import land
 from pipelines.stream import catch_up
+from state_store import savepoint_chain as chain
 from state_store import savepoint_io as io
 from state_store import savepoint_stats, savepointing
 from state_store.lifecycle import live_state, take_savepoint, validate_savepoint
@@ -79,7 +80,7 @@ def test_partial_checksums_of_any_split_combine_to_the_whole():
         parts = [partial_checksum(share) for share in shares] + [partial_checksum(rows.slice(0, 0))]
         assert combine_checksum(parts) == whole
         # as Spark carries them: signed longs
-        assert combine_checksum((n, io._signed(s)) for n, s in parts) == whole
+        assert combine_checksum((n, io.signed(s)) for n, s in parts) == whole
         assert combine_checksum(parts[1:]) != whole
 
 
@@ -145,10 +146,10 @@ def test_savepoint_by_the_executors_equals_the_driver_side_state(tmp_path, spark
     assert saved.bytes == sum(pa.table(DeltaTable(saved.uri).get_add_actions(flatten=True))["size_bytes"].to_pylist())
 
     # Read back by the executors for a restore: the same count and checksum, and the oracle's open sessions.
-    rows = io.savepoint_rows(spark, store, saved.savepoint_id)
+    rows = chain.savepoint_rows(spark, store, saved.savepoint_id)
     read = rows.toArrow()
     assert read.num_rows == table.num_rows and state_checksum(read) == state_checksum(table)
-    assert io.savepoint_checksum(spark, store, saved.savepoint_id) == (saved.rows, saved.checksum)
+    assert chain.savepoint_checksum(spark, store, saved.savepoint_id) == (saved.rows, saved.checksum)
     assert open_sessions_of(rows.collect()) == _oracle_open(chunks) != []
     validate_savepoint(config, saved.savepoint_id)  # restore's check agrees: it raises SavepointDamaged else
 
@@ -182,15 +183,15 @@ def test_empty_state_and_v1_savepoints(tmp_path, spark):
     io.commit_state_files(written, None)
     assert written.files == () and written.checksum == state_checksum(state_format.CANONICAL_SCHEMA.empty_table())
     assert io.verify_state_files(spark, store, "empty", 0, written.checksum).files == ()
-    assert io.savepoint_rows(spark, store, "empty").count() == 0
+    assert chain.savepoint_rows(spark, store, "empty").count() == 0
 
     v1 = pa.table({"user_id": ["u1", "u1", "u2"], "event_id": ["a", "b", "c"],
                    "event_time": pa.array([1_000_000, 2_000_000, 3_000_000], UTC_US),
                    "event_type": ["page_view", None, "logout"]}, schema=state_format.V1_SCHEMA)
     write_deltalake(store.state_uri("v1"), v1.slice(0, 2))
     write_deltalake(store.state_uri("v1"), v1.slice(2), mode="append")  # two files
-    assert io.savepoint_checksum(spark, store, "v1") == (3, state_checksum(store.read_state("v1")))
-    upgraded = io.savepoint_rows(spark, store, "v1").toArrow()
+    assert chain.savepoint_checksum(spark, store, "v1") == (3, state_checksum(store.read_state("v1")))
+    upgraded = chain.savepoint_rows(spark, store, "v1").toArrow()
     assert state_checksum(upgraded) == state_checksum(state_format.upgrade_v1(v1))
 
 
@@ -253,6 +254,6 @@ def test_savepoint_on_s3_is_written_and_read_by_the_executors(tmp_path, spark, s
     table = store.read_state(saved.savepoint_id)
     assert (saved.rows, saved.checksum) == (table.num_rows, state_checksum(table))
     assert saved.checksum == state_checksum(live_state(spark, config.checkpoint, saved.batch_id))
-    rows = io.savepoint_rows(spark, store, saved.savepoint_id)
+    rows = chain.savepoint_rows(spark, store, saved.savepoint_id)
     assert open_sessions_of(rows.collect()) == _oracle_open(chunks)
     validate_savepoint(config, saved.savepoint_id)  # raises SavepointDamaged unless the files match the catalog
