@@ -1,16 +1,31 @@
 """Where leases (and stop requests) are kept: a directory on a filesystem every host shares, or an S3 prefix.
 
 A store is a flat namespace of small objects with the few operations pipelines.locks needs: put-if-absent
-(`create`), an atomic whole-object replace, a read that tells an object's age, a listing by name prefix, and a delete.
+(`create`), compare-and-swap (`swap`: replace an object only if it is still the version read), an atomic
+whole-object replace, a read that tells an object's age and version, a listing by name prefix, and a delete.
 Local: `create` is a hard link of a fully written temporary file (atomic, and never leaves a half-written lease;
-O_CREAT | O_EXCL where the filesystem has no hard links), `replace` a rename. S3: `create` is a conditional PUT
-(`If-None-Match: *`), `replace` a plain PUT (S3 writes are atomic and read-after-write consistent)."""
+O_CREAT | O_EXCL where the filesystem has no hard links), `replace` a rename, `swap` a compare and a rename under the
+directory's lock file (POSIX record locks, `fcntl.lockf`: NFS v4 carries them; the version is the bytes' SHA-256).
+S3: `create` is a conditional PUT (`If-None-Match: *`), `swap` a conditional PUT on the ETag read (`If-Match`),
+`replace` a plain PUT (S3 writes are atomic and read-after-write consistent).
+
+What a store must give. A shared path: an atomic create that fails when the name exists (a hard link of a fully
+written temporary file; O_CREAT | O_EXCL where the filesystem has no hard links), an atomic rename over an existing
+file, POSIX record locks that hold between hosts, and listings that show another host's new file within a small part
+of the TTL (NFS: no long attribute or directory caching). S3: conditional PUTs (`If-None-Match: *`, `If-Match`) and
+strong read-after-write consistency for PUT and LIST. Both: host clocks that agree to well within the TTL (expiry is
+a wall-clock time written by the holder)."""
 from __future__ import annotations
 
 import errno
+import fcntl
+import hashlib
 import os
+import threading
 import time
 import uuid
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol
@@ -22,6 +37,7 @@ from pipelines.errors import StorageUnavailable
 class Record:
     data: bytes
     mtime: float  # when it was last written (epoch seconds): an unreadable lease expires a TTL after it
+    version: str = ""  # what `swap` compares: the S3 ETag, a local file's SHA-256
 
 
 class LeaseStore(Protocol):
@@ -30,6 +46,10 @@ class LeaseStore(Protocol):
 
     def replace(self, name: str, data: bytes) -> None:
         """Replace (or create) `name` atomically: a reader sees the old bytes or the new, never a mix."""
+
+    def swap(self, name: str, data: bytes, version: str) -> bool:
+        """Replace `name` atomically only if it is still `version` (a Record's, as read); False when another writer
+        rewrote or removed it since."""
 
     def read(self, name: str) -> Record | None:
         """The object and its age, or None when there is none."""
@@ -42,6 +62,9 @@ class LeaseStore(Protocol):
 
     def where(self, name: str) -> str:
         """`name`'s full path or URI, for messages."""
+
+
+_THREADS = threading.Lock()
 
 
 class LocalStore:
@@ -89,12 +112,39 @@ class LocalStore:
     def replace(self, name: str, data: bytes) -> None:
         os.replace(self._tmp(name, data), self.directory / name)
 
+    @contextmanager
+    def _locked(self) -> Iterator[None]:
+        """The directory's lock (one file, never removed: a lock file removed while a process waits on it would let
+        a third one lock a new file beside it). Held by every swap and delete, briefly. A POSIX record lock belongs to
+        the process, not the thread, so this process's threads take turns on _THREADS first."""
+        self.directory.mkdir(parents=True, exist_ok=True)
+        with _THREADS:
+            fd = os.open(self.directory / ".swap.lock", os.O_RDWR | os.O_CREAT, 0o644)
+            try:
+                fcntl.lockf(fd, fcntl.LOCK_EX)
+                yield
+            finally:
+                os.close(fd)  # releases the lock
+
+    def swap(self, name: str, data: bytes, version: str) -> bool:
+        tmp = self._tmp(name, data)
+        try:
+            with self._locked():
+                current = self.read(name)
+                if current is None or current.version != version:
+                    return False
+                os.replace(tmp, self.directory / name)
+                return True
+        finally:
+            tmp.unlink(missing_ok=True)
+
     def read(self, name: str) -> Record | None:
         path = self.directory / name
         try:
             with open(path, "rb") as handle:
                 mtime = os.fstat(handle.fileno()).st_mtime
-                return Record(handle.read(), mtime)
+                data = handle.read()
+                return Record(data, mtime, hashlib.sha256(data).hexdigest())
         except (FileNotFoundError, IsADirectoryError, NotADirectoryError):
             return None
 
@@ -105,7 +155,8 @@ class LocalStore:
             return []
 
     def delete(self, name: str) -> None:
-        (self.directory / name).unlink(missing_ok=True)
+        with self._locked():  # not between a swap's compare and its rename (which would bring the object back)
+            (self.directory / name).unlink(missing_ok=True)
 
     def where(self, name: str) -> str:
         return str(self.directory / name)
@@ -165,12 +216,27 @@ class S3Store:
         except (BotoCoreError, ClientError) as error:
             raise self._failed("write", name, error) from None
 
+    def swap(self, name: str, data: bytes, version: str) -> bool:
+        from botocore.exceptions import BotoCoreError, ClientError
+
+        try:
+            self.client.put_object(Bucket=self.bucket, Key=self._key(name), Body=data, IfMatch=version)
+            return True
+        except ClientError as error:
+            code = str(error.response.get("Error", {}).get("Code", ""))
+            status = str(error.response.get("ResponseMetadata", {}).get("HTTPStatusCode", ""))
+            if code in _PRECONDITION or status in _PRECONDITION or code in ("NoSuchKey", "404"):
+                return False  # rewritten (412) or removed since it was read
+            raise self._failed("write", name, error) from None
+        except BotoCoreError as error:
+            raise self._failed("write", name, error) from None
+
     def read(self, name: str) -> Record | None:
         from botocore.exceptions import BotoCoreError, ClientError
 
         try:
             answer = self.client.get_object(Bucket=self.bucket, Key=self._key(name))
-            return Record(answer["Body"].read(), answer["LastModified"].timestamp())
+            return Record(answer["Body"].read(), answer["LastModified"].timestamp(), str(answer["ETag"]))
         except ClientError as error:
             if str(error.response.get("Error", {}).get("Code", "")) in ("NoSuchKey", "404"):
                 return None

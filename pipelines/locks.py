@@ -5,23 +5,18 @@ A lease `<name>` is a series of epoch records `<name>.lease.epoch-<N>` (N zero-p
 (pipelines.lease_stores: a directory every host shares, by default `_leases` beside the checkpoint, or an S3 prefix,
 SESSIONS_LEASE_URI). The holder is the highest epoch. Acquiring creates epoch N+1, put-if-absent, once epoch N is
 released or expired (of two contenders for N+1 exactly one wins); each record names its holder (operation, host,
-pid, and the host's boot id and PID namespace) and an expiry the holder's thread renews every TTL/3 by replacing its
-own record only. Renewing, and `Lease.check()` (which every fenced write calls first), fail with LeaseLost when a
-newer epoch exists or when the holder's own renewals have lapsed past the TTL, measured on its monotonic clock (a
-process resumed after SIGSTOP sees itself fenced before it writes); a lost lease is never released (its records are
-the newer holder's business). Releasing marks the holder's own record released; records older than the last few
-epochs are collected. The Delta writers record the epoch in each commit and refuse to commit under a newer one
-(pipelines.fencing).
+pid, and the host's boot id and PID namespace) and an expiry the holder's thread renews every TTL/3 by a
+compare-and-swap of its own record (anyone else's write in between fences it, never overwritten). Renewing, and
+`Lease.check()` (every fenced write calls it first), fail with LeaseLost when a newer epoch exists or when the
+holder's own renewals lapsed past the TTL, measured on its monotonic clock (a process resumed after SIGSTOP sees
+itself fenced before it writes); a lost lease is never released. Releasing marks the holder's own record released;
+records older than the last few epochs are collected. The Delta writers record the epoch in each commit and refuse
+to commit under a newer one (pipelines.fencing).
 
 A holder is judged gone when its record expired, or at once when its pid is dead and the record was written on this
 very host, boot and PID namespace (a pid means nothing in another container sharing the host name). A record that
 cannot be read (empty: a kill between create and write, a full disk) expires a TTL after it was last written.
-
-What the store must give. A shared path: an atomic create that fails when the name exists (a hard link of a fully
-written temporary file; O_CREAT | O_EXCL where the filesystem has no hard links), an atomic rename over an existing
-file, and listings that show another host's new file within a small part of the TTL (NFS: no long attribute or
-directory caching). S3: conditional PUT (`If-None-Match: *`) and strong read-after-write consistency for PUT and
-LIST. Both: host clocks that agree to well within the TTL (expiry is a wall-clock time written by the holder).
+What the store must give: pipelines.lease_stores.
 """
 from __future__ import annotations
 
@@ -99,16 +94,13 @@ class LeaseHeld(Exception):
 
 # ---- who is alive --------------------------------------------------------------------------------------------
 
-def _dead_here(info: LeaseInfo) -> bool:
-    return dead_here(Identity(info.host, info.boot_id, info.pid_ns), info.pid, info.started)
-
-
 def _live(record: Record, ttl_s: float) -> tuple[LeaseInfo | None, bool]:
     """The record's holder and whether it still holds (an unreadable record: until a TTL after its last write)."""
     info = LeaseInfo.parse(record.data)
     if info is None:
         return None, record.mtime + ttl_s > time.time()
-    return info, not info.released and info.expires_at >= time.time() and not _dead_here(info)
+    gone = dead_here(Identity(info.host, info.boot_id, info.pid_ns), info.pid, info.started)
+    return info, not info.released and info.expires_at >= time.time() and not gone
 
 
 def _unreadable(where: str, record: Record, ttl_s: float) -> str:
@@ -231,6 +223,12 @@ class Lease:
         if newer is not None:
             self.fence(f"a newer holder took it: {newer[1]}", newer[0])
 
+    def _own(self) -> Record | None:
+        """This epoch's record as stored, while it is still this holder's (its token)."""
+        record = self.store.read(self._record)
+        info = LeaseInfo.parse(record.data) if record else None
+        return record if info is not None and info.token == self.token else None
+
     def check(self) -> None:
         """Raise LeaseLost unless this is still the newest epoch and its renewals have not lapsed past the TTL."""
         if self._lost is not None:
@@ -248,12 +246,15 @@ class Lease:
         began = time.monotonic()
         self._lapsed()
         self._newer()
-        record = self.store.read(self._record)
-        current = LeaseInfo.parse(record.data) if record else None
-        if current is None or current.token != self.token:
+        record = self._own()
+        if record is None:
             self.fence(f"its record {self.store.where(self._record)} was removed or rewritten by another process")
         renewed = replace(self.info, expires_at=time.time() + self.ttl_s)
-        self.store.replace(self._record, renewed.to_bytes())
+        # A compare-and-swap on the version read: a write by anyone else in between fences this holder instead of
+        # being overwritten by it.
+        if not self.store.swap(self._record, renewed.to_bytes(), record.version):
+            self.fence(f"its record {self.store.where(self._record)} was rewritten or removed by another process "
+                       "while it renewed")
         with self._mutex:
             if self._lost is None:
                 self.info, self._renewed_at = renewed, began
@@ -286,7 +287,10 @@ class Lease:
             return
         try:
             self._newer()
-            self.store.replace(self._record, replace(self.info, released=True, expires_at=time.time()).to_bytes())
+            record = self._own()
+            if record is not None:  # else: not ours to mark
+                self.store.swap(self._record, replace(self.info, released=True, expires_at=time.time()).to_bytes(),
+                                record.version)
         except LeaseLost:
             pass
         except Exception as error:  # noqa: BLE001 -- never fail on the way out: the record expires by itself
@@ -385,9 +389,7 @@ def live_holder(location: Location, name: str, ttl_s: float = 60.0) -> LeaseInfo
         if info is not None and info.expires_at >= time.time():
             return info
     epochs = _epochs(store, name)
-    if not epochs:
-        return None
-    record = store.read(_epoch_name(name, epochs[-1]))
+    record = store.read(_epoch_name(name, epochs[-1])) if epochs else None
     if record is None:
         return None
     info, live = _live(record, ttl_s)

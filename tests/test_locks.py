@@ -10,6 +10,7 @@ import sys
 import threading
 import time
 import uuid
+from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 
@@ -240,6 +241,65 @@ def test_renewals_lapsed_past_the_ttl_fence_the_holder_even_when_nobody_took_ove
         raise held.lost  # type: ignore[misc]
     current = store_for(lease_location).read("job.lease.epoch-000000000001")
     assert current is not None and b'"released": false' in current.data  # a lost lease is never released
+
+
+def test_a_swap_replaces_only_the_version_it_read(lease_location):
+    """The compare-and-swap renewals rest on: a version read earlier no longer swaps once anyone rewrote the object,
+    nor brings it back once it was removed; of writers racing from one version, exactly one wins."""
+    store, name = store_for(lease_location), "job.lease.epoch-000000000001"
+    assert store.create(name, b"one")
+    first = store.read(name)
+    assert first is not None and first.version
+    assert store.swap(name, b"two", first.version)
+    assert not store.swap(name, b"three", first.version)  # rewritten since `first` was read
+    second = store.read(name)
+    assert second is not None and second.data == b"two" and second.version != first.version
+    barrier = threading.Barrier(6)
+
+    def racer(k: int) -> bool:
+        barrier.wait()
+        return store.swap(name, f"racer {k}".encode(), second.version)
+
+    with ThreadPoolExecutor(6) as pool:
+        won = [k for k, ok in enumerate(pool.map(racer, range(6))) if ok]
+    current = store.read(name)
+    assert len(won) == 1 and current is not None and current.data == f"racer {won[0]}".encode(), won
+    store.delete(name)
+    assert not store.swap(name, b"four", current.version) and store.read(name) is None  # removed: not brought back
+
+
+class _WriteBeforeSwap:
+    """A lease store as its holder sees it while another process writes `other` into the record right before each
+    of the holder's swaps (after the holder read it)."""
+
+    def __init__(self, store, other: bytes) -> None:
+        self.store, self.other = store, other
+
+    def __getattr__(self, attr):
+        return getattr(self.store, attr)
+
+    def swap(self, name: str, data: bytes, version: str) -> bool:
+        self.store.replace(name, self.other)
+        return self.store.swap(name, data, version)
+
+
+def test_a_renewal_never_overwrites_a_write_made_after_its_read(lease_location):
+    """The renewal reads its record, checks its token, then writes: another write in between fences the holder and
+    stays as written (a read-check-replace renewal would have overwritten it)."""
+    with pytest.raises(LeaseLost), lease(lease_location, "job", "run", 30.0) as held:
+        store, name = held.store, f"job.lease.epoch-{held.epoch:012d}"
+        record = store.read(name)
+        assert record is not None
+        other = json.dumps({**json.loads(record.data), "what": "another writer"}).encode()
+        held.store = _WriteBeforeSwap(store, other)
+        with pytest.raises(LeaseLost, match=r"epoch 1\): its record .* was rewritten or removed by another process "
+                                            "while it renewed"):
+            held.renew()
+        held.store = store
+        after = store.read(name)
+        assert after is not None and after.data == other
+        with pytest.raises(LeaseLost):
+            held.check()
 
 
 def test_an_empty_lease_record_is_recovered_after_the_ttl(lease_location):
