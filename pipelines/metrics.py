@@ -6,11 +6,10 @@ from typing import Any
 
 import pandas as pd
 import pyarrow as pa
-import pyarrow.dataset as ds
 from deltalake import write_deltalake
 
 from pipelines.config import SessionsConfig
-from pipelines.storage import open_table, storage_options, table_exists
+from pipelines.storage import open_table, read_rows, storage_options, table_exists
 
 METRICS_SCHEMA = pa.schema([
     ("day", pa.string()), ("sessions", pa.int64()), ("users", pa.int64()),
@@ -28,10 +27,10 @@ def daily_metrics(config: SessionsConfig, day: str) -> dict[str, Any]:
     (replacing it, so a backfill can run any day any number of times)."""
     start = dt.datetime.fromisoformat(day).replace(tzinfo=dt.timezone.utc)
     end = start + dt.timedelta(days=1)
-    sessions = open_table(config, config.sessions_table).to_pyarrow_dataset().to_table(
-        columns=["user_id", "session_start", "session_end", "page_views", "end_reason"],
-        filter=(ds.field("session_start") >= pa.scalar(start, pa.timestamp("us", tz="UTC")))
-        & (ds.field("session_start") < pa.scalar(end, pa.timestamp("us", tz="UTC")))).to_pandas()
+    sessions = read_rows(open_table(config, config.sessions_table),
+                         ["user_id", "session_start", "session_end", "page_views", "end_reason"],
+                         where=f"session_start >= '{start.isoformat()}' AND session_start < '{end.isoformat()}'",
+                         ).to_pandas()
     durations = (sessions["session_end"] - sessions["session_start"]).dt.total_seconds()
     row = {
         "day": day, "sessions": int(len(sessions)), "users": int(sessions["user_id"].nunique()),
