@@ -161,15 +161,24 @@ def stop_spark(spark: SparkSession | None = None) -> None:
         for query in spark.streams.active:
             query.stop()
     with suppress(Exception):
-        jvm: Any = spark.sparkContext._jvm
-        store = jvm.java.lang.Class.forName("org.apache.spark.sql.execution.streaming.state.StateStore$")
-        store.getField("MODULE$").get(None).stop()
+        stop_state_stores(spark)
     server = None
     with suppress(Exception):
         server = _take_accumulator_server(spark)
         spark.stop()
     if server is not None:
         threading.Thread(target=server.shutdown, name="accumulator-server-shutdown", daemon=True).start()
+
+
+def stop_state_stores(spark: SparkSession) -> None:
+    """Close this JVM's state store providers and stop their maintenance thread (Spark's `StateStore.stop()`; the
+    next stateful query loads what it needs again). A provider of a query that stopped still uploads a snapshot in the
+    background (RocksDB with changelog checkpointing) to the directory it was loaded from: before a restore gives that
+    directory to a new checkpoint, nothing of this JVM may still write there. Under a local master the executors are
+    this JVM; on a cluster, a stream's executors belong to its own application (sessionctl, a Dagster run)."""
+    jvm: Any = spark.sparkContext._jvm
+    store = jvm.java.lang.Class.forName("org.apache.spark.sql.execution.streaming.state.StateStore$")
+    store.getField("MODULE$").get(None).stop()
 
 
 def _take_accumulator_server(spark: SparkSession) -> Any:

@@ -8,6 +8,7 @@ import datetime as dt
 import json
 import time
 from collections.abc import Iterator
+from contextlib import suppress
 from dataclasses import replace
 from pathlib import Path
 
@@ -29,7 +30,7 @@ from pipelines.fencing import fenced_delete
 from pipelines.guards import ensure_tables
 from pipelines.locks import Lease
 from pipelines.operator_registry import for_new_checkpoint
-from pipelines.runtime import get_spark
+from pipelines.runtime import get_spark, stop_state_stores
 from pipelines.sessionize import rewalk, rows_table
 from pipelines.source import BOOTSTRAP_FILE
 from pipelines.storage import storage_options, table_exists
@@ -141,6 +142,7 @@ def restore_unlocked(config: SessionsConfig, savepoint: str, partitions: int | N
     saved = verified_savepoint(config, spark, saved.savepoint_id)
     phase("savepoint_verified")
     write_restore_marker(config.checkpoint, saved.savepoint_id, partitions)  # before the first change
+    stop_state_stores(spark)  # a stopped query's store uploads no snapshot into the new checkpoint
     replaced = _set_aside(config.checkpoint)
     outputs_rolled_back = False
     try:
@@ -174,6 +176,8 @@ def restore_unlocked(config: SessionsConfig, savepoint: str, partitions: int | N
             raise StateMismatch(f"restored state does not match the savepoint: {got[0]} rows / {got[1]} vs "
                                 f"{expected[0]} / {expected[1]}")
     except Exception as error:  # noqa: BLE001 -- whatever broke, leave the operator a known next step
+        with suppress(Exception):  # the restore's own failure is what to report
+            stop_state_stores(spark)  # nor the failed restore's into the checkpoint moved back
         raise _failed_restore(config, saved.savepoint_id, replaced, outputs_rolled_back, error) from None
     clear_restore_marker(config.checkpoint)
     info = inspect_checkpoint(config.checkpoint)
