@@ -1,6 +1,9 @@
 """Erasure: `sessionctl forget --user U` removes a user from everything the product keeps -- raw_events, sessions,
-quarantine, the live state, every savepoint, the files of older table versions (within SESSIONS_ERASURE_DEADLINE_HOURS)
-and the archived landing files -- and `forget --verify` says where U still appears.
+quarantine, the live state and the versions its checkpoint retains, every savepoint, the files of older table
+versions (within SESSIONS_ERASURE_DEADLINE_HOURS), the tables' Delta logs (predicates and statistics scrubbed) and
+every landed file (pending, still being written or archived; any spelling of the id) -- and `forget --verify` reads
+every file under every location the product writes, as an auditor would, and says where U still appears. Events of
+U that arrive later are dropped at ingest (the standing erasure, pipelines.erased.ErasedUsers).
 
 Every step is idempotent, so a forget that was killed is finished by running it again. The live state of a stopped
 job is erased by a savepoint, that savepoint erased like every other, and a restore from it (the checkpoint it
@@ -10,46 +13,31 @@ with a keyed hash of U (HMAC-SHA256, SESSIONS_ERASURE_KEY or a key generated onc
 from __future__ import annotations
 
 import datetime as dt
-import hashlib
-import hmac
-import json
-import os
-import re
-import secrets
 import shutil
 import time
 import uuid
-from collections.abc import Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
-import pyarrow as pa
-import pyarrow.compute as pc
-import pyarrow.fs as pafs
-import pyarrow.parquet as pq
-from deltalake import DeltaTable, write_deltalake
+from deltalake import DeltaTable
 from pyspark.sql import SparkSession
 
 from pipelines.checkpoint import inspect_checkpoint, read_restore_marker
 from pipelines.config import SessionsConfig
+from pipelines.erased import COMPLETE, LOG_TABLE, UserSpelling, log_erasure, user_hash
 from pipelines.errors import NoCommittedBatch, SessionsError, StopIncomplete
 from pipelines.fencing import fenced_delete
-from pipelines.ingest.landing import INGESTED_DIR
+from pipelines.ingest.erase_lines import erase_landed_lines
 from pipelines.locks import Lease
 from pipelines.results import Result
-from pipelines.storage import filesystem, join, read_rows, sql_literal, storage_options, table_exists
+from pipelines.storage import read_rows, sql_literal, storage_options, table_exists
+from state_store.audit import scan, scrub_delta_log
 from state_store.lifecycle import replaced_checkpoints
 from state_store.restoring import restore_unlocked
 from state_store.savepoint_chain import savepoint_checksum
 from state_store.savepointing import savepoint_last_batch
 from state_store.savepoints import SavepointStore
 from state_store.state import lookup_user
-
-KEY_FILE = "erasure.key"
-LOG_TABLE = "erasure_log"
-LOG_SCHEMA = pa.schema([("erasure_id", pa.string()), ("user_hash", pa.string()), ("status", pa.string()),
-                        ("at", pa.timestamp("us", tz="UTC")), ("removed", pa.string()),
-                        ("deadline_hours", pa.float64())])
 
 
 @dataclass(frozen=True)
@@ -68,37 +56,20 @@ class ForgetVerification(Result):
     user_hash: str
     clean: bool
     found: dict[str, int]
+    files: dict[str, int] = field(default_factory=dict)  # location/relative path -> mentions, where found
 
 
-def user_hash(config: SessionsConfig, user_id: str) -> str:
-    """The keyed hash the erasure log records instead of U."""
-    key = config.erasure_key.encode()
-    if not key:
-        path = config.home / KEY_FILE
-        if not path.exists():
-            path.parent.mkdir(parents=True, exist_ok=True)
-            fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
-            with os.fdopen(fd, "w") as handle:
-                handle.write(secrets.token_hex(32))
-        key = path.read_text().strip().encode()
-    return "hmac-sha256:" + hmac.new(key, user_id.encode(), hashlib.sha256).hexdigest()
-
-
-def _raw_pattern(user_id: str) -> str:
-    """A rejected line that still names U as its user_id (its raw text is kept for the operator)."""
-    return r'"user_id"\s*:\s*' + re.escape(json.dumps(user_id))
-
-
-def _erase_rows(config: SessionsConfig, uri: str, user_id: str, has_raw: bool, leases: list[Lease]) -> int:
-    """Delete U's rows from one Delta table (rows of U, and rejected lines whose raw text names U), fenced by the job
-    lease where the stream writes; the rows removed."""
+def _erase_rows(config: SessionsConfig, uri: str, user: UserSpelling, *, has_raw: bool, leases: list[Lease]) -> int:
+    """Delete U's rows from one Delta table (rows of U, and rejected lines whose raw text names U in any spelling),
+    fenced by the job lease where the stream writes; the rows removed. The predicates the log records are scrubbed
+    afterwards (state_store.audit.scrub_delta_log)."""
     if not table_exists(config, uri):
         return 0
     options = storage_options(config, uri)
-    removed = fenced_delete(uri, f"user_id = {sql_literal(user_id)}", leases, options)
+    removed = fenced_delete(uri, f"user_id = {sql_literal(user.user_id)}", leases, options)
     if has_raw:  # the raw column is read once; the (few) rejected lines that name U are deleted by their text
-        raw = pc.fill_null(read_rows(DeltaTable(uri, storage_options=options), ["raw"])["raw"], "")
-        for text in set(pc.filter(raw, pc.match_substring_regex(raw, _raw_pattern(user_id))).to_pylist()):
+        raw = read_rows(DeltaTable(uri, storage_options=options), ["raw"], where="raw IS NOT NULL")["raw"]
+        for text in user.matching(raw):
             removed += fenced_delete(uri, f"raw = {sql_literal(text)}", leases, options)
     return removed
 
@@ -112,7 +83,7 @@ def _purge_old_versions(config: SessionsConfig, uri: str) -> int:
                             enforce_retention_duration=False))
 
 
-def _erase_savepoints(config: SessionsConfig, spark: SparkSession, user_id: str) -> tuple[int, int, list[str]]:
+def _erase_savepoints(config: SessionsConfig, spark: SparkSession, user: UserSpelling) -> tuple[int, int, list[str]]:
     """U's rows out of every savepoint's state table, its catalog row's count and checksum recomputed in the
     executors: a restore of any of them cannot bring U back. (rows removed, savepoints changed, their tables)"""
     store = SavepointStore.of(config)
@@ -124,7 +95,7 @@ def _erase_savepoints(config: SessionsConfig, spark: SparkSession, user_id: str)
         if not table_exists(config, saved.state_uri):
             continue
         uris.append(saved.state_uri)
-        gone = _erase_rows(config, saved.state_uri, user_id, has_raw=False, leases=[])
+        gone = _erase_rows(config, saved.state_uri, user, has_raw=False, leases=[])
         if gone == 0 and saved.status != "complete":
             continue
         rows, checksum = savepoint_checksum(spark, store, saved.savepoint_id)
@@ -135,61 +106,6 @@ def _erase_savepoints(config: SessionsConfig, spark: SparkSession, user_id: str)
             changed += 1
         removed += gone
     return removed, changed, uris
-
-
-def _archived_files(config: SessionsConfig) -> Iterator[tuple[pafs.FileSystem, str]]:
-    fs, root = filesystem(join(config.landing_uri, INGESTED_DIR))
-    try:
-        infos = fs.get_file_info(pafs.FileSelector(root, recursive=True, allow_not_found=True))
-    except FileNotFoundError:
-        return
-    for info in infos:
-        if info.type == pafs.FileType.File and not info.base_name.startswith("_"):
-            yield fs, info.path
-
-
-def _user_lines(data: bytes, user_id: str) -> list[tuple[int, int]]:
-    """(start, end) of each line of an archived landing file whose user_id is U (as the ingest rules read it)."""
-    spans, start = [], 0
-    needle = user_id.encode()
-    for line in data.split(b"\n"):
-        end = start + len(line)
-        if needle in line:
-            try:
-                event = json.loads(line)
-            except ValueError:
-                event = None
-            if (isinstance(event, dict) and event.get("user_id") == user_id) or \
-                    re.search(_raw_pattern(user_id).encode(), line):
-                spans.append((start, end))
-        start = end + 1
-    return spans
-
-
-def _erase_landed(config: SessionsConfig, user_id: str, count_only: bool = False) -> int:
-    """U's lines in archived landing files overwritten with spaces: the same size and line count, so the ingest
-    positions kept for them stay true (a blank line is no event)."""
-    found = 0
-    for fs, path in _archived_files(config):
-        with fs.open_input_stream(path) as handle:
-            data = handle.read()
-        spans = _user_lines(data, user_id)
-        found += len(spans)
-        if spans and not count_only:
-            cleaned = bytearray(data)
-            for start, end in spans:
-                cleaned[start:end] = b" " * (end - start)
-            with fs.open_output_stream(path) as handle:
-                handle.write(bytes(cleaned))
-    return found
-
-
-def _log(config: SessionsConfig, erasure_id: str, hashed: str, status: str, removed: dict[str, int]) -> None:
-    uri = config.table_uri(LOG_TABLE)
-    row = {"erasure_id": erasure_id, "user_hash": hashed, "status": status, "at": dt.datetime.now(dt.timezone.utc),
-           "removed": json.dumps(removed, sort_keys=True), "deadline_hours": float(config.erasure_deadline_hours)}
-    write_deltalake(uri, pa.Table.from_pylist([row], schema=LOG_SCHEMA), mode="append",
-                    storage_options=storage_options(config, uri))
 
 
 def erasures_recorded(config: SessionsConfig) -> bool:
@@ -213,32 +129,37 @@ def forget_unlocked(config: SessionsConfig, spark: SparkSession, user_id: str, l
     if not user_id:
         raise SessionsError("forget needs a user id: --user U")
     started = time.monotonic()
+    user = UserSpelling(user_id)
     hashed = user_hash(config, user_id)
     erasure_id = f"er-{dt.datetime.now(dt.timezone.utc):%Y%m%dT%H%M%S}-{uuid.uuid4().hex[:6]}"
-    _log(config, erasure_id, hashed, "started", {})
+    log_erasure(config, erasure_id=erasure_id, hashed=hashed, status="started", removed={})
     removed: dict[str, int] = {}
     marker = read_restore_marker(config.checkpoint)
     if marker is not None:  # a forget killed inside its restore: finish that restore first
         restore_unlocked(config, marker["savepoint_id"], None, True, spark, lease=lease)
-    live = _live_rows(spark, config, user_id) if inspect_checkpoint(config.checkpoint).last_committed_batch is not None \
-        else 0
-    removed["live_state_events"] = live
-    if live:
+    committed = inspect_checkpoint(config.checkpoint).last_committed_batch is not None
+    removed["live_state_events"] = _live_rows(spark, config, user_id) if committed else 0
+    # The live checkpoint is rebuilt whether or not U is in its current state: the versions it retains (RocksDB
+    # changelogs and snapshots, the HDFS provider's delta files) may hold U from earlier batches.
+    if committed:
         erased_at = savepoint_last_batch(config, "erasure", spark)
-    removed["savepoint_rows"], removed["savepoints_changed"], savepoint_tables = _erase_savepoints(config, spark,
-                                                                                                   user_id)
-    if live:
+    removed["savepoint_rows"], removed["savepoints_changed"], savepoint_tables = _erase_savepoints(config, spark, user)
+    if committed:
         result = restore_unlocked(config, erased_at.savepoint_id, None, False, spark, lease=lease)
         if result.previous_checkpoint:  # the replaced checkpoint's state files hold U
             _remove(Path(result.previous_checkpoint))
-    removed["raw_events"] = _erase_rows(config, config.raw_events_table, user_id, True, leases)
-    removed["sessions"] = _erase_rows(config, config.sessions_table, user_id, False, leases)
-    removed["quarantine"] = _erase_rows(config, config.quarantine_table, user_id, True, leases)
-    removed["landed_lines"] = _erase_landed(config, user_id)
+    removed["raw_events"] = _erase_rows(config, config.raw_events_table, user, has_raw=True, leases=leases)
+    removed["sessions"] = _erase_rows(config, config.sessions_table, user, has_raw=False, leases=leases)
+    removed["quarantine"] = _erase_rows(config, config.quarantine_table, user, has_raw=True, leases=leases)
+    removed["landed_lines"] = erase_landed_lines(config, [user_id])
     removed["set_aside_checkpoints"] = _remove_set_aside(config)
-    purged = sum(_purge_old_versions(config, uri) for uri in
-                 (config.raw_events_table, config.sessions_table, config.quarantine_table, *savepoint_tables))
-    _log(config, erasure_id, hashed, "complete", removed)
+    tables = (config.raw_events_table, config.sessions_table, config.quarantine_table, *savepoint_tables)
+    purged = sum(_purge_old_versions(config, uri) for uri in tables)
+    # Last: the DELETE predicates above and older statistics are in the logs until now.
+    removed["log_files_scrubbed"] = sum(scrub_delta_log(uri, [user_id]) for uri in
+                                        (*tables, SavepointStore.of(config).catalog_uri)
+                                        if table_exists(config, uri))
+    log_erasure(config, erasure_id=erasure_id, hashed=hashed, status=COMPLETE, removed=removed)
     return ForgetResult(erasure_id, hashed, removed, purged, round(time.monotonic() - started, 3))
 
 
@@ -254,63 +175,34 @@ def _remove_set_aside(config: SessionsConfig) -> int:
     return len(found)
 
 
-def _count_in_files(config: SessionsConfig, uri: str, user_id: str) -> int:
-    """U's rows in every data file under a table's directory -- current and older versions alike (file by file: files
-    delta-rs rewrote may type strings as views)."""
-    if not table_exists(config, uri):
-        return 0
-    fs, root = filesystem(uri)
-    found = 0
-    for info in fs.get_file_info(pafs.FileSelector(root, recursive=True)):
-        if info.type != pafs.FileType.File or not info.path.endswith(".parquet") or "/_delta_log/" in info.path:
-            continue
-        with fs.open_input_file(info.path) as handle:
-            data = pq.ParquetFile(handle)
-            columns = [name for name in ("user_id", "raw") if name in data.schema_arrow.names]
-            table = data.read(columns=columns)
-        if "user_id" in columns:
-            found += int(pc.sum(pc.equal(table["user_id"].cast(pa.string()), user_id)).as_py() or 0)
-        if "raw" in columns:
-            raw = pc.fill_null(table["raw"].cast(pa.string()), "")
-            found += int(pc.sum(pc.match_substring_regex(raw, _raw_pattern(user_id))).as_py() or 0)
-    return found
-
-
-def _set_aside_since_erasure(config: SessionsConfig, hashed: str) -> list[Path]:
-    """Checkpoints set aside before U's last completed erasure (that erasure removed those it found; one set aside
-    later was made after it) -- all of them when U was never erased."""
-    erased_at = None
-    uri = config.table_uri(LOG_TABLE)
-    if table_exists(config, uri):
-        log = read_rows(DeltaTable(uri, storage_options=storage_options(config, uri))).to_pylist()
-        done = [row["at"] for row in log if row["user_hash"] == hashed and row["status"] == "complete"]
-        erased_at = max(done) if done else None
-    found = []
-    for path in replaced_checkpoints(config):
-        stamp = path.name.rsplit("-", 1)[-1]
-        try:
-            set_aside = dt.datetime.strptime(stamp, "%Y%m%dT%H%M%S%f").replace(tzinfo=dt.timezone.utc)
-        except ValueError:
-            set_aside = None
-        if erased_at is None or set_aside is None or set_aside < erased_at:
-            found.append(path)
-    return found
+def _places(config: SessionsConfig) -> list[tuple[str, str]]:
+    """(place, location) of everything the product writes, the tables first (so their files count under them)."""
+    places = [("raw_events", config.raw_events_table), ("sessions", config.sessions_table),
+              ("quarantine", config.quarantine_table), ("savepoints", config.savepoint_uri),
+              ("checkpoint", str(config.checkpoint)), ("landed_lines", config.landing_uri),
+              ("leases", config.lease_uri), ("warehouse", config.warehouse_uri), ("home", str(config.home))]
+    return [(place, uri) for place, uri in places if uri]
 
 
 def verify_forgotten(config: SessionsConfig, spark: SparkSession, user_id: str) -> ForgetVerification:
-    """Every place U could be, scanned: table files of every version, savepoint files, the live state, archived
-    landing files, checkpoints set aside."""
-    found = {
-        "raw_events": _count_in_files(config, config.raw_events_table, user_id),
-        "sessions": _count_in_files(config, config.sessions_table, user_id),
-        "quarantine": _count_in_files(config, config.quarantine_table, user_id),
-        "savepoints": sum(_count_in_files(config, saved.state_uri, user_id)
-                          for saved in SavepointStore.of(config).list()),
-        "live_state_events": _live_rows(spark, config, user_id),
-        "landed_lines": _erase_landed(config, user_id, count_only=True),
-        "set_aside_checkpoints": len(_set_aside_since_erasure(config, user_hash(config, user_id))),
-    }
-    return ForgetVerification(user_hash(config, user_id), not any(found.values()), found)
+    """As an auditor would: every file under every location the product writes (tables with every version and their
+    logs, savepoints, the checkpoint and those set aside, landing, leases, the home), each read for every spelling
+    of U (state_store.audit), and the live state asked through Spark."""
+    user = UserSpelling(user_id)
+    found: dict[str, int] = {}
+    files: dict[str, int] = {}
+    seen: set[str] = set()
+    for place, uri in _places(config):
+        findings = scan(uri, user, seen=seen)
+        found[place] = found.get(place, 0) + findings.total()
+        files.update({f"{place}:{path}": count for path, count in findings.files.items()})
+    # Checkpoints restores set aside live beside the checkpoint (outside it when the home is elsewhere).
+    for path in replaced_checkpoints(config):
+        findings = scan(str(path), user, seen=seen)
+        found["set_aside_checkpoints"] = found.get("set_aside_checkpoints", 0) + findings.total()
+        files.update({f"set_aside:{path.name}/{p}": c for p, c in findings.files.items()})
+    found["live_state_events"] = _live_rows(spark, config, user_id)
+    return ForgetVerification(user_hash(config, user_id), not any(found.values()), found, files)
 
 
 def forget(config: SessionsConfig, user_id: str, spark: SparkSession | None = None,

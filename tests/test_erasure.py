@@ -146,7 +146,10 @@ def test_forget_beside_a_running_stream(spark, tmp_path):
         assert done.returncode == 0, done.stderr[-2000:]
         assert json.loads(done.stdout)["removed"]["live_state_events"] > 0
         assert run.poll() is None, "the stream goes on after the erasure"
-        land_batches(config, _without(batches[CUT:], USER), start=CUT)
+        # One file at a time, each ingested before the next lands: the stream's own ingest (16 files a commit) may
+        # take a file first, and two files in one commit would be one micro-batch, not the oracle's two.
+        for i, batch in enumerate(_without(batches[CUT:], USER)):
+            land_batches(config, [batch], start=CUT + i)
         _wait(lambda: _caught_up(config), 300, "the rest of the data", run)
         stop = subprocess.run([tool("sessionctl"), "stop", "--json"], env=env, capture_output=True, text=True,
                               timeout=600)
@@ -187,3 +190,62 @@ def test_a_forget_killed_midway_is_finished_by_running_it_again(spark, tmp_path,
     land_batches(config, _without(batches[CUT:], USER), start=CUT)
     catch_up(config, spark)
     _assert_is_the_oracle_without_the_user(spark, config, batches)
+
+
+def test_a_batch_ingested_between_the_erasure_savepoint_and_its_restore_is_replayed_once(spark, tmp_path,
+                                                                                        monkeypatch):
+    """The stream erasing between two batches, with the worst moment for new data forced by a hook (no sleeps): a
+    file lands and is ingested after the erasure's savepoint of the last committed batch, before the restore from
+    it. The restored checkpoint starts at the savepoint's source position and watermark, so that batch is processed
+    once, after the restore, as its own micro-batch (neither skipped nor judged against another watermark); the rest
+    follows one file at a time. The job is the oracle's without U, and U is nowhere."""
+    import threading
+    import time
+
+    import state_store.erasure as erasure
+    from state_store.stream_control import run_stream
+
+    config = make_config(tmp_path, "rocksdb")
+    batches = stream_scenario(SEED, 6, False, GAP_MS, LATENESS_MS)
+    rest = _without(batches[CUT:], USER)
+    land_batches(config, batches[:CUT])
+    savepoint_taken = erasure.savepoint_last_batch
+    landed = threading.Event()
+
+    def savepoint_then_land(*args, **kwargs):
+        saved = savepoint_taken(*args, **kwargs)
+        land_batches(config, rest[:1], start=CUT)  # after the savepoint's batch, before the restore
+        landed.set()
+        return saved
+
+    monkeypatch.setattr(erasure, "savepoint_last_batch", savepoint_then_land)
+    stop, failures = threading.Event(), []
+
+    def run() -> None:
+        try:
+            run_stream(config, spark=spark, stop=stop, poll_seconds=1)
+        except BaseException as error:  # noqa: BLE001 -- reported by the test's thread
+            failures.append(error)
+
+    def wait_for(predicate, what: str) -> None:
+        deadline = time.monotonic() + 300
+        while not predicate():
+            assert not failures and stream.is_alive(), f"the stream ended while waiting for {what}: {failures}"
+            assert time.monotonic() < deadline, f"timed out waiting for {what}"
+            time.sleep(0.5)
+
+    stream = threading.Thread(target=run, name="erasure-stream", daemon=True)
+    stream.start()
+    try:
+        wait_for(lambda: _caught_up(config), "the first batches")
+        assert forget(config, USER, spark=spark).removed["live_state_events"] > 0
+        assert landed.is_set(), "the erasure took no savepoint"
+        for i, batch in enumerate(rest[1:], start=1):
+            land_batches(config, [batch], start=CUT + i)
+        wait_for(lambda: _caught_up(config), "the rest of the data")
+    finally:
+        stop.set()
+        stream.join(timeout=300)
+    assert not failures and not stream.is_alive(), failures
+    _assert_is_the_oracle_without_the_user(spark, config, batches)
+    assert verify_forgotten(config, spark, USER).clean

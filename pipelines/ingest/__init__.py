@@ -74,5 +74,22 @@ def ingest(config: SessionsConfig, files_per_commit: int = 16, fenced_by: Sequen
         # Only after the source answered: a source that cannot be read (S3 or the broker down) may hold events,
         # so its silence is not idleness.
         clock = appender.append_clock()
+        if appender.dropped:
+            _record_drops(config, appender)
     return IngestResult(found.files, appender.rows, appender.rejected, appender.first_seq, appender.seq,
                         found.refused, found.waiting, clock.isoformat().replace("+00:00", "Z") if clock else None)
+
+
+def _record_drops(config: SessionsConfig, appender: Appender) -> None:
+    """The standing erasure's drops: counted in the erasure log under the keyed hash, and the dropped lines blanked in
+    the landed files (archived by now) so that no copy of them stays."""
+    import datetime as dt
+    import uuid
+
+    from pipelines.erased import DROPPED, log_erasure
+    from pipelines.ingest.erase_lines import erase_landed_lines
+
+    erase_landed_lines(config, sorted(appender.dropped))
+    for user, hashed in appender.erased.hashes_of(appender.dropped).items():
+        log_erasure(config, erasure_id=f"drop-{dt.datetime.now(dt.timezone.utc):%Y%m%dT%H%M%S}-{uuid.uuid4().hex[:6]}",
+                    hashed=hashed, status=DROPPED, removed={"events_dropped": appender.dropped[user]})

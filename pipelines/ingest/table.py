@@ -20,6 +20,7 @@ import pyarrow.compute as pc
 from deltalake import CommitProperties, DeltaTable, write_deltalake
 
 from pipelines.config import SessionsConfig
+from pipelines.erased import ErasedUsers, user_named_by
 from pipelines.errors import ConcurrentIngest
 from pipelines.fencing import committing, fence
 from pipelines.ingest import columnar
@@ -243,13 +244,28 @@ class Appender:
         self.first_seq: int | None = None
         self.clock = clock or IngestClock()
         self.clock_rows: list[dt.datetime] = []  # event times of the clock rows this appender wrote
+        self.erased = ErasedUsers.load(config)
+        self.dropped: dict[str, int] = {}  # erased users whose late events this appender dropped -> events
 
     def append(self, sources: list[RowSource], metadata: dict[str, str]) -> None:
         ingested_at = dt.datetime.now(dt.timezone.utc)
-        batch = _rows(sources, self.seq + 1, ingested_at, dt.timedelta(milliseconds=self.config.max_future_ms))
+        batch = self._standing_erasure(
+            _rows(sources, self.seq + 1, ingested_at, dt.timedelta(milliseconds=self.config.max_future_ms)))
         self._commit(batch, ingested_at, metadata)
         self.rows += batch.num_rows
         self.rejected += batch.num_rows - batch["reject_reason"].null_count
+
+    def _standing_erasure(self, batch: pa.Table) -> pa.Table:
+        """Rows of erased users dropped (pipelines.erased.ErasedUsers); the users kept in memory only, for the
+        landing eraser and the erasure log's counts under their keyed hash."""
+        drop = self.erased.drop_mask(batch["user_id"], batch["event_time"].cast(pa.int64()), batch["raw"])
+        if drop is None or not pc.any(drop).as_py():
+            return batch
+        for uid, raw in zip(pc.filter(batch["user_id"], drop).to_pylist(), pc.filter(batch["raw"], drop).to_pylist()):
+            user = uid if uid is not None else user_named_by(raw or "")
+            if user is not None:
+                self.dropped[user] = self.dropped.get(user, 0) + 1
+        return batch.filter(pc.invert(drop))
 
     def append_clock(self, now: dt.datetime | None = None) -> dt.datetime | None:
         """Append a clock row when the configured idle time has passed without an event (README "Idle close");

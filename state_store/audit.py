@@ -1,0 +1,205 @@
+"""What an auditor does after an erasure, as code: every file under every location the product writes, read for every
+spelling of the user id -- and the Delta logs rewritten so that they spell it nowhere.
+
+Reading (`scan`): Parquet files are decoded (every string value, nested ones too: a Delta checkpoint's statistics);
+JSON documents and Delta commits line by line, decoded (a DELETE's predicate, statistics, a raw line's escapes);
+landed `*.jsonl` lines by their decoded user_id; anything else (state store files, leases, logs) as bytes
+(pipelines.erased.UserSpelling says what counts as a mention).
+
+Rewriting (`scrub_delta_log`): a Delta DELETE records its predicate, and every add action the min/max statistics of
+its file, in the table's log, which VACUUM never touches. Commits and checkpoints that name the user are rewritten in
+place (atomically: a temporary file renamed over it; one PUT on S3) with the predicate replaced by "[erased]" and the
+statistics that name the user dropped. Versions, actions and data files stay as they were, so time travel, the ingest
+positions kept in commit metadata and both Delta engines read the table as before.
+"""
+from __future__ import annotations
+
+import json
+import os
+import uuid
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+
+import pyarrow as pa
+import pyarrow.compute as pc
+import pyarrow.fs as pafs
+import pyarrow.parquet as pq
+
+from pipelines.erased import UserSpelling
+from pipelines.storage import filesystem, is_s3
+
+__all__ = ["Findings", "scan", "scrub_delta_log"]
+
+LOG_DIR = "_delta_log"
+
+
+@dataclass
+class Findings:
+    """Mentions of the user per file (relative to the scanned root), by kind of file."""
+    files: dict[str, int] = field(default_factory=dict)
+
+    def add(self, path: str, count: int) -> None:
+        if count:
+            self.files[path] = self.files.get(path, 0) + count
+
+    def total(self) -> int:
+        return sum(self.files.values())
+
+
+def _files(uri: str) -> Iterator[tuple[pafs.FileSystem, str]]:
+    fs, root = filesystem(uri)
+    try:
+        infos = fs.get_file_info(pafs.FileSelector(root, recursive=True, allow_not_found=True))
+    except (FileNotFoundError, NotADirectoryError):
+        return
+    for info in infos:
+        if info.type == pafs.FileType.File:
+            yield fs, info.path
+
+
+def _read(fs: pafs.FileSystem, path: str) -> bytes:
+    with fs.open_input_stream(path) as handle:
+        return bytes(handle.read())
+
+
+def _parquet_mentions(data: bytes, user: UserSpelling, *, nested: bool) -> int:
+    try:
+        table = pq.read_table(pa.BufferReader(data))
+    except Exception:  # noqa: BLE001 -- not Parquet after all (or damaged): judged by its bytes
+        return user.in_bytes(data)
+    found = 0
+    for column in table.columns:
+        kind = column.type
+        if pa.types.is_string(kind) or pa.types.is_large_string(kind) or pa.types.is_string_view(kind):
+            text = column.cast(pa.string())
+            found += int(pc.sum(pc.equal(text, user.user_id)).as_py() or 0)
+            found += sum(1 for value in user.matching(text) if value != user.user_id
+                         for _ in range(int(pc.sum(pc.equal(text, value)).as_py() or 0)))
+        elif nested and (pa.types.is_struct(kind) or pa.types.is_list(kind) or pa.types.is_map(kind)):
+            found += sum(1 for value in column.to_pylist() if value is not None and user.in_value(value))
+    return found
+
+
+def _json_lines_mentions(data: bytes, user: UserSpelling) -> int:
+    found = 0
+    for line in data.splitlines():
+        if not line.strip() or not user.could_be_in(line):
+            continue
+        try:
+            found += int(user.in_value(json.loads(line)))
+        except ValueError:
+            found += int(user.names(line.decode("utf-8", "replace")))
+    return found
+
+
+def mentions(path: str, data: bytes, user: UserSpelling) -> int:
+    """How often one file (its path and bytes) names the user, read as its kind of file is read."""
+    name = path.rsplit("/", 1)[-1]
+    if name.endswith(".parquet"):
+        return _parquet_mentions(data, user, nested=f"/{LOG_DIR}/" in path)
+    if name.endswith(".jsonl"):
+        return sum(1 for line in data.split(b"\n") if line.strip() and user.line_names(line))
+    if not user.could_be_in(data):
+        return 0
+    if f"/{LOG_DIR}/" in path and (name.endswith(".json") or name.endswith(".crc")):
+        return _json_lines_mentions(data, user)
+    return user.in_bytes(data)
+
+
+def scan(uri: str, user: UserSpelling, *, seen: set[str] | None = None) -> Findings:
+    """Every file under `uri`, read for the user (`seen`: paths read already under another root, skipped)."""
+    findings = Findings()
+    _, root = filesystem(uri)
+    for fs, path in _files(uri):
+        if seen is not None:
+            if path in seen:
+                continue
+            seen.add(path)
+        findings.add(os.path.relpath(path, root) if not is_s3(uri) else path[len(root):].lstrip("/"),
+                      mentions(path, _read(fs, path), user))
+    return findings
+
+
+def _write_atomically(fs: pafs.FileSystem, path: str, data: bytes) -> None:
+    if isinstance(fs, pafs.LocalFileSystem):
+        tmp = f"{path}.{uuid.uuid4().hex}.tmp"
+        with open(tmp, "wb") as handle:
+            handle.write(data)
+            handle.flush()
+            os.fsync(handle.fileno())
+        os.replace(tmp, path)
+    else:  # an object store: one PUT replaces the object whole
+        with fs.open_output_stream(path) as handle:
+            handle.write(data)
+
+
+def _scrub_commit(data: bytes, users: list[UserSpelling]) -> bytes | None:
+    lines, changed = [], False
+    for line in data.split(b"\n"):
+        if line.strip() and any(u.could_be_in(line) for u in users):
+            action = json.loads(line)
+            for user in users:
+                action, touched = user.scrub(action)
+                changed = changed or touched
+            line = json.dumps(action, separators=(",", ":"), ensure_ascii=False).encode()
+        lines.append(line)
+    return b"\n".join(lines) if changed else None
+
+
+def _scrub_checkpoint(data: bytes, users: list[UserSpelling]) -> bytes | None:
+    table = pq.read_table(pa.BufferReader(data))
+    rows, changed = table.to_pylist(), False
+    for i, row in enumerate(rows):
+        for user in users:
+            row, touched = user.scrub(row)
+            changed = changed or touched
+        rows[i] = row
+    if not changed:
+        return None
+    sink = pa.BufferOutputStream()
+    pq.write_table(pa.Table.from_pylist(rows, schema=table.schema), sink)
+    return sink.getvalue().to_pybytes()
+
+
+def scrub_delta_log(uri: str, user_ids: list[str]) -> int:
+    """Rewrite the commits and checkpoints of one Delta table's log that name any of `user_ids`; the files
+    rewritten."""
+    users = [UserSpelling(u) for u in user_ids]
+    rewritten = 0
+    sizes: dict[str, int] = {}
+    fs, root = filesystem(uri)
+    for _, path in _files(f"{uri.rstrip('/')}/{LOG_DIR}"):
+        name = path.rsplit("/", 1)[-1]
+        if not (name.endswith(".json") or name.endswith(".checkpoint.parquet") or ".checkpoint." in name):
+            continue
+        data = _read(fs, path)
+        if name.endswith(".json"):
+            if not any(u.could_be_in(data) for u in users):
+                continue
+            cleaned = _scrub_commit(data, users)
+        elif name.endswith(".parquet"):
+            if not any(_parquet_mentions(data, u, nested=True) for u in users):
+                continue
+            cleaned = _scrub_checkpoint(data, users)
+        else:
+            continue
+        if cleaned is not None:
+            _write_atomically(fs, path, cleaned)
+            sizes[name] = len(cleaned)
+            rewritten += 1
+    _fix_last_checkpoint(fs, f"{root.rstrip('/')}/{LOG_DIR}/_last_checkpoint", sizes)
+    return rewritten
+
+
+def _fix_last_checkpoint(fs: pafs.FileSystem, path: str, sizes: dict[str, int]) -> None:
+    """_last_checkpoint records the size of its checkpoint file: kept true for a rewritten one."""
+    if not any(".checkpoint." in name for name in sizes):
+        return
+    try:
+        last = json.loads(_read(fs, path))
+    except (OSError, FileNotFoundError, ValueError):
+        return
+    name = f"{int(last.get('version', -1)):020d}.checkpoint.parquet"
+    if name in sizes and "sizeInBytes" in last:
+        last["sizeInBytes"] = sizes[name]
+        _write_atomically(fs, path, json.dumps(last, separators=(",", ":")).encode())

@@ -1,0 +1,216 @@
+"""Erasure checked the way an auditor checks it: after `forget`, the user's id is searched byte by byte in every file
+under the home (tables and their Delta logs and checkpoints, savepoints, the Spark checkpoint, landing, leases, logs),
+Parquet decoded, with a scanner written here and sharing nothing with the product's own `forget --verify`; the job
+is compared with the oracle run on the stream without the user. Then the cases an auditor tried: ids spelled with
+escapes or as integers in landed lines, a file still being written, and the user's events arriving after the erasure
+(a late producer, a backlog), which must not bring the user back."""
+from __future__ import annotations
+
+import json
+import os
+import re
+from pathlib import Path
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+from deltalake import DeltaTable
+
+from pipelines.stream import catch_up
+from state_store.erasure import forget, verify_forgotten
+from state_store.lifecycle import take_savepoint
+from tests.conftest import assert_late_keys, make_config, read_open_sessions, read_quarantine, read_sessions
+from tests.datagen import BASE_MS, land_files, line, make_event, stream_scenario
+from tests.oracle import run_oracle
+
+pytestmark = pytest.mark.tier("spark")
+
+GAP_MS, LATENESS_MS = 30 * 60_000, 10 * 60_000
+SEED, CUT = 7, 3
+OPEN_USER = "auditee-7q"     # seed 7's u4 renamed: closed sessions, late events, an open session at CUT
+CLOSED_USER = "closedonly-7"  # closed sessions only: not in the live state when it is forgotten
+
+
+def auditor_grep(root: Path, user_id: str) -> dict[str, int]:
+    """Files under `root` that spell `user_id`: its UTF-8 bytes, JSON-escaped or SQL-quoted, with no identifier
+    character on either side; Parquet files also decoded (every value of every column, nested ones too)."""
+    forms = {user_id, json.dumps(user_id)[1:-1], user_id.replace("'", "''")}
+    forms |= {json.dumps(form)[1:-1] for form in set(forms)}
+    pattern = re.compile(b"|".join(rb"(?<![0-9A-Za-z_.\-])" + re.escape(f.encode()) + rb"(?![0-9A-Za-z_.\-])"
+                                   for f in forms))
+    found: dict[str, int] = {}
+    for path in root.rglob("*"):
+        if not path.is_file():
+            continue
+        data = path.read_bytes()
+        hits = len(pattern.findall(data))
+        if path.suffix == ".parquet":
+            try:
+                decoded = json.dumps(pq.read_table(path).to_pylist(), default=str, ensure_ascii=False)
+                hits += len(pattern.findall(decoded.encode()))
+            except pa.ArrowInvalid:
+                pass
+        if hits:
+            found[str(path.relative_to(root))] = hits
+    return found
+
+
+def _renamed(batches: list[list[dict]], old: str, new: str) -> list[list[dict]]:
+    return [[{**e, "user_id": new} if e["user_id"] == old else e for e in batch] for batch in batches]
+
+
+def _without(batches: list[list[dict]], *users: str) -> list[list[dict]]:
+    return [[e for e in batch if e["user_id"] not in users] for batch in batches]
+
+
+def _scenario() -> list[list[dict]]:
+    batches = _renamed(stream_scenario(SEED, 6, False, GAP_MS, LATENESS_MS), "u4", OPEN_USER)
+    first = min(e["event_time_ms"] for e in batches[0])
+    batches[0] = [make_event(CLOSED_USER, f"c{i}", first + i * 60_000, "page_view") for i in range(2)] + batches[0]
+    return batches
+
+
+def _assert_oracle_without(spark, config, batches, *users: str) -> None:
+    expected = run_oracle(_without(batches, *users), GAP_MS, LATENESS_MS)
+    assert read_sessions(config) == sorted(expected.closed)
+    assert read_open_sessions(spark, config) == sorted(expected.open_sessions)
+    assert_late_keys(config, expected)
+
+
+@pytest.mark.parametrize("provider", ["rocksdb", "hdfs"])
+def test_no_byte_of_an_erased_user_is_left_in_the_home(spark, tmp_path, provider):
+    config = make_config(tmp_path, provider)
+    batches = _scenario()
+    cut = run_oracle(batches[:CUT], GAP_MS, LATENESS_MS)
+    assert any(s[1] == OPEN_USER for s in cut.open_sessions)
+    assert any(s[1] == CLOSED_USER for s in cut.closed) and all(s[1] != CLOSED_USER for s in cut.open_sessions)
+    land_files(config, [[line(e) for e in b] for b in batches[:2]])
+    catch_up(config, spark)
+    take_savepoint(config, spark=spark)
+    land_files(config, [[line(e) for e in batches[2]]], start=2)
+    catch_up(config, spark)
+    take_savepoint(config, spark=spark)  # incremental: a chain of two tables
+    DeltaTable(config.raw_events_table).create_checkpoint()  # a Delta checkpoint holding the statistics
+
+    home = Path(config.home)
+    before = {user: auditor_grep(home, user) for user in (OPEN_USER, CLOSED_USER)}
+    # The scanner finds them where they are (it can fail): OPEN_USER sorts first, so it is a min statistic.
+    assert any("_delta_log" in f for f in before[OPEN_USER]), before[OPEN_USER]
+    for user in (OPEN_USER, CLOSED_USER):
+        assert any(f.startswith("landing/") for f in before[user]), before[user]
+        assert any(f.startswith("checkpoints/") for f in before[user]), before[user]
+        assert not verify_forgotten(config, spark, user).clean
+
+    for user in (OPEN_USER, CLOSED_USER):
+        forget(config, user, spark=spark)
+    for user in (OPEN_USER, CLOSED_USER):
+        assert auditor_grep(home, user) == {}, user
+        check = verify_forgotten(config, spark, user)
+        assert check.clean, (check.found, check.files)
+
+    # Both tables' histories still read, old versions included, by delta-rs.
+    assert len(DeltaTable(config.raw_events_table).history()) > 3
+    assert DeltaTable(config.raw_events_table, version=1).version() == 1
+    land_files(config, [[line(e) for e in b] for b in _without(batches[CUT:], OPEN_USER, CLOSED_USER)], start=CUT)
+    catch_up(config, spark)
+    _assert_oracle_without(spark, config, batches, OPEN_USER, CLOSED_USER)
+
+
+SPELLINGS = [
+    # (user id as forgotten, how its lines spell it)
+    ("12345", lambda e: json.dumps({**e, "user_id": 12345})),
+    ("jörg-ö", lambda e: json.dumps({**e, "user_id": "jörg-ö"})),  # \u00f6 escapes (ensure_ascii)
+    ('a"b\\c', lambda e: json.dumps({**e, "user_id": 'a"b\\c'}, ensure_ascii=False)),
+    ("u-10", lambda e: json.dumps({**e, "user_id": "u-10"}).replace('"u-10"', '"u\\u002d10"')),
+]
+
+
+def test_landed_lines_of_any_spelling_are_erased_and_neighbours_kept(spark, tmp_path):
+    config = make_config(tmp_path, "rocksdb")
+    lines, events = [], []
+    for n, (user, spell) in enumerate(SPELLINGS):
+        for i in range(3):
+            event = {k: v for k, v in make_event(user, f"s{n}-{i}", BASE_MS + i * 60_000, "page_view").items()
+                     if k != "event_time_ms"}
+            lines.append(spell(event))
+        # A rejected line naming the user (no event_time): its raw text goes to the quarantine.
+        lines.append(spell({"event_id": f"bad{n}", "page": "/"}))
+    neighbour = [make_event("u-1", f"n{i}", BASE_MS + i * 60_000, "page_view") for i in range(3)]
+    events += neighbour
+    lines += [line(e) for e in neighbour]
+    land_files(config, [lines])
+    catch_up(config, spark)
+    assert len(read_quarantine(config)) == len(SPELLINGS)
+
+    for user, _ in SPELLINGS:
+        assert not verify_forgotten(config, spark, user).clean, user
+        forget(config, user, spark=spark)
+        assert verify_forgotten(config, spark, user).clean, user
+    decoded = [json.loads(raw) for path in Path(config.landing).rglob("*.jsonl")
+               for raw in path.read_bytes().split(b"\n") if raw.strip()]
+    assert sorted(str(d["user_id"]) for d in decoded) == ["u-1"] * 3
+    assert len(read_quarantine(config)) == 0
+    assert {s[1] for s in read_sessions(config)} | {s[1] for s in read_open_sessions(spark, config)} == {"u-1"}
+    assert auditor_grep(Path(config.home), "u-1"), "the neighbour u-1 is kept"
+
+
+def test_a_file_still_being_written_and_events_arriving_after_the_erasure(spark, tmp_path):
+    """U's complete lines in a file still being written are blanked in place (the writer's later bytes kept); the
+    rest of that file, a late producer's file and a replayed backlog bring U's older events: dropped at ingest,
+    counted in the erasure log under the keyed hash, their lines blanked; everyone else is the oracle's."""
+    config = make_config(tmp_path, "rocksdb")
+    user = "grower-3"
+    batches = _renamed(stream_scenario(SEED, 6, False, GAP_MS, LATENESS_MS), "u4", user)
+    land_files(config, [[line(e) for e in b] for b in batches[:CUT - 1]])
+    growing = Path(config.landing) / "growing.jsonl"
+    # The file ends inside a last line of U's (never the newest event: the watermarks stay the oracle's).
+    extra = make_event(user, "grow-x", min(e["event_time_ms"] for e in batches[CUT - 1]), "page_view")
+    text = "".join(line(e) + "\n" for e in batches[CUT - 1]) + line(extra) + "\n"
+    cut_at = text.index('"user_id"', len(text) - len(line(extra)))
+    growing.write_text(text[:cut_at])
+    catch_up(config, spark)
+    assert any(s[1] == user for s in read_open_sessions(spark, config))
+
+    result = forget(config, user, spark=spark)
+    assert result.removed["landed_lines"] > 0
+    assert auditor_grep(Path(config.home), user) == {}
+    with open(growing, "a") as handle:  # the writer goes on where it was
+        handle.write(text[cut_at:])
+    # The rest of the stream, U's events included (a late producer), and a re-delivered copy of the first file.
+    land_files(config, [[line(e) for e in b] for b in batches[CUT:]], start=CUT)
+    replay = Path(config.landing) / "replayed.jsonl"
+    replay.write_text("".join(line(e) + "\n" for e in batches[0] if e["user_id"] == user))
+    catch_up(config, spark)
+
+    assert verify_forgotten(config, spark, user).clean
+    assert auditor_grep(Path(config.home), user) == {}
+    log = DeltaTable(config.table_uri("erasure_log")).to_pyarrow_table().to_pylist()
+    dropped = sum(json.loads(r["removed"])["events_dropped"] for r in log if r["status"] == "dropped_at_ingest")
+    later = 1 + sum(1 for b in batches[CUT:] for e in b if e["user_id"] == user) + \
+        sum(1 for e in batches[0] if e["user_id"] == user)
+    assert dropped == later and all(r["user_hash"] == result.user_hash for r in log)
+    expected = run_oracle(_without(batches, user), GAP_MS, LATENESS_MS)
+    assert read_sessions(config) == sorted(expected.closed)
+    assert read_open_sessions(spark, config) == sorted(expected.open_sessions)
+
+
+@pytest.mark.tier("pure")
+def test_the_standing_erasure_keeps_newer_events_unless_told(tmp_path):
+    """Events of an erased user at or before the erasure are dropped; newer ones are new data, unless
+    SESSIONS_ERASURE_DROPS_NEWER; rejected lines are judged by the user their raw text names."""
+    import datetime as dt
+
+    from pipelines.erased import COMPLETE, ErasedUsers, log_erasure, user_hash
+
+    config = make_config(tmp_path)
+    at = dt.datetime(2026, 11, 2, tzinfo=dt.timezone.utc)
+    log_erasure(config, erasure_id="er-1", hashed=user_hash(config, "gone"), status=COMPLETE, removed={}, at=at)
+    at_us = int(at.timestamp() * 1e6)
+    users = pa.array(["gone", "gone", "kept", None, None])
+    times = pa.array([at_us, at_us + 1, at_us - 5, None, None], pa.int64())
+    raw = pa.array([None, None, None, '{"user_id": "go\\u006ee", "event_id": 1}', '{"user_id": "kept"'])
+    mask = ErasedUsers.load(config).drop_mask(users, times, raw)
+    assert mask.to_pylist() == [True, False, False, True, False]
+    strict = make_config(tmp_path, SESSIONS_ERASURE_DROPS_NEWER="true")
+    assert ErasedUsers.load(strict).drop_mask(users, times, raw).to_pylist() == [True, True, False, True, False]
+    assert os.path.exists(Path(config.home) / "erasure.key")
