@@ -214,3 +214,59 @@ def test_the_standing_erasure_keeps_newer_events_unless_told(tmp_path):
     strict = make_config(tmp_path, SESSIONS_ERASURE_DROPS_NEWER="true")
     assert ErasedUsers.load(strict).drop_mask(users, times, raw).to_pylist() == [True, True, False, True, False]
     assert os.path.exists(Path(config.home) / "erasure.key")
+
+
+def _s3_objects(prefix: str) -> dict[str, bytes]:
+    import boto3
+
+    bucket, _, key = prefix[len("s3://"):].partition("/")
+    client = boto3.client("s3")
+    found = {}
+    for page in client.get_paginator("list_objects_v2").paginate(Bucket=bucket, Prefix=key):
+        for item in page.get("Contents", []):
+            found[f"s3://{bucket}/{item['Key']}"] = client.get_object(Bucket=bucket, Key=item["Key"])["Body"].read()
+    return found
+
+
+def _land_s3(config, batches: list[list[dict]], start: int) -> None:
+    import boto3
+
+    from pipelines.ingest import ingest
+
+    bucket, _, prefix = config.landing_uri[len("s3://"):].partition("/")
+    for i, batch in enumerate(batches):
+        boto3.client("s3").put_object(Bucket=bucket, Key=f"{prefix}/part-{start + i:05d}.jsonl",
+                                      Body="".join(line(e) + "\n" for e in batch).encode())
+        ingest(config, files_per_commit=1)
+
+
+def _dump(tmp_path: Path, name: str, *prefixes: str) -> Path:
+    """The auditor's copy of the objects under `prefixes`, to scan like a local home."""
+    root = tmp_path / name
+    for prefix in prefixes:
+        for uri, data in _s3_objects(prefix).items():
+            if not data:
+                continue  # a directory marker
+            (root / uri[len("s3://"):]).parent.mkdir(parents=True, exist_ok=True)
+            (root / uri[len("s3://"):]).write_bytes(data)
+    return root
+
+
+def test_savepoints_and_landing_on_s3_keep_no_byte_of_the_user(spark, tmp_path, s3_endpoint):
+    """The same audit with the savepoints and the landed files on S3 (a real S3 HTTP API): every object read back."""
+    config = make_config(tmp_path, "rocksdb", SESSIONS_LANDING_URI=f"s3://warehouse/{tmp_path.name}/landing",
+                         SESSIONS_SAVEPOINT_URI=f"s3://savepoints/{tmp_path.name}")
+    batches = _scenario()
+    _land_s3(config, batches[:CUT], 0)
+    catch_up(config, spark)
+    take_savepoint(config, spark=spark)
+    before = auditor_grep(_dump(tmp_path, "before", config.landing_uri, config.savepoint_uri), OPEN_USER)
+    assert any("_delta_log" in f for f in before) and any("landing/_ingested" in f for f in before), before
+
+    forget(config, OPEN_USER, spark=spark)
+    assert auditor_grep(_dump(tmp_path, "after", config.landing_uri, config.savepoint_uri), OPEN_USER) == {}
+    assert auditor_grep(Path(config.home), OPEN_USER) == {}
+    assert verify_forgotten(config, spark, OPEN_USER).clean
+    _land_s3(config, _without(batches[CUT:], OPEN_USER), CUT)
+    catch_up(config, spark)
+    _assert_oracle_without(spark, config, batches, OPEN_USER)
