@@ -9,6 +9,7 @@ from assets.automation import (
     stream_failure_sensor,
 )
 from assets.checks import ALL_CHECKS
+from assets.erasure_runs import erasure_runs_cleanup
 from assets.jobs import (
     compaction,
     forget_user,
@@ -30,7 +31,8 @@ defs = Definitions(
     jobs=[session_catch_up, session_stream, stop_stream, savepoint, restore_from_snapshot, rescale, compaction, state_lookup,
           observe_state, forget_user],
     schedules=[compaction_schedule],
-    sensors=[observation_sensor, maintenance_sensor, stream_failure_sensor, resume_stream_after_restore],
+    sensors=[observation_sensor, maintenance_sensor, stream_failure_sensor, resume_stream_after_restore,
+             erasure_runs_cleanup],
     resources={"sessions": SessionsResource(), "pyspark": pyspark_resource()},
     # One process per run, so one Spark driver per run: the steps of a job (the runbook's restore and verify, the
     # catch-up and its checks) share its SparkSession instead of each starting a JVM of its own, as the default

@@ -17,6 +17,7 @@ from dagster import (
 )
 from dagster_pyspark import PySparkResource
 
+from assets import erasure_runs
 from assets.resources import SessionsResource, expected_errors
 from assets.tables import LIFECYCLE_TAGS, SESSIONS, STATE, STREAM_TAGS, catch_up
 from pipelines.config import positive_seconds
@@ -152,8 +153,10 @@ class LookupConfig(Config):
 
 @op
 def lookup_state_op(context: OpExecutionContext, sessions: SessionsResource, pyspark: PySparkResource,
-                    config: LookupConfig) -> dict[str, Any]:
-    """Live state, read from the committed state store of the running or stopped job (queryable state)."""
+                    config: LookupConfig) -> None:
+    """Live state, read from the committed state store of the running or stopped job (queryable state). What it
+    finds is the output's metadata (the run's event log), never an output value: the IO manager would keep the user
+    ids in a file of the run's storage directory, which forget_user deletes with the run."""
     if bool(config.user_id) == bool(config.top) or config.top < 0:
         raise Failure(description="set exactly one of user_id and top (a count >= 1)")
     spark = pyspark.spark_session
@@ -168,7 +171,6 @@ def lookup_state_op(context: OpExecutionContext, sessions: SessionsResource, pys
               f"({r['last_event_type']}) | {r['events']} | {r['page_views']} | {r['closes_at']} |" for r in rows]
     context.add_output_metadata({"batch_id": found["batch_id"], "watermark": str(found["watermark"]),
                                  "open_sessions": len(rows), "sessions": MetadataValue.md("\n".join(table))})
-    return found
 
 
 @job(description="Look inside the state: one user's open sessions (user_id) or the N largest (top).")
@@ -177,25 +179,37 @@ def state_lookup() -> None:
 
 
 class ForgetConfig(Config):
-    user_id: str  # the user to erase (the run config keeps it: delete the run afterwards where that matters)
+    # The user to erase. Dagster's run storage keeps it in this run's config: a forget deletes every other run whose
+    # config or tags (a state_lookup: also its event log) name the user, with its storage directory; this run itself
+    # is deleted by the erasure_runs_cleanup sensor once finished (assets/erasure_runs.py).
+    user_id: str
     verify_only: bool = False  # only say where the user still appears
 
 
 @op(tags=LIFECYCLE_TAGS)
 def forget_user_op(context: OpExecutionContext, sessions: SessionsResource, pyspark: PySparkResource,
-                   config: ForgetConfig) -> dict[str, Any]:
+                   config: ForgetConfig) -> None:
     """`sessionctl forget --user U` (or `--verify`): the erasure log and this op's metadata name U by its keyed hash
-    only."""
+    only; no output value (the IO manager would keep it). Then Dagster's own run storage: the other runs naming U are
+    deleted (`dagster_runs_deleted`; a run still going is left and counted, `dagster_runs_unfinished`), or with
+    verify_only counted (`found_dagster_runs`: not clean while any)."""
     spark = pyspark.spark_session
     if config.verify_only:
         found = expected_errors(erasure.verify, sessions.config(), config.user_id, spark=spark)
-        context.add_output_metadata({"clean": found.clean, **{f"found_{k}": v for k, v in found.found.items()}})
-        return found.to_dict()
+        runs = erasure_runs.runs_naming(context.instance, config.user_id, besides=context.run_id)
+        context.add_output_metadata({"clean": found.clean and not runs,
+                                     **{f"found_{k}": v for k, v in found.found.items()},
+                                     "found_dagster_runs": len(runs)})
+        return
     result = expected_errors(erasure.forget, sessions.config(), config.user_id, spark=spark)
+    deleted, unfinished = erasure_runs.delete_runs_naming(context.instance, config.user_id, besides=context.run_id)
+    if unfinished:
+        context.log.warning(f"{unfinished} Dagster run(s) naming the user are still going: run forget_user again "
+                            "once they have finished")
     context.add_output_metadata({"erasure_id": result.erasure_id, "user_hash": result.user_hash,
                                  **{f"removed_{k}": v for k, v in result.removed.items()},
-                                 "purged_files": result.purged_files})
-    return result.to_dict()
+                                 "purged_files": result.purged_files, "dagster_runs_deleted": deleted,
+                                 "dagster_runs_unfinished": unfinished})
 
 
 @job(tags=LIFECYCLE_TAGS, description="Erase a user everywhere: tables, live state, savepoints, older table versions.")

@@ -20,7 +20,8 @@ T = TypeVar("T")
 # Unparametrised, as Dagster's own resources subclass it (the parameter is the resource value: the resource itself).
 class SessionsResource(ConfigurableResource):  # type: ignore[type-arg]
     """Every setting of pipelines.config.SessionsConfig but the secret ones (SESSIONS_KAFKA_CONF, SESSIONS_ERASURE_KEY:
-    from the environment or a secret store only, so never stored in Dagster's run storage), as an optional field of
+    from the environment or a secret store only, so never stored in Dagster's run storage) and the environment-only
+    ones (ENV_ONLY_SETTINGS: SESSIONS_SPARK_MASTER, which receives the AWS credentials), as an optional field of
     the same name and kind, in the same order (tests/test_config.py keeps the two in step). A field left unset (None) comes from its SESSIONS_<NAME>
     environment variable, and from SessionsConfig's default when that is unset too (README.md, "Configuration"); set
     one in the launchpad, or with dagster.EnvVar in the Definitions. SessionsConfig alone validates the values; the
@@ -62,8 +63,8 @@ class SessionsResource(ConfigurableResource):  # type: ignore[type-arg]
     max_versions_per_batch: int | None = Field(
         default=None, description="SESSIONS_MAX_VERSIONS_PER_BATCH: raw_events commits per micro-batch at most "
                                   "(default: all available)")
-    spark_master: str | None = Field(default=None, description="SESSIONS_SPARK_MASTER: Spark's master "
-                                                               "(default local[2])")
+    # No spark_master: SESSIONS_SPARK_MASTER comes from the environment only (pipelines.config.ENV_ONLY_SETTINGS) --
+    # the master gets the executors' AWS credentials, so run config must not be able to name one.
     spark_driver_memory: str | None = Field(
         default=None, description="SESSIONS_SPARK_DRIVER_MEMORY: the Spark driver's memory (default 4g)")
     spark_ui: bool | None = Field(default=None, description="SESSIONS_SPARK_UI: Spark's web UI on (default false)")
@@ -107,6 +108,9 @@ class SessionsResource(ConfigurableResource):  # type: ignore[type-arg]
     erasure_deadline_hours: float | None = Field(
         default=None, description="SESSIONS_ERASURE_DEADLINE_HOURS: older table versions holding an erased user are "
                                   "purged within this many hours (default 0: at once)")
+    erasure_drops_newer: bool | None = Field(
+        default=None, description="SESSIONS_ERASURE_DROPS_NEWER: the standing erasure also drops an erased user's "
+                                  "events newer than the erasure (default false: those are kept as new data)")
     max_future_minutes: int | None = Field(
         default=None, description="SESSIONS_MAX_FUTURE_MINUTES: an event this far ahead of its ingest time is "
                                   "quarantined (default 60)")

@@ -19,6 +19,12 @@ Provider = Literal["rocksdb", "hdfs"]  # the state store providers (SESSIONS_STA
 PROVIDERS: tuple[Provider, ...] = ("rocksdb", "hdfs")
 OPERATORS = ("jvm",)  # SESSIONS_OPERATOR (pipelines.operator; the Python operator is retired: operator_buckets)
 MAX_LEASE_TTL_S = 86_400.0  # SESSIONS_LEASE_TTL_S at most (one day): the renewal thread waits TTL/3 at a time
+# SESSIONS_LEASE_TTL_S at least: a holder renews every TTL/3 (pipelines.locks), so a TTL of milliseconds would have
+# renewals race their own expiry (any GC pause or slow store write loses the lease) and spin the renewal thread.
+MIN_LEASE_TTL_S = 1.0
+# The state partitions a restore or rescale may ask for (`--partitions`): each is a Spark task, a state store instance
+# and its files every batch; far above any real job, far below what overflows Spark's int.
+MAX_PARTITIONS = 10_000
 DEFAULT_OPERATOR = "jvm"
 # Upper bounds of every number setting unless it declares its own: a Java int (several go to Spark as one), and for
 # seconds, minutes and hours a billion (a wait of that many seconds still fits Python's thread timeouts).
@@ -28,6 +34,10 @@ MAX_FLOAT = 1e9
 # config: SessionsResource has no such field). erasure_deadline_hours is exempt: purging early is the erasure's point.
 MIN_VACUUM_RETENTION_HOURS = 24
 ALLOW_SHORT_RETENTION = "SESSIONS_ALLOW_SHORT_RETENTION"
+# Settings only the environment sets, never Dagster run config (SessionsResource has no field for them): the Spark
+# master receives the executors' AWS credentials (spark.executorEnv.AWS_*, pipelines.runtime), so a launchpad that
+# could name one could send them to any host.
+ENV_ONLY_SETTINGS = ("spark_master",)
 
 
 def _int(env: Mapping[str, str], name: str, default: int | None, minimum: float = 1,
@@ -116,6 +126,30 @@ def _lease_uri(raw: str, checkpoint_uri: str) -> str:
     return str(Path(uri).resolve())
 
 
+# Settings that take a local path or s3://bucket/prefix (the checkpoint's is checked on its own: no s3 there).
+URI_SETTINGS = ("savepoint_uri", "warehouse_uri", "landing_uri", "lease_uri")
+_SCHEME_ONLY = re.compile(r"[A-Za-z][A-Za-z0-9+.-]*:/*")  # "s3:", "s3:/", "s3://": a scheme, nothing after it
+
+
+def check_uri(*, name: str, raw: str) -> None:
+    """A data location given as a URI: file://, or s3:// with a bucket; a ConfigError naming `name` otherwise. Without
+    this, `s3://` loses its slashes on the way and becomes the relative path `./s3:` in the working directory, and an
+    unsupported scheme (gs://, hdfs://) a local directory of that name."""
+    text = raw.strip()
+    scheme, separator, rest = text.partition("://")
+    if not separator and not _SCHEME_ONLY.fullmatch(text):
+        return  # a path
+    scheme = scheme.rstrip(":/")
+    if scheme == "file":
+        return
+    if scheme == "s3":
+        if not rest.split("/", 1)[0]:
+            raise ConfigError(f"{name}={raw!r} names no bucket: expected s3://bucket/prefix")
+        return
+    raise ConfigError(f"{name}={raw!r}: the scheme {scheme}:// is not supported; expected a local path or "
+                      "s3://bucket/prefix (s3 in lower case)")
+
+
 # A duration as object_store (delta-rs's S3 client) reads it: "30s", "500ms", "2min", "1h 30m" (humantime's units).
 _DURATION = re.compile(r"\s*(\d+(\.\d+)?\s*(nsec|ns|usec|us|msec|ms|seconds|second|secs|sec|s|minutes|minute|mins|min|m|hours|"
                        r"hour|hrs|hr|h|days|day|d|weeks|week|w)\s*)+")
@@ -146,6 +180,39 @@ def _check_directories(env: Mapping[str, str], home: Path, values: Mapping[str, 
             break
 
 
+# Spark's masters this job runs on (a typo otherwise surfaces as "Java gateway process exited" with no hint why).
+_SPARK_MASTER = re.compile(
+    r"local(\[(\*|[1-9]\d*)(,\s*[1-9]\d*)?\])?"             # local, local[N], local[*], local[N,F], local[*,F]
+    r"|local-cluster\[[1-9]\d*,\s*[1-9]\d*,\s*[1-9]\d*\]"   # local-cluster[workers,cores,MiB] (tests)
+    r"|spark://(\[[0-9A-Fa-f:.]+\]|[A-Za-z0-9_.-]+):\d{1,5}(,(\[[0-9A-Fa-f:.]+\]|[A-Za-z0-9_.-]+):\d{1,5})*"
+    r"|k8s://\S+|yarn")
+# The driver's heap as the JVM's -Xmx takes it (Spark passes it on as is): a unit, no "b" after it ("4gb" is an
+# invalid heap size there), and a bare number would be bytes. Spark refuses a heap under 450 MiB when it starts
+# (UnifiedMemoryManager), again only as "Java gateway process exited".
+_MEMORY = re.compile(r"([1-9]\d*)([kmgt])")
+_MEMORY_UNITS = {"k": 1 << 10, "m": 1 << 20, "g": 1 << 30, "t": 1 << 40}
+MIN_DRIVER_MEMORY, MAX_DRIVER_MEMORY = 512 << 20, 64 << 40
+
+
+def check_spark_master(master: str) -> None:
+    """SESSIONS_SPARK_MASTER: one of the masters this job runs on; a ConfigError naming the variable otherwise."""
+    if not _SPARK_MASTER.fullmatch(master):
+        raise ConfigError(f"SESSIONS_SPARK_MASTER={master!r} is not a Spark master: expected local, local[N], local[*], "
+                          "local[N,F], spark://host:port[,host:port], k8s://https://host:port or yarn")
+
+
+def check_driver_memory(memory: str) -> None:
+    """SESSIONS_SPARK_DRIVER_MEMORY: a size with a unit, 512m to 64t; a ConfigError naming the variable otherwise."""
+    found = _MEMORY.fullmatch(memory.strip().lower())
+    if found is None:
+        raise ConfigError(f"SESSIONS_SPARK_DRIVER_MEMORY={memory!r} is not a size: a positive number and a unit, such "
+                          "as 4g or 4096m")
+    size = int(found.group(1)) * _MEMORY_UNITS[found.group(2)]
+    if not MIN_DRIVER_MEMORY <= size <= MAX_DRIVER_MEMORY:
+        raise ConfigError(f"SESSIONS_SPARK_DRIVER_MEMORY={memory!r} is too {'small' if size < MIN_DRIVER_MEMORY else 'large'}"
+                          ": between 512m (Spark's driver needs at least 450 MiB) and 64t")
+
+
 def env_name(setting: str) -> str:
     return "SESSIONS_" + setting.upper()
 
@@ -167,7 +234,7 @@ class SessionsConfig:
     checkpoint_uri: str = _setting("")  # default: $SESSIONS_HOME/checkpoints
     # Leases (pipelines/locks.py): a lease not renewed for lease_ttl_s may be taken over, and its holder is fenced
     # from then on; at most MAX_LEASE_TTL_S. Where they live (and stop requests): a shared path or s3://bucket/prefix.
-    lease_ttl_s: float = _setting(60.0, minimum=0, maximum=math.inf)  # at most MAX_LEASE_TTL_S: from_env says why
+    lease_ttl_s: float = _setting(60.0, minimum=0, maximum=math.inf)  # MIN_/MAX_LEASE_TTL_S: from_env says why
     lease_uri: str = _setting("")  # default: _leases beside the checkpoint
     lease_wait_s: float = _setting(300.0, minimum=0, inclusive=True)  # the longest ingest waits for the ingest lease
     # Recorded in a new checkpoint's metadata; only the retired Python operator's state was keyed by hash buckets of
@@ -210,6 +277,10 @@ class SessionsConfig:
     # The key of the erasure log's keyed hash of user ids (HMAC-SHA256); unset: a key generated once in
     # $SESSIONS_HOME/erasure.key. A secret: from the environment or a secret store, never run config.
     erasure_key: str = _setting("", secret=True)
+    # The standing erasure drops an erased user's events that arrive later with an event_time at or before the
+    # erasure; with this set, newer ones too (a user who asked never to be tracked again). Unset: newer events are
+    # new data (the user came back after the erasure) and are kept.
+    erasure_drops_newer: bool = _setting(False)
     # Hostile input: an event this far ahead of its ingest time is quarantined (contract).
     max_future_minutes: int = _setting(60, minimum=0)
     # A landed file's last line without a newline counts once the file has not changed for this long (a line
@@ -261,6 +332,8 @@ class SessionsConfig:
                               "restore --savepoint latest`)")
         if values["operator"] and values["operator"] not in OPERATORS:
             raise ConfigError(f"SESSIONS_OPERATOR={values['operator']!r}: expected one of {', '.join(OPERATORS)}")
+        for setting_name in URI_SETTINGS:  # as given: before a default or _lease_uri's clean-up changes it
+            check_uri(name=env_name(setting_name), raw=values[setting_name])
         values["savepoint_uri"] = values["savepoint_uri"] or str(home / "savepoints")
         values["warehouse_uri"] = (values["warehouse_uri"] or str(home / "warehouse")).rstrip("/")
         values["landing_uri"] = (values["landing_uri"] or str(home / "landing")).rstrip("/")
@@ -273,11 +346,14 @@ class SessionsConfig:
         if values["lease_ttl_s"] > MAX_LEASE_TTL_S:
             raise ConfigError(f"SESSIONS_LEASE_TTL_S={values['lease_ttl_s']:g} is too long: at most {MAX_LEASE_TTL_S:g} "
                               "(one day; a holder that died blocks the job for this long)")
+        if values["lease_ttl_s"] < MIN_LEASE_TTL_S:
+            raise ConfigError(f"SESSIONS_LEASE_TTL_S={values['lease_ttl_s']:g} is too short: at least "
+                              f"{MIN_LEASE_TTL_S:g} s (a holder renews every TTL/3; shorter, any pause or slow write "
+                              "loses the lease)")
         values["lease_uri"] = _lease_uri(values["lease_uri"], values["checkpoint_uri"])
         _check_directories(env, home, values)
-        if not re.fullmatch(r"\d+([kmgtp]b?|b)?", values["spark_driver_memory"].lower()):  # else the JVM fails to start
-            raise ConfigError(f"SESSIONS_SPARK_DRIVER_MEMORY={values['spark_driver_memory']!r} is not a size: such as "
-                              "4g or 4096m")
+        check_spark_master(values["spark_master"])
+        check_driver_memory(values["spark_driver_memory"])
         for duration in ("s3_timeout", "s3_retry_timeout"):  # object_store reads them at the first S3 request
             if not _DURATION.fullmatch(values[duration]):
                 raise ConfigError(f"{env_name(duration)}={values[duration]!r} is not a duration: a number and a unit, "

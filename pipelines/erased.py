@@ -175,7 +175,8 @@ class UserSpelling:
         data skipping; a wrong one would skip data), any other string naming U replaced by ERASED. (value,
         changed)."""
         if isinstance(value, dict):
-            out, changed = {}, False
+            out: dict[str, Any] = {}
+            changed = False
             for key, item in value.items():
                 if key in ("minValues", "maxValues") and isinstance(item, dict):
                     kept = {k: v for k, v in item.items() if not self.in_value(v)}

@@ -3,6 +3,8 @@ both raise them). Callers match on the type, never on the message; the message i
 sessionctl prints any SessionsError as one line on stderr (exit 1), Dagster turns it into a Failure."""
 from __future__ import annotations
 
+import re
+
 
 class SessionsError(RuntimeError):
     """An expected operator error: printed as one line, never as a traceback."""
@@ -10,6 +12,11 @@ class SessionsError(RuntimeError):
 
 class ConfigError(SessionsError, ValueError):
     """A setting that cannot work; the message names the variable and why. (A ValueError too, as before.)"""
+
+
+class HomeNotWritable(SessionsError):
+    """A command that writes (its checkpoint, tables, leases, logs, erasure key) met a data location it cannot write:
+    a read-only mount or missing permissions. The message names the variable, the path and the OS's reason."""
 
 
 class JobRunning(SessionsError):
@@ -41,10 +48,6 @@ class SavepointNotFound(SessionsError):
     """No savepoint by that id, no complete one for `latest`, or the one named is not complete."""
 
 
-class SavepointDamaged(SessionsError):
-    """A savepoint's state, re-read, does not match its catalog row's count and checksum."""
-
-
 class SavepointIncompatible(SessionsError):
     """A savepoint this job cannot restore as asked: unknown state schema, or other gap/lateness (--migrate)."""
 
@@ -64,6 +67,41 @@ class NextStepError(SessionsError):
     def __init__(self, message: str, next_step: str) -> None:
         super().__init__(message)
         self.next_step = next_step
+
+
+def savepoint_way_out(savepoint_id: str | None = None) -> str:
+    """What the operator does about a damaged savepoint (SavepointDamaged's `next_step`)."""
+    which = f"savepoint {savepoint_id}" if savepoint_id else "it"
+    return ("restore another savepoint (`sessionctl restore --savepoint ID --dry-run` checks one first), start a new "
+            f"chain with `sessionctl savepoint --full`; `sessionctl compact` drops {which} once retention no longer "
+            "keeps it")
+
+
+class SavepointDamaged(NextStepError):
+    """A savepoint cannot be read as its catalog row and Delta log say: a log entry or data file missing or
+    unreadable, a file truncated, or a re-read whose count and checksum differ. `savepoint_id` names the damaged
+    savepoint (None when unknown), `next_step` the way out (savepoint_way_out by default)."""
+
+    def __init__(self, message: str, next_step: str | None = None, *, savepoint_id: str | None = None) -> None:
+        super().__init__(message, next_step or savepoint_way_out(savepoint_id))
+        self.savepoint_id = savepoint_id
+
+
+# A Python task that cannot read a savepoint's data file raises an OSError with this text
+# (state_store.savepoint_io.file_batches); the driver gets only text back (a PythonException). The file's savepoint is
+# its folder under state/ (state_store.savepoints: state/<id>/).
+UNREADABLE_SAVEPOINT_FILE = "savepoint data file {uri} cannot be read ({cause})"
+_UNREADABLE = re.compile(r"savepoint data file (\S*/state/([^/\s]+)/[^/\s]+) cannot be read \((.*)\)")
+
+
+def unreadable_savepoint_file(text: str) -> SavepointDamaged | None:
+    """The executors' failure to read a savepoint data file (its text), as the one line naming the savepoint."""
+    found = _UNREADABLE.search(text)
+    if found is None:
+        return None
+    uri, savepoint_id, cause = found.groups()
+    return SavepointDamaged(f"savepoint {savepoint_id} is damaged: its data file {uri} cannot be read "
+                            f"({cause[:200]}): {savepoint_way_out(savepoint_id)}", savepoint_id=savepoint_id)
 
 
 class RestoreIncomplete(NextStepError):

@@ -21,6 +21,8 @@ import pyarrow as pa
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 
+from pipelines.config import MAX_PARTITIONS
+
 # The operator's output, defined once: the JVM operator takes this schema from here (and checks the column order it
 # builds rows in); the sink reads these columns by name.
 OUTPUT_COLUMNS = [
@@ -61,8 +63,9 @@ class StateOperator(ABC):
 
     def max_partitions(self, buckets: int) -> int | None:
         """The most state partitions that can hold anything, for a checkpoint that recorded `buckets` (None: no
-        bound)."""
-        return None
+        bound). Per-user state: MAX_PARTITIONS, so a restore's pre-flight and the restore itself refuse a count Spark
+        cannot take (not "restorable", then a failed restore)."""
+        return MAX_PARTITIONS
 
     # ---- reading state (Spark's state data source; decoded in the executors) -------------------------------------
     @abstractmethod

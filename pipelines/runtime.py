@@ -15,12 +15,18 @@ from pathlib import Path
 from typing import Any
 
 from py4j.protocol import Py4JError
-from pyspark.errors import PySparkException
+from pyspark.errors import PySparkException, PythonException
 from pyspark.sql import SparkSession
 
 from pipelines.checkpoint import PROVIDER_CLASSES, inspect_checkpoint, rescale_command
 from pipelines.config import REPO_ROOT, SessionsConfig
-from pipelines.errors import CheckpointDamaged, RescaleIncomplete, SessionsError, StreamFailed
+from pipelines.errors import (
+    CheckpointDamaged,
+    RescaleIncomplete,
+    SessionsError,
+    StreamFailed,
+    unreadable_savepoint_file,
+)
 from pipelines.operator_jvm import JVM_JAR
 from pipelines.shipping import cluster_conf
 from pipelines.source import RawEventsSource
@@ -107,10 +113,13 @@ def _stderr_to(path: Path) -> Iterator[None]:
     """fd 2 pointed at `path` while the JVM is launched: the JVM inherits it, and so do the Python processes it starts
     (workers, the Python data source's runner), whose own output -- e.g. the source runner's traceback when a Ctrl-C
     stops the query under it -- then lands in the log instead of on the operator's terminal. Our fd 2 is restored."""
-    path.parent.mkdir(parents=True, exist_ok=True)
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        target = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+    except OSError:  # a read-only home: a command that only reads still runs, its JVM's output dropped
+        target = os.open(os.devnull, os.O_WRONLY)
     sys.stderr.flush()
     saved = os.dup(2)
-    target = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
     try:
         os.dup2(target, 2)
         yield
@@ -244,15 +253,38 @@ def explain_spark_failure(error: BaseException, config: SessionsConfig) -> Sessi
                  "missing" if "FileNotFound" in text or "does not exist" in text else "cannot be read")
         return CheckpointDamaged(f"{where} is damaged ({cause}): `sessionctl restore --savepoint latest` rebuilds the "
                                  f"state from the newest savepoint and replays what came after it ({log})")
-    if any(c.startswith("PYTHON_WORKER") for c in conditions) or \
-            re.search(r"python worker|PYTHON_WORKER|failed to connect back|pyspark\.daemon", text, re.IGNORECASE):
+    unreadable = unreadable_savepoint_file(text)  # an executor could not read a savepoint's data file
+    if unreadable is not None:
+        return unreadable
+    # Python code that ran in a worker and raised (a PythonException: "An exception was thrown from the Python
+    # worker") is no worker that failed to start: its own exception is the cause.
+    raised = isinstance(error, PythonException) or _PYTHON_RAISED in text
+    if any(c.startswith("PYTHON_WORKER") for c in conditions) or _WORKER_START.search(text) or \
+            (not raised and re.search("python worker", text, re.IGNORECASE)):
         said = re.search(r"Error from python worker:\s*\n\s*(.+)", text)
         detail = f" (it said: {said.group(1).strip()[:200]})" if said else ""
         return StreamFailed(f"a Spark Python worker failed to start or connect back{detail}: check PYSPARK_PYTHON "
                             f"({os.environ.get('PYSPARK_PYTHON', sys.executable)}) and the machine's load, then run "
                             f"the command again; nothing was committed by the failed step ({log})")
+    if raised:
+        return StreamFailed(f"Spark failed: in an executor: {_python_exception_line(text)} ({log})")
     first = next((line.strip() for line in text.splitlines() if line.strip()), type(error).__name__)
     return StreamFailed(f"Spark failed: {first[:300]} ({log})")
+
+
+_PYTHON_RAISED = "An exception was thrown from the Python worker"
+# What Spark says when a worker process did not start, connect back or stay up (whatever the exception's type).
+_WORKER_START = re.compile(r"Error from python worker|Python worker exited unexpectedly|failed to connect back|"
+                           r"pyspark\.daemon", re.IGNORECASE)
+
+
+def _python_exception_line(text: str) -> str:
+    """The exception line of the Python traceback an executor sent back: the first unindented line after its last
+    "Traceback" header (the frames are indented; a chained exception's own traceback comes last), not the JVM's
+    lines after it."""
+    tail = text.rsplit("Traceback (most recent call last):", 1)[-1]
+    lines = [line for line in tail.splitlines() if line.strip() and not line[0].isspace()]
+    return (lines[0] if lines else "its Python code failed").strip()[:300]
 
 
 def rescale_incomplete(finish: str, suffix: str = "") -> RescaleIncomplete:

@@ -3,15 +3,18 @@ the failures no layer below turned into their one line. Light: no pyspark, delta
 from __future__ import annotations
 
 import argparse
+import errno
 import logging
 import os
 import sys
+import tempfile
 from collections.abc import Callable
 from contextlib import suppress
+from pathlib import Path
 from typing import Any, NoReturn
 
-from pipelines.config import MAX_INT, SessionsConfig, positive_seconds
-from pipelines.errors import ConfigError, SessionsError
+from pipelines.config import MAX_INT, MAX_PARTITIONS, PATH_SETTINGS, SessionsConfig, env_name, positive_seconds
+from pipelines.errors import ConfigError, HomeNotWritable, SessionsError
 
 
 class LogFile(logging.FileHandler):
@@ -50,17 +53,22 @@ def checked(check: Callable[[str], object]) -> Callable[[str], Any]:
 SECONDS = checked(lambda text: positive_seconds(text, "seconds"))
 
 
-def count(minimum: int) -> Callable[[str], Any]:
-    """An argparse type: an integer from `minimum` to MAX_INT (what Spark takes as a count)."""
+def count(minimum: int, *, maximum: int = MAX_INT) -> Callable[[str], Any]:
+    """An argparse type: an integer from `minimum` to `maximum` (default MAX_INT, what Spark takes as a count)."""
     def check(text: str) -> int:
         try:
             value = int(text)
         except ValueError:
             raise ConfigError(f"n={text!r} is not an integer") from None
-        if not minimum <= value <= MAX_INT:
-            raise ConfigError(f"n={value} must be between {minimum} and {MAX_INT}")
+        if not minimum <= value <= maximum:
+            raise ConfigError(f"n={value} must be between {minimum} and {maximum}")
         return value
     return checked(check)
+
+
+# `restore/rescale --partitions`: refused while parsing, before a pre-flight could call a count Spark cannot take
+# restorable (the library bounds it the same way: StateOperator.max_partitions).
+PARTITIONS = count(1, maximum=MAX_PARTITIONS)
 
 
 def user_id(text: str) -> str:
@@ -100,3 +108,49 @@ def object_store_failure(config: SessionsConfig, error: Exception) -> SessionsEr
     except SessionsError as translated:
         return translated
     return None  # not reached: s3_errors translates every kind admitted above
+
+
+# What a command that writes may not find writable: a read-only mount (a backup, a replica's snapshot) or another
+# user's home. The commands that only read -- status, savepoints, state, restore --dry-run, forget --verify -- run there.
+_READ_ONLY_HINT = "the commands that only read (status, savepoints, state, restore --dry-run) work on it"
+_UNWRITABLE = (errno.EROFS, errno.EACCES, errno.EPERM)
+
+
+def _local_locations(config: SessionsConfig) -> list[tuple[str, Path]]:
+    """The local data locations, SESSIONS_HOME first, by the variable that sets each."""
+    found = [("SESSIONS_HOME", config.home)]
+    for setting in PATH_SETTINGS[1:]:
+        uri = str(getattr(config, setting)).removeprefix("file://")
+        if "://" not in uri:
+            found.append((env_name(setting), Path(uri)))
+    return found
+
+
+def check_writable(config: SessionsConfig, *, command: str) -> None:
+    """Before a command that writes starts anything: every local data location (or the directory it would be made in)
+    takes a file, else HomeNotWritable in one line -- not a traceback from whichever write came first (a log file, a
+    lease, Spark's checkpoint). The probe is an unnamed temporary file (O_TMPFILE): nothing appears, not even in
+    landing."""
+    for name, path in _local_locations(config):
+        try:
+            existing = next(p for p in (path, *path.parents) if p.exists())
+            with tempfile.TemporaryFile(dir=existing):
+                pass
+        except OSError as error:
+            if error.errno not in _UNWRITABLE:
+                continue  # not a permission or read-only mount: the command's own error says what it is
+            raise HomeNotWritable(f"{name} {path} is not writable ({error.strerror}): `sessionctl {command}` writes "
+                                  f"there; {_READ_ONLY_HINT}") from None
+
+
+def unwritable_location(config: SessionsConfig, error: BaseException, *, command: str) -> HomeNotWritable | None:
+    """A write refused under a local data location (read-only, no permission) that no check before caught -- the
+    erasure key `forget --verify` creates on first use -- as its one line; None for anything else."""
+    if not isinstance(error, OSError) or error.errno not in _UNWRITABLE or not error.filename:
+        return None
+    target = Path(os.fsdecode(error.filename))
+    for name, path in _local_locations(config):
+        if target == path or path in target.parents:
+            return HomeNotWritable(f"{name} {path} is not writable ({error.strerror}): `sessionctl {command}` needs "
+                                   f"to write {target}; {_READ_ONLY_HINT}")
+    return None

@@ -11,9 +11,20 @@ import time
 import weakref
 from typing import TYPE_CHECKING, Any
 
-from pipelines.config import SessionsConfig, check_setting
+from pipelines.config import MAX_PARTITIONS, SessionsConfig, check_setting
 from pipelines.errors import SessionsError
-from sessionctl.checks import SECONDS, LogFile, Parser, checked, count, object_store_failure, user_id
+from sessionctl.checks import (
+    PARTITIONS,
+    SECONDS,
+    LogFile,
+    Parser,
+    check_writable,
+    checked,
+    count,
+    object_store_failure,
+    unwritable_location,
+    user_id,
+)
 from sessionctl.interrupt import INTERRUPTED, install, record
 
 # Each command imports what it runs, in its own function: `--help`, `savepoints` and the other commands that start no
@@ -21,6 +32,17 @@ from sessionctl.interrupt import INTERRUPTED, install, record
 if TYPE_CHECKING:
     from pipelines.stream import RunSummary
     from pipelines.tables import MicroBatchSink
+
+
+# The exit code of a check that ran and answered "no" (`restore --dry-run`: not restorable; `forget --verify`: not
+# clean): a script tells it from 0 (yes) and from 1 (the check itself failed, one line) without parsing the JSON.
+NOT_SO = 3
+
+
+def _answer_no(*, command: str, reason: str) -> int:
+    """The one line on stderr for a check whose answer is no; the answer itself is already on stdout."""
+    print(f"sessionctl {command}: {reason}", file=sys.stderr)
+    return NOT_SO
 
 
 def _print(obj: Any, one_line: bool = True) -> None:
@@ -128,25 +150,31 @@ def _savepoints_diff(config: SessionsConfig, args: argparse.Namespace) -> None:
             print(f"  e.g. {kind}: {', '.join(users)}")
 
 
-def cmd_restore(config: SessionsConfig, args: argparse.Namespace) -> None:
+def cmd_restore(config: SessionsConfig, args: argparse.Namespace) -> int | None:
     if args.dry_run:  # nothing stopped, locked or written; no JVM
         from state_store.preflight import plan_restore
 
         plan = plan_restore(config, args.savepoint, partitions=args.partitions, migrate=args.migrate)
         if args.json:
             _print(plan.to_dict())
-            return
-        verdict = "restorable" if plan.restorable else "NOT restorable"
-        print(f"savepoint {plan.savepoint_id} (batch {plan.batch_id}, {plan.rows} state rows): {verdict} with the "
-              f"current settings; expected about {plan.expected_seconds:g} s ({plan.rate_source})")
-        for reason in plan.reasons:
-            print(f"  refused: {reason}")
-        for migration in plan.migrations:
-            print(f"  migrates: {migration}")
-        return
+        else:
+            verdict = "restorable" if plan.restorable else "NOT restorable"
+            print(f"savepoint {plan.savepoint_id} (batch {plan.batch_id}, {plan.rows} state rows): {verdict} with the "
+                  f"current settings; expected about {plan.expected_seconds:g} s ({plan.rate_source})")
+            for reason in plan.reasons:
+                print(f"  refused: {reason}")
+            for migration in plan.migrations:
+                print(f"  migrates: {migration}")
+        if not plan.restorable:
+            first = plan.reasons[0] if plan.reasons else "refused"
+            more = f" (and {len(plan.reasons) - 1} more reason(s))" if len(plan.reasons) > 1 else ""
+            return _answer_no(command=args.command, reason=f"savepoint {plan.savepoint_id} is not restorable: "
+                                                           f"{first}{more}")
+        return None
     from state_store.lifecycle import restore
 
     _print(restore(config, args.savepoint, partitions=args.partitions, migrate=args.migrate).to_dict())
+    return None
 
 
 def cmd_rescale(config: SessionsConfig, args: argparse.Namespace) -> None:
@@ -186,13 +214,18 @@ def cmd_state(config: SessionsConfig, args: argparse.Namespace) -> None:
         print(json.dumps(result, indent=2, default=str))
 
 
-def cmd_forget(config: SessionsConfig, args: argparse.Namespace) -> None:
+def cmd_forget(config: SessionsConfig, args: argparse.Namespace) -> int | None:
     from state_store.erasure import forget, verify
 
     if args.verify:
-        _print(verify(config, args.user).to_dict(), args.json)
-    else:
-        _print(forget(config, args.user).to_dict(), args.json)
+        verification = verify(config, args.user)
+        _print(verification.to_dict(), args.json)
+        if not verification.clean:
+            places = ", ".join(f"{place} ({n})" for place, n in verification.found.items() if n)
+            return _answer_no(command=args.command, reason=f"the user still appears in {places or 'some place'}")
+        return None
+    _print(forget(config, args.user).to_dict(), args.json)
+    return None
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -228,14 +261,15 @@ def build_parser() -> argparse.ArgumentParser:
     sps.set_defaults(fn=cmd_savepoints)
     rs = sub.add_parser("restore", help="put state, source position and outputs back to a savepoint")
     rs.add_argument("--savepoint", required=True, help="savepoint id or 'latest'")
-    rs.add_argument("--partitions", type=int, default=None)
+    rs.add_argument("--partitions", type=PARTITIONS, default=None, help=f"state partitions, 1 to {MAX_PARTITIONS}")
     rs.add_argument("--migrate", action="store_true", help="accept a savepoint made with other gap/lateness settings")
     rs.add_argument("--dry-run", action="store_true", help="say whether the current settings can restore it, what "
-                    "would be migrated and how long it should take; nothing is stopped, locked or written")
+                    "would be migrated and how long it should take; nothing is stopped, locked or written. Exit 0: "
+                    f"restorable; {NOT_SO}: not restorable (the answer still on stdout, the reason on stderr)")
     rs.add_argument("--json", action="store_true", help="with --dry-run: the answer as JSON")
     rs.set_defaults(fn=cmd_restore)
     rc = sub.add_parser("rescale", help="change the state partitions of the stopped job")
-    rc.add_argument("--partitions", type=int, required=True)
+    rc.add_argument("--partitions", type=PARTITIONS, required=True, help=f"1 to {MAX_PARTITIONS}")
     rc.set_defaults(fn=cmd_rescale)
     sv = sub.add_parser("state", help="open sessions as the state store holds them now (running or stopped job)")
     which = sv.add_mutually_exclusive_group(required=True)
@@ -246,9 +280,11 @@ def build_parser() -> argparse.ArgumentParser:
     sv.add_argument("--json", action="store_true")
     sv.set_defaults(fn=cmd_state)
     fg = sub.add_parser("forget", help="erase a user everywhere: tables, live state, savepoints, older table versions "
-                        "(within SESSIONS_ERASURE_DEADLINE_HOURS), archived landing files")
+                        "(within SESSIONS_ERASURE_DEADLINE_HOURS), the tables' Delta logs, every landed file; later events of the "
+                        "user are dropped at ingest")
     fg.add_argument("--user", required=True, type=user_id, help="the user id to erase")
-    fg.add_argument("--verify", action="store_true", help="only say where the user still appears")
+    fg.add_argument("--verify", action="store_true", help="only say where the user still appears. Exit 0: clean; "
+                    f"{NOT_SO}: still found somewhere (the answer still on stdout, the places on stderr)")
     fg.add_argument("--json", action="store_true")
     fg.set_defaults(fn=cmd_forget)
     cp = sub.add_parser("compact", help="compaction and retention")
@@ -305,6 +341,25 @@ def await_arrow_readers(timeout_s: float = 10.0) -> None:
         time.sleep(0.001)  # the GIL free: Arrow's thread takes it, drops the handler, and is idle
 
 
+READ_ONLY_COMMANDS = ("status", "savepoints", "state")  # plus restore --dry-run and forget --verify (_writes)
+
+
+def _writes(args: argparse.Namespace) -> bool:
+    """Whether the command writes to the data locations (checked writable before it starts; the others run on a
+    read-only home)."""
+    if args.command in READ_ONLY_COMMANDS:
+        return False
+    return not (args.command == "restore" and args.dry_run) and not (args.command == "forget" and args.verify)
+
+
+def _label(args: argparse.Namespace) -> str:
+    """The command as a message names it: `forget --verify`, `restore --dry-run`, or the command."""
+    for flag in ("verify", "dry_run"):
+        if getattr(args, flag, False):
+            return f"{args.command} --{flag.replace('_', '-')}"
+    return args.command
+
+
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     if args.command != "run":  # only `run` stops in order on Ctrl-C; the others end at once, in one line
@@ -314,9 +369,10 @@ def main(argv: list[str] | None = None) -> int:
         if INTERRUPTED.is_set():  # Ctrl-C while Python was still importing: nothing was started
             raise KeyboardInterrupt
         config = SessionsConfig.from_env()
+        if _writes(args):
+            check_writable(config, command=_label(args))
         _logs_to_file(config)
-        args.fn(config, args)
-        code = 0
+        code = args.fn(config, args) or 0  # a check's "no" (NOT_SO) is its answer, not an error
     except SessionsError as error:  # the one place an expected error (ConfigError too) becomes one line
         print(f"sessionctl {args.command}: {error}", file=sys.stderr)
         code = 1
@@ -324,7 +380,8 @@ def main(argv: list[str] | None = None) -> int:
         print(f"sessionctl {args.command}: interrupted", file=sys.stderr)
         code = 130
     except Exception as error:
-        translated = object_store_failure(config, error) if config is not None else None
+        translated = None if config is None else \
+            unwritable_location(config, error, command=_label(args)) or object_store_failure(config, error)
         if translated is None:
             raise  # not an expected error: its traceback
         logging.getLogger("sessionctl").warning("%s", translated, exc_info=error)  # the details, to errors.log

@@ -18,7 +18,9 @@ import time
 import uuid
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
+import pyarrow.fs as pafs
 from deltalake import DeltaTable
 from pyspark.sql import SparkSession
 
@@ -30,11 +32,12 @@ from pipelines.fencing import fenced_delete
 from pipelines.ingest.erase_lines import erase_landed_lines
 from pipelines.locks import Lease
 from pipelines.results import Result
-from pipelines.storage import read_rows, sql_literal, storage_options, table_exists
-from state_store.audit import scan, scrub_delta_log
+from pipelines.storage import filesystem, read_rows, sql_literal, storage_options, table_exists
+from state_store.audit import mentions, scan, scrub_delta_log
 from state_store.lifecycle import replaced_checkpoints
 from state_store.restoring import restore_unlocked
 from state_store.savepoint_chain import savepoint_checksum
+from state_store.savepoint_damage import damaged_members, table_damage
 from state_store.savepointing import savepoint_last_batch
 from state_store.savepoints import SavepointStore
 from state_store.state import lookup_user
@@ -83,19 +86,34 @@ def _purge_old_versions(config: SessionsConfig, uri: str) -> int:
                             enforce_retention_duration=False))
 
 
-def _erase_savepoints(config: SessionsConfig, spark: SparkSession, user: UserSpelling) -> tuple[int, int, list[str]]:
+def _erase_savepoints(config: SessionsConfig, spark: SparkSession, user: UserSpelling
+                      ) -> tuple[dict[str, int], list[str], list[str]]:
     """U's rows out of every savepoint's state table, its catalog row's count and checksum recomputed in the
-    executors: a restore of any of them cannot bring U back. (rows removed, savepoints changed, their tables)"""
+    executors: a restore of any of them cannot bring U back. A damaged savepoint (state_store.savepoint_damage) never
+    blocks the others: it cannot be restored anyway, so the data files of its own table that name U are deleted and
+    it is counted. ({savepoint_rows, savepoints_changed, savepoints_damaged}, the readable tables, the damaged ones)"""
     store = SavepointStore.of(config)
-    removed = changed = 0
-    uris = []
+    counts = {"savepoint_rows": 0, "savepoints_changed": 0, "savepoints_damaged": 0}
+    uris: list[str] = []
+    damaged: list[str] = []  # tables whose own log or files are damaged: their logs are scrubbed, never vacuumed
+    catalog = store.list()
+    checked: dict[str, Any] = {}
     # Oldest first: an incremental savepoint's state resolves through the older tables of its chain, so those are
     # erased before its own count and checksum are recomputed.
-    for saved in reversed(store.list()):
+    for saved in reversed(catalog):
+        if table_damage(store, saved.savepoint_id)[0] is not None:  # its own table cannot be read
+            counts["savepoint_rows"] += _remove_files_naming(saved.state_uri, user)
+            counts["savepoints_damaged"] += 1
+            damaged.append(saved.state_uri)
+            continue
         if not table_exists(config, saved.state_uri):
             continue
         uris.append(saved.state_uri)
         gone = _erase_rows(config, saved.state_uri, user, has_raw=False, leases=[])
+        counts["savepoint_rows"] += gone
+        if damaged_members(store, saved, catalog=catalog, checked=checked):
+            counts["savepoints_damaged"] += 1  # its chain cannot be resolved: no count or checksum to recompute
+            continue
         if gone == 0 and saved.status != "complete":
             continue
         rows, checksum = savepoint_checksum(spark, store, saved.savepoint_id)
@@ -103,9 +121,24 @@ def _erase_savepoints(config: SessionsConfig, spark: SparkSession, user: UserSpe
             DeltaTable(store.catalog_uri, storage_options=store.options).update(
                 updates={"rows": str(rows), "checksum": sql_literal(checksum)},
                 predicate=f"savepoint_id = {sql_literal(saved.savepoint_id)}")
-            changed += 1
-        removed += gone
-    return removed, changed, uris
+            counts["savepoints_changed"] += 1
+    return counts, uris, damaged
+
+
+def _remove_files_naming(uri: str, user: UserSpelling) -> int:
+    """The data files of a damaged savepoint table that name U, deleted (its log is scrubbed with the others); the
+    files deleted."""
+    fs, root = filesystem(uri)
+    removed = 0
+    for info in fs.get_file_info(pafs.FileSelector(root, recursive=True, allow_not_found=True)):
+        if info.type != pafs.FileType.File or "/_delta_log/" in info.path:
+            continue
+        with fs.open_input_stream(info.path) as handle:
+            data = handle.read()
+        if mentions(info.path, data, user):
+            fs.delete_file(info.path)
+            removed += 1
+    return removed
 
 
 def erasures_recorded(config: SessionsConfig) -> bool:
@@ -143,7 +176,8 @@ def forget_unlocked(config: SessionsConfig, spark: SparkSession, user_id: str, l
     # changelogs and snapshots, the HDFS provider's delta files) may hold U from earlier batches.
     if committed:
         erased_at = savepoint_last_batch(config, "erasure", spark)
-    removed["savepoint_rows"], removed["savepoints_changed"], savepoint_tables = _erase_savepoints(config, spark, user)
+    erased_savepoints, savepoint_tables, damaged_tables = _erase_savepoints(config, spark, user)
+    removed.update(erased_savepoints)
     if committed:
         result = restore_unlocked(config, erased_at.savepoint_id, None, False, spark, lease=lease)
         if result.previous_checkpoint:  # the replaced checkpoint's state files hold U
@@ -157,8 +191,8 @@ def forget_unlocked(config: SessionsConfig, spark: SparkSession, user_id: str, l
     purged = sum(_purge_old_versions(config, uri) for uri in tables)
     # Last: the DELETE predicates above and older statistics are in the logs until now.
     removed["log_files_scrubbed"] = sum(scrub_delta_log(uri, [user_id]) for uri in
-                                        (*tables, SavepointStore.of(config).catalog_uri)
-                                        if table_exists(config, uri))
+                                        (*tables, *damaged_tables, SavepointStore.of(config).catalog_uri)
+                                        if uri in damaged_tables or table_exists(config, uri))
     log_erasure(config, erasure_id=erasure_id, hashed=hashed, status=COMPLETE, removed=removed)
     return ForgetResult(erasure_id, hashed, removed, purged, round(time.monotonic() - started, 3))
 

@@ -20,6 +20,7 @@ from pipelines.results import Result
 from pipelines.sessionize import open_sessions
 from state_store.results import SavepointInfo
 from state_store.savepoint_chain import savepoint_rows
+from state_store.savepoint_damage import check_readable, savepoint_damage
 from state_store.savepoints import SavepointStore, row_hashes
 from state_store.state import session_json
 
@@ -76,6 +77,9 @@ def _summary(spark: SparkSession, store: SavepointStore, saved: SavepointInfo) -
 def diff_savepoints(config: SessionsConfig, spark: SparkSession, a: str, b: str, sample: int = 5) -> SavepointDiff:
     store = SavepointStore.of(config)
     saved_a, saved_b = store.get(a), store.get(b)
+    catalog = store.list()
+    for saved in (saved_a, saved_b):  # a damaged one in one line, before any executor reads it
+        check_readable(store, saved, catalog=catalog)
     left = _summary(spark, store, saved_a).select(F.col("user_id"), F.col("sessions").alias("sa"),
                                                    F.col("fingerprint").alias("fa"))
     right = _summary(spark, store, saved_b).select(F.col("user_id"), F.col("sessions").alias("sb"),
@@ -115,17 +119,30 @@ def _by_kind() -> Any:
 def user_history(config: SessionsConfig, spark: SparkSession, user_id: str) -> list[dict[str, Any]]:
     """The user's open sessions at each complete savepoint, oldest first: one pass over all of them."""
     store = SavepointStore.of(config)
-    catalog = [s for s in reversed(store.list()) if s.status == "complete"]
+    listed = store.list()
+    catalog = [s for s in reversed(listed) if s.status == "complete"]
     if not catalog:
         return []
+    # A damaged savepoint is said as such in its entry (no sessions): it never stops the others being read.
+    checked: dict[str, tuple[str | None, bool]] = {}
+    damaged = {s.savepoint_id: str(d) for s in catalog
+               if (d := savepoint_damage(store, s, catalog=listed, checked=checked)) is not None}
+    readable = [s for s in catalog if s.savepoint_id not in damaged]
     frames = [savepoint_rows(spark, store, s.savepoint_id).where(F.col("user_id") == user_id)
-              .withColumn("savepoint_id", F.lit(s.savepoint_id)) for s in catalog]
-    union = frames[0]
-    for frame in frames[1:]:
-        union = union.unionByName(frame)
-    found = union.toArrow()
+              .withColumn("savepoint_id", F.lit(s.savepoint_id)) for s in readable]
+    found = None
+    if frames:
+        union = frames[0]
+        for frame in frames[1:]:
+            union = union.unionByName(frame)
+        found = union.toArrow()
     out = []
     for saved in catalog:
+        if found is None or saved.savepoint_id in damaged:
+            out.append({"savepoint_id": saved.savepoint_id, "batch_id": saved.batch_id,
+                        "created_at": saved.created_at, "watermark_ms": saved.watermark_ms,
+                        "damaged": damaged[saved.savepoint_id], "sessions": []})
+            continue
         rows = found.filter(pc.equal(found["savepoint_id"], saved.savepoint_id))
         rows = rows.select(state_format.CANONICAL_SCHEMA.names).cast(state_format.CANONICAL_SCHEMA)
         sessions = open_sessions(state_format.canonical_rows_ms(rows), saved.gap_ms).to_dict("records")

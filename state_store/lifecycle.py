@@ -95,10 +95,9 @@ def _check_partitions(partitions: int, operator: StateOperator, buckets: int) ->
         raise RescaleRefused(f"--partitions must be at least 1, got {partitions}")
     bound = operator.max_partitions(buckets)
     if bound is not None and partitions > bound:
-        # More partitions than the state has keys would hold nothing but cost a task, a state store instance and its
-        # files each, every batch.
-        raise RescaleRefused(f"--partitions must be between 1 and {bound} (the state of this checkpoint has at most "
-                             f"that many keys), got {partitions}")
+        # More partitions than the state has keys (or than MAX_PARTITIONS) would hold nothing but cost a task, a state
+        # store instance and its files each, every batch.
+        raise RescaleRefused(f"--partitions must be between 1 and {bound}, got {partitions}")
 
 
 def restore(config: SessionsConfig, savepoint: str = "latest", partitions: int | None = None,

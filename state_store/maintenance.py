@@ -17,6 +17,7 @@ from pipelines.storage import is_s3, join, open_table, storage_options, table_ex
 from state_store.erasure import erasures_recorded
 from state_store.lifecycle import remove_tree, replaced_checkpoints
 from state_store.results import CompactionResult, MaintenanceDue, SavepointInfo
+from state_store.savepoint_damage import damaged_members, table_damage
 from state_store.savepoint_fold import fold, fold_plan, needed, sweep_unreferenced
 from state_store.savepoints import SavepointStore
 
@@ -98,6 +99,9 @@ def _chain_retention(config: SessionsConfig, store: SavepointStore, catalog: lis
 
         with spark_failures(config):
             spark = get_spark(config)
+            # A chain with a damaged savepoint cannot be resolved: left unfolded (the chains read back below keep it
+            # whole), the rest of compaction goes on.
+            folds = [saved for saved in folds if not damaged_members(store, saved, catalog=catalog)]
             for saved in folds:
                 fold(spark, store, saved, catalog)
         catalog = store.list()
@@ -116,7 +120,7 @@ def _state_folders(config: SessionsConfig, store: SavepointStore) -> set[str]:
 
 
 def _delete_savepoint(config: SessionsConfig, store: SavepointStore, saved: SavepointInfo) -> None:
-    _delete_state(config, saved.state_uri or store.state_uri(saved.savepoint_id))
+    _delete_state(config, store.state_uri(saved.savepoint_id))  # this store's table, never a recorded location
     store.forget(saved.savepoint_id)
 
 
@@ -161,9 +165,13 @@ def compact(config: SessionsConfig, dry_run: bool = False) -> CompactionResult:
         uris = {"sessions": config.sessions_table, "quarantine": config.quarantine_table,
                 "raw_events": config.raw_events_table, "savepoint_catalog": store.catalog_uri}
         unreferenced = {}
+        damaged = []
         for saved in catalog:
             if saved.savepoint_id not in deleted and saved.status == "complete":
-                uris[f"savepoint:{saved.savepoint_id}"] = saved.state_uri
+                if table_damage(store, saved.savepoint_id)[0] is not None:  # OPTIMIZE would fail on it: left alone
+                    damaged.append(saved.savepoint_id)
+                    continue
+                uris[f"savepoint:{saved.savepoint_id}"] = store.state_uri(saved.savepoint_id)
                 if not dry_run and store.exists(saved.savepoint_id):
                     unreferenced[f"savepoint:{saved.savepoint_id}"] = sweep_unreferenced(store, saved.savepoint_id)
         for name, uri in uris.items():
@@ -190,6 +198,7 @@ def compact(config: SessionsConfig, dry_run: bool = False) -> CompactionResult:
             tables=tables,
             seconds=round(time.monotonic() - started, 3),
             savepoints_folded=folded,
+            savepoints_damaged=damaged,
         )
 
 

@@ -11,16 +11,23 @@ from pathlib import Path
 
 import pyarrow as pa
 import pyarrow.compute as pc
-import pyarrow.fs as pafs
 
 from pipelines import state_format
 from pipelines.config import SessionsConfig
-from pipelines.errors import JobRunning, RescaleRefused, SavepointDamaged, SavepointIncompatible, SessionsError
+from pipelines.errors import (
+    JobRunning,
+    RescaleRefused,
+    SavepointDamaged,
+    SavepointIncompatible,
+    SessionsError,
+    savepoint_way_out,
+)
 from pipelines.guards import running_stream
 from pipelines.operator_registry import for_new_checkpoint
 from pipelines.results import Result
-from pipelines.storage import filesystem, open_table, s3_errors, table_exists
+from pipelines.storage import open_table, s3_errors, table_exists
 from state_store.results import SavepointInfo
+from state_store.savepoint_damage import savepoint_damage
 from state_store.savepoints import SavepointStore
 
 READABLE_SCHEMAS = (state_format.SCHEMA_ID, state_format.V1_SCHEMA_ID)
@@ -73,26 +80,23 @@ def _abandoned_timeline(config: SessionsConfig, saved: SavepointInfo) -> Session
 
 
 def _damage(store: SavepointStore, saved: SavepointInfo) -> SavepointDamaged | None:
-    """What the savepoint's metadata alone shows to be wrong: rows its Delta log lists (file statistics) other than
-    the catalog's, or data files listed but gone (a file listing; no data read)."""
+    """What the savepoint's metadata alone shows to be wrong: a table its state resolves through whose Delta log does
+    not load or lists files that are gone or of another size (state_store.savepoint_damage: the files a restore
+    reads), or rows its Delta log lists (file statistics) other than the catalog's. No data read."""
     from deltalake import DeltaTable
 
+    damage = savepoint_damage(store, saved)
+    # (an incremental savepoint's table holds its increment; `rows` counts the state its chain resolves to)
+    if damage is not None or saved.kind == "incremental":
+        return damage
     with s3_errors(saved.state_uri):
         adds = pa.table(DeltaTable(saved.state_uri, storage_options=store.options).get_add_actions(flatten=True))
         counts = adds["num_records"]
         listed = None if counts.null_count else int(pc.sum(counts).as_py() or 0)
-        # (an incremental savepoint's table holds its increment; `rows` counts the state its chain resolves to)
-        if listed is not None and saved.kind != "incremental" and listed != saved.rows:
+        if listed is not None and listed != saved.rows:
             return SavepointDamaged(f"savepoint {saved.savepoint_id} is damaged: its table lists {listed} rows, the "
-                                    f"catalog says {saved.rows}")
-        files = store.data_files(saved.savepoint_id).files
-        if files:
-            fs, _ = filesystem(files[0])
-            infos = fs.get_file_info([filesystem(uri)[1] for uri in files])
-            missing = [info.path for info in infos if info.type == pafs.FileType.NotFound]
-            if missing:
-                return SavepointDamaged(f"savepoint {saved.savepoint_id} is damaged: {len(missing)} of its "
-                                        f"{len(files)} data files are gone (first: {missing[0]})")
+                                    f"catalog says {saved.rows}: {savepoint_way_out(saved.savepoint_id)}",
+                                    savepoint_id=saved.savepoint_id)
     return None
 
 
@@ -114,12 +118,7 @@ def refusals(config: SessionsConfig, saved: SavepointInfo, partitions: int | Non
         if partitions < 1 or (bound is not None and partitions > bound):
             found.append(RescaleRefused(f"--partitions must be at least 1, got {partitions}" if partitions < 1 else
                                         f"--partitions must be between 1 and {bound}, got {partitions}"))
-    damage = _damage(store, saved)
-    if damage is None and saved.kind == "incremental":  # the older tables its state resolves through
-        try:
-            damage = next(filter(None, (_damage(store, member) for member in store.chain(saved)[:-1])), None)
-        except SavepointDamaged as missing:
-            damage = missing
+    damage = _damage(store, saved)  # with the older tables an incremental savepoint's state resolves through
     if damage is not None:
         found.append(damage)
     abandoned = _abandoned_timeline(config, saved)

@@ -25,7 +25,7 @@ from pipelines.checkpoint import (
     write_restore_marker,
 )
 from pipelines.config import SessionsConfig
-from pipelines.errors import RestoreIncomplete, SavepointDamaged, StateMismatch
+from pipelines.errors import RestoreIncomplete, SavepointDamaged, StateMismatch, savepoint_way_out
 from pipelines.fencing import fenced_delete
 from pipelines.guards import ensure_tables
 from pipelines.locks import Lease
@@ -68,7 +68,8 @@ def verified_savepoint(config: SessionsConfig, spark: SparkSession, savepoint: s
     rows, checksum = savepoint_checksum(spark, store, saved.savepoint_id)
     if (rows, checksum) != (saved.rows, saved.checksum):
         raise SavepointDamaged(f"savepoint {saved.savepoint_id} is damaged: {rows} rows / {checksum}, catalog says "
-                               f"{saved.rows} / {saved.checksum}")
+                               f"{saved.rows} / {saved.checksum}: {savepoint_way_out(saved.savepoint_id)}",
+                               savepoint_id=saved.savepoint_id)
     return replace(saved, verified=True)
 
 

@@ -47,7 +47,10 @@ class SavepointInfo(Result):
     base_id: str | None = None    # an incremental one's full savepoint
     chain: str | None = None      # ids base..this, comma-separated
     table_rows: int | None = None
-    _omit_if_none: ClassVar[tuple[str, ...]] = ("error", "verified", "kind", "base_id", "chain", "table_rows")
+    # take_savepoint's result only (not in the catalog): why it is full though an increment was asked for (a damaged
+    # chain, state_store.savepoint_policy)
+    note: str | None = None
+    _omit_if_none: ClassVar[tuple[str, ...]] = ("error", "verified", "kind", "base_id", "chain", "table_rows", "note")
 
     @property
     def uri(self) -> str:
@@ -134,6 +137,8 @@ class CompactionResult(Result):
     tables: dict[str, dict[str, int]]  # per table: files_/bytes_before, and after or would_vacuum (dry run)
     seconds: float
     savepoints_folded: list[str] = field(default_factory=list)  # incremental savepoints made full (their chains')
+    # kept savepoints whose table cannot be read (state_store.savepoint_damage): not optimized, vacuumed or folded
+    savepoints_damaged: list[str] = field(default_factory=list)
 
 
 @dataclass(frozen=True)

@@ -33,8 +33,8 @@ from pyspark import TaskContext
 from pyspark.sql import DataFrame, SparkSession
 
 from pipelines import state_format
-from pipelines.errors import SavepointDamaged
-from pipelines.storage import filesystem, is_s3, s3_errors
+from pipelines.errors import UNREADABLE_SAVEPOINT_FILE, SavepointDamaged
+from pipelines.storage import filesystem, is_object_store_failure, is_s3, s3_errors
 from state_store.savepoint_stats import FileStats
 from state_store.savepoints import (
     DELETED,
@@ -197,10 +197,19 @@ def _conform(batch: pa.RecordBatch, columns: tuple[str, ...]) -> pa.Table:
 
 
 def file_batches(uri: str, columns: tuple[str, ...]) -> Iterator[pa.Table]:
+    """A data file's rows (runs in the executors). A file that is gone, truncated or not Parquet fails with a text
+    that names it (UNREADABLE_SAVEPOINT_FILE: the driver makes it SavepointDamaged naming the savepoint); an object
+    store that does not answer fails as it is (retried, or StorageUnavailable)."""
     fs, path = filesystem(uri)
-    with fs.open_input_file(path) as handle:
-        for batch in pq.ParquetFile(handle).iter_batches(batch_size=READ_BATCH_ROWS, columns=list(columns)):
-            yield _conform(batch, columns)
+    try:
+        with fs.open_input_file(path) as handle:
+            for batch in pq.ParquetFile(handle).iter_batches(batch_size=READ_BATCH_ROWS, columns=list(columns)):
+                yield _conform(batch, columns)
+    except (OSError, pa.ArrowException) as error:
+        if is_object_store_failure(error):
+            raise
+        cause = f"{type(error).__name__}: {(str(error).strip().splitlines() or [''])[0][:200]}"
+        raise OSError(UNREADABLE_SAVEPOINT_FILE.format(uri=uri, cause=cause)) from error
 
 
 def _checksum_files(columns: tuple[str, ...]) -> Callable[[Iterator[pa.RecordBatch]], Iterator[pa.RecordBatch]]:

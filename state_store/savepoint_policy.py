@@ -6,7 +6,8 @@ when all of these hold, else full (the reason is said):
   * the checkpoint runs the JVM operator (one state key per user) and its provider offers a change feed: the
     HDFS-backed one always, RocksDB with changelog checkpointing (SESSIONS_ROCKSDB_CHANGELOG, on by default);
   * an earlier complete savepoint of the same checkpoint lineage exists (JobMetadata.incarnation: a restore starts a
-    new one), of the same state schema, gap, provider and partitions, at or before this batch, whose chain is whole;
+    new one), of the same state schema, gap, provider and partitions, at or before this batch, whose chain is whole
+    and readable (state_store.savepoint_damage; else the result's `note` says which savepoint is damaged);
   * the change feed still reaches back to it: it is fewer than SESSIONS_MIN_BATCHES_TO_RETAIN - 1 batches behind the
     newest committed one, and every batch in between ran with the same state partitions (a repartition starts over);
   * its chain is shorter than SessionsConfig.savepoint_full_every (SESSIONS_SAVEPOINT_FULL_EVERY, default 10: every
@@ -28,6 +29,7 @@ from pipelines.config import SessionsConfig, env_name
 from pipelines.errors import SavepointDamaged
 from pipelines.operator_jvm import STATE_LAYOUT
 from state_store.results import SavepointInfo
+from state_store.savepoint_damage import damaged_members
 from state_store.savepoints import FULL, INCREMENTAL, SavepointStore
 
 FULL_EVERY_ENV, CHAIN_SHARE_ENV = env_name("savepoint_full_every"), env_name("savepoint_chain_share")
@@ -38,6 +40,7 @@ class SavepointPlan:
     kind: str                          # full | incremental
     reason: str                        # why this kind
     tip: SavepointInfo | None = None   # incremental: the savepoint it follows (the newest of its chain)
+    note: str | None = None            # what the savepoint's result says about its kind (a damaged chain avoided)
 
     @property
     def chain(self) -> str | None:
@@ -83,7 +86,7 @@ def plan_savepoint(config: SessionsConfig, store: SavepointStore, catalog: list[
     try:
         chain = store.chain(tip, catalog)
     except SavepointDamaged as damaged:
-        return _full(str(damaged))
+        return SavepointPlan(FULL, str(damaged), note=f"full, not incremental: {damaged}")
     if len(chain) >= every:
         return _full(f"its chain would grow to {len(chain) + 1} ({FULL_EVERY_ENV}={every})")
     increments = sum(int(s.table_rows or 0) for s in chain[1:])
@@ -96,4 +99,16 @@ def plan_savepoint(config: SessionsConfig, store: SavepointStore, catalog: list[
                      f"(SESSIONS_MIN_BATCHES_TO_RETAIN={config.min_batches_to_retain})")
     if any(_partitions_of(config.checkpoint, b) != tip.partitions for b in range(tip.batch_id + 1, batch_id + 1)):
         return _full(f"the state was repartitioned (or a batch's offsets are gone) since batch {tip.batch_id}")
+    # Last (it reads Delta logs and lists files): an increment on a damaged chain could never be restored, and its
+    # check re-reads that chain -- a new chain starts here instead, and the result says why.
+    broken = damaged_members(store, tip, catalog=catalog)
+    if broken:
+        return damaged_chain(next(iter(broken.items())))
     return SavepointPlan(INCREMENTAL, f"changes since {tip.savepoint_id} (batch {tip.batch_id})", tip)
+
+
+def damaged_chain(damage: tuple[str, str]) -> SavepointPlan:
+    """A full savepoint instead of an increment on a chain that holds the damaged savepoint (id, why)."""
+    reason = (f"full, not incremental: savepoint {damage[0]} of the previous savepoint's chain is damaged ({damage[1]}); "
+              "a new chain starts here")
+    return SavepointPlan(FULL, reason, note=reason)

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import datetime as dt
 import time
+from dataclasses import replace
 from typing import Any
 
 import pyarrow as pa
@@ -15,7 +16,7 @@ from pyspark.sql import SparkSession
 from pipelines import state_format
 from pipelines.checkpoint import committed_checkpoint, inspect_checkpoint
 from pipelines.config import SessionsConfig
-from pipelines.errors import SavepointDamaged, SavepointFailed
+from pipelines.errors import SavepointDamaged, SavepointFailed, unreadable_savepoint_file
 from pipelines.kill_points import kill_point
 from pipelines.runtime import log_traceback
 from pipelines.storage import filesystem, storage_options
@@ -23,7 +24,7 @@ from pipelines.tables import version_after_batch
 from state_store.results import SavepointInfo
 from state_store.savepoint_chain import change_feed, check_increment, latest_per_user
 from state_store.savepoint_io import WrittenFiles, commit_state_files, verify_state_files, write_state_files
-from state_store.savepoint_policy import SavepointPlan, plan_savepoint
+from state_store.savepoint_policy import SavepointPlan, damaged_chain, plan_savepoint
 from state_store.savepoints import (
     FULL,
     INCREMENT_SCHEMA,
@@ -126,6 +127,7 @@ def savepoint_last_batch(config: SessionsConfig, trigger: str, spark: SparkSessi
         "state_schema": state_format.SCHEMA_ID,
         "sessions_version": version_after_batch(config.sessions_table, meta.incarnation, batch_id, options),
         "quarantine_version": version_after_batch(config.quarantine_table, meta.incarnation, batch_id, options),
+        # The result's state_uri is this store's table; the catalog records it relative (SavepointStore._append).
         "incarnation": meta.incarnation, "state_uri": store.state_uri(savepoint_id),
     }
     try:
@@ -139,17 +141,20 @@ def savepoint_last_batch(config: SessionsConfig, trigger: str, spark: SparkSessi
                 plan = SavepointPlan(FULL, increment)
         written = increment if isinstance(increment, WrittenFiles) else \
             _write_batch_state(config, spark, store, savepoint_id, batch_id)
-        row.update(rows=written.rows, checksum=written.checksum, table_rows=written.rows, kind=plan.kind,
-                   chain=f"{plan.chain},{savepoint_id}" if plan.tip else savepoint_id,
-                   base_id=plan.tip.chain_ids[0] if plan.tip else None)
-        kill_point("savepoint:files-written")
-        commit_state_files(written, store.options)
-        kill_point("savepoint:committed")
-        if plan.tip is not None and plan.kind == INCREMENTAL:
-            rows, checksum, files = _verify_increment(spark, store, savepoint_id, written, plan.tip)
-            row.update(rows=rows, checksum=checksum)
-        else:
-            files = verify_state_files(spark, store, savepoint_id, written.rows, written.checksum)
+        try:
+            files = _commit_and_verify(spark, store, savepoint_id, plan, written, row)
+        except (PySparkException, Py4JError) as error:
+            # The increment's check re-reads the previous chain: a file of it that cannot be read is damage the
+            # plan's cheap check could not see (bytes changed in place). This savepoint is taken full instead.
+            damage = unreadable_savepoint_file(str(error))
+            if plan.kind != INCREMENTAL or damage is None or damage.savepoint_id in (None, savepoint_id):
+                raise
+            log_traceback(config)
+            fs, root = filesystem(store.state_uri(savepoint_id))
+            fs.delete_dir_contents(root, missing_dir_ok=True)  # the increment's table: no catalog row names it
+            plan = damaged_chain((str(damage.savepoint_id), "a data file cannot be read"))
+            written = _write_batch_state(config, spark, store, savepoint_id, batch_id)
+            files = _commit_and_verify(spark, store, savepoint_id, plan, written, row)
         row.update(status="complete", bytes=files.bytes, seconds=round(time.monotonic() - started, 3))
         store.record(row)
     except Exception as error:  # noqa: BLE001 -- any failure must leave no complete row behind
@@ -169,7 +174,24 @@ def savepoint_last_batch(config: SessionsConfig, trigger: str, spark: SparkSessi
         cause = said if executor else str(error).splitlines()[0][:300] if str(error) else type(error).__name__
         raise SavepointFailed(f"savepoint {savepoint_id} failed and is not listed as complete ({recorded}): "
                               f"{cause}") from None
-    return SavepointInfo.from_row(row)
+    return replace(SavepointInfo.from_row(row), note=plan.note)
+
+
+def _commit_and_verify(spark: SparkSession, store: SavepointStore, savepoint_id: str, plan: SavepointPlan,
+                       written: WrittenFiles, row: dict[str, Any]) -> StateFiles:
+    """The written files committed as the savepoint's table and re-read by the executors; `row` gets the kind,
+    chain and the state's count and checksum. Returns the table's files."""
+    row.update(rows=written.rows, checksum=written.checksum, table_rows=written.rows, kind=plan.kind,
+               chain=f"{plan.chain},{savepoint_id}" if plan.tip else savepoint_id,
+               base_id=plan.tip.chain_ids[0] if plan.tip else None)
+    kill_point("savepoint:files-written")
+    commit_state_files(written, store.options)
+    kill_point("savepoint:committed")
+    if plan.tip is not None and plan.kind == INCREMENTAL:
+        rows, checksum, files = _verify_increment(spark, store, savepoint_id, written, plan.tip)
+        row.update(rows=rows, checksum=checksum)
+        return files
+    return verify_state_files(spark, store, savepoint_id, written.rows, written.checksum)
 
 
 def _python_error(text: str) -> str:

@@ -69,7 +69,7 @@ CATALOG_SCHEMA = pa.schema([
     ("sessions_version", pa.int64()),
     ("quarantine_version", pa.int64()),
     ("incarnation", pa.string()),
-    ("state_uri", pa.string()),
+    ("state_uri", pa.string()),         # `state/<id>`, relative to the store (SavepointStore.list resolves it)
     ("bytes", pa.int64()),
     ("seconds", pa.float64()),
     ("error", pa.string()),
@@ -199,6 +199,13 @@ class SavepointStore:
     def state_uri(self, savepoint_id: str) -> str:
         return join(self.uri, "state", savepoint_id)
 
+    @staticmethod
+    def recorded_state_uri(savepoint_id: str) -> str:
+        """What the catalog's `state_uri` holds: the state table relative to the store's root. A copy of the store (a
+        home copied with `cp -a`, a bucket synced elsewhere) then names its own tables: an absolute path would have a
+        copy's compaction delete, and its erasure rewrite, the original's."""
+        return f"state/{savepoint_id}"
+
     def write_state(self, savepoint_id: str, table: pa.Table) -> str:
         """Write canonical rows (state_format.canonical: sorted once by the caller, schema pinned here)."""
         target = self.state_uri(savepoint_id)
@@ -254,6 +261,7 @@ class SavepointStore:
 
     def _append(self, row: dict[str, Any]) -> None:
         full = {name: row.get(name) for name in CATALOG_SCHEMA.names}
+        full["state_uri"] = self.recorded_state_uri(str(full["savepoint_id"]))  # never an absolute location
         # schema_mode="merge": a catalog written before a column was added gains it (its old rows read as null)
         write_deltalake(self.catalog_uri, pa.Table.from_pylist([full], schema=CATALOG_SCHEMA), mode="append",
                         schema_mode="merge", storage_options=self.options)
@@ -278,6 +286,9 @@ class SavepointStore:
         for row in rows:  # a row from before incremental savepoints: a full one, its own chain
             row["kind"] = row.get("kind") or FULL
             row["chain"] = row.get("chain") or row["savepoint_id"]
+            # Under this store's root, whatever the row recorded: `state/<id>`, or (rows written before it was
+            # relative) an absolute path that may be another home's -- this store's copy is the one it means.
+            row["state_uri"] = self.state_uri(row["savepoint_id"])
         saved = [SavepointInfo.from_row(row) for row in rows]
         return sorted(saved, key=lambda s: (s.created_at or "", s.savepoint_id), reverse=True)
 

@@ -58,11 +58,47 @@ def test_the_jvm_jar_and_the_no_fork_file_system_by_master(tmp_path, master, in_
     ("SESSIONS_MAX_VERSIONS_PER_BATCH", "abc", "is not an integer"),
     ("SESSIONS_MAX_FUTURE_MINUTES", "-5", "must be >= 0"),
     ("SESSIONS_HOME", "", "set but empty"),
+    # Locations: `s3://` once became the relative path ./s3: (and any other scheme a directory of its name)
+    ("SESSIONS_LEASE_URI", "s3://", "names no bucket: expected s3://bucket/prefix"),
+    ("SESSIONS_LEASE_URI", "s3:", "names no bucket"),
+    ("SESSIONS_LEASE_URI", "hdfs://nn/leases", "the scheme hdfs:// is not supported"),
+    ("SESSIONS_SAVEPOINT_URI", "s3:///prefix", "names no bucket"),
+    ("SESSIONS_WAREHOUSE_URI", "gs://bucket/w", "the scheme gs:// is not supported"),
+    ("SESSIONS_LANDING_URI", "S3://bucket/l", "the scheme S3:// is not supported"),
+    # Leases: a holder renews every TTL/3
+    ("SESSIONS_LEASE_TTL_S", "0.001", "is too short: at least 1 s"),
+    ("SESSIONS_LEASE_TTL_S", "0.9", "is too short"),
+    # Spark: refused here, not as "Java gateway process exited"
+    ("SESSIONS_SPARK_MASTER", "nonsense", "is not a Spark master"),
+    ("SESSIONS_SPARK_MASTER", "local[0]", "is not a Spark master"),
+    ("SESSIONS_SPARK_MASTER", "spark://host", "is not a Spark master"),
+    ("SESSIONS_SPARK_MASTER", "LOCAL", "is not a Spark master"),
+    ("SESSIONS_SPARK_DRIVER_MEMORY", "0", "is not a size"),
+    ("SESSIONS_SPARK_DRIVER_MEMORY", "0g", "is not a size"),
+    ("SESSIONS_SPARK_DRIVER_MEMORY", "4096", "is not a size"),  # bytes to the JVM's -Xmx
+    ("SESSIONS_SPARK_DRIVER_MEMORY", "4gb", "is not a size"),  # -Xmx4gb: an invalid heap size
+    ("SESSIONS_SPARK_DRIVER_MEMORY", "100m", "is too small: between 512m"),
+    ("SESSIONS_SPARK_DRIVER_MEMORY", "100t", "is too large"),
 ])
 def test_bad_values_are_refused_by_name(tmp_path, name, value, says):
     with pytest.raises(ConfigError, match=says) as error:
         SessionsConfig.from_env({"SESSIONS_HOME": str(tmp_path), name: value})  # (an empty HOME replaces it)
     assert name in str(error.value)
+
+
+@pytest.mark.parametrize("name,value", [
+    ("SESSIONS_SPARK_MASTER", "local"), ("SESSIONS_SPARK_MASTER", "local[*]"), ("SESSIONS_SPARK_MASTER", "local[4,2]"),
+    ("SESSIONS_SPARK_MASTER", "local[*,3]"), ("SESSIONS_SPARK_MASTER", "local-cluster[2,1,1024]"),
+    ("SESSIONS_SPARK_MASTER", "spark://10.0.0.1:7077"), ("SESSIONS_SPARK_MASTER", "spark://a.example:7077,b:7077"),
+    ("SESSIONS_SPARK_MASTER", "k8s://https://kubernetes.default.svc"), ("SESSIONS_SPARK_MASTER", "yarn"),
+    ("SESSIONS_SPARK_DRIVER_MEMORY", "512m"), ("SESSIONS_SPARK_DRIVER_MEMORY", "2g"),
+    ("SESSIONS_SPARK_DRIVER_MEMORY", "4G"), ("SESSIONS_SPARK_DRIVER_MEMORY", "1048576k"),
+    ("SESSIONS_LEASE_TTL_S", "1.0"), ("SESSIONS_LEASE_URI", "s3://bucket"), ("SESSIONS_LEASE_URI", "file:///shared/l"),
+    ("SESSIONS_SAVEPOINT_URI", "s3://bucket/prefix"),
+])
+def test_good_values_are_taken(tmp_path, name, value):
+    config = SessionsConfig.from_env({"SESSIONS_HOME": str(tmp_path), name: value})
+    assert str(getattr(config, name.removeprefix("SESSIONS_").lower())).endswith(value.removeprefix("file://"))
 
 
 @pytest.mark.tier("subprocess")
@@ -95,10 +131,14 @@ def test_the_dagster_resource_has_every_setting(tmp_path, monkeypatch):
     from dataclasses import fields
 
     from assets.resources import SessionsResource
+    from pipelines.config import ENV_ONLY_SETTINGS
 
     declared = [(name, field.annotation, field.default) for name, field in SessionsResource.model_fields.items()]
     assert declared == [(setting.name, setting.metadata.get("kind", str) | None, None)
-                        for setting in fields(SessionsConfig) if setting.repr], "SessionsResource and SessionsConfig differ"
+                        for setting in fields(SessionsConfig)
+                        if setting.repr and setting.name not in ENV_ONLY_SETTINGS], \
+        "SessionsResource and SessionsConfig differ"
+    assert ENV_ONLY_SETTINGS == ("spark_master",) and not set(ENV_ONLY_SETTINGS) & set(SessionsResource.model_fields)
     secret = [setting.name for setting in fields(SessionsConfig) if not setting.repr]
     assert secret == ["erasure_key", "kafka_conf"] and not set(secret) & set(SessionsResource.model_fields)
     for name in [name for name in os.environ if name.startswith("SESSIONS_")]:

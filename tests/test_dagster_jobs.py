@@ -172,13 +172,24 @@ def _lookup_job_reads_the_state(resources, config, spark) -> None:
     user = expected[len(expected) // 2][1]
     run = defs.resolve_job_def("state_lookup").execute_in_process(
         resources=resources, run_config={"ops": {"lookup_state_op": {"config": {"user_id": user}}}})
-    found = run.output_for_node("lookup_state_op")["open_sessions"]
-    assert [(s["session_id"], s["events"], s["page_views"]) for s in found] == \
-        [(row[0], row[4], row[5]) for row in expected if row[1] == user]
+    found = lookup_table(run)
+    assert [(s["user"], s["session"], int(s["events"]), int(s["page views"])) for s in found] == \
+        [(user, row[0], row[4], row[5]) for row in expected if row[1] == user]
     run = defs.resolve_job_def("state_lookup").execute_in_process(
         resources=resources, run_config={"ops": {"lookup_state_op": {"config": {"top": 3}}}})
-    top = run.output_for_node("lookup_state_op")["top"]
-    assert [s["events"] for s in top] == sorted((row[4] for row in expected), reverse=True)[:3]
+    top = lookup_table(run)
+    assert [int(s["events"]) for s in top] == sorted((row[4] for row in expected), reverse=True)[:3]
+
+
+def lookup_table(run) -> list[dict[str, str]]:
+    """The rows of a state_lookup run's table (its output metadata `sessions`: the op stores no output value), by
+    column header; checked against the metadata's own `open_sessions` count."""
+    (output,) = [e.event_specific_data for e in run.all_events
+                 if e.event_type_value == "STEP_OUTPUT" and e.step_key == "lookup_state_op"]
+    header, _, *rows = output.metadata["sessions"].value.splitlines()
+    cells = [[cell.strip() for cell in line.strip().strip("|").split("|")] for line in [header, *rows]]
+    assert len(rows) == output.metadata["open_sessions"].value
+    return [dict(zip(cells[0], row)) for row in cells[1:]]
 
 
 @pytest.mark.tier("pure")

@@ -270,3 +270,31 @@ def test_savepoints_and_landing_on_s3_keep_no_byte_of_the_user(spark, tmp_path, 
     _land_s3(config, _without(batches[CUT:], OPEN_USER), CUT)
     catch_up(config, spark)
     _assert_oracle_without(spark, config, batches, OPEN_USER)
+
+
+def test_a_damaged_savepoint_neither_blocks_the_erasure_nor_keeps_the_user(spark, tmp_path):
+    """One savepoint of a chain with a truncated data file: forget still erases U everywhere (the damaged table's
+    files that name U go: it cannot be restored anyway), counts it, takes one savepoint only, and a second forget of
+    another user works too."""
+    from state_store.savepoints import SavepointStore
+
+    config = make_config(tmp_path, "rocksdb")
+    batches = _scenario()
+    land_files(config, [[line(e) for e in b] for b in batches[:2]])
+    catch_up(config, spark)
+    first = take_savepoint(config, spark=spark, full=True)
+    land_files(config, [[line(e) for e in batches[2]]], start=2)
+    catch_up(config, spark)
+    take_savepoint(config, spark=spark)
+    store = SavepointStore.of(config)
+    victim = next(p for p in Path(store.state_uri(first.savepoint_id)).rglob("*.parquet") if "_delta_log" not in str(p))
+    victim.write_bytes(victim.read_bytes()[:40])  # truncated
+
+    count = len(store.list())
+    result = forget(config, OPEN_USER, spark=spark)
+    assert result.removed["savepoints_damaged"] >= 1
+    assert len(store.list()) == count + 1  # the erasure's own savepoint, nothing more
+    assert auditor_grep(Path(config.home), OPEN_USER) == {}
+    assert verify_forgotten(config, spark, OPEN_USER).clean
+    forget(config, CLOSED_USER, spark=spark)
+    assert auditor_grep(Path(config.home), CLOSED_USER) == {}

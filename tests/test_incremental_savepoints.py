@@ -12,6 +12,7 @@ import pyarrow.compute as pc
 import pytest
 
 import state_store.savepoint_fold as savepoint_fold
+from pipelines.erased import UserSpelling
 from pipelines.ingest import ingest
 from pipelines.sample_data import land
 from pipelines.stream import catch_up
@@ -240,7 +241,7 @@ def test_erasure_rewrites_every_table_of_a_chain(tmp_path, spark):
         expected[saved.savepoint_id] = rows.filter(pc.invert(pc.is_in(rows["user_id"], pa.array(["steady-1",
                                                                                                  "leaving-2"]))))
     for user in ("steady-1", "leaving-2"):  # changed in every increment; in the base, then a tombstone
-        _erase_savepoints(config, spark, user)
+        _erase_savepoints(config, spark, UserSpelling(user))
     for saved in store.list():
         want = expected[saved.savepoint_id]
         assert (saved.rows, saved.checksum) == (want.num_rows, state_checksum(want))

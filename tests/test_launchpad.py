@@ -7,7 +7,7 @@
   environment's own: SessionsResource.config().
 - librdkafka settings pass an allowlist (pipelines.kafka_conf), refused in one line naming the key, never the value.
 - Secrets (SESSIONS_KAFKA_CONF, SESSIONS_ERASURE_KEY) are no fields: Dagster refuses them in run config, so they never
-  reach its run storage.
+  reach its run storage. Nor is SESSIONS_SPARK_MASTER (it receives the executors' AWS keys): environment only.
 No JVM: the jobs run in process up to their first op, which refuses before any data is touched.
 """
 from __future__ import annotations
@@ -135,6 +135,16 @@ def test_secrets_are_not_run_config(env, secret):
     assert secret not in SessionsResource.model_fields
     with pytest.raises(DagsterInvalidConfigError, match=f'unexpected config entry "{secret}"'):
         _run(probe, {secret: "hunter2"})
+
+
+def test_the_spark_master_is_not_run_config(env, monkeypatch):
+    """The master gets the executors' AWS keys (spark.executorEnv.AWS_*): run config cannot name one, the
+    environment still does."""
+    assert "spark_master" not in SessionsResource.model_fields
+    with pytest.raises(DagsterInvalidConfigError, match='unexpected config entry "spark_master"'):
+        _run(probe, {"spark_master": "spark://attacker.example:7077"})
+    monkeypatch.setenv("SESSIONS_SPARK_MASTER", "local[1]")
+    assert SessionsResource().config().spark_master == "local[1]"
 
 
 def test_kafka_settings_pass_the_allowlist_in_a_run_too(env, monkeypatch):

@@ -348,6 +348,7 @@ def test_cli_expected_errors_are_one_line(tmp_path):
     nothing = _sessionctl(home, "savepoint", "--json")
     assert nothing.returncode != 0 and "nothing to savepoint" in nothing.stderr
     zero = _sessionctl(home, "rescale", "--partitions", "0")
-    assert zero.returncode == 1 and zero.stderr.strip() == "sessionctl rescale: --partitions must be at least 1, got 0"
+    assert zero.returncode == 2 and zero.stderr.strip() == ("sessionctl rescale: argument --partitions: 0 must be between "
+                                                            "1 and 10000 (see `sessionctl rescale --help`)")
     listing = _sessionctl(home, "savepoints", "--json")
     assert listing.returncode == 0 and json.loads(listing.stdout) == []

@@ -16,6 +16,7 @@ import re
 import subprocess
 import threading
 from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -87,9 +88,19 @@ CASES = {
     "forget empty user": Case(("forget", "--user", " "), r"argument --user: a user id, not an empty string", code=2),
     "unknown command": Case(("compress",), r"argument command: invalid choice: 'compress'", code=2),
     "missing savepoint": Case(("restore",), r"the following arguments are required: --savepoint", code=2),
+    # --partitions: 1..MAX_PARTITIONS while parsing (a count Spark cannot take was once "restorable" in a dry run)
     "restore partitions zero": Case(("restore", "--savepoint", "latest", "--partitions", "0"),
-                                    r"--partitions must be at least 1, got 0"),
-    "rescale partitions zero": Case(("rescale", "--partitions", "0"), r"--partitions must be at least 1, got 0"),
+                                    r"argument --partitions: 0 must be between 1 and 10000", code=2),
+    "rescale partitions zero": Case(("rescale", "--partitions", "0"),
+                                    r"argument --partitions: 0 must be between 1 and 10000", code=2),
+    "restore partitions huge, dry run": Case(("restore", "--savepoint", "latest", "--partitions",
+                                              "99999999999999999999", "--dry-run"),
+                                             r"argument --partitions: 99999999999999999999 must be between 1 and "
+                                             r"10000", code=2),
+    "restore partitions above the bound": Case(("restore", "--savepoint", "latest", "--partitions", "10001"),
+                                               r"argument --partitions: 10001 must be between 1 and 10000", code=2),
+    "rescale partitions not a number": Case(("rescale", "--partitions", "many"),
+                                            r"argument --partitions: 'many' is not an integer", code=2),
     "unknown savepoint": Case(("restore", "--savepoint", "sp-nope"), r"no such savepoint: sp-nope"),
     "unknown savepoint, dry run": Case(("restore", "--savepoint", "sp-nope", "--dry-run"),
                                        r"no such savepoint: sp-nope"),
@@ -107,6 +118,31 @@ CASES = {
                        {"SESSIONS_S3_TIMEOUT": "soon"}),
     "driver memory": Case(("status", "--no-state"), r"SESSIONS_SPARK_DRIVER_MEMORY='lots' is not a size",
                           {"SESSIONS_SPARK_DRIVER_MEMORY": "lots"}),
+    # Spark's own settings, checked before a JVM would fail as "Java gateway process exited"
+    "driver memory zero": Case(("state", "--top", "1"), r"SESSIONS_SPARK_DRIVER_MEMORY='0' is not a size",
+                               {"SESSIONS_SPARK_DRIVER_MEMORY": "0"}),
+    "driver memory without a unit": Case(("catch-up",), r"SESSIONS_SPARK_DRIVER_MEMORY='4096' is not a size",
+                                         {"SESSIONS_SPARK_DRIVER_MEMORY": "4096"}),
+    "driver memory below Spark's floor": Case(("status",), r"SESSIONS_SPARK_DRIVER_MEMORY='64m' is too small: "
+                                              r"between 512m", {"SESSIONS_SPARK_DRIVER_MEMORY": "64m"}),
+    "spark master nonsense": Case(("catch-up",), r"SESSIONS_SPARK_MASTER='nonsense' is not a Spark master",
+                                  {"SESSIONS_SPARK_MASTER": "nonsense"}),
+    "spark master local[0]": Case(("status",), r"SESSIONS_SPARK_MASTER='local\[0\]' is not a Spark master",
+                                  {"SESSIONS_SPARK_MASTER": "local[0]"}),
+    # Locations: s3 without a bucket once became ./s3: in the working directory
+    "lease uri s3 without a bucket": Case(("catch-up",), r"SESSIONS_LEASE_URI='s3://' names no bucket: expected "
+                                          r"s3://bucket/prefix", {"SESSIONS_LEASE_URI": "s3://"}),
+    "savepoint uri s3 without a bucket": Case(("savepoints",), r"SESSIONS_SAVEPOINT_URI='s3:///x' names no bucket",
+                                              {"SESSIONS_SAVEPOINT_URI": "s3:///x"}),
+    "lease uri unsupported scheme": Case(("status", "--no-state"), r"SESSIONS_LEASE_URI='gs://b/leases': the "
+                                         r"scheme gs:// is not supported", {"SESSIONS_LEASE_URI": "gs://b/leases"}),
+    "warehouse uri upper-case S3": Case(("status", "--no-state"), r"SESSIONS_WAREHOUSE_URI='S3://b/w': the scheme "
+                                        r"S3:// is not supported", {"SESSIONS_WAREHOUSE_URI": "S3://b/w"}),
+    # Leases: renewals every TTL/3 need a TTL of at least a second
+    "lease ttl too short": Case(("catch-up",), r"SESSIONS_LEASE_TTL_S=0.001 is too short: at least 1 s",
+                                {"SESSIONS_LEASE_TTL_S": "0.001"}),
+    "lease ttl zero": Case(("status", "--no-state"), r"SESSIONS_LEASE_TTL_S=0 must be > 0",
+                           {"SESSIONS_LEASE_TTL_S": "0"}),
     "kafka plugin": Case(("status", "--no-state"), r"SESSIONS_KAFKA_CONF: 'plugin.library.paths' is not an allowed",
                          {"SESSIONS_KAFKA_CONF": "plugin.library.paths=/tmp/evil.so"}),
     "checkpoint uri names a file": Case(("status", "--no-state"),
@@ -171,6 +207,7 @@ def test_a_bad_input_is_one_line(tmp_path, not_s3, name):
     assert lines[0].startswith(prefix) and re.search(case.says, lines[0]), lines[0]
     assert "/tmp/evil.so" not in lines[0]  # a Kafka setting's value is never echoed
     assert done.stdout == ""
+    assert sorted(p.name for p in tmp_path.iterdir()) in ([], ["home"])  # nothing made in the working directory
 
 
 @pytest.mark.tier("pure")
@@ -206,3 +243,130 @@ def test_a_log_that_cannot_be_written_never_replaces_the_one_line(tmp_path, caps
         logger.removeHandler(handler)
         handler.close()
     assert capsys.readouterr().err == ""  # no "--- Logging error ---" block
+
+
+# --- exit codes of the checks: 0 yes, 3 no (the answer still on stdout), 1 the check failed -----------------------
+
+def a_savepoint(home: Path) -> str:
+    """A complete, empty savepoint of the default settings (gap 30, lateness 10) in `home`'s catalog, written
+    without Spark: what a restore's pre-flight reads (the catalog row and the table's Delta log). Its id."""
+    import datetime as dt
+
+    import pyarrow as pa
+
+    from pipelines import state_format
+    from pipelines.config import SessionsConfig
+    from state_store.savepoints import SavepointStore, state_checksum
+
+    config = SessionsConfig.from_env({"SESSIONS_HOME": str(home)})
+    store = SavepointStore.of(config)
+    savepoint_id = "sp-20260101T000000-b0-0000"
+    empty = pa.Table.from_pylist([], schema=state_format.CANONICAL_SCHEMA)
+    store.write_state(savepoint_id, empty)
+    store.record({"savepoint_id": savepoint_id, "status": "complete", "trigger": "manual",
+                  "created_at": dt.datetime.now(dt.timezone.utc), "batch_id": 0, "source_seq": 0, "watermark_ms": 0,
+                  "gap_ms": config.gap_ms, "lateness_ms": config.lateness_ms, "buckets": config.state_buckets,
+                  "provider": config.state_store, "partitions": 2, "state_schema": state_format.SCHEMA_ID, "rows": 0,
+                  "checksum": state_checksum(empty), "sessions_version": 0, "quarantine_version": 0,
+                  "incarnation": "test", "bytes": 0, "seconds": 0.0, "kind": "full", "chain": savepoint_id,
+                  "table_rows": 0})
+    return savepoint_id
+
+
+def _env(home: Path, **settings: str) -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("SESSIONS_", "AWS_"))}
+    return {**env, "SESSIONS_HOME": str(home), "SESSIONS_IDLE_CLOSE_MINUTES": "0", **settings}
+
+
+def _sessionctl(env: dict[str, str], *args: str, prefix: tuple[str, ...] = (),
+                cwd: Path | None = None) -> subprocess.CompletedProcess:
+    return subprocess.run([*prefix, tool("sessionctl"), *args], env=env, capture_output=True, text=True, timeout=300,
+                          cwd=cwd)
+
+
+def test_restore_dry_run_exits_3_when_not_restorable(tmp_path):
+    import json
+
+    from pipelines.config import SessionsConfig
+    from state_store.preflight import plan_restore
+
+    home = tmp_path / "home"
+    savepoint_id = a_savepoint(home)
+    yes = _sessionctl(_env(home), "restore", "--savepoint", savepoint_id, "--dry-run", "--json")
+    assert yes.returncode == 0 and yes.stderr == "", yes.stderr[-3000:]
+    assert json.loads(yes.stdout)["restorable"] is True
+    edge = _sessionctl(_env(home), "restore", "--savepoint", "latest", "--partitions", "10000", "--dry-run", "--json")
+    assert edge.returncode == 0 and json.loads(edge.stdout)["restorable"] is True, edge.stderr[-3000:]
+
+    other_gap = _env(home, SESSIONS_GAP_MINUTES="45")  # the savepoint was taken with 30: needs --migrate
+    no = _sessionctl(other_gap, "restore", "--savepoint", savepoint_id, "--dry-run", "--json")
+    assert no.returncode == 3, no.stderr[-3000:]
+    plan = json.loads(no.stdout)  # the answer, as when restorable
+    assert plan["restorable"] is False and "pass --migrate" in plan["reasons"][0]
+    [line] = no.stderr.splitlines()
+    assert line.startswith(f"sessionctl restore: savepoint {savepoint_id} is not restorable: savepoint "
+                           f"{savepoint_id} was taken with gap 30 min") and "Traceback" not in no.stderr
+    text = _sessionctl(other_gap, "restore", "--savepoint", savepoint_id, "--dry-run")
+    assert text.returncode == 3 and "NOT restorable" in text.stdout and len(text.stderr.splitlines()) == 1
+    migrated = _sessionctl(other_gap, "restore", "--savepoint", savepoint_id, "--dry-run", "--migrate", "--json")
+    assert migrated.returncode == 0 and json.loads(migrated.stdout)["restorable"] is True
+    failed = _sessionctl(_env(home), "restore", "--savepoint", "sp-nope", "--dry-run", "--json")
+    assert failed.returncode == 1 and failed.stdout == ""  # the check itself failed: 1, not 3
+
+    # The library's pre-flight (Dagster's runbook) bounds partitions as the CLI does.
+    config = SessionsConfig.from_env({"SESSIONS_HOME": str(home)})
+    huge = plan_restore(config, savepoint_id, partitions=99999999999999999999)
+    assert not huge.restorable and huge.reasons == ["--partitions must be between 1 and 10000, got "
+                                                    "99999999999999999999"]
+
+
+# --- a read-only home ------------------------------------------------------------------------------------------------
+
+@contextmanager
+def read_only(home: Path) -> Iterator[tuple[str, ...]]:
+    """A command prefix that runs a command with `home` read-only. Root writes whatever the permissions say: there,
+    a read-only bind mount of it in the command's own mount namespace (gone with the process; skipped where the
+    container cannot mount); anyone else: the write permission taken away meanwhile."""
+    if os.geteuid() != 0:
+        paths = [home, *home.rglob("*")]
+        modes = {path: path.stat().st_mode for path in paths if not path.is_symlink()}
+        for path, mode in modes.items():
+            path.chmod(mode & ~0o222)
+        try:
+            yield ()
+        finally:
+            for path, mode in modes.items():
+                path.chmod(mode)
+        return
+    prefix = ("unshare", "--mount", "sh", "-c",
+              'mount --bind "$0" "$0" && mount -o remount,ro,bind "$0" "$0" && exec "$@"', str(home))
+    probe = subprocess.run([*prefix, "touch", str(home / ".probe")], capture_output=True, text=True, timeout=60)
+    if "Read-only file system" not in probe.stderr:
+        pytest.skip(f"no read-only bind mount here (unshare/mount: {probe.stderr.strip()[:200]!r})")
+    yield prefix
+
+
+def test_a_read_only_home_refuses_writes_in_one_line_and_still_answers_reads(tmp_path):
+    """Commands that write (catch-up, savepoint, compact, forget, stop) are refused before they start, in one line
+    naming SESSIONS_HOME; the ones that only read and start no JVM (status --no-state, savepoints, restore --dry-run)
+    answer as on a writable home. (The JVM's commands: tests/test_read_only_home.py.)"""
+    import json
+
+    home = tmp_path / "home"
+    savepoint_id = a_savepoint(home)
+    env = _env(home)
+    with read_only(home) as prefix:
+        for argv in (("catch-up",), ("savepoint", "--json"), ("compact", "--dry-run"), ("forget", "--user", "u-1"),
+                     ("stop",), ("restore", "--savepoint", "latest")):
+            done = _sessionctl(env, *argv, prefix=prefix, cwd=tmp_path)
+            assert done.returncode == 1 and done.stdout == "", (argv, done.stderr[-3000:])
+            [line] = done.stderr.splitlines()
+            assert line.startswith(f"sessionctl {argv[0]}: SESSIONS_HOME {home.resolve()} is not writable ("), line
+            assert f"`sessionctl {argv[0]}{' --dry-run' if '--dry-run' in argv else ''}` writes there" in line
+        listed = _sessionctl(env, "savepoints", "--json", prefix=prefix)
+        assert listed.returncode == 0 and [s["savepoint_id"] for s in json.loads(listed.stdout)] == [savepoint_id]
+        status = _sessionctl(env, "status", "--json", "--no-state", prefix=prefix)
+        assert status.returncode == 0 and json.loads(status.stdout)["last_committed_batch"] is None, status.stderr
+        dry = _sessionctl(env, "restore", "--savepoint", "latest", "--dry-run", "--json", prefix=prefix)
+        assert dry.returncode == 0 and json.loads(dry.stdout)["restorable"] is True, dry.stderr[-3000:]
+    assert not (home / "logs").exists() and not (home / ".probe").exists()  # nothing was written

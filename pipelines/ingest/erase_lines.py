@@ -37,7 +37,8 @@ def _landed_files(config: SessionsConfig) -> Iterator[tuple[pafs.FileSystem, str
 
 def _spans(data: bytes, users: Sequence[UserSpelling]) -> list[tuple[int, int]]:
     """(start, end) of each complete line (ending with a newline) that names one of `users`."""
-    spans, start = [], 0
+    spans: list[tuple[int, int]] = []
+    start = 0
     while True:
         end = data.find(b"\n", start)
         if end < 0:

@@ -1,0 +1,75 @@
+"""Dagster's run storage after `forget`: the runs that name an erased user -- in their run config or tags, or (a
+state_lookup, whose point is a table of users) in their event log -- deleted with their storage directories (IO
+manager outputs, compute logs). The forget_user run deletes the others (forget_user_op); its own run config names the
+user too, so the erasure_runs_cleanup sensor deletes finished forget_user runs. Dagster-specific, so here and not in
+state_store (which never imports dagster); what "names U" means is pipelines.erased.UserSpelling's."""
+from __future__ import annotations
+
+import contextlib
+import os
+import shutil
+
+from dagster import (
+    DagsterInstance,
+    DagsterRun,
+    DagsterRunStatus,
+    DefaultSensorStatus,
+    RunsFilter,
+    SensorEvaluationContext,
+    SkipReason,
+    sensor,
+    serialize_value,
+)
+
+from pipelines.erased import UserSpelling
+
+FORGET_JOB = "forget_user"
+# Jobs whose event log lists user ids beyond their run config: state_lookup's table (the top-N lookup names users no
+# run config does).
+USER_LISTING_JOBS = frozenset({"state_lookup"})
+FINISHED = (DagsterRunStatus.SUCCESS, DagsterRunStatus.FAILURE, DagsterRunStatus.CANCELED)
+
+
+def runs_naming(instance: DagsterInstance, user_id: str, *, besides: str | None = None) -> list[DagsterRun]:
+    """Every run of the instance but `besides` whose run config or tags name U, or, for a USER_LISTING_JOBS run,
+    whose event log does."""
+    user = UserSpelling(user_id)
+    return [run for run in instance.get_runs() if run.run_id != besides and (
+        user.in_value(dict(run.run_config or {})) or user.in_value(dict(run.tags or {}))
+        or (run.job_name in USER_LISTING_JOBS and any(
+            user.in_bytes(serialize_value(entry).encode()) for entry in instance.all_logs(run.run_id))))]
+
+
+def delete_run(instance: DagsterInstance, run_id: str) -> None:
+    """The run and its event log (instance.delete_run), its compute logs, and its directory under the instance's
+    storage ($DAGSTER_HOME/storage/<run_id>: the filesystem IO manager's outputs)."""
+    instance.delete_run(run_id)
+    if not run_id or os.path.basename(run_id) != run_id or run_id in (".", ".."):
+        return  # never a path outside the storage directory
+    with contextlib.suppress(NotImplementedError):  # a compute log manager that cannot delete
+        instance.compute_log_manager.delete_logs(prefix=[run_id])
+    directory = os.path.join(instance.storage_directory(), run_id)
+    if os.path.isdir(directory):
+        shutil.rmtree(directory)
+
+
+def delete_runs_naming(instance: DagsterInstance, user_id: str, *, besides: str) -> tuple[int, int]:
+    """Deletes the finished runs naming U (runs_naming) but `besides`; (deleted, unfinished: left, still running)."""
+    deleted = unfinished = 0
+    for run in runs_naming(instance, user_id, besides=besides):
+        if run.status in FINISHED:
+            delete_run(instance, run.run_id)
+            deleted += 1
+        else:
+            unfinished += 1
+    return deleted, unfinished
+
+
+@sensor(minimum_interval_seconds=30, default_status=DefaultSensorStatus.RUNNING,
+        description="Deletes finished forget_user runs (their run config names the user) and their storage.")
+def erasure_runs_cleanup(context: SensorEvaluationContext) -> SkipReason:
+    runs = context.instance.get_runs(filters=RunsFilter(job_name=FORGET_JOB, statuses=list(FINISHED)))
+    for run in runs:
+        delete_run(context.instance, run.run_id)
+        context.log.info(f"deleted {FORGET_JOB} run {run.run_id} ({run.status.value})")
+    return SkipReason(f"deleted {len(runs)} finished {FORGET_JOB} run(s)")
