@@ -9,10 +9,10 @@ FROM python:3.11-slim-bookworm
 
 # Spark 4.2 needs Java 17+; the JDK, not the JRE: the image compiles the JVM operator. Its postinst registers
 # man-page alternatives; the slim image has no man dirs.
-# procps: Spark's launch scripts call ps.
+# procps: Spark's launch scripts call ps. maven: fetches the pinned JVM artifacts (jvm/deps/pom.xml).
 RUN mkdir -p /usr/share/man/man1 \
     && apt-get update \
-    && apt-get install -y --no-install-recommends openjdk-17-jdk-headless procps \
+    && apt-get install -y --no-install-recommends openjdk-17-jdk-headless maven procps \
     && rm -rf /var/lib/apt/lists/*
 
 ENV PYTHONUNBUFFERED=1 \
@@ -40,6 +40,10 @@ RUN pip install --no-deps .
 # does (hence the JDK above, not the JRE), then the Spark JVM's class archive made by this image's own JVM
 # (README "First two commands"). The package's code resolves both under /opt/sessions/build/jvm.
 COPY jvm/ jvm/
+# The pinned JVM artifacts (jvm/deps/pom.xml: Delta Spark), fetched at build time as `make setup` does.
+RUN mvn -q -B -f jvm/deps/pom.xml dependency:copy-dependencies -DexcludeTransitive=true \
+        -DoutputDirectory=/opt/sessions/build/jars \
+    && rm -rf /root/.m2
 RUN JARS="$(python -c 'import os, pyspark; print(os.path.join(os.path.dirname(pyspark.__file__), "jars"))')" \
     && javac --release 17 -d build/jvm/classes -cp "$JARS/*" jvm/src/sessions/*.java \
     && jar cf build/jvm/sessions-operator.jar -C build/jvm/classes . \

@@ -3,11 +3,14 @@ VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: setup system-deps demo test test-fast lint bench clean-data check-java check-javac peers
+.PHONY: setup check-mvn system-deps demo test test-fast lint bench clean-data check-java check-javac peers
 
 check-java:
 	@command -v java >/dev/null 2>&1 || { echo "Java 17+ is required by Spark and was not found on PATH. Install it (Debian: apt-get install -y openjdk-17-jre-headless) and run make again." >&2; exit 1; }
 	@java -version 2>&1 | head -1 | grep -Eq '"(1[7-9]|2[0-9])' || { echo "Spark 4.2 needs Java 17 or newer; found: $$(java -version 2>&1 | head -1)" >&2; exit 1; }
+
+check-mvn:
+	@command -v mvn >/dev/null 2>&1 || { echo "Maven (mvn) fetches the pinned JVM artifacts (jvm/deps/pom.xml) and was not found on PATH. Install it (Debian: apt-get install -y maven) and run make again." >&2; exit 1; }
 
 check-javac:
 	@command -v javac >/dev/null 2>&1 || { echo "javac (JDK 17+) is required to build the JVM operator (SESSIONS_OPERATOR=jvm) and was not found on PATH. Install it (Debian: apt-get install -y openjdk-17-jdk-headless) and run make again." >&2; exit 1; }
@@ -28,6 +31,16 @@ system-deps:
 	  if [ "$$(id -u)" = 0 ]; then apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq postgresql-15 >/dev/null; \
 	  else echo "PostgreSQL 15 is missing: install the Debian package postgresql-15 (the Dagster e2e test needs it)" >&2; fi; }
 
+# The JVM artifacts the product loads beside pyspark's jars (Delta Spark), pinned in jvm/deps/pom.xml, fetched once
+# here from Maven Central into build/jars/ (pipelines/runtime.py puts them on Spark's class path): never at job start.
+RUNTIME_JARS := build/jars/.fetched
+$(RUNTIME_JARS): jvm/deps/pom.xml
+	@$(MAKE) -s check-mvn
+	rm -rf build/jars
+	mvn -q -B -f jvm/deps/pom.xml dependency:copy-dependencies -DexcludeTransitive=true \
+	  -DoutputDirectory=$(CURDIR)/build/jars
+	touch $@
+
 # The JVM operator (the default; SESSIONS_OPERATOR), compiled against the pyspark wheel's own Spark jars and
 # loaded with spark.jars (pipelines/runtime.py).
 JVM_JAR := build/jvm/sessions-operator.jar
@@ -42,10 +55,10 @@ $(JVM_JAR): $(JVM_SRC) $(STAMP)
 # The Spark JVM's class archive (AppCDS; pipelines/class_archive.py): one training run, ~30 s, saves ~2 s at every
 # JVM start. A JDK or pyspark upgrade makes it stale: the JVM then starts without it (and says so in its log).
 CLASS_ARCHIVE := build/jvm/spark-classes.jsa
-$(CLASS_ARCHIVE): $(JVM_JAR) $(STAMP) pipelines/class_archive.py
+$(CLASS_ARCHIVE): $(JVM_JAR) $(RUNTIME_JARS) $(STAMP) pipelines/class_archive.py
 	$(PY) -m pipelines.class_archive $@
 
-setup: check-java $(STAMP) $(JVM_JAR) $(CLASS_ARCHIVE)
+setup: check-java $(STAMP) $(RUNTIME_JARS) $(JVM_JAR) $(CLASS_ARCHIVE)
 
 demo: setup
 	$(PY) -m sessionctl.demo

@@ -47,6 +47,7 @@ ROCKSDB_CHANGELOG = "spark.sql.streaming.stateStore.rocksdb.changelogCheckpointi
 
 # Built by `make setup` (pipelines/class_archive.py): the JVM's classes pre-parsed, mapped at start instead of loaded.
 CLASS_ARCHIVE = REPO_ROOT / "build" / "jvm" / "spark-classes.jsa"
+RUNTIME_JARS_DIR = REPO_ROOT / "build" / "jars"  # filled by `make setup` from jvm/deps/pom.xml
 
 
 def java_options(config: SessionsConfig, class_archive_dump: Path | None = None) -> str:
@@ -89,11 +90,19 @@ def jvm_jar_conf(master: str) -> dict[str, str]:
     """The JVM operator's jar (the default operator; SESSIONS_OPERATOR) on the driver's class path from its start --
     in local mode the executors are the driver, and the local file system below must be loadable before Spark reads
     any path --; on a cluster Spark also ships it to the executors (spark.jars)."""
-    if not JVM_JAR.exists():
+    jars = ([JVM_JAR] if JVM_JAR.exists() else []) + runtime_jars()
+    if not jars:
         return {}
+    class_path = ":".join(str(jar) for jar in jars)
+    local_fs = LOCAL_FS_NO_FORK if JVM_JAR.exists() else {}
     if master == "local" or master.startswith("local["):  # not local-cluster[...]: its executors are other JVMs
-        return {"spark.driver.extraClassPath": str(JVM_JAR), **LOCAL_FS_NO_FORK}
-    return {"spark.driver.extraClassPath": str(JVM_JAR), "spark.jars": str(JVM_JAR)}
+        return {"spark.driver.extraClassPath": class_path, **local_fs}
+    return {"spark.driver.extraClassPath": class_path, "spark.jars": ",".join(str(jar) for jar in jars)}
+
+
+def runtime_jars() -> list[Path]:
+    """The JVM artifacts `make setup` fetched with Maven (jvm/deps/pom.xml: Delta Spark), in a fixed order."""
+    return sorted(RUNTIME_JARS_DIR.glob("*.jar"))
 
 
 # file:// paths through Hadoop's local file system minus its child processes (jvm/src/sessions/
