@@ -32,7 +32,7 @@ from pipelines.fencing import fenced_delete
 from pipelines.ingest.erase_lines import erase_landed_lines
 from pipelines.locks import Lease
 from pipelines.results import Result
-from pipelines.storage import filesystem, read_rows, sql_literal, storage_options, table_exists
+from pipelines.storage import filesystem, join, read_rows, sql_literal, storage_options, table_exists
 from state_store.audit import mentions, scan, scrub_delta_log
 from state_store.lifecycle import replaced_checkpoints
 from state_store.restoring import restore_unlocked
@@ -91,9 +91,10 @@ def _erase_savepoints(config: SessionsConfig, spark: SparkSession, user: UserSpe
     """U's rows out of every savepoint's state table, its catalog row's count and checksum recomputed in the
     executors: a restore of any of them cannot bring U back. A damaged savepoint (state_store.savepoint_damage) never
     blocks the others: it cannot be restored anyway, so the data files of its own table that name U are deleted and
-    it is counted. ({savepoint_rows, savepoints_changed, savepoints_damaged}, the readable tables, the damaged ones)"""
+    it is counted; so are the files of state tables no catalog row names (savepoints killed before they were recorded).
+    (counts, the readable tables, the damaged and unrecorded ones)"""
     store = SavepointStore.of(config)
-    counts = {"savepoint_rows": 0, "savepoints_changed": 0, "savepoints_damaged": 0}
+    counts = {"savepoint_rows": 0, "savepoints_changed": 0, "savepoints_damaged": 0, "savepoint_files_removed": 0}
     uris: list[str] = []
     damaged: list[str] = []  # tables whose own log or files are damaged: their logs are scrubbed, never vacuumed
     catalog = store.list()
@@ -102,7 +103,7 @@ def _erase_savepoints(config: SessionsConfig, spark: SparkSession, user: UserSpe
     # erased before its own count and checksum are recomputed.
     for saved in reversed(catalog):
         if table_damage(store, saved.savepoint_id)[0] is not None:  # its own table cannot be read
-            counts["savepoint_rows"] += _remove_files_naming(saved.state_uri, user)
+            counts["savepoint_files_removed"] += _remove_files_naming(saved.state_uri, user)
             counts["savepoints_damaged"] += 1
             damaged.append(saved.state_uri)
             continue
@@ -122,6 +123,14 @@ def _erase_savepoints(config: SessionsConfig, spark: SparkSession, user: UserSpe
                 updates={"rows": str(rows), "checksum": sql_literal(checksum)},
                 predicate=f"savepoint_id = {sql_literal(saved.savepoint_id)}")
             counts["savepoints_changed"] += 1
+    # State tables no catalog row names: savepoints killed before they were recorded (none is in flight: a
+    # savepoint holds the lifecycle lease this erasure holds). Never restorable; their files that name U go.
+    listed = {saved.savepoint_id for saved in catalog}
+    fs, root = filesystem(join(store.uri, "state"))
+    for info in fs.get_file_info(pafs.FileSelector(root, allow_not_found=True)):
+        if info.type == pafs.FileType.Directory and info.base_name not in listed:
+            counts["savepoint_files_removed"] += _remove_files_naming(store.state_uri(info.base_name), user)
+            damaged.append(store.state_uri(info.base_name))
     return counts, uris, damaged
 
 
