@@ -15,6 +15,7 @@ import tempfile
 import time
 
 import numpy as np
+import pyarrow.compute as pc
 
 from pipelines.config import SessionsConfig
 from pipelines.erased import COMPLETE, ErasedUsers, log_erasure, user_hash
@@ -55,7 +56,7 @@ def main() -> None:
         print(json.dumps({"erasures_in_log": erasures, "events": args.events, "users": args.users,
                           "rows_s": round(rows_med, 3), "filter_s": round(mask_med, 3),
                           "filter_vs_rows": round(mask_med / rows_med, 3),
-                          "dropped": 0 if mask is None else mask.true_count, "load_avg_1m": os.getloadavg()[0]}))
+                          "dropped": 0 if mask is None else int(pc.sum(mask).as_py() or 0), "load_avg_1m": os.getloadavg()[0]}))
 
 
 if __name__ == "__main__":
