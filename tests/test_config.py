@@ -40,11 +40,14 @@ def test_the_jvm_jar_and_the_no_fork_file_system_by_master(tmp_path, master, in_
     """In-process executors (local, local[n]) find the operator on the driver's class path and get the local file
     system without forks (tests/test_local_fs.py); executors in other JVMs (local-cluster, a cluster) get the jar
     shipped and Hadoop's own file system."""
-    from pipelines.runtime import JVM_JAR, LOCAL_FS_NO_FORK
+    from pipelines.runtime import JVM_JAR, LOCAL_FS_NO_FORK, runtime_jars
 
     assert JVM_JAR.exists(), "make setup builds it"
     conf = spark_conf(SessionsConfig.from_env({"SESSIONS_HOME": str(tmp_path), "SESSIONS_SPARK_MASTER": master}))
-    assert conf["spark.driver.extraClassPath"] == str(JVM_JAR)
+    # The operator's jar first, then the JVM artifacts make setup fetched (Delta Spark).
+    assert conf["spark.driver.extraClassPath"].split(":") == [str(JVM_JAR), *map(str, runtime_jars())]
+    if not in_process:
+        assert conf["spark.jars"].split(",") == [str(JVM_JAR), *map(str, runtime_jars())]
     assert ("spark.jars" in conf) is not in_process
     assert all((conf.get(key) == value) is in_process for key, value in LOCAL_FS_NO_FORK.items())
 
