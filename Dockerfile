@@ -47,7 +47,7 @@ RUN mvn -q -B -f jvm/deps/pom.xml dependency:copy-dependencies -DexcludeTransiti
 RUN JARS="$(python -c 'import os, pyspark; print(os.path.join(os.path.dirname(pyspark.__file__), "jars"))')" \
     && javac --release 17 -d build/jvm/classes -cp "$JARS/*" jvm/src/sessions/*.java \
     && jar cf build/jvm/sessions-operator.jar -C build/jvm/classes . \
-    && python -m pipelines.class_archive build/jvm/spark-classes.jsa
+    && python -m pipelines.job.class_archive build/jvm/spark-classes.jsa
 
 # Not root. SESSIONS_HOME is the data root (checkpoint, locks, local tables); in a cluster it is a shared
 # volume mounted here by every pod (deploy/helm/values.yaml). DAGSTER_HOME is where the chart mounts the

@@ -32,7 +32,7 @@ system-deps:
 	  else echo "PostgreSQL 15 is missing: install the Debian package postgresql-15 (the Dagster e2e test needs it)" >&2; fi; }
 
 # The JVM artifacts the product loads beside pyspark's jars (Delta Spark), pinned in jvm/deps/pom.xml, fetched once
-# here from Maven Central into build/jars/ (pipelines/runtime.py puts them on Spark's class path): never at job start.
+# here from Maven Central into build/jars/ (pipelines/job/runtime.py puts them on Spark's class path): never at job start.
 RUNTIME_JARS := build/jars/.fetched
 $(RUNTIME_JARS): jvm/deps/pom.xml
 	@$(MAKE) -s check-mvn
@@ -42,7 +42,7 @@ $(RUNTIME_JARS): jvm/deps/pom.xml
 	touch $@
 
 # The JVM operator (the default; SESSIONS_OPERATOR), compiled against the pyspark wheel's own Spark jars and
-# loaded with spark.jars (pipelines/runtime.py).
+# loaded with spark.jars (pipelines/job/runtime.py).
 JVM_JAR := build/jvm/sessions-operator.jar
 JVM_SRC := $(wildcard jvm/src/sessions/*.java)
 $(JVM_JAR): $(JVM_SRC) $(STAMP)
@@ -52,11 +52,11 @@ $(JVM_JAR): $(JVM_SRC) $(STAMP)
 	  -cp "$$($(PY) -c 'import os, pyspark; print(os.path.join(os.path.dirname(pyspark.__file__), "jars"))')/*" $(JVM_SRC)
 	jar cf $@ -C build/jvm/classes .
 
-# The Spark JVM's class archive (AppCDS; pipelines/class_archive.py): one training run, ~30 s, saves ~2 s at every
+# The Spark JVM's class archive (AppCDS; pipelines/job/class_archive.py): one training run, ~30 s, saves ~2 s at every
 # JVM start. A JDK or pyspark upgrade makes it stale: the JVM then starts without it (and says so in its log).
 CLASS_ARCHIVE := build/jvm/spark-classes.jsa
-$(CLASS_ARCHIVE): $(JVM_JAR) $(RUNTIME_JARS) $(STAMP) pipelines/class_archive.py
-	$(PY) -m pipelines.class_archive $@
+$(CLASS_ARCHIVE): $(JVM_JAR) $(RUNTIME_JARS) $(STAMP) pipelines/job/class_archive.py
+	$(PY) -m pipelines.job.class_archive $@
 
 setup: check-java $(STAMP) $(RUNTIME_JARS) $(JVM_JAR) $(CLASS_ARCHIVE)
 

@@ -3,8 +3,8 @@ from dagster import AssetCheckResult, AssetCheckSeverity, asset_check
 
 from assets.resources import SessionsResource
 from assets.tables import SESSIONS, STATE
-from pipelines.checkpoint import inspect_checkpoint, last_commit_age_seconds, read_restore_marker, rescale_command
 from pipelines.errors import SavepointNotFound, SessionsError
+from pipelines.job.checkpoint import inspect_checkpoint, last_commit_age_seconds, read_restore_marker, rescale_command
 from pipelines.storage import open_table
 from state_store import lifecycle
 from state_store.preflight import plan_restore

@@ -2,7 +2,7 @@
 state_lookup, whose point is a table of users) in their event log -- deleted with their storage directories (IO
 manager outputs, compute logs). The forget_user run deletes the others (forget_user_op); its own run config names the
 user too, so the erasure_runs_cleanup sensor deletes finished forget_user runs. Dagster-specific, so here and not in
-state_store (which never imports dagster); what "names U" means is pipelines.erased.UserSpelling's."""
+state_store (which never imports dagster); what "names U" means is pipelines.ingest.erased.UserSpelling's."""
 from __future__ import annotations
 
 import contextlib
@@ -21,7 +21,7 @@ from dagster import (
     serialize_value,
 )
 
-from pipelines.erased import UserSpelling
+from pipelines.ingest.erased import UserSpelling
 
 FORGET_JOB = "forget_user"
 # Jobs whose event log lists user ids beyond their run config: state_lookup's table (the top-N lookup names users no

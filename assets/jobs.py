@@ -21,8 +21,8 @@ from assets import erasure_runs
 from assets.resources import SessionsResource, expected_errors
 from assets.tables import LIFECYCLE_TAGS, SESSIONS, STATE, STREAM_TAGS, catch_up
 from pipelines.config import positive_seconds
-from pipelines.stream import RunSummary
-from pipelines.tables import MicroBatchSink
+from pipelines.job.sink import MicroBatchSink
+from pipelines.job.stream import RunSummary
 from state_store import erasure, lifecycle, maintenance, state, stream_control
 from state_store.results import SavepointInfo
 

@@ -29,7 +29,7 @@ from pipelines.errors import SessionsError
 from state_store.history import diff_savepoints
 from state_store.observe import table_facts
 from state_store.results import SavepointInfo
-from state_store.savepoints import SavepointStore
+from state_store.savepoint.catalog import SavepointStore
 from state_store.status import status
 
 SAVEPOINTS = AssetKey("savepoint_catalog")

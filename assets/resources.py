@@ -12,7 +12,7 @@ from pydantic import Field, PrivateAttr
 
 from pipelines.config import PATH_SETTINGS, SessionsConfig, env_name
 from pipelines.errors import ConfigError, NextStepError, SessionsError
-from pipelines.runtime import spark_conf
+from pipelines.job.runtime import spark_conf
 
 T = TypeVar("T")
 

@@ -20,8 +20,8 @@ from dagster_pyspark import PySparkResource
 
 from assets.resources import SessionsResource, expected_errors
 from assets.tables import LIFECYCLE_TAGS, STATE, state_metadata
+from pipelines.coordination.job_leases import job_lock, running_stream
 from pipelines.errors import JobRunning
-from pipelines.guards import job_lock, running_stream
 from state_store import lifecycle, stream_control
 from state_store.preflight import plan_restore
 from state_store.results import RestoreResult, SavepointInfo

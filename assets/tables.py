@@ -17,8 +17,8 @@ from dagster_pyspark import PySparkResource
 
 from assets.plots import series_table
 from assets.resources import SessionsResource, expected_errors
-from pipelines import stream
-from pipelines.metrics import daily_metrics, metrics_table
+from pipelines.job import stream
+from pipelines.job.metrics import daily_metrics, metrics_table
 from pipelines.storage import open_table
 from state_store.results import StatusReport
 from state_store.status import status

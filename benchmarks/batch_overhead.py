@@ -30,11 +30,11 @@ if str(REPO) not in sys.path:
 
 from benchmarks.throughput import OPERATOR_TIMES, PHASES, batch_record, log, machine_info, phase_medians  # noqa: E402
 from pipelines.config import SessionsConfig  # noqa: E402
-from pipelines.guards import checkpoint_metadata, ensure_tables  # noqa: E402
+from pipelines.core.sample_data import land  # noqa: E402
 from pipelines.ingest import ingest  # noqa: E402
-from pipelines.runtime import get_spark  # noqa: E402
-from pipelines.sample_data import land  # noqa: E402
-from pipelines.stream import start_query  # noqa: E402
+from pipelines.job.runtime import get_spark  # noqa: E402
+from pipelines.job.startup import checkpoint_metadata, ensure_tables  # noqa: E402
+from pipelines.job.stream import start_query  # noqa: E402
 
 VARIANTS = {"rocksdb": ("rocksdb", "true"), "rocksdb-snapshot": ("rocksdb", "false"), "hdfs": ("hdfs", "true")}
 T0 = dt.datetime(2026, 11, 1, 8, tzinfo=dt.timezone.utc)

@@ -1,6 +1,6 @@
 """End to end: one JSONL clickstream through `sessionctl catch-up`, native Spark and Flink SQL, side by side.
 
-One run generates ONE gap-only clickstream file (pipelines.sample_data: no logouts -- they become clicks --, no
+One run generates ONE gap-only clickstream file (pipelines.core.sample_data: no logouts -- they become clicks --, no
 duplicate event_ids, disorder of at most 2 minutes against a lateness of 10, so that no event is late anywhere)
 plus one sentinel event, and then runs each engine in a fresh directory, one at a time, over the same file:
 
@@ -57,7 +57,7 @@ REPO = HERE.parent
 if str(REPO) not in sys.path:
     sys.path.insert(0, str(REPO))
 
-from pipelines.sample_data import arrival_order, generate_events  # noqa: E402
+from pipelines.core.sample_data import arrival_order, generate_events  # noqa: E402
 
 PEERS = HERE / "peers"
 FLINK_PYTHON = PEERS / ".venv-flink" / "bin" / "python"

@@ -18,7 +18,7 @@ import numpy as np
 import pyarrow.compute as pc
 
 from pipelines.config import SessionsConfig
-from pipelines.erased import COMPLETE, ErasedUsers, log_erasure, user_hash
+from pipelines.ingest.erased import COMPLETE, ErasedUsers, log_erasure, user_hash
 from pipelines.ingest.lines import Lines
 from pipelines.ingest.table import RowSource, _rows
 

@@ -11,7 +11,7 @@ per-line rules' cost per line.
 Part 2, a whole `pipelines.ingest.ingest(config)` of one landed file of --lines clean events (read, split, rules,
 Delta append, archive), per-line vs columnar, alternating, --ingest-rounds each, a fresh SESSIONS_HOME each time.
 
-The lines are `pipelines.sample_data` events (json.dumps, ~136 bytes each); hostile lines replace a fraction of
+The lines are `pipelines.core.sample_data` events (json.dumps, ~136 bytes each); hostile lines replace a fraction of
 them, cycling through the kinds of README "Input handling". The machine's load average is recorded around every
 timed run: on this shared 2-core machine it is the first thing to check when two runs disagree.
 
@@ -42,11 +42,11 @@ if str(REPO) not in sys.path:
     sys.path.insert(0, str(REPO))
 
 from pipelines.config import SessionsConfig  # noqa: E402
+from pipelines.core.sample_data import arrival_order, generate_events  # noqa: E402
 from pipelines.ingest import columnar, ingest  # noqa: E402
 from pipelines.ingest import table as ingest_table  # noqa: E402
 from pipelines.ingest.lines import Lines, classify_line, split_lines  # noqa: E402
 from pipelines.ingest.table import RowSource, _rows  # noqa: E402
-from pipelines.sample_data import arrival_order, generate_events  # noqa: E402
 
 
 def _events(count: int, seed: int = 3) -> list[bytes]:

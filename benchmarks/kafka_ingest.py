@@ -31,8 +31,8 @@ if str(REPO) not in sys.path:
 from confluent_kafka import Producer  # noqa: E402
 
 from pipelines.config import SessionsConfig  # noqa: E402
+from pipelines.core.sample_data import arrival_order, generate_events  # noqa: E402
 from pipelines.ingest import ingest  # noqa: E402
-from pipelines.sample_data import arrival_order, generate_events  # noqa: E402
 from testkit.kafka_mock import MockCluster  # noqa: E402  (librdkafka's mock C API through ctypes)
 
 TOPIC = "bench-clicks"

@@ -47,11 +47,11 @@ REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
 from pipelines.config import SessionsConfig  # noqa: E402
-from pipelines.runtime import get_spark  # noqa: E402
-from pipelines.sample_data import land  # noqa: E402
-from pipelines.stream import catch_up  # noqa: E402
-from state_store import savepoints as sp  # noqa: E402
+from pipelines.core.sample_data import land  # noqa: E402
+from pipelines.job.runtime import get_spark  # noqa: E402
+from pipelines.job.stream import catch_up  # noqa: E402
 from state_store.lifecycle import live_state, rescale, restore, take_savepoint  # noqa: E402
+from state_store.savepoint import catalog as sp  # noqa: E402
 
 
 def _status_kib(pid: int, field: str) -> int | None:
@@ -216,7 +216,7 @@ def measure_online(config: SessionsConfig, users: int, spark, quiet_s: float = 2
     feeder_code = (
         "import datetime as dt, json, sys, time\n"
         "from pathlib import Path\n"
-        "from pipelines.sample_data import land\n"
+        "from pipelines.core.sample_data import land\n"
         "landing, users = Path(sys.argv[1]), int(sys.argv[2])\n"
         "base = dt.datetime(2026, 11, 1, 10, 20, tzinfo=dt.timezone.utc)\n"
         "for k in range(100000):\n"

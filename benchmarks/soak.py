@@ -38,7 +38,7 @@ REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
 from pipelines.config import SessionsConfig  # noqa: E402
-from pipelines.sample_data import PAGES, TYPES, land  # noqa: E402
+from pipelines.core.sample_data import PAGES, TYPES, land  # noqa: E402
 
 SESSIONCTL = str(Path(sys.executable).parent / "sessionctl")
 EVENT_START = dt.datetime(2026, 11, 1, 8, tzinfo=dt.timezone.utc)

@@ -56,9 +56,9 @@ from benchmarks.throughput import (  # noqa: E402
     start_native,
 )
 from pipelines.config import SessionsConfig  # noqa: E402
+from pipelines.core.sample_data import land  # noqa: E402
 from pipelines.ingest import ingest  # noqa: E402
-from pipelines.runtime import get_spark  # noqa: E402
-from pipelines.sample_data import land  # noqa: E402
+from pipelines.job.runtime import get_spark  # noqa: E402
 
 T0_MS = 1_793_520_000_000  # 2026-11-01T08:00:00Z
 MIN = 60_000

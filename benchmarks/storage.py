@@ -30,10 +30,10 @@ import boto3  # noqa: E402
 
 from benchmarks.throughput import log, machine_info  # noqa: E402
 from pipelines.config import SessionsConfig  # noqa: E402
+from pipelines.core.sample_data import arrival_order, generate_events  # noqa: E402
 from pipelines.ingest import ingest  # noqa: E402
-from pipelines.runtime import get_spark  # noqa: E402
-from pipelines.sample_data import arrival_order, generate_events  # noqa: E402
-from pipelines.stream import catch_up  # noqa: E402
+from pipelines.job.runtime import get_spark  # noqa: E402
+from pipelines.job.stream import catch_up  # noqa: E402
 
 
 def _moto(port: int) -> subprocess.Popen[bytes]:

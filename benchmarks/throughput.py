@@ -1,9 +1,9 @@
 """Steady-state throughput: the session-tracking job vs Spark's native `session_window`.
 
-One run generates one clickstream (pipelines.sample_data), ingests it into a raw_events Delta table
+One run generates one clickstream (pipelines.core.sample_data), ingests it into a raw_events Delta table
 with exactly one ingest commit per micro-batch, and then runs, one after the other on that same table:
 
-  job     pipelines.stream.start_query: the "sessions_raw" source -> the stateful operator a new checkpoint
+  job     pipelines.job.stream.start_query: the "sessions_raw" source -> the stateful operator a new checkpoint
           gets (by default the JVM operator: flatMapGroupsWithState keyed by user,
           jvm/src/sessions/SessionsOperator.java) -> foreachBatch MicroBatchSink (exactly-once Delta append)
   native  the same "sessions_raw" source -> withWatermark (same lateness) ->
@@ -40,11 +40,11 @@ if str(REPO) not in sys.path:
 
 import pyarrow as pa  # noqa: E402
 
-from pipelines.checkpoint import PROVIDER_CLASSES, directory_size  # noqa: E402
 from pipelines.config import SessionsConfig  # noqa: E402
+from pipelines.core.sample_data import arrival_order, generate_events, land  # noqa: E402
 from pipelines.ingest import ingest  # noqa: E402
-from pipelines.sample_data import arrival_order, generate_events, land  # noqa: E402
-from pipelines.tables import SESSIONS_SCHEMA, ensure_table, idempotent_append  # noqa: E402
+from pipelines.job.checkpoint import PROVIDER_CLASSES, directory_size  # noqa: E402
+from pipelines.job.sink import SESSIONS_SCHEMA, ensure_table, idempotent_append  # noqa: E402
 
 # Average events per generated session (1..12 events, +1 logout 30% of the time) and the duplicate rate
 # of arrival_order; only used to size the generation, the batches are cut exactly afterwards.
@@ -143,8 +143,8 @@ def _source_options(target_seq: int | None) -> dict:
 
 
 def start_job(spark, config: SessionsConfig, target_seq: int | None = None):
-    from pipelines.guards import checkpoint_metadata, ensure_tables
-    from pipelines.stream import start_query
+    from pipelines.job.startup import checkpoint_metadata, ensure_tables
+    from pipelines.job.stream import start_query
 
     ensure_tables(config)
     meta, operator = checkpoint_metadata(config)
@@ -180,7 +180,7 @@ class NativeSink:
 def start_native(spark, config: SessionsConfig, target_seq: int | None = None):
     from pyspark.sql import functions as F
 
-    from pipelines.stream import raw_events_stream
+    from pipelines.job.stream import raw_events_stream
 
     checkpoint = config.home / "checkpoints" / "native"
     checkpoint.mkdir(parents=True, exist_ok=True)
@@ -191,7 +191,7 @@ def start_native(spark, config: SessionsConfig, target_seq: int | None = None):
     events = raw_events_stream(spark, config.with_(max_versions_per_batch=config.max_versions_per_batch or 1),
                                checkpoint, _source_options(target_seq))
     valid = (events.withWatermark("event_time", f"{config.lateness_ms} milliseconds")
-             .where(F.col("origin") == "event"))  # the source hands over no rejected line (pipelines.source)
+             .where(F.col("origin") == "event"))  # the source hands over no rejected line (pipelines.job.source)
     sessions = (valid.groupBy(F.session_window("event_time", f"{config.gap_ms} milliseconds").alias("w"), "user_id")
                 .agg(F.count(F.lit(1)).alias("event_count"),
                      F.sum(F.when(F.col("event_type") == "page_view", 1).otherwise(0)).cast("long").alias("page_views")))
@@ -528,7 +528,7 @@ def main(argv=None) -> int:
         data = prepare_data(data_home, args)
         log(f"data ready: {data}")
 
-        from pipelines.runtime import get_spark
+        from pipelines.job.runtime import get_spark
 
         first = make_config(provider_home(work, data_home, providers[0]), providers[0], args)
         spark = get_spark(first)

@@ -17,9 +17,9 @@ __all__ = ["ConfigError", "SessionsConfig", "kafka_settings"]  # ConfigError liv
 REPO_ROOT = Path(__file__).resolve().parent.parent
 Provider = Literal["rocksdb", "hdfs"]  # the state store providers (SESSIONS_STATE_STORE)
 PROVIDERS: tuple[Provider, ...] = ("rocksdb", "hdfs")
-OPERATORS = ("jvm",)  # SESSIONS_OPERATOR (pipelines.operator; the Python operator is retired: operator_buckets)
+OPERATORS = ("jvm",)  # SESSIONS_OPERATOR (pipelines.job.operators.seam; the Python operator is retired: operator_buckets)
 MAX_LEASE_TTL_S = 86_400.0  # SESSIONS_LEASE_TTL_S at most (one day): the renewal thread waits TTL/3 at a time
-# SESSIONS_LEASE_TTL_S at least: a holder renews every TTL/3 (pipelines.locks), so a TTL of milliseconds would have
+# SESSIONS_LEASE_TTL_S at least: a holder renews every TTL/3 (pipelines.coordination.leases), so a TTL of milliseconds would have
 # renewals race their own expiry (any GC pause or slow store write loses the lease) and spin the renewal thread.
 MIN_LEASE_TTL_S = 1.0
 # The state partitions a restore or rescale may ask for (`--partitions`): each is a Spark task, a state store instance
@@ -35,7 +35,7 @@ MAX_FLOAT = 1e9
 MIN_VACUUM_RETENTION_HOURS = 24
 ALLOW_SHORT_RETENTION = "SESSIONS_ALLOW_SHORT_RETENTION"
 # Settings only the environment sets, never Dagster run config (SessionsResource has no field for them): the Spark
-# master receives the executors' AWS credentials (spark.executorEnv.AWS_*, pipelines.runtime), so a launchpad that
+# master receives the executors' AWS credentials (spark.executorEnv.AWS_*, pipelines.job.runtime), so a launchpad that
 # could name one could send them to any host.
 ENV_ONLY_SETTINGS = ("spark_master",)
 
@@ -232,13 +232,13 @@ class SessionsConfig:
     landing_uri: str = _setting("")    # default: $SESSIONS_HOME/landing
     # The Spark checkpoint's parent: one filesystem for every host that runs the job (it also holds the leases).
     checkpoint_uri: str = _setting("")  # default: $SESSIONS_HOME/checkpoints
-    # Leases (pipelines/locks.py): a lease not renewed for lease_ttl_s may be taken over, and its holder is fenced
+    # Leases (pipelines/coordination/leases.py): a lease not renewed for lease_ttl_s may be taken over, and its holder is fenced
     # from then on; at most MAX_LEASE_TTL_S. Where they live (and stop requests): a shared path or s3://bucket/prefix.
     lease_ttl_s: float = _setting(60.0, minimum=0, maximum=math.inf)  # MIN_/MAX_LEASE_TTL_S: from_env says why
     lease_uri: str = _setting("")  # default: _leases beside the checkpoint
     lease_wait_s: float = _setting(300.0, minimum=0, inclusive=True)  # the longest ingest waits for the ingest lease
     # Recorded in a new checkpoint's metadata; only the retired Python operator's state was keyed by hash buckets of
-    # user_id (pipelines.operator_buckets reads it with the count its checkpoint recorded).
+    # user_id (pipelines.job.operators.buckets reads it with the count its checkpoint recorded).
     state_buckets: int = _setting(64)
     # The stateful operator: "jvm" (jvm/src/sessions/SessionsOperator.java, flatMapGroupsWithState, per-user state),
     # the only one; "python" is refused in one line naming the way out for its checkpoints.
@@ -254,7 +254,7 @@ class SessionsConfig:
     rocksdb_changelog: bool = _setting(True)
     # Savepoints are the long-term recovery points; the checkpoint keeps a short tail of versions.
     min_batches_to_retain: int = _setting(20)
-    # Incremental savepoints (state_store/savepoint_policy.py): a full one every Nth savepoint of a lineage (1: always
+    # Incremental savepoints (state_store/savepoint/policy.py): a full one every Nth savepoint of a lineage (1: always
     # full), or once a chain's increments hold more rows than this share of its full savepoint's.
     savepoint_full_every: int = _setting(10)
     savepoint_chain_share: float = _setting(0.5, minimum=0)
@@ -339,7 +339,7 @@ class SessionsConfig:
         values["landing_uri"] = (values["landing_uri"] or str(home / "landing")).rstrip("/")
         checkpoint_uri = values["checkpoint_uri"].removeprefix("file://")
         if "://" in checkpoint_uri:
-            # The driver reads the checkpoint's logs itself (pipelines/checkpoint.py) and leases live beside it.
+            # The driver reads the checkpoint's logs itself (pipelines/job/checkpoint.py) and leases live beside it.
             raise ConfigError(f"SESSIONS_CHECKPOINT_URI={checkpoint_uri!r}: only a local or mounted shared path is "
                               "supported (hdfs:// would need the driver to read it through Hadoop; see deploy/spark)")
         values["checkpoint_uri"] = str(Path(checkpoint_uri).resolve()) if checkpoint_uri else str(home / "checkpoints")
@@ -392,7 +392,7 @@ class SessionsConfig:
     @property
     def lease_dir(self) -> Path:
         """Where leases live when lease_uri is a path (beside the checkpoint by default, on the filesystem every host
-        shares); for an s3:// lease_uri, pass lease_uri itself to pipelines.locks."""
+        shares); for an s3:// lease_uri, pass lease_uri itself to pipelines.coordination.leases."""
         return Path(self.lease_uri)
 
     def table_uri(self, name: str) -> str:

@@ -88,8 +88,8 @@ class SavepointDamaged(NextStepError):
 
 
 # A Python task that cannot read a savepoint's data file raises an OSError with this text
-# (state_store.savepoint_io.file_batches); the driver gets only text back (a PythonException). The file's savepoint is
-# its folder under state/ (state_store.savepoints: state/<id>/).
+# (state_store.savepoint.files.file_batches); the driver gets only text back (a PythonException). The file's savepoint is
+# its folder under state/ (state_store.savepoint.catalog: state/<id>/).
 UNREADABLE_SAVEPOINT_FILE = "savepoint data file {uri} cannot be read ({cause})"
 _UNREADABLE = re.compile(r"savepoint data file (\S*/state/([^/\s]+)/[^/\s]+) cannot be read \((.*)\)")
 

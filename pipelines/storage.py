@@ -70,7 +70,7 @@ def s3_limits(config: SessionsConfig) -> Iterator[None]:
 
 def s3_filesystem() -> pafs.S3FileSystem:
     """pyarrow's S3 filesystem from this process's standard AWS_* variables (driver or executor alike: executors
-    get them through spark.executorEnv, see pipelines.shipping); request limits from s3_limits."""
+    get them through spark.executorEnv, see pipelines.job.shipping); request limits from s3_limits."""
     env = os.environ
     endpoint = env.get("AWS_ENDPOINT_URL", "")
     scheme, _, host = endpoint.partition("://") if "://" in endpoint else ("https", "", endpoint)
@@ -204,7 +204,7 @@ _OBJECT_STORE_MARKERS = ("Generic S3 error", "AWS Error", "curlCode", "EndpointC
 
 def is_object_store_failure(error: BaseException | str) -> bool:
     """Whether `error` (or a failure's text) is an S3 client's failure -- the endpoint did not answer, refused or
-    throttled -- rather than one of the data or the program: the run loop rides those out (pipelines.stream)."""
+    throttled -- rather than one of the data or the program: the run loop rides those out (pipelines.job.stream)."""
     if isinstance(error, (StorageUnavailable, BotoCoreError, ClientError)):
         return True
     text = str(error)

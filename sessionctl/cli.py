@@ -30,8 +30,8 @@ from sessionctl.interrupt import INTERRUPTED, install, record
 # Each command imports what it runs, in its own function: `--help`, `savepoints` and the other commands that start no
 # JVM never import pyspark (about a second of such a command's own time, `python -X importtime`).
 if TYPE_CHECKING:
-    from pipelines.stream import RunSummary
-    from pipelines.tables import MicroBatchSink
+    from pipelines.job.sink import MicroBatchSink
+    from pipelines.job.stream import RunSummary
 
 
 # The exit code of a check that ran and answered "no" (`restore --dry-run`: not restorable; `forget --verify`: not
@@ -51,7 +51,7 @@ def _print(obj: Any, one_line: bool = True) -> None:
 
 
 def cmd_catch_up(config: SessionsConfig, args: argparse.Namespace) -> None:
-    from pipelines.stream import catch_up
+    from pipelines.job.stream import catch_up
 
     _print(catch_up(config).to_dict())
 
@@ -71,10 +71,10 @@ def cmd_run(config: SessionsConfig, args: argparse.Namespace) -> None:
         print(f"batches={summary.batches} input_rows={summary.input_rows} "
               f"sessions_written={sink.sessions_written} quarantined={sink.quarantined}", flush=True)
 
-    # A source that cannot be read is retried, not fatal: its one line (pipelines.stream's log) on stderr as well.
+    # A source that cannot be read is retried, not fatal: its one line (pipelines.job.stream's log) on stderr as well.
     source_errors = logging.StreamHandler(sys.stderr)
     source_errors.setFormatter(logging.Formatter("sessionctl run: %(message)s"))
-    logging.getLogger("pipelines.stream").addHandler(source_errors)
+    logging.getLogger("pipelines.job.stream").addHandler(source_errors)
     print("running; Ctrl-C or `sessionctl stop` stops cleanly", file=sys.stderr, flush=True)
     _print(run_stream(config, stop=stop, poll_seconds=args.poll_seconds, on_progress=progress).to_dict())
 
@@ -124,7 +124,7 @@ def cmd_savepoints(config: SessionsConfig, args: argparse.Namespace) -> None:
     if args.action is not None or args.ids:
         raise SessionsError(f"unknown savepoints action {' '.join([args.action or '', *args.ids]).strip()!r}: "
                             "`sessionctl savepoints` lists them, `sessionctl savepoints diff A B` compares two")
-    from state_store.savepoints import SavepointStore
+    from state_store.savepoint.catalog import SavepointStore
 
     # Each entry as the catalog holds it (`error` null when none) and its `uri`: the listing's keys since the start.
     _print([saved.to_dict(catalog=True) for saved in SavepointStore.of(config).list()], args.json)
@@ -133,7 +133,7 @@ def cmd_savepoints(config: SessionsConfig, args: argparse.Namespace) -> None:
 def _savepoints_diff(config: SessionsConfig, args: argparse.Namespace) -> None:
     if len(args.ids) != 2:
         raise SessionsError("savepoints diff takes two savepoints: `sessionctl savepoints diff A B` (ids or latest)")
-    from pipelines.runtime import get_spark, spark_failures
+    from pipelines.job.runtime import get_spark, spark_failures
     from state_store.history import diff_savepoints
 
     with spark_failures(config):
@@ -192,7 +192,7 @@ def cmd_compact(config: SessionsConfig, args: argparse.Namespace) -> None:
 
 
 def cmd_state(config: SessionsConfig, args: argparse.Namespace) -> None:
-    from pipelines.runtime import get_spark, spark_failures
+    from pipelines.job.runtime import get_spark, spark_failures
     from state_store.state import lookup_user, top_sessions
 
     if args.history and args.user is None:
@@ -391,8 +391,8 @@ def main(argv: list[str] | None = None) -> int:
         # Orderly: the queries, the state stores, then the JVM, before Python exits (a JVM left to die with the
         # process can crash in RocksDB's native code on the way out). Ctrl-C here is ignored: we are leaving anyway.
         signal.signal(signal.SIGINT, signal.SIG_IGN)
-        if "pipelines.runtime" in sys.modules:  # only a command that imported it can have started Spark
-            from pipelines.runtime import stop_spark
+        if "pipelines.job.runtime" in sys.modules:  # only a command that imported it can have started Spark
+            from pipelines.job.runtime import stop_spark
 
             stop_spark()
     # Then Arrow's threads, before the interpreter's teardown (not after an unexpected error: its traceback, whose

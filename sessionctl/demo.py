@@ -6,10 +6,10 @@ from __future__ import annotations
 import json
 
 from pipelines.config import SessionsConfig
+from pipelines.core.sample_data import arrival_order, generate_events, land_sample
 from pipelines.errors import SourceUnavailable
-from pipelines.runtime import get_spark
-from pipelines.sample_data import arrival_order, generate_events, land_sample
-from pipelines.stream import catch_up
+from pipelines.job.runtime import get_spark
+from pipelines.job.stream import catch_up
 from state_store.status import status
 
 KAFKA_ONE_LINE = "SESSIONS_KAFKA_BOOTSTRAP=broker:9092 SESSIONS_KAFKA_TOPIC=clicks .venv/bin/sessionctl catch-up"

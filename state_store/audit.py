@@ -4,7 +4,7 @@ spelling of the user id -- and the Delta logs rewritten so that they spell it no
 Reading (`scan`): Parquet files are decoded (every string value, nested ones too: a Delta checkpoint's statistics);
 JSON documents and Delta commits line by line, decoded (a DELETE's predicate, statistics, a raw line's escapes);
 landed `*.jsonl` lines by their decoded user_id; anything else (state store files, leases, logs) as bytes
-(pipelines.erased.UserSpelling says what counts as a mention).
+(pipelines.ingest.erased.UserSpelling says what counts as a mention).
 
 Rewriting (`scrub_delta_log`): a Delta DELETE records its predicate, and every add action the min/max statistics of
 its file, in the table's log, which VACUUM never touches. Commits and checkpoints that name the user are rewritten in
@@ -25,7 +25,7 @@ import pyarrow.compute as pc
 import pyarrow.fs as pafs
 import pyarrow.parquet as pq
 
-from pipelines.erased import UserSpelling
+from pipelines.ingest.erased import UserSpelling
 from pipelines.storage import filesystem, is_s3
 
 __all__ = ["Findings", "scan", "scrub_delta_log"]

@@ -3,7 +3,7 @@ quarantine, the live state and the versions its checkpoint retains, every savepo
 versions (within SESSIONS_ERASURE_DEADLINE_HOURS), the tables' Delta logs (predicates and statistics scrubbed) and
 every landed file (pending, still being written or archived; any spelling of the id) -- and `forget --verify` reads
 every file under every location the product writes, as an auditor would, and says where U still appears. Events of
-U that arrive later are dropped at ingest (the standing erasure, pipelines.erased.ErasedUsers).
+U that arrive later are dropped at ingest (the standing erasure, pipelines.ingest.erased.ErasedUsers).
 
 Every step is idempotent, so a forget that was killed is finished by running it again. The live state of a stopped
 job is erased by a savepoint, that savepoint erased like every other, and a restore from it (the checkpoint it
@@ -24,22 +24,22 @@ import pyarrow.fs as pafs
 from deltalake import DeltaTable
 from pyspark.sql import SparkSession
 
-from pipelines.checkpoint import inspect_checkpoint, read_restore_marker
 from pipelines.config import SessionsConfig
-from pipelines.erased import COMPLETE, LOG_TABLE, UserSpelling, log_erasure, user_hash
+from pipelines.coordination.fencing import fenced_delete
+from pipelines.coordination.leases import Lease
 from pipelines.errors import NoCommittedBatch, SessionsError, StopIncomplete
-from pipelines.fencing import fenced_delete
 from pipelines.ingest.erase_lines import erase_landed_lines
-from pipelines.locks import Lease
+from pipelines.ingest.erased import COMPLETE, LOG_TABLE, UserSpelling, log_erasure, user_hash
+from pipelines.job.checkpoint import inspect_checkpoint, read_restore_marker
 from pipelines.results import Result
 from pipelines.storage import filesystem, join, read_rows, sql_literal, storage_options, table_exists
 from state_store.audit import mentions, scan, scrub_delta_log
 from state_store.lifecycle import replaced_checkpoints
-from state_store.restoring import restore_unlocked
-from state_store.savepoint_chain import savepoint_checksum
-from state_store.savepoint_damage import damaged_members, table_damage
-from state_store.savepointing import savepoint_last_batch
-from state_store.savepoints import SavepointStore
+from state_store.restore import restore_unlocked
+from state_store.savepoint.catalog import SavepointStore
+from state_store.savepoint.chain import savepoint_checksum
+from state_store.savepoint.damage import damaged_members, table_damage
+from state_store.savepoint.take import savepoint_last_batch
 from state_store.state import lookup_user
 
 
@@ -89,7 +89,7 @@ def _purge_old_versions(config: SessionsConfig, uri: str) -> int:
 def _erase_savepoints(config: SessionsConfig, spark: SparkSession, user: UserSpelling
                       ) -> tuple[dict[str, int], list[str], list[str]]:
     """U's rows out of every savepoint's state table, its catalog row's count and checksum recomputed in the
-    executors: a restore of any of them cannot bring U back. A damaged savepoint (state_store.savepoint_damage) never
+    executors: a restore of any of them cannot bring U back. A damaged savepoint (state_store.savepoint.damage) never
     blocks the others: it cannot be restored anyway, so the data files of its own table that name U are deleted and
     it is counted; so are the files of state tables no catalog row names (savepoints killed before they were recorded).
     (counts, the readable tables, the damaged and unrecorded ones)"""
@@ -252,8 +252,9 @@ def forget(config: SessionsConfig, user_id: str, spark: SparkSession | None = No
            timeout_s: float | None = None) -> ForgetResult:
     """Erase U everywhere (see the module docstring). A running stream (any host) is asked to do it between two
     batches and goes on; otherwise it is done here under the job and lifecycle leases."""
-    from pipelines.guards import await_answer, request_erasure, running_stream
-    from pipelines.runtime import get_spark, spark_failures
+    from pipelines.coordination.job_leases import running_stream
+    from pipelines.coordination.requests import await_answer, request_erasure
+    from pipelines.job.runtime import get_spark, spark_failures
     from state_store.lifecycle import lifecycle_locks
 
     if not user_id:
@@ -262,22 +263,22 @@ def forget(config: SessionsConfig, user_id: str, spark: SparkSession | None = No
     if stream is None or stream.what != "run":
         with lifecycle_locks(config, "forget") as held, spark_failures(config):
             return forget_unlocked(config, spark or get_spark(config), user_id, lease=held)
-    request = request_erasure(config, stream, user_id)
-    answer = await_answer(config, stream, request, timeout_s if timeout_s is not None else config.stop_timeout_s * 2,
-                          withdraw_on_timeout=True)
+    request = request_erasure(config, stream=stream, user_id=user_id)
+    patience = timeout_s if timeout_s is not None else config.stop_timeout_s * 2
+    answer = await_answer(config, stream=stream, request=request, patience_s=patience, withdraw_on_timeout=True)
     if answer is None:
         raise StopIncomplete(f"the stream ({stream.describe()}) went away before it erased the user: run the same "
                              "forget again (with the stream stopped, it runs here)", next_step="run the same forget again")
-    if answer.get("error") or not answer.get("erased"):
-        raise StopIncomplete(f"the stream could not erase the user ({answer.get('error')}): run the same forget again",
+    if answer.error or not answer.erased:
+        raise StopIncomplete(f"the stream could not erase the user ({answer.error}): run the same forget again",
                              next_step="run the same forget again")
-    erased = answer["erased"]
+    erased = answer.erased
     return ForgetResult(erased["erasure_id"], erased["user_hash"], erased["removed"], erased["purged_files"],
                         erased["seconds"])
 
 
 def verify(config: SessionsConfig, user_id: str, spark: SparkSession | None = None) -> ForgetVerification:
-    from pipelines.runtime import get_spark, spark_failures
+    from pipelines.job.runtime import get_spark, spark_failures
 
     with spark_failures(config):
         return verify_forgotten(config, spark or get_spark(config), user_id)

@@ -1,6 +1,6 @@
 """How state changed: what differs between two savepoints (`sessionctl savepoints diff A B`), and one user's open
 sessions at each retained savepoint (`sessionctl state --user U --history`). Both read savepoint files in the
-executors (state_store.savepoint_chain.savepoint_rows); the driver gets per-user summaries' counts and a sample."""
+executors (state_store.savepoint.chain.savepoint_rows); the driver gets per-user summaries' counts and a sample."""
 from __future__ import annotations
 
 from collections.abc import Iterator
@@ -14,18 +14,18 @@ import pyarrow.compute as pc
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 
-from pipelines import state_format
 from pipelines.config import SessionsConfig
+from pipelines.core import state_format
+from pipelines.core.sessionize import open_sessions
 from pipelines.results import Result
-from pipelines.sessionize import open_sessions
 from state_store.results import SavepointInfo
-from state_store.savepoint_chain import savepoint_rows
-from state_store.savepoint_damage import check_readable, savepoint_damage
-from state_store.savepoints import SavepointStore, row_hashes
+from state_store.savepoint.catalog import SavepointStore
+from state_store.savepoint.chain import savepoint_rows
+from state_store.savepoint.checksum import row_hashes, signed
+from state_store.savepoint.damage import check_readable, savepoint_damage
 from state_store.state import session_json
 
 _SUMMARY_DDL = "user_id string, sessions long, fingerprint long"
-_MOD64 = 1 << 64
 
 
 @dataclass(frozen=True)
@@ -63,7 +63,7 @@ def _per_user(gap_ms: int) -> Any:
         yield pa.RecordBatch.from_pydict({
             "user_id": users,
             "sessions": [int(sessions.get(u, 0)) for u in users],
-            "fingerprint": [(v - _MOD64 if v >= 1 << 63 else v) for v in (int(sums[u]) % _MOD64 for u in users)],
+            "fingerprint": [signed(int(sums[u])) for u in users],
         })
     return summarise
 

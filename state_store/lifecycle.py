@@ -1,5 +1,5 @@
 """The lifecycle operations `sessionctl` and Dagster call, under their leases: savepoint (of a stopped or a running
-stream; state_store.savepointing), restore (state_store.restoring, after state_store.preflight's checks) and rescale
+stream; state_store.savepoint.take), restore (state_store.restore, after state_store.preflight's checks) and rescale
 of the stopped job. Running and stopping the stream: state_store.stream_control."""
 from __future__ import annotations
 
@@ -12,31 +12,28 @@ from pathlib import Path
 import pyarrow as pa
 from pyspark.sql import SparkSession
 
-from pipelines import state_format
-from pipelines.checkpoint import (
-    inspect_checkpoint,
-    read_job_metadata,
-)
 from pipelines.config import SessionsConfig
+from pipelines.coordination.job_leases import JOB, LIFECYCLE, job_lock
+from pipelines.coordination.leases import Lease
+from pipelines.core import state_format
 from pipelines.errors import (
     NoCommittedBatch,
     RescaleRefused,
     StateMismatch,
 )
-from pipelines.guards import (
-    JOB,
-    LIFECYCLE,
-    job_lock,
+from pipelines.job.checkpoint import (
+    inspect_checkpoint,
+    read_job_metadata,
 )
-from pipelines.locks import Lease
-from pipelines.operator import StateOperator
-from pipelines.operator_registry import for_layout, for_new_checkpoint
-from pipelines.runtime import get_spark, spark_failures
+from pipelines.job.operators.registry import for_layout, for_new_checkpoint
+from pipelines.job.operators.seam import StateOperator
+from pipelines.job.runtime import get_spark, spark_failures
 from state_store.preflight import refusals
-from state_store.restoring import FAILED_SUFFIX, REPLACED_SUFFIX, frame_checksum, restore_unlocked, verified_savepoint
+from state_store.restore import FAILED_SUFFIX, REPLACED_SUFFIX, restore_unlocked, verified_savepoint
 from state_store.results import RescaleMethod, RescaleResult, RestoreResult, SavepointInfo
-from state_store.savepointing import savepoint_last_batch
-from state_store.savepoints import SavepointStore
+from state_store.savepoint.catalog import SavepointStore
+from state_store.savepoint.checksum import frame_checksum
+from state_store.savepoint.take import savepoint_last_batch
 from state_store.state import read_state, repartition_state
 
 
@@ -62,8 +59,8 @@ def live_state(spark: SparkSession, checkpoint: Path, batch_id: int | None, op: 
 
 def _take_savepoint(config: SessionsConfig, trigger: str, spark: SparkSession | None, full: bool = False
                     ) -> SavepointInfo:
-    """The savepoint of the last committed batch (state_store.savepointing: written and verified by the executors;
-    incremental where state_store.savepoint_policy allows and not `full`)."""
+    """The savepoint of the last committed batch (state_store.savepoint.take: written and verified by the executors;
+    incremental where state_store.savepoint.policy allows and not `full`)."""
     return savepoint_last_batch(config, trigger, _spark(config, spark), full=full)
 
 

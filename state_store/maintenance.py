@@ -10,16 +10,16 @@ import boto3
 import pyarrow as pa
 from deltalake import DeltaTable
 
-from pipelines.checkpoint import directory_size
 from pipelines.config import SessionsConfig
-from pipelines.guards import job_lock
+from pipelines.coordination.job_leases import job_lock
+from pipelines.job.checkpoint import directory_size
 from pipelines.storage import is_s3, join, open_table, storage_options, table_exists
 from state_store.erasure import erasures_recorded
 from state_store.lifecycle import remove_tree, replaced_checkpoints
 from state_store.results import CompactionResult, MaintenanceDue, SavepointInfo
-from state_store.savepoint_damage import damaged_members, table_damage
-from state_store.savepoint_fold import fold, fold_plan, needed, sweep_unreferenced
-from state_store.savepoints import SavepointStore
+from state_store.savepoint.catalog import SavepointStore
+from state_store.savepoint.damage import damaged_members, table_damage
+from state_store.savepoint.fold import fold, fold_plan, needed, sweep_unreferenced
 
 
 def _s3_objects(config: SessionsConfig, uri: str) -> tuple[Any, str, list[dict[str, Any]]]:
@@ -73,7 +73,7 @@ def savepoints_to_delete(catalog: list[SavepointInfo], keep_last: int, keep_dail
                          now: dt.datetime) -> list[SavepointInfo]:
     """Keep the newest `keep_last` complete savepoints and the newest one of each of the last
     `keep_daily_days` days; never the newest complete one. Failed attempts go. (The policy alone: compact then keeps
-    what the chains of the kept ones need, state_store.savepoint_fold.)"""
+    what the chains of the kept ones need, state_store.savepoint.fold.)"""
     complete = [s for s in catalog if s.status == "complete"]  # the catalog is newest first
     keep = {s.savepoint_id for s in complete[:max(1, keep_last)]}
     horizon = (now - dt.timedelta(days=keep_daily_days)).date()
@@ -89,13 +89,13 @@ def savepoints_to_delete(catalog: list[SavepointInfo], keep_last: int, keep_dail
 def _chain_retention(config: SessionsConfig, store: SavepointStore, catalog: list[SavepointInfo],
                      expired: list[SavepointInfo], dry_run: bool
                      ) -> tuple[list[SavepointInfo], list[str], list[SavepointInfo]]:
-    """Retention over incremental chains (state_store.savepoint_fold): the chains of kept savepoints folded where
+    """Retention over incremental chains (state_store.savepoint.fold): the chains of kept savepoints folded where
     their full savepoint expires, and of `expired` only what no kept savepoint's chain needs. (expired, folded ids,
     the catalog after the folds)"""
     keep = {s.savepoint_id for s in catalog} - {s.savepoint_id for s in expired}
     folds, chains = fold_plan(catalog, keep)
     if folds and not dry_run:
-        from pipelines.runtime import get_spark, spark_failures
+        from pipelines.job.runtime import get_spark, spark_failures
 
         with spark_failures(config):
             spark = get_spark(config)

@@ -12,8 +12,9 @@ from pathlib import Path
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from pipelines import state_format
 from pipelines.config import SessionsConfig
+from pipelines.coordination.job_leases import running_stream
+from pipelines.core import state_format
 from pipelines.errors import (
     JobRunning,
     RescaleRefused,
@@ -22,13 +23,12 @@ from pipelines.errors import (
     SessionsError,
     savepoint_way_out,
 )
-from pipelines.guards import running_stream
-from pipelines.operator_registry import for_new_checkpoint
+from pipelines.job.operators.registry import for_new_checkpoint
 from pipelines.results import Result
 from pipelines.storage import open_table, s3_errors, table_exists
 from state_store.results import SavepointInfo
-from state_store.savepoint_damage import savepoint_damage
-from state_store.savepoints import SavepointStore
+from state_store.savepoint.catalog import SavepointStore
+from state_store.savepoint.damage import savepoint_damage
 
 READABLE_SCHEMAS = (state_format.SCHEMA_ID, state_format.V1_SCHEMA_ID)
 # Without a restore of its own on record, the rate of the reference run (benchmarks/results/lifecycle.json: RocksDB,
@@ -81,7 +81,7 @@ def _abandoned_timeline(config: SessionsConfig, saved: SavepointInfo) -> Session
 
 def _damage(store: SavepointStore, saved: SavepointInfo) -> SavepointDamaged | None:
     """What the savepoint's metadata alone shows to be wrong: a table its state resolves through whose Delta log does
-    not load or lists files that are gone or of another size (state_store.savepoint_damage: the files a restore
+    not load or lists files that are gone or of another size (state_store.savepoint.damage: the files a restore
     reads), or rows its Delta log lists (file statistics) other than the catalog's. No data read."""
     from deltalake import DeltaTable
 

@@ -41,14 +41,14 @@ class SavepointInfo(Result):
     seconds: float | None
     error: str | None = None
     verified: bool | None = None  # set by validate_savepoint (re-read matched the catalog row)
-    # Incremental savepoints (state_store.savepoints: "Incremental savepoints"); `rows`/`checksum` above are always
+    # Incremental savepoints (state_store.savepoint.catalog: "Incremental savepoints"); `rows`/`checksum` above are always
     # the state the savepoint represents, `table_rows` what its own table held when written.
     kind: str | None = None       # full | incremental
     base_id: str | None = None    # an incremental one's full savepoint
     chain: str | None = None      # ids base..this, comma-separated
     table_rows: int | None = None
     # take_savepoint's result only (not in the catalog): why it is full though an increment was asked for (a damaged
-    # chain, state_store.savepoint_policy)
+    # chain, state_store.savepoint.policy)
     note: str | None = None
     _omit_if_none: ClassVar[tuple[str, ...]] = ("error", "verified", "kind", "base_id", "chain", "table_rows", "note")
 
@@ -137,7 +137,7 @@ class CompactionResult(Result):
     tables: dict[str, dict[str, int]]  # per table: files_/bytes_before, and after or would_vacuum (dry run)
     seconds: float
     savepoints_folded: list[str] = field(default_factory=list)  # incremental savepoints made full (their chains')
-    # kept savepoints whose table cannot be read (state_store.savepoint_damage): not optimized, vacuumed or folded
+    # kept savepoints whose table cannot be read (state_store.savepoint.damage): not optimized, vacuumed or folded
     savepoints_damaged: list[str] = field(default_factory=list)
 
 

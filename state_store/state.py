@@ -1,5 +1,5 @@
-"""Reading live state through Spark's state data source, in the canonical form (pipelines.state_format). Each
-reader takes the checkpoint's operator (pipelines.operator), which owns how its stored values decode."""
+"""Reading live state through Spark's state data source, in the canonical form (pipelines.core.state_format). Each
+reader takes the checkpoint's operator (pipelines.job.operators.seam), which owns how its stored values decode."""
 from __future__ import annotations
 
 import datetime as dt
@@ -12,13 +12,13 @@ import pyarrow.compute as pc
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 
-from pipelines import state_format
-from pipelines.checkpoint import CheckpointInfo, JobMetadata, inspect_checkpoint, read_job_metadata
 from pipelines.config import SessionsConfig
+from pipelines.core import state_format
+from pipelines.core.sessionize import open_sessions
 from pipelines.errors import NoCommittedBatch
-from pipelines.operator import StateOperator, StoredChunk, register_coordinator
-from pipelines.operator_registry import for_layout, of_checkpoint
-from pipelines.sessionize import open_sessions
+from pipelines.job.checkpoint import CheckpointInfo, JobMetadata, inspect_checkpoint, read_job_metadata
+from pipelines.job.operators.registry import for_layout, of_checkpoint
+from pipelines.job.operators.seam import StateOperator, StoredChunk, register_coordinator
 
 
 def repartition_state(spark: SparkSession, checkpoint: Path, partitions: int) -> None:

@@ -5,19 +5,19 @@ from typing import Any
 
 from pyspark.sql import SparkSession
 
-from pipelines.checkpoint import (
+from pipelines.config import SessionsConfig
+from pipelines.errors import SessionsError
+from pipelines.ingest.kafka import kafka_lag
+from pipelines.job.checkpoint import (
     directory_size,
     inspect_checkpoint,
     read_job_metadata,
     read_restore_marker,
     rescale_command,
 )
-from pipelines.config import SessionsConfig
-from pipelines.errors import SessionsError
-from pipelines.ingest.kafka import kafka_lag
-from pipelines.runtime import get_spark, spark_failures
+from pipelines.job.runtime import get_spark, spark_failures
+from pipelines.job.sink import table_rows
 from pipelines.storage import storage_options
-from pipelines.tables import table_rows
 from state_store.results import StatusReport
 from state_store.state import state_summary
 

@@ -1,4 +1,4 @@
-"""The stream as operators control it: `run_stream` (pipelines.stream's run loop, honouring `sessionctl stop
+"""The stream as operators control it: `run_stream` (pipelines.job.stream's run loop, honouring `sessionctl stop
 --savepoint` by taking that last batch's savepoint before it lets go of the job lease) and `stop_stream` (asks the
 stream that holds the job lease -- this process or another, any host sharing the lease store -- to stop)."""
 from __future__ import annotations
@@ -10,29 +10,23 @@ from typing import Any
 
 from pyspark.sql import SparkSession
 
-from pipelines.checkpoint import inspect_checkpoint
 from pipelines.config import SessionsConfig
+from pipelines.coordination.job_leases import LIFECYCLE, job_lock, running_stream
+from pipelines.coordination.leases import Lease
+from pipelines.coordination.requests import ErasureRequest, StopRequest, await_answer, request_stop
 from pipelines.errors import JobRunning, NotRunning, StopIncomplete
-from pipelines.guards import (
-    LIFECYCLE,
-    StopRequest,
-    await_answer,
-    job_lock,
-    request_stop,
-    running_stream,
-)
-from pipelines.locks import Lease
-from pipelines.runtime import spark_failures
-from pipelines.stream import RunSummary, run_continuously
-from pipelines.tables import MicroBatchSink
+from pipelines.job.checkpoint import inspect_checkpoint
+from pipelines.job.runtime import spark_failures
+from pipelines.job.sink import MicroBatchSink
+from pipelines.job.stream import RunSummary, run_continuously
 from state_store.results import SavepointInfo, StopResult
-from state_store.savepointing import savepoint_last_batch
+from state_store.savepoint.take import savepoint_last_batch
 
 
 def run_stream(config: SessionsConfig, spark: SparkSession | None = None, stop: threading.Event | None = None,
                poll_seconds: float = 5.0,
                on_progress: Callable[[RunSummary, MicroBatchSink], None] | None = None) -> RunSummary:
-    """The stream (pipelines.stream.run_continuously) that honours `sessionctl stop --savepoint`: after its last
+    """The stream (pipelines.job.stream.run_continuously) that honours `sessionctl stop --savepoint`: after its last
     batch it takes that batch's savepoint itself, before it releases the job lease (nothing can start between)."""
 
     def savepoint_at_stop(request: StopRequest, running: SparkSession) -> dict[str, Any]:
@@ -41,11 +35,11 @@ def run_stream(config: SessionsConfig, spark: SparkSession | None = None, stop: 
                 spark_failures(config):
             return savepoint_last_batch(config, "stop", running).to_dict()
 
-    def erase_between_batches(request: StopRequest, running: SparkSession, lease: Lease) -> dict[str, Any]:
+    def erase_between_batches(request: ErasureRequest, running: SparkSession, lease: Lease) -> dict[str, Any]:
         from state_store.erasure import forget_unlocked
 
         with job_lock(config, "forget", name=LIFECYCLE, wait_s=config.stop_timeout_s), spark_failures(config):
-            return forget_unlocked(config, running, request.erase_user or "", lease=lease).to_dict()
+            return forget_unlocked(config, running, request.user_id, lease=lease).to_dict()
 
     return run_continuously(config, spark=spark, stop=stop, poll_seconds=poll_seconds, on_progress=on_progress,
                             on_stop_request=savepoint_at_stop, on_erasure=erase_between_batches)
@@ -62,9 +56,9 @@ def stop_stream(config: SessionsConfig, savepoint: bool = False, timeout_s: floa
     if stream.what != "run":
         raise JobRunning(f"{stream.describe()} holds the job lease and is not a stream: it stops by itself; wait for "
                          f"it", stream.describe(), str(config.lease_dir / "job.lease"))
-    request = request_stop(config, stream, savepoint)
+    request = request_stop(config, stream=stream, savepoint=savepoint)
     patience = timeout_s if timeout_s is not None else config.stop_timeout_s * 2
-    answer = await_answer(config, stream, request, patience, withdraw_on_timeout=False)
+    answer = await_answer(config, stream=stream, request=request, patience_s=patience, withdraw_on_timeout=False)
     if answer is None:  # the stream went away without answering
         last = inspect_checkpoint(config.checkpoint).last_committed_batch
         if request.savepoint:
@@ -73,16 +67,16 @@ def stop_stream(config: SessionsConfig, savepoint: bool = False, timeout_s: floa
                                  f"`sessionctl savepoint`", next_step="sessionctl savepoint")
         return StopResult(True, stream.describe(), last, round(time.monotonic() - started, 3))
     seconds = round(time.monotonic() - started, 3)
-    if answer.get("error"):
-        raise StopIncomplete(f"the stream stopped at committed batch {answer['last_committed_batch']} but its "
-                             f"savepoint failed ({answer['error']}): take it with `sessionctl savepoint`",
+    if answer.error:
+        raise StopIncomplete(f"the stream stopped at committed batch {answer.last_committed_batch} but its "
+                             f"savepoint failed ({answer.error}): take it with `sessionctl savepoint`",
                              next_step="sessionctl savepoint")
-    taken = answer.get("savepoint")
+    taken = answer.savepoint
     if savepoint and not taken:  # joined a stop someone else asked for without a savepoint
-        raise StopIncomplete(f"the stream stopped at committed batch {answer['last_committed_batch']} for an earlier "
+        raise StopIncomplete(f"the stream stopped at committed batch {answer.last_committed_batch} for an earlier "
                              f"stop request without a savepoint ({request.requested_by}): take it with "
                              f"`sessionctl savepoint`", next_step="sessionctl savepoint")
-    return StopResult(True, stream.describe(), answer.get("last_committed_batch"), seconds,
+    return StopResult(True, stream.describe(), answer.last_committed_batch, seconds,
                       SavepointInfo.from_row(taken) if taken else None)
 
 

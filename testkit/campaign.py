@@ -19,8 +19,8 @@ from pathlib import Path
 from typing import Any
 
 from pipelines.config import SessionsConfig
-from pipelines.guards import running_stream
-from pipelines.sample_data import arrival_order, generate_events, land
+from pipelines.coordination.job_leases import running_stream
+from pipelines.core.sample_data import arrival_order, generate_events, land
 from pipelines.storage import open_table, table_exists
 from testkit.lifecycle_expectations import expected_closed_sessions
 
@@ -175,7 +175,7 @@ def run_campaign(work: Path, provider: str, seed: int, kill_points: int) -> dict
             "minutes": round((time.monotonic() - started) / 60, 1), "load_avg_1m_end": round(os.getloadavg()[0], 2)}
 
 
-# ---- named kill points (pipelines/kill_points.py): crashes at exact moments of savepoints and folds -------------
+# ---- named kill points (pipelines/coordination/kill_points.py): crashes at exact moments of savepoints and folds -------------
 
 # (command, point, grow): `grow` -- the chain grows by an increment first (the second kill of a kind reuses the chain
 # and the changes its first one left: that one committed nothing).

@@ -14,8 +14,8 @@ import sys
 import boto3
 
 from pipelines.config import SessionsConfig
-from pipelines.runtime import get_spark, stop_spark
-from pipelines.stream import catch_up
+from pipelines.job.runtime import get_spark, stop_spark
+from pipelines.job.stream import catch_up
 from state_store.lifecycle import rescale, restore, take_savepoint
 
 

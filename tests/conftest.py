@@ -2,7 +2,7 @@
 
 Fixtures
 --------
-``spark``        (session scope) the one SparkSession of the test run, made by ``pipelines.runtime.get_spark``.
+``spark``        (session scope) the one SparkSession of the test run, made by ``pipelines.job.runtime.get_spark``.
                  It serves both state store providers: the provider is chosen per query start from the
                  config passed to ``catch_up(config, spark)``.
 ``make_config``  the ``make_config(tmp_path, provider="rocksdb", **env)`` helper below, as a fixture.
@@ -204,7 +204,7 @@ def assert_late_keys(config, expected) -> None:
 @pytest.fixture(scope="session")
 def spark(tmp_path_factory):
     """The one SparkSession (local[2]) for the whole test run; both providers share it."""
-    from pipelines.runtime import get_spark
+    from pipelines.job.runtime import get_spark
 
     home = tmp_path_factory.mktemp("spark-home")
     session = get_spark(make_config(home))

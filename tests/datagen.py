@@ -168,8 +168,8 @@ def land_files(config, files: list[list[str]], prefix: str = "part", start: int 
     With the default files_per_commit=1 and SESSIONS_MAX_VERSIONS_PER_BATCH=1, each file is exactly one
     micro-batch of the next catch_up, in this order. Returns the file names.
     """
+    from pipelines.core.sample_data import land
     from pipelines.ingest import ingest
-    from pipelines.sample_data import land
 
     names = []
     base = 1_700_000_000 + start * 10
@@ -263,7 +263,7 @@ def pick_seed(make, first_seed: int, accept, tries: int = 50):
 def in_order_chunks(users: int, seed: int, parts: int, sessions: int = 3) -> list[list[dict]]:
     """sample_data's events for `users` users in arrival order, split into `parts` consecutive chunks (a landed file,
     one micro-batch each). Disorder is 120 s, well inside the tests' 10-minute lateness: no event is late."""
-    from pipelines.sample_data import arrival_order, generate_events
+    from pipelines.core.sample_data import arrival_order, generate_events
 
     events = arrival_order(generate_events(users, sessions, seed=seed), seed=seed, jitter_seconds=120)
     size = -(-len(events) // parts)

@@ -9,7 +9,7 @@ import sys
 
 from pyspark.sql import SparkSession
 
-from pipelines.runtime import runtime_jars
+from pipelines.job.runtime import runtime_jars
 
 
 def main() -> None:

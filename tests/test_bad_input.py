@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 from deltalake import DeltaTable
 
-from pipelines.stream import catch_up
+from pipelines.job.stream import catch_up
 from tests.conftest import make_config, read_open_sessions, read_quarantine, read_sessions
 from tests.datagen import BASE_MS, iso
 from tests.oracle import run_oracle

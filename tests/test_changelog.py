@@ -7,8 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from pipelines.checkpoint import inspect_checkpoint
-from pipelines.stream import catch_up
+from pipelines.job.checkpoint import inspect_checkpoint
+from pipelines.job.stream import catch_up
 from state_store.lifecycle import rescale, restore, take_savepoint
 from tests.conftest import make_config, read_open_sessions, read_sessions
 from tests.datagen import in_order_chunks, land_batches

@@ -1,4 +1,4 @@
-"""The Spark JVM's class archive (pipelines/class_archive.py, built by `make setup`): the product's JVM maps it, and
+"""The Spark JVM's class archive (pipelines/job/class_archive.py, built by `make setup`): the product's JVM maps it, and
 one that does not fit (a JDK or pyspark upgrade without `make setup`) is skipped with a line in the JVM's log --
 never on stdout, where sessionctl prints its JSON."""
 from __future__ import annotations
@@ -12,17 +12,17 @@ from pathlib import Path
 
 import pytest
 
-from pipelines.runtime import CLASS_ARCHIVE, JVM_STDERR_LOG
+from pipelines.job.runtime import CLASS_ARCHIVE, JVM_STDERR_LOG
 from tests.conftest import config_env, make_config
 
 pytestmark = pytest.mark.tier("subprocess")
 
-# sessionctl catch-up with pipelines.runtime patched first (the archive's path, or a JVM log flag): the same
+# sessionctl catch-up with pipelines.job.runtime patched first (the archive's path, or a JVM log flag): the same
 # command line, its options built by the product's own java_options.
 _RUN = """
 import sys
 from pathlib import Path
-from pipelines import runtime
+from pipelines.job import runtime
 archive, flag = sys.argv[1:3]
 if archive:
     runtime.CLASS_ARCHIVE = Path(archive)

@@ -19,7 +19,7 @@ from itertools import zip_longest
 
 import pytest
 
-from pipelines.sample_data import land
+from pipelines.core.sample_data import land
 from tests.conftest import config_env, make_config, tool
 from tests.datagen import in_order_chunks
 
@@ -91,7 +91,7 @@ print(json.dumps({"code": code, "heavy": heavy}), file=sys.stderr)
 
 @pytest.mark.parametrize("args, allowed", [
     (HELP, set()),
-    # pandas: state_store.savepoints imports it at the top for the state checksum, which the listing does not use.
+    # pandas: state_store.savepoint.catalog imports it at the top for the state checksum, which the listing does not use.
     (SAVEPOINTS, {"pyarrow", "deltalake", "pandas"}),
 ], ids=["help", "savepoints"])
 def test_light_commands_import_no_spark(home, args, allowed):

@@ -9,7 +9,7 @@ import time
 
 import pytest
 
-from pipelines.sample_data import land
+from pipelines.core.sample_data import land
 from state_store.maintenance import compact
 from tests.conftest import config_env, make_config, read_sessions, tool
 from tests.datagen import in_order_chunks

@@ -8,9 +8,9 @@ from pathlib import Path
 import pytest
 
 from pipelines.config import ConfigError, SessionsConfig
+from pipelines.coordination.job_leases import job_lock
 from pipelines.errors import JobRunning, LifecycleBusy, SessionsError
-from pipelines.guards import job_lock
-from pipelines.runtime import spark_conf
+from pipelines.job.runtime import spark_conf
 from tests.conftest import tool
 
 pytestmark = pytest.mark.tier("pure")
@@ -40,7 +40,7 @@ def test_the_jvm_jar_and_the_no_fork_file_system_by_master(tmp_path, master, in_
     """In-process executors (local, local[n]) find the operator on the driver's class path and get the local file
     system without forks (tests/test_local_fs.py); executors in other JVMs (local-cluster, a cluster) get the jar
     shipped and Hadoop's own file system."""
-    from pipelines.runtime import JVM_JAR, LOCAL_FS_NO_FORK, runtime_jars
+    from pipelines.job.runtime import JVM_JAR, LOCAL_FS_NO_FORK, runtime_jars
 
     assert JVM_JAR.exists(), "make setup builds it"
     conf = spark_conf(SessionsConfig.from_env({"SESSIONS_HOME": str(tmp_path), "SESSIONS_SPARK_MASTER": master}))

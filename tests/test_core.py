@@ -1,4 +1,4 @@
-"""The pure core (pipelines.sessionize.advance) against the independent oracle -- no Spark.
+"""The pure core (pipelines.core.sessionize.advance) against the independent oracle -- no Spark.
 
 A small harness drives `advance` the way the stream does: per micro-batch, with the batch's watermark
 (max event_time of earlier batches - lateness), then one empty step at the final watermark. Two drivers:
@@ -15,7 +15,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from pipelines.sessionize import advance, empty_rows, open_sessions
+from pipelines.core.sessionize import advance, empty_rows, open_sessions
 from tests.datagen import BASE_MS, adversarial_events, event_streams, random_split
 from tests.oracle import oracle_session_id, run_oracle, split_events
 
@@ -227,7 +227,7 @@ def test_adversarial_generator_matches_oracle(seed):
 
 
 # --------------------------------------------------------------------------------------------------------
-# Frozen prefixes: the watermark's side of the state layout (pipelines.state_format)
+# Frozen prefixes: the watermark's side of the state layout (pipelines.core.state_format)
 
 
 @st.composite

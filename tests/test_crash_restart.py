@@ -19,7 +19,7 @@ from pathlib import Path
 
 import pytest
 
-from pipelines.stream import catch_up
+from pipelines.job.stream import catch_up
 from tests.conftest import SESSIONCTL, config_env, make_config, read_open_sessions, read_quarantine, read_sessions
 from tests.datagen import adversarial_events, has_colliding_session_ids, land_files, line, pick_seed, random_split
 from tests.oracle import run_oracle, split_events

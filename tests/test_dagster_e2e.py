@@ -30,11 +30,11 @@ from selenium import webdriver
 from selenium.webdriver.chrome.service import Service
 from selenium.webdriver.common.by import By
 
-from pipelines.checkpoint import inspect_checkpoint
 from pipelines.config import SessionsConfig
-from pipelines.guards import job_lock
-from pipelines.sample_data import land_sample
-from state_store.savepoints import SavepointStore
+from pipelines.coordination.job_leases import job_lock
+from pipelines.core.sample_data import land_sample
+from pipelines.job.checkpoint import inspect_checkpoint
+from state_store.savepoint.catalog import SavepointStore
 from tests.conftest import PostgresServer, free_port, tool
 
 pytestmark = [pytest.mark.tier("e2e"), pytest.mark.timeout(1800)]

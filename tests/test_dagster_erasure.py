@@ -14,8 +14,8 @@ from dagster import FilesystemIOManager, SkipReason, build_sensor_context, insta
 from assets.definitions import defs
 from assets.erasure_runs import FORGET_JOB, USER_LISTING_JOBS, erasure_runs_cleanup, runs_naming
 from assets.resources import SessionsResource, pyspark_resource
-from pipelines.erased import UserSpelling
-from pipelines.stream import catch_up
+from pipelines.ingest.erased import UserSpelling
+from pipelines.job.stream import catch_up
 from tests.datagen import land_batches, stream_scenario
 from tests.oracle import run_oracle
 from tests.test_dagster_jobs import lookup_table

@@ -26,10 +26,10 @@ from assets.definitions import defs
 from assets.observations import observation_sensor
 from assets.resources import SessionsResource, pyspark_resource
 from assets.tables import daily_session_metrics
-from pipelines.checkpoint import inspect_checkpoint
-from pipelines.sample_data import arrival_order, generate_events, land_sample
-from state_store import savepoints as sp
-from state_store.savepoints import SavepointStore
+from pipelines.core.sample_data import arrival_order, generate_events, land_sample
+from pipelines.job.checkpoint import inspect_checkpoint
+from state_store.savepoint import catalog as sp
+from state_store.savepoint.catalog import SavepointStore
 from tests.conftest import read_open_sessions, read_sessions, tool
 from tests.savepoint_expectations import oracle_of
 
@@ -263,7 +263,7 @@ def test_lifecycle_runs_never_overlap(resources):
     lifecycle op that starts anyway (another instance, or the CLI) fail with one clear line."""
     import yaml
 
-    from pipelines.guards import job_lock
+    from pipelines.coordination.job_leases import job_lock
 
     limits = {(limit["key"], limit.get("value")): limit["limit"]
               for limit in yaml.safe_load((REPO / "deploy" / "dagster.yaml").read_text())
@@ -287,7 +287,7 @@ def test_session_stream_job_closes_sessions_of_a_quiet_stream(tmp_path, spark):
     import threading
     import time
 
-    from pipelines.sample_data import land
+    from pipelines.core.sample_data import land
     from state_store.stream_control import stop_stream
     from tests.datagen import iso, line, make_event
     from tests.oracle import run_oracle

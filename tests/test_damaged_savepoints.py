@@ -11,18 +11,19 @@ from pathlib import Path
 
 import pytest
 
+from pipelines.core.sample_data import land
 from pipelines.errors import SavepointDamaged, StreamFailed
 from pipelines.ingest import ingest
-from pipelines.runtime import explain_spark_failure, spark_failures
-from pipelines.sample_data import land
-from pipelines.stream import catch_up
+from pipelines.job.runtime import explain_spark_failure, spark_failures
+from pipelines.job.stream import catch_up
 from state_store.history import diff_savepoints
 from state_store.lifecycle import live_state, restore, take_savepoint
 from state_store.maintenance import compact
 from state_store.preflight import plan_restore
-from state_store.savepoint_chain import savepoint_checksum
-from state_store.savepoint_damage import check_readable, damaged_members
-from state_store.savepoints import SavepointStore, state_checksum
+from state_store.savepoint.catalog import SavepointStore
+from state_store.savepoint.chain import savepoint_checksum
+from state_store.savepoint.checksum import state_checksum
+from state_store.savepoint.damage import check_readable, damaged_members
 from tests.conftest import config_env, make_config, read_open_sessions, read_sessions, tool
 from tests.datagen import in_order_chunks
 from tests.savepoint_expectations import oracle_of

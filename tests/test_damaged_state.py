@@ -7,10 +7,10 @@ import subprocess
 
 import pytest
 
-from pipelines.checkpoint import inspect_checkpoint
+from pipelines.core.sample_data import land
 from pipelines.ingest import ingest
-from pipelines.sample_data import land
-from pipelines.stream import catch_up
+from pipelines.job.checkpoint import inspect_checkpoint
+from pipelines.job.stream import catch_up
 from state_store.lifecycle import restore, take_savepoint
 from tests.conftest import config_env, make_config, read_sessions, tool
 from tests.datagen import in_order_chunks

@@ -16,11 +16,11 @@ import pyarrow.compute as pc
 import pytest
 from deltalake import DeltaTable, write_deltalake
 
-from pipelines.runtime import runtime_jars
-from pipelines.stream import catch_up
+from pipelines.job.runtime import runtime_jars
+from pipelines.job.stream import catch_up
 from state_store.erasure import forget
 from state_store.lifecycle import take_savepoint
-from state_store.savepoints import SavepointStore
+from state_store.savepoint.catalog import SavepointStore
 from tests.conftest import make_config
 from tests.datagen import land_files, line, stream_scenario
 

@@ -9,7 +9,7 @@ import subprocess
 
 import pytest
 
-from pipelines.stream import catch_up
+from pipelines.job.stream import catch_up
 from state_store.erasure import LOG_TABLE, forget, verify_forgotten
 from state_store.lifecycle import restore, take_savepoint
 from tests.conftest import assert_late_keys, config_env, make_config, read_open_sessions, read_sessions, tool
@@ -107,8 +107,8 @@ def test_forget_twice_is_a_no_op_the_second_time(spark, tmp_path):
 
 
 def _caught_up(config) -> bool:
-    from pipelines.checkpoint import inspect_checkpoint
     from pipelines.ingest import latest_ingest_seq
+    from pipelines.job.checkpoint import inspect_checkpoint
 
     offset = inspect_checkpoint(config.checkpoint).source_offset or {}
     return offset.get("seq") == latest_ingest_seq(config.raw_events_table) and bool(offset.get("settled"))

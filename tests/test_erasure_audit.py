@@ -16,7 +16,7 @@ import pyarrow.parquet as pq
 import pytest
 from deltalake import DeltaTable
 
-from pipelines.stream import catch_up
+from pipelines.job.stream import catch_up
 from state_store.erasure import forget, verify_forgotten
 from state_store.lifecycle import take_savepoint
 from tests.conftest import assert_late_keys, make_config, read_open_sessions, read_quarantine, read_sessions
@@ -200,7 +200,7 @@ def test_the_standing_erasure_keeps_newer_events_unless_told(tmp_path):
     SESSIONS_ERASURE_DROPS_NEWER; rejected lines are judged by the user their raw text names."""
     import datetime as dt
 
-    from pipelines.erased import COMPLETE, ErasedUsers, log_erasure, user_hash
+    from pipelines.ingest.erased import COMPLETE, ErasedUsers, log_erasure, user_hash
 
     config = make_config(tmp_path)
     at = dt.datetime(2026, 11, 2, tzinfo=dt.timezone.utc)
@@ -276,7 +276,7 @@ def test_a_damaged_savepoint_neither_blocks_the_erasure_nor_keeps_the_user(spark
     """One savepoint of a chain with a truncated data file: forget still erases U everywhere (the damaged table's
     files that name U go: it cannot be restored anyway), counts it, takes one savepoint only, and a second forget of
     another user works too."""
-    from state_store.savepoints import SavepointStore
+    from state_store.savepoint.catalog import SavepointStore
 
     config = make_config(tmp_path, "rocksdb")
     batches = _scenario()

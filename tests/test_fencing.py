@@ -16,12 +16,12 @@ import pytest
 from deltalake import CommitProperties, DeltaTable, Transaction, write_deltalake
 from deltalake.exceptions import CommitFailedError
 
+from pipelines.coordination.fencing import EPOCH_KEY, committing, fence
+from pipelines.coordination.leases import acquire, lease
+from pipelines.core.sample_data import arrival_order, generate_events, land
 from pipelines.errors import LeaseLost
-from pipelines.fencing import EPOCH_KEY, committing, fence
 from pipelines.ingest import ingest
-from pipelines.locks import acquire, lease
-from pipelines.sample_data import arrival_order, generate_events, land
-from pipelines.tables import SESSIONS_SCHEMA, ensure_table, idempotent_append
+from pipelines.job.sink import SESSIONS_SCHEMA, ensure_table, idempotent_append
 from tests.conftest import config_env, make_config, tool
 from tests.lifecycle_expectations import expected_closed_sessions
 
@@ -51,8 +51,8 @@ def _resume(process: subprocess.Popen) -> tuple[str, str]:
 STALE_WRITER = """
 import sys
 from pipelines.errors import LeaseLost
-from pipelines.locks import lease
-from pipelines.tables import idempotent_append
+from pipelines.coordination.leases import lease
+from pipelines.job.sink import idempotent_append
 from tests.test_fencing import _rows
 leases, table, skewed = sys.argv[1], sys.argv[2], sys.argv[3] == "skewed"
 try:
@@ -153,7 +153,7 @@ import sys
 from pipelines.errors import LeaseLost
 from pipelines.ingest.lines import split_lines
 from pipelines.ingest.table import Appender, RowSource, latest_clock, latest_seq, open_raw_table
-from pipelines.locks import waiting_lease
+from pipelines.coordination.leases import waiting_lease
 from tests.conftest import make_config
 skewed = sys.argv[2] == "skewed"
 config = make_config(sys.argv[1], SESSIONS_LEASE_TTL_S="3600" if skewed else "2")

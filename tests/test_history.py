@@ -10,7 +10,7 @@ from collections import defaultdict
 import pytest
 from deltalake import DeltaTable
 
-from pipelines.stream import catch_up
+from pipelines.job.stream import catch_up
 from state_store.history import diff_savepoints, user_history
 from state_store.lifecycle import take_savepoint
 from tests.conftest import config_env, make_config, tool
@@ -40,7 +40,7 @@ def two_savepoints(spark, tmp_path_factory):
 
 def _rows_by_user(saved) -> dict[str, frozenset]:
     """The savepoint's state by user from its Delta tables, as the documented view resolves an incremental one's
-    chain (state_store/savepoints.py): per user the rows of the newest table of the chain holding the user, unless
+    chain (state_store/savepoint/catalog.py): per user the rows of the newest table of the chain holding the user, unless
     they are a tombstone (`deleted`)."""
     users: dict[str, set] = {}
     for member in reversed(saved.chain.split(",") if saved.chain else [saved.savepoint_id]):

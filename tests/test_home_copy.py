@@ -16,10 +16,10 @@ from pathlib import Path
 import pytest
 from deltalake import DeltaTable
 
-from pipelines.sample_data import land_sample
-from pipelines.stream import catch_up
+from pipelines.core.sample_data import land_sample
+from pipelines.job.stream import catch_up
 from state_store.lifecycle import take_savepoint
-from state_store.savepoints import SavepointStore
+from state_store.savepoint.catalog import SavepointStore
 from tests.conftest import config_env, make_config, tool
 
 pytestmark = pytest.mark.tier("subprocess")

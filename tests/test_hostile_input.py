@@ -21,7 +21,7 @@ from deltalake import DeltaTable
 
 from pipelines.ingest import INGESTED_DIR, REFUSED_DIR, classify_line, ingest
 from pipelines.ingest import local as ingest_local
-from pipelines.stream import catch_up
+from pipelines.job.stream import catch_up
 from state_store.status import status
 from tests.conftest import make_config, read_open_sessions, read_quarantine, read_sessions
 from tests.datagen import BASE_MS, iso

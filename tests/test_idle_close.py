@@ -16,12 +16,12 @@ import pyarrow as pa
 import pytest
 from deltalake import DeltaTable, write_deltalake
 
-from pipelines.checkpoint import inspect_checkpoint
 from pipelines.config import ConfigError
+from pipelines.core.sample_data import land
 from pipelines.ingest import ingest, latest_seq, open_raw_table
 from pipelines.ingest.table import CLOCK_KIND, CLOCK_MAX_IDLE_PERIODS, RAW_SCHEMA, Appender, IngestClock, latest_clock
-from pipelines.sample_data import land
-from pipelines.stream import catch_up
+from pipelines.job.checkpoint import inspect_checkpoint
+from pipelines.job.stream import catch_up
 from state_store.lifecycle import restore, take_savepoint
 from state_store.state import lookup_user
 from state_store.stream_control import stop_stream

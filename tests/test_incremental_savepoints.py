@@ -1,4 +1,4 @@
-"""Incremental savepoints (state_store.savepoints, "Incremental savepoints"), against expectations the product does not
+"""Incremental savepoints (state_store.savepoint.catalog, "Incremental savepoints"), against expectations the product does not
 compute: the state read through Spark's state data source at the savepoint's batch, the oracle (testkit/oracle.py) at
 that batch, and the sessions table after a restore and a catch-up. Users join, change, sleep, log out and close
 between the savepoints, so increments hold new users, changed users, tombstones, and leave users out."""
@@ -11,16 +11,17 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pytest
 
-import state_store.savepoint_fold as savepoint_fold
-from pipelines.erased import UserSpelling
+import state_store.savepoint.fold as savepoint_fold
+from pipelines.core.sample_data import land
 from pipelines.ingest import ingest
-from pipelines.sample_data import land
-from pipelines.stream import catch_up
+from pipelines.ingest.erased import UserSpelling
+from pipelines.job.stream import catch_up
 from state_store.erasure import _erase_savepoints
 from state_store.lifecycle import live_state, restore, take_savepoint, validate_savepoint
 from state_store.maintenance import compact
-from state_store.savepoint_chain import savepoint_checksum, savepoint_rows
-from state_store.savepoints import DELETED, SavepointStore, state_checksum
+from state_store.savepoint.catalog import DELETED, SavepointStore
+from state_store.savepoint.chain import savepoint_checksum, savepoint_rows
+from state_store.savepoint.checksum import state_checksum
 from tests.conftest import make_config, open_sessions_of, read_open_sessions, read_sessions
 from tests.datagen import BASE_MS, iso
 from tests.savepoint_expectations import oracle_of

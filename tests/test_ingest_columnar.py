@@ -17,10 +17,10 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from pipelines.core.sample_data import arrival_order, generate_events
 from pipelines.ingest import columnar, timestamps
 from pipelines.ingest.lines import Lines, parse_event_time, split_lines
 from pipelines.ingest.table import RowSource, _rows
-from pipelines.sample_data import arrival_order, generate_events
 
 pytestmark = pytest.mark.tier("pure")
 

@@ -18,13 +18,13 @@ import pytest
 from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
-from pipelines.checkpoint import read_job_metadata
 from pipelines.config import ConfigError
+from pipelines.core.sessionize import advance, empty_rows
 from pipelines.errors import CheckpointMismatch
-from pipelines.operator import OUTPUT_COLUMNS
-from pipelines.operator_jvm import STATE_LAYOUT as JVM_STATE_LAYOUT
-from pipelines.sessionize import advance, empty_rows
-from pipelines.stream import catch_up
+from pipelines.job.checkpoint import read_job_metadata
+from pipelines.job.operators.jvm import STATE_LAYOUT as JVM_STATE_LAYOUT
+from pipelines.job.operators.seam import OUTPUT_COLUMNS
+from pipelines.job.stream import catch_up
 from state_store.lifecycle import restore, take_savepoint
 from tests import oracle
 from tests.conftest import make_config, read_sessions

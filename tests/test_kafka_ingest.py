@@ -64,10 +64,10 @@ def assert_each_message_once(config, topic: str, acked: list[tuple[int, int, byt
 
 @pytest.mark.tier("spark")
 def test_partitions_ingested_once_and_sessions_equal_the_oracle(spark, kafka_cluster, tmp_path):
+    from pipelines.core.sample_data import arrival_order, generate_events
     from pipelines.ingest import ingest
     from pipelines.ingest.kafka import kafka_lag
-    from pipelines.sample_data import arrival_order, generate_events
-    from pipelines.stream import catch_up
+    from pipelines.job.stream import catch_up
     from testkit.lifecycle_expectations import expected_closed_sessions
 
     topic = "clicks-a"
@@ -132,12 +132,12 @@ ingest(SessionsConfig.from_env())
 def test_kill_before_and_after_the_delta_commit_loses_and_doubles_nothing(kafka_cluster, tmp_path):
     from confluent_kafka import Consumer, TopicPartition
 
+    from pipelines.core.sample_data import arrival_order, generate_events
     from pipelines.ingest import ingest
     from pipelines.ingest.kafka import kafka_lag
     from pipelines.ingest.kafka_client import DEFAULT_GROUP
     from pipelines.ingest.kafka_offsets import _offsets_from_rows, recorded_offsets
     from pipelines.ingest.table import open_raw_table
-    from pipelines.sample_data import arrival_order, generate_events
 
     topic = "clicks-kill"
     kafka_cluster.create_topic(topic, 3)
@@ -189,7 +189,7 @@ def test_kill_before_and_after_the_delta_commit_loses_and_doubles_nothing(kafka_
 @pytest.mark.tier("spark")
 def test_poison_messages_are_quarantined_like_file_lines(spark, kafka_cluster, tmp_path):
     from pipelines.ingest import ingest
-    from pipelines.stream import catch_up
+    from pipelines.job.stream import catch_up
 
     topic = "clicks-poison"
     kafka_cluster.create_topic(topic, 1)
@@ -274,7 +274,7 @@ def test_records_deleted_before_ingest_are_refused_until_an_operator_accepts_the
     from pipelines.ingest.kafka import kafka_lag
     from pipelines.ingest.kafka_offsets import recorded_offsets
     from pipelines.ingest.table import open_raw_table
-    from pipelines.stream import catch_up
+    from pipelines.job.stream import catch_up
     from state_store.kafka_loss import accept_loss
 
     topic = "clicks-retention"
@@ -322,7 +322,7 @@ def test_topic_deleted_or_recreated_is_refused_until_an_operator_accepts_the_los
     from pipelines.ingest import ingest
     from pipelines.ingest.kafka_offsets import recorded_offsets
     from pipelines.ingest.table import open_raw_table
-    from pipelines.stream import catch_up
+    from pipelines.job.stream import catch_up
     from state_store.kafka_loss import accept_loss
 
     topic = "clicks-recreated"
@@ -417,9 +417,9 @@ def test_plan_new_partitions_start_at_their_earliest_and_lost_ones_are_refused()
 
 @pytest.mark.tier("spark")
 def test_restore_to_a_savepoint_older_than_the_topics_retention_replays_from_raw_events(spark, kafka_cluster, tmp_path):
+    from pipelines.core.sample_data import arrival_order, generate_events
     from pipelines.ingest.kafka import kafka_lag
-    from pipelines.sample_data import arrival_order, generate_events
-    from pipelines.stream import catch_up
+    from pipelines.job.stream import catch_up
     from state_store.lifecycle import restore, take_savepoint
     from testkit.lifecycle_expectations import expected_closed_sessions
 
@@ -464,8 +464,8 @@ def _wait_until(predicate, seconds: float, what: str, run: subprocess.Popen, err
 
 @pytest.mark.tier("subprocess")
 def test_run_retries_with_backoff_while_the_broker_is_down(tmp_path):
+    from pipelines.core.sample_data import arrival_order, generate_events
     from pipelines.ingest.table import open_raw_table
-    from pipelines.sample_data import arrival_order, generate_events
     from testkit.lifecycle_expectations import expected_closed_sessions
 
     cluster = MockCluster()  # its own: this test takes the broker down
@@ -515,10 +515,10 @@ def test_run_retries_with_backoff_while_the_broker_is_down(tmp_path):
 # --- (h) idle close: a quiet topic gets clock rows, a broker that is down does not ---------------------------------
 
 def test_idle_close_with_kafka_appends_a_clock_row_only_when_the_broker_answers(tmp_path, monkeypatch):
+    from pipelines.core.sample_data import generate_events
     from pipelines.errors import SourceUnavailable
     from pipelines.ingest import ingest, kafka
     from pipelines.ingest.table import CLOCK_KIND
-    from pipelines.sample_data import generate_events
 
     monkeypatch.setattr(kafka, "TIMEOUT_S", 2.0)  # a broker that is down: the error after 2 s, not 10
     cluster = MockCluster()
@@ -603,12 +603,12 @@ def test_kafka_settings(tmp_path):
 
 
 def test_the_streams_source_imports_neither_the_kafka_client_nor_pandas():
-    """Spark starts ~4 Python processes per query start that import pipelines.source (the source and its schema, the
+    """Spark starts ~4 Python processes per query start that import pipelines.job.source (the source and its schema, the
     streaming runner, the read planner, the readers); each paid ~0.3 s for pandas (via pyarrow.dataset), the Kafka
     client and the landing sources before they were imported where used (benchmarks/README.md, end_to_end.py)."""
     heavy = ("pandas", "confluent_kafka", "boto3", "pyarrow.dataset",
              "pipelines.ingest.kafka", "pipelines.ingest.kafka_client", "pipelines.ingest.kafka_offsets",
              "pipelines.ingest.s3", "pipelines.ingest.local")
-    probe = f"import sys, pipelines.source; print([m for m in {heavy!r} if m in sys.modules])"
+    probe = f"import sys, pipelines.job.source; print([m for m in {heavy!r} if m in sys.modules])"
     out = subprocess.run([sys.executable, "-c", probe], cwd=REPO, capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "[]", out.stdout

@@ -16,8 +16,9 @@ import pyarrow as pa
 import pytest
 from deltalake import DeltaTable, write_deltalake
 
-from pipelines.checkpoint import inspect_checkpoint
 from pipelines.config import SessionsConfig
+from pipelines.coordination.job_leases import job_lock
+from pipelines.core.sample_data import land
 from pipelines.errors import (
     CheckpointMissing,
     RestoreIncomplete,
@@ -26,15 +27,14 @@ from pipelines.errors import (
     SavepointIncompatible,
     SavepointNotFound,
 )
-from pipelines.guards import job_lock
 from pipelines.ingest import ingest
-from pipelines.sample_data import land
+from pipelines.job.checkpoint import inspect_checkpoint
+from pipelines.job.stream import catch_up
 from pipelines.storage import open_table
-from pipelines.stream import catch_up
-from state_store import savepoints as sp
 from state_store.lifecycle import rescale, restore, take_savepoint, validate_savepoint
 from state_store.maintenance import compact
 from state_store.results import RescaleResult, SavepointInfo
+from state_store.savepoint import catalog as sp
 from tests.conftest import read_open_sessions, tool
 from tests.datagen import in_order_chunks
 from tests.lifecycle_expectations import expected_closed_sessions
@@ -180,7 +180,7 @@ def test_failed_restore_leaves_a_known_next_step(tmp_path, spark, monkeypatch):
     """A restore that breaks before touching the tables puts the old checkpoint back (the old job goes on);
     one that breaks after the roll-back says to run it again, and the rerun ends exactly-once."""
     import state_store.lifecycle as lifecycle
-    import state_store.restoring as restoring
+    import state_store.restore as restoring
 
     config = _config(tmp_path, "hdfs", str(tmp_path / "savepoints"))
     chunks = _chunks(seed=13, parts=4)

@@ -14,11 +14,11 @@ from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 
+from pipelines.coordination.job_leases import job_lock
+from pipelines.coordination.lease_stores import store_for
+from pipelines.coordination.leases import LeaseHeld, LeaseInfo, acquire, lease, live_holder, waiting_lease
+from pipelines.coordination.liveness import identity
 from pipelines.errors import ConfigError, JobRunning, LeaseLost, LeaseWaitTimedOut
-from pipelines.guards import job_lock
-from pipelines.lease_stores import store_for
-from pipelines.liveness import identity
-from pipelines.locks import LeaseHeld, LeaseInfo, acquire, lease, live_holder, waiting_lease
 from tests.conftest import config_env, make_config, tool
 
 pytestmark = pytest.mark.tier("pure")
@@ -45,7 +45,7 @@ def test_two_hosts_with_separate_homes_share_the_lease(tmp_path):
     host_b = make_config(tmp_path / "b", SESSIONS_CHECKPOINT_URI=shared)
     assert host_a.lease_dir == host_b.lease_dir
     holder = subprocess.Popen([sys.executable, "-c", (
-        "import sys, time; from pipelines.guards import job_lock; from tests.conftest import make_config; "
+        "import sys, time; from pipelines.coordination.job_leases import job_lock; from tests.conftest import make_config; "
         f"config = make_config({str(tmp_path / 'a')!r}, SESSIONS_CHECKPOINT_URI={str(shared)!r}); "
         "lock = job_lock(config, 'run'); lock.__enter__(); print('held', flush=True); time.sleep(120)")],
         stdout=subprocess.PIPE, text=True, cwd=os.getcwd())
@@ -102,23 +102,23 @@ def test_stop_request_is_answered_and_a_joined_stop_without_savepoint_says_so(tm
     `stop --savepoint` that joins an earlier request made without a savepoint is not reported as having one."""
     import threading
 
+    from pipelines.coordination.requests import StopAnswer, answer_request, pending_request, request_stop
     from pipelines.errors import NotRunning, StopIncomplete
-    from pipelines.guards import answer_stop, pending_stop, request_stop
     from state_store.stream_control import stop_stream
 
     config = make_config(tmp_path)
     with pytest.raises(NotRunning, match="no stream is running"):
         stop_stream(config)
     with job_lock(config, "run") as held:
-        first = request_stop(config, held, savepoint=False)  # someone asked for a plain stop
+        first = request_stop(config, stream=held, savepoint=False)  # someone asked for a plain stop
 
         def stream_answers() -> None:
             deadline = time.monotonic() + 30
-            while (request := pending_stop(config, held)) is None and time.monotonic() < deadline:
+            while (request := pending_request(config, held)) is None and time.monotonic() < deadline:
                 time.sleep(0.05)
             assert request is not None and request.token == first.token
             time.sleep(0.5)  # the second stopper is waiting on the same request by now
-            answer_stop(config, request, {"stopped": True, "last_committed_batch": 7, "savepoint": None, "error": None})
+            answer_request(config, request, StopAnswer(last_committed_batch=7))
 
         stream = threading.Thread(target=stream_answers)
         stream.start()
@@ -126,7 +126,7 @@ def test_stop_request_is_answered_and_a_joined_stop_without_savepoint_says_so(tm
             stop_stream(config, savepoint=True, timeout_s=30)
         stream.join()
     assert joined.value.next_step == "sessionctl savepoint"
-    assert pending_stop(config, held) is None  # answered: the request is gone
+    assert pending_request(config, held) is None  # answered: the request is gone
 
 
 # ---- leases with epochs, on both stores (a shared directory, S3 with conditional writes) ----------------------
@@ -152,8 +152,8 @@ def _record(location, name: str, epoch: int, **fields) -> None:
 
 RACER = """
 import sys, time
-from pipelines.lease_stores import store_for
-from pipelines.locks import LeaseHeld, acquire
+from pipelines.coordination.lease_stores import store_for
+from pipelines.coordination.leases import LeaseHeld, acquire
 location, start = sys.argv[1], float(sys.argv[2])
 store_for(location)  # connected (S3: boto3 imported, a client made) before the start, so they race for real
 time.sleep(max(0.0, start - time.time()))
@@ -186,7 +186,7 @@ def test_processes_racing_for_an_expired_lease_exactly_one_wins(lease_location):
 PAUSED = """
 import sys, time
 from pipelines.errors import LeaseLost
-from pipelines.locks import lease
+from pipelines.coordination.leases import lease
 try:
     with lease(sys.argv[1], "job", "run", 2.0) as held:
         print(f"held {held.epoch}", flush=True)
@@ -391,7 +391,8 @@ def test_a_huge_ttl_is_refused_in_one_line_and_a_long_one_renews_without_overflo
 
 def test_job_lock_and_stop_requests_live_at_the_lease_uri(lease_location, tmp_path):
     """SESSIONS_LEASE_URI: a path, or S3 alone (no shared filesystem): the job lease and the stop protocol there."""
-    from pipelines.guards import answer_stop, pending_stop, request_stop, running_stream, take_stop_answer
+    from pipelines.coordination.job_leases import running_stream
+    from pipelines.coordination.requests import StopAnswer, answer_request, pending_request, request_stop, take_answer
 
     config = make_config(tmp_path, SESSIONS_LEASE_URI=lease_location)
     assert config.lease_uri == str(lease_location).rstrip("/")
@@ -401,11 +402,11 @@ def test_job_lock_and_stop_requests_live_at_the_lease_uri(lease_location, tmp_pa
         with pytest.raises(JobRunning, match=r"the job is running: run \(pid \d+ on .*, epoch 1\) holds .*job.lease"), \
                 job_lock(config, "restore"):
             pass
-        request = request_stop(config, stream, savepoint=False)
-        found = pending_stop(config, held)
+        request = request_stop(config, stream=stream, savepoint=False)
+        found = pending_request(config, held)
         assert found is not None and found.token == request.token
-        answer_stop(config, found, {"stopped": True})
-        assert pending_stop(config, held) is None
-        assert take_stop_answer(config, request) == {"stopped": True}
-        assert take_stop_answer(config, request) is None
+        answer_request(config, found, StopAnswer(last_committed_batch=3))
+        assert pending_request(config, held) is None
+        assert take_answer(config, request) == StopAnswer(last_committed_batch=3)
+        assert take_answer(config, request) is None
     assert running_stream(config) is None

@@ -4,7 +4,7 @@ exactly one line on stderr, `sessionctl <command>: ...` (argparse's refusals too
 Each was a traceback once (found by a new user): an OverflowError, a DeltaError/OSError of an S3 endpoint that is
 down, NotADirectoryError, IndexError of a zero-byte checkpoint log file, a full disk while writing errors.log. Each is
 refused at its cause: arguments and settings up front (pipelines.config, sessionctl.checks), a damaged checkpoint log
-where it is read (pipelines.checkpoint), and only an S3 client's failure no layer below translated at the CLI's
+where it is read (pipelines.job.checkpoint), and only an S3 client's failure no layer below translated at the CLI's
 boundary (sessionctl.checks.object_store_failure). Nothing here starts a JVM.
 """
 from __future__ import annotations
@@ -217,7 +217,7 @@ def test_a_log_that_cannot_be_written_never_replaces_the_one_line(tmp_path, caps
     from pyspark.errors import PySparkException
 
     from pipelines.errors import StreamFailed
-    from pipelines.runtime import log_traceback, spark_failures
+    from pipelines.job.runtime import log_traceback, spark_failures
     from sessionctl.checks import LogFile
     from tests.conftest import make_config
 
@@ -254,9 +254,10 @@ def a_savepoint(home: Path) -> str:
 
     import pyarrow as pa
 
-    from pipelines import state_format
     from pipelines.config import SessionsConfig
-    from state_store.savepoints import SavepointStore, state_checksum
+    from pipelines.core import state_format
+    from state_store.savepoint.catalog import SavepointStore
+    from state_store.savepoint.checksum import state_checksum
 
     config = SessionsConfig.from_env({"SESSIONS_HOME": str(home)})
     store = SavepointStore.of(config)

@@ -15,13 +15,13 @@ from pathlib import Path
 import pytest
 from deltalake import DeltaTable
 
-from pipelines.checkpoint import inspect_checkpoint
+from pipelines.coordination.leases import live_holder
+from pipelines.core.sample_data import land
 from pipelines.errors import SavepointFailed, SavepointIncompatible
-from pipelines.locks import live_holder
-from pipelines.sample_data import land
-from pipelines.stream import catch_up
+from pipelines.job.checkpoint import inspect_checkpoint
+from pipelines.job.stream import catch_up
 from state_store.lifecycle import restore, take_savepoint, validate_savepoint
-from state_store.savepoints import SavepointStore
+from state_store.savepoint.catalog import SavepointStore
 from tests.conftest import config_env, make_config, read_open_sessions, read_sessions, tool
 from tests.datagen import in_order_chunks
 from tests.lifecycle_expectations import expected_closed_sessions

@@ -10,9 +10,9 @@ from pathlib import Path
 
 import pytest
 
+from pipelines.coordination.job_leases import JOB, job_lock
 from pipelines.errors import JobRunning, SavepointDamaged, SavepointIncompatible
-from pipelines.guards import JOB, job_lock
-from pipelines.stream import catch_up
+from pipelines.job.stream import catch_up
 from state_store.lifecycle import restore, take_savepoint
 from state_store.preflight import plan_restore
 from tests.conftest import config_env, make_config, read_open_sessions, read_sessions, tool

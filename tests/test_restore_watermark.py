@@ -11,7 +11,7 @@ import datetime as dt
 
 import pytest
 
-from pipelines.stream import catch_up
+from pipelines.job.stream import catch_up
 from state_store.lifecycle import restore, take_savepoint
 from tests.conftest import make_config, read_quarantine, read_sessions
 from tests.datagen import land_batches, make_event

@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 from deltalake import DeltaTable
 
-from pipelines.sample_data import arrival_order, generate_events, land
+from pipelines.core.sample_data import arrival_order, generate_events, land
 from tests.conftest import tool
 from tests.lifecycle_expectations import expected_closed_sessions
 

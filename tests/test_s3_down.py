@@ -17,10 +17,10 @@ from pathlib import Path
 import boto3
 import pytest
 
+from pipelines.core.sample_data import arrival_order, generate_events, land, land_sample
 from pipelines.ingest import ingest
-from pipelines.sample_data import arrival_order, generate_events, land, land_sample
+from pipelines.job.stream import catch_up
 from pipelines.storage import open_table
-from pipelines.stream import catch_up
 from state_store.lifecycle import take_savepoint
 from tests.conftest import REPO, config_env, free_port, make_config, tool
 from tests.lifecycle_expectations import expected_closed_sessions
@@ -181,7 +181,7 @@ SINK_OUTAGE_RUN = """
 import os, signal, sys, threading
 from sessionctl import interrupt
 interrupt.install()
-from pipelines import tables
+from pipelines.job import sink as tables
 moto, outage_s, marker = int(sys.argv[1]), float(sys.argv[2]), sys.argv[3]
 real, fired = tables.idempotent_append, []
 def append(uri, rows, app_id, batch_id, *args, **kwargs):
@@ -235,7 +235,7 @@ def test_run_summary_counts_each_batch_that_ran_once_in_constant_memory():
     counted from its own progress, and an idle trigger's report (the id of a batch that did not run) is not."""
     from types import SimpleNamespace
 
-    from pipelines.stream import RunSummary
+    from pipelines.job.stream import RunSummary
 
     def progress(batch: int, rows: int, ran: bool = True, at: int = 0) -> SimpleNamespace:
         phases = {"addBatch": 5, "triggerExecution": 9} if ran else {"latestOffset": 1, "triggerExecution": 1}

@@ -1,4 +1,4 @@
-"""Savepoints written, verified and read by the executors (state_store.savepoint_io), checked against what the driver
+"""Savepoints written, verified and read by the executors (state_store.savepoint.files), checked against what the driver
 computes on its own from the same rows -- state_checksum of the rows read by delta-rs in this process, or of the
 state read through Spark's state data source into this process -- and against the oracle's open sessions."""
 from __future__ import annotations
@@ -14,16 +14,18 @@ import pyarrow.parquet as pq
 import pytest
 from deltalake import DeltaTable, write_deltalake
 
-from pipelines import state_format
+from pipelines.core import state_format
+from pipelines.core.sample_data import land
 from pipelines.errors import SavepointFailed
 from pipelines.ingest import ingest
-from pipelines.sample_data import land
-from pipelines.stream import catch_up
-from state_store import savepoint_chain as chain
-from state_store import savepoint_io as io
-from state_store import savepoint_stats, savepointing
+from pipelines.job.stream import catch_up
 from state_store.lifecycle import live_state, take_savepoint, validate_savepoint
-from state_store.savepoints import SavepointStore, combine_checksum, partial_checksum, state_checksum
+from state_store.savepoint import chain
+from state_store.savepoint import files as io
+from state_store.savepoint import stats as savepoint_stats
+from state_store.savepoint import take as savepointing
+from state_store.savepoint.catalog import SavepointStore
+from state_store.savepoint.checksum import combine_checksum, partial_checksum, state_checksum
 from state_store.state import read_state
 from tests.conftest import make_config, open_sessions_of
 from tests.datagen import in_order_chunks

@@ -9,9 +9,9 @@ import pyarrow as pa
 import pytest
 from deltalake import WriterProperties, write_deltalake
 
-from pipelines import source
 from pipelines.ingest.table import CLOCK_KIND, TABLE_SCHEMA
-from pipelines.source import RawEventsStreamReader
+from pipelines.job import source
+from pipelines.job.source import RawEventsStreamReader
 from pipelines.storage import s3_options
 
 pytestmark = pytest.mark.tier("pure")

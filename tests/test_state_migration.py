@@ -12,11 +12,11 @@ from pathlib import Path
 
 import pytest
 
-from pipelines import state_format
+from pipelines.core import state_format
 from pipelines.errors import CheckpointMismatch
-from pipelines.stream import catch_up
-from state_store import savepoints as sp
+from pipelines.job.stream import catch_up
 from state_store.lifecycle import restore
+from state_store.savepoint import catalog as sp
 from tests.conftest import assert_late_keys, make_config, read_open_sessions, read_sessions
 from tests.datagen import land_batches, stream_scenario
 from tests.oracle import run_oracle

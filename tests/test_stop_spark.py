@@ -1,4 +1,4 @@
-"""pipelines.runtime.stop_spark at the end of a process that used Spark: the context stops, the accumulator server is
+"""pipelines.job.runtime.stop_spark at the end of a process that used Spark: the context stops, the accumulator server is
 shut down without the process waiting on its poll, and a new session in the same process works (a process boundary
 is the point: the shared test session cannot be stopped)."""
 from __future__ import annotations
@@ -15,7 +15,7 @@ pytestmark = pytest.mark.tier("subprocess")
 _SCRIPT = """
 import time
 from pipelines.config import SessionsConfig
-from pipelines.runtime import get_spark, stop_spark
+from pipelines.job.runtime import get_spark, stop_spark
 
 def summed(spark):  # an accumulator fed by tasks: its updates reach the driver through the accumulator server
     total = spark.sparkContext.accumulator(0)

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import pytest
 
-from pipelines.stream import catch_up
+from pipelines.job.stream import catch_up
 from state_store.status import status
 from tests.conftest import make_config, read_open_sessions, read_quarantine, read_sessions
 from tests.datagen import land_batches, stream_scenario

@@ -9,7 +9,7 @@ it has a JVM of its own, as `sessionctl catch-up` has:
 The query: spark.readStream.schema(event_id, user_id, event_time TIMESTAMP, event_type, page).json(--input)
 -> withWatermark(event_time, lateness) -> groupBy(session_window(event_time, gap), user_id) with count(*) and page
 views -> append mode -> parquet files in --output, trigger availableNow, checkpoint in --checkpoint. Session
-settings as the product's session (pipelines.runtime.spark_conf): local[2], 4g driver, UTC, shuffle partitions = 4
+settings as the product's session (pipelines.job.runtime.spark_conf): local[2], 4g driver, UTC, shuffle partitions = 4
 (the job's default state partitions), the state store provider of --provider.
 
 Prints one JSON line on stdout: wall seconds (script start to query end, JVM start included), the time from JVM
@@ -26,7 +26,7 @@ import time
 
 STARTED = time.monotonic()
 
-PROVIDER_CLASSES = {  # as pipelines.checkpoint.PROVIDER_CLASSES (not imported: this peer does not load the product)
+PROVIDER_CLASSES = {  # as pipelines.job.checkpoint.PROVIDER_CLASSES (not imported: this peer does not load the product)
     "rocksdb": "org.apache.spark.sql.execution.streaming.state.RocksDBStateStoreProvider",
     "hdfs": "org.apache.spark.sql.execution.streaming.state.HDFSBackedStateStoreProvider",
 }

@@ -15,6 +15,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from pipelines.config import SessionsConfig
+from pipelines.coordination.leases import Lease, waiting_lease
 from pipelines.ingest.landing import INGESTED_DIR, REFUSED_DIR, LandedFile
 from pipelines.ingest.lines import classify_line, parse_event_time, parse_line
 from pipelines.ingest.table import (
@@ -28,7 +29,6 @@ from pipelines.ingest.table import (
     latest_seq,
     open_raw_table,
 )
-from pipelines.locks import Lease, waiting_lease
 from pipelines.storage import is_s3
 
 __all__ = [
@@ -86,8 +86,8 @@ def _record_drops(config: SessionsConfig, appender: Appender) -> None:
     import datetime as dt
     import uuid
 
-    from pipelines.erased import DROPPED, log_erasure
     from pipelines.ingest.erase_lines import erase_landed_lines
+    from pipelines.ingest.erased import DROPPED, log_erasure
 
     erase_landed_lines(config, sorted(appender.dropped))
     for user, hashed in appender.erased.hashes_of(appender.dropped).items():

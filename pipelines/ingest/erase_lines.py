@@ -1,7 +1,7 @@
 """Erased users' lines out of every landed file: pending ones, files still being written, archived and refused ones,
 on a local path or S3.
 
-A line that names an erased user (pipelines.erased.UserSpelling.line_names: its decoded user_id, any spelling) is
+A line that names an erased user (pipelines.ingest.erased.UserSpelling.line_names: its decoded user_id, any spelling) is
 overwritten with spaces: the file keeps its size and line count, so the ingest positions kept for it stay true (a
 blank line is no event). Only complete lines are touched: a file still being written is written to in place, at
 offsets below its end, so a writer appending to it loses nothing; its head fingerprint in the positions file is
@@ -16,7 +16,7 @@ from collections.abc import Iterator, Sequence
 import pyarrow.fs as pafs
 
 from pipelines.config import SessionsConfig
-from pipelines.erased import UserSpelling
+from pipelines.ingest.erased import UserSpelling
 from pipelines.ingest.landing import INGESTED_DIR
 from pipelines.ingest.positions import HEAD_BYTES, POSITIONS_FILE, digest
 from pipelines.storage import filesystem, is_s3

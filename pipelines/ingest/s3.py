@@ -5,7 +5,7 @@ each is read once, whole, and archived by copy + delete, crash-safe through the 
 identities.
 
 A landing bucket that does not answer (or refuses) fails the ingest with StorageUnavailable naming the landing URI
-and the cause -- `run` retries it with backoff (pipelines.stream) --; requests wait at most SESSIONS_S3_TIMEOUT,
+and the cause -- `run` retries it with backoff (pipelines.job.stream) --; requests wait at most SESSIONS_S3_TIMEOUT,
 retried SESSIONS_S3_MAX_RETRIES times. What was committed before stays committed; an object committed but not yet
 archived is only archived by the next ingest.
 """

@@ -20,12 +20,12 @@ import pyarrow.compute as pc
 from deltalake import CommitProperties, DeltaTable, write_deltalake
 
 from pipelines.config import SessionsConfig
-from pipelines.erased import ErasedUsers, user_named_by
+from pipelines.coordination.fencing import committing, fence
+from pipelines.coordination.leases import Lease
 from pipelines.errors import ConcurrentIngest
-from pipelines.fencing import committing, fence
 from pipelines.ingest import columnar
+from pipelines.ingest.erased import ErasedUsers, user_named_by
 from pipelines.ingest.lines import Lines, classify_line
-from pipelines.locks import Lease
 from pipelines.results import Result
 from pipelines.storage import is_s3, read_rows, storage_options
 
@@ -231,7 +231,7 @@ class Appender:
     """Appends ingest commits to raw_events, each with the next ingest_seq and the ingest clock after it.
 
     With `leases` (the ingest lease first, then any other lease the caller holds, such as the run's job lease) each
-    commit is fenced (pipelines.fencing): refused with LeaseLost once a newer holder took one of them over or
+    commit is fenced (pipelines.coordination.fencing): refused with LeaseLost once a newer holder took one of them over or
     committed to raw_events, and made on the very version it checked -- so no ingest_seq is ever committed twice."""
 
     def __init__(self, config: SessionsConfig, seq: int, clock: IngestClock | None = None,
@@ -256,7 +256,7 @@ class Appender:
         self.rejected += batch.num_rows - batch["reject_reason"].null_count
 
     def _standing_erasure(self, batch: pa.Table) -> pa.Table:
-        """Rows of erased users dropped (pipelines.erased.ErasedUsers); the users kept in memory only, for the
+        """Rows of erased users dropped (pipelines.ingest.erased.ErasedUsers); the users kept in memory only, for the
         landing eraser and the erasure log's counts under their keyed hash."""
         drop = self.erased.drop_mask(batch["user_id"], batch["event_time"].cast(pa.int64()), batch["raw"])
         if drop is None or not pc.any(drop).as_py():

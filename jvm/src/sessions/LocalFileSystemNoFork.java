@@ -20,7 +20,7 @@ import org.apache.hadoop.fs.permission.FsPermission;
 import org.apache.hadoop.io.nativeio.NativeIO;
 
 /**
- * Hadoop's local file system without a child process per call (pipelines/runtime.py sets it for file:// paths).
+ * Hadoop's local file system without a child process per call (pipelines/job/runtime.py sets it for file:// paths).
  *
  * Without Hadoop's native library (the pyspark wheel has none), RawLocalFileSystem forks `chmod` for every
  * permission it sets (each file and directory it creates with one) and `readlink` for every link status it reads

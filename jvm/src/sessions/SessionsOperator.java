@@ -30,21 +30,21 @@ import scala.Tuple2;
 
 /**
  * The JVM operator (the default for a new checkpoint; SESSIONS_OPERATOR): the same sessionization as the Python core
- * (pipelines/sessionize.py, the specification; tests compare both with the oracle), run by Spark's
+ * (pipelines/core/sessionize.py, the specification; tests compare both with the oracle), run by Spark's
  * flatMapGroupsWithState keyed by user_id. A user's state is their open rows -- events above the watermark and
  * at most one frozen prefix per open session (event_id null) -- so a batch reads and writes only the users it
- * touches or whose timer is due. Input: the columns of pipelines.operator's `keyed` frame; output: the schema
- * pipelines.operator.OUTPUT_SCHEMA hands in (checked against OUTPUT_NAMES, the order this class builds rows in).
+ * touches or whose timer is due. Input: the columns of pipelines.job.operators.seam's `keyed` frame; output: the schema
+ * pipelines.job.operators.seam.OUTPUT_SCHEMA hands in (checked against OUTPUT_NAMES, the order this class builds rows in).
  * A restored checkpoint's state arrives as Spark's initial state (its first batch only), never through the events.
  */
 public final class SessionsOperator {
     public static final String LOGOUT = "logout";
     public static final String PAGE_VIEW = "page_view";
-    /** The checkpoint's state layout (pipelines/operator_jvm.py STATE_LAYOUT, held equal by a test): one key per
+    /** The checkpoint's state layout (pipelines/job/operators/jvm.py STATE_LAYOUT, held equal by a test): one key per
      * user; each value carries its own format version byte (StateCodec.VALUE_FORMAT). */
     public static final String STATE_LAYOUT = "open_sessions_by_user/jvm-v1";
 
-    /** A stored row as the state readers see it (DecodeState): pipelines.state_format.ROW_FIELDS, times in ms. */
+    /** A stored row as the state readers see it (DecodeState): pipelines.core.state_format.ROW_FIELDS, times in ms. */
     public static final StructType STATE_ROW = new StructType()
         .add("session_start_ms", DataTypes.LongType, false)
         .add("event_id", DataTypes.StringType, true)
@@ -155,7 +155,7 @@ public final class SessionsOperator {
         return Integer.compare(a.length() - i, b.length() - j);
     }
 
-    /** The core's rule for one user (pipelines.sessionize.advance): `rows` (stored, then a restore's) and `fresh`
+    /** The core's rule for one user (pipelines.core.sessionize.advance): `rows` (stored, then a restore's) and `fresh`
      * (new events above the watermark, in arrival order) -> closed sessions appended to `out`, open rows to `kept`;
      * returns the earliest due (when a session closes or a row can be frozen), Long.MAX_VALUE if nothing is open. */
     static long advance(String user, List<R> rows, List<R> fresh, long watermark, long gapMs, List<R> kept,
@@ -283,7 +283,7 @@ public final class SessionsOperator {
 
     }
 
-    /** pipelines.sessionize.session_id: the same session gets the same id on every replay, restore and rescale. */
+    /** pipelines.core.sessionize.session_id: the same session gets the same id on every replay, restore and rescale. */
     public static String sessionId(String user, long startMs) {
         byte[] digest = SHA256.get().digest((user + "\u001f" + startMs).getBytes(StandardCharsets.UTF_8));
         StringBuilder hex = new StringBuilder(32);

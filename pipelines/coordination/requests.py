@@ -1,0 +1,204 @@
+"""How an operator reaches a stream that another process or host runs: a request file beside the leases (in the
+lease store, so any host can write it), answered by the stream between two batches.
+
+A request names the job lease (token) of the stream it is for: that stream honours it between batches and answers
+in a response file -- a stop before it releases the lease; an erasure and goes on. A request for a lease that is
+gone is stale and ignored by the next stream. An erasure request names the user until the stream answers, then it
+is removed (the answer names only a keyed hash)."""
+from __future__ import annotations
+
+import datetime as dt
+import json
+import os
+import socket
+import time
+import uuid
+from dataclasses import asdict, dataclass
+from typing import Any, overload
+
+from pipelines.config import SessionsConfig
+from pipelines.coordination.job_leases import running_stream
+from pipelines.coordination.lease_stores import LeaseStore, store_for
+from pipelines.coordination.leases import Lease, LeaseInfo
+from pipelines.errors import StopIncomplete
+
+__all__ = ["ErasureAnswer", "ErasureRequest", "StopAnswer", "StopRequest", "StreamRequest", "answer_request",
+           "await_answer", "pending_request", "request_erasure", "request_stop", "take_answer", "withdraw"]
+
+STOP_REQUEST = "stop.request.json"
+ERASE_REQUEST = "erase.request.json"
+
+
+@dataclass(frozen=True)
+class StopRequest:
+    """Stop after the current batch; with `savepoint`, take the savepoint of that last batch as part of the stop."""
+    token: str
+    run_token: str     # the job lease (token) of the stream it asks to stop
+    savepoint: bool
+    requested_by: str
+    requested_at: str
+
+    @property
+    def response_name(self) -> str:
+        return f"stop.response-{self.token}.json"
+
+
+@dataclass(frozen=True)
+class ErasureRequest:
+    """Erase `user_id` between two batches, then go on."""
+    token: str
+    run_token: str
+    user_id: str
+    requested_by: str
+    requested_at: str
+
+    @property
+    def response_name(self) -> str:
+        return f"erase.response-{self.token}.json"
+
+
+StreamRequest = StopRequest | ErasureRequest
+
+
+@dataclass(frozen=True)
+class StopAnswer:
+    last_committed_batch: int | None
+    savepoint: dict[str, Any] | None = None  # the savepoint's catalog row, when one was asked for and taken
+    error: str | None = None                  # why the savepoint failed (the stream stopped anyway)
+
+
+@dataclass(frozen=True)
+class ErasureAnswer:
+    erased: dict[str, Any] | None = None  # the erasure's result (ForgetResult.to_dict())
+    error: str | None = None
+
+
+Answer = StopAnswer | ErasureAnswer
+
+
+def _file(request: StreamRequest | type[StopRequest] | type[ErasureRequest]) -> str:
+    is_stop = isinstance(request, StopRequest) or request is StopRequest
+    return STOP_REQUEST if is_stop else ERASE_REQUEST
+
+
+def _store(config: SessionsConfig) -> LeaseStore:
+    return store_for(config.lease_uri)
+
+
+def _write(config: SessionsConfig, name: str, payload: dict[str, Any]) -> None:
+    _store(config).replace(name, json.dumps(payload, default=str).encode())
+
+
+def _read(config: SessionsConfig, name: str) -> dict[str, Any] | None:
+    record = _store(config).read(name)
+    if record is None:
+        return None
+    try:
+        found = json.loads(record.data)
+    except ValueError:
+        return None
+    return dict(found) if isinstance(found, dict) else None
+
+
+def _requested() -> dict[str, str]:
+    return {"token": uuid.uuid4().hex, "requested_by": f"pid {os.getpid()} on {socket.gethostname()}",
+            "requested_at": dt.datetime.now(dt.timezone.utc).isoformat()}
+
+
+def _stored(kind: type[StopRequest] | type[ErasureRequest], config: SessionsConfig) -> StreamRequest | None:
+    found = _read(config, _file(kind))
+    if found is None:
+        return None
+    try:
+        return kind(**found)
+    except TypeError:  # not a request this build wrote: ignored, as a stale one would be
+        return None
+
+
+def request_stop(config: SessionsConfig, *, stream: LeaseInfo | Lease, savepoint: bool) -> StopRequest:
+    """Ask the stream holding `stream` to stop; a request already made for it is joined, not repeated."""
+    current = _stored(StopRequest, config)
+    if isinstance(current, StopRequest) and current.run_token == stream.token:
+        return current
+    request = StopRequest(run_token=stream.token, savepoint=savepoint, **_requested())
+    _write(config, STOP_REQUEST, asdict(request))
+    return request
+
+
+def request_erasure(config: SessionsConfig, *, stream: LeaseInfo | Lease, user_id: str) -> ErasureRequest:
+    """Ask the stream holding `stream` to erase `user_id` between two batches (one request at a time)."""
+    current = _stored(ErasureRequest, config)
+    if isinstance(current, ErasureRequest) and current.run_token == stream.token and current.user_id == user_id:
+        return current
+    request = ErasureRequest(run_token=stream.token, user_id=user_id, **_requested())
+    _write(config, ERASE_REQUEST, asdict(request))
+    return request
+
+
+def pending_request(config: SessionsConfig, run: LeaseInfo | Lease) -> StreamRequest | None:
+    """The stop request -- or else an erasure request -- for the stream holding lease `run` (checked between
+    batches)."""
+    for kind in (StopRequest, ErasureRequest):
+        current = _stored(kind, config)
+        if current is not None and current.run_token == run.token:
+            return current
+    return None
+
+
+def withdraw(config: SessionsConfig, request: StreamRequest) -> None:
+    """Remove a request nobody will answer (its stream went away), so the next stream does not see it."""
+    current = _read(config, _file(request))
+    if current is not None and current.get("token") == request.token:
+        _store(config).delete(_file(request))
+
+
+def answer_request(config: SessionsConfig, request: StreamRequest, answer: Answer) -> None:
+    """The stream's answer (a stop's is written before it releases the job lease); the request is done with."""
+    _write(config, request.response_name, asdict(answer))
+    withdraw(config, request)
+
+
+@overload
+def take_answer(config: SessionsConfig, request: StopRequest) -> StopAnswer | None: ...
+@overload
+def take_answer(config: SessionsConfig, request: ErasureRequest) -> ErasureAnswer | None: ...
+def take_answer(config: SessionsConfig, request: StreamRequest) -> Answer | None:
+    """The answer to `request` if the stream gave one (the file is removed once read)."""
+    found = _read(config, request.response_name)
+    if found is None:
+        return None
+    _store(config).delete(request.response_name)
+    return StopAnswer(**found) if isinstance(request, StopRequest) else ErasureAnswer(**found)
+
+
+@overload
+def await_answer(config: SessionsConfig, *, stream: LeaseInfo, request: StopRequest, patience_s: float,
+                 withdraw_on_timeout: bool) -> StopAnswer | None: ...
+@overload
+def await_answer(config: SessionsConfig, *, stream: LeaseInfo, request: ErasureRequest, patience_s: float,
+                 withdraw_on_timeout: bool) -> ErasureAnswer | None: ...
+def await_answer(config: SessionsConfig, *, stream: LeaseInfo, request: StreamRequest, patience_s: float,
+                 withdraw_on_timeout: bool) -> Answer | None:
+    """The stream's answer to `request`, or None when the stream went away without one (the request is withdrawn
+    then); StopIncomplete after `patience_s` seconds (the request stands unless `withdraw_on_timeout`)."""
+    deadline = time.monotonic() + patience_s
+    while True:
+        answer = take_answer(config, request)
+        if answer is not None:
+            return answer
+        holder = running_stream(config)
+        if holder is None or holder.token != stream.token:
+            answer = take_answer(config, request)  # answered just before it went away
+            if answer is None:
+                withdraw(config, request)
+            return answer
+        if time.monotonic() > deadline:
+            if withdraw_on_timeout:
+                withdraw(config, request)
+            erasure = isinstance(request, ErasureRequest)
+            what, again = ("take the erasure", "forget") if erasure else ("stop", "stop")
+            raise StopIncomplete(f"the stream ({stream.describe()}) did not {what} within {patience_s:g} s: run "
+                                 f"`sessionctl {again}` again" + ("" if withdraw_on_timeout else
+                                                                  " to wait for it (the request stands)"),
+                                 next_step=f"sessionctl {again}")
+        time.sleep(0.5)

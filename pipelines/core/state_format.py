@@ -1,0 +1,125 @@
+"""The open-session state format: its one owner (fields, Arrow schemas, codec, schema id).
+
+A user's open state is a list of rows. A row is either
+  * an **event** above the watermark at the time it was last walked (`event_id` set, count 1), or
+  * a **frozen prefix** (`event_id` null): the summary of the events of one session that are at or below the
+    watermark. Such events can never be reordered, split or duplicated any more -- an event arriving at or
+    below the watermark is late by definition -- so the walk only needs where the session started
+    (`session_start`), its last frozen event (`event_time`, `event_type`) and the counts.
+Every row carries the `session_start` of the open session it belongs to, so an open session is
+`(user_id, session_start)` and a reader needs no walk to list open sessions.
+
+Three forms, one set of fields:
+  * STORE_SCHEMA (ms integers + `due_ms`): the pure core's rows (pipelines.core.sessionize) and what the state readers
+    decode stored values into. `due_ms` is per user: the earliest watermark at which the user must be re-walked
+    without new events (a session closes, or an event can be frozen). How an operator stores them is its own
+    (pipelines.job.operators.seam: the JVM operator's StateCodec; the retired bucket layout in pipelines.job.operators.buckets).
+  * CANONICAL_SCHEMA (timestamps): savepoints and state reads; readable by any Delta/Arrow reader.
+  * V1_SCHEMA: savepoints written before frozen prefixes (one row per open event); upgraded on restore.
+"""
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+
+LOGOUT = "logout"
+PAGE_VIEW = "page_view"
+
+STORE_SCHEMA = pa.schema([
+    ("user_id", pa.string()),
+    ("session_start_ms", pa.int64()),
+    ("event_id", pa.string()),        # null: a frozen prefix
+    ("event_time_ms", pa.int64()),    # the event's time; for a frozen prefix its last event's
+    ("event_type", pa.string()),      # likewise
+    ("event_count", pa.int64()),      # 1 for an event; events summarised for a frozen prefix
+    ("page_views", pa.int64()),
+    ("due_ms", pa.int64()),           # per user: re-walk when the watermark reaches it
+])
+ROW_FIELDS = [name for name in STORE_SCHEMA.names if name != "due_ms"]
+
+_TS = pa.timestamp("us", tz="UTC")
+CANONICAL_SCHEMA = pa.schema([
+    ("user_id", pa.string()),
+    ("session_start", _TS),
+    ("event_id", pa.string()),
+    ("event_time", _TS),
+    ("event_type", pa.string()),
+    ("event_count", pa.int64()),
+    ("page_views", pa.int64()),
+])
+SCHEMA_ID = ("open_sessions/v2:user_id string,session_start timestamp,event_id string (null = frozen prefix),"
+             "event_time timestamp,event_type string,event_count long,page_views long")
+V1_SCHEMA = pa.schema([("user_id", pa.string()), ("event_id", pa.string()), ("event_time", _TS),
+                       ("event_type", pa.string())])
+V1_SCHEMA_ID = "open_events/v1:user_id string,event_id string,event_time timestamp,event_type string"
+
+
+def spark_ddl(schema: pa.Schema) -> str:
+    """Spark's DDL for an Arrow schema, so a schema is typed once (here, in Arrow) and Spark reads it from that."""
+    return ", ".join(f"{field.name} {_spark_type(field.type)}" for field in schema)
+
+
+def _spark_type(kind: pa.DataType) -> str:
+    if pa.types.is_list(kind):
+        return f"array<{_spark_type(kind.value_type)}>"
+    for test, name in ((pa.types.is_string, "string"), (pa.types.is_int64, "long"), (pa.types.is_int32, "int"),
+                       (pa.types.is_boolean, "boolean"), (pa.types.is_timestamp, "timestamp"),
+                       (pa.types.is_float64, "double")):
+        if test(kind):
+            return name
+    raise TypeError(f"no Spark DDL for Arrow type {kind}")
+
+
+CANONICAL_DDL = spark_ddl(CANONICAL_SCHEMA)
+CANONICAL_SORT = [("user_id", "ascending"), ("session_start", "ascending"), ("event_time", "ascending"),
+                  ("event_id", "ascending")]
+
+def empty_store() -> pa.Table:
+    return STORE_SCHEMA.empty_table()
+
+
+def _ms_to_ts(column: Any) -> pa.ChunkedArray:
+    return pc.multiply(column, 1000).cast(_TS)
+
+
+def _ts_to_ms(column: Any) -> pa.ChunkedArray:
+    return pc.divide(column.cast(_TS).cast(pa.int64()), 1000)
+
+
+def to_canonical(store: pa.Table) -> pa.Table:
+    """Stored rows -> canonical rows (timestamps, no due_ms)."""
+    return pa.table({
+        "user_id": store["user_id"], "session_start": _ms_to_ts(store["session_start_ms"]),
+        "event_id": store["event_id"], "event_time": _ms_to_ts(store["event_time_ms"]),
+        "event_type": store["event_type"], "event_count": store["event_count"], "page_views": store["page_views"],
+    }, schema=CANONICAL_SCHEMA)
+
+
+def canonical_rows_ms(canonical: pa.Table) -> dict[str, np.ndarray]:
+    """Canonical rows -> the core's row arrays (ms integers), as restore hands them to the operator."""
+    return {
+        "user_id": canonical["user_id"], "session_start_ms": _ts_to_ms(canonical["session_start"]),
+        "event_id": canonical["event_id"], "event_time_ms": _ts_to_ms(canonical["event_time"]),
+        "event_type": canonical["event_type"], "event_count": canonical["event_count"],
+        "page_views": canonical["page_views"],
+    }
+
+
+def canonical(table: pa.Table) -> pa.Table:
+    """Canonical form: schema pinned, rows sorted (user, session, time, event id)."""
+    return table.select(CANONICAL_SCHEMA.names).cast(CANONICAL_SCHEMA).sort_by(CANONICAL_SORT)
+
+
+def upgrade_v1(rows: pa.Table) -> pa.Table:
+    """v1 savepoint rows (one per open event) -> v2 rows, one event each. `session_start` is provisional
+    (the event's own time): restore re-walks every restored user before storing it."""
+    rows = rows.select(V1_SCHEMA.names).cast(V1_SCHEMA)
+    return pa.table({
+        "user_id": rows["user_id"], "session_start": rows["event_time"], "event_id": rows["event_id"],
+        "event_time": rows["event_time"], "event_type": rows["event_type"],
+        "event_count": pa.array([1] * rows.num_rows, pa.int64()),
+        "page_views": pc.cast(pc.fill_null(pc.equal(rows["event_type"], PAGE_VIEW), False), pa.int64()),
+    }, schema=CANONICAL_SCHEMA)

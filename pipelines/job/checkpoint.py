@@ -1,0 +1,245 @@
+"""Reading a Structured Streaming checkpoint without Spark: its logs, provider and our job metadata."""
+from __future__ import annotations
+
+import datetime as dt
+import json
+import os
+import time
+import uuid
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+from pipelines.errors import CheckpointDamaged, NoCommittedBatch
+
+PROVIDER_CLASSES = {
+    "rocksdb": "org.apache.spark.sql.execution.streaming.state.RocksDBStateStoreProvider",
+    "hdfs": "org.apache.spark.sql.execution.streaming.state.HDFSBackedStateStoreProvider",
+}
+JOB_FILE = "_job.json"
+
+
+def provider_name(provider_class: str) -> str:
+    for name, cls in PROVIDER_CLASSES.items():
+        if cls == provider_class:
+            return name
+    return provider_class
+
+
+@dataclass(frozen=True)
+class JobMetadata:
+    """Written when a checkpoint is created. The incarnation names the sink's idempotency keys, so a
+    restored checkpoint (batch ids from 0 again) never collides with its predecessor's."""
+    incarnation: str
+    gap_ms: int
+    lateness_ms: int
+    buckets: int
+    created_from: str | None = None  # savepoint id for a restored checkpoint
+    # Layout of the operator's state (pipelines.job.operators.seam: StateOperator.layout); None: the JSON layout of
+    # builds before open_sessions/v2, which this build cannot run on.
+    state_layout: str | None = None
+
+    @classmethod
+    def new(cls, gap_ms: int, lateness_ms: int, buckets: int, state_layout: str,
+            created_from: str | None = None) -> JobMetadata:
+        return cls(uuid.uuid4().hex, gap_ms, lateness_ms, buckets, created_from, state_layout)
+
+
+def read_job_metadata(checkpoint: Path) -> JobMetadata | None:
+    path = Path(checkpoint) / JOB_FILE
+    if not path.exists():
+        return None
+    return JobMetadata(**json.loads(path.read_text()))
+
+
+def write_job_metadata(checkpoint: Path, meta: JobMetadata) -> None:
+    Path(checkpoint).mkdir(parents=True, exist_ok=True)
+    tmp = Path(checkpoint) / (JOB_FILE + ".tmp")
+    tmp.write_text(json.dumps(asdict(meta)))
+    tmp.replace(Path(checkpoint) / JOB_FILE)
+
+
+def _batch_files(directory: Path) -> list[int]:
+    if not directory.exists():
+        return []
+    return sorted(int(p.name) for p in directory.iterdir() if p.name.isdigit())
+
+
+def _log_entry(path: Path, lines: int = 1) -> list[str]:
+    """The lines of a checkpoint log file (offsets/N, commits/N), at least `lines` of them (Spark's own reader needs
+    the version line, and an offset file its metadata line too): CheckpointDamaged when it is missing, empty or cut
+    short -- a write a full disk or a crash cut short -- in one line naming the file and what recovers it."""
+    try:
+        entry = [line for line in path.read_text().splitlines() if line.strip()]
+        cause = None if len(entry) >= lines else "empty" if not entry else "cut short"
+    except FileNotFoundError:
+        cause = "missing"
+    except (OSError, UnicodeDecodeError) as error:
+        cause = f"unreadable ({type(error).__name__})"
+    if cause is not None:
+        raise _damaged(path, cause)
+    return entry
+
+
+def _damaged(path: Path, cause: str) -> CheckpointDamaged:
+    checkpoint = path.parent.parent
+    return CheckpointDamaged(f"the checkpoint log file {path.parent.name}/{path.name} of {checkpoint} is {cause}: "
+                             "`sessionctl restore --savepoint latest` rebuilds the checkpoint from the newest savepoint "
+                             "and replays what came after it")
+
+
+def _log_json(path: Path, entry: list[str], index: int) -> dict[str, Any]:
+    try:
+        value = json.loads(entry[index])
+    except ValueError:
+        raise _damaged(path, "not valid JSON") from None
+    if not isinstance(value, dict):
+        raise _damaged(path, "not valid JSON")
+    return value
+
+
+@dataclass(frozen=True)
+class CheckpointInfo:
+    path: str
+    last_committed_batch: int | None
+    source_offset: dict[str, Any] | None  # our source's offset at the last committed batch
+    batch_watermark_ms: int | None   # watermark the last committed batch ran with
+    next_watermark_ms: int | None    # watermark the next batch will run with
+    provider: str | None
+    partitions: int | None
+    # Partitions of a repartition batch written after the last commit and never committed: a rescale was
+    # interrupted, and Spark refuses to run (or repartition to another count) until that one is finished.
+    unfinished_rescale: int | None = None
+
+
+def inspect_checkpoint(checkpoint: Path) -> CheckpointInfo:
+    checkpoint = Path(checkpoint)
+    commits = _batch_files(checkpoint / "commits")
+    if not commits:
+        return CheckpointInfo(str(checkpoint), None, None, None, None, None, None)
+    last = commits[-1]
+    offsets_file = checkpoint / "offsets" / str(last)
+    offsets = _log_entry(offsets_file, 2)
+    meta = _log_json(offsets_file, offsets, 1)
+    conf = meta.get("conf", {})
+    unfinished = None
+    pending = [batch for batch in _batch_files(checkpoint / "offsets") if batch > last]
+    if pending:
+        # A batch a crash left uncommitted keeps the checkpoint's partitions; only a repartition changes them.
+        pending_file = checkpoint / "offsets" / str(pending[-1])
+        pending_conf = _log_json(pending_file, _log_entry(pending_file, 2), 1).get("conf", {})
+        count = pending_conf.get("spark.sql.shuffle.partitions")
+        if count and count != conf.get("spark.sql.shuffle.partitions"):
+            unfinished = int(count)
+    source = _log_json(offsets_file, offsets, 2) if len(offsets) > 2 and offsets[2] != "-" else None
+    commit_file = checkpoint / "commits" / str(last)
+    commit = _log_entry(commit_file)
+    next_wm = _log_json(commit_file, commit, 1).get("nextBatchWatermarkMs") if len(commit) > 1 else None
+    provider_cls = conf.get("spark.sql.streaming.stateStore.providerClass")
+    partitions = conf.get("spark.sql.shuffle.partitions")
+    # Spark's offline repartition records the new count here (state-metadata may still show the old
+    # one, and stale partition directories stay on disk), so the offset log is the authority.
+    return CheckpointInfo(
+        str(checkpoint), last, source, meta.get("batchWatermarkMs"), next_wm,
+        provider_name(provider_cls) if provider_cls else None, int(partitions) if partitions else None,
+        unfinished,
+    )
+
+
+@dataclass(frozen=True)
+class CommittedBatch:
+    """The last committed batch of a checkpoint and the job it belongs to: what savepoints and state reads use."""
+    info: CheckpointInfo
+    meta: JobMetadata
+
+    @property
+    def batch_id(self) -> int:
+        assert self.info.last_committed_batch is not None  # by construction (committed_checkpoint)
+        return self.info.last_committed_batch
+
+    @property
+    def watermark_ms(self) -> int | None:
+        """The watermark as of the end of the batch: what the next batch runs with."""
+        info = self.info
+        return info.next_watermark_ms if info.next_watermark_ms is not None else info.batch_watermark_ms
+
+
+def committed_checkpoint(checkpoint: Path, nothing: str) -> CommittedBatch:
+    """The last committed batch, or NoCommittedBatch saying `nothing` (e.g. "nothing to savepoint")."""
+    info = inspect_checkpoint(checkpoint)
+    meta = read_job_metadata(checkpoint)
+    if info.last_committed_batch is None or meta is None:
+        raise NoCommittedBatch(f"{nothing}: no committed batch in {checkpoint}")
+    return CommittedBatch(info, meta)
+
+
+def rescale_command(info: CheckpointInfo) -> str | None:
+    """The command that finishes an interrupted rescale, None when none was interrupted."""
+    return None if info.unfinished_rescale is None else f"sessionctl rescale --partitions {info.unfinished_rescale}"
+
+
+def directory_size(path: Path) -> tuple[int, int]:
+    """(files, bytes) under a directory."""
+    files = total = 0
+    path = Path(path)
+    if not path.exists():
+        return 0, 0
+    for item in path.rglob("*"):
+        if item.is_file():
+            files += 1
+            total += item.stat().st_size
+    return files, total
+
+
+def batch_source_range(checkpoint: Path, batch_id: int) -> tuple[int, int]:
+    """(low, high]: the raw_events ingest_seq range micro-batch `batch_id` read, from the offset log."""
+    checkpoint = Path(checkpoint)
+
+    def seq_at(batch: int) -> int:
+        path = checkpoint / "offsets" / str(batch)
+        return int(_log_json(path, _log_entry(path, 3), 2)["seq"])
+
+    high = seq_at(batch_id)
+    if batch_id > 0 and (checkpoint / "offsets" / str(batch_id - 1)).exists():
+        return seq_at(batch_id - 1), high
+    bootstrap = checkpoint / "_bootstrap.json"
+    low = int(json.loads(bootstrap.read_text())["source_seq"]) if bootstrap.exists() else 0
+    return low, high
+
+
+def last_commit_age_seconds(checkpoint: Path) -> float | None:
+    """Seconds since the newest committed batch (None when nothing was committed)."""
+    commits = _batch_files(Path(checkpoint) / "commits")
+    if not commits:
+        return None
+    return time.time() - (Path(checkpoint) / "commits" / str(commits[-1])).stat().st_mtime
+
+
+# A restore replaces the checkpoint directory, so its marker lives beside it: present from before the first
+# change until the restore verified, it is what a kill -9 leaves for status, catch-up and Dagster to report.
+RESTORE_MARKER_SUFFIX = ".restore-in-progress.json"
+
+
+def restore_marker(checkpoint: Path) -> Path:
+    return checkpoint.with_name(checkpoint.name + RESTORE_MARKER_SUFFIX)
+
+
+def write_restore_marker(checkpoint: Path, savepoint_id: str, partitions: int | None) -> None:
+    command = f"sessionctl restore --savepoint {savepoint_id}" + (f" --partitions {partitions}" if partitions else "")
+    marker = restore_marker(checkpoint)
+    marker.parent.mkdir(parents=True, exist_ok=True)
+    tmp = marker.with_suffix(".tmp")
+    tmp.write_text(json.dumps({"savepoint_id": savepoint_id, "command": command,
+                               "started_at": dt.datetime.now(dt.timezone.utc).isoformat()}))
+    os.replace(tmp, marker)
+
+
+def read_restore_marker(checkpoint: Path) -> dict[str, str] | None:
+    try:
+        return dict(json.loads(restore_marker(checkpoint).read_text()))
+    except FileNotFoundError:
+        return None
+
+
+def clear_restore_marker(checkpoint: Path) -> None:
+    restore_marker(checkpoint).unlink(missing_ok=True)

@@ -1,0 +1,80 @@
+"""The JVM operator (jvm/src/sessions/SessionsOperator.java): Spark's flatMapGroupsWithState keyed by user, the same
+rules as the pure core (pipelines.core.sessionize; tests hold the two together). A user's state value is their open rows
+in StateCodec's format, which Python reads only through the `DecodeState` SQL function, never byte by byte."""
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+
+import pyarrow as pa
+import pyarrow.compute as pc
+from pyspark.sql import DataFrame, SparkSession
+from pyspark.sql import functions as F
+
+from pipelines.config import REPO_ROOT
+from pipelines.core import state_format
+from pipelines.errors import ConfigError
+from pipelines.job.operators.seam import OUTPUT_SCHEMA, StateOperator, StoredChunk, state_reader
+
+JVM_JAR = REPO_ROOT / "build" / "jvm" / "sessions-operator.jar"  # built by `make setup` (the Makefile's jvm target)
+# One key per user; each value carries its own format version byte (StateCodec.VALUE_FORMAT: v2 written, v1 read),
+# so a checkpoint holding both needs no new layout id. SessionsOperator.STATE_LAYOUT says the same (a test holds it).
+STATE_LAYOUT = "open_sessions_by_user/jvm-v1"
+_DECODE_STATE = "sessions_jvm_state_rows"
+_ROWS_DDL = ("array<struct<session_start_ms: bigint, event_id: string, event_time_ms: bigint, event_type: string, "
+             "event_count: bigint, page_views: bigint>>")
+
+
+def _jvm(spark: SparkSession) -> object:
+    if not JVM_JAR.exists():
+        raise ConfigError(f"the JVM operator needs {JVM_JAR}: run `make setup` to build it")
+    jvm = spark._jvm
+    assert jvm is not None  # a classic (py4j) session
+    return jvm
+
+
+def _in_ms(canonical: DataFrame) -> DataFrame:
+    return canonical.select("user_id", F.unix_millis("session_start").alias("session_start_ms"), "event_id",
+                            F.unix_millis("event_time").alias("event_time_ms"), "event_type", "event_count",
+                            "page_views")
+
+
+class JvmOperator(StateOperator):
+    name = "jvm"
+    layout = STATE_LAYOUT
+
+    def apply(self, keyed: DataFrame, gap_ms: int, initial_rows: DataFrame | None) -> DataFrame:
+        spark = keyed.sparkSession
+        operator = _jvm(spark).sessions.SessionsOperator  # type: ignore[attr-defined]
+        initial = None if initial_rows is None else _in_ms(initial_rows)._jdf
+        return DataFrame(operator.sessionize(keyed._jdf, gap_ms, OUTPUT_SCHEMA, initial), spark)
+
+    def stored_values(self, spark: SparkSession, checkpoint: Path, batch_id: int | None) -> DataFrame:
+        """One row per user: `user_id`, `rows` (array of its open rows, decoded by StateCodec through DecodeState)
+        and `bytes` (its stored value's size)."""
+        spark.udf.registerJavaFunction(_DECODE_STATE, "sessions.DecodeState", _ROWS_DDL)
+        return state_reader(spark, checkpoint, batch_id).select(
+            F.col("key.user_id").alias("user_id"),
+            F.call_function(_DECODE_STATE, F.col("value.groupState.value")).alias("rows"),
+            F.length("value.groupState.value").alias("bytes"))
+
+    @staticmethod
+    def decode(batch: pa.RecordBatch) -> Iterator[StoredChunk]:
+        rows = batch.column(1)
+        flat = pc.list_flatten(rows)
+        users = pc.take(batch.column(0), pc.list_parent_indices(rows))
+        table = pa.table({"user_id": users, **{name: flat.field(name) for name in state_format.ROW_FIELDS[1:]}})
+        yield StoredChunk(table, batch.num_rows, int(pc.sum(batch.column(2)).as_py() or 0))
+
+    def user_values(self, spark: SparkSession, checkpoint: Path, batch_id: int | None, user_id: str,
+                    buckets: int) -> DataFrame:
+        return self.stored_values(spark, checkpoint, batch_id).where(F.col("user_id") == user_id)
+
+    def canonical_rows(self, spark: SparkSession, checkpoint: Path, batch_id: int | None) -> DataFrame:
+        # In SQL, no Python worker: the rows are already columns after DecodeState.
+        row = F.explode("rows").alias("r")
+        return self.stored_values(spark, checkpoint, batch_id).select("user_id", row).select(
+            "user_id", F.timestamp_millis("r.session_start_ms").alias("session_start"), "r.event_id",
+            F.timestamp_millis("r.event_time_ms").alias("event_time"), "r.event_type", "r.event_count",
+            "r.page_views")
+

@@ -1,0 +1,129 @@
+"""The operator seam: everything that differs between stateful operators, behind one small typed interface.
+
+An operator owns its state layout (the id a checkpoint records in `_job.json`), applying a batch, the restore
+bootstrap (a restored checkpoint's open rows, loaded in its first batch), the decoding of its stored values into the
+canonical rows (savepoints, `status`, `state --user`) and the partition bound. Which operator a checkpoint runs is
+decided once -- by its metadata, or for a new checkpoint (pipelines.job.operators.registry: `for_layout`,
+`for_new_checkpoint`) -- and the object is handed down; nothing below asks again.
+
+Two implementations: `pipelines.job.operators.jvm.JvmOperator` (Spark's flatMapGroupsWithState keyed by user, the
+operator of every new checkpoint) and `pipelines.job.operators.buckets.BucketLayout` (the state of checkpoints made by
+the retired Python operator: readable, so that a savepoint moves it to the JVM operator, but not runnable).
+"""
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import pyarrow as pa
+from pyspark.sql import DataFrame, SparkSession
+from pyspark.sql import functions as F
+
+from pipelines.config import MAX_PARTITIONS
+from pipelines.core.state_format import CANONICAL_DDL
+
+# The operator's output, defined once: the JVM operator takes this schema from here (and checks the column order it
+# builds rows in); the sink reads these columns by name.
+OUTPUT_COLUMNS = [
+    ("kind", "string"), ("session_id", "string"), ("user_id", "string"),
+    ("session_start_ms", "long"), ("session_end_ms", "long"), ("event_count", "long"),
+    ("page_views", "long"), ("end_reason", "string"),
+    ("event_id", "string"), ("event_time_ms", "long"), ("event_type", "string"),
+    ("ingest_seq", "long"), ("line_key", "long"),
+]
+OUTPUT_SCHEMA = ", ".join(f"{name} {kind}" for name, kind in OUTPUT_COLUMNS)
+
+
+
+@dataclass(frozen=True)
+class StoredChunk:
+    """Stored rows of some state keys (pipelines.core.state_format.ROW_FIELDS, times in ms, each user's rows together),
+    with how many keys they came from and their stored value bytes."""
+    rows: pa.Table
+    keys: int
+    value_bytes: int
+
+
+class StateOperator(ABC):
+    """One stateful operator: see the module docstring."""
+
+    name: str     # as SESSIONS_OPERATOR spells it
+    layout: str   # JobMetadata.state_layout of the checkpoints it makes
+    retired: str | None = None  # why its checkpoints cannot run any more, and the way out (None: runnable)
+
+    # ---- running ----------------------------------------------------------------------------------------------
+    @abstractmethod
+    def apply(self, keyed: DataFrame, gap_ms: int, initial_rows: DataFrame | None) -> DataFrame:
+        """`keyed` (see `keyed_events`) -> rows of OUTPUT_SCHEMA: kind `session` (closed) or `late`. `initial_rows`
+        (canonical, a restored checkpoint's first run only) are loaded as the state before its first batch."""
+
+    def max_partitions(self, buckets: int) -> int | None:
+        """The most state partitions that can hold anything, for a checkpoint that recorded `buckets` (None: no
+        bound). Per-user state: MAX_PARTITIONS, so a restore's pre-flight and the restore itself refuse a count Spark
+        cannot take (not "restorable", then a failed restore)."""
+        return MAX_PARTITIONS
+
+    # ---- reading state (Spark's state data source; decoded in the executors) -------------------------------------
+    @abstractmethod
+    def stored_values(self, spark: SparkSession, checkpoint: Path, batch_id: int | None) -> DataFrame:
+        """One row per state key, in whatever columns `decode` reads."""
+
+    @staticmethod
+    @abstractmethod
+    def decode(batch: pa.RecordBatch) -> Iterator[StoredChunk]:
+        """A batch of `stored_values` -> its stored rows (runs in the executors: no state on self)."""
+
+    @abstractmethod
+    def user_values(self, spark: SparkSession, checkpoint: Path, batch_id: int | None, user_id: str,
+                    buckets: int) -> DataFrame:
+        """The `stored_values` row(s) that can hold `user_id` (a point lookup reads only those)."""
+
+    def canonical_rows(self, spark: SparkSession, checkpoint: Path, batch_id: int | None) -> DataFrame:
+        """The state's rows in canonical form (CANONICAL_DDL): per open session at most one frozen prefix (event_id
+        null) and its events above the watermark, each row with its session's start."""
+        decode = self.decode
+
+        def to_canonical(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
+            from pipelines.core.state_format import to_canonical as canonical
+            for batch in batches:
+                for chunk in decode(batch):
+                    yield from canonical(chunk.rows).to_batches()
+
+        return self.stored_values(spark, checkpoint, batch_id).mapInArrow(to_canonical, CANONICAL_DDL)
+
+
+def register_coordinator(spark: SparkSession) -> None:
+    # The RocksDB provider calls the driver's StateStoreCoordinator, which Spark registers only when the streaming
+    # query manager is first used; a fresh process (sessionctl) must touch it before reading state.
+    spark.streams.active  # noqa: B018 -- the access itself registers the coordinator
+
+
+def state_reader(spark: SparkSession, checkpoint: Path, batch_id: int | None) -> DataFrame:
+    """Spark's state data source over the checkpoint's one stateful operator (at `batch_id`, else the newest)."""
+    register_coordinator(spark)
+    reader = spark.read.format("statestore")
+    if batch_id is not None:
+        reader = reader.option("batchId", batch_id)
+    return reader.load(str(checkpoint))
+
+
+def keyed_events(events: DataFrame, lateness_ms: int) -> DataFrame:
+    """Source rows -> what an operator takes: valid events (and watermark markers, which stop at the watermark node),
+    event time in ms. The source never hands over a rejected line (pipelines.job.source), so a quarantined far-future
+    event cannot move the watermark."""
+    with_watermark = events.withWatermark("event_time", f"{lateness_ms} milliseconds")
+    # The marker must reach EventTimeWatermark (it carries a restored savepoint's watermark, or an idle-close clock
+    # row's time) and stop there. This filter names event_time so that it stays above the watermark node.
+    with_watermark = with_watermark.where((F.col("origin") != "marker") | F.col("event_time").isNull())
+    return with_watermark.select(
+        "user_id", "event_id",
+        F.unix_millis("event_time").alias("event_time_ms"),
+        # The operator needs a column marked with the watermark (else no event-time timers and no GroupState
+        # watermark), but with an event-time timeout Spark also drops input rows at or below the *previous* batch's
+        # watermark before the operator sees them -- those late events would vanish instead of reaching quarantine.
+        # A null timestamp carrying the mark gives the one without the other.
+        F.lit(None).cast("timestamp").alias("event_time", metadata={"spark.watermarkDelayMs": lateness_ms}),
+        "event_type", "ingest_seq", "line_key",
+    )

@@ -1,0 +1,323 @@
+"""The Spark runtime of the job: the session (built, prepared, stopped in order) and the translation of Spark's
+failures into the typed one line an operator acts on."""
+from __future__ import annotations
+
+import os
+import re
+import signal
+import sys
+import threading
+import time
+import traceback
+from collections.abc import Iterator
+from contextlib import contextmanager, nullcontext, suppress
+from pathlib import Path
+from typing import Any
+
+from py4j.protocol import Py4JError
+from pyspark.errors import PySparkException, PythonException
+from pyspark.sql import SparkSession
+
+from pipelines.config import REPO_ROOT, SessionsConfig
+from pipelines.errors import (
+    CheckpointDamaged,
+    RescaleIncomplete,
+    SessionsError,
+    StreamFailed,
+    unreadable_savepoint_file,
+)
+from pipelines.job.checkpoint import PROVIDER_CLASSES, inspect_checkpoint, rescale_command
+from pipelines.job.operators.jvm import JVM_JAR
+from pipelines.job.shipping import cluster_conf
+from pipelines.job.source import RawEventsSource
+
+LOG4J2 = Path(__file__).resolve().parent / "log4j2.properties"
+ERRORS_LOG = "errors.log"  # Python tracebacks of Spark failures, beside Spark's own spark.log
+
+# Spark error conditions (SparkThrowable.getCondition()) that mean a state store file is damaged or gone.
+_DAMAGED_STATE_CONDITIONS = ("CANNOT_LOAD_STATE_STORE", "CANNOT_READ_STREAMING_STATE_FILE",
+                             "STATE_STORE_CHECKSUM", "CANNOT_READ_CHECKPOINT", "CANNOT_READ_STATE_STORE")
+_UNFINISHED_REPARTITION = "STREAMING_UNFINISHED_REPARTITION_DETECTED"
+
+
+# Spark reads it when a query's state stores open; an existing checkpoint may switch either way (Spark loads a
+# version from its newest snapshot plus the changelogs after it).
+ROCKSDB_CHANGELOG = "spark.sql.streaming.stateStore.rocksdb.changelogCheckpointing.enabled"
+
+
+# Built by `make setup` (pipelines/job/class_archive.py): the JVM's classes pre-parsed, mapped at start instead of loaded.
+CLASS_ARCHIVE = REPO_ROOT / "build" / "jvm" / "spark-classes.jsa"
+RUNTIME_JARS_DIR = REPO_ROOT / "build" / "jars"  # filled by `make setup` from jvm/deps/pom.xml
+
+
+def java_options(config: SessionsConfig, class_archive_dump: Path | None = None) -> str:
+    """The driver JVM's options (in local mode it runs the tasks too)."""
+    options = [f"-Dlog4j2.configurationFile=file:{LOG4J2}", f"-Dsessions.log.dir={config.log_dir}",
+               # The JVM's own warnings (e.g. a stale class archive) to its stderr -- the log -- not to stdout, where
+               # sessionctl prints its JSON.
+               "-Xlog:disable", "-Xlog:all=warning:stderr"]
+    if class_archive_dump is not None:
+        options.append(f"-XX:ArchiveClassesAtExit={class_archive_dump}")
+    elif CLASS_ARCHIVE.exists():
+        options.append(f"-XX:SharedArchiveFile={CLASS_ARCHIVE}")  # -Xshare:auto: one that does not fit is skipped
+    return " ".join(options)
+
+
+def spark_conf(config: SessionsConfig, class_archive_dump: Path | None = None) -> dict[str, str]:
+    """Spark settings for the job; shared by the CLI's session and Dagster's PySparkResource."""
+    return {
+        "spark.master": config.spark_master,
+        "spark.app.name": "sessions",
+        "spark.sql.session.timeZone": "UTC",
+        "spark.sql.shuffle.partitions": str(config.state_partitions),
+        "spark.sql.streaming.stateStore.providerClass": PROVIDER_CLASSES[config.state_store],
+        "spark.sql.execution.arrow.pyspark.enabled": "true",
+        "spark.ui.enabled": str(config.spark_ui).lower(),
+        "spark.ui.showConsoleProgress": "false",  # sessionctl prints JSON; a progress bar would garble it
+        "spark.driver.memory": config.spark_driver_memory,
+        # How long stopping the query may wait for its batch; the runbook waits a little longer for the lock.
+        "spark.sql.streaming.stopTimeout": str(int(config.stop_timeout_s * 1000)),
+        "spark.sql.streaming.minBatchesToRetain": str(config.min_batches_to_retain),
+        ROCKSDB_CHANGELOG: str(config.rocksdb_changelog).lower(),
+        # Spark's log to a file (pipelines/log4j2.properties): the terminal gets sessionctl's one line.
+        "spark.driver.extraJavaOptions": java_options(config, class_archive_dump),
+        **cluster_conf(config.spark_master),
+        **jvm_jar_conf(config.spark_master),
+    }
+
+
+def jvm_jar_conf(master: str) -> dict[str, str]:
+    """The JVM operator's jar (the default operator; SESSIONS_OPERATOR) on the driver's class path from its start --
+    in local mode the executors are the driver, and the local file system below must be loadable before Spark reads
+    any path --; on a cluster Spark also ships it to the executors (spark.jars)."""
+    jars = ([JVM_JAR] if JVM_JAR.exists() else []) + runtime_jars()
+    if not jars:
+        return {}
+    class_path = ":".join(str(jar) for jar in jars)
+    local_fs = LOCAL_FS_NO_FORK if JVM_JAR.exists() else {}
+    if master == "local" or master.startswith("local["):  # not local-cluster[...]: its executors are other JVMs
+        return {"spark.driver.extraClassPath": class_path, **local_fs}
+    return {"spark.driver.extraClassPath": class_path, "spark.jars": ",".join(str(jar) for jar in jars)}
+
+
+def runtime_jars() -> list[Path]:
+    """The JVM artifacts `make setup` fetched with Maven (jvm/deps/pom.xml: Delta Spark), in a fixed order."""
+    return sorted(RUNTIME_JARS_DIR.glob("*.jar"))
+
+
+# file:// paths through Hadoop's local file system minus its child processes (jvm/src/sessions/
+# LocalFileSystemNoFork.java: without Hadoop's native library every chmod and link-status read forks a process).
+# Local masters only: executors of a cluster would load it from the shipped jar, which no test here can vouch for.
+LOCAL_FS_NO_FORK = {
+    "spark.hadoop.fs.file.impl": "sessions.LocalFileSystemNoFork$Checked",
+    "spark.hadoop.fs.AbstractFileSystem.file.impl": "sessions.LocalFileSystemNoFork$CheckedFs",
+}
+
+
+JVM_STDERR_LOG = "jvm-stderr.log"  # what the JVM and the Python processes it starts write to their stderr
+
+
+@contextmanager
+def _stderr_to(path: Path) -> Iterator[None]:
+    """fd 2 pointed at `path` while the JVM is launched: the JVM inherits it, and so do the Python processes it starts
+    (workers, the Python data source's runner), whose own output -- e.g. the source runner's traceback when a Ctrl-C
+    stops the query under it -- then lands in the log instead of on the operator's terminal. Our fd 2 is restored."""
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        target = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+    except OSError:  # a read-only home: a command that only reads still runs, its JVM's output dropped
+        target = os.open(os.devnull, os.O_WRONLY)
+    sys.stderr.flush()
+    saved = os.dup(2)
+    try:
+        os.dup2(target, 2)
+        yield
+    finally:
+        sys.stderr.flush()
+        os.dup2(saved, 2)
+        os.close(saved)
+        os.close(target)
+
+
+def get_spark(config: SessionsConfig, class_archive_dump: Path | None = None) -> SparkSession:
+    os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
+    os.environ.setdefault("PYSPARK_DRIVER_PYTHON", sys.executable)
+    builder = SparkSession.builder
+    for key, value in spark_conf(config, class_archive_dump).items():
+        builder = builder.config(key, value)
+    # pyspark installs a SIGINT handler that raises KeyboardInterrupt inside whatever py4j call runs; a handler of
+    # the caller's own (sessionctl run: Ctrl-C = stop between batches) is kept.
+    own = signal.getsignal(signal.SIGINT) if threading.current_thread() is threading.main_thread() else None
+    from pyspark import SparkContext
+
+    launching = SparkContext._gateway is None  # the first session of this process starts the JVM
+    with _stderr_to(config.log_dir / JVM_STDERR_LOG) if launching else nullcontext():
+        spark = builder.getOrCreate()
+    if callable(own) and own is not signal.default_int_handler:
+        signal.signal(signal.SIGINT, own)
+    spark.sparkContext.setLogLevel("ERROR")
+    return spark
+
+
+def prepare_session(spark: SparkSession, config: SessionsConfig) -> None:
+    # SQL confs are read when a query starts; an existing checkpoint's own values still win.
+    spark.conf.set("spark.sql.shuffle.partitions", str(config.state_partitions))
+    spark.conf.set("spark.sql.streaming.stateStore.providerClass", PROVIDER_CLASSES[config.state_store])
+    spark.conf.set(ROCKSDB_CHANGELOG, str(config.rocksdb_changelog).lower())
+    spark.conf.set("spark.sql.session.timeZone", "UTC")
+    spark.dataSource.register(RawEventsSource)
+
+
+def stop_spark(spark: SparkSession | None = None) -> None:
+    """Stop the session in order before the process exits: the queries, then the state stores (RocksDB instances
+    and the maintenance thread that works on them), then the context. A JVM left to exit on its own when Python
+    goes away runs its shutdown hooks while that native code still runs, and can crash with a fatal-error banner."""
+    spark = spark or SparkSession.getActiveSession()
+    if spark is None:
+        return
+    with suppress(Exception):  # best effort on the way out: nothing to report to an operator here
+        for query in spark.streams.active:
+            query.stop()
+    with suppress(Exception):
+        stop_state_stores(spark)
+    server = None
+    with suppress(Exception):
+        server = _take_accumulator_server(spark)
+        spark.stop()
+    if server is not None:
+        threading.Thread(target=server.shutdown, name="accumulator-server-shutdown", daemon=True).start()
+
+
+def stop_state_stores(spark: SparkSession) -> None:
+    """Close this JVM's state store providers and stop their maintenance thread (Spark's `StateStore.stop()`; the
+    next stateful query loads what it needs again). A provider of a query that stopped still uploads a snapshot in the
+    background (RocksDB with changelog checkpointing) to the directory it was loaded from: before a restore gives that
+    directory to a new checkpoint, nothing of this JVM may still write there. Under a local master the executors are
+    this JVM; on a cluster, a stream's executors belong to its own application (sessionctl, a Dagster run)."""
+    jvm: Any = spark.sparkContext._jvm
+    store = jvm.java.lang.Class.forName("org.apache.spark.sql.execution.streaming.state.StateStore$")
+    store.getField("MODULE$").get(None).stop()
+
+
+def _take_accumulator_server(spark: SparkSession) -> Any:
+    """PySpark's context stop shuts its accumulator server down with socketserver's `shutdown()`, which waits for
+    `serve_forever`'s next poll (every 0.5 s): 0.28-0.46 s of every sessionctl exit, measured, after 0.11-0.14 s for
+    stopping the JVM's context. Taken from the context before `spark.stop()`, the server is shut down in a daemon
+    thread after it: an exiting process does not wait for it; one that goes on has it closed within the poll."""
+    context: Any = spark.sparkContext
+    server = getattr(context, "_accumulatorServer", None)  # pyspark 4.2's attribute; None: nothing to take
+    if server is not None:
+        context._accumulatorServer = None
+    return server
+
+
+# ---- failures ------------------------------------------------------------------------------------
+
+def _java_throwable(error: BaseException) -> Any:
+    return getattr(error, "java_exception", None) or getattr(error, "_origin", None)
+
+
+def error_conditions(error: BaseException) -> list[str]:
+    """Spark's error conditions along the error and its Java cause chain (outermost first)."""
+    found: list[str] = []
+    if isinstance(error, PySparkException):
+        with suppress(Exception):
+            condition = error.getCondition()
+            if condition:
+                found.append(str(condition))
+    throwable = _java_throwable(error)
+    for _ in range(20):  # a cause chain is short; bound it anyway
+        if throwable is None:
+            break
+        with suppress(Exception):
+            condition = throwable.getCondition()
+            if condition:
+                found.append(str(condition))
+        try:
+            throwable = throwable.getCause()
+        except Exception:  # noqa: BLE001 -- not a Java object (or the gateway is gone): stop walking
+            break
+    return found
+
+
+def explain_spark_failure(error: BaseException, config: SessionsConfig) -> SessionsError:
+    """A failure inside Spark (a query, a read, a repartition), as the one line an operator can act on.
+    Spark's error conditions decide first; text is matched only for exceptions that carry none (Hadoop's)."""
+    conditions = error_conditions(error)
+    text = str(error)
+    log = f"details in {config.log_dir / ERRORS_LOG} and {config.log_dir / 'spark.log'}"
+    if _UNFINISHED_REPARTITION in conditions or (not conditions and _UNFINISHED_REPARTITION in text):
+        finish = rescale_command(inspect_checkpoint(config.checkpoint)) or "sessionctl rescale --partitions N"
+        return rescale_incomplete(finish, f" ({log})")
+    damaged = any(c.startswith(_DAMAGED_STATE_CONDITIONS) for c in conditions) or "ChecksumException" in text \
+        or "CANNOT_LOAD_STATE_STORE" in text
+    if damaged:
+        found = re.search(r"(state/\d+/\d+/[^\s:,]+)", text)
+        where = f"the state store file {found.group(1)} of {config.checkpoint}" if found else \
+            f"the state store in {config.checkpoint}"
+        # A changelog (RocksDB's changelog checkpointing) is read without a checksum and Spark's message does not
+        # name it: the reader in the stack says which kind of file it was.
+        cause = ("checksum error" if "Checksum" in text else
+                 "a changelog file is truncated or corrupt" if "ChangelogReader" in text else
+                 "missing" if "FileNotFound" in text or "does not exist" in text else "cannot be read")
+        return CheckpointDamaged(f"{where} is damaged ({cause}): `sessionctl restore --savepoint latest` rebuilds the "
+                                 f"state from the newest savepoint and replays what came after it ({log})")
+    unreadable = unreadable_savepoint_file(text)  # an executor could not read a savepoint's data file
+    if unreadable is not None:
+        return unreadable
+    # Python code that ran in a worker and raised (a PythonException: "An exception was thrown from the Python
+    # worker") is no worker that failed to start: its own exception is the cause.
+    raised = isinstance(error, PythonException) or _PYTHON_RAISED in text
+    if any(c.startswith("PYTHON_WORKER") for c in conditions) or _WORKER_START.search(text) or \
+            (not raised and re.search("python worker", text, re.IGNORECASE)):
+        said = re.search(r"Error from python worker:\s*\n\s*(.+)", text)
+        detail = f" (it said: {said.group(1).strip()[:200]})" if said else ""
+        return StreamFailed(f"a Spark Python worker failed to start or connect back{detail}: check PYSPARK_PYTHON "
+                            f"({os.environ.get('PYSPARK_PYTHON', sys.executable)}) and the machine's load, then run "
+                            f"the command again; nothing was committed by the failed step ({log})")
+    if raised:
+        return StreamFailed(f"Spark failed: in an executor: {_python_exception_line(text)} ({log})")
+    first = next((line.strip() for line in text.splitlines() if line.strip()), type(error).__name__)
+    return StreamFailed(f"Spark failed: {first[:300]} ({log})")
+
+
+_PYTHON_RAISED = "An exception was thrown from the Python worker"
+# What Spark says when a worker process did not start, connect back or stay up (whatever the exception's type).
+_WORKER_START = re.compile(r"Error from python worker|Python worker exited unexpectedly|failed to connect back|"
+                           r"pyspark\.daemon", re.IGNORECASE)
+
+
+def _python_exception_line(text: str) -> str:
+    """The exception line of the Python traceback an executor sent back: the first unindented line after its last
+    "Traceback" header (the frames are indented; a chained exception's own traceback comes last), not the JVM's
+    lines after it."""
+    tail = text.rsplit("Traceback (most recent call last):", 1)[-1]
+    lines = [line for line in tail.splitlines() if line.strip() and not line[0].isspace()]
+    return (lines[0] if lines else "its Python code failed").strip()[:300]
+
+
+def rescale_incomplete(finish: str, suffix: str = "") -> RescaleIncomplete:
+    return RescaleIncomplete(f"a rescale was interrupted after Spark began repartitioning the checkpoint: finish it "
+                             f"with `{finish}` (or `sessionctl restore --savepoint latest`) before running the job"
+                             f"{suffix}", next_step=finish)
+
+
+def log_traceback(config: SessionsConfig) -> None:
+    """Append the exception being handled to $SESSIONS_HOME/logs/errors.log (where the one line points). A log that
+    cannot be written (a full disk, a read-only or missing log directory) is skipped: it never replaces the one line
+    of the error being handled."""
+    with suppress(OSError):
+        config.log_dir.mkdir(parents=True, exist_ok=True)
+        with (config.log_dir / ERRORS_LOG).open("a") as log:
+            log.write(f"--- {time.strftime('%Y-%m-%dT%H:%M:%S%z')} pid {os.getpid()}\n{traceback.format_exc()}\n")
+
+
+@contextmanager
+def spark_failures(config: SessionsConfig) -> Iterator[None]:
+    """Spark's own exceptions raised in the block become the typed one line (explain_spark_failure); the whole
+    traceback is appended to $SESSIONS_HOME/logs/errors.log, where that line points."""
+    try:
+        yield
+    except (PySparkException, Py4JError) as error:
+        log_traceback(config)
+        raise explain_spark_failure(error, config) from None

@@ -1,0 +1,67 @@
+"""What the job checks and creates before it starts: the checkpoint's fitness to run (its metadata, half-done
+restores and rescales, settings that fit it) and the output tables."""
+from __future__ import annotations
+
+from pathlib import Path
+
+from pipelines.config import SessionsConfig
+from pipelines.errors import (
+    CheckpointMismatch,
+    CheckpointMissing,
+    RestoreIncomplete,
+)
+from pipelines.job.checkpoint import (
+    JobMetadata,
+    inspect_checkpoint,
+    read_job_metadata,
+    read_restore_marker,
+    rescale_command,
+    write_job_metadata,
+)
+from pipelines.job.operators.registry import for_layout, for_new_checkpoint
+from pipelines.job.operators.seam import StateOperator
+from pipelines.job.runtime import rescale_incomplete
+from pipelines.job.sink import QUARANTINE_SCHEMA, SESSIONS_SCHEMA, ensure_table, table_rows
+from pipelines.storage import is_s3, storage_options
+
+__all__ = ["checkpoint_metadata", "ensure_tables"]
+
+
+def ensure_tables(config: SessionsConfig) -> None:
+    if not is_s3(config.warehouse_uri):
+        Path(config.warehouse_uri).mkdir(parents=True, exist_ok=True)
+    options = storage_options(config, config.warehouse_uri)
+    ensure_table(config.sessions_table, SESSIONS_SCHEMA, options)
+    ensure_table(config.quarantine_table, QUARANTINE_SCHEMA, options)
+
+
+def checkpoint_metadata(config: SessionsConfig) -> tuple[JobMetadata, StateOperator]:
+    """The checkpoint's job metadata (created for a new checkpoint) and the operator that runs it, decided here once;
+    refuses settings that do not fit."""
+    marker = read_restore_marker(config.checkpoint)
+    if marker is not None:
+        raise RestoreIncomplete(
+            f"a restore from {marker['savepoint_id']} started at {marker['started_at']} did not finish (the process "
+            f"was stopped): finish it with `{marker['command']}` before running the job", next_step=marker["command"])
+    finish = rescale_command(inspect_checkpoint(config.checkpoint))
+    if finish is not None:
+        raise rescale_incomplete(finish)
+    meta = read_job_metadata(config.checkpoint)
+    if meta is None:
+        if table_rows(config.sessions_table, storage_options(config, config.sessions_table)) > 0:
+            raise CheckpointMissing(
+                f"no checkpoint at {config.checkpoint} but the sessions table already has rows: "
+                "restore one with `sessionctl restore --savepoint latest` (a fresh start would write them again)")
+        operator = for_new_checkpoint()
+        meta = JobMetadata.new(config.gap_ms, config.lateness_ms, config.state_buckets, state_layout=operator.layout)
+        write_job_metadata(config.checkpoint, meta)
+        return meta, operator
+    operator = for_layout(meta.state_layout)  # one line for a layout this build cannot read
+    if operator.retired is not None:  # readable, not runnable: refused before Spark starts
+        raise CheckpointMismatch(f"{operator.retired} ({config.checkpoint})")
+    if (meta.gap_ms, meta.lateness_ms) != (config.gap_ms, config.lateness_ms):
+        raise CheckpointMismatch(
+            f"the checkpoint was made with gap {meta.gap_ms // 60000} min and lateness {meta.lateness_ms // 60000} "
+            f"min; the settings say gap {config.gap_minutes} and lateness {config.lateness_minutes}: restore a "
+            f"savepoint with --migrate to change them")
+    return meta, operator

@@ -1,0 +1,375 @@
+"""The streaming query and its two run loops: `catch_up` (availableNow, then stop) and `run_continuously` (until
+stopped: by the caller's event, Ctrl-C, or a stop request from `sessionctl stop` on any host)."""
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections.abc import Callable, Iterator
+from concurrent.futures import ThreadPoolExecutor
+from contextlib import contextmanager, suppress
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+from pyspark.sql import DataFrame, SparkSession
+from pyspark.sql.streaming import StreamingQuery
+
+from pipelines.config import SessionsConfig
+from pipelines.coordination.job_leases import job_lock
+from pipelines.coordination.leases import Lease
+from pipelines.coordination.requests import (
+    ErasureAnswer,
+    ErasureRequest,
+    StopAnswer,
+    StopRequest,
+    StreamRequest,
+    answer_request,
+    pending_request,
+)
+from pipelines.errors import SessionsError, StorageUnavailable
+from pipelines.ingest import IngestResult, ingest
+from pipelines.job.checkpoint import JobMetadata, batch_source_range, inspect_checkpoint
+from pipelines.job.operators.seam import StateOperator, keyed_events
+from pipelines.job.run_retries import RetryingIngest as _RetryingIngest
+from pipelines.job.run_retries import ride_out
+from pipelines.job.runtime import ERRORS_LOG, explain_spark_failure, get_spark, prepare_session, spark_failures
+from pipelines.job.sink import MicroBatchSink
+from pipelines.job.source import BOOTSTRAP_FILE, SOURCE_NAME
+from pipelines.job.startup import checkpoint_metadata, ensure_tables
+from pipelines.storage import is_object_store_failure, is_s3, object_store_errors, s3_failure, storage_options
+
+log = logging.getLogger(__name__)
+
+
+def raw_events_stream(spark: SparkSession, config: SessionsConfig, checkpoint: Path,
+                      source_options: dict[str, Any] | None = None) -> DataFrame:
+    """The stream of raw_events rows for a query checkpointed at `checkpoint` (a restore's bootstrap there)."""
+    prepare_session(spark, config)
+    reader = (spark.readStream.format(SOURCE_NAME)
+              .option("path", config.raw_events_table)
+              .option("bootstrap", str(checkpoint / BOOTSTRAP_FILE)))
+    if config.max_versions_per_batch:
+        reader = reader.option("maxVersionsPerTrigger", str(config.max_versions_per_batch))
+    for key, value in (source_options or {}).items():
+        reader = reader.option(key, str(value))
+    return reader.load()
+
+
+def start_query(spark: SparkSession, config: SessionsConfig, meta: JobMetadata, operator: StateOperator,
+                trigger: dict[str, Any], source_options: dict[str, Any] | None = None,
+                initial_rows: DataFrame | None = None,
+                lease: Lease | None = None) -> tuple[StreamingQuery, MicroBatchSink]:
+    """The query of the checkpoint `meta` describes, run by `operator`; `initial_rows` (canonical) are a restored
+    checkpoint's state, loaded in its first batch (the restore's bootstrap). With `lease` (the job lease this process
+    holds) the sink checks it before every batch and fences every commit by it (pipelines.coordination.fencing)."""
+    events = keyed_events(raw_events_stream(spark, config, config.checkpoint, source_options), meta.lateness_ms)
+    output = operator.apply(events, meta.gap_ms, initial_rows)
+    checkpoint = config.checkpoint
+    sink = MicroBatchSink(config.sessions_table, config.quarantine_table, config.raw_events_table, meta.incarnation,
+                          seq_range=lambda batch_id: batch_source_range(checkpoint, batch_id),
+                          storage_options=storage_options(config, config.warehouse_uri), lease=lease)
+    query = (output.writeStream.queryName("sessions")
+             .option("checkpointLocation", str(config.checkpoint))
+             .trigger(**trigger)
+             .foreachBatch(sink)
+             .start())
+    return query, sink
+
+
+@dataclass
+class RunSummary:
+    """What a catch-up or a run did (the CLI prints it as one JSON line)."""
+    ingested_files: int = 0
+    ingested_rows: int = 0
+    rejected_lines: int = 0
+    batches: int = 0
+    input_rows: int = 0
+    sessions_written: int = 0
+    quarantined: int = 0
+    last_committed_batch: int | None = None
+    seconds: float = 0.0
+    refused_files: int = 0  # symlinks and special files moved to landing/_refused/ (a quarantine row each)
+    waiting_files: int = 0  # files left in landing at the last ingest: still being written
+    stopped_by: str | None = None  # run only: "caller" (event, Ctrl-C) or "stop request" (sessionctl stop)
+    lease_epoch: int | None = None  # the epoch of the job lease it ran under (its commits record it)
+    savepoint: dict[str, Any] | None = None  # the savepoint a stop request asked for, when taken
+    clock_rows: int = 0     # idle-close clock rows ingest appended (README "Idle close")
+    last_clock: str | None = None  # the newest one's event time
+    source_errors: int = 0  # run only: ingests that failed because the source could not be read (then retried)
+    last_source_error: str | None = None  # the newest one's line
+    # run only: queries that failed because the warehouse's object store (S3) did not answer, each then restarted
+    # from the checkpoint once it waited (exactly once: the sink's appends are idempotent per batch id)
+    storage_errors: int = 0
+    last_storage_error: str | None = None  # the newest one's line
+    # Where the seconds went, for the operator who asks why a catch-up took long: `spark` (the JVM start, ~0 when
+    # attached to a running session), `ingest` (catch-up's, beside the JVM start: the two overlap), `query_start`
+    # (the source, the plan, the query), `stream` (its batches, until it stopped).
+    phase_seconds: dict[str, float] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        # What absorb_progress has counted (not fields: not part of the result), in constant memory however long the
+        # run: the query run it last read, the newest batch id of that run it counted, and its newest progress's time.
+        self._query_run: str | None = None
+        self._counted_batch = -1
+        self._last_report: str | None = None
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+    def timed(self, phase: str, started: float) -> None:
+        """Record `phase` as lasting from `started` (time.monotonic) until now."""
+        self.phase_seconds[phase] = round(time.monotonic() - started, 3)
+
+    def add_ingest(self, result: IngestResult) -> None:
+        self.ingested_files += result.files
+        self.ingested_rows += result.rows
+        self.rejected_lines += result.rejected
+        self.refused_files += result.refused
+        self.waiting_files = result.waiting
+        if result.clock is not None:
+            self.clock_rows += 1
+            self.last_clock = result.clock
+
+    def absorb_progress(self, query: StreamingQuery) -> bool:
+        """Count the batches the query ran since the last call; True when there were new ones.
+
+        Within one run of a query its batch ids grow, so one high-water mark per run is all it keeps (a restarted
+        query starts a new run: a batch that failed is counted when it runs again). Only progress of a batch that ran
+        counts: an idle trigger reports the id of the batch it did not run, without an `addBatch` phase."""
+        last = query.lastProgress
+        if last is None or (last.timestamp == self._last_report and str(query.runId) == self._query_run):
+            return False  # nothing reported since: Spark's recent progress (its last 100) not read again
+        if str(query.runId) != self._query_run:
+            self._query_run, self._counted_batch = str(query.runId), -1
+        self._last_report = last.timestamp
+        new = False
+        for progress in query.recentProgress:
+            if progress.batchId > self._counted_batch and "addBatch" in (progress.durationMs or {}):
+                self._counted_batch = progress.batchId
+                self.batches += 1
+                self.input_rows += int(progress.numInputRows)
+                new = True
+        return new
+
+
+@dataclass
+class _Run:
+    spark: SparkSession
+    meta: JobMetadata
+    operator: StateOperator
+    lease: Lease
+    summary: RunSummary
+
+
+@contextmanager
+def _job(config: SessionsConfig, what: str, spark: SparkSession | None,
+         meanwhile: Callable[[RunSummary], None] | None = None) -> Iterator[_Run]:
+    """The head both loops share: the job lease, the tables, the checkpoint's metadata and the session.
+
+    `meanwhile` (catch-up's ingest) runs under the lease in a thread while the Spark JVM starts: the two are seconds
+    each and use different processes (2M events: ingest ~4 s, JVM start ~5 s). Its error, if any, is raised here.
+
+    A job lease lost on the way (another process took it over: this one was paused or starved past the TTL) ends the
+    block with LeaseLost, one line naming the lease and the newer holder -- whatever failed because of it (the query,
+    a fenced commit) -- and it is never released (pipelines.coordination.leases)."""
+    started = time.monotonic()
+    with job_lock(config, what) as held:
+        ensure_tables(config)
+        meta, operator = checkpoint_metadata(config)
+        summary = RunSummary()
+        with ThreadPoolExecutor(max_workers=1, thread_name_prefix=f"{what}-meanwhile") as pool:
+            pending = pool.submit(meanwhile, summary) if meanwhile is not None and spark is None else None
+            begun = time.monotonic()
+            with spark_failures(config):
+                spark = spark or get_spark(config)
+            summary.timed("spark", begun)
+            if pending is not None:
+                pending.result()
+            elif meanwhile is not None:
+                meanwhile(summary)
+        run = _Run(spark, meta, operator, held, summary)
+        summary.lease_epoch = held.epoch
+        try:
+            yield run
+        except Exception:
+            if held.lost is not None:  # whatever it failed of (the query, a commit), it is the lost lease to report
+                raise held.lost from None
+            raise
+        run.summary.last_committed_batch = inspect_checkpoint(config.checkpoint).last_committed_batch
+        run.summary.seconds = round(time.monotonic() - started, 3)
+
+
+def _close(run: _Run, query: StreamingQuery, sink: MicroBatchSink, config: SessionsConfig) -> None:
+    """The tail both loops share: the counts (of the batches it committed, failed or not), then a failed query as the
+    typed one line: StorageUnavailable when the warehouse's object store failed it (in the sink, or in the source's
+    Python workers: recognised by the failure's text), else explain_spark_failure's."""
+    run.summary.absorb_progress(query)
+    run.summary.sessions_written, run.summary.quarantined = sink.sessions_written, sink.quarantined
+    failure = query.exception()
+    if failure is None:
+        return
+    if sink.unavailable is None and not (is_s3(config.warehouse_uri) and is_object_store_failure(failure)):
+        raise explain_spark_failure(failure, config)
+    _log_details(config, failure)
+    raise sink.unavailable or s3_failure(failure, config.warehouse_uri)
+
+
+def _log_details(config: SessionsConfig, failure: BaseException) -> None:
+    """The whole failure into $SESSIONS_HOME/logs/errors.log (the run's line says only the cause)."""
+    with suppress(OSError):
+        config.log_dir.mkdir(parents=True, exist_ok=True)
+        with (config.log_dir / ERRORS_LOG).open("a") as details:
+            details.write(f"--- {time.strftime('%Y-%m-%dT%H:%M:%S%z')} query failed (storage)\n{failure}\n")
+
+
+def catch_up(config: SessionsConfig, spark: SparkSession | None = None) -> RunSummary:
+    """Ingest everything landed, process it all (trigger availableNow), stop."""
+    def ingest_timed(summary: RunSummary) -> None:
+        begun = time.monotonic()
+        with object_store_errors(config.raw_events_table):  # the landing's are StorageUnavailable already
+            summary.add_ingest(ingest(config))
+        summary.timed("ingest", begun)
+
+    with _job(config, "catch-up", spark, meanwhile=ingest_timed) as run:
+        with spark_failures(config):
+            begun = time.monotonic()
+            query, sink = start_query(run.spark, config, run.meta, run.operator, {"availableNow": True},
+                                      lease=run.lease)
+            run.summary.timed("query_start", begun)
+            begun = time.monotonic()
+            query.awaitTermination()
+            run.summary.timed("stream", begun)
+        _close(run, query, sink, config)
+    return run.summary
+
+
+# Called by the run loop when a stop request asked for a savepoint: the query is stopped, the job lease still held.
+# Returns the savepoint's fields (the state layer takes it; this layer does not know how).
+OnStop = Callable[[StopRequest, SparkSession], "dict[str, Any] | None"]
+
+
+def _drain(query: StreamingQuery, timeout_s: float) -> None:
+    """Let the batch in flight commit (bounded), then stop: a stop between batches replays nothing."""
+    deadline = time.monotonic() + timeout_s
+    while query.isActive and query.status.get("isTriggerActive") and time.monotonic() < deadline:
+        time.sleep(0.1)
+    query.stop()
+
+
+def run_continuously(config: SessionsConfig, spark: SparkSession | None = None, stop: threading.Event | None = None,
+                     poll_seconds: float = 5.0,
+                     on_progress: Callable[[RunSummary, MicroBatchSink], None] | None = None,
+                     on_stop_request: OnStop | None = None, on_erasure: OnErase | None = None) -> RunSummary:
+    """Ingest and process until `stop` is set, Ctrl-C, or a stop request (`sessionctl stop`) names this run's
+    lease; then stop the query between batches. A stop request is answered before the lease is released.
+    An erasure request (`sessionctl forget` beside this stream) is applied between two batches by `on_erasure`,
+    answered, and the stream goes on from the checkpoint the erasure left.
+    A source that cannot be read (SourceUnavailable, SourceDataLost, StorageUnavailable of the landing) does not end
+    the run: logged (logger `pipelines.job.stream`) as its one line, counted in the summary, retried with backoff
+    (_RetryingIngest); a stop is still noticed within a second while it waits.
+    Nor does a query that the warehouse's object store failed (StorageUnavailable: S3 did not answer while its
+    source read raw_events or its sink committed): one line, counted (`storage_errors`), a wait with the same backoff
+    (a stop or an erasure request still answered meanwhile), and the query starts again from its checkpoint -- the
+    failed batch runs again, and the sink's appends it had committed are not made twice. Any other failure of the
+    query ends the run with its one line."""
+    stop = stop or threading.Event()
+    tick = min(poll_seconds, 1.0)  # how often a stop is noticed; ingest and progress still every poll_seconds
+    with _job(config, "run", spark) as run:
+        summary = run.summary
+        request: StreamRequest | None = None
+        ingest_now = _RetryingIngest(config, summary, poll_seconds, run.lease)
+        wait = 0.0 if stop.is_set() else ingest_now()
+        while not stop.is_set():  # a Ctrl-C while the JVM started: stop before the query does
+            try:
+                request = _run_query(config, run, stop, tick, poll_seconds, ingest_now, wait, on_progress)
+            except StorageUnavailable as failure:
+                request, wait = ride_out(config, run.lease, stop, tick, ingest_now.query_failed(failure)), 0.0
+                if request is None:
+                    continue  # the query again (or the stop the caller asked for meanwhile)
+            if not isinstance(request, ErasureRequest):
+                break
+            _answer_erasure(config, run, request, on_erasure)
+            request, wait = None, 0.0
+        summary.stopped_by = "stop request" if isinstance(request, StopRequest) else "caller"
+        if isinstance(request, StopRequest):
+            _answer(config, run, request, on_stop_request)
+    return summary
+
+
+def _run_query(config: SessionsConfig, run: _Run, stop: threading.Event, tick: float, poll_seconds: float,
+               ingest_now: _RetryingIngest, wait: float,
+               on_progress: Callable[[RunSummary, MicroBatchSink], None] | None) -> StreamRequest | None:
+    """One query of the run, until the caller stops it or a request (stop or erasure) arrives; drained and closed."""
+    summary, request = run.summary, None
+    with spark_failures(config):
+        begun = time.monotonic()
+        query, sink = start_query(run.spark, config, run.meta, run.operator,
+                                  {"processingTime": f"{poll_seconds} seconds"}, lease=run.lease)
+        summary.timed("query_start", begun)
+    sink.sessions_written, sink.quarantined = summary.sessions_written, summary.quarantined  # the run's, so far
+    begun = time.monotonic()
+    try:
+        next_poll = time.monotonic() + wait
+        next_progress = time.monotonic() + poll_seconds
+        while not stop.is_set() and query.isActive:
+            run.lease.check()  # between polls too: a lost lease ends the run (LeaseLost), not the caller
+            try:
+                request = pending_request(config, run.lease)
+            except StorageUnavailable:  # an S3 lease store that does not answer now: asked again next tick
+                request = None
+            if request is not None:
+                break
+            if time.monotonic() >= next_poll:
+                next_poll = time.monotonic() + ingest_now()
+            if time.monotonic() >= next_progress:
+                if summary.absorb_progress(query):
+                    ingest_now.query_progressed()
+                    if on_progress:
+                        on_progress(summary, sink)
+                next_progress = time.monotonic() + poll_seconds
+            stop.wait(tick)
+    except KeyboardInterrupt:
+        pass
+    finally:
+        _drain(query, config.stop_timeout_s)
+        summary.timed("stream", begun)
+    _close(run, query, sink, config)
+    return request
+
+
+# Called by the run loop for an erasure request, with the query stopped and the job lease held; returns the answer
+# (the erasure's result). The state layer does the erasure (state_store.erasure); this layer does not know how.
+OnErase = Callable[[ErasureRequest, SparkSession, Lease], "dict[str, Any]"]
+
+
+def _first_line(error: BaseException) -> str:
+    return str(error).splitlines()[0] if str(error) else type(error).__name__
+
+
+def _answer_erasure(config: SessionsConfig, run: _Run, request: ErasureRequest, on_erase: OnErase | None) -> None:
+    answer = ErasureAnswer()
+    try:
+        if on_erase is None:
+            raise SessionsError("this stream cannot apply erasures (no erasure handler): stop it and run forget")
+        answer = ErasureAnswer(erased=on_erase(request, run.spark, run.lease))
+    except SessionsError as error:
+        answer = ErasureAnswer(error=_first_line(error))
+    finally:
+        answer_request(config, request, answer)
+    run.meta, run.operator = checkpoint_metadata(config)  # the erasure may have restored the checkpoint
+
+
+def _answer(config: SessionsConfig, run: _Run, request: StopRequest, on_stop: OnStop | None) -> None:
+    last = inspect_checkpoint(config.checkpoint).last_committed_batch
+    if request.savepoint:
+        try:
+            if on_stop is None:
+                raise SessionsError("this stream cannot take savepoints (no savepoint handler)")
+            run.summary.savepoint = on_stop(request, run.spark)
+        except Exception as error:  # noqa: BLE001 -- the stopper is told either way; an unexpected one is raised too
+            answer_request(config, request, StopAnswer(last_committed_batch=last, error=_first_line(error)))
+            if not isinstance(error, SessionsError):
+                raise
+            return
+    answer_request(config, request, StopAnswer(last_committed_batch=last, savepoint=run.summary.savepoint))

@@ -1,0 +1,194 @@
+"""Restore: a fresh checkpoint built from a savepoint alone -- state, source position, watermark and outputs -- with
+the old checkpoint set aside, not deleted. The savepoint's rows go from its files to the operator's initial state in
+the executors (state_store.savepoint.files, pipelines.job.operators.seam); the driver holds metadata and checksums only. The
+pre-flight's checks (state_store.preflight) run first, so a restore is refused exactly when `--dry-run` says so."""
+from __future__ import annotations
+
+import datetime as dt
+import json
+import time
+from contextlib import suppress
+from dataclasses import replace
+from pathlib import Path
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+from pyspark.sql import DataFrame, SparkSession
+
+from pipelines.config import SessionsConfig
+from pipelines.coordination.fencing import fenced_delete
+from pipelines.coordination.leases import Lease
+from pipelines.core import state_format
+from pipelines.core.sessionize import rewalk, rows_table
+from pipelines.errors import RestoreIncomplete, SavepointDamaged, StateMismatch, savepoint_way_out
+from pipelines.job.checkpoint import (
+    JobMetadata,
+    clear_restore_marker,
+    inspect_checkpoint,
+    write_job_metadata,
+    write_restore_marker,
+)
+from pipelines.job.operators.registry import for_new_checkpoint
+from pipelines.job.runtime import get_spark, stop_state_stores
+from pipelines.job.source import BOOTSTRAP_FILE
+from pipelines.job.startup import ensure_tables
+from pipelines.job.stream import start_query
+from pipelines.storage import storage_options, table_exists
+from state_store.preflight import record_restore, refusals
+from state_store.results import RestoreResult, SavepointInfo
+from state_store.savepoint.catalog import SavepointStore
+from state_store.savepoint.chain import savepoint_checksum, savepoint_rows
+from state_store.savepoint.checksum import frame_checksum, state_checksum
+
+REPLACED_SUFFIX = ".replaced-"
+FAILED_SUFFIX = ".failed-restore-"  # a half-built checkpoint, kept for a post-mortem
+
+
+def verified_savepoint(config: SessionsConfig, spark: SparkSession, savepoint: str = "latest") -> SavepointInfo:
+    """The catalog row of a complete savepoint whose files, re-read in the executors, hold the catalogued rows and
+    checksum."""
+    store = SavepointStore.of(config)
+    saved = store.get(savepoint)
+    rows, checksum = savepoint_checksum(spark, store, saved.savepoint_id)
+    if (rows, checksum) != (saved.rows, saved.checksum):
+        raise SavepointDamaged(f"savepoint {saved.savepoint_id} is damaged: {rows} rows / {checksum}, catalog says "
+                               f"{saved.rows} / {saved.checksum}: {savepoint_way_out(saved.savepoint_id)}",
+                               savepoint_id=saved.savepoint_id)
+    return replace(saved, verified=True)
+
+
+def expected_restored_state(state: pa.Table, gap_ms: int) -> pa.Table:
+    """What the restore's bootstrap batch must leave in the store, by the pure core: the rows walked once (watermark
+    0, so nothing closes or freezes). Equal to the savepoint's rows for a v2 savepoint under its own gap; for a v1
+    savepoint or a new gap it settles each row's session_start."""
+    return state_format.to_canonical(rows_table(rewalk(state_format.canonical_rows_ms(state), 0, gap_ms)))
+
+
+def _bootstrap_rows(config: SessionsConfig, spark: SparkSession, store: SavepointStore, saved: SavepointInfo
+                    ) -> tuple[DataFrame, tuple[int, str]]:
+    """The rows the restored operator starts from, and the (rows, checksum) its state must then hold.
+
+    A v2 savepoint under its own gap is loaded as it is, straight from its files by the executors: the walk at
+    watermark 0 changes nothing, so the expectation is the catalog's. A v1 savepoint or a new gap (--migrate) is
+    upgraded and re-walked by the pure core here, on the driver, and staged next to the checkpoint."""
+    if saved.state_schema == state_format.SCHEMA_ID and saved.gap_ms == config.gap_ms:
+        return savepoint_rows(spark, store, saved.savepoint_id), (saved.rows, saved.checksum)
+    state = store.read_state(saved.savepoint_id)
+    if saved.state_schema == state_format.V1_SCHEMA_ID:
+        state = state_format.upgrade_v1(state)
+    state = state.select(state_format.CANONICAL_SCHEMA.names).cast(state_format.CANONICAL_SCHEMA)
+    staged = config.checkpoint / "bootstrap-state.parquet"  # not "_...": Spark's file reader skips such names
+    pq.write_table(state, staged)
+    expected = expected_restored_state(state, config.gap_ms)
+    return spark.read.parquet(str(staged)), (expected.num_rows, state_checksum(expected))
+
+
+def _set_aside(checkpoint: Path) -> str | None:
+    if not checkpoint.exists():
+        return None
+    stamp = dt.datetime.now(dt.timezone.utc).strftime("%Y%m%dT%H%M%S%f")
+    target = checkpoint.with_name(checkpoint.name + REPLACED_SUFFIX + stamp)
+    checkpoint.rename(target)
+    return str(target)
+
+
+def _roll_back_outputs(config: SessionsConfig, saved: SavepointInfo, lease: Lease | None) -> dict[str, int]:
+    """Remove what the job wrote after the savepoint; the replay writes it again, exactly once. Fenced by the job
+    lease: a stream that lost it to this restore can no longer commit to these tables."""
+    removed = {}
+    for name, uri, version in (("sessions", config.sessions_table, saved.sessions_version),
+                               ("quarantine", config.quarantine_table, saved.quarantine_version)):
+        if table_exists(config, uri):
+            removed[name] = fenced_delete(uri, f"written_version > {int(version)}", [lease] if lease else [],
+                                          storage_options(config, uri))
+    return removed
+
+
+def restore_unlocked(config: SessionsConfig, savepoint: str, partitions: int | None, migrate: bool,
+                     spark: SparkSession | None, lease: Lease | None = None) -> RestoreResult:
+    """The restore, for a caller that holds the job and lifecycle leases (state_store.lifecycle); with `lease` (the
+    job lease) its writes are fenced by it."""
+    started = time.monotonic()
+    phases: dict[str, float] = {}
+    last = [started]  # when the previous phase ended
+
+    def phase(name: str) -> None:
+        now = time.monotonic()
+        phases[name], last[0] = round(now - last[0], 3), now
+
+    store = SavepointStore.of(config)
+    saved = store.get(savepoint)
+    refused = refusals(config, saved, partitions, migrate, store)
+    if refused:
+        raise refused[0]
+    target = config.with_(state_partitions=partitions or saved.partitions or config.state_partitions)
+    spark = spark or get_spark(target)
+    phase("preflight")
+    saved = verified_savepoint(config, spark, saved.savepoint_id)
+    phase("savepoint_verified")
+    write_restore_marker(config.checkpoint, saved.savepoint_id, partitions)  # before the first change
+    stop_state_stores(spark)  # a stopped query's store uploads no snapshot into the new checkpoint
+    replaced = _set_aside(config.checkpoint)
+    outputs_rolled_back = False
+    try:
+        operator = for_new_checkpoint()
+        meta = JobMetadata.new(config.gap_ms, config.lateness_ms, config.state_buckets, state_layout=operator.layout,
+                               created_from=saved.savepoint_id)
+        write_job_metadata(config.checkpoint, meta)
+        initial, expected = _bootstrap_rows(config, spark, store, saved)
+        # The source's first batch carries the savepoint's watermark (a marker); the operator loads the rows as
+        # Spark's initial state in that same batch (pipelines.job.operators.seam: the restore's bootstrap).
+        (config.checkpoint / BOOTSTRAP_FILE).write_text(json.dumps({
+            "savepoint_id": saved.savepoint_id, "source_seq": saved.source_seq,
+            "watermark_ms": saved.watermark_ms, "lateness_ms": config.lateness_ms,
+        }))
+        outputs_rolled_back = True  # from here the tables may differ from what the old checkpoint wrote
+        removed = _roll_back_outputs(config, saved, lease)
+        ensure_tables(config)
+        phase("outputs_rolled_back")
+        # Only the bootstrap batch (and the empty batch after it): events after the savepoint are the next
+        # catch-up's or run's to process.
+        query, _ = start_query(spark, target, meta, operator, {"availableNow": True},
+                               source_options={"targetSeq": saved.source_seq}, initial_rows=initial, lease=lease)
+        query.awaitTermination()
+        failure = query.exception()
+        if failure is not None:
+            raise failure
+        phase("bootstrap_batch")
+        got = frame_checksum(operator.canonical_rows(spark, config.checkpoint, 0))
+        phase("state_checked")
+        if got != expected:
+            raise StateMismatch(f"restored state does not match the savepoint: {got[0]} rows / {got[1]} vs "
+                                f"{expected[0]} / {expected[1]}")
+    except Exception as error:  # noqa: BLE001 -- whatever broke, leave the operator a known next step
+        with suppress(Exception):  # the restore's own failure is what to report
+            stop_state_stores(spark)  # nor the failed restore's into the checkpoint moved back
+        raise _failed_restore(config, saved.savepoint_id, replaced, outputs_rolled_back, error) from None
+    clear_restore_marker(config.checkpoint)
+    info = inspect_checkpoint(config.checkpoint)
+    seconds = round(time.monotonic() - started, 3)
+    record_restore(config.home, saved.rows, seconds)
+    return RestoreResult(
+        savepoint_id=saved.savepoint_id, batch_id=saved.batch_id, rows=saved.rows,
+        checksum=got[1], verified=True, source_seq=saved.source_seq,
+        watermark_ms=saved.watermark_ms, provider=info.provider, partitions=info.partitions,
+        rolled_back=removed, previous_checkpoint=replaced, seconds=seconds, phases=phases,
+    )
+
+
+def _failed_restore(config: SessionsConfig, savepoint_id: str, replaced: str | None,
+                    outputs_rolled_back: bool, error: BaseException) -> RestoreIncomplete:
+    """Put things where a rerun (or the old job) can go on, and say which it is."""
+    cause = f"{type(error).__name__}: {str(error).splitlines()[0][:300] if str(error) else ''}"
+    if config.checkpoint.exists():
+        stamp = dt.datetime.now(dt.timezone.utc).strftime("%Y%m%dT%H%M%S%f")
+        config.checkpoint.rename(config.checkpoint.with_name(config.checkpoint.name + FAILED_SUFFIX + stamp))
+    if not outputs_rolled_back and replaced is not None:
+        Path(replaced).rename(config.checkpoint)
+        clear_restore_marker(config.checkpoint)
+        return RestoreIncomplete(f"restore from {savepoint_id} failed before any table was changed ({cause}); "
+                                 f"the previous checkpoint is back in place",
+                                 next_step="none: the previous checkpoint is back in place, the old job can go on")
+    kept = f"; the previous checkpoint (ahead of the tables now) is kept at {replaced}" if replaced else ""
+    return RestoreIncomplete(f"restore from {savepoint_id} failed once the output tables were being rolled back to it "
+                             f"({cause}): run the same restore again{kept}", next_step="run the same restore again")

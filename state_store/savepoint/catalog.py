@@ -1,0 +1,298 @@
+"""Savepoints as Delta tables (delta-rs) on a local path or S3: canonical state rows + a catalog.
+
+Layout under SESSIONS_SAVEPOINT_URI:
+  catalog/          one row per savepoint attempt (status complete | failed); the only index
+  state/<id>/       a full savepoint: the open state in canonical form (pipelines.core.state_format.CANONICAL_SCHEMA,
+                    schema id in the catalog row; v1 savepoints -- one row per open event -- still restore);
+                    an incremental one: INCREMENT_SCHEMA (canonical + `deleted`), see below
+A savepoint is listed as complete only after its state table was written, re-read and its count and
+checksum matched the live state; a half-written state table is never referenced by a complete row. The executors
+write, re-read and checksum the state table (state_store.savepoint.files); this process handles its metadata only.
+
+Incremental savepoints (state_store.savepoint.chain). An incremental savepoint's table holds only the users whose
+state changed since the previous savepoint of its chain: every canonical row of each such user (its whole state at
+the savepoint's batch, `deleted` false) and, for a user whose state was removed, one tombstone row (`user_id` set,
+the other canonical columns null, `deleted` true). The catalog row names its `chain` (ids from the full savepoint it
+builds on, `base_id`, to itself) and its `kind`; the state it represents is the chain resolved: per user the rows of
+the newest table of the chain that holds the user, unless those are a tombstone. As a Delta view (SQL):
+
+    SELECT user_id, session_start, event_id, event_time, event_type, event_count, page_views FROM (
+      SELECT *, MAX(pos) OVER (PARTITION BY user_id) AS newest FROM (
+        SELECT *, false AS deleted, 0 AS pos FROM delta.`state/<base_id>`
+        UNION ALL SELECT *, 1 AS pos FROM delta.`state/<chain[1]>` ... UNION ALL SELECT *, n AS pos FROM ...))
+    WHERE pos = newest AND NOT deleted
+
+A table without the `deleted` column is full: resolution starts at the newest full table of the chain (compaction
+folds a chain by rewriting a member's table as full, state_store.savepoint.fold). `rows` and `checksum` in the
+catalog are always those of the resolved state (what a restore loads and verifies); `table_rows` what the
+savepoint's own table held when written.
+"""
+from __future__ import annotations
+
+import builtins
+import datetime as dt
+import json
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import pyarrow as pa
+import pyarrow.compute as pc
+from deltalake import DeltaTable, write_deltalake
+
+from pipelines.config import SessionsConfig
+from pipelines.core import state_format
+from pipelines.errors import SavepointDamaged, SavepointNotFound
+from pipelines.storage import join, read_rows, s3_errors, storage_options
+from state_store.results import SavepointInfo
+
+CATALOG_SCHEMA = pa.schema([
+    ("savepoint_id", pa.string()),
+    ("status", pa.string()),            # complete | failed
+    ("trigger", pa.string()),           # manual | scheduled | sensor | pre-rescale | stop
+    ("created_at", pa.timestamp("us", tz="UTC")),
+    ("batch_id", pa.int64()),
+    ("source_seq", pa.int64()),         # raw_events ingest sequence the state has consumed
+    ("watermark_ms", pa.int64()),       # the watermark the next batch would have run with
+    ("gap_ms", pa.int64()),
+    ("lateness_ms", pa.int64()),
+    ("buckets", pa.int64()),
+    ("provider", pa.string()),
+    ("partitions", pa.int64()),
+    ("state_schema", pa.string()),
+    ("rows", pa.int64()),
+    ("checksum", pa.string()),
+    ("sessions_version", pa.int64()),
+    ("quarantine_version", pa.int64()),
+    ("incarnation", pa.string()),
+    ("state_uri", pa.string()),         # `state/<id>`, relative to the store (SavepointStore.list resolves it)
+    ("bytes", pa.int64()),
+    ("seconds", pa.float64()),
+    ("error", pa.string()),
+    # Incremental savepoints (the columns were added later: a row without them is a full savepoint)
+    ("kind", pa.string()),              # full | incremental
+    ("base_id", pa.string()),           # an incremental one's full savepoint (chain[0]); null for a full one
+    ("chain", pa.string()),             # ids base..this, comma-separated; a full one: its own id
+    ("table_rows", pa.int64()),         # rows of its own table as written (rows/checksum: the resolved state)
+])
+FULL, INCREMENTAL = "full", "incremental"
+DELETED = "deleted"  # the tombstone flag of an incremental savepoint's table
+INCREMENT_SCHEMA = state_format.CANONICAL_SCHEMA.append(pa.field(DELETED, pa.bool_()))
+
+
+Catalog = list[SavepointInfo]  # (inside SavepointStore, `list` names its method)
+
+
+def new_savepoint_id(batch_id: int, now: dt.datetime) -> str:
+    return f"sp-{now.strftime('%Y%m%dT%H%M%S')}-b{batch_id}-{os.urandom(2).hex()}"
+
+
+@dataclass(frozen=True)
+class StateFiles:
+    """A savepoint state table as its Delta log lists it: what the executors read (state_store.savepoint.files)."""
+
+    uri: str
+    columns: tuple[str, ...]  # the table's schema, in order (a checksum joins fields in this order)
+    files: tuple[str, ...]    # absolute URIs of the data files (file:// or s3://)
+    sizes: tuple[int, ...]
+
+    @property
+    def bytes(self) -> int:
+        return sum(self.sizes)
+
+
+@dataclass(frozen=True)
+class SavepointStore:
+    """The savepoint store under SESSIONS_SAVEPOINT_URI: the catalog and one state table per savepoint."""
+
+    uri: str
+    options: dict[str, str] | None = field(default=None, repr=False)  # S3 credentials: never printed
+    # Failed attempts the catalog could not take when they happened (the store was down): recorded on the next
+    # catalog access that works.
+    pending: Path | None = None
+
+    @classmethod
+    def of(cls, config: SessionsConfig) -> SavepointStore:
+        return cls(config.savepoint_uri, storage_options(config, config.savepoint_uri),
+                   config.home / "pending-savepoint-failures.jsonl")
+
+    def defer(self, row: dict[str, Any]) -> None:
+        """Keep a failed attempt's row locally until the catalog is reachable again."""
+        if self.pending is not None:
+            self.pending.parent.mkdir(parents=True, exist_ok=True)
+            with open(self.pending, "a") as handle:
+                handle.write(json.dumps({k: (v.isoformat() if isinstance(v, dt.datetime) else v)
+                                         for k, v in row.items()}) + "\n")
+
+    def _flush_pending(self) -> None:
+        if self.pending is None or not self.pending.exists():
+            return
+        rows = [json.loads(line) for line in self.pending.read_text().splitlines() if line.strip()]
+        for row in rows:
+            row["created_at"] = dt.datetime.fromisoformat(row["created_at"]) if row.get("created_at") else None
+            self._append(row)
+        self.pending.unlink()
+
+    @property
+    def catalog_uri(self) -> str:
+        return join(self.uri, "catalog")
+
+    def state_uri(self, savepoint_id: str) -> str:
+        return join(self.uri, "state", savepoint_id)
+
+    @staticmethod
+    def recorded_state_uri(savepoint_id: str) -> str:
+        """What the catalog's `state_uri` holds: the state table relative to the store's root. A copy of the store (a
+        home copied with `cp -a`, a bucket synced elsewhere) then names its own tables: an absolute path would have a
+        copy's compaction delete, and its erasure rewrite, the original's."""
+        return f"state/{savepoint_id}"
+
+    def write_state(self, savepoint_id: str, table: pa.Table) -> str:
+        """Write canonical rows (state_format.canonical: sorted once by the caller, schema pinned here)."""
+        target = self.state_uri(savepoint_id)
+        rows = table.select(state_format.CANONICAL_SCHEMA.names).cast(state_format.CANONICAL_SCHEMA)
+        with s3_errors(target):
+            write_deltalake(target, rows, mode="error", storage_options=self.options)
+        return target
+
+    def read_table(self, uri: str) -> pa.Table:
+        with s3_errors(uri):
+            return read_rows(DeltaTable(uri, storage_options=self.options))
+
+    def read_state(self, savepoint_id: str) -> pa.Table:
+        """The savepoint's state in this process (small savepoints, tests): its table as stored for a full savepoint
+        (v1 or v2 rows), the chain resolved for an incremental one (canonical rows). state_store.savepoint.files reads
+        it in the executors."""
+        saved = self.find(savepoint_id)
+        if saved is None or saved.kind != INCREMENTAL:
+            return self.read_table(self.state_uri(savepoint_id))
+        tables = [self.read_table(self.state_uri(i)) for i in self.chain_members(saved)]
+        seen: pa.Array = pa.array([], pa.string())
+        parts = []
+        for table in reversed(tables):  # newest first: a user's rows come from the newest table holding them
+            fresh = table.filter(pc.invert(pc.is_in(table["user_id"], value_set=seen)))
+            if DELETED in table.column_names:
+                fresh = fresh.filter(pc.invert(pc.fill_null(fresh[DELETED], False)))
+            parts.append(fresh.select(state_format.CANONICAL_SCHEMA.names).cast(state_format.CANONICAL_SCHEMA))
+            seen = pa.concat_arrays([seen, pc.unique(table["user_id"]).cast(pa.string())])
+        return pa.concat_tables(parts)
+
+    def exists(self, savepoint_id: str) -> bool:
+        """Whether the savepoint's state table exists (a committed Delta table; half-written files are not one)."""
+        uri = self.state_uri(savepoint_id)
+        with s3_errors(uri):
+            return bool(DeltaTable.is_deltatable(uri, storage_options=self.options))
+
+    def data_files(self, savepoint_id: str) -> StateFiles:
+        """The state table's current data files and column names, from its Delta log alone (no row is read)."""
+        uri = self.state_uri(savepoint_id)
+        with s3_errors(uri):
+            table = DeltaTable(uri, storage_options=self.options)
+            adds = pa.table(table.get_add_actions(flatten=True))
+            columns = tuple(column.name for column in table.schema().fields)
+            root = table.table_uri.rstrip("/")
+        return StateFiles(uri, columns, tuple(f"{root}/{path}" for path in adds["path"].to_pylist()),
+                          tuple(int(size) for size in adds["size_bytes"].to_pylist()))
+
+    def table_bytes(self, uri: str) -> int:
+        with s3_errors(uri):
+            table = DeltaTable(uri, storage_options=self.options)
+            adds = pa.table(table.get_add_actions(flatten=True))
+        return int(pc.sum(adds["size_bytes"]).as_py() or 0)
+
+    def _append(self, row: dict[str, Any]) -> None:
+        full = {name: row.get(name) for name in CATALOG_SCHEMA.names}
+        full["state_uri"] = self.recorded_state_uri(str(full["savepoint_id"]))  # never an absolute location
+        # schema_mode="merge": a catalog written before a column was added gains it (its old rows read as null)
+        write_deltalake(self.catalog_uri, pa.Table.from_pylist([full], schema=CATALOG_SCHEMA), mode="append",
+                        schema_mode="merge", storage_options=self.options)
+
+    def record(self, row: dict[str, Any]) -> None:
+        with s3_errors(self.catalog_uri):
+            self._flush_pending()
+            self._append(row)
+
+    def forget(self, savepoint_id: str) -> None:
+        """Remove a savepoint's catalog row (its state table is deleted by the caller first)."""
+        with s3_errors(self.catalog_uri):
+            DeltaTable(self.catalog_uri, storage_options=self.options).delete(f"savepoint_id = '{savepoint_id}'")
+
+    def list(self) -> list[SavepointInfo]:
+        """The catalog, newest first (failed attempts included, with status and error)."""
+        with s3_errors(self.catalog_uri):
+            self._flush_pending()
+            if not DeltaTable.is_deltatable(self.catalog_uri, storage_options=self.options):
+                return []
+            rows = read_rows(DeltaTable(self.catalog_uri, storage_options=self.options)).to_pylist()
+        for row in rows:  # a row from before incremental savepoints: a full one, its own chain
+            row["kind"] = row.get("kind") or FULL
+            row["chain"] = row.get("chain") or row["savepoint_id"]
+            # Under this store's root, whatever the row recorded: `state/<id>`, or (rows written before it was
+            # relative) an absolute path that may be another home's -- this store's copy is the one it means.
+            row["state_uri"] = self.state_uri(row["savepoint_id"])
+        saved = [SavepointInfo.from_row(row) for row in rows]
+        return sorted(saved, key=lambda s: (s.created_at or "", s.savepoint_id), reverse=True)
+
+    def find(self, savepoint_id: str, catalog: Catalog | None = None) -> SavepointInfo | None:
+        """The catalog row of a savepoint, whatever its status (None: no row names it)."""
+        return next((s for s in (self.list() if catalog is None else catalog) if s.savepoint_id == savepoint_id),
+                    None)
+
+    def chain(self, saved: SavepointInfo, catalog: Catalog | None = None) -> Catalog:
+        """The catalog rows of a savepoint's chain, base first (a full savepoint: itself); SavepointDamaged when a
+        member is gone from the catalog or not complete (retention never deletes one a kept savepoint needs)."""
+        ids = saved.chain_ids
+        if len(ids) == 1:
+            return [saved]
+        catalog = self.list() if catalog is None else catalog
+        by_id = {s.savepoint_id: s for s in catalog}
+        missing = [i for i in ids[:-1] if i not in by_id or by_id[i].status != "complete"]
+        if missing:
+            raise SavepointDamaged(f"savepoint {saved.savepoint_id} is incremental and needs {missing[0]} of its "
+                                   f"chain, which is {'not complete' if missing[0] in by_id else 'gone'}")
+        return [by_id[i] for i in ids[:-1]] + [saved]
+
+    def chain_members(self, saved: SavepointInfo, catalog: Catalog | None = None) -> builtins.list[str]:
+        """The savepoints whose state tables a savepoint's state resolves from, oldest first: its chain from the
+        newest full table on (a member compaction folded is full before the catalog says so:
+        state_store.savepoint.fold)."""
+        ids: builtins.list[str] = []
+        for member in reversed(self.chain(saved, catalog)):
+            ids.insert(0, member.savepoint_id)
+            if not self.is_increment(self.state_uri(member.savepoint_id)):
+                break
+        return ids
+
+    def is_increment(self, uri: str) -> bool:
+        """Whether a state table is an increment (has the tombstone column), from its Delta log alone."""
+        with s3_errors(uri):
+            return DELETED in [f.name for f in DeltaTable(uri, storage_options=self.options).schema().fields]
+
+    def update_rows(self, rows: builtins.list[dict[str, Any]], columns: tuple[str, ...]) -> None:
+        """Set `columns` of several catalog rows (by savepoint_id) in one Delta transaction: all or none."""
+        if not rows:
+            return
+        names = ("savepoint_id", *columns)
+        source = pa.Table.from_pylist([{k: row.get(k) for k in names} for row in rows],
+                                      schema=pa.schema([CATALOG_SCHEMA.field(k) for k in names]))
+        with s3_errors(self.catalog_uri):
+            (DeltaTable(self.catalog_uri, storage_options=self.options)
+             .merge(source, "t.savepoint_id = s.savepoint_id", source_alias="s", target_alias="t")
+             .when_matched_update(updates={k: f"s.{k}" for k in columns}).execute())
+
+    def get(self, savepoint: str = "latest") -> SavepointInfo:
+        """A complete savepoint by id, or the newest complete one ("latest")."""
+        saved = self.list()
+        if savepoint == "latest":
+            complete = [s for s in saved if s.status == "complete"]
+            if not complete:
+                raise SavepointNotFound(f"no complete savepoint in {self.uri}")
+            return complete[0]
+        for info in saved:
+            if info.savepoint_id == savepoint:
+                if info.status != "complete":
+                    raise SavepointNotFound(f"savepoint {savepoint} is {info.status} ({info.error}); "
+                                            "it cannot be restored")
+                return info
+        raise SavepointNotFound(f"no such savepoint: {savepoint} in {self.uri}")

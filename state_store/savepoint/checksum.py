@@ -1,0 +1,92 @@
+"""The savepoint checksum, its one owner: a row count and the wrapping sum of per-row 64-bit SipHash values.
+
+Order-independent, so any split of the rows -- per executor task, per file, per user -- is checksummed where it is
+and combined anywhere (`combine_checksum`); a sum taken out (negative rows) removes rows. Spark carries a partial
+sum as a signed long (`signed`)."""
+from __future__ import annotations
+
+from collections.abc import Iterable, Iterator
+
+import numpy as np
+import pandas as pd
+import pyarrow as pa
+import pyarrow.compute as pc
+from pyspark.sql import DataFrame
+
+__all__ = ["CHECKSUM_ALGORITHM", "MOD64", "checksum_parts", "combine_checksum", "frame_checksum", "partial_checksum",
+           "row_hashes", "signed", "state_checksum"]
+
+_NULL_TOKEN = {"event_type": "\x00"}  # v1 checksums used "" for other nulls; kept so v1 savepoints verify
+
+
+CHECKSUM_ALGORITHM = "siphash64"
+MOD64 = 1 << 64  # checksums are sums of 64-bit hashes, wrapping
+
+
+def row_hashes(rows: pa.Table | pa.RecordBatch) -> np.ndarray:
+    """Per-row 64-bit SipHash values (pandas' deterministic `hash_array`, fixed key) of all fields, in the rows'
+    column order, joined by \\x1f: integers and timestamps as their int64 text (epoch microseconds), nulls as ""
+    (event_type: \\x00). What state_checksum sums; the executors hash their share with it too
+    (state_store.savepoint.files)."""
+    parts = []
+    for column_field in rows.schema:
+        column = rows[column_field.name]
+        if pa.types.is_timestamp(column_field.type) or pa.types.is_integer(column_field.type) or \
+                pa.types.is_boolean(column_field.type):  # (a boolean: "0" / "1")
+            column = pc.cast(pc.cast(column, pa.int64()), pa.string())
+        parts.append(pc.fill_null(column, _NULL_TOKEN.get(column_field.name, "")))
+    keys = pc.binary_join_element_wise(*parts, "\x1f")
+    return pd.util.hash_array(keys.to_numpy(zero_copy_only=False), categorize=False)
+
+
+def partial_checksum(rows: pa.Table | pa.RecordBatch) -> tuple[int, int]:
+    """(row count, wrapping uint64 sum of row_hashes): a share of a checksum, combined with combine_checksum."""
+    if not rows.num_rows:
+        return 0, 0
+    return rows.num_rows, int(row_hashes(rows).sum(dtype=np.uint64))
+
+
+def combine_checksum(parts: Iterable[tuple[int, int]]) -> str:
+    """The checksum of all rows from the partial checksums of any split of them (order-independent: a count and a
+    sum modulo 2^64), in state_checksum's form."""
+    rows = total = 0
+    for count, hash_sum in parts:
+        rows += int(count)
+        total = (total + int(hash_sum)) % MOD64
+    return f"{CHECKSUM_ALGORITHM}:{rows}:{total:016x}"
+
+
+def checksum_parts(checksum: str) -> tuple[int, int]:
+    """A checksum back into its (rows, uint64 sum): combine_checksum of it and other parts (negative ones take rows
+    out) gives the checksum of the rows together."""
+    algorithm, rows, total = checksum.split(":")
+    if algorithm != CHECKSUM_ALGORITHM:
+        raise ValueError(f"not a {CHECKSUM_ALGORITHM} checksum: {checksum!r}")
+    return int(rows), int(total, 16)
+
+
+def state_checksum(table: pa.Table) -> str:
+    """Order-independent checksum of state rows (canonical v2 or v1): the count and the wrapping sum of
+    per-row 64-bit SipHash values (row_hashes), labelled with the algorithm."""
+    return combine_checksum([partial_checksum(table)])
+
+
+def signed(value: int) -> int:
+    """A uint64 as Spark's signed long (two's complement); combine_checksum takes it back modulo 2^64."""
+    value %= MOD64
+    return value - MOD64 if value >= 1 << 63 else value
+
+
+def _partials(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
+    count = total = 0
+    for batch in batches:
+        n, hash_sum = partial_checksum(batch)
+        count, total = count + n, (total + hash_sum) % MOD64
+    yield pa.RecordBatch.from_pylist([{"rows": count, "hash_sum": signed(total)}])
+
+
+def frame_checksum(rows: DataFrame) -> tuple[int, str]:
+    """(rows, checksum) of rows where they are -- a partial per task, combined here -- equal to state_checksum of
+    the same rows collected (the frame's columns, in order, are what is hashed)."""
+    parts = rows.mapInArrow(_partials, "rows long, hash_sum long").collect()
+    return sum(int(p["rows"]) for p in parts), combine_checksum((p["rows"], p["hash_sum"]) for p in parts)

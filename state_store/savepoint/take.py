@@ -1,0 +1,199 @@
+"""Taking a savepoint (state_store.lifecycle's savepoint, stop --savepoint and pre-rescale savepoint): the flow
+around the executors' write (state_store.savepoint.files) -- batch, retention, full or incremental
+(state_store.savepoint.policy, state_store.savepoint.chain), catalog row, failure handling."""
+from __future__ import annotations
+
+import datetime as dt
+import time
+from dataclasses import replace
+from typing import Any
+
+import pyarrow as pa
+from py4j.protocol import Py4JError
+from pyspark.errors import PySparkException, PythonException
+from pyspark.sql import SparkSession
+
+from pipelines.config import SessionsConfig
+from pipelines.coordination.kill_points import kill_point
+from pipelines.core import state_format
+from pipelines.errors import SavepointDamaged, SavepointFailed, unreadable_savepoint_file
+from pipelines.job.checkpoint import committed_checkpoint, inspect_checkpoint
+from pipelines.job.runtime import log_traceback
+from pipelines.job.sink import version_after_batch
+from pipelines.storage import filesystem, storage_options
+from state_store.results import SavepointInfo
+from state_store.savepoint.catalog import (
+    FULL,
+    INCREMENT_SCHEMA,
+    INCREMENTAL,
+    SavepointStore,
+    StateFiles,
+    new_savepoint_id,
+)
+from state_store.savepoint.chain import change_feed, check_increment, latest_per_user
+from state_store.savepoint.checksum import checksum_parts, combine_checksum
+from state_store.savepoint.files import WrittenFiles, commit_state_files, verify_state_files, write_state_files
+from state_store.savepoint.policy import SavepointPlan, damaged_chain, plan_savepoint
+from state_store.state import read_state
+
+# A savepoint reads one committed batch N beside a running stream: state version N through Spark's state data source
+# (by batch id), the source offset and watermark of N from the offset and commit logs, and the output tables'
+# versions as of N (pipelines.job.sink.version_after_batch). Spark keeps the last SESSIONS_MIN_BATCHES_TO_RETAIN
+# versions; compaction never runs beside a savepoint (both hold the lifecycle lease).
+
+def _write_batch_state(config: SessionsConfig, spark: SparkSession, store: SavepointStore, savepoint_id: str,
+                       batch_id: int) -> WrittenFiles:
+    """State version `batch_id` written as the savepoint's data files by the executors that read it (not committed).
+    A read that fails because Spark's retention removed that version while it was read (a stream committing faster
+    than the read) is one line saying so, not "the checkpoint is damaged"; so is a version gone by the end of it."""
+    try:
+        written = write_state_files(spark, read_state(spark, config.checkpoint, batch_id), store.state_uri(savepoint_id))
+    except (PySparkException, Py4JError):
+        newest = inspect_checkpoint(config.checkpoint).last_committed_batch or batch_id
+        if newest - batch_id < config.min_batches_to_retain:
+            raise  # not retention: spark_failures explains it
+        log_traceback(config)
+        raise SavepointFailed(_retention_lost(config, batch_id, newest)) from None
+    newest = inspect_checkpoint(config.checkpoint).last_committed_batch or batch_id
+    if newest - batch_id >= config.min_batches_to_retain:  # read whole, but the version may be gone by now
+        raise SavepointFailed(_retention_lost(config, batch_id, newest))
+    return written
+
+
+def _write_increment(config: SessionsConfig, spark: SparkSession, store: SavepointStore, savepoint_id: str,
+                     after_batch: int, batch_id: int) -> WrittenFiles | str:
+    """The increment from batch `after_batch` to `batch_id` written as the savepoint's data files (not committed);
+    when Spark cannot read that change feed (versions gone, a provider without one), the reason, with nothing left
+    in the savepoint's folder."""
+    try:
+        written = write_state_files(spark, change_feed(spark, config.checkpoint, after_batch, batch_id),
+                                    store.state_uri(savepoint_id), schema=INCREMENT_SCHEMA, prepare=latest_per_user)
+        newest = inspect_checkpoint(config.checkpoint).last_committed_batch or batch_id
+        if newest - after_batch < config.min_batches_to_retain:
+            return written
+        reason = f"Spark's retention reached batch {after_batch + 1} while the change feed was read"
+    except PythonException:
+        raise  # this code's own failure in an executor: said as such, not hidden behind a full savepoint
+    except (PySparkException, Py4JError) as error:
+        log_traceback(config)
+        reason = f"the change feed could not be read ({str(error).strip().splitlines()[0][:200]})"
+    fs, root = filesystem(store.state_uri(savepoint_id))
+    fs.delete_dir_contents(root, missing_dir_ok=True)  # files of the increment's tasks: never committed
+    return reason
+
+
+def _verify_increment(spark: SparkSession, store: SavepointStore, savepoint_id: str, written: WrittenFiles,
+                      tip: SavepointInfo) -> tuple[int, str, StateFiles]:
+    """Re-read the committed increment in the executors (SavepointDamaged unless its count and checksum are the
+    write pass's); the (rows, checksum) of the state it represents: the previous savepoint's, without what the
+    increment's users held there, with what they hold now (state_store.savepoint.chain)."""
+    files = store.data_files(savepoint_id)
+    users = written.users if written.users is not None else pa.array([], pa.string())
+    check = check_increment(spark, store, files, store.chain_members(tip), users)
+    if (check.rows, check.checksum) != (written.rows, written.checksum):
+        raise SavepointDamaged(f"re-read of {files.uri} does not match the live state: {check.rows} rows / "
+                               f"{check.checksum} in {len(files.files)} files, written {written.rows} / "
+                               f"{written.checksum}")
+    checksum = combine_checksum([checksum_parts(tip.checksum), (-check.old_rows, -check.old_sum),
+                                 (written.state_rows, written.state_sum)])
+    return int(checksum.split(":")[1]), checksum, files
+
+
+def _retention_lost(config: SessionsConfig, batch_id: int, newest: int) -> str:
+    return (f"state of batch {batch_id} was removed by Spark's retention while the savepoint read it (the stream "
+            f"committed up to batch {newest}; SESSIONS_MIN_BATCHES_TO_RETAIN={config.min_batches_to_retain}): run the "
+            f"savepoint again, and raise that setting if the stream commits batches faster than a savepoint reads")
+
+
+def savepoint_last_batch(config: SessionsConfig, trigger: str, spark: SparkSession, full: bool = False
+                         ) -> SavepointInfo:
+    """The savepoint of the last committed batch, full or incremental (state_store.savepoint.policy; `full` forces
+    full). The state is written, checksummed and verified by the executors (state_store.savepoint.files); this process
+    commits the files' metadata in one Delta transaction and records the catalog row -- it never holds the state.
+    The caller holds the lifecycle lease."""
+    started = time.monotonic()
+    committed = committed_checkpoint(config.checkpoint, "nothing to savepoint")
+    info, meta, batch_id = committed.info, committed.meta, committed.batch_id
+    store = SavepointStore.of(config)
+    now = dt.datetime.now(dt.timezone.utc)
+    savepoint_id = new_savepoint_id(batch_id, now)
+    options = storage_options(config, config.warehouse_uri)
+    row: dict[str, Any] = {
+        "savepoint_id": savepoint_id, "trigger": trigger, "created_at": now,
+        "batch_id": batch_id, "source_seq": int((info.source_offset or {}).get("seq", 0)),
+        "watermark_ms": int(committed.watermark_ms or 0), "gap_ms": meta.gap_ms, "lateness_ms": meta.lateness_ms,
+        "buckets": meta.buckets, "provider": info.provider, "partitions": info.partitions,
+        "state_schema": state_format.SCHEMA_ID,
+        "sessions_version": version_after_batch(config.sessions_table, meta.incarnation, batch_id, options),
+        "quarantine_version": version_after_batch(config.quarantine_table, meta.incarnation, batch_id, options),
+        # The result's state_uri is this store's table; the catalog records it relative (SavepointStore._append).
+        "incarnation": meta.incarnation, "state_uri": store.state_uri(savepoint_id),
+    }
+    try:
+        if store.exists(savepoint_id):  # also: the store answers, before any executor writes to it
+            raise SavepointFailed(f"{row['state_uri']} exists already")
+        plan = plan_savepoint(config, store, store.list(), committed, full)
+        increment: WrittenFiles | str | None = None
+        if plan.tip is not None:
+            increment = _write_increment(config, spark, store, savepoint_id, plan.tip.batch_id, batch_id)
+            if isinstance(increment, str):
+                plan = SavepointPlan(FULL, increment)
+        written = increment if isinstance(increment, WrittenFiles) else \
+            _write_batch_state(config, spark, store, savepoint_id, batch_id)
+        try:
+            files = _commit_and_verify(spark, store, savepoint_id, plan, written, row)
+        except (PySparkException, Py4JError) as error:
+            # The increment's check re-reads the previous chain: a file of it that cannot be read is damage the
+            # plan's cheap check could not see (bytes changed in place). This savepoint is taken full instead.
+            damage = unreadable_savepoint_file(str(error))
+            if plan.kind != INCREMENTAL or damage is None or damage.savepoint_id in (None, savepoint_id):
+                raise
+            log_traceback(config)
+            fs, root = filesystem(store.state_uri(savepoint_id))
+            fs.delete_dir_contents(root, missing_dir_ok=True)  # the increment's table: no catalog row names it
+            plan = damaged_chain((str(damage.savepoint_id), "a data file cannot be read"))
+            written = _write_batch_state(config, spark, store, savepoint_id, batch_id)
+            files = _commit_and_verify(spark, store, savepoint_id, plan, written, row)
+        row.update(status="complete", bytes=files.bytes, seconds=round(time.monotonic() - started, 3))
+        store.record(row)
+    except Exception as error:  # noqa: BLE001 -- any failure must leave no complete row behind
+        executor = isinstance(error, PythonException)  # the executors' write or re-read raised
+        if executor:
+            log_traceback(config)
+        said = _python_error(str(error)) if executor else f"{type(error).__name__}: {error}"
+        row.update(status="failed", error=said[:500], seconds=round(time.monotonic() - started, 3))
+        try:
+            store.record(row)
+            recorded = "recorded as failed in the catalog"
+        except Exception:  # noqa: BLE001 -- the store is down: keep the row for the next catalog access
+            store.defer(row)
+            recorded = "the catalog is unreachable: the failed attempt will be recorded at the next catalog access"
+        if not executor and isinstance(error, (PySparkException, Py4JError)):
+            raise  # Spark's own failure (a worker, the state store): spark_failures makes it the typed one line
+        cause = said if executor else str(error).splitlines()[0][:300] if str(error) else type(error).__name__
+        raise SavepointFailed(f"savepoint {savepoint_id} failed and is not listed as complete ({recorded}): "
+                              f"{cause}") from None
+    return replace(SavepointInfo.from_row(row), note=plan.note)
+
+
+def _commit_and_verify(spark: SparkSession, store: SavepointStore, savepoint_id: str, plan: SavepointPlan,
+                       written: WrittenFiles, row: dict[str, Any]) -> StateFiles:
+    """The written files committed as the savepoint's table and re-read by the executors; `row` gets the kind,
+    chain and the state's count and checksum. Returns the table's files."""
+    row.update(rows=written.rows, checksum=written.checksum, table_rows=written.rows, kind=plan.kind,
+               chain=f"{plan.chain},{savepoint_id}" if plan.tip else savepoint_id,
+               base_id=plan.tip.chain_ids[0] if plan.tip else None)
+    kill_point("savepoint:files-written")
+    commit_state_files(written, store.options)
+    kill_point("savepoint:committed")
+    if plan.tip is not None and plan.kind == INCREMENTAL:
+        rows, checksum, files = _verify_increment(spark, store, savepoint_id, written, plan.tip)
+        row.update(rows=rows, checksum=checksum)
+        return files
+    return verify_state_files(spark, store, savepoint_id, written.rows, written.checksum)
+
+
+def _python_error(text: str) -> str:
+    """The exception line of a Python traceback an executor sent back (its last unindented line)."""
+    lines = [line for line in text.splitlines() if line.strip() and not line[0].isspace()]
+    return f"in an executor: {lines[-1][:300] if lines else 'its Python code failed'}"
