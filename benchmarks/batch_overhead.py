@@ -65,7 +65,7 @@ def run_variant(spark, variant: str, work: Path, args: argparse.Namespace) -> di
     _land(config, args.batches, args.events)
     ensure_tables(config)
     meta, operator = checkpoint_metadata(config)
-    query, _ = start_query(spark, config, meta, operator, {"availableNow": True})
+    query, _ = start_query(spark, config, meta, operator, trigger={"availableNow": True})
     query.awaitTermination()
     if query.exception():
         raise RuntimeError(f"{variant}: {query.exception()}")

@@ -333,7 +333,7 @@ def measure(provider: str, users: int, spark, work: Path, online: bool = False, 
                  same_state=(incremental.rows, incremental.checksum) == (full.rows, full.checksum),
                  load_incremental_before=load_before, load_incremental_after=_load())
     started = time.monotonic()
-    rows = live_state(spark, config.checkpoint, None)
+    rows = live_state(spark, config.checkpoint, batch_id=None)
     state_read_s = time.monotonic() - started
     started = time.monotonic()
     pq.write_table(rows, home / "raw.parquet")

@@ -148,7 +148,7 @@ def start_job(spark, config: SessionsConfig, target_seq: int | None = None):
 
     ensure_tables(config)
     meta, operator = checkpoint_metadata(config)
-    query, sink = start_query(spark, config, meta, operator, {"availableNow": True}, _source_options(target_seq))
+    query, sink = start_query(spark, config, meta, operator, trigger={"availableNow": True}, source_options=_source_options(target_seq))
     return query, lambda: {"sessions_written": sink.sessions_written, "quarantined": sink.quarantined}
 
 
@@ -189,7 +189,7 @@ def start_native(spark, config: SessionsConfig, target_seq: int | None = None):
 
     # The job's own source and session settings; a fresh checkpoint (no restore bootstrap in it).
     events = raw_events_stream(spark, config.with_(max_versions_per_batch=config.max_versions_per_batch or 1),
-                               checkpoint, _source_options(target_seq))
+                               checkpoint, source_options=_source_options(target_seq))
     valid = (events.withWatermark("event_time", f"{config.lateness_ms} milliseconds")
              .where(F.col("origin") == "event"))  # the source hands over no rejected line (pipelines.job.source)
     sessions = (valid.groupBy(F.session_window("event_time", f"{config.gap_ms} milliseconds").alias("w"), "user_id")

@@ -30,10 +30,10 @@ def join(uri: str, *parts: str) -> str:
 def storage_options(config: SessionsConfig, uri: str) -> dict[str, str] | None:
     """delta-rs/object_store options for an S3 URI: credentials and endpoint from the standard AWS_*
     variables (never logged), timeouts from the configuration; None for a local path."""
-    return s3_options(uri, config.s3_max_retries, config.s3_retry_timeout, config.s3_timeout)
+    return s3_options(uri, max_retries=config.s3_max_retries, retry_timeout=config.s3_retry_timeout, timeout=config.s3_timeout)
 
 
-def s3_options(uri: str, max_retries: int = 3, retry_timeout: str = "15s",
+def s3_options(uri: str, *, max_retries: int = 3, retry_timeout: str = "15s",
                timeout: str = "30s") -> dict[str, str] | None:
     """storage_options without a configuration at hand (the stream source, in Spark): default timeouts."""
     if not is_s3(uri):
@@ -118,7 +118,7 @@ def sql_literal(text: str) -> str:
     return "'" + text.replace("'", "''") + "'"
 
 
-def read_rows(table: DeltaTable, columns: Sequence[str] | None = None, where: str | None = None) -> pa.Table:
+def read_rows(table: DeltaTable, *, columns: Sequence[str] | None = None, where: str | None = None) -> pa.Table:
     """A Delta table's rows (`columns`, those matching the SQL predicate `where`), read by delta-rs itself, in Rust,
     and cast to the table's own Arrow types (DataFusion reads strings as string_view).
 

@@ -59,7 +59,7 @@ def main() -> None:
               f"under {config.landing}")
     spark = get_spark(config)
     summary = catch_up(config, spark)
-    report = status(config, spark)
+    report = status(config, spark=spark)
     print(json.dumps({
         "sessions_written": summary.sessions_written,
         "sessions_table_rows": report.sessions_rows,

@@ -71,7 +71,7 @@ def _erase_rows(config: SessionsConfig, uri: str, user: UserSpelling, *, has_raw
     options = storage_options(config, uri)
     removed = fenced_delete(uri, f"user_id = {sql_literal(user.user_id)}", leases, options)
     if has_raw:  # the raw column is read once; the (few) rejected lines that name U are deleted by their text
-        raw = read_rows(DeltaTable(uri, storage_options=options), ["raw"], where="raw IS NOT NULL")["raw"]
+        raw = read_rows(DeltaTable(uri, storage_options=options), columns=["raw"], where="raw IS NOT NULL")["raw"]
         for text in user.matching(raw):
             removed += fenced_delete(uri, f"raw = {sql_literal(text)}", leases, options)
     return removed
@@ -163,7 +163,7 @@ def _live_rows(spark: SparkSession, config: SessionsConfig, user_id: str) -> int
     return sum(int(s["events"]) for s in found["open_sessions"])
 
 
-def forget_unlocked(config: SessionsConfig, spark: SparkSession, user_id: str, lease: Lease | None = None
+def forget_unlocked(config: SessionsConfig, spark: SparkSession, user_id: str, *, lease: Lease | None = None
                     ) -> ForgetResult:
     """The erasure, for a caller that holds the job and lifecycle leases (the stream stopped, or the run loop between
     two batches); with `lease` (the job lease) its table writes are fenced by it."""
@@ -178,7 +178,7 @@ def forget_unlocked(config: SessionsConfig, spark: SparkSession, user_id: str, l
     removed: dict[str, int] = {}
     marker = read_restore_marker(config.checkpoint)
     if marker is not None:  # a forget killed inside its restore: finish that restore first
-        restore_unlocked(config, marker["savepoint_id"], None, True, spark, lease=lease)
+        restore_unlocked(config, marker["savepoint_id"], partitions=None, migrate=True, spark=spark, lease=lease)
     committed = inspect_checkpoint(config.checkpoint).last_committed_batch is not None
     removed["live_state_events"] = _live_rows(spark, config, user_id) if committed else 0
     # The live checkpoint is rebuilt whether or not U is in its current state: the versions it retains (RocksDB
@@ -188,7 +188,7 @@ def forget_unlocked(config: SessionsConfig, spark: SparkSession, user_id: str, l
     erased_savepoints, savepoint_tables, damaged_tables = _erase_savepoints(config, spark, user)
     removed.update(erased_savepoints)
     if committed:
-        result = restore_unlocked(config, erased_at.savepoint_id, None, False, spark, lease=lease)
+        result = restore_unlocked(config, erased_at.savepoint_id, partitions=None, migrate=False, spark=spark, lease=lease)
         if result.previous_checkpoint:  # the replaced checkpoint's state files hold U
             _remove(Path(result.previous_checkpoint))
     removed["raw_events"] = _erase_rows(config, config.raw_events_table, user, has_raw=True, leases=leases)
@@ -248,7 +248,7 @@ def verify_forgotten(config: SessionsConfig, spark: SparkSession, user_id: str) 
     return ForgetVerification(user_hash(config, user_id), not any(found.values()), found, files)
 
 
-def forget(config: SessionsConfig, user_id: str, spark: SparkSession | None = None,
+def forget(config: SessionsConfig, user_id: str, *, spark: SparkSession | None = None,
            timeout_s: float | None = None) -> ForgetResult:
     """Erase U everywhere (see the module docstring). A running stream (any host) is asked to do it between two
     batches and goes on; otherwise it is done here under the job and lifecycle leases."""
@@ -277,7 +277,7 @@ def forget(config: SessionsConfig, user_id: str, spark: SparkSession | None = No
                         erased["seconds"])
 
 
-def verify(config: SessionsConfig, user_id: str, spark: SparkSession | None = None) -> ForgetVerification:
+def verify(config: SessionsConfig, user_id: str, *, spark: SparkSession | None = None) -> ForgetVerification:
     from pipelines.job.runtime import get_spark, spark_failures
 
     with spark_failures(config):

@@ -74,7 +74,7 @@ def _summary(spark: SparkSession, store: SavepointStore, saved: SavepointInfo) -
     return rows.repartition(partitions, "user_id").mapInArrow(_per_user(saved.gap_ms), _SUMMARY_DDL)
 
 
-def diff_savepoints(config: SessionsConfig, spark: SparkSession, a: str, b: str, sample: int = 5) -> SavepointDiff:
+def diff_savepoints(config: SessionsConfig, spark: SparkSession, a: str, b: str, *, sample: int = 5) -> SavepointDiff:
     store = SavepointStore.of(config)
     saved_a, saved_b = store.get(a), store.get(b)
     catalog = store.list()

@@ -45,7 +45,7 @@ def accept_loss(config: SessionsConfig) -> AcceptedLoss:
         raise ConfigError("accept-loss needs SESSIONS_KAFKA_BOOTSTRAP and SESSIONS_KAFKA_TOPIC: it accepts messages "
                           "lost from a Kafka topic")
     topic = config.kafka_topic
-    with waiting_lease(config.lease_uri, "ingest", "accept-loss", config.lease_ttl_s, config.lease_wait_s) as held:
+    with waiting_lease(config.lease_uri, "ingest", "accept-loss", config.lease_ttl_s, timeout_s=config.lease_wait_s) as held:
         table = open_raw_table(config)
         recorded = recorded_offsets(table, topic)
         found = losses_now(config, recorded)

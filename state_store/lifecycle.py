@@ -49,10 +49,10 @@ def _spark(config: SessionsConfig, spark: SparkSession | None) -> SparkSession:
     return spark or get_spark(config)
 
 
-def live_state(spark: SparkSession, checkpoint: Path, batch_id: int | None, op: StateOperator | None = None
+def live_state(spark: SparkSession, checkpoint: Path, *, batch_id: int | None, op: StateOperator | None = None
                ) -> pa.Table:
     """Canonical Arrow table of the state at a committed batch (Spark's state data source)."""
-    return state_format.canonical(read_state(spark, checkpoint, batch_id, op).toArrow())
+    return state_format.canonical(read_state(spark, checkpoint, batch_id=batch_id, op=op).toArrow())
 
 
 # ---- savepoint ---------------------------------------------------------------------------------
@@ -64,7 +64,7 @@ def _take_savepoint(config: SessionsConfig, trigger: str, spark: SparkSession | 
     return savepoint_last_batch(config, trigger, _spark(config, spark), full=full)
 
 
-def take_savepoint(config: SessionsConfig, trigger: str = "manual", spark: SparkSession | None = None,
+def take_savepoint(config: SessionsConfig, *, trigger: str = "manual", spark: SparkSession | None = None,
                    full: bool = False) -> SavepointInfo:
     """Savepoint at the last committed batch, of a stopped job or beside the running stream (which keeps
     committing): state + source position + watermark + output table versions, all of that one batch. Incremental
@@ -75,16 +75,16 @@ def take_savepoint(config: SessionsConfig, trigger: str = "manual", spark: Spark
 
 # ---- validate / restore ------------------------------------------------------------------------
 
-def validate_savepoint(config: SessionsConfig, savepoint: str = "latest", migrate: bool = False,
+def validate_savepoint(config: SessionsConfig, savepoint: str = "latest", *, migrate: bool = False,
                        spark: SparkSession | None = None) -> SavepointInfo:
     """Exists, complete, its files re-read in the executors match the catalog's count and checksum, and the current
     settings can restore it (the pre-flight's refusals, the job's state aside)."""
     store = SavepointStore.of(config)
-    refused = refusals(config, store.get(savepoint), None, migrate, store)
+    refused = refusals(config, store.get(savepoint), partitions=None, migrate=migrate, store=store)
     if refused:
         raise refused[0]
     with spark_failures(config):
-        return verified_savepoint(config, _spark(config, spark), savepoint)
+        return verified_savepoint(config, _spark(config, spark), savepoint=savepoint)
 
 
 def _check_partitions(partitions: int, operator: StateOperator, buckets: int) -> None:
@@ -97,19 +97,19 @@ def _check_partitions(partitions: int, operator: StateOperator, buckets: int) ->
         raise RescaleRefused(f"--partitions must be between 1 and {bound}, got {partitions}")
 
 
-def restore(config: SessionsConfig, savepoint: str = "latest", partitions: int | None = None,
+def restore(config: SessionsConfig, savepoint: str = "latest", *, partitions: int | None = None,
             migrate: bool = False, spark: SparkSession | None = None) -> RestoreResult:
     """Put state, source position and outputs back to a savepoint, into a fresh checkpoint built from
     the canonical Delta form alone (the old checkpoint is kept aside, not deleted)."""
     if partitions is not None:
         _check_partitions(partitions, for_new_checkpoint(), config.state_buckets)
     with lifecycle_locks(config, "restore") as held, spark_failures(config):
-        return restore_unlocked(config, savepoint, partitions, migrate, spark, lease=held)
+        return restore_unlocked(config, savepoint, partitions=partitions, migrate=migrate, spark=spark, lease=held)
 
 
 # ---- rescale -----------------------------------------------------------------------------------
 
-def rescale(config: SessionsConfig, partitions: int, spark: SparkSession | None = None) -> RescaleResult:
+def rescale(config: SessionsConfig, partitions: int, *, spark: SparkSession | None = None) -> RescaleResult:
     """Change the state partitions of the stopped job, keeping all state. A pre-rescale savepoint is
     taken first; RocksDB uses Spark's offline repartition, the HDFS-backed provider savepoint+restore."""
     meta = read_job_metadata(config.checkpoint)  # the operator the checkpoint was made with bounds its partitions
@@ -139,13 +139,13 @@ def rescale(config: SessionsConfig, partitions: int, spark: SparkSession | None 
             repartition_state(spark, config.checkpoint, partitions)
             method = "repartition"
             after = inspect_checkpoint(config.checkpoint)
-            state = frame_checksum(read_state(spark, config.checkpoint, after.last_committed_batch))
+            state = frame_checksum(read_state(spark, config.checkpoint, batch_id=after.last_committed_batch))
             if state != (saved.rows, saved.checksum):
                 raise StateMismatch(f"repartitioned state does not match the pre-rescale savepoint "
                                     f"{saved.savepoint_id}; restore it with `sessionctl restore --savepoint "
                                     f"{saved.savepoint_id} --partitions {partitions}`")
         else:
-            restore_unlocked(config.with_(state_store=info.provider), saved.savepoint_id, partitions, False, spark,
+            restore_unlocked(config.with_(state_store=info.provider), saved.savepoint_id, partitions=partitions, migrate=False, spark=spark,
                              lease=held)
         return RescaleResult(partitions_before=before,
                              partitions_after=inspect_checkpoint(config.checkpoint).partitions,

@@ -100,7 +100,7 @@ def _damage(store: SavepointStore, saved: SavepointInfo) -> SavepointDamaged | N
     return None
 
 
-def refusals(config: SessionsConfig, saved: SavepointInfo, partitions: int | None, migrate: bool,
+def refusals(config: SessionsConfig, saved: SavepointInfo, *, partitions: int | None, migrate: bool,
              store: SavepointStore) -> list[SessionsError]:
     """Every reason the restore of `saved` would be refused under `config`, as the error the restore raises."""
     found: list[SessionsError] = []
@@ -168,12 +168,12 @@ def record_restore(home: Path, rows: int, seconds: float) -> None:
         pass
 
 
-def plan_restore(config: SessionsConfig, savepoint: str = "latest", partitions: int | None = None,
+def plan_restore(config: SessionsConfig, savepoint: str = "latest", *, partitions: int | None = None,
                  migrate: bool = False) -> RestorePlan:
     """The pre-flight: reads the catalog, the savepoint's Delta log and the sessions table's history; nothing else."""
     store = SavepointStore.of(config)
     saved = store.get(savepoint)
-    reasons = [str(error) for error in refusals(config, saved, partitions, migrate, store)]
+    reasons = [str(error) for error in refusals(config, saved, partitions=partitions, migrate=migrate, store=store)]
     stream = running_stream(config)
     holder = stream.describe() if stream is not None else None
     if stream is not None:

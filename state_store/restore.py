@@ -44,7 +44,7 @@ REPLACED_SUFFIX = ".replaced-"
 FAILED_SUFFIX = ".failed-restore-"  # a half-built checkpoint, kept for a post-mortem
 
 
-def verified_savepoint(config: SessionsConfig, spark: SparkSession, savepoint: str = "latest") -> SavepointInfo:
+def verified_savepoint(config: SessionsConfig, spark: SparkSession, *, savepoint: str = "latest") -> SavepointInfo:
     """The catalog row of a complete savepoint whose files, re-read in the executors, hold the catalogued rows and
     checksum."""
     store = SavepointStore.of(config)
@@ -104,7 +104,7 @@ def _roll_back_outputs(config: SessionsConfig, saved: SavepointInfo, lease: Leas
     return removed
 
 
-def restore_unlocked(config: SessionsConfig, savepoint: str, partitions: int | None, migrate: bool,
+def restore_unlocked(config: SessionsConfig, savepoint: str, *, partitions: int | None, migrate: bool,
                      spark: SparkSession | None, lease: Lease | None = None) -> RestoreResult:
     """The restore, for a caller that holds the job and lifecycle leases (state_store.lifecycle); with `lease` (the
     job lease) its writes are fenced by it."""
@@ -118,13 +118,13 @@ def restore_unlocked(config: SessionsConfig, savepoint: str, partitions: int | N
 
     store = SavepointStore.of(config)
     saved = store.get(savepoint)
-    refused = refusals(config, saved, partitions, migrate, store)
+    refused = refusals(config, saved, partitions=partitions, migrate=migrate, store=store)
     if refused:
         raise refused[0]
     target = config.with_(state_partitions=partitions or saved.partitions or config.state_partitions)
     spark = spark or get_spark(target)
     phase("preflight")
-    saved = verified_savepoint(config, spark, saved.savepoint_id)
+    saved = verified_savepoint(config, spark, savepoint=saved.savepoint_id)
     phase("savepoint_verified")
     write_restore_marker(config.checkpoint, saved.savepoint_id, partitions)  # before the first change
     stop_state_stores(spark)  # a stopped query's store uploads no snapshot into the new checkpoint
@@ -148,7 +148,7 @@ def restore_unlocked(config: SessionsConfig, savepoint: str, partitions: int | N
         phase("outputs_rolled_back")
         # Only the bootstrap batch (and the empty batch after it): events after the savepoint are the next
         # catch-up's or run's to process.
-        query, _ = start_query(spark, target, meta, operator, {"availableNow": True},
+        query, _ = start_query(spark, target, meta, operator, trigger={"availableNow": True},
                                source_options={"targetSeq": saved.source_seq}, initial_rows=initial, lease=lease)
         query.awaitTermination()
         failure = query.exception()

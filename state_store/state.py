@@ -27,7 +27,7 @@ def repartition_state(spark: SparkSession, checkpoint: Path, partitions: int) ->
     spark._streamingCheckpointManager.repartition(str(checkpoint), partitions)
 
 
-def read_state(spark: SparkSession, checkpoint: Path, batch_id: int | None = None,
+def read_state(spark: SparkSession, checkpoint: Path, *, batch_id: int | None = None,
                op: StateOperator | None = None) -> DataFrame:
     """The state's rows in canonical form: per open session at most one frozen prefix (event_id null) and
     its events above the watermark, each row with its session's start."""
@@ -55,7 +55,7 @@ def _summarise_partition(gap_ms: int, decode: Callable[[pa.RecordBatch], Iterato
     return summarise
 
 
-def state_summary(spark: SparkSession, checkpoint: Path, gap_ms: int, batch_id: int | None = None,
+def state_summary(spark: SparkSession, checkpoint: Path, gap_ms: int, *, batch_id: int | None = None,
                   op: StateOperator | None = None) -> dict[str, int]:
     """What the state holds, in one pass over it: keys (hash buckets), open users, open sessions, open
     events (frozen ones counted), stored rows, frozen prefixes and the stored value bytes."""

@@ -33,7 +33,7 @@ def _kafka_lag(config: SessionsConfig) -> dict[str, Any] | None:
         return {"error": str(error)}
 
 
-def status(config: SessionsConfig, spark: SparkSession | None = None, with_state: bool = True) -> StatusReport:
+def status(config: SessionsConfig, *, spark: SparkSession | None = None, with_state: bool = True) -> StatusReport:
     """What the job holds now: provider, partitions, last batch, state keys and bytes, watermark."""
     info = inspect_checkpoint(config.checkpoint)
     files, size = directory_size(config.checkpoint / "state")

@@ -23,7 +23,7 @@ from state_store.results import SavepointInfo, StopResult
 from state_store.savepoint.take import savepoint_last_batch
 
 
-def run_stream(config: SessionsConfig, spark: SparkSession | None = None, stop: threading.Event | None = None,
+def run_stream(config: SessionsConfig, *, spark: SparkSession | None = None, stop: threading.Event | None = None,
                poll_seconds: float = 5.0,
                on_progress: Callable[[RunSummary, MicroBatchSink], None] | None = None) -> RunSummary:
     """The stream (pipelines.job.stream.run_continuously) that honours `sessionctl stop --savepoint`: after its last
@@ -45,7 +45,7 @@ def run_stream(config: SessionsConfig, spark: SparkSession | None = None, stop: 
                             on_stop_request=savepoint_at_stop, on_erasure=erase_between_batches)
 
 
-def stop_stream(config: SessionsConfig, savepoint: bool = False, timeout_s: float | None = None) -> StopResult:
+def stop_stream(config: SessionsConfig, *, savepoint: bool = False, timeout_s: float | None = None) -> StopResult:
     """Stop the running stream (this or another process, any host sharing the checkpoint path) after its current
     batch; with `savepoint`, the savepoint of that last batch is taken as part of the stop. Waits for the answer."""
     started = time.monotonic()

@@ -68,7 +68,7 @@ def _assert_full_on_damage(config, spark, savepoint, damaged_id: str) -> None:
     """The savepoint is full, says which savepoint's damage made it so, and holds the live state."""
     assert savepoint.kind == "full" and savepoint.chain_ids == [savepoint.savepoint_id]
     assert damaged_id in savepoint.note and savepoint.to_dict()["note"] == savepoint.note
-    assert savepoint.checksum == state_checksum(live_state(spark, config.checkpoint, savepoint.batch_id))
+    assert savepoint.checksum == state_checksum(live_state(spark, config.checkpoint, batch_id=savepoint.batch_id))
 
 
 @pytest.mark.tier("subprocess")

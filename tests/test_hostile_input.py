@@ -239,7 +239,7 @@ def test_hostile_mix_every_line_is_accounted_for(spark, tmp_path):
     assert sessions == sorted(expected.closed)
     open_sessions = read_open_sessions(spark, config)
     assert open_sessions == sorted(expected.open_sessions)
-    assert status(config, spark, with_state=False).watermark_ms == expected.final_watermark_ms == T + 191 * MIN
+    assert status(config, spark=spark, with_state=False).watermark_ms == expected.final_watermark_ms == T + 191 * MIN
 
     # Every landed line is in exactly one place.
     landed = sum(f.non_blank() for f in all_files) + len(refused)
@@ -287,7 +287,7 @@ def test_far_future_event_never_moves_the_watermark(spark, tmp_path):
     q = read_quarantine(config)
     assert sorted(zip(q["source_file"], q["line_no"].astype(int), q["reason"], q["event_id"])) == \
         [("00000.jsonl", 13, "future_event_time", "doom")]
-    assert status(config, spark, with_state=False).watermark_ms == expected.final_watermark_ms
+    assert status(config, spark=spark, with_state=False).watermark_ms == expected.final_watermark_ms
 
 
 @pytest.mark.tier("spark")

@@ -73,7 +73,7 @@ def _chain(config, spark, chunks: list[list[dict]]) -> list:
         _land(config, [chunk], k)
         catch_up(config, spark)
         saved = take_savepoint(config, spark=spark)
-        live = live_state(spark, config.checkpoint, saved.batch_id)
+        live = live_state(spark, config.checkpoint, batch_id=saved.batch_id)
         resolved = savepoint_rows(spark, SavepointStore.of(config), saved.savepoint_id).toArrow()
         assert (saved.rows, saved.checksum) == (live.num_rows, state_checksum(live)) == \
             (resolved.num_rows, state_checksum(resolved)), (k, saved.kind)
@@ -160,7 +160,7 @@ def test_a_change_feed_out_of_reach_or_unreadable_gives_a_full_savepoint(tmp_pat
         catch_up(config, spark)
     far = take_savepoint(config, spark=spark)
     assert far.kind == "full"
-    assert far.checksum == state_checksum(live_state(spark, config.checkpoint, far.batch_id))
+    assert far.checksum == state_checksum(live_state(spark, config.checkpoint, batch_id=far.batch_id))
 
     # A checkpoint written without RocksDB's changelog has no change feed: the read fails, the savepoint is full,
     # in the same run, and the folder holds the full table's files only.
@@ -172,7 +172,7 @@ def test_a_change_feed_out_of_reach_or_unreadable_gives_a_full_savepoint(tmp_pat
     catch_up(other, spark)
     fallback = take_savepoint(other.with_(rocksdb_changelog=True), spark=spark)  # as if the setting had changed
     assert (first.kind, fallback.kind) == ("full", "full")
-    assert fallback.checksum == state_checksum(live_state(spark, other.checkpoint, fallback.batch_id))
+    assert fallback.checksum == state_checksum(live_state(spark, other.checkpoint, batch_id=fallback.batch_id))
     files = {p.name for p in Path(fallback.uri).glob("*.parquet")}
     assert files == {Path(f).name for f in SavepointStore.of(other).data_files(fallback.savepoint_id).files}
 

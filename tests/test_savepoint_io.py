@@ -140,7 +140,7 @@ def test_savepoint_by_the_executors_equals_the_driver_side_state(tmp_path, spark
 
     # The live state read into this process (the old savepoint's path) and the table read by delta-rs here: the same
     # rows, count and checksum as the catalog row the executors' pass produced.
-    live = live_state(spark, config.checkpoint, saved.batch_id)
+    live = live_state(spark, config.checkpoint, batch_id=saved.batch_id)
     table = store.read_state(saved.savepoint_id)
     assert saved.rows == live.num_rows == table.num_rows > 0
     assert saved.checksum == state_checksum(live) == state_checksum(table)
@@ -159,7 +159,7 @@ def test_savepoint_by_the_executors_equals_the_driver_side_state(tmp_path, spark
 def test_many_files_per_task_and_their_statistics(tmp_path, spark):
     config, _ = _job(tmp_path, spark, "rocksdb", parts=2)
     store = SavepointStore.of(config)
-    live = live_state(spark, config.checkpoint, None)
+    live = live_state(spark, config.checkpoint, batch_id=None)
     written = io.write_state_files(spark, read_state(spark, config.checkpoint), store.state_uri("many"),
                                    file_rows=25, group_rows=10)
     assert len(written.files) >= live.num_rows // 25 and written.rows == live.num_rows
@@ -212,7 +212,7 @@ def test_failed_writes_are_never_listed_or_committed(tmp_path, spark, monkeypatc
             return done
 
     def rows_in_two_tasks(spark_, checkpoint, batch_id=None, op=None):
-        return read_state(spark_, checkpoint, batch_id, op).repartition(2)
+        return read_state(spark_, checkpoint, batch_id=batch_id, op=op).repartition(2)
 
     monkeypatch.setattr(savepointing, "read_state", rows_in_two_tasks)
     monkeypatch.setattr(io, "_DataFile", FailsOnceItsFileIsWritten)
@@ -255,7 +255,7 @@ def test_savepoint_on_s3_is_written_and_read_by_the_executors(tmp_path, spark, s
     assert saved.uri.startswith("s3://savepoints/")
     table = store.read_state(saved.savepoint_id)
     assert (saved.rows, saved.checksum) == (table.num_rows, state_checksum(table))
-    assert saved.checksum == state_checksum(live_state(spark, config.checkpoint, saved.batch_id))
+    assert saved.checksum == state_checksum(live_state(spark, config.checkpoint, batch_id=saved.batch_id))
     rows = chain.savepoint_rows(spark, store, saved.savepoint_id)
     assert open_sessions_of(rows.collect()) == _oracle_open(chunks)
     validate_savepoint(config, saved.savepoint_id)  # raises SavepointDamaged unless the files match the catalog

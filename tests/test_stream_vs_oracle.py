@@ -50,7 +50,7 @@ def assert_matches_oracle(spark, config, batches: list[list[dict]]) -> None:
     assert got_late == sorted(expected.late_keys)
     assert set(quarantine["reason"]) <= {"late"}
 
-    report = status(config, spark, with_state=False)
+    report = status(config, spark=spark, with_state=False)
     assert report.watermark_ms == expected.final_watermark_ms
     assert report.sessions_rows == len(expected_rows)
 

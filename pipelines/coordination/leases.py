@@ -357,7 +357,7 @@ def lease(location: Location, name: str, what: str, ttl_s: float) -> Iterator[Le
 
 
 @contextmanager
-def waiting_lease(location: Location, name: str, what: str, ttl_s: float, timeout_s: float | None = None,
+def waiting_lease(location: Location, name: str, what: str, ttl_s: float, *, timeout_s: float | None = None,
                   poll_s: float = 0.2) -> Iterator[Lease]:
     """lease(), waiting while another live holder has it -- at most `timeout_s` (DEFAULT_WAIT_S when None), then
     LeaseWaitTimedOut naming the holder."""

@@ -52,7 +52,7 @@ def _source(config: SessionsConfig) -> Source:
     return local
 
 
-def ingest(config: SessionsConfig, files_per_commit: int = 16, fenced_by: Sequence[Lease] = ()) -> IngestResult:
+def ingest(config: SessionsConfig, *, files_per_commit: int = 16, fenced_by: Sequence[Lease] = ()) -> IngestResult:
     """Append the new complete lines of every landed file to raw_events and move finished files to
     landing/_ingested/<UTC day>/ (see the docstrings of pipelines.ingest.local and pipelines.ingest.s3); or, with
     Kafka configured, the topic's new messages (pipelines.ingest.kafka: offsets in the same Delta commit). Then,
@@ -65,7 +65,7 @@ def ingest(config: SessionsConfig, files_per_commit: int = 16, fenced_by: Sequen
     in `fenced_by` (a run passes its job lease), so an ingester that lost its lease commits nothing more.
     """
     # Catch-up and run hold the job lease already; this one serialises every writer of raw_events.
-    with waiting_lease(config.lease_uri, "ingest", "ingest", config.lease_ttl_s, config.lease_wait_s) as held:
+    with waiting_lease(config.lease_uri, "ingest", "ingest", config.lease_ttl_s, timeout_s=config.lease_wait_s) as held:
         table = open_raw_table(config)
         history = table.history(limit=HISTORY_PAGE) if table is not None else None  # read once, for both
         appender = Appender(config, latest_seq(table, history) if table is not None else 0, latest_clock(table, history),

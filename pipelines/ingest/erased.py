@@ -230,7 +230,7 @@ class ErasedUsers:
         found: dict[str, int] = {}
         if table_exists(config, uri):
             rows = read_rows(DeltaTable(uri, storage_options=storage_options(config, uri)),
-                             ["user_hash", "status", "at"], where=f"status = '{COMPLETE}'")
+                             columns=["user_hash", "status", "at"], where=f"status = '{COMPLETE}'")
             for hashed, at in zip(rows["user_hash"].to_pylist(), rows["at"].cast(pa.int64()).to_pylist()):
                 found[hashed] = max(found.get(hashed, at), at)
         return cls(found, _key(config) if found else b"", config.erasure_drops_newer)

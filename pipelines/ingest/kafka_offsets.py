@@ -57,7 +57,7 @@ def _offsets_from_rows(table: DeltaTable, topic: str) -> dict[int, int]:
     """max(line_no) + 1 per partition of the topic's rows (when no commit metadata is left)."""
     prefix = source_name(topic, 0)[:-1]
     # Not the rows of accepted losses: they name the first offset lost, not one read (accept_loss).
-    rows = read_rows(table, ["source_file", "line_no"],
+    rows = read_rows(table, columns=["source_file", "line_no"],
                      where=f"starts_with(source_file, {sql_literal(prefix)}) AND (reject_reason IS NULL"
                            f" OR reject_reason <> {sql_literal(LOST_REASON)})")
     if rows.num_rows == 0:

@@ -141,7 +141,7 @@ def latest_clock(table: DeltaTable | None, history: list[dict[str, Any]] | None 
         if CLOCK_KEY in commit:
             return IngestClock.from_json(commit[CLOCK_KEY])
     columns = [c for c in ("event_time", "ingested_at") if c in table.schema().to_arrow().names]
-    rows = read_rows(table, columns, where="reject_reason IS NULL")
+    rows = read_rows(table, columns=columns, where="reject_reason IS NULL")
     if rows.num_rows == 0:
         return IngestClock()
     newest = int(pc.max(rows["event_time"].cast(pa.int64())).as_py())

@@ -28,7 +28,7 @@ def daily_metrics(config: SessionsConfig, day: str) -> dict[str, Any]:
     start = dt.datetime.fromisoformat(day).replace(tzinfo=dt.timezone.utc)
     end = start + dt.timedelta(days=1)
     sessions = read_rows(open_table(config, config.sessions_table),
-                         ["user_id", "session_start", "session_end", "page_views", "end_reason"],
+                         columns=["user_id", "session_start", "session_end", "page_views", "end_reason"],
                          where=f"session_start >= '{start.isoformat()}' AND session_start < '{end.isoformat()}'",
                          ).to_pandas()
     durations = (sessions["session_end"] - sessions["session_start"]).dt.total_seconds()

@@ -68,7 +68,7 @@ def version_after_batch(uri: str, incarnation: str, batch_id: int,
         return 0
     table = DeltaTable(uri, storage_options=storage_options)
     current = table.version()
-    later = read_rows(table, ["written_version"], where=f"incarnation = {sql_literal(incarnation)} AND batch_id > {int(batch_id)}")
+    later = read_rows(table, columns=["written_version"], where=f"incarnation = {sql_literal(incarnation)} AND batch_id > {int(batch_id)}")
     if later.num_rows == 0:
         return current
     return min(current, int(pc.min(later["written_version"]).as_py()) - 1)
@@ -79,7 +79,7 @@ def _millis_to_ts(column: Any) -> pa.Array:
 
 
 def idempotent_append(uri: str, rows: pa.Table, app_id: str, batch_id: int,
-                      storage_options: dict[str, str] | None = None, leases: Sequence[Lease] = ()) -> bool:
+                      *, storage_options: dict[str, str] | None = None, leases: Sequence[Lease] = ()) -> bool:
     """Append rows at most once per (app_id, batch_id) using Delta's transaction identifiers. With `leases`, fenced
     (pipelines.coordination.fencing): refused with LeaseLost once a newer holder of one of them took over or committed here."""
     def attempt() -> bool:
@@ -244,11 +244,11 @@ class MicroBatchSink:
             }, schema=SESSIONS_SCHEMA)
             self._at = self.sessions_uri
             if idempotent_append(self.sessions_uri, out, f"sessions-{self.incarnation}", batch_id,
-                                 self.storage_options, self.leases):
+                                 storage_options=self.storage_options, leases=self.leases):
                 self.sessions_written += n
         quarantine = self._quarantine_rows(batch_id, rows.filter(pc.equal(kind, "late")))
         self._at = self.quarantine_uri
         if quarantine is not None and idempotent_append(self.quarantine_uri, quarantine,
                                                         f"quarantine-{self.incarnation}", batch_id,
-                                                        self.storage_options, self.leases):
+                                                        storage_options=self.storage_options, leases=self.leases):
             self.quarantined += quarantine.num_rows

@@ -43,7 +43,7 @@ log = logging.getLogger(__name__)
 
 
 def raw_events_stream(spark: SparkSession, config: SessionsConfig, checkpoint: Path,
-                      source_options: dict[str, Any] | None = None) -> DataFrame:
+                      *, source_options: dict[str, Any] | None = None) -> DataFrame:
     """The stream of raw_events rows for a query checkpointed at `checkpoint` (a restore's bootstrap there)."""
     prepare_session(spark, config)
     reader = (spark.readStream.format(SOURCE_NAME)
@@ -57,13 +57,13 @@ def raw_events_stream(spark: SparkSession, config: SessionsConfig, checkpoint: P
 
 
 def start_query(spark: SparkSession, config: SessionsConfig, meta: JobMetadata, operator: StateOperator,
-                trigger: dict[str, Any], source_options: dict[str, Any] | None = None,
+                *, trigger: dict[str, Any], source_options: dict[str, Any] | None = None,
                 initial_rows: DataFrame | None = None,
                 lease: Lease | None = None) -> tuple[StreamingQuery, MicroBatchSink]:
     """The query of the checkpoint `meta` describes, run by `operator`; `initial_rows` (canonical) are a restored
     checkpoint's state, loaded in its first batch (the restore's bootstrap). With `lease` (the job lease this process
     holds) the sink checks it before every batch and fences every commit by it (pipelines.coordination.fencing)."""
-    events = keyed_events(raw_events_stream(spark, config, config.checkpoint, source_options), meta.lateness_ms)
+    events = keyed_events(raw_events_stream(spark, config, config.checkpoint, source_options=source_options), meta.lateness_ms)
     output = operator.apply(events, meta.gap_ms, initial_rows)
     checkpoint = config.checkpoint
     sink = MicroBatchSink(config.sessions_table, config.quarantine_table, config.raw_events_table, meta.incarnation,
@@ -234,7 +234,7 @@ def catch_up(config: SessionsConfig, spark: SparkSession | None = None) -> RunSu
     with _job(config, "catch-up", spark, meanwhile=ingest_timed) as run:
         with spark_failures(config):
             begun = time.monotonic()
-            query, sink = start_query(run.spark, config, run.meta, run.operator, {"availableNow": True},
+            query, sink = start_query(run.spark, config, run.meta, run.operator, trigger={"availableNow": True},
                                       lease=run.lease)
             run.summary.timed("query_start", begun)
             begun = time.monotonic()
@@ -257,7 +257,7 @@ def _drain(query: StreamingQuery, timeout_s: float) -> None:
     query.stop()
 
 
-def run_continuously(config: SessionsConfig, spark: SparkSession | None = None, stop: threading.Event | None = None,
+def run_continuously(config: SessionsConfig, *, spark: SparkSession | None = None, stop: threading.Event | None = None,
                      poll_seconds: float = 5.0,
                      on_progress: Callable[[RunSummary, MicroBatchSink], None] | None = None,
                      on_stop_request: OnStop | None = None, on_erasure: OnErase | None = None) -> RunSummary:
@@ -305,7 +305,7 @@ def _run_query(config: SessionsConfig, run: _Run, stop: threading.Event, tick: f
     with spark_failures(config):
         begun = time.monotonic()
         query, sink = start_query(run.spark, config, run.meta, run.operator,
-                                  {"processingTime": f"{poll_seconds} seconds"}, lease=run.lease)
+                                  trigger={"processingTime": f"{poll_seconds} seconds"}, lease=run.lease)
         summary.timed("query_start", begun)
     sink.sessions_written, sink.quarantined = summary.sessions_written, summary.quarantined  # the run's, so far
     begun = time.monotonic()

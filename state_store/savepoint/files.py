@@ -252,7 +252,7 @@ def executor_env(spark: SparkSession, uri: str) -> Iterator[None]:
                 environment[key] = value
 
 
-def write_state_files(spark: SparkSession, rows: DataFrame, uri: str, file_rows: int | None = None,
+def write_state_files(spark: SparkSession, rows: DataFrame, uri: str, *, file_rows: int | None = None,
                       group_rows: int | None = None, schema: pa.Schema = state_format.CANONICAL_SCHEMA,
                       prepare: Prepare | None = None) -> WrittenFiles:
     """State rows (a DataFrame: canonical, or an increment's with `schema` savepoints.INCREMENT_SCHEMA; or what

@@ -62,7 +62,7 @@ def _full(reason: str) -> SavepointPlan:
 
 
 def plan_savepoint(config: SessionsConfig, store: SavepointStore, catalog: list[SavepointInfo],
-                   committed: CommittedBatch, full: bool = False) -> SavepointPlan:
+                   committed: CommittedBatch, *, full: bool = False) -> SavepointPlan:
     """Full or incremental for a savepoint of `committed` (see the module docstring)."""
     info, meta, batch_id = committed.info, committed.meta, committed.batch_id
     every, share = config.savepoint_full_every, config.savepoint_chain_share

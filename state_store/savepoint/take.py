@@ -47,7 +47,7 @@ def _write_batch_state(config: SessionsConfig, spark: SparkSession, store: Savep
     A read that fails because Spark's retention removed that version while it was read (a stream committing faster
     than the read) is one line saying so, not "the checkpoint is damaged"; so is a version gone by the end of it."""
     try:
-        written = write_state_files(spark, read_state(spark, config.checkpoint, batch_id), store.state_uri(savepoint_id))
+        written = write_state_files(spark, read_state(spark, config.checkpoint, batch_id=batch_id), store.state_uri(savepoint_id))
     except (PySparkException, Py4JError):
         newest = inspect_checkpoint(config.checkpoint).last_committed_batch or batch_id
         if newest - batch_id < config.min_batches_to_retain:
@@ -105,7 +105,7 @@ def _retention_lost(config: SessionsConfig, batch_id: int, newest: int) -> str:
             f"savepoint again, and raise that setting if the stream commits batches faster than a savepoint reads")
 
 
-def savepoint_last_batch(config: SessionsConfig, trigger: str, spark: SparkSession, full: bool = False
+def savepoint_last_batch(config: SessionsConfig, trigger: str, spark: SparkSession, *, full: bool = False
                          ) -> SavepointInfo:
     """The savepoint of the last committed batch, full or incremental (state_store.savepoint.policy; `full` forces
     full). The state is written, checksummed and verified by the executors (state_store.savepoint.files); this process
@@ -132,7 +132,7 @@ def savepoint_last_batch(config: SessionsConfig, trigger: str, spark: SparkSessi
     try:
         if store.exists(savepoint_id):  # also: the store answers, before any executor writes to it
             raise SavepointFailed(f"{row['state_uri']} exists already")
-        plan = plan_savepoint(config, store, store.list(), committed, full)
+        plan = plan_savepoint(config, store, store.list(), committed, full=full)
         increment: WrittenFiles | str | None = None
         if plan.tip is not None:
             increment = _write_increment(config, spark, store, savepoint_id, plan.tip.batch_id, batch_id)
