@@ -27,10 +27,9 @@ from assets.resources import SessionsResource
 from assets.tables import QUARANTINE, RAW_EVENTS, SESSIONS, STATE, state_metadata
 from pipelines.errors import SessionsError
 from state_store.history import diff_savepoints
-from state_store.observe import table_facts
 from state_store.results import SavepointInfo
 from state_store.savepoint.catalog import SavepointStore
-from state_store.status import status
+from state_store.status import status, table_facts
 
 SAVEPOINTS = AssetKey("savepoint_catalog")
 savepoint_catalog = AssetSpec(SAVEPOINTS, deps=[STATE], description=(

@@ -5,13 +5,15 @@ from __future__ import annotations
 
 import re
 
+__all__ = ["UNREADABLE_SAVEPOINT_FILE", "CheckpointDamaged", "CheckpointMismatch", "CheckpointMissing", "ConcurrentIngest", "ConfigError", "HomeNotWritable", "JobRunning", "LeaseLost", "LeaseWaitTimedOut", "LifecycleBusy", "NextStepError", "NoCommittedBatch", "NotRunning", "RescaleIncomplete", "RescaleRefused", "RestoreIncomplete", "SavepointDamaged", "SavepointFailed", "SavepointIncompatible", "SavepointNotFound", "SessionsError", "SourceDataLost", "SourceUnavailable", "StateMismatch", "StopIncomplete", "StorageUnavailable", "StreamFailed", "savepoint_way_out", "unreadable_savepoint_file"]
+
 
 class SessionsError(RuntimeError):
     """An expected operator error: printed as one line, never as a traceback."""
 
 
 class ConfigError(SessionsError, ValueError):
-    """A setting that cannot work; the message names the variable and why. (A ValueError too, as before.)"""
+    """A setting that cannot work; the message names the variable and why. (A ValueError too: callers that catch ValueError keep working.)"""
 
 
 class HomeNotWritable(SessionsError):

@@ -9,6 +9,8 @@ from collections.abc import Mapping
 
 from pipelines.errors import ConfigError
 
+__all__ = ["KAFKA_OWNED_SETTINGS", "check_kafka_settings", "kafka_settings"]
+
 
 def kafka_settings(raw: str, name: str = "SESSIONS_KAFKA_CONF") -> dict[str, str]:
     """Consumer settings passed through to librdkafka: a JSON object (`{"security.protocol": "SASL_SSL"}`; the form

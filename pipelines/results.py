@@ -6,6 +6,8 @@ from __future__ import annotations
 from dataclasses import asdict
 from typing import Any, ClassVar
 
+__all__ = ["Result"]
+
 
 class Result:
     __dataclass_fields__: ClassVar[dict[str, Any]]  # every result is a dataclass

@@ -18,6 +18,8 @@ from deltalake.exceptions import DeltaError
 from pipelines.config import SessionsConfig
 from pipelines.errors import StorageUnavailable
 
+__all__ = ["S3_ADVICE", "filesystem", "is_object_store_failure", "is_s3", "join", "object_store_errors", "open_table", "read_rows", "s3_endpoint", "s3_errors", "s3_failure", "s3_limits", "s3_options", "seconds", "sql_literal", "storage_options", "table_exists"]
+
 
 def is_s3(uri: str) -> bool:
     return uri.startswith("s3://")

@@ -42,6 +42,8 @@ from state_store.savepoint.damage import damaged_members, table_damage
 from state_store.savepoint.take import savepoint_last_batch
 from state_store.state import lookup_user
 
+__all__ = ["erasures_recorded", "forget", "forget_unlocked", "verify", "verify_forgotten"]
+
 
 @dataclass(frozen=True)
 class ForgetResult(Result):

@@ -25,6 +25,8 @@ from state_store.savepoint.checksum import row_hashes, signed
 from state_store.savepoint.damage import check_readable, savepoint_damage
 from state_store.state import session_json
 
+__all__ = ["diff_savepoints", "user_history"]
+
 _SUMMARY_DDL = "user_id string, sessions long, fingerprint long"
 
 

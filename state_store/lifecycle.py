@@ -36,6 +36,8 @@ from state_store.savepoint.checksum import frame_checksum
 from state_store.savepoint.take import savepoint_last_batch
 from state_store.state import read_state, repartition_state
 
+__all__ = ["lifecycle_locks", "live_state", "remove_tree", "replaced_checkpoints", "rescale", "restore", "take_savepoint", "validate_savepoint"]
+
 
 @contextmanager
 def lifecycle_locks(config: SessionsConfig, what: str) -> Iterator[Lease]:

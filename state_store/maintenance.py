@@ -21,6 +21,8 @@ from state_store.savepoint.catalog import SavepointStore
 from state_store.savepoint.damage import damaged_members, table_damage
 from state_store.savepoint.fold import fold, fold_plan, needed, sweep_unreferenced
 
+__all__ = ["compact", "maintenance_due"]
+
 
 def _s3_objects(config: SessionsConfig, uri: str) -> tuple[Any, str, list[dict[str, Any]]]:
     """(client, bucket, objects under the prefix as list_objects_v2 items): the one S3 listing here."""

@@ -30,6 +30,8 @@ from state_store.results import SavepointInfo
 from state_store.savepoint.catalog import SavepointStore
 from state_store.savepoint.damage import savepoint_damage
 
+__all__ = ["RestorePlan", "migrations", "plan_restore", "record_restore", "refusals"]
+
 READABLE_SCHEMAS = (state_format.SCHEMA_ID, state_format.V1_SCHEMA_ID)
 # Without a restore of its own on record, the rate of the reference run (benchmarks/results/lifecycle.json: RocksDB,
 # 1M open users, 1,229,641 state rows restored in 14.4 s on 2 cores).

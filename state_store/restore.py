@@ -40,6 +40,8 @@ from state_store.savepoint.catalog import SavepointStore
 from state_store.savepoint.chain import savepoint_checksum, savepoint_rows
 from state_store.savepoint.checksum import frame_checksum, state_checksum
 
+__all__ = ["FAILED_SUFFIX", "REPLACED_SUFFIX", "restore_unlocked", "verified_savepoint"]
+
 REPLACED_SUFFIX = ".replaced-"
 FAILED_SUFFIX = ".failed-restore-"  # a half-built checkpoint, kept for a post-mortem
 

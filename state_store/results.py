@@ -1,6 +1,6 @@
 """What the lifecycle library's public operations return: frozen dataclasses, read by attribute (the one result
 convention, pipelines.results.Result). `to_dict()` is the JSON shape sessionctl prints and Dagster ops pass on: the
-same keys, in the same order, as before."""
+dataclass's fields, in order."""
 from __future__ import annotations
 
 import datetime as dt
@@ -9,6 +9,8 @@ from typing import Any, ClassVar, Literal
 
 from pipelines.config import Provider
 from pipelines.results import Result
+
+__all__ = ["CompactionResult", "MaintenanceDue", "RescaleMethod", "RescaleResult", "RestoreResult", "SavepointInfo", "StatusReport", "StopResult", "TableFacts"]
 
 Trigger = Literal["manual", "scheduled", "sensor", "pre-rescale", "stop"]  # what asked for a savepoint
 SavepointStatus = Literal["complete", "failed"]

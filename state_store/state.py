@@ -20,6 +20,8 @@ from pipelines.job.checkpoint import CheckpointInfo, JobMetadata, inspect_checkp
 from pipelines.job.operators.registry import for_layout, of_checkpoint
 from pipelines.job.operators.seam import StateOperator, StoredChunk, register_coordinator
 
+__all__ = ["lookup_user", "read_state", "repartition_state", "session_json", "state_summary", "top_sessions"]
+
 
 def repartition_state(spark: SparkSession, checkpoint: Path, partitions: int) -> None:
     """Spark's offline repartition of a stopped query's state (RocksDB) to `partitions`."""

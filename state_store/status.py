@@ -1,8 +1,12 @@
-"""What the job holds now, for `sessionctl status`, Dagster's observations and the demo."""
+"""What the job holds now, for `sessionctl status`, Dagster's observations and the demo; and what an operator can see
+without running the job or starting Spark (`table_facts`: the output tables as their Delta logs describe them), which
+Dagster's observation sensor reads every minute, so it stays cheap."""
 from __future__ import annotations
 
 from typing import Any
 
+import pyarrow as pa
+import pyarrow.compute as pc
 from pyspark.sql import SparkSession
 
 from pipelines.config import SessionsConfig
@@ -17,9 +21,11 @@ from pipelines.job.checkpoint import (
 )
 from pipelines.job.runtime import get_spark, spark_failures
 from pipelines.job.sink import table_rows
-from pipelines.storage import storage_options
-from state_store.results import StatusReport
+from pipelines.storage import open_table, storage_options, table_exists
+from state_store.results import StatusReport, TableFacts
 from state_store.state import state_summary
+
+__all__ = ["status", "table_facts"]
 
 
 def _kafka_lag(config: SessionsConfig) -> dict[str, Any] | None:
@@ -59,3 +65,20 @@ def status(config: SessionsConfig, *, spark: SparkSession | None = None, with_st
         kafka_lag=_kafka_lag(config),
         **state,
     )
+
+
+def _facts(config: SessionsConfig, uri: str) -> TableFacts | None:
+    if not table_exists(config, uri):
+        return None
+    table = open_table(config, uri)
+    adds = pa.table(table.get_add_actions(flatten=True))
+    return TableFacts(uri=uri, version=table.version(), rows=int(pc.sum(adds["num_records"]).as_py() or 0),
+                      data_files=adds.num_rows, bytes=int(pc.sum(adds["size_bytes"]).as_py() or 0))
+
+
+def table_facts(config: SessionsConfig) -> dict[str, TableFacts]:
+    """raw_events, sessions and quarantine (those that exist), from their Delta logs' file statistics."""
+    found = {name: _facts(config, uri) for name, uri in (("raw_events", config.raw_events_table),
+                                                  ("sessions", config.sessions_table),
+                                                  ("quarantine", config.quarantine_table))}
+    return {name: facts for name, facts in found.items() if facts is not None}

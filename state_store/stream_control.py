@@ -22,6 +22,8 @@ from pipelines.job.stream import RunSummary, run_continuously
 from state_store.results import SavepointInfo, StopResult
 from state_store.savepoint.take import savepoint_last_batch
 
+__all__ = ["run_stream", "stop_stream"]
+
 
 def run_stream(config: SessionsConfig, *, spark: SparkSession | None = None, stop: threading.Event | None = None,
                poll_seconds: float = 5.0,

@@ -49,9 +49,8 @@ import pytest
 os.environ["PYSPARK_PYTHON"] = sys.executable
 os.environ.setdefault("PYSPARK_DRIVER_PYTHON", sys.executable)
 # The suite's driver JVMs (this process's and every sessionctl / Dagster run it starts, through the environment) are
-# short-lived and the suite is CPU-bound on 2 cores: the C1 compiler alone spends less CPU compiling than it saves.
-# Measured in alternating pairs (A B A B): test_crash_restart[rocksdb] 0.88x wall, test_jvm_operator.py 0.94x
-# (benchmarks/README.md, "The test suite's own time"). Spark reads SPARK_SUBMIT_OPTS into the driver's command line;
+# short-lived and the suite is CPU-bound on 2 cores: the C1 compiler alone spends less CPU compiling than it saves
+# (measured: benchmarks/README.md, "The test suite's own time"). Spark reads SPARK_SUBMIT_OPTS into the driver's command line;
 # production JVMs keep the default (tiered C2) compilation.
 os.environ.setdefault("SPARK_SUBMIT_OPTS", "-XX:TieredStopAtLevel=1")
 

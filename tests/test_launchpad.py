@@ -121,7 +121,7 @@ def test_run_config_cannot_point_a_run_at_another_data_location(env, tmp_path, s
 
 def test_a_resource_configured_in_code_keeps_its_locations(env, tmp_path):
     """Definitions (or a test) that build the resource with a home: that is code, reviewed and deployed, not the
-    launchpad -- allowed, as before."""
+    launchpad -- allowed."""
     home = tmp_path / "other-home"
     result = probe.execute_in_process(resources={"sessions": SessionsResource(home=str(home))}, raise_on_error=False)
     assert result.success and result.output_for_node("probe_op")["home"] == str(home.resolve())

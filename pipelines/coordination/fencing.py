@@ -20,6 +20,8 @@ from deltalake.exceptions import CommitFailedError
 
 from pipelines.coordination.leases import Lease
 
+__all__ = ["EPOCH_KEY", "T", "committing", "fence", "fenced_delete", "log"]
+
 log = logging.getLogger(__name__)
 
 EPOCH_KEY = "sessions.lease_epoch"  # commit metadata: the epoch of the writer's (first) lease

@@ -11,6 +11,8 @@ from __future__ import annotations
 import os
 import signal
 
+__all__ = ["kill_point"]
+
 ENV = "SESSIONS_KILL_AT"
 POINTS = ("savepoint:files-written", "savepoint:committed", "fold:written", "fold:committed", "lease:taken")
 

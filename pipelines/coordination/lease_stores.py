@@ -32,6 +32,8 @@ from typing import Any, Protocol
 
 from pipelines.errors import StorageUnavailable
 
+__all__ = ["LeaseStore", "Record", "store_for"]
+
 
 @dataclass(frozen=True)
 class Record:

@@ -7,6 +7,8 @@ import socket
 from dataclasses import dataclass
 from functools import cache
 
+__all__ = ["Identity", "dead_here", "identity", "started"]
+
 
 def _read_text(path: str) -> str:
     try:

@@ -9,6 +9,8 @@ import random
 from pathlib import Path
 from typing import Any
 
+__all__ = ["PAGES", "TYPES", "arrival_order", "generate_events", "land", "land_sample"]
+
 PAGES = ["/", "/search", "/product/1", "/product/2", "/product/3", "/cart", "/checkout", "/help"]
 TYPES = ["page_view"] * 8 + ["click"] * 3 + ["add_to_cart", "search"]
 

@@ -1,8 +1,9 @@
 """The sessionization core: pure numpy/pyarrow, no Spark.
 
 One call advances the open sessions of a group of users (one user, or a hash bucket of many) by a
-micro-batch of new events at the batch's watermark. Every stateful operator and the state lifecycle
-library share it, so there is one definition of a session.
+micro-batch of new events at the batch's watermark. It is the specification of a session: the JVM operator
+(jvm/src/sessions/SessionsOperator.java) runs the same rules, and the tests hold both to the oracle; the lifecycle
+library uses it where state is walked again (a restore with --migrate) or read as sessions (state, history).
 
 State rows are those of `pipelines.core.state_format`: events above the watermark one by one, and per open
 session at most one *frozen prefix* summarising its events at or below the watermark (they can no longer
@@ -20,6 +21,8 @@ import pandas as pd
 import pyarrow as pa
 
 from pipelines.core.state_format import LOGOUT, PAGE_VIEW, ROW_FIELDS, STORE_SCHEMA
+
+__all__ = ["advance", "empty_rows", "open_sessions", "rewalk", "rows_table", "session_id"]
 
 SESSION_FIELDS = [
     "session_id", "user_id", "session_start_ms", "session_end_ms",

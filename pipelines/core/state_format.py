@@ -25,6 +25,8 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
+__all__ = ["CANONICAL_DDL", "CANONICAL_SCHEMA", "CANONICAL_SORT", "LOGOUT", "PAGE_VIEW", "ROW_FIELDS", "SCHEMA_ID", "STORE_SCHEMA", "V1_SCHEMA", "V1_SCHEMA_ID", "canonical", "canonical_rows_ms", "empty_store", "spark_ddl", "to_canonical", "upgrade_v1"]
+
 LOGOUT = "logout"
 PAGE_VIEW = "page_view"
 

@@ -62,6 +62,8 @@ import pyarrow.json as pj
 from pipelines.ingest.lines import Lines, classify_line
 from pipelines.ingest.timestamps import EPOCH, TIME_TYPE, US, parse_times
 
+__all__ = ["FAST_MAX_LINE", "GROUP_BYTES", "MAX_BRACKETS", "MIN_FAST_LINES", "fast_max_line", "fast_rows", "paused_gc", "row_columns"]
+
 Classified = tuple[dict[str, Any], str | None, str] | None
 Classifier = Callable[[bytes, dt.datetime | None], Classified]
 

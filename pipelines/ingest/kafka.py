@@ -47,6 +47,8 @@ from pipelines.ingest.kafka_offsets import Span, lost, offsets_metadata, plan, r
 from pipelines.ingest.lines import Lines
 from pipelines.ingest.table import Appender, Ingested, RowSource, open_raw_table
 
+__all__ = ["ingest", "kafka_lag"]
+
 STALL_S = 30.0                  # a read that gets nothing for this long gives up (SourceUnavailable)
 CONSUME_BATCH = 10_000
 

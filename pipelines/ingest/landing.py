@@ -4,6 +4,8 @@ from __future__ import annotations
 import datetime as dt
 from dataclasses import dataclass
 
+__all__ = ["INGESTED_DIR", "REFUSED_DIR", "LandedFile", "archive_day"]
+
 INGESTED_DIR = "_ingested"
 REFUSED_DIR = "_refused"        # symlinks and special files found in landing are moved here, unread
 

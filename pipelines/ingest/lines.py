@@ -10,6 +10,8 @@ from typing import Any
 
 import numpy as np
 
+__all__ = ["BOM", "Lines", "classify_line", "is_json_object", "parse_event_time", "parse_line", "split_lines"]
+
 MAX_LINE_BYTES = 1 << 20        # longer lines are quarantined (line_too_long) with a preview, not parsed
 RAW_PREVIEW_BYTES = 4096
 BOM = b"\xef\xbb\xbf"

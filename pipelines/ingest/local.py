@@ -29,6 +29,8 @@ from pipelines.ingest.lines import Lines, is_json_object, split_lines
 from pipelines.ingest.positions import HEAD_BYTES, FilePosition, Positions, digest, load_positions, save_positions
 from pipelines.ingest.table import Appender, Ingested, RowSource
 
+__all__ = ["ingest"]
+
 NO_LINES = Lines.from_pairs([])
 TAIL_WATCH_S = 3600             # a moved file is watched for appended lines this long after its last change
 

@@ -20,6 +20,8 @@ from pipelines.config import SessionsConfig
 from pipelines.ingest.landing import INGESTED_DIR
 from pipelines.ingest.table import HISTORY_PAGE
 
+__all__ = ["HEAD_BYTES", "POSITIONS_FILE", "FilePosition", "Positions", "digest", "load_positions", "save_positions"]
+
 POSITIONS_FILE = "_positions.json"
 HEAD_BYTES = 1024               # fingerprint of a file's first bytes: an inode reused by another file is not it
 

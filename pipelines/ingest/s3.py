@@ -22,6 +22,8 @@ from pipelines.ingest.lines import split_lines
 from pipelines.ingest.table import HISTORY_PAGE, Appender, Ingested, RowSource
 from pipelines.storage import filesystem, s3_errors, s3_limits
 
+__all__ = ["ingest"]
+
 
 def landed_objects(config: SessionsConfig) -> list[LandedFile]:
     """The *.jsonl objects directly under the landing prefix, oldest first."""

@@ -10,6 +10,8 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
+__all__ = ["EPOCH", "TIME_TYPE", "US", "parse_times"]
+
 TIME_TYPE = pa.timestamp("us", tz="UTC")
 EPOCH = dt.datetime(1970, 1, 1, tzinfo=dt.timezone.utc)
 US = dt.timedelta(microseconds=1)

@@ -12,6 +12,8 @@ from typing import Any
 
 from pipelines.errors import CheckpointDamaged, NoCommittedBatch
 
+__all__ = ["PROVIDER_CLASSES", "CheckpointInfo", "CommittedBatch", "JobMetadata", "batch_source_range", "clear_restore_marker", "committed_checkpoint", "directory_size", "inspect_checkpoint", "last_commit_age_seconds", "read_job_metadata", "read_restore_marker", "rescale_command", "restore_marker", "write_job_metadata", "write_restore_marker"]
+
 PROVIDER_CLASSES = {
     "rocksdb": "org.apache.spark.sql.execution.streaming.state.RocksDBStateStoreProvider",
     "hdfs": "org.apache.spark.sql.execution.streaming.state.HDFSBackedStateStoreProvider",

@@ -24,6 +24,8 @@ from pipelines.core.sample_data import land_sample
 from pipelines.job.runtime import JVM_STDERR_LOG, get_spark, stop_spark
 from pipelines.job.stream import catch_up
 
+__all__ = ["build", "main"]
+
 
 def build(archive: Path) -> Path:
     archive = archive.resolve()

@@ -11,6 +11,8 @@ from deltalake import write_deltalake
 from pipelines.config import SessionsConfig
 from pipelines.storage import open_table, read_rows, storage_options, table_exists
 
+__all__ = ["daily_metrics", "metrics_table"]
+
 METRICS_SCHEMA = pa.schema([
     ("day", pa.string()), ("sessions", pa.int64()), ("users", pa.int64()),
     ("median_duration_s", pa.float64()), ("page_views", pa.int64()), ("logout_sessions", pa.int64()),

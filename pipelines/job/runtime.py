@@ -31,6 +31,8 @@ from pipelines.job.operators.jvm import JVM_JAR
 from pipelines.job.shipping import cluster_conf
 from pipelines.job.source import RawEventsSource
 
+__all__ = ["CLASS_ARCHIVE", "ERRORS_LOG", "JVM_STDERR_LOG", "LOCAL_FS_NO_FORK", "explain_spark_failure", "get_spark", "log_traceback", "prepare_session", "rescale_incomplete", "runtime_jars", "spark_conf", "spark_failures", "stop_spark", "stop_state_stores"]
+
 LOG4J2 = Path(__file__).resolve().parent / "log4j2.properties"
 ERRORS_LOG = "errors.log"  # Python tracebacks of Spark failures, beside Spark's own spark.log
 

@@ -12,6 +12,8 @@ from pathlib import Path
 
 import pipelines
 
+__all__ = ["cluster_conf"]
+
 # Executors unpickle the operator, the source reader and the state readers (state_store.state) from these.
 SHIPPED_PACKAGES = ("pipelines", "state_store")
 

@@ -18,6 +18,8 @@ from pipelines.coordination.leases import Lease
 from pipelines.errors import LeaseLost, StorageUnavailable
 from pipelines.storage import is_object_store_failure, is_s3, read_rows, s3_failure, sql_literal
 
+__all__ = ["QUARANTINE_SCHEMA", "SESSIONS_SCHEMA", "MicroBatchSink", "ensure_table", "idempotent_append", "table_rows", "version_after_batch"]
+
 SESSIONS_SCHEMA = pa.schema([
     ("session_id", pa.string()),
     ("user_id", pa.string()),

@@ -26,6 +26,8 @@ from pipelines.ingest import latest_ingest_seq
 from pipelines.ingest.table import CLOCK_KIND
 from pipelines.storage import filesystem, s3_options
 
+__all__ = ["BOOTSTRAP_FILE", "SOURCE_NAME", "SPLIT_FILE_ROWS", "RawEventsSource", "RawEventsStreamReader"]
+
 SOURCE_NAME = "sessions_raw"
 SOURCE_SCHEMA = (
     # Only what the operator reads: a rejected line never reaches the stream (the sink reads it, and a late

@@ -47,6 +47,8 @@ from pipelines.errors import SavepointDamaged, SavepointNotFound
 from pipelines.storage import join, read_rows, s3_errors, storage_options
 from state_store.results import SavepointInfo
 
+__all__ = ["CATALOG_SCHEMA", "DELETED", "FULL", "INCREMENTAL", "INCREMENT_SCHEMA", "SavepointStore", "StateFiles", "new_savepoint_id"]
+
 CATALOG_SCHEMA = pa.schema([
     ("savepoint_id", pa.string()),
     ("status", pa.string()),            # complete | failed

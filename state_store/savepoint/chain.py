@@ -39,6 +39,8 @@ from state_store.savepoint.catalog import DELETED, INCREMENT_SCHEMA, SavepointSt
 from state_store.savepoint.checksum import MOD64, combine_checksum, frame_checksum, row_hashes, signed
 from state_store.savepoint.files import executor_env, file_batches, files_checksum, table_rows
 
+__all__ = ["change_feed", "check_increment", "latest_per_user", "resolved_rows", "savepoint_checksum", "savepoint_rows"]
+
 INCREMENT_DDL = state_format.spark_ddl(INCREMENT_SCHEMA)
 _POSITIONED_DDL = INCREMENT_DDL + ", pos int"
 CANONICAL = state_format.CANONICAL_SCHEMA.names

@@ -16,6 +16,8 @@ from pipelines.storage import filesystem, is_object_store_failure, object_store_
 from state_store.results import SavepointInfo
 from state_store.savepoint.catalog import DELETED, SavepointStore
 
+__all__ = ["check_readable", "damaged_members", "savepoint_damage", "table_damage"]
+
 FIRST_LOG_ENTRY = "_delta_log/00000000000000000000.json"
 
 

@@ -39,6 +39,8 @@ from state_store.savepoint.catalog import DELETED, SavepointStore, StateFiles
 from state_store.savepoint.checksum import MOD64, checksum_parts, combine_checksum, partial_checksum, signed
 from state_store.savepoint.stats import FileStats
 
+__all__ = ["CANONICAL_DDL", "WrittenFiles", "commit_state_files", "executor_env", "file_batches", "files_checksum", "table_rows", "verify_state_files", "write_state_files"]
+
 FILE_ROWS = 2_000_000      # rows per data file at most: a task's share beyond it goes on in a new file
 ROW_GROUP_ROWS = 131_072   # rows buffered per Parquet row group (a task holds about this many rows at a time)
 READ_BATCH_ROWS = 65_536   # rows per batch when the executors read a savepoint's files back

@@ -30,6 +30,8 @@ from state_store.savepoint.catalog import FULL, INCREMENTAL, SavepointStore, Sta
 from state_store.savepoint.chain import resolved_rows
 from state_store.savepoint.files import files_checksum, write_state_files
 
+__all__ = ["fold", "fold_plan", "needed", "sweep_unreferenced"]
+
 
 def fold_plan(catalog: list[SavepointInfo], keep: set[str]) -> tuple[list[SavepointInfo], dict[str, list[str]]]:
     """The savepoints to fold (oldest first) so that no kept one needs a savepoint outside `keep`'s chains more than

@@ -32,6 +32,8 @@ from state_store.results import SavepointInfo
 from state_store.savepoint.catalog import FULL, INCREMENTAL, SavepointStore
 from state_store.savepoint.damage import damaged_members
 
+__all__ = ["SavepointPlan", "damaged_chain", "plan_savepoint"]
+
 FULL_EVERY_ENV, CHAIN_SHARE_ENV = env_name("savepoint_full_every"), env_name("savepoint_chain_share")
 
 

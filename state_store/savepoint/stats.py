@@ -11,6 +11,8 @@ import pyarrow.compute as pc
 
 from pipelines.core import state_format
 
+__all__ = ["STATS_STRING_BYTES", "FileStats"]
+
 STATS_STRING_BYTES = 64    # string min/max in the Delta statistics: at most this long (parquet-rs' truncation)
 
 

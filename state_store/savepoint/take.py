@@ -36,6 +36,8 @@ from state_store.savepoint.files import WrittenFiles, commit_state_files, verify
 from state_store.savepoint.policy import SavepointPlan, damaged_chain, plan_savepoint
 from state_store.state import read_state
 
+__all__ = ["savepoint_last_batch"]
+
 # A savepoint reads one committed batch N beside a running stream: state version N through Spark's state data source
 # (by batch id), the source offset and watermark of N from the offset and commit logs, and the output tables'
 # versions as of N (pipelines.job.sink.version_after_batch). Spark keeps the last SESSIONS_MIN_BATCHES_TO_RETAIN

@@ -2,9 +2,8 @@
 values in pipelines.core.state_format's bucket store). Readable -- a savepoint of such a checkpoint, `status` and
 `state --user` work -- but not runnable: its checkpoints move to the JVM operator through a savepoint and a restore.
 
-Why retired: the JVM operator ran the same rules at 1.6x the Python one's throughput in the same runs (the Python
-operator 0.64-0.70x native `session_window`'s; benchmarks/README.md), and keeping both first-class meant running
-every stream, lifecycle and crash test twice."""
+Why retired: the JVM operator runs the same rules with clearly more throughput (benchmarks/README.md has the
+figures), and keeping both first-class meant running every stream, lifecycle and crash test twice."""
 from __future__ import annotations
 
 import json
@@ -20,6 +19,8 @@ from pyspark.sql import functions as F
 from pipelines.core import state_format
 from pipelines.errors import CheckpointMismatch
 from pipelines.job.operators.seam import StateOperator, StoredChunk, state_reader
+
+__all__ = ["BucketLayout"]
 
 STATE_COLUMN = "state"  # the binary state column of applyInPandasWithState's state schema
 # A bucket value: header (magic, cold min due, stale cold rows, cold bytes, hash bytes, dead bytes), then cold rows (an

@@ -16,6 +16,8 @@ from pipelines.core import state_format
 from pipelines.errors import ConfigError
 from pipelines.job.operators.seam import OUTPUT_SCHEMA, StateOperator, StoredChunk, state_reader
 
+__all__ = ["JVM_JAR", "STATE_LAYOUT", "JvmOperator"]
+
 JVM_JAR = REPO_ROOT / "build" / "jvm" / "sessions-operator.jar"  # built by `make setup` (the Makefile's jvm target)
 # One key per user; each value carries its own format version byte (StateCodec.VALUE_FORMAT: v2 written, v1 read),
 # so a checkpoint holding both needs no new layout id. SessionsOperator.STATE_LAYOUT says the same (a test holds it).

@@ -10,6 +10,8 @@ from pipelines.job.operators.buckets import BucketLayout
 from pipelines.job.operators.jvm import JvmOperator
 from pipelines.job.operators.seam import StateOperator
 
+__all__ = ["for_layout", "for_new_checkpoint", "of_checkpoint"]
+
 
 def for_layout(layout: str | None) -> StateOperator:
     """The operator that owns a checkpoint's state layout; a layout this build cannot read is one line saying so."""

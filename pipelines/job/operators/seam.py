@@ -24,6 +24,8 @@ from pyspark.sql import functions as F
 from pipelines.config import MAX_PARTITIONS
 from pipelines.core.state_format import CANONICAL_DDL
 
+__all__ = ["OUTPUT_COLUMNS", "OUTPUT_SCHEMA", "StateOperator", "StoredChunk", "keyed_events", "register_coordinator", "state_reader"]
+
 # The operator's output, defined once: the JVM operator takes this schema from here (and checks the column order it
 # builds rows in); the sink reads these columns by name.
 OUTPUT_COLUMNS = [
