@@ -47,7 +47,7 @@ class SavepointInfo(Result):
     # the state the savepoint represents, `table_rows` what its own table held when written.
     kind: str | None = None       # full | incremental
     base_id: str | None = None    # an incremental one's full savepoint
-    chain: str | None = None      # ids base..this, comma-separated
+    chain: tuple[str, ...] | None = None  # ids base..this (a full one: its own id)
     table_rows: int | None = None
     # take_savepoint's result only (not in the catalog): why it is full though an increment was asked for (a damaged
     # chain, state_store.savepoint.policy)
@@ -62,7 +62,7 @@ class SavepointInfo(Result):
     @property
     def chain_ids(self) -> list[str]:
         """The savepoint's chain, base first (a full savepoint: itself)."""
-        return self.chain.split(",") if self.chain else [self.savepoint_id]
+        return list(self.chain) if self.chain else [self.savepoint_id]
 
     @classmethod
     def from_row(cls, row: dict[str, Any], verified: bool | None = None) -> SavepointInfo:
@@ -71,6 +71,8 @@ class SavepointInfo(Result):
         if isinstance(created_at, dt.datetime):
             created_at = created_at.isoformat()
         values = {f.name: row.get(f.name) for f in fields(cls) if f.name not in ("created_at", "verified")}
+        if values["chain"] is not None:
+            values["chain"] = tuple(values["chain"])
         return cls(**values, created_at=created_at, verified=verified)  # type: ignore[arg-type]
 
     def to_dict(self, *, catalog: bool = False) -> dict[str, Any]:

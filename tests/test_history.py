@@ -43,7 +43,7 @@ def _rows_by_user(saved) -> dict[str, frozenset]:
     chain (state_store/savepoint/catalog.py): per user the rows of the newest table of the chain holding the user, unless
     they are a tombstone (`deleted`)."""
     users: dict[str, set] = {}
-    for member in reversed(saved.chain.split(",") if saved.chain else [saved.savepoint_id]):
+    for member in reversed(saved.chain or (saved.savepoint_id,)):
         found: dict[str, set] = defaultdict(set)
         for row in DeltaTable(saved.uri.rsplit("/", 1)[0] + "/" + member).to_pyarrow_table().to_pylist():
             deleted = row.pop("deleted", False)

@@ -214,7 +214,7 @@ def test_compact_folds_a_chain_and_keeps_what_kept_savepoints_need(tmp_path, spa
     assert report.savepoints_folded == [ids[3]] and sorted(report.savepoints_deleted) == sorted(ids[:3])
     kept = store.list()
     assert [(s.savepoint_id, s.kind, s.chain) for s in kept] == [
-        (ids[4], "incremental", f"{ids[3]},{ids[4]}"), (ids[3], "full", ids[3])]
+        (ids[4], "incremental", (ids[3], ids[4])), (ids[3], "full", (ids[3],))]
     assert kept[0].base_id == ids[3] and kept[1].base_id is None and kept[1].table_rows == kept[1].rows
     assert sorted(p.name for p in (Path(config.savepoint_uri) / "state").iterdir()) == sorted(ids[3:])
     for saved in kept:

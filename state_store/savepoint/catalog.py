@@ -33,6 +33,8 @@ import builtins
 import datetime as dt
 import json
 import os
+import types
+import typing
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -49,35 +51,44 @@ from state_store.results import SavepointInfo
 
 __all__ = ["CATALOG_SCHEMA", "DELETED", "FULL", "INCREMENTAL", "INCREMENT_SCHEMA", "SavepointStore", "StateFiles", "new_savepoint_id"]
 
-CATALOG_SCHEMA = pa.schema([
-    ("savepoint_id", pa.string()),
-    ("status", pa.string()),            # complete | failed
-    ("trigger", pa.string()),           # manual | scheduled | sensor | pre-rescale | stop
-    ("created_at", pa.timestamp("us", tz="UTC")),
-    ("batch_id", pa.int64()),
-    ("source_seq", pa.int64()),         # raw_events ingest sequence the state has consumed
-    ("watermark_ms", pa.int64()),       # the watermark the next batch would have run with
-    ("gap_ms", pa.int64()),
-    ("lateness_ms", pa.int64()),
-    ("buckets", pa.int64()),
-    ("provider", pa.string()),
-    ("partitions", pa.int64()),
-    ("state_schema", pa.string()),
-    ("rows", pa.int64()),
-    ("checksum", pa.string()),
-    ("sessions_version", pa.int64()),
-    ("quarantine_version", pa.int64()),
-    ("incarnation", pa.string()),
-    ("state_uri", pa.string()),         # `state/<id>`, relative to the store (SavepointStore.list resolves it)
-    ("bytes", pa.int64()),
-    ("seconds", pa.float64()),
-    ("error", pa.string()),
-    # Incremental savepoints (the columns were added later: a row without them is a full savepoint)
-    ("kind", pa.string()),              # full | incremental
-    ("base_id", pa.string()),           # an incremental one's full savepoint (chain[0]); null for a full one
-    ("chain", pa.string()),             # ids base..this, comma-separated; a full one: its own id
-    ("table_rows", pa.int64()),         # rows of its own table as written (rows/checksum: the resolved state)
-])
+# The catalog's columns, in their stored order; each column's type comes from SavepointInfo, the one typed row.
+CATALOG_COLUMNS = (
+    "savepoint_id", "status", "trigger", "created_at", "batch_id", "source_seq", "watermark_ms", "gap_ms",
+    "lateness_ms", "buckets", "provider", "partitions", "state_schema", "rows", "checksum", "sessions_version",
+    "quarantine_version", "incarnation", "state_uri", "bytes", "seconds", "error",
+    # Incremental savepoints (added later: a row without them is a full savepoint, its own chain)
+    "kind", "base_id", "chain", "table_rows",
+)
+
+
+def _column(name: str, hint: Any) -> pa.Field:
+    kind = hint
+    if typing.get_origin(hint) in (typing.Union, types.UnionType):  # `X | None` -> X
+        kind = next(k for k in typing.get_args(hint) if k is not type(None))
+    if name == "created_at":
+        return pa.field(name, pa.timestamp("us", tz="UTC"))  # ISO text in the result, a timestamp in the table
+    if kind is int:
+        return pa.field(name, pa.int64())
+    if kind is float:
+        return pa.field(name, pa.float64())
+    if kind is str or typing.get_origin(kind) in (typing.Literal, tuple):
+        return pa.field(name, pa.string())  # a chain is stored comma-separated (_stored_row)
+    raise TypeError(f"SavepointInfo.{name}: no catalog column type for {hint}")
+
+
+_HINTS = typing.get_type_hints(SavepointInfo)
+CATALOG_SCHEMA = pa.schema([_column(name, _HINTS[name]) for name in CATALOG_COLUMNS])
+
+
+def _stored_row(row: dict[str, Any]) -> dict[str, Any]:
+    """A row as the catalog table holds it: every column, the chain as ids joined by commas."""
+    stored = {name: row.get(name) for name in CATALOG_COLUMNS if name in row}
+    chain = stored.get("chain")
+    if chain is not None and not isinstance(chain, str):
+        stored["chain"] = ",".join(str(member) for member in chain)
+    return stored
+
+
 FULL, INCREMENTAL = "full", "incremental"
 DELETED = "deleted"  # the tombstone flag of an incremental savepoint's table
 INCREMENT_SCHEMA = state_format.CANONICAL_SCHEMA.append(pa.field(DELETED, pa.bool_()))
@@ -204,7 +215,7 @@ class SavepointStore:
         return int(pc.sum(adds["size_bytes"]).as_py() or 0)
 
     def _append(self, row: dict[str, Any]) -> None:
-        full = {name: row.get(name) for name in CATALOG_SCHEMA.names}
+        full = {name: None for name in CATALOG_COLUMNS} | _stored_row(row)
         full["state_uri"] = self.recorded_state_uri(str(full["savepoint_id"]))  # never an absolute location
         # schema_mode="merge": a catalog written before a column was added gains it (its old rows read as null)
         write_deltalake(self.catalog_uri, pa.Table.from_pylist([full], schema=CATALOG_SCHEMA), mode="append",
@@ -229,7 +240,7 @@ class SavepointStore:
             rows = read_rows(DeltaTable(self.catalog_uri, storage_options=self.options)).to_pylist()
         for row in rows:  # a row from before incremental savepoints: a full one, its own chain
             row["kind"] = row.get("kind") or FULL
-            row["chain"] = row.get("chain") or row["savepoint_id"]
+            row["chain"] = tuple((row.get("chain") or row["savepoint_id"]).split(","))
             # Under this store's root, whatever the row recorded: `state/<id>`, or (rows written before it was
             # relative) an absolute path that may be another home's -- this store's copy is the one it means.
             row["state_uri"] = self.state_uri(row["savepoint_id"])
@@ -276,7 +287,7 @@ class SavepointStore:
         if not rows:
             return
         names = ("savepoint_id", *columns)
-        source = pa.Table.from_pylist([{k: row.get(k) for k in names} for row in rows],
+        source = pa.Table.from_pylist([{k: _stored_row(row).get(k) for k in names} for row in rows],
                                       schema=pa.schema([CATALOG_SCHEMA.field(k) for k in names]))
         with s3_errors(self.catalog_uri):
             (DeltaTable(self.catalog_uri, storage_options=self.options)

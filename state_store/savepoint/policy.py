@@ -44,10 +44,6 @@ class SavepointPlan:
     tip: SavepointInfo | None = None   # incremental: the savepoint it follows (the newest of its chain)
     note: str | None = None            # what the savepoint's result says about its kind (a damaged chain avoided)
 
-    @property
-    def chain(self) -> str | None:
-        """The new savepoint's chain without its own id (incremental), else None."""
-        return ",".join(self.tip.chain_ids) if self.tip is not None else None
 
 
 def _partitions_of(checkpoint: Path, batch_id: int) -> int | None:

@@ -183,7 +183,7 @@ def _commit_and_verify(spark: SparkSession, store: SavepointStore, savepoint_id:
     """The written files committed as the savepoint's table and re-read by the executors; `row` gets the kind,
     chain and the state's count and checksum. Returns the table's files."""
     row.update(rows=written.rows, checksum=written.checksum, table_rows=written.rows, kind=plan.kind,
-               chain=f"{plan.chain},{savepoint_id}" if plan.tip else savepoint_id,
+               chain=(*plan.tip.chain_ids, savepoint_id) if plan.tip else (savepoint_id,),
                base_id=plan.tip.chain_ids[0] if plan.tip else None)
     kill_point("savepoint:files-written")
     commit_state_files(written, store.options)
