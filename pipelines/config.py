@@ -146,8 +146,7 @@ class SessionsConfig:
                              shown="unset (jvm)")
     max_versions_per_batch: int | None = _setting(None, "raw_events commits per micro-batch at most",
                                                   shown="all available", kind=int)
-    # Spark (the CLI's session and Dagster's PySparkResource share them). The master receives the executors' AWS
-    # credentials (spark.executorEnv.AWS_*, pipelines.runtime): run config that named one could send them anywhere.
+    # Spark (the CLI's session and Dagster's PySparkResource share them); the master: ENV_ONLY_SETTINGS says why.
     spark_master: str = _setting("local[2]", "the Spark master: local, local[N], local[*], local[N,F], "
                                  "spark://host:port[,host:port], k8s://https://host:port or yarn; it receives the "
                                  "executors' AWS credentials", env_only=True)
