@@ -20,11 +20,16 @@ from dagster_pyspark import PySparkResource
 from assets import erasure_runs
 from assets.resources import SessionsResource, expected_errors
 from assets.tables import LIFECYCLE_TAGS, SESSIONS, STATE, STREAM_TAGS, catch_up
-from pipelines.config import positive_seconds
+from pipelines.config_checks import positive_seconds
 from pipelines.job.sink import MicroBatchSink
 from pipelines.job.stream import RunSummary
 from state_store import erasure, lifecycle, maintenance, state, stream_control
 from state_store.results import SavepointInfo
+
+__all__ = ["CompactionConfig", "ForgetConfig", "LookupConfig", "RescaleConfig", "SavepointConfig", "StopConfig",
+           "StreamConfig", "compaction", "compaction_op", "forget_user", "forget_user_op", "lookup_state_op", "rescale",
+           "rescale_op", "savepoint", "savepoint_op", "session_catch_up", "session_stream", "state_lookup",
+           "stop_stream", "stop_stream_op", "stream_op"]
 
 session_catch_up = define_asset_job("session_catch_up", selection=AssetSelection.assets(catch_up),
                                     tags=LIFECYCLE_TAGS, description="Process everything landed, then stop.")

@@ -1,18 +1,36 @@
-"""The one configuration object, read from the environment (the settings: README.md, "Configuration")."""
+"""The one configuration object, read from the environment: every setting declared once, beside its field --
+variable (SESSIONS_<NAME>), default, one-line description. The Dagster resource (assets/resources.py) and README.md's
+table ("Configuration", pipelines/settings_table.py) are made from these declarations. Reading and checking a value:
+pipelines/config_checks.py."""
 from __future__ import annotations
 
 import math
 import os
-import re
 from collections.abc import Mapping
-from dataclasses import dataclass, field, fields, replace
+from dataclasses import MISSING, dataclass, field, fields, replace
 from pathlib import Path
 from typing import Any, Literal
 
+from pipelines.config_checks import (
+    MAX_FLOAT,
+    MAX_INT,
+    check_directories,
+    check_driver_memory,
+    check_duration,
+    check_spark_master,
+    check_uri,
+    read_bool,
+    read_float,
+    read_int,
+    resolved_lease_uri,
+)
 from pipelines.errors import ConfigError
 from pipelines.kafka_conf import check_kafka_settings, kafka_settings
 
-__all__ = ["ConfigError", "SessionsConfig", "kafka_settings"]  # ConfigError lives with the other errors; importable from here too
+__all__ = ["ALLOW_SHORT_RETENTION", "DEFAULT_OPERATOR", "ENV_ONLY_SETTINGS", "MAX_LEASE_TTL_S", "MAX_PARTITIONS",
+           "MIN_LEASE_TTL_S", "MIN_VACUUM_RETENTION_HOURS", "OPERATORS", "PATH_SETTINGS", "PROVIDERS", "REPO_ROOT",
+           "SETTINGS", "URI_SETTINGS", "ConfigError", "Provider", "SessionsConfig", "Setting", "check_setting",
+           "env_name", "kafka_settings"]  # ConfigError lives with the other errors; importable from here too
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 Provider = Literal["rocksdb", "hdfs"]  # the state store providers (SESSIONS_STATE_STORE)
@@ -26,279 +44,177 @@ MIN_LEASE_TTL_S = 1.0
 # and its files every batch; far above any real job, far below what overflows Spark's int.
 MAX_PARTITIONS = 10_000
 DEFAULT_OPERATOR = "jvm"
-# Upper bounds of every number setting unless it declares its own: a Java int (several go to Spark as one), and for
-# seconds, minutes and hours a billion (a wait of that many seconds still fits Python's thread timeouts).
-MAX_INT = 2**31 - 1
-MAX_FLOAT = 1e9
 # Settings that delete data have floors; below them only with this variable set in the environment (never from run
 # config: SessionsResource has no such field). erasure_deadline_hours is exempt: purging early is the erasure's point.
 MIN_VACUUM_RETENTION_HOURS = 24
 ALLOW_SHORT_RETENTION = "SESSIONS_ALLOW_SHORT_RETENTION"
-# Settings only the environment sets, never Dagster run config (SessionsResource has no field for them): the Spark
-# master receives the executors' AWS credentials (spark.executorEnv.AWS_*, pipelines.job.runtime), so a launchpad that
-# could name one could send them to any host.
-ENV_ONLY_SETTINGS = ("spark_master",)
 
 
-def _int(env: Mapping[str, str], name: str, default: int | None, minimum: float = 1,
-         maximum: float = MAX_INT) -> int | None:
-    raw = env.get(name)
-    if raw is None or not raw.strip():
-        return default
-    try:
-        value = int(raw)
-    except ValueError:
-        raise ConfigError(f"{name}={raw!r} is not an integer") from None
-    if value < minimum:
-        raise ConfigError(f"{name}={value} must be >= {minimum:g}")
-    if value > maximum:
-        raise ConfigError(f"{name}={value} must be <= {int(maximum)}")
-    return value
+def env_name(setting: str) -> str:
+    """A setting's variable: SESSIONS_ and its name in capitals (the one rule; no setting names its own)."""
+    return "SESSIONS_" + setting.upper()
 
 
-def _float(env: Mapping[str, str], name: str, default: float | None, minimum: float = 0,
-           inclusive: bool = False, maximum: float = MAX_FLOAT) -> float | None:
-    raw = env.get(name)
-    if raw is None or not raw.strip():
-        return default
-    try:
-        value = float(raw)
-    except ValueError:
-        raise ConfigError(f"{name}={raw!r} is not a number") from None
-    if not math.isfinite(value):
-        raise ConfigError(f"{name}={raw!r} is not a finite number")
-    if value < minimum or (value == minimum and not inclusive):
-        raise ConfigError(f"{name}={raw} must be {'>=' if inclusive else '>'} {minimum:g}")
-    if value > maximum:
-        raise ConfigError(f"{name}={raw} must be <= {maximum:g}")
-    return value
+@dataclass(frozen=True)
+class Setting:
+    """A setting as its SessionsConfig field declares it (SETTINGS holds them all, in the fields' order)."""
+
+    name: str      # the field, the Dagster resource's field and, in capitals after SESSIONS_, the variable (env)
+    default: Any   # the field's default; MISSING for home, which from_env always derives
+    about: str     # one line: what it does (Dagster's field description, README's table)
+    shown: str     # the default as an operator reads it ("$SESSIONS_HOME/savepoints", "60")
+    kind: type     # how the variable's text is read: int, float, bool or str
+    minimum: float  # numbers: at least (a float: more than, unless inclusive)
+    maximum: float
+    inclusive: bool
+    secret: bool    # may hold credentials: out of the repr, never Dagster run config (run storage keeps it)
+    env_only: bool  # never Dagster run config, for another reason (ENV_ONLY_SETTINGS)
+
+    @property
+    def env(self) -> str:
+        return env_name(self.name)
+
+    @property
+    def in_run_config(self) -> bool:
+        """A field of the Dagster resource (SessionsResource), so a launchpad may set it."""
+        return not (self.secret or self.env_only)
+
+    @property
+    def description(self) -> str:
+        return f"{self.env}: {self.about} (default: {self.shown})"
 
 
-def _bool(env: Mapping[str, str], name: str, default: bool) -> bool:
-    raw = (env.get(name) or "").strip().lower()
-    if not raw:
-        return default
-    if raw not in ("true", "false", "1", "0", "yes", "no"):
-        raise ConfigError(f"{name}={raw!r}: expected true or false")
-    return raw in ("true", "1", "yes")
+def _shown(default: Any) -> str:
+    if isinstance(default, bool):
+        return str(default).lower()  # as the variable takes it
+    if isinstance(default, float):
+        return f"{default:g}"
+    return str(default) if default not in ("", None) else "unset"
 
 
-def _setting(default: Any, minimum: float = 1, kind: type | None = None, secret: bool = False,
-             inclusive: bool = False, maximum: float | None = None) -> Any:
-    """A setting read from SESSIONS_<NAME> (see env_name); `minimum` and `maximum` bound numbers (a float must exceed
-    the minimum unless `inclusive`; the maximum defaults to MAX_INT or MAX_FLOAT); a `secret` one (it may hold
-    credentials) stays out of the config's repr."""
+def _setting(default: Any, about: str, *, shown: str | None = None, minimum: float = 1, kind: type | None = None,
+             secret: bool = False, inclusive: bool = False, maximum: float | None = None,
+             env_only: bool = False) -> Any:
+    """The field of a setting read from SESSIONS_<NAME> (env_name): its default, what it does (`about`, one line) and,
+    where the default is not the value an operator sees, `shown`. `minimum` and `maximum` bound numbers (a float must
+    exceed the minimum unless `inclusive`; the maximum defaults to MAX_INT or MAX_FLOAT); a `secret` one (it may hold
+    credentials) stays out of the config's repr; neither it nor an `env_only` one is Dagster run config."""
     kind = kind or type(default)
-    return field(default=default, repr=not secret,
-                 metadata={"minimum": minimum, "kind": kind, "inclusive": inclusive,
-                           "maximum": maximum if maximum is not None else MAX_FLOAT if kind is float else MAX_INT})
-
-
-def check_setting(setting: str, value: object, label: str) -> Any:
-    """`value` (a number or its text) for the setting named `setting`, checked against the bounds SESSIONS_<NAME> has
-    (an override such as `sessionctl compact --keep-last`); a ConfigError naming `label` otherwise."""
-    meta = next(f for f in fields(SessionsConfig) if f.name == setting).metadata
-    env = {label: str(value)}
-    if meta["kind"] is float:
-        return _float(env, label, None, meta["minimum"], meta["inclusive"], meta["maximum"])
-    return _int(env, label, None, meta["minimum"], meta["maximum"])
-
-
-def positive_seconds(value: object, label: str) -> float:
-    """A wait or poll interval (`sessionctl run --poll-seconds`, Dagster's poll_seconds): finite, > 0 -- 0 would
-    spin -- and at most MAX_FLOAT; a ConfigError naming `label` otherwise."""
-    seconds = _float({label: str(value)}, label, None)
-    assert seconds is not None
-    return seconds
-
-
-def _lease_uri(raw: str, checkpoint_uri: str) -> str:
-    """SESSIONS_LEASE_URI: s3://bucket/prefix or a path (made absolute); default `_leases` beside the checkpoint."""
-    uri = raw.strip().removeprefix("file://").rstrip("/")
-    if not uri:
-        return str(Path(checkpoint_uri) / "_leases")
-    if uri.startswith("s3://"):
-        if not uri[len("s3://"):].split("/", 1)[0]:
-            raise ConfigError(f"SESSIONS_LEASE_URI={raw!r}: expected s3://bucket/prefix")
-        return uri
-    if "://" in uri:
-        raise ConfigError(f"SESSIONS_LEASE_URI={raw!r}: expected a shared path or s3://bucket/prefix")
-    return str(Path(uri).resolve())
+    spec = {"about": about, "shown": shown or _shown(default), "kind": kind, "minimum": minimum,
+            "maximum": maximum if maximum is not None else MAX_FLOAT if kind is float else MAX_INT,
+            "inclusive": inclusive, "secret": secret, "env_only": env_only}
+    return field(default=default, repr=not secret, metadata=spec)  # Setting(name, default, **metadata)
 
 
 # Settings that take a local path or s3://bucket/prefix (the checkpoint's is checked on its own: no s3 there).
 URI_SETTINGS = ("savepoint_uri", "warehouse_uri", "landing_uri", "lease_uri")
-_SCHEME_ONLY = re.compile(r"[A-Za-z][A-Za-z0-9+.-]*:/*")  # "s3:", "s3:/", "s3://": a scheme, nothing after it
-
-
-def check_uri(*, name: str, raw: str) -> None:
-    """A data location given as a URI: file://, or s3:// with a bucket; a ConfigError naming `name` otherwise. Without
-    this, `s3://` loses its slashes on the way and becomes the relative path `./s3:` in the working directory, and an
-    unsupported scheme (gs://, hdfs://) a local directory of that name."""
-    text = raw.strip()
-    scheme, separator, rest = text.partition("://")
-    if not separator and not _SCHEME_ONLY.fullmatch(text):
-        return  # a path
-    scheme = scheme.rstrip(":/")
-    if scheme == "file":
-        return
-    if scheme == "s3":
-        if not rest.split("/", 1)[0]:
-            raise ConfigError(f"{name}={raw!r} names no bucket: expected s3://bucket/prefix")
-        return
-    raise ConfigError(f"{name}={raw!r}: the scheme {scheme}:// is not supported; expected a local path or "
-                      "s3://bucket/prefix (s3 in lower case)")
-
-
-# A duration as object_store (delta-rs's S3 client) reads it: "30s", "500ms", "2min", "1h 30m" (humantime's units).
-_DURATION = re.compile(r"\s*(\d+(\.\d+)?\s*(nsec|ns|usec|us|msec|ms|seconds|second|secs|sec|s|minutes|minute|mins|min|m|hours|"
-                       r"hour|hrs|hr|h|days|day|d|weeks|week|w)\s*)+")
-
-
 # The data locations (SESSIONS_HOME first): a local one must be a directory, or not exist yet under one.
 PATH_SETTINGS = ("home", "savepoint_uri", "warehouse_uri", "landing_uri", "checkpoint_uri", "lease_uri")
-
-
-def _check_directories(env: Mapping[str, str], home: Path, values: Mapping[str, Any]) -> None:
-    """A local data location that names a file, or lies under one, is refused here in one line, not at the first
-    write as NotADirectoryError."""
-    for setting in PATH_SETTINGS:
-        uri = str(home if setting == "home" else values[setting]).removeprefix("file://")
-        if "://" in uri:
-            continue
-        name = env_name(setting)
-        given = f"{name}={env[name].strip()!r}" if (env.get(name) or "").strip() else f"{name} (unset: {uri})"
-        for path in (Path(uri), *Path(uri).parents):
-            try:
-                if not path.exists():
-                    continue
-                if not path.is_dir():
-                    what = "is a file" if path == Path(uri) else f"lies under {path}, a file"
-                    raise ConfigError(f"{given} {what}, not a directory: point it at a directory")
-            except OSError:  # not readable: the command that uses it says so
-                pass
-            break
-
-
-# Spark's masters this job runs on (a typo otherwise surfaces as "Java gateway process exited" with no hint why).
-_SPARK_MASTER = re.compile(
-    r"local(\[(\*|[1-9]\d*)(,\s*[1-9]\d*)?\])?"             # local, local[N], local[*], local[N,F], local[*,F]
-    r"|local-cluster\[[1-9]\d*,\s*[1-9]\d*,\s*[1-9]\d*\]"   # local-cluster[workers,cores,MiB] (tests)
-    r"|spark://(\[[0-9A-Fa-f:.]+\]|[A-Za-z0-9_.-]+):\d{1,5}(,(\[[0-9A-Fa-f:.]+\]|[A-Za-z0-9_.-]+):\d{1,5})*"
-    r"|k8s://\S+|yarn")
-# The driver's heap as the JVM's -Xmx takes it (Spark passes it on as is): a unit, no "b" after it ("4gb" is an
-# invalid heap size there), and a bare number would be bytes. Spark refuses a heap under 450 MiB when it starts
-# (UnifiedMemoryManager), again only as "Java gateway process exited".
-_MEMORY = re.compile(r"([1-9]\d*)([kmgt])")
-_MEMORY_UNITS = {"k": 1 << 10, "m": 1 << 20, "g": 1 << 30, "t": 1 << 40}
-MIN_DRIVER_MEMORY, MAX_DRIVER_MEMORY = 512 << 20, 64 << 40
-
-
-def check_spark_master(master: str) -> None:
-    """SESSIONS_SPARK_MASTER: one of the masters this job runs on; a ConfigError naming the variable otherwise."""
-    if not _SPARK_MASTER.fullmatch(master):
-        raise ConfigError(f"SESSIONS_SPARK_MASTER={master!r} is not a Spark master: expected local, local[N], local[*], "
-                          "local[N,F], spark://host:port[,host:port], k8s://https://host:port or yarn")
-
-
-def check_driver_memory(memory: str) -> None:
-    """SESSIONS_SPARK_DRIVER_MEMORY: a size with a unit, 512m to 64t; a ConfigError naming the variable otherwise."""
-    found = _MEMORY.fullmatch(memory.strip().lower())
-    if found is None:
-        raise ConfigError(f"SESSIONS_SPARK_DRIVER_MEMORY={memory!r} is not a size: a positive number and a unit, such "
-                          "as 4g or 4096m")
-    size = int(found.group(1)) * _MEMORY_UNITS[found.group(2)]
-    if not MIN_DRIVER_MEMORY <= size <= MAX_DRIVER_MEMORY:
-        raise ConfigError(f"SESSIONS_SPARK_DRIVER_MEMORY={memory!r} is too {'small' if size < MIN_DRIVER_MEMORY else 'large'}"
-                          ": between 512m (Spark's driver needs at least 450 MiB) and 64t")
-
-
-def env_name(setting: str) -> str:
-    return "SESSIONS_" + setting.upper()
 
 
 @dataclass(frozen=True)
 class SessionsConfig:
     """Every setting of the product; `from_env` reads each from SESSIONS_<NAME> (README.md, "Configuration")."""
 
-    home: Path
-    state_store: str = _setting("rocksdb")
-    state_partitions: int = _setting(4)
-    gap_minutes: int = _setting(30)
-    lateness_minutes: int = _setting(10, minimum=0)
-    savepoint_uri: str = _setting("")  # default: $SESSIONS_HOME/savepoints
-    # Where tables and landing files live: a local path or s3://bucket/prefix (contract).
-    warehouse_uri: str = _setting("")  # default: $SESSIONS_HOME/warehouse
-    landing_uri: str = _setting("")    # default: $SESSIONS_HOME/landing
-    # The Spark checkpoint's parent: one filesystem for every host that runs the job (it also holds the leases).
-    checkpoint_uri: str = _setting("")  # default: $SESSIONS_HOME/checkpoints
-    # Leases (pipelines/coordination/leases.py): a lease not renewed for lease_ttl_s may be taken over, and its holder is fenced
-    # from then on; at most MAX_LEASE_TTL_S. Where they live (and stop requests): a shared path or s3://bucket/prefix.
-    lease_ttl_s: float = _setting(60.0, minimum=0, maximum=math.inf)  # MIN_/MAX_LEASE_TTL_S: from_env says why
-    lease_uri: str = _setting("")  # default: _leases beside the checkpoint
-    lease_wait_s: float = _setting(300.0, minimum=0, inclusive=True)  # the longest ingest waits for the ingest lease
-    # Recorded in a new checkpoint's metadata; only the retired Python operator's state was keyed by hash buckets of
-    # user_id (pipelines.job.operators.buckets reads it with the count its checkpoint recorded).
-    state_buckets: int = _setting(64)
-    # The stateful operator: "jvm" (jvm/src/sessions/SessionsOperator.java, flatMapGroupsWithState, per-user state),
-    # the only one; "python" is refused in one line naming the way out for its checkpoints.
-    operator: str = _setting("")
-    # Versions of the raw-events table per micro-batch (None = all available). Tests use 1.
-    max_versions_per_batch: int | None = _setting(None, kind=int)
-    # Spark (the CLI's session and Dagster's PySparkResource share them).
-    spark_master: str = _setting("local[2]")
-    spark_driver_memory: str = _setting("4g")
-    spark_ui: bool = _setting(False)
-    # RocksDB commits a changelog of the batch's puts (snapshots uploaded in the background) instead of uploading a
-    # snapshot every batch: the commit's fixed cost per batch (benchmarks/README.md). Off: Spark's own default.
-    rocksdb_changelog: bool = _setting(True)
+    home: Path = _setting(MISSING, "the data root: the data locations default to directories in it; set but "
+                          "empty is refused", shown="the repo's .data", kind=str)
+    state_store: str = _setting("rocksdb", "the state store provider: rocksdb or hdfs")
+    state_partitions: int = _setting(4, "state store partitions of a new checkpoint")
+    gap_minutes: int = _setting(30, "inactivity that ends a session")
+    lateness_minutes: int = _setting(10, "how far behind the newest event the watermark trails", minimum=0)
+    savepoint_uri: str = _setting("", "where savepoints live: a path or s3://bucket/prefix",
+                                  shown="$SESSIONS_HOME/savepoints")
+    warehouse_uri: str = _setting("", "where the Delta tables live: a path or s3://bucket/prefix",
+                                  shown="$SESSIONS_HOME/warehouse")
+    landing_uri: str = _setting("", "where event files land: a path or s3://bucket/prefix",
+                                shown="$SESSIONS_HOME/landing")
+    # One filesystem for every host that runs the job; the driver reads the checkpoint's logs itself (no hdfs://).
+    checkpoint_uri: str = _setting("", "the Spark checkpoint's parent (the leases' too): a local or mounted path every "
+                                   "host shares", shown="$SESSIONS_HOME/checkpoints")
+    # Leases (pipelines/coordination/leases.py): a holder that lost its lease is fenced from then on.
+    lease_ttl_s: float = _setting(60.0, f"a lease not renewed for this long may be taken over: {MIN_LEASE_TTL_S:g} s "
+                                  f"to {MAX_LEASE_TTL_S:g} s, a day (holders renew every TTL/3)", minimum=0, maximum=math.inf)  # MIN_/MAX_LEASE_TTL_S: from_env
+    lease_uri: str = _setting("", "where the leases and stop and erasure requests live: a shared path or "
+                              "s3://bucket/prefix", shown="_leases beside the checkpoint")
+    lease_wait_s: float = _setting(300.0, "the longest ingest waits for the ingest lease", minimum=0, inclusive=True)
+    # Only the retired Python operator's state was keyed by hash buckets of user_id (pipelines.job.operators.buckets).
+    state_buckets: int = _setting(64, "recorded in a new checkpoint's metadata; only the retired Python operator's "
+                                  "checkpoints are keyed by hash buckets (read with the count they recorded)")
+    # The JVM operator: jvm/src/sessions/SessionsOperator.java (flatMapGroupsWithState, per-user state).
+    operator: str = _setting("", "the stateful operator: jvm, the only one (python is refused in one line: that "
+                             "operator is retired; its checkpoints move over with a savepoint and a restore)",
+                             shown="unset (jvm)")
+    max_versions_per_batch: int | None = _setting(None, "raw_events commits per micro-batch at most",
+                                                  shown="all available", kind=int)
+    # Spark (the CLI's session and Dagster's PySparkResource share them); the master: ENV_ONLY_SETTINGS says why.
+    spark_master: str = _setting("local[2]", "the Spark master: local, local[N], local[*], local[N,F], "
+                                 "spark://host:port[,host:port], k8s://https://host:port or yarn; it receives the "
+                                 "executors' AWS credentials", env_only=True)
+    spark_driver_memory: str = _setting("4g", "the Spark driver's memory as the JVM's -Xmx takes it: a number and k, "
+                                        "m, g or t, from 512m (Spark's floor) to 64t")
+    spark_ui: bool = _setting(False, "Spark's web UI on")
+    # Changelog: the commit's fixed cost per batch (benchmarks/README.md); snapshots are uploaded in the background.
+    rocksdb_changelog: bool = _setting(True, "RocksDB changelog checkpointing (Spark's default is off); switching "
+                                       "either way keeps the state")
     # Savepoints are the long-term recovery points; the checkpoint keeps a short tail of versions.
-    min_batches_to_retain: int = _setting(20)
-    # Incremental savepoints (state_store/savepoint/policy.py): a full one every Nth savepoint of a lineage (1: always
-    # full), or once a chain's increments hold more rows than this share of its full savepoint's.
-    savepoint_full_every: int = _setting(10)
-    savepoint_chain_share: float = _setting(0.5, minimum=0)
+    min_batches_to_retain: int = _setting(20, "checkpoint versions Spark keeps; a savepoint beside the stream must "
+                                          "finish within this many batches")
+    # Incremental savepoints: state_store/savepoint/policy.py.
+    savepoint_full_every: int = _setting(10, "every Nth savepoint of a lineage is full, the others incremental where "
+                                         "they can be (1: always full)")
+    savepoint_chain_share: float = _setting(0.5, "a savepoint is full once its chain's increments would hold more rows "
+                                            "than this share of the chain's full one", minimum=0)
     # Operations (Dagster runbook, checks and sensors).
-    stop_timeout_s: float = _setting(180.0, minimum=0)
-    state_max_age_minutes: float = _setting(60.0, minimum=0)
-    savepoint_max_age_hours: float = _setting(6.0, minimum=0)  # the savepoint policy (maintenance sensor)
-    compact_files: int = _setting(200)
-    state_files: int = _setting(2000)
-    auto_restore: bool = _setting(False)
-    observe_state_minutes: float = _setting(5.0, minimum=0)  # at most one Spark pass over the state per this
+    stop_timeout_s: float = _setting(180.0, "how long stopping the query may take; sessionctl stop waits twice this "
+                                     "for the answer", minimum=0)
+    state_max_age_minutes: float = _setting(60.0, "the state_is_fresh check's limit", minimum=0)
+    savepoint_max_age_hours: float = _setting(6.0, "the savepoint policy: the maintenance sensor asks for a savepoint "
+                                              "when the newest is older", minimum=0)
+    compact_files: int = _setting(200, "a table with more data files is due for compaction")
+    state_files: int = _setting(2000, "a checkpoint with more state files is due for compaction")
+    auto_restore: bool = _setting(False, "the stream failure sensor starts the restore runbook")
+    observe_state_minutes: float = _setting(5.0, "at most one Spark pass over the state (an observe_state run) per "
+                                            "this", minimum=0)
     # Retention (sessionctl compact, the Dagster compaction job and its schedule share them).
-    keep_savepoints: int = _setting(5)            # newest complete savepoints kept
-    keep_daily_days: int = _setting(7, minimum=0, maximum=36_500)  # plus the newest of each of these days
-    # Delta VACUUM horizon for the tables: at least MIN_VACUUM_RETENTION_HOURS unless ALLOW_SHORT_RETENTION.
-    vacuum_retention_hours: int = _setting(168, minimum=0)
-    # Erasure (sessionctl forget): older table versions holding an erased user are purged within this many hours
-    # (forget purges what is older; compaction then vacuums with at most this horizon while erasures are recorded).
-    erasure_deadline_hours: float = _setting(0.0, minimum=0, inclusive=True)
-    # The key of the erasure log's keyed hash of user ids (HMAC-SHA256); unset: a key generated once in
-    # $SESSIONS_HOME/erasure.key. A secret: from the environment or a secret store, never run config.
-    erasure_key: str = _setting("", secret=True)
-    # The standing erasure drops an erased user's events that arrive later with an event_time at or before the
-    # erasure; with this set, newer ones too (a user who asked never to be tracked again). Unset: newer events are
-    # new data (the user came back after the erasure) and are kept.
-    erasure_drops_newer: bool = _setting(False)
-    # Hostile input: an event this far ahead of its ingest time is quarantined (contract).
-    max_future_minutes: int = _setting(60, minimum=0)
-    # A landed file's last line without a newline counts once the file has not changed for this long (a line
-    # that parses as a JSON object counts at once); see pipelines/ingest/local.py.
-    ingest_settle_seconds: int = _setting(60, minimum=0)
+    keep_savepoints: int = _setting(5, "newest complete savepoints compaction keeps (sessionctl compact --keep-last "
+                                    "overrides it)")
+    keep_daily_days: int = _setting(7, "plus the newest savepoint of each of these days (sessionctl compact "
+                                    "--keep-daily-days overrides it)", minimum=0, maximum=36_500)
+    vacuum_retention_hours: int = _setting(168, f"Delta VACUUM horizon of the tables: at least "
+                                           f"{MIN_VACUUM_RETENTION_HOURS} unless {ALLOW_SHORT_RETENTION}=true (an "
+                                           "environment variable only)", minimum=0)
+    # Forget purges what is older; compaction then vacuums with at most this horizon while erasures are recorded.
+    erasure_deadline_hours: float = _setting(0.0, "sessionctl forget: older table versions holding an erased user are "
+                                             "purged within this many hours (0: at once)", minimum=0, inclusive=True)
+    # A secret: from the environment or a secret store, never run config.
+    erasure_key: str = _setting("", "the key of the erasure log's keyed hash of user ids (HMAC-SHA256)",
+                                shown="a key generated once in $SESSIONS_HOME/erasure.key", secret=True)
+    # Unset, an erased user's events newer than the erasure are new data (the user came back); set, a user who asked
+    # never to be tracked again stays untracked. Events at or before the erasure are dropped either way.
+    erasure_drops_newer: bool = _setting(False, "the standing erasure also drops an erased user's events newer than "
+                                         "the erasure (unset: those are kept as new data)")
+    # Hostile input (contract).
+    max_future_minutes: int = _setting(60, "an event this far ahead of its ingest time is quarantined", minimum=0)
+    # A last line that parses as a JSON object counts at once; see pipelines/ingest/local.py.
+    ingest_settle_seconds: int = _setting(60, "a landed file's unfinished last line counts once the file has not "
+                                          "changed for this long", minimum=0)
     # S3 (delta-rs/object_store): fail in seconds, not after the default 10 retries over 3 minutes.
-    s3_max_retries: int = _setting(3, minimum=0)
-    s3_retry_timeout: str = _setting("15s")
-    s3_timeout: str = _setting("30s")
-    # Kafka as the source instead of landing files (pipelines/ingest/kafka.py): both or neither.
-    kafka_bootstrap: str = _setting("")  # host:port,host:port
-    kafka_topic: str = _setting("")
-    # Consumer settings passed to librdkafka (security.protocol, sasl.*, ssl.*, group.id, ...): see kafka_settings.
-    kafka_conf: str = _setting("", secret=True)
-    kafka_commit_messages: int = _setting(100_000)  # messages per ingest commit at most
-    # Idle close (README "Idle close"): after this much wall-clock time without an event ingested, ingest appends a
-    # clock row to raw_events. Unset: the lateness (the gap when lateness is 0); 0 turns it off.
-    idle_close_minutes: float | None = _setting(None, minimum=0, kind=float, inclusive=True)
+    s3_max_retries: int = _setting(3, "S3 retries of a request", minimum=0)
+    s3_retry_timeout: str = _setting("15s", "S3 retries give up after this (a duration: 30s, 500ms, 2min, 1h)")
+    s3_timeout: str = _setting("30s", "one S3 request gives up after this (a duration)")
+    # Kafka as the source instead of landing files (pipelines/ingest/kafka.py).
+    kafka_bootstrap: str = _setting("", "host:port,... of the Kafka brokers to ingest from; with SESSIONS_KAFKA_TOPIC, "
+                                    "both or neither", shown="unset (landing files)")
+    kafka_topic: str = _setting("", "the Kafka topic to ingest from; with SESSIONS_KAFKA_BOOTSTRAP")
+    kafka_conf: str = _setting("", "librdkafka consumer settings (security.protocol, the sasl and ssl ones, "
+                               "group.id, ...), key=value,... or a JSON object, on an allowlist: nothing that loads "
+                               "code or runs a command", shown="none", secret=True)
+    kafka_commit_messages: int = _setting(100_000, "messages per ingest commit at most")
+    # Idle close (README "Idle close"): the lateness is the longest that never makes an event late (idle_close_ms).
+    idle_close_minutes: float | None = _setting(None, "wall-clock minutes without an event before ingest appends a "
+                                                "clock row to raw_events; 0 turns it off; fractions allowed",
+                                                shown="the lateness (the gap when the lateness is 0)", minimum=0,
+                                                kind=float, inclusive=True)
 
     @classmethod
     def from_env(cls, env: Mapping[str, str] | None = None) -> SessionsConfig:
@@ -308,18 +224,17 @@ class SessionsConfig:
             raise ConfigError("SESSIONS_HOME is set but empty: unset it (data under the repo's .data) or give a path")
         home = Path(env.get("SESSIONS_HOME") or REPO_ROOT / ".data").resolve()
         values: dict[str, Any] = {}
-        for setting in fields(cls):
+        for setting in SETTINGS:
             if setting.name == "home":
                 continue
-            name, kind, minimum = env_name(setting.name), setting.metadata["kind"], setting.metadata["minimum"]
-            maximum = setting.metadata["maximum"]
-            if kind is bool:
-                values[setting.name] = _bool(env, name, setting.default)  # type: ignore[arg-type]
-            elif kind is int:
-                values[setting.name] = _int(env, name, setting.default, minimum, maximum)  # type: ignore[arg-type]
-            elif kind is float:
-                values[setting.name] = _float(env, name, setting.default, minimum,  # type: ignore[arg-type]
-                                              setting.metadata["inclusive"], maximum)
+            name = setting.env
+            if setting.kind is bool:
+                values[setting.name] = read_bool(env, name, setting.default)
+            elif setting.kind is int:
+                values[setting.name] = read_int(env, name, setting.default, setting.minimum, setting.maximum)
+            elif setting.kind is float:
+                values[setting.name] = read_float(env, name, setting.default, setting.minimum, setting.inclusive,
+                                                  setting.maximum)
             else:
                 values[setting.name] = (env.get(name) or "").strip() or setting.default
         values["state_store"] = values["state_store"].lower()
@@ -332,7 +247,7 @@ class SessionsConfig:
                               "restore --savepoint latest`)")
         if values["operator"] and values["operator"] not in OPERATORS:
             raise ConfigError(f"SESSIONS_OPERATOR={values['operator']!r}: expected one of {', '.join(OPERATORS)}")
-        for setting_name in URI_SETTINGS:  # as given: before a default or _lease_uri's clean-up changes it
+        for setting_name in URI_SETTINGS:  # as given: before a default or resolved_lease_uri's clean-up changes it
             check_uri(name=env_name(setting_name), raw=values[setting_name])
         values["savepoint_uri"] = values["savepoint_uri"] or str(home / "savepoints")
         values["warehouse_uri"] = (values["warehouse_uri"] or str(home / "warehouse")).rstrip("/")
@@ -350,15 +265,15 @@ class SessionsConfig:
             raise ConfigError(f"SESSIONS_LEASE_TTL_S={values['lease_ttl_s']:g} is too short: at least "
                               f"{MIN_LEASE_TTL_S:g} s (a holder renews every TTL/3; shorter, any pause or slow write "
                               "loses the lease)")
-        values["lease_uri"] = _lease_uri(values["lease_uri"], values["checkpoint_uri"])
-        _check_directories(env, home, values)
+        values["lease_uri"] = resolved_lease_uri(values["lease_uri"], values["checkpoint_uri"])
+        check_directories(env=env, locations={env_name(name): str(home if name == "home" else values[name])
+                                              for name in PATH_SETTINGS})
         check_spark_master(values["spark_master"])
         check_driver_memory(values["spark_driver_memory"])
         for duration in ("s3_timeout", "s3_retry_timeout"):  # object_store reads them at the first S3 request
-            if not _DURATION.fullmatch(values[duration]):
-                raise ConfigError(f"{env_name(duration)}={values[duration]!r} is not a duration: a number and a unit, "
-                                  "such as 30s, 500ms, 2min or 1h")
-        if values["vacuum_retention_hours"] < MIN_VACUUM_RETENTION_HOURS and not _bool(env, ALLOW_SHORT_RETENTION, False):
+            check_duration(name=env_name(duration), value=values[duration])
+        if values["vacuum_retention_hours"] < MIN_VACUUM_RETENTION_HOURS and not read_bool(env, ALLOW_SHORT_RETENTION,
+                                                                                           False):
             raise ConfigError(f"SESSIONS_VACUUM_RETENTION_HOURS={values['vacuum_retention_hours']} is below "
                               f"{MIN_VACUUM_RETENTION_HOURS}: VACUUM would delete table files a reader, a restore or "
                               f"the stream may still need; at least {MIN_VACUUM_RETENTION_HOURS}, or set "
@@ -443,3 +358,22 @@ class SessionsConfig:
     def kafka_consumer_settings(self) -> dict[str, str]:
         """SESSIONS_KAFKA_CONF parsed (see kafka_settings)."""
         return kafka_settings(self.kafka_conf)
+
+
+SETTINGS: tuple[Setting, ...] = tuple(Setting(name=setting.name, default=setting.default, **setting.metadata)
+                                      for setting in fields(SessionsConfig))
+# Settings only the environment sets, never Dagster run config (SessionsResource has no field for them): the Spark
+# master receives the executors' AWS credentials (spark.executorEnv.AWS_*, pipelines.job.runtime), so a launchpad that
+# could name one could send them to any host.
+ENV_ONLY_SETTINGS = tuple(setting.name for setting in SETTINGS if setting.env_only)
+
+
+def check_setting(setting: str, value: object, label: str) -> Any:
+    """`value` (a number or its text) for the setting named `setting`, checked against the bounds SESSIONS_<NAME> has
+    (an override such as `sessionctl compact --keep-last`); a ConfigError naming `label` otherwise."""
+    spec = next(spec for spec in SETTINGS if spec.name == setting)
+    env = {label: str(value)}
+    if spec.kind is float:
+        return read_float(env, label, None, spec.minimum, spec.inclusive, spec.maximum)
+    return read_int(env, label, None, spec.minimum, spec.maximum)
+
