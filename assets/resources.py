@@ -4,7 +4,7 @@ from __future__ import annotations
 import os
 import sys
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any, TypeVar
+from typing import TYPE_CHECKING, Any, ParamSpec, TypeVar
 
 from dagster import ConfigurableResource, Failure, InitResourceContext, MetadataValue
 from dagster_pyspark import PySparkResource
@@ -17,6 +17,7 @@ from pipelines.job.runtime import spark_conf
 __all__ = ["SessionsResource", "expected_errors", "pyspark_resource"]
 
 T = TypeVar("T")
+P = ParamSpec("P")
 
 
 def _run_config_fields() -> dict[str, Any]:
@@ -93,7 +94,7 @@ class SessionsResource(_Settings):  # type: ignore[type-arg]
                           allow_retries=False) from None
 
 
-def expected_errors(fn: Callable[..., T], *args: Any, **kwargs: Any) -> T:
+def expected_errors(fn: Callable[P, T], *args: P.args, **kwargs: P.kwargs) -> T:
     """Run a library call; an expected operator error becomes a Dagster Failure whose description is the
     library's one line (what happened and what to do), shown as is in the UI."""
     try:

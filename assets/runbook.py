@@ -65,14 +65,14 @@ class RestoreOutcome:
 def validate_savepoint_op(context: OpExecutionContext, sessions: SessionsResource, config: RestoreConfig) -> RestorePlan:
     """The pre-flight first (`restore --dry-run`: settings, migrations, expected duration; nothing locked), then the
     savepoint's files re-read against its catalog row. A running stream is not a refusal here: the next step stops it."""
-    preflight = expected_errors(plan_restore, sessions.config(), config.savepoint, config.partitions or None,
-                                config.migrate)
+    preflight = expected_errors(plan_restore, sessions.config(), config.savepoint,
+                                partitions=config.partitions or None, migrate=config.migrate)
     context.log.info(f"pre-flight of {preflight.savepoint_id}: restorable={preflight.restorable}, migrations "
                      f"{preflight.migrations or 'none'}, expected {preflight.expected_seconds:g} s")
     if preflight.savepoint_reasons:
         raise Failure(description="; ".join(preflight.savepoint_reasons),
                       metadata={"reasons": preflight.savepoint_reasons})
-    saved = expected_errors(lifecycle.validate_savepoint, sessions.config(), config.savepoint, config.migrate)
+    saved = expected_errors(lifecycle.validate_savepoint, sessions.config(), config.savepoint, migrate=config.migrate)
     context.log.info(f"savepoint {saved.savepoint_id} verified: {saved.rows} rows, checksum {saved.checksum}")
     context.add_output_metadata({"savepoint_id": saved.savepoint_id, "rows": saved.rows,
                                  "batch_id": saved.batch_id, "checksum": saved.checksum,

@@ -71,8 +71,9 @@ class SavepointInfo(Result):
         if isinstance(created_at, dt.datetime):
             created_at = created_at.isoformat()
         values = {f.name: row.get(f.name) for f in fields(cls) if f.name not in ("created_at", "verified")}
-        if values["chain"] is not None:
-            values["chain"] = tuple(values["chain"])
+        chain = values["chain"]
+        if chain is not None:  # a catalog table's text (ids joined by commas), or ids
+            values["chain"] = tuple(chain.split(",")) if isinstance(chain, str) else tuple(chain)
         return cls(**values, created_at=created_at, verified=verified)  # type: ignore[arg-type]
 
     def to_dict(self, *, catalog: bool = False) -> dict[str, Any]:

@@ -25,7 +25,7 @@ from state_store.savepoint import files as io
 from state_store.savepoint import stats as savepoint_stats
 from state_store.savepoint import take as savepointing
 from state_store.savepoint.catalog import SavepointStore
-from state_store.savepoint.checksum import combine_checksum, partial_checksum, state_checksum
+from state_store.savepoint.checksum import combine_checksum, partial_checksum, signed, state_checksum
 from state_store.state import read_state
 from tests.conftest import make_config, open_sessions_of
 from tests.datagen import in_order_chunks
@@ -82,7 +82,7 @@ def test_partial_checksums_of_any_split_combine_to_the_whole():
         parts = [partial_checksum(share) for share in shares] + [partial_checksum(rows.slice(0, 0))]
         assert combine_checksum(parts) == whole
         # as Spark carries them: signed longs
-        assert combine_checksum((n, io.signed(s)) for n, s in parts) == whole
+        assert combine_checksum((n, signed(s)) for n, s in parts) == whole
         assert combine_checksum(parts[1:]) != whole
 
 

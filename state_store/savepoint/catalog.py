@@ -240,7 +240,7 @@ class SavepointStore:
             rows = read_rows(DeltaTable(self.catalog_uri, storage_options=self.options)).to_pylist()
         for row in rows:  # a row from before incremental savepoints: a full one, its own chain
             row["kind"] = row.get("kind") or FULL
-            row["chain"] = tuple((row.get("chain") or row["savepoint_id"]).split(","))
+            row["chain"] = row.get("chain") or row["savepoint_id"]  # ids joined by commas: SavepointInfo splits them
             # Under this store's root, whatever the row recorded: `state/<id>`, or (rows written before it was
             # relative) an absolute path that may be another home's -- this store's copy is the one it means.
             row["state_uri"] = self.state_uri(row["savepoint_id"])
