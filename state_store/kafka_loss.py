@@ -21,7 +21,7 @@ from pipelines.ingest.kafka_offsets import LOST_REASON, offsets_metadata, record
 from pipelines.ingest.table import Appender, latest_clock, latest_seq, open_raw_table
 from pipelines.results import Result
 
-__all__ = ["accept_loss", "log"]
+__all__ = ["accept_loss"]
 
 log = logging.getLogger(__name__)
 

@@ -20,7 +20,7 @@ from deltalake.exceptions import CommitFailedError
 
 from pipelines.coordination.leases import Lease
 
-__all__ = ["EPOCH_KEY", "T", "committing", "fence", "fenced_delete", "log"]
+__all__ = ["EPOCH_KEY", "committing", "fence", "fenced_delete"]
 
 log = logging.getLogger(__name__)
 

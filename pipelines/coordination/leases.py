@@ -37,8 +37,7 @@ from pipelines.coordination.lease_stores import LeaseStore, Record, store_for
 from pipelines.coordination.liveness import Identity, dead_here, identity, started
 from pipelines.errors import LeaseLost, LeaseWaitTimedOut
 
-__all__ = ["Lease", "LeaseHeld", "LeaseInfo", "acquire", "holding", "lease", "live_holder", "log", "waiting_lease"]
-
+__all__ = ["Lease", "LeaseHeld", "LeaseInfo", "acquire", "holding", "lease", "live_holder", "waiting_lease"]
 log = logging.getLogger(__name__)
 
 KEEP_EPOCHS = 4                # epoch records kept behind the newest (older ones are collected)

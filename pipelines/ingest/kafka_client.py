@@ -21,7 +21,7 @@ from pipelines.errors import ConfigError, SourceUnavailable
 from pipelines.ingest.kafka_offsets import Loss, losses
 from pipelines.kafka_conf import KAFKA_OWNED_SETTINGS, check_kafka_settings
 
-__all__ = ["DEFAULT_GROUP", "TIMEOUT_S", "KafkaClient", "first_line", "log", "losses_now"]
+__all__ = ["DEFAULT_GROUP", "TIMEOUT_S", "KafkaClient", "first_line", "losses_now"]
 
 TIMEOUT_S = 10.0                # metadata and watermark calls
 SLICE_S = 0.5                   # how often a metadata call looks at the errors librdkafka reported meanwhile

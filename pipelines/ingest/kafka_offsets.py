@@ -21,7 +21,7 @@ from pipelines.errors import SourceDataLost
 from pipelines.ingest.table import HISTORY_PAGE
 from pipelines.storage import read_rows, sql_literal
 
-__all__ = ["LOST_REASON", "Loss", "Span", "log", "losses", "lost", "offsets_metadata", "plan", "recorded_offsets", "source_name"]
+__all__ = ["LOST_REASON", "Loss", "Span", "losses", "lost", "offsets_metadata", "plan", "recorded_offsets", "source_name"]
 
 OFFSETS_KEY = "kafka_offsets"   # the commit metadata key holding the topic's next offsets
 LOST_REASON = "lost_in_source"  # reject_reason of the raw_events row that records an accepted loss

@@ -29,7 +29,7 @@ from pipelines.ingest.lines import Lines, classify_line
 from pipelines.results import Result
 from pipelines.storage import is_s3, read_rows, storage_options
 
-__all__ = ["CLOCK_KIND", "CLOCK_MAX_IDLE_PERIODS", "HISTORY_PAGE", "RAW_SCHEMA", "TABLE_SCHEMA", "Appender", "IngestClock", "IngestResult", "Ingested", "RowSource", "Source", "latest_clock", "latest_ingest_seq", "latest_seq", "log", "open_raw_table"]
+__all__ = ["CLOCK_KIND", "CLOCK_MAX_IDLE_PERIODS", "HISTORY_PAGE", "RAW_SCHEMA", "TABLE_SCHEMA", "Appender", "IngestClock", "IngestResult", "Ingested", "RowSource", "Source", "latest_clock", "latest_ingest_seq", "latest_seq", "open_raw_table"]
 
 RAW_SCHEMA = pa.schema([
     ("event_id", pa.string()),

@@ -17,7 +17,7 @@ from pipelines.errors import SourceDataLost, SourceUnavailable, StorageUnavailab
 from pipelines.ingest import ingest
 from pipelines.storage import S3_ADVICE, object_store_errors
 
-__all__ = ["RetryingIngest", "log", "ride_out"]
+__all__ = ["RetryingIngest", "ride_out"]
 
 if TYPE_CHECKING:
     from pipelines.job.stream import RunSummary

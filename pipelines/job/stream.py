@@ -39,7 +39,7 @@ from pipelines.job.source import BOOTSTRAP_FILE, SOURCE_NAME
 from pipelines.job.startup import checkpoint_metadata, ensure_tables
 from pipelines.storage import is_object_store_failure, is_s3, object_store_errors, s3_failure, storage_options
 
-__all__ = ["RunSummary", "catch_up", "log", "raw_events_stream", "run_continuously", "start_query"]
+__all__ = ["RunSummary", "catch_up", "raw_events_stream", "run_continuously", "start_query"]
 
 log = logging.getLogger(__name__)
 
