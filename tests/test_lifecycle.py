@@ -32,10 +32,10 @@ from pipelines.job.checkpoint import inspect_checkpoint
 from pipelines.job.stream import catch_up
 from pipelines.storage import open_table
 from state_store.lifecycle import rescale, restore, take_savepoint, validate_savepoint
-from state_store.savepoint.checksum import state_checksum
 from state_store.maintenance import compact
 from state_store.results import RescaleResult, SavepointInfo
 from state_store.savepoint import catalog as sp
+from state_store.savepoint.checksum import state_checksum
 from tests.conftest import read_open_sessions, tool
 from tests.datagen import in_order_chunks
 from tests.lifecycle_expectations import expected_closed_sessions
