@@ -19,6 +19,9 @@ def main() -> None:
              .config("spark.driver.extraClassPath", jars.replace(",", ":"))
              .config("spark.sql.extensions", "io.delta.sql.DeltaSparkSessionExtension")
              .config("spark.sql.catalog.spark_catalog", "org.apache.spark.sql.delta.catalog.DeltaCatalog")
+             # Tables of a few hundred rows: one partition for Delta's log replay and every shuffle, not 50 tasks
+             # per stage (a test of what Delta Spark reads, not of its speed).
+             .config("spark.sql.shuffle.partitions", "1").config("spark.databricks.delta.snapshotPartitions", "1")
              .config("spark.ui.enabled", "false").getOrCreate())
     answers = {}
     for name, (uri, copy) in tables.items():
