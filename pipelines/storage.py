@@ -132,7 +132,9 @@ def read_rows(table: DeltaTable, *, columns: Sequence[str] | None = None, where:
     names = list(columns) if columns is not None else schema.names
     select = ", ".join('"' + name.replace('"', '""') + '"' for name in names)
     query = f"SELECT {select} FROM rows" + (f" WHERE {where}" if where else "")
-    read = pa.table(QueryBuilder().register("rows", table).execute(query).read_all())
+    # The result's Arrow stream, read straight into pyarrow: `pa.table()` of it would first ask whether it is a pandas
+    # DataFrame, which imports pandas (about half of `sessionctl savepoints`' CPU, tests/test_clean_exit.py).
+    read = pa.RecordBatchReader.from_stream(QueryBuilder().register("rows", table).execute(query)).read_all()
     return read.select(names).cast(pa.schema([schema.field(name) for name in names]))
 
 

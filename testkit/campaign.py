@@ -16,13 +16,16 @@ import sys
 import time
 from collections import Counter
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from pipelines.config import SessionsConfig
 from pipelines.coordination.job_leases import running_stream
 from pipelines.core.sample_data import arrival_order, generate_events, land
 from pipelines.storage import open_table, table_exists
 from testkit.lifecycle_expectations import expected_closed_sessions
+
+if TYPE_CHECKING:
+    from pyspark.sql import SparkSession
 
 REPO = Path(__file__).resolve().parent.parent
 PHASES = ("catch-up", "savepoint", "restore", "rescale", "compact", "online-savepoint", "stop-savepoint")
@@ -36,12 +39,61 @@ def _env(home: Path, provider: str) -> dict[str, str]:
             "PYSPARK_PYTHON": sys.executable, "PYTHONPATH": str(REPO)}
 
 
+def _timed(env: dict[str, str], args: list[str] | tuple[str, ...], started: float, outcome: object) -> None:
+    """One line per sessionctl command beside the campaign's home (<home>.timeline.jsonl): where the time goes."""
+    home = Path(env["SESSIONS_HOME"])
+    with open(home.with_name(home.name + ".timeline.jsonl"), "a") as out:
+        out.write(json.dumps({"args": " ".join(args), "seconds": round(time.monotonic() - started, 2),
+                              "outcome": outcome, "kill_at": env.get("SESSIONS_KILL_AT")}) + "\n")
+
+
 def _sessionctl(env: dict[str, str], *args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([SESSIONCTL, *args], env=env, capture_output=True, text=True, timeout=900)
+    started = time.monotonic()
+    done = subprocess.run([SESSIONCTL, *args], env=env, capture_output=True, text=True, timeout=900)
+    phases = None
+    with contextlib.suppress(ValueError, IndexError, AttributeError):
+        phases = json.loads(done.stdout.strip().splitlines()[-1]).get("phase_seconds")
+    _timed(env, args, started, [done.returncode, phases] if phases else done.returncode)
+    return done
+
+
+def _step(env: dict[str, str], config: SessionsConfig, spark: SparkSession | None, *args: str) -> dict[str, Any]:
+    """A step the campaign prepares with, never one it kills or an operator's recovery: `sessionctl args` -- or, given
+    `spark` (the tests' session), the library call that command makes, in this process: no JVM and no Python to start,
+    most of such a short command's time. Its state stores are closed after it (StateStore.stop, as a restore does), so
+    nothing of this JVM touches the checkpoint while the next `sessionctl` works on it. Returns the command's JSON."""
+    if spark is None:
+        done = _sessionctl(env, *args)
+        if done.returncode != 0:
+            raise RuntimeError(f"sessionctl {' '.join(args)} failed: {done.stderr[-500:]}")
+        result: dict[str, Any] = json.loads(done.stdout.strip().splitlines()[-1])
+        return result
+    from pipelines.job.runtime import stop_state_stores
+    from pipelines.job.stream import catch_up
+    from state_store.lifecycle import restore, take_savepoint
+    from state_store.maintenance import compact
+
+    started = time.monotonic()
+    try:
+        if args[0] == "catch-up":
+            result = catch_up(config, spark).to_dict()
+        elif args[0] == "savepoint":
+            result = take_savepoint(config, trigger="manual", spark=spark).to_dict()
+        elif args[:2] == ("restore", "--savepoint"):
+            result = restore(config, args[2], spark=spark).to_dict()
+        elif args == ("compact", "--keep-last", "1", "--keep-daily-days", "0"):
+            result = compact(config.with_(keep_savepoints=1, keep_daily_days=0)).to_dict()
+        else:
+            raise ValueError(f"no library step for sessionctl {' '.join(args)}")
+    finally:
+        stop_state_stores(spark)
+    _timed(env, ["(in process)", *args], started, 0)
+    return result
 
 
 def _kill_during(env: dict[str, str], args: list[str], delay_s: float) -> bool:
     """Run `sessionctl args` and SIGKILL its process group after delay_s; True if it was still running."""
+    started = time.monotonic()
     proc = subprocess.Popen([SESSIONCTL, *args], env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
                             start_new_session=True)
     deadline = time.monotonic() + delay_s
@@ -51,6 +103,7 @@ def _kill_during(env: dict[str, str], args: list[str], delay_s: float) -> bool:
     with contextlib.suppress(ProcessLookupError):
         os.killpg(proc.pid, signal.SIGKILL)
     proc.wait(timeout=60)
+    _timed(env, args, started, f"killed after {delay_s:.1f} s" if killed else "finished first")
     return killed
 
 
@@ -77,10 +130,12 @@ def _wait(proc: subprocess.Popen[bytes], seconds: float) -> None:
 def _online(env: dict[str, str], config: SessionsConfig, phase: str, rng: random.Random) -> str:
     """A kill beside a running stream: a savepoint (or the stream under it), or a stop-with-savepoint (the stopper or
     the stream). The stream is then stopped (or left dead) and the next phase starts from whatever it left."""
+    started = time.monotonic()
     stream = _start(env, ["run", "--poll-seconds", "1"])
     deadline = time.monotonic() + 120
     while running_stream(config) is None and stream.poll() is None and time.monotonic() < deadline:
         time.sleep(0.2)
+    _timed(env, ["run (until it holds the lease)"], started, stream.poll())
     time.sleep(rng.uniform(0.0, 8.0))  # the stream's start-up to its batches
     other = _start(env, ["savepoint", "--json"] if phase == "online-savepoint" else ["stop", "--savepoint"])
     _wait(other, rng.uniform(1.0, 25.0))
@@ -92,6 +147,7 @@ def _online(env: dict[str, str], config: SessionsConfig, phase: str, rng: random
         _sessionctl(env, "stop")
         _wait(stream, 300)
     _kill(stream)
+    _timed(env, [phase, "(stream and other, whole)"], started, f"{victim} {'killed' if killed else 'finished first'}")
     return f"{victim} {'killed' if killed else 'finished first'}"
 
 
@@ -123,7 +179,10 @@ def _final_catch_up(env: dict[str, str]) -> list[str]:
     raise RuntimeError(f"the job did not recover: {steps}")
 
 
-def run_campaign(work: Path, provider: str, seed: int, kill_points: int) -> dict[str, Any]:
+def run_campaign(work: Path, provider: str, seed: int, kill_points: int,
+                 spark: SparkSession | None = None) -> dict[str, Any]:
+    """`kill_points` kills at random phases and moments (the seed decides), the operator's recoveries, a final catch-up;
+    the sessions against the oracle. With `spark`, the setup (a catch-up and a savepoint) runs in it (_step)."""
     rng = random.Random(seed)
     started = time.monotonic()
     home = work / f"{provider}-{seed}"
@@ -137,10 +196,8 @@ def run_campaign(work: Path, provider: str, seed: int, kill_points: int) -> dict
     recoveries: list[str] = []
     # A job with a committed batch and a savepoint first, so every phase can be hit from the first kill on.
     land(config.landing, "part-0000.jsonl", [json.dumps(e) for e in chunks[0]])
-    for setup in (["catch-up"], ["savepoint", "--json"]):
-        done = _sessionctl(env, *setup)
-        if done.returncode != 0:
-            raise RuntimeError(f"campaign setup failed: {done.stderr[-500:]}")
+    for setup in (("catch-up",), ("savepoint", "--json")):
+        _step(env, config, spark, *setup)
     landed = 1
     for k in range(kill_points):
         if landed < len(chunks) and k % 2 == 0:
@@ -177,12 +234,13 @@ def run_campaign(work: Path, provider: str, seed: int, kill_points: int) -> dict
 
 # ---- named kill points (pipelines/coordination/kill_points.py): crashes at exact moments of savepoints and folds -------------
 
-# (command, point, grow): `grow` -- the chain grows by an increment first (the second kill of a kind reuses the chain
-# and the changes its first one left: that one committed nothing).
-NAMED_KILLS = (("savepoint", "savepoint:files-written", True), ("savepoint", "savepoint:committed", False),
-               ("compact", "fold:written", True), ("compact", "fold:committed", False))
-# Killed right after taking a lease (its new epoch written, nothing done under it): the next command takes it over.
-LEASE_KILLS = ((["catch-up"], "lease:taken"), (["restore", "--savepoint", "latest"], "lease:taken"))
+# (command, point): each killed in turn on one chain -- a full savepoint and an incremental one, then changes not yet
+# in a savepoint. The second kill of a kind reuses the chain and the changes its first one left (that one committed
+# nothing); the folds fold that same chain (compaction keeping only its newest savepoint: the full one expires).
+NAMED_KILLS = (("savepoint", "savepoint:files-written"), ("savepoint", "savepoint:committed"),
+               ("compact", "fold:written"), ("compact", "fold:committed"))
+# Killed right after taking a lease (its new epoch written, nothing done under it, no JVM started yet): a catch-up
+# and a restore, each followed by a catch-up that must take the lease over (run_kill_points).
 
 
 def _killed_at(env: dict[str, str], point: str, args: list[str]) -> int:
@@ -190,7 +248,9 @@ def _killed_at(env: dict[str, str], point: str, args: list[str]) -> int:
     (-9 when it reached the point)."""
     proc = subprocess.Popen([SESSIONCTL, *args], env={**env, "SESSIONS_KILL_AT": point}, stdout=subprocess.DEVNULL,
                             stderr=subprocess.DEVNULL, start_new_session=True)
+    started = time.monotonic()
     code = proc.wait(timeout=900)
+    _timed({**env, "SESSIONS_KILL_AT": point}, args, started, code)
     with contextlib.suppress(ProcessLookupError):
         os.killpg(proc.pid, signal.SIGKILL)  # whatever is left of the group
     return code
@@ -218,39 +278,52 @@ def _chains_whole(config: SessionsConfig, catalog: list[dict[str, Any]]) -> bool
     return True
 
 
-def run_kill_points(work: Path, provider: str, seed: int) -> dict[str, Any]:
+def run_kill_points(work: Path, provider: str, seed: int, spark: SparkSession | None = None) -> dict[str, Any]:
     """A chain of incremental savepoints, killed at each named point in turn -- between a savepoint's task files and
     its Delta commit, between that commit and its catalog row, inside a chain fold before and after the folded
     table's commit -- each followed by checks that nothing is half-listed as complete (the complete savepoints are
-    the same, every chain whole, the newest restorable by the pre-flight); a catch-up and a restore killed right after
-    taking their lease, each followed by a catch-up that must take it over; then a compaction, a savepoint, a restore
-    of the newest and a final catch-up compared with the oracle."""
+    the same, every chain whole, the newest restorable by the pre-flight); then the compaction that folds the chain,
+    a catch-up killed right after taking its lease and the catch-up that must take it over, a savepoint on the folded
+    chain, a restore of the newest, a restore killed right after taking its lease, and the final catch-up that must
+    take it over, compared with the oracle.
+
+    Its cost is its `sessionctl` processes (a JVM start for most): the chain is as short as the kills need (a full
+    savepoint, one increment, changes), the kills share it, the lease kills sit where a catch-up is due anyway (that
+    catch-up, a `sessionctl` process, is the command that must take the lease over), and with `spark` the steps that
+    are neither killed nor take a lease over (the chain, the compaction, the savepoint and restore after it) run in
+    that session (_step)."""
     started = time.monotonic()
     home = work / f"{provider}-kill-points-{seed}"
     env = {**_env(home, provider), "SESSIONS_SAVEPOINT_FULL_EVERY": "10", "SESSIONS_SAVEPOINT_CHAIN_SHARE": "100"}
     config = SessionsConfig.from_env(env)
     events = arrival_order(generate_events(40, 3, seed=seed), seed=seed, jitter_seconds=120)
-    parts = 2 * len(NAMED_KILLS) + 2  # (more than the steps take: the rest lands before the final catch-up)
+    parts = 6  # one by one: the chain's two savepoints, the changes, the catch-up after a lease kill; two at the end
     size = -(-len(events) // parts)
     chunks = [events[i * size:(i + 1) * size] for i in range(parts)]
     landed = 0
 
-    def step(*commands: list[str]) -> None:
+    def land_next() -> None:
         nonlocal landed
         land(config.landing, f"part-{landed:04d}.jsonl", [json.dumps(e) for e in chunks[landed]])
         landed += 1
-        for command in (["catch-up"], *commands):
-            done = _sessionctl(env, *command)
-            if done.returncode != 0:
-                raise RuntimeError(f"sessionctl {' '.join(command)} failed: {done.stderr[-500:]}")
 
-    step(["savepoint", "--json"])  # the chain's full savepoint
+    def lease_kill(args: list[str], then_land: int) -> dict[str, Any]:
+        """`sessionctl args` killed right after taking its lease; `then_land` parts land; the catch-up after it must
+        take the dead holder's lease over at once (same host, pid dead)."""
+        code = _killed_at(env, "lease:taken", args)
+        for _ in range(then_land):
+            land_next()
+        resumed = _sessionctl(env, "catch-up")
+        return {"point": "lease:taken", "command": " ".join(args), "killed": code == -signal.SIGKILL,
+                "next_command_exit": resumed.returncode, "next_command_error": resumed.stderr.strip()[-300:]}
+
+    for savepoint in (True, True, False):  # the chain's full savepoint, an increment, then changes for the kills
+        land_next()
+        _step(env, config, spark, "catch-up")
+        if savepoint:
+            _step(env, config, spark, "savepoint", "--json")
     outcomes = []
-    for command, point, grow in NAMED_KILLS:
-        if grow:
-            step(["savepoint", "--json"])  # the chain grows by an increment
-            if command == "savepoint":
-                step()  # changes for the savepoints that are killed
+    for command, point in NAMED_KILLS:
         before = _catalog(config)
         args = ["savepoint", "--json"] if command == "savepoint" else ["compact", "--keep-last", "1",
                                                                          "--keep-daily-days", "0"]
@@ -264,18 +337,12 @@ def run_kill_points(work: Path, provider: str, seed: int) -> dict[str, Any]:
             "chains_whole": _chains_whole(config, after),
             "incremental_before": sum(1 for r in before if r.get("kind") == "incremental"),
             "restorable": dry.returncode == 0 and bool(json.loads(dry.stdout or "{}").get("restorable"))})
-    taken = []
-    for args, point in LEASE_KILLS:
-        code = _killed_at(env, point, args)
-        resumed = _sessionctl(env, "catch-up")  # takes over the dead holder's lease at once (same host, pid dead)
-        taken.append({"point": point, "command": " ".join(args), "killed": code == -signal.SIGKILL,
-                      "next_command_exit": resumed.returncode, "next_command_error": resumed.stderr.strip()[-300:]})
-    compacted = _sessionctl(env, "compact", "--keep-last", "1", "--keep-daily-days", "0")
-    folded = json.loads(compacted.stdout or "{}").get("savepoints_folded") if compacted.returncode == 0 else None
-    step(["savepoint", "--json"], ["restore", "--savepoint", "latest"])
-    for i in range(landed, len(chunks)):
-        land(config.landing, f"part-{i:04d}.jsonl", [json.dumps(e) for e in chunks[i]])
-    recoveries = _final_catch_up(env)
+    folded = _step(env, config, spark, "compact", "--keep-last", "1", "--keep-daily-days", "0")["savepoints_folded"]
+    taken = [lease_kill(["catch-up"], then_land=1)]
+    _step(env, config, spark, "savepoint", "--json")  # an increment on the folded chain
+    _step(env, config, spark, "restore", "--savepoint", "latest")
+    taken.append(lease_kill(["restore", "--savepoint", "latest"], then_land=len(chunks) - landed))  # the final catch-up
+    recoveries = [] if taken[-1]["next_command_exit"] == 0 else _final_catch_up(env)
     expected = {row[0] for row in expected_closed_sessions(chunks, GAP_MS, LATENESS_MS)}
     got = open_table(config, config.sessions_table).to_pyarrow_table(columns=["session_id"])["session_id"].to_pylist()
     catalog = _catalog(config)

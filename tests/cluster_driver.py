@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import sys
+import time
 
 import boto3
 
@@ -27,21 +28,36 @@ def main(spec_path: str) -> None:
         body = "".join(line + "\n" for line in spec["parts"][i]).encode()
         s3.put_object(Bucket=spec["bucket"], Key=f"{spec['prefix']}/landing/part-{i:04d}.jsonl", Body=body)
 
+    seconds: dict[str, float] = {}  # where the driver's time went, step by step (reported, not checked)
+    began = time.monotonic()
+
+    def timed(step: str) -> None:
+        nonlocal began
+        seconds[step] = round(time.monotonic() - began, 1)
+        began = time.monotonic()
+
     config = SessionsConfig.from_env()
     spark = get_spark(config)
+    timed("spark")
     try:
         land(0)
         land(1)
         catch_up(config, spark)
+        timed("catch-up 1")
         saved = take_savepoint(config, spark=spark)
+        timed("savepoint")
         land(2)
         catch_up(config, spark)  # its sessions are rolled back by the restore and written again after it
+        timed("catch-up 2")
         restored = restore(config, "latest", spark=spark)
+        timed("restore")
         rescaled = rescale(config, 3, spark=spark)
+        timed("rescale")
         land(3)
         catch_up(config, spark)
+        timed("catch-up 3")
         print(json.dumps({"savepoint": saved.to_dict(catalog=True), "restore": restored.to_dict(),
-                          "rescale": rescaled.to_dict()}, default=str))
+                          "rescale": rescaled.to_dict(), "seconds": seconds}, default=str))
     finally:
         stop_spark(spark)
 

@@ -1,13 +1,24 @@
 """A short seeded crash campaign (benchmarks/crash_campaign.py; the long one has 100+ kill points): commands
 SIGKILLed at random moments across catch-up, savepoint, restore, rescale and compact, and beside a running stream,
-the operator's recovery, a final catch-up -- no session lost, none written twice, both providers."""
+the operator's recovery, a final catch-up -- no session lost, none written twice, both providers.
+
+What the campaign kills, and the operator's recoveries after a kill, are `sessionctl` processes as in production; the
+steps it only prepares with (the setup's catch-up and savepoint, the named kill points' chain) run in the tests'
+Spark session (testkit.campaign._step: the same library calls, warm, where a `sessionctl` process pays a JVM start and
+a first batch each). SESSIONS_TEST_CAMPAIGN_ALL_CLI=1 runs those as `sessionctl` processes too, as the long campaign
+(`benchmarks/crash_campaign.py`) does; `make test` (CI) runs them in process. The breadth is the same either way:
+every phase below, every named kill point."""
 from __future__ import annotations
+
+import os
 
 import pytest
 
 from testkit.campaign import run_campaign, run_kill_points
 
 pytestmark = [pytest.mark.tier("e2e"), pytest.mark.timeout(1800)]
+
+ALL_CLI = os.environ.get("SESSIONS_TEST_CAMPAIGN_ALL_CLI") == "1"  # see the module docstring
 
 # Seeds picked (by replaying the campaign's random choices) so that the two short runs together kill six of the seven
 # phases, the stream's two among them; the seventh, catch-up, is killed twice per provider by test_crash_restart.py.
@@ -18,21 +29,21 @@ CAMPAIGNS = [("rocksdb", 59, {"savepoint", "rescale", "restore"}),
 
 
 @pytest.mark.parametrize("provider,seed,phases", CAMPAIGNS, ids=[f"{p}-{s}" for p, s, _ in CAMPAIGNS])
-def test_short_crash_campaign(tmp_path, provider, seed, phases):
-    report = run_campaign(tmp_path, provider, seed, kill_points=3)
+def test_short_crash_campaign(tmp_path, spark, provider, seed, phases):
+    report = run_campaign(tmp_path, provider, seed, kill_points=3, spark=None if ALL_CLI else spark)
     assert sum(report["by_phase"].values()) == 3
     assert {hit.split(":")[0] for hit in report["by_phase"]} == phases, report["by_phase"]
     assert (report["lost"], report["duplicated"], report["unexpected"]) == (0, 0, 0), report
     assert report["written"] == report["expected_sessions"] > 0
 
 
-def test_kill_points_inside_savepoints_chains_and_folds(tmp_path):
+def test_kill_points_inside_savepoints_chains_and_folds(tmp_path, spark):
     """SIGKILL at exact moments (pipelines/coordination/kill_points.py): a savepoint between its task files and its Delta commit
     and between that commit and its catalog row, inside an incremental chain; a chain fold before and after the
     folded table's commit; a catch-up and a restore right after taking their lease. Nothing is half-listed as
     complete, every chain stays whole and restorable, a killed lease holder is taken over at once; after a
     compaction, a restore of the newest savepoint and a catch-up: no session lost, none written twice."""
-    report = run_kill_points(tmp_path, "rocksdb", seed=7)
+    report = run_kill_points(tmp_path, "rocksdb", seed=7, spark=None if ALL_CLI else spark)
     assert all(o["killed"] for o in report["kill_points"]), report
     assert all(o["complete_unchanged"] and o["chains_whole"] and o["restorable"] for o in report["kill_points"]), report
     assert all(o["incremental_before"] > 0 for o in report["kill_points"]), "the kills hit incremental chains"

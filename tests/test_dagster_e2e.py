@@ -46,6 +46,9 @@ DOCKERFILE = REPO / "Dockerfile"
 LOCATION = "assets.definitions"
 CHROMIUM = shutil.which("chromium")
 FINISHED = (DagsterRunStatus.SUCCESS, DagsterRunStatus.FAILURE, DagsterRunStatus.CANCELED)
+# How often a wait looks again (a run's status over GraphQL, a checkpoint file, a row in Postgres): each look is a few
+# milliseconds, and what is waited for (a run, a batch, a sensor tick) takes seconds to minutes.
+POLL_S = 0.5
 
 
 @dataclass(frozen=True)
@@ -103,7 +106,7 @@ def _wait_until(ready: Callable[[], bool], seconds: float, what: str, processes:
             tails = "\n".join(f"--- {log.name}\n{log.read_text(errors='replace')[-2500:]}"
                               for log in sorted(logs.glob("*.log")))
             raise RuntimeError(f"{what}: {'exited: ' + ', '.join(dead) if dead else 'timed out'}\n{tails}")
-        time.sleep(1)
+        time.sleep(POLL_S)
 
 
 LOCATION_STATUS = """
@@ -141,13 +144,6 @@ def dagster_stack(tmp_path_factory: pytest.TempPathFactory, postgres_server: Pos
     home, dagster_home, logs = root / "sessions", root / "dagster_home", root / "logs"
     dagster_home.mkdir()
     logs.mkdir()
-    # As after `make demo`: state made by the CLI before Dagster ever starts (the UI must show it by itself).
-    land_sample(home / "landing", users=60, sessions_per_user=3, files=2, seed=3)
-    cli = subprocess.run([tool("sessionctl"), "catch-up"], capture_output=True, text=True, timeout=600,
-                         env={**os.environ, "SESSIONS_HOME": str(home), "PYSPARK_PYTHON": sys.executable,
-                              "PYTHONPATH": os.pathsep.join(p for p in (str(REPO), os.environ.get("PYTHONPATH")) if p)})
-    assert cli.returncode == 0, cli.stderr[-2000:]
-    land_sample(home / "landing", users=120, sessions_per_user=3, files=4)
     # The shipped instance config, unchanged: its connection comes from the DAGSTER_PG_* variables.
     shutil.copy(INSTANCE_YAML, dagster_home / "dagster.yaml")
     database = postgres_server.create_database("dagster_e2e")
@@ -166,9 +162,18 @@ def dagster_stack(tmp_path_factory: pytest.TempPathFactory, postgres_server: Pos
                          postgres=postgres_server, database=database)
     processes: dict[str, subprocess.Popen[bytes]] = {}
     try:
+        # The code server and the webserver load the code location while the CLI below makes the state: neither
+        # reads it (the daemon's sensors and the runs do), and the daemon starts only once the CLI is done.
         processes["code-server"] = _start(code_server_command("127.0.0.1", code_port), env, logs / "code-server.log")
         processes["webserver"] = _start([tool("dagster-webserver"), "-w", str(workspace), "-h", "127.0.0.1",
                                          "-p", str(web_port)], env, logs / "webserver.log")
+        # As after `make demo`: state made by the CLI before Dagster runs anything (the UI must show it by itself).
+        land_sample(home / "landing", users=60, sessions_per_user=3, files=2, seed=3)
+        cli = subprocess.run([tool("sessionctl"), "catch-up"], capture_output=True, text=True, timeout=600,
+                             env={**os.environ, "SESSIONS_HOME": str(home), "PYSPARK_PYTHON": sys.executable,
+                                  "PYTHONPATH": env["PYTHONPATH"]})
+        assert cli.returncode == 0, cli.stderr[-2000:]
+        land_sample(home / "landing", users=120, sessions_per_user=3, files=4)
         _wait_until(lambda: _location_loaded(web_port), 180, "the webserver did not load the code location",
                     processes, logs)
         processes["daemon"] = _start([tool("dagster-daemon"), "run", "-w", str(workspace)], env, logs / "daemon.log")
@@ -191,7 +196,7 @@ def _wait(client: DagsterGraphQLClient, run_id: str, job: str, timeout: float = 
     deadline = time.monotonic() + timeout
     while (status := client.get_run_status(run_id)) not in FINISHED:
         assert time.monotonic() < deadline, f"{job} run {run_id} still {status}"
-        time.sleep(2)
+        time.sleep(POLL_S)
     assert status == expect, f"{job} run {run_id} ended {status}"
     return run_id
 
@@ -239,7 +244,7 @@ def test_state_is_observed_after_startup_without_running_a_job(dagster_stack: Da
     deadline = time.monotonic() + 240
     while not _state_passes(dagster_stack):
         assert time.monotonic() < deadline, "no state observation with open_sessions after startup"
-        time.sleep(3)
+        time.sleep(POLL_S)
     launched_by_hand = dagster_stack.sql("SELECT pipeline_name FROM runs WHERE pipeline_name <> 'observe_state'")
     assert launched_by_hand == [], launched_by_hand
     expected = ("open_sessions", "open_events", "state_bytes_on_disk", "recent_batches", "open sessions",
@@ -250,11 +255,12 @@ def test_state_is_observed_after_startup_without_running_a_job(dagster_stack: Da
         deadline = time.monotonic() + 150  # the sensor's next tick carries the pass's figures to the newest observation
         while True:
             driver.get(f"http://127.0.0.1:{dagster_stack.port}/assets/session_state")
-            time.sleep(5)
+            shown = time.monotonic() + 8  # the page renders in a second or two; then loaded again for a newer tick
+            while not all(text in driver.page_source for text in expected) and time.monotonic() < shown:
+                time.sleep(POLL_S)
             _dismiss_onboarding(driver)
             if all(text in driver.page_source for text in expected) or time.monotonic() > deadline:
                 break
-            time.sleep(10)
         shot = ARTIFACTS / "state-asset-after-startup.png"
         ARTIFACTS.mkdir(parents=True, exist_ok=True)
         driver.save_screenshot(str(shot))
@@ -296,12 +302,12 @@ def test_catch_up_backfill_restore_and_stream_on_postgres(dagster_stack: Dagster
         assert client.get_run_status(stream_run) in (DagsterRunStatus.STARTING, DagsterRunStatus.STARTED,
                                                      DagsterRunStatus.QUEUED, DagsterRunStatus.NOT_STARTED)
         assert time.monotonic() < deadline, "the stream run did not process the new file"
-        time.sleep(2)
+        time.sleep(POLL_S)
     client.terminate_run(stream_run)
     deadline = time.monotonic() + 120
     while client.get_run_status(stream_run) != DagsterRunStatus.CANCELED:
         assert time.monotonic() < deadline, f"stream run ended {client.get_run_status(stream_run)}"
-        time.sleep(2)
+        time.sleep(POLL_S)
     with job_lock(config, "test"):  # released: the query stopped and the run process let go
         pass
 
@@ -310,7 +316,7 @@ def test_catch_up_backfill_restore_and_stream_on_postgres(dagster_stack: Dagster
     while not (DeltaTable.is_deltatable(metrics_uri)
                and set(DeltaTable(metrics_uri).to_pandas()["day"]) >= set(wanted)):
         assert time.monotonic() < deadline, "the daemon did not run the backfill"
-        time.sleep(3)
+        time.sleep(POLL_S)
     metrics = DeltaTable(metrics_uri).to_pandas().set_index("day")
     for day in wanted:
         assert metrics.loc[day, "sessions"] == int((sessions["session_start"].dt.strftime("%Y-%m-%d") == day).sum())
@@ -444,7 +450,7 @@ def _stream_run(client: DagsterGraphQLClient, config: SessionsConfig, seed: int)
     while json_files_pending(config) or (inspect_checkpoint(config.checkpoint).last_committed_batch or 0) <= before:
         assert client.get_run_status(run) not in FINISHED, f"stream run ended {client.get_run_status(run)}"
         assert time.monotonic() < deadline, "the stream run did not process the new file"
-        time.sleep(2)
+        time.sleep(POLL_S)
     return run
 
 
@@ -463,7 +469,7 @@ def test_savepoints_while_session_stream_runs_and_stop_with_savepoint(dagster_st
                                               "WHERE r.pipeline_name = 'savepoint' AND t.key = 'dagster/sensor_name' "
                                               "AND t.value = 'maintenance_sensor'")):
             assert time.monotonic() < deadline, "the maintenance sensor requested no savepoint"
-            time.sleep(3)
+            time.sleep(POLL_S)
         _wait(client, found[0][0], "savepoint", timeout=400)
     finally:  # back to its default (stopped): the next ticks would ask again
         _graphql(dagster_stack.port, RESET_SENSOR, {"selector": selector})
