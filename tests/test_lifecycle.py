@@ -150,7 +150,7 @@ def test_savepoint_failure_mid_write_is_never_listed(tmp_path, spark, s3_endpoin
     first = take_savepoint(config, spark=spark)
 
     # The state's files are written and committed; the re-read lists them from the Delta log (state_store.
-    # savepoint_io.verify_state_files) when S3 stops answering.
+    # state_store.savepoint.files.verify_state_files) when S3 stops answering.
     real_list = sp.SavepointStore.data_files
 
     def endpoint_dies_after_the_state_write(*args, **kwargs):

@@ -59,7 +59,7 @@ def _tombstones(users: pa.Array | pa.ChunkedArray) -> pa.Table:
 def latest_per_user(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
     """mapInArrow function over one state partition's change feed (change_feed: user_id, change_type, rows) in
     version order: per user its last change -> its rows (`deleted` false), or a tombstone (a delete, or a value
-    without rows). Runs in the task that writes the increment (savepoint_io.write_state_files' `prepare`)."""
+    without rows). Runs in the task that writes the increment (files.write_state_files' `prepare`)."""
     tables = [pa.Table.from_batches([b]) for b in batches if b.num_rows]
     if not tables:
         return
