@@ -158,7 +158,7 @@ from tests.conftest import make_config
 skewed = sys.argv[2] == "skewed"
 config = make_config(sys.argv[1], SESSIONS_LEASE_TTL_S="3600" if skewed else "2")
 try:
-    with waiting_lease(config.lease_uri, "ingest", "ingest", config.lease_ttl_s, 30) as held:
+    with waiting_lease(config.lease_uri, "ingest", "ingest", config.lease_ttl_s, timeout_s=30) as held:
         table = open_raw_table(config)
         appender = Appender(config, latest_seq(table), latest_clock(table), leases=(held,), version=table.version())
         print(f"ready {held.epoch} {appender.seq}", flush=True)
