@@ -1,9 +1,11 @@
-"""The output Delta tables (delta-rs) and the exactly-once micro-batch sink that writes them."""
+"""The output Delta tables and the exactly-once micro-batch sink that writes them: the sessions by the Spark tasks
+(pipelines.job.task_files), committed once per batch by the driver."""
 from __future__ import annotations
 
 import datetime as dt
 import json
 from collections.abc import Callable, Sequence
+from functools import partial
 from typing import Any
 
 import numpy as np
@@ -16,6 +18,7 @@ from pyspark.sql import DataFrame
 from pipelines.coordination.fencing import committing, fence
 from pipelines.coordination.leases import Lease
 from pipelines.errors import LeaseLost, StorageUnavailable
+from pipelines.job.task_files import commit_task_files, write_task_files
 from pipelines.storage import is_object_store_failure, is_s3, read_rows, s3_failure, sql_literal
 
 __all__ = ["QUARANTINE_SCHEMA", "SESSIONS_SCHEMA", "MicroBatchSink", "ensure_table", "idempotent_append", "table_rows", "version_after_batch"]
@@ -229,28 +232,55 @@ class MicroBatchSink:
 
     def _write(self, batch_df: DataFrame, batch_id: int) -> None:
         self._at = self.raw_uri  # the batch's rows are read from raw_events (by the source's tasks)
-        rows = batch_df.toArrow()
-        kind = rows["kind"]
-        sessions = rows.filter(pc.equal(kind, "session"))
-        n = sessions.num_rows
-        if n:
-            out = pa.table({
-                "session_id": sessions["session_id"], "user_id": sessions["user_id"],
-                "session_start": _millis_to_ts(sessions["session_start_ms"]),
-                "session_end": _millis_to_ts(sessions["session_end_ms"]),
-                "event_count": sessions["event_count"], "page_views": sessions["page_views"],
-                "end_reason": sessions["end_reason"],
-                "batch_id": pa.array([batch_id] * n, pa.int64()),
-                "incarnation": pa.array([self.incarnation] * n, pa.string()),
-                "written_version": pa.nulls(n, pa.int64()),
-            }, schema=SESSIONS_SCHEMA)
-            self._at = self.sessions_uri
-            if idempotent_append(self.sessions_uri, out, f"sessions-{self.incarnation}", batch_id,
-                                 storage_options=self.storage_options, leases=self.leases):
-                self.sessions_written += n
-        quarantine = self._quarantine_rows(batch_id, rows.filter(pc.equal(kind, "late")))
+        batch_df.persist()  # two reads of the batch (its sessions, its late events): the operator runs once
+        try:
+            self._write_sessions(batch_df, batch_id)
+            self._at = self.raw_uri
+            late = batch_df.where("kind = 'late'").select(*_LATE_COLUMNS).toArrow()
+        finally:
+            batch_df.unpersist()
+        quarantine = self._quarantine_rows(batch_id, late)
         self._at = self.quarantine_uri
         if quarantine is not None and idempotent_append(self.quarantine_uri, quarantine,
                                                         f"quarantine-{self.incarnation}", batch_id,
                                                         storage_options=self.storage_options, leases=self.leases):
             self.quarantined += quarantine.num_rows
+
+    def _write_sessions(self, batch_df: DataFrame, batch_id: int) -> None:
+        """The batch's closed sessions, written by the tasks and committed once (unless this batch's already was)."""
+        app_id = f"sessions-{self.incarnation}"
+        self._at = self.sessions_uri
+        table = DeltaTable(self.sessions_uri, storage_options=self.storage_options)
+        done = table.transaction_version(app_id)
+        if done is not None and done >= batch_id:
+            return
+        shape = partial(session_rows, batch_id=batch_id, incarnation=self.incarnation,
+                        written_version=table.version() + 1)
+        self._at = self.raw_uri
+        files = write_task_files(batch_df.where("kind = 'session'").select(*_SESSION_COLUMNS), uri=self.sessions_uri,
+                                 schema=SESSIONS_SCHEMA, shape=shape, prefix=f"part-b{batch_id}")
+        self._at = self.sessions_uri
+        if files and commit_task_files(self.sessions_uri, files, schema=SESSIONS_SCHEMA, app_id=app_id,
+                                       version=batch_id, storage_options=self.storage_options, leases=self.leases):
+            self.sessions_written += sum(f.rows for f in files)
+
+
+_SESSION_COLUMNS = ("session_id", "user_id", "session_start_ms", "session_end_ms", "event_count", "page_views",
+                    "end_reason")
+_LATE_COLUMNS = ("ingest_seq", "line_key", "event_id", "user_id", "event_time_ms", "event_type")
+
+
+def session_rows(sessions: pa.Table, *, batch_id: int, incarnation: str, written_version: int) -> pa.Table:
+    """Operator rows of closed sessions -> sessions table rows (in the tasks; written_version: the table version the
+    commit is predicted at -- at most the one it lands on, so still monotone in batch order)."""
+    n = sessions.num_rows
+    return pa.table({
+        "session_id": sessions["session_id"], "user_id": sessions["user_id"],
+        "session_start": _millis_to_ts(sessions["session_start_ms"]),
+        "session_end": _millis_to_ts(sessions["session_end_ms"]),
+        "event_count": sessions["event_count"], "page_views": sessions["page_views"],
+        "end_reason": sessions["end_reason"],
+        "batch_id": pa.array([batch_id] * n, pa.int64()),
+        "incarnation": pa.array([incarnation] * n, pa.string()),
+        "written_version": pa.array([written_version] * n, pa.int64()),
+    }, schema=SESSIONS_SCHEMA)
