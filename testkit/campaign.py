@@ -297,7 +297,7 @@ def run_kill_points(work: Path, provider: str, seed: int, spark: SparkSession | 
     env = {**_env(home, provider), "SESSIONS_SAVEPOINT_FULL_EVERY": "10", "SESSIONS_SAVEPOINT_CHAIN_SHARE": "100"}
     config = SessionsConfig.from_env(env)
     events = arrival_order(generate_events(40, 3, seed=seed), seed=seed, jitter_seconds=120)
-    parts = 6  # one by one: the chain's two savepoints, the changes, the catch-up after a lease kill; two at the end
+    parts = 7  # one by one: the chain's two savepoints, the changes, the sink kill, the catch-up after a lease kill; two at the end
     size = -(-len(events) // parts)
     chunks = [events[i * size:(i + 1) * size] for i in range(parts)]
     landed = 0
@@ -338,6 +338,11 @@ def run_kill_points(work: Path, provider: str, seed: int, spark: SparkSession | 
             "incremental_before": sum(1 for r in before if r.get("kind") == "incremental"),
             "restorable": dry.returncode == 0 and bool(json.loads(dry.stdout or "{}").get("restorable"))})
     folded = _step(env, config, spark, "compact", "--keep-last", "1", "--keep-daily-days", "0")["savepoints_folded"]
+    land_next()  # a catch-up killed between its tasks' session files and the sink's commit; the next one redoes it
+    killed = _killed_at(env, "sink:files-written", ["catch-up"]) == -signal.SIGKILL
+    in_version = {Path(uri).name for uri in open_table(config, config.sessions_table).file_uris()}
+    sink_kill = {"point": "sink:files-written", "killed": killed,
+                 "files_in_no_version": len({p.name for p in Path(config.sessions_table).glob("*.parquet")} - in_version)}
     taken = [lease_kill(["catch-up"], then_land=1)]
     _step(env, config, spark, "savepoint", "--json")  # an increment on the folded chain
     _step(env, config, spark, "restore", "--savepoint", "latest")
@@ -346,7 +351,7 @@ def run_kill_points(work: Path, provider: str, seed: int, spark: SparkSession | 
     expected = {row[0] for row in expected_closed_sessions(chunks, GAP_MS, LATENESS_MS)}
     got = open_table(config, config.sessions_table).to_pyarrow_table(columns=["session_id"])["session_id"].to_pylist()
     catalog = _catalog(config)
-    return {"provider": provider, "seed": seed, "kill_points": outcomes, "lease_kills": taken,
+    return {"provider": provider, "seed": seed, "kill_points": outcomes, "sink_kill": sink_kill, "lease_kills": taken,
             "compact_after_kills_folded": folded,
             "chains_whole_at_end": _chains_whole(config, catalog),
             "kinds_at_end": dict(Counter(str(r.get("kind")) for r in catalog if r["status"] == "complete")),

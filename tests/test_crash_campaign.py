@@ -40,7 +40,8 @@ def test_short_crash_campaign(tmp_path, spark, provider, seed, phases):
 def test_kill_points_inside_savepoints_chains_and_folds(tmp_path, spark):
     """SIGKILL at exact moments (pipelines/coordination/kill_points.py): a savepoint between its task files and its Delta commit
     and between that commit and its catalog row, inside an incremental chain; a chain fold before and after the
-    folded table's commit; a catch-up and a restore right after taking their lease. Nothing is half-listed as
+    folded table's commit; a catch-up between its tasks' session files and the sink's commit; a catch-up and a restore
+    right after taking their lease. Nothing is half-listed as
     complete, every chain stays whole and restorable, a killed lease holder is taken over at once; after a
     compaction, a restore of the newest savepoint and a catch-up: no session lost, none written twice."""
     report = run_kill_points(tmp_path, "rocksdb", seed=7, spark=None if ALL_CLI else spark)
@@ -48,6 +49,9 @@ def test_kill_points_inside_savepoints_chains_and_folds(tmp_path, spark):
     assert all(o["complete_unchanged"] and o["chains_whole"] and o["restorable"] for o in report["kill_points"]), report
     assert all(o["incremental_before"] > 0 for o in report["kill_points"]), "the kills hit incremental chains"
     assert [(k["killed"], k["next_command_exit"]) for k in report["lease_kills"]] == [(True, 0), (True, 0)], report
+    # The catch-up killed between its tasks' session files and the commit: the files are on disk in no version (read
+    # by nobody); the catch-up after it wrote the batch again, once (the exactly-once check below).
+    assert report["sink_kill"]["killed"] and report["sink_kill"]["files_in_no_version"] > 0, report
     assert report["compact_after_kills_folded"] and report["chains_whole_at_end"], report
     assert (report["lost"], report["duplicated"], report["unexpected"]) == (0, 0, 0), report
     assert report["written"] == report["expected_sessions"] > 0

@@ -4,7 +4,8 @@ in production), a kill point does nothing.
 
 Points: `savepoint:files-written` (the executors wrote a savepoint's files, the Delta commit not made),
 `savepoint:committed` (its table committed, no catalog row yet), `fold:written` (compaction wrote a folded table's
-files, not committed), `fold:committed` (the folded table committed, the catalog not updated), `lease:taken` (a lease's
+files, not committed), `fold:committed` (the folded table committed, the catalog not updated), `sink:files-written` (the tasks wrote a
+batch's session files, the sink's Delta commit not made), `lease:taken` (a lease's
 new epoch record written, nothing done under it yet: the next command must take it over, not wait or wedge)."""
 from __future__ import annotations
 
@@ -14,7 +15,8 @@ import signal
 __all__ = ["kill_point"]
 
 ENV = "SESSIONS_KILL_AT"
-POINTS = ("savepoint:files-written", "savepoint:committed", "fold:written", "fold:committed", "lease:taken")
+POINTS = ("savepoint:files-written", "savepoint:committed", "fold:written", "fold:committed", "sink:files-written",
+          "lease:taken")
 
 
 def kill_point(name: str) -> None:

@@ -16,6 +16,7 @@ from deltalake import CommitProperties, DeltaTable, Transaction, write_deltalake
 from pyspark.sql import DataFrame
 
 from pipelines.coordination.fencing import committing, fence
+from pipelines.coordination.kill_points import kill_point
 from pipelines.coordination.leases import Lease
 from pipelines.errors import LeaseLost, StorageUnavailable
 from pipelines.job.task_files import commit_task_files, write_task_files
@@ -260,6 +261,8 @@ class MicroBatchSink:
         files = write_task_files(batch_df.where("kind = 'session'").select(*_SESSION_COLUMNS), uri=self.sessions_uri,
                                  schema=SESSIONS_SCHEMA, shape=shape, prefix=f"part-b{batch_id}")
         self._at = self.sessions_uri
+        if files:
+            kill_point("sink:files-written")
         if files and commit_task_files(self.sessions_uri, files, schema=SESSIONS_SCHEMA, app_id=app_id,
                                        version=batch_id, storage_options=self.storage_options, leases=self.leases):
             self.sessions_written += sum(f.rows for f in files)
