@@ -22,9 +22,8 @@ from dagster import (
 )
 from dagster_pyspark import PySparkResource
 
-from assets.plots import bar_table, series_table
 from assets.resources import SessionsResource
-from assets.tables import QUARANTINE, RAW_EVENTS, SESSIONS, STATE, state_metadata
+from assets.tables import QUARANTINE, RAW_EVENTS, SESSIONS, STATE, bar_table, series_table, state_metadata
 from pipelines.errors import SessionsError
 from state_store.history import diff_savepoints
 from state_store.results import SavepointInfo

@@ -8,7 +8,7 @@ recovery and a final catch-up, compared with the oracle: lost and duplicated ses
 
 Writes benchmarks/results/crash_campaign.{json,md}: kill points by phase (killed while running / finished before the
 kill), lost and duplicated sessions per provider. `tests/test_crash_campaign.py` runs a short seeded one in make test.
-With --named-kills: the named kill points of pipelines/coordination/kill_points.py (a savepoint between its task files and its
+With --named-kills: the named kill points of pipelines/coordination/__init__.py (a savepoint between its task files and its
 Delta commit, and between that commit and its catalog row, inside an incremental chain; a chain fold before and after
 its commit), each once per provider, in benchmarks/results/crash_campaign_kill_points.{json,md}.
 """

@@ -1,11 +1,17 @@
-"""Expected operator errors, one type per situation (in the bottom layer, so the job and the lifecycle library
-both raise them). Callers match on the type, never on the message; the message is what the operator reads.
-sessionctl prints any SessionsError as one line on stderr (exit 1), Dagster turns it into a Failure."""
+"""What an operation ends with, typed (in the bottom layer, so the job and the lifecycle library share it).
+
+Expected operator errors, one type per situation: callers match on the type, never on the message; the message is
+what the operator reads. sessionctl prints any SessionsError as one line on stderr (exit 1), Dagster turns it into a
+Failure. And the one result convention (`Result`): an operation returns a frozen dataclass, read by attribute;
+`to_dict()` is its JSON shape (what sessionctl prints and Dagster ops pass on). Results of the job
+(pipelines.ingest.IngestResult) and of the lifecycle library (state_store.results) share this base."""
 from __future__ import annotations
 
 import re
+from dataclasses import asdict
+from typing import Any, ClassVar
 
-__all__ = ["UNREADABLE_SAVEPOINT_FILE", "CheckpointDamaged", "CheckpointMismatch", "CheckpointMissing", "ConcurrentIngest", "ConfigError", "HomeNotWritable", "JobRunning", "LeaseLost", "LeaseWaitTimedOut", "LifecycleBusy", "NextStepError", "NoCommittedBatch", "NotRunning", "RescaleIncomplete", "RescaleRefused", "RestoreIncomplete", "SavepointDamaged", "SavepointFailed", "SavepointIncompatible", "SavepointNotFound", "SessionsError", "SourceDataLost", "SourceUnavailable", "StateMismatch", "StopIncomplete", "StorageUnavailable", "StreamFailed", "savepoint_way_out", "unreadable_savepoint_file"]
+__all__ = ["UNREADABLE_SAVEPOINT_FILE", "Result", "CheckpointDamaged", "CheckpointMismatch", "CheckpointMissing", "ConcurrentIngest", "ConfigError", "HomeNotWritable", "JobRunning", "LeaseLost", "LeaseWaitTimedOut", "LifecycleBusy", "NextStepError", "NoCommittedBatch", "NotRunning", "RescaleIncomplete", "RescaleRefused", "RestoreIncomplete", "SavepointDamaged", "SavepointFailed", "SavepointIncompatible", "SavepointNotFound", "SessionsError", "SourceDataLost", "SourceUnavailable", "StateMismatch", "StopIncomplete", "StorageUnavailable", "StreamFailed", "savepoint_way_out", "unreadable_savepoint_file"]
 
 
 class SessionsError(RuntimeError):
@@ -176,3 +182,17 @@ class LeaseWaitTimedOut(SessionsError):
 class ConcurrentIngest(SessionsError):
     """raw_events got an ingest commit from another process while this ingest held the ingest lease (a writer that
     does not take the lease): this ingest stops before it commits an ingest_seq twice."""
+
+
+class Result:
+    __dataclass_fields__: ClassVar[dict[str, Any]]  # every result is a dataclass
+
+    # Keys that were only present when set: left out of to_dict() while None, so the JSON keeps its shape.
+    _omit_if_none: ClassVar[tuple[str, ...]] = ()
+
+    def to_dict(self) -> dict[str, Any]:
+        out = asdict(self)
+        for name in self._omit_if_none:
+            if out[name] is None:
+                del out[name]
+        return out

@@ -2,17 +2,15 @@
 from __future__ import annotations
 
 import argparse
-import gc
 import json
 import logging
 import signal
 import sys
-import time
-import weakref
 from typing import TYPE_CHECKING, Any
 
 from pipelines.config import MAX_PARTITIONS, SessionsConfig, check_setting
 from pipelines.errors import SessionsError
+from sessionctl import INTERRUPTED, await_arrow_readers, install, record
 from sessionctl.checks import (
     PARTITIONS,
     SECONDS,
@@ -25,7 +23,6 @@ from sessionctl.checks import (
     unwritable_location,
     user_id,
 )
-from sessionctl.interrupt import INTERRUPTED, install, record
 
 # Each command imports what it runs, in its own function: `--help`, `savepoints` and the other commands that start no
 # JVM never import pyspark (about a second of such a command's own time, `python -X importtime`).
@@ -62,7 +59,7 @@ def cmd_run(config: SessionsConfig, args: argparse.Namespace) -> None:
     if INTERRUPTED.is_set():  # Ctrl-C while that import ran: nothing was started, the one line and 130 (main)
         raise KeyboardInterrupt
     # The first Ctrl-C asks for an orderly stop (between batches, then the summary), at any moment, JVM start-up
-    # included; a second one is the impatient kind (sessionctl.interrupt). get_spark keeps that handler over pyspark's.
+    # included; a second one is the impatient kind (sessionctl). get_spark keeps that handler over pyspark's.
     stop = INTERRUPTED
     if signal.getsignal(signal.SIGINT) is not record:  # called as a library function, not the console script
         install()
@@ -308,37 +305,6 @@ def _logs_to_file(config: SessionsConfig) -> None:
         handler = logging.NullHandler()
     handler.setFormatter(logging.Formatter("%(asctime)s %(name)s %(levelname)s %(message)s"))
     logging.basicConfig(handlers=[handler], level=logging.WARNING, force=True)
-
-
-def await_arrow_readers(timeout_s: float = 10.0) -> None:
-    """Wait, with the GIL free, until Arrow's threads hold no Python filesystem handler: before the interpreter's
-    teardown, which otherwise aborts one `savepoints --json` in about twenty after its output.
-
-    deltalake reads a table (`to_pyarrow_table`, `to_pyarrow_dataset`) as a pyarrow dataset over a Python filesystem
-    (`pyarrow.fs.PyFileSystem` around its `DeltaStorageHandler`). Arrow's scan returns its last batch before it has
-    finished: a thread of Arrow's CPU pool then releases the fragments, the file it read and the filesystem, which
-    takes the GIL to drop the Python objects inside (the handler last). Asked for after finalization began, the GIL
-    ends that thread with pthread_exit (CPython 3.11), whose unwinding through Arrow's noexcept destructor is
-    `terminate called without an active exception`, exit 134 (delta-io/delta-rs#2184; apache/arrow#36389: the scanner
-    still running after the call returned). A handler that Python itself still holds keeps this waiting `timeout_s`."""
-    handler = getattr(sys.modules.get("pyarrow.fs"), "FileSystemHandler", None)
-    if handler is None:  # nothing was read through pyarrow
-        return
-
-    def kinds(cls: type) -> list[type]:
-        direct: list[type] = cls.__subclasses__()
-        return [cls, *(sub for child in direct for sub in kinds(child))]
-
-    # Instances of Python classes refer to their class: gc.get_referrers finds the live handlers (in C: far cheaper
-    # than an isinstance test of every object).
-    held = [weakref.ref(obj) for obj in gc.get_referrers(*kinds(handler))
-            if isinstance(obj, handler) and type(obj).__weakrefoffset__]
-    if not held:
-        return
-    gc.collect()  # one that only a reference cycle still holds (a failed read's frames) is dropped here, on this thread
-    deadline = time.monotonic() + timeout_s
-    while any(ref() is not None for ref in held) and time.monotonic() < deadline:
-        time.sleep(0.001)  # the GIL free: Arrow's thread takes it, drops the handler, and is idle
 
 
 READ_ONLY_COMMANDS = ("status", "savepoints", "state")  # plus restore --dry-run and forget --verify (_writes)

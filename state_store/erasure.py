@@ -27,11 +27,10 @@ from pyspark.sql import SparkSession
 from pipelines.config import SessionsConfig
 from pipelines.coordination.fencing import fenced_delete
 from pipelines.coordination.leases import Lease
-from pipelines.errors import NoCommittedBatch, SessionsError, StopIncomplete
+from pipelines.errors import NoCommittedBatch, Result, SessionsError, StopIncomplete
 from pipelines.ingest.erase_lines import erase_landed_lines
 from pipelines.ingest.erased import COMPLETE, LOG_TABLE, UserSpelling, log_erasure, user_hash
 from pipelines.job.checkpoint import inspect_checkpoint, read_restore_marker
-from pipelines.results import Result
 from pipelines.storage import filesystem, join, read_rows, sql_literal, storage_options, table_exists
 from state_store.audit import mentions, scan, scrub_delta_log
 from state_store.lifecycle import replaced_checkpoints

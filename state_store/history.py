@@ -17,7 +17,7 @@ from pyspark.sql import functions as F
 from pipelines.config import SessionsConfig
 from pipelines.core import state_format
 from pipelines.core.sessionize import open_sessions
-from pipelines.results import Result
+from pipelines.errors import Result
 from state_store.results import SavepointInfo
 from state_store.savepoint.catalog import SavepointStore
 from state_store.savepoint.chain import savepoint_rows

@@ -15,11 +15,10 @@ from typing import Any
 
 from pipelines.config import SessionsConfig
 from pipelines.coordination.leases import waiting_lease
-from pipelines.errors import ConfigError
+from pipelines.errors import ConfigError, Result
 from pipelines.ingest.kafka_client import losses_now
 from pipelines.ingest.kafka_offsets import LOST_REASON, offsets_metadata, recorded_offsets, source_name
 from pipelines.ingest.table import Appender, latest_clock, latest_seq, open_raw_table
-from pipelines.results import Result
 
 __all__ = ["accept_loss"]
 

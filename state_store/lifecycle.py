@@ -25,7 +25,7 @@ from pipelines.job.checkpoint import (
     inspect_checkpoint,
     read_job_metadata,
 )
-from pipelines.job.operators.registry import for_layout, for_new_checkpoint
+from pipelines.job.operators import for_layout, for_new_checkpoint
 from pipelines.job.operators.seam import StateOperator
 from pipelines.job.runtime import get_spark, spark_failures
 from state_store.preflight import refusals

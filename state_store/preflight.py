@@ -18,13 +18,13 @@ from pipelines.core import state_format
 from pipelines.errors import (
     JobRunning,
     RescaleRefused,
+    Result,
     SavepointDamaged,
     SavepointIncompatible,
     SessionsError,
     savepoint_way_out,
 )
-from pipelines.job.operators.registry import for_new_checkpoint
-from pipelines.results import Result
+from pipelines.job.operators import for_new_checkpoint
 from pipelines.storage import open_table, s3_errors, table_exists
 from state_store.results import SavepointInfo
 from state_store.savepoint.catalog import SavepointStore

@@ -28,7 +28,7 @@ from pipelines.job.checkpoint import (
     write_job_metadata,
     write_restore_marker,
 )
-from pipelines.job.operators.registry import for_new_checkpoint
+from pipelines.job.operators import for_new_checkpoint
 from pipelines.job.runtime import get_spark, stop_state_stores
 from pipelines.job.source import BOOTSTRAP_FILE
 from pipelines.job.startup import ensure_tables

@@ -1,5 +1,5 @@
 """What the lifecycle library's public operations return: frozen dataclasses, read by attribute (the one result
-convention, pipelines.results.Result). `to_dict()` is the JSON shape sessionctl prints and Dagster ops pass on: the
+convention, pipelines.errors.Result). `to_dict()` is the JSON shape sessionctl prints and Dagster ops pass on: the
 dataclass's fields, in order."""
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ from dataclasses import dataclass, field, fields
 from typing import Any, ClassVar, Literal
 
 from pipelines.config import Provider
-from pipelines.results import Result
+from pipelines.errors import Result
 
 __all__ = ["CompactionResult", "MaintenanceDue", "RescaleMethod", "RescaleResult", "RestoreResult", "SavepointInfo", "StatusReport", "StopResult", "TableFacts"]
 

@@ -17,7 +17,7 @@ from pipelines.core import state_format
 from pipelines.core.sessionize import open_sessions
 from pipelines.errors import NoCommittedBatch
 from pipelines.job.checkpoint import CheckpointInfo, JobMetadata, inspect_checkpoint, read_job_metadata
-from pipelines.job.operators.registry import for_layout, of_checkpoint
+from pipelines.job.operators import for_layout, of_checkpoint
 from pipelines.job.operators.seam import StateOperator, StoredChunk, register_coordinator
 
 __all__ = ["lookup_user", "read_state", "repartition_state", "session_json", "state_summary", "top_sessions"]

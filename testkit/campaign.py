@@ -232,7 +232,7 @@ def run_campaign(work: Path, provider: str, seed: int, kill_points: int,
             "minutes": round((time.monotonic() - started) / 60, 1), "load_avg_1m_end": round(os.getloadavg()[0], 2)}
 
 
-# ---- named kill points (pipelines/coordination/kill_points.py): crashes at exact moments of savepoints and folds -------------
+# ---- named kill points (pipelines/coordination/__init__.py): crashes at exact moments of savepoints and folds -------------
 
 # (command, point): each killed in turn on one chain -- a full savepoint and an incremental one, then changes not yet
 # in a savepoint. The second kill of a kind reuses the chain and the changes its first one left (that one committed

@@ -28,7 +28,7 @@ if archive:
     runtime.CLASS_ARCHIVE = Path(archive)
 options = runtime.java_options
 runtime.java_options = lambda config, dump=None: f"{options(config, dump)} {flag}"
-from sessionctl.entry import main
+from sessionctl import main
 sys.argv = ["sessionctl", "catch-up"]
 sys.exit(main())
 """

@@ -3,7 +3,7 @@
 `savepoints --json` used to print its listing and then die at interpreter exit with `terminate called without an
 active exception` (exit 134) in 17 of 260 runs: Arrow's scan of the catalog (deltalake's pyarrow dataset over a Python
 filesystem) still held that filesystem on one of its threads when the interpreter began finalizing, and that thread's
-late GIL request ended it inside a destructor. sessionctl.cli.await_arrow_readers lets those threads finish before the
+late GIL request ended it inside a destructor. sessionctl.await_arrow_readers lets those threads finish before the
 teardown; with it alone the abort still came in 17 of 600 runs (2.8%; one in 200 in a CI run). Delta
 tables are now read by delta-rs' own engine (pipelines.storage.read_rows), in Rust, without a Python filesystem: 0 of
 600. At 2.8%, the 70 clean `savepoints` runs below would pass by chance in about one test run in seven. The
@@ -80,11 +80,11 @@ def test_light_commands_exit_0_every_time_with_whole_json(home):
             assert done.stdout.startswith("usage: sessionctl"), done.stdout[:200]
 
 
-# The console script's own path (sessionctl.entry.main) in a process that reports, as it exits, which heavy packages
+# The console script's own path (sessionctl.main) in a process that reports, as it exits, which heavy packages
 # the command imported.
 _IMPORTS = """
 import json, sys
-from sessionctl.entry import main
+from sessionctl import main
 sys.argv = ["sessionctl", *sys.argv[1:]]
 try:
     code = main()

@@ -38,7 +38,7 @@ def test_short_crash_campaign(tmp_path, spark, provider, seed, phases):
 
 
 def test_kill_points_inside_savepoints_chains_and_folds(tmp_path, spark):
-    """SIGKILL at exact moments (pipelines/coordination/kill_points.py): a savepoint between its task files and its Delta commit
+    """SIGKILL at exact moments (pipelines/coordination/__init__.py): a savepoint between its task files and its Delta commit
     and between that commit and its catalog row, inside an incremental chain; a chain fold before and after the
     folded table's commit; a catch-up between its tasks' session files and the sink's commit; a catch-up and a restore
     right after taking their lease. Nothing is half-listed as

@@ -179,19 +179,19 @@ def test_run_rides_out_an_s3_outage_of_landing_and_warehouse(tmp_path, s3_endpoi
 # batch that has one (after that batch's sessions append committed), so the failure is the sink's Delta commit.
 SINK_OUTAGE_RUN = """
 import os, signal, sys, threading
-from sessionctl import interrupt
-interrupt.install()
+from sessionctl import install
+install()
 from pipelines.job import sink as tables
 moto, outage_s, marker = int(sys.argv[1]), float(sys.argv[2]), sys.argv[3]
-real, fired = tables.idempotent_append, []
-def append(uri, rows, app_id, batch_id, *args, **kwargs):
+real, fired = tables.commit_task_files, []
+def commit(uri, files, *, app_id, version, **kwargs):
     if app_id.startswith("quarantine-") and not fired:
-        fired.append(batch_id)
-        open(marker, "w").write(str(batch_id))
+        fired.append(version)
+        open(marker, "w").write(str(version))
         os.kill(moto, signal.SIGSTOP)
         threading.Timer(outage_s, os.kill, (moto, signal.SIGCONT)).start()
-    return real(uri, rows, app_id, batch_id, *args, **kwargs)
-tables.idempotent_append = append
+    return real(uri, files, app_id=app_id, version=version, **kwargs)
+tables.commit_task_files = commit
 from sessionctl.cli import main
 sys.exit(main(["run", "--poll-seconds", "1"]))
 """

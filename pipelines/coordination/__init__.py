@@ -1,2 +1,32 @@
 """How processes and hosts agree: leases with fencing epochs, where leases are stored, whether a holder is alive,
-fenced Delta commits, and the crash campaign's named kill points."""
+fenced Delta commits -- and, here, the crash campaign's named kill points.
+
+Named kill points for the crash campaign (testkit/campaign.py): with SESSIONS_KILL_AT=<name> in its environment,
+a process SIGKILLs itself when it reaches that point -- a crash at an exact moment instead of a random one. Unset (as
+in production), a kill point does nothing.
+
+Points: `savepoint:files-written` (the executors wrote a savepoint's files, the Delta commit not made),
+`savepoint:committed` (its table committed, no catalog row yet), `fold:written` (compaction wrote a folded table's
+files, not committed), `fold:committed` (the folded table committed, the catalog not updated), `sink:files-written` (the tasks wrote a
+batch's session files, the sink's Delta commit not made), `lease:taken` (a lease's
+new epoch record written, nothing done under it yet: the next command must take it over, not wait or wedge)."""
+from __future__ import annotations
+
+import os
+import signal
+
+__all__ = ["kill_point"]
+
+ENV = "SESSIONS_KILL_AT"
+POINTS = ("savepoint:files-written", "savepoint:committed", "fold:written", "fold:committed", "sink:files-written",
+          "lease:taken")
+
+
+def kill_point(name: str) -> None:
+    if os.environ.get(ENV) != name:
+        return
+    # The process group when this process leads it (sessionctl started by the campaign: its JVM dies with it), else
+    # this process alone.
+    if os.getpgid(0) == os.getpid():
+        os.killpg(os.getpid(), signal.SIGKILL)
+    os.kill(os.getpid(), signal.SIGKILL)

@@ -32,7 +32,7 @@ from dataclasses import asdict, dataclass, fields, replace
 from pathlib import Path
 from typing import NoReturn
 
-from pipelines.coordination.kill_points import kill_point
+from pipelines.coordination import kill_point
 from pipelines.coordination.lease_stores import LeaseStore, Record, store_for
 from pipelines.coordination.liveness import Identity, dead_here, identity, started
 from pipelines.errors import LeaseLost, LeaseWaitTimedOut

@@ -16,8 +16,8 @@ from collections.abc import Sequence
 
 from pipelines.config import SessionsConfig
 from pipelines.coordination.leases import Lease, waiting_lease
-from pipelines.ingest.landing import INGESTED_DIR, REFUSED_DIR, LandedFile
 from pipelines.ingest.lines import classify_line, parse_event_time, parse_line
+from pipelines.ingest.positions import INGESTED_DIR, REFUSED_DIR, LandedFile
 from pipelines.ingest.table import (
     HISTORY_PAGE,
     RAW_SCHEMA,

@@ -17,8 +17,7 @@ import pyarrow.fs as pafs
 
 from pipelines.config import SessionsConfig
 from pipelines.ingest.erased import UserSpelling
-from pipelines.ingest.landing import INGESTED_DIR
-from pipelines.ingest.positions import HEAD_BYTES, POSITIONS_FILE, digest
+from pipelines.ingest.positions import HEAD_BYTES, INGESTED_DIR, POSITIONS_FILE, digest
 from pipelines.storage import filesystem, is_s3
 
 __all__ = ["erase_landed_lines"]

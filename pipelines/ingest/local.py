@@ -24,9 +24,19 @@ from pathlib import Path
 from deltalake import DeltaTable
 
 from pipelines.config import SessionsConfig
-from pipelines.ingest.landing import INGESTED_DIR, REFUSED_DIR, LandedFile, archive_day
 from pipelines.ingest.lines import Lines, is_json_object, split_lines
-from pipelines.ingest.positions import HEAD_BYTES, FilePosition, Positions, digest, load_positions, save_positions
+from pipelines.ingest.positions import (
+    HEAD_BYTES,
+    INGESTED_DIR,
+    REFUSED_DIR,
+    FilePosition,
+    LandedFile,
+    Positions,
+    archive_day,
+    digest,
+    load_positions,
+    save_positions,
+)
 from pipelines.ingest.table import Appender, Ingested, RowSource
 
 __all__ = ["ingest"]

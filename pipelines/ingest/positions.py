@@ -1,10 +1,13 @@
-"""The positions file (landing/_ingested/_positions.json): how far each local landed file has been ingested.
+"""The landing layout the landing sources (local, S3) share -- _ingested/ and _refused/, their day folders,
+LandedFile -- and the positions file (landing/_ingested/_positions.json): how far each local landed file has been
+ingested.
 
 A file's position (inode, bytes and lines consumed) goes into the ingest commit's metadata -- the truth,
 replayed after a crash -- and into this file, so appended lines are ingested once, with their true line numbers.
 """
 from __future__ import annotations
 
+import datetime as dt
 import hashlib
 import json
 import os
@@ -17,10 +20,39 @@ from typing import Any
 from deltalake import DeltaTable
 
 from pipelines.config import SessionsConfig
-from pipelines.ingest.landing import INGESTED_DIR
 from pipelines.ingest.table import HISTORY_PAGE
 
-__all__ = ["HEAD_BYTES", "POSITIONS_FILE", "FilePosition", "Positions", "digest", "load_positions", "save_positions"]
+__all__ = ["HEAD_BYTES", "INGESTED_DIR", "POSITIONS_FILE", "REFUSED_DIR", "FilePosition", "LandedFile", "Positions", "archive_day", "digest",
+           "load_positions", "save_positions"]
+
+INGESTED_DIR = "_ingested"
+REFUSED_DIR = "_refused"        # symlinks and special files found in landing are moved here, unread
+
+
+def archive_day() -> str:
+    """The UTC day folder under _ingested/ (or _refused/) a file archived now goes to."""
+    return dt.datetime.now(dt.timezone.utc).date().isoformat()
+
+
+@dataclass(frozen=True)
+class LandedFile:
+    """A landed file, local or an S3 object: what ingest reads, commits and archives."""
+    name: str
+    size: int
+    mtime_ns: int
+    location: str  # local path or s3://bucket/key
+
+    @property
+    def identity(self) -> str:
+        # Name, size and modification time (an S3 object's LastModified): a later object that reuses the name --
+        # even with the same size -- is a new put with a new time, and is ingested.
+        return f"{self.name}:{self.size}:{self.mtime_ns}"
+
+    @property
+    def legacy_identity(self) -> str:
+        """What commits of builds before the modification time was recorded hold."""
+        return f"{self.name}:{self.size}"
+
 
 POSITIONS_FILE = "_positions.json"
 HEAD_BYTES = 1024               # fingerprint of a file's first bytes: an inode reused by another file is not it

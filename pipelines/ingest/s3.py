@@ -17,8 +17,8 @@ import pyarrow.fs as pafs
 from deltalake import DeltaTable
 
 from pipelines.config import SessionsConfig
-from pipelines.ingest.landing import INGESTED_DIR, LandedFile, archive_day
 from pipelines.ingest.lines import split_lines
+from pipelines.ingest.positions import INGESTED_DIR, LandedFile, archive_day
 from pipelines.ingest.table import HISTORY_PAGE, Appender, Ingested, RowSource
 from pipelines.storage import filesystem, s3_errors, s3_limits
 

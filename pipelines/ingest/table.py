@@ -22,11 +22,10 @@ from deltalake import CommitProperties, DeltaTable, write_deltalake
 from pipelines.config import SessionsConfig
 from pipelines.coordination.fencing import committing, fence
 from pipelines.coordination.leases import Lease
-from pipelines.errors import ConcurrentIngest
+from pipelines.errors import ConcurrentIngest, Result
 from pipelines.ingest import columnar
 from pipelines.ingest.erased import ErasedUsers, user_named_by
 from pipelines.ingest.lines import Lines, classify_line
-from pipelines.results import Result
 from pipelines.storage import is_s3, read_rows, storage_options
 
 __all__ = ["CLOCK_KIND", "CLOCK_MAX_IDLE_PERIODS", "HISTORY_PAGE", "RAW_SCHEMA", "TABLE_SCHEMA", "Appender", "IngestClock", "IngestResult", "Ingested", "RowSource", "Source", "latest_clock", "latest_ingest_seq", "latest_seq", "open_raw_table"]

@@ -80,7 +80,7 @@ def _with_origin(batch: pa.RecordBatch, origin: str | pa.Array) -> pa.RecordBatc
 
 def _with_line_key(table: pa.Table) -> pa.Table:
     """Rows written before line_key existed (a missing column, or nulls after OPTIMIZE merged old and new files)
-    get -line_no: the sink builds the same key from raw_events (pipelines.job.sink.late_key)."""
+    get -line_no: the sink builds the same key from raw_events (pipelines.job.quarantine.late_key)."""
     fallback = pc.negate(table["line_no"])
     if "line_key" not in table.column_names:
         return table.append_column("line_key", fallback)

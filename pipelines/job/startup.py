@@ -18,7 +18,7 @@ from pipelines.job.checkpoint import (
     rescale_command,
     write_job_metadata,
 )
-from pipelines.job.operators.registry import for_layout, for_new_checkpoint
+from pipelines.job.operators import for_layout, for_new_checkpoint
 from pipelines.job.operators.seam import StateOperator
 from pipelines.job.runtime import rescale_incomplete
 from pipelines.job.sink import QUARANTINE_SCHEMA, SESSIONS_SCHEMA, ensure_table, table_rows

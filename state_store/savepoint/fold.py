@@ -22,7 +22,7 @@ from deltalake import DeltaTable, Schema
 from deltalake.transaction import AddAction, CommitProperties
 from pyspark.sql import SparkSession
 
-from pipelines.coordination.kill_points import kill_point
+from pipelines.coordination import kill_point
 from pipelines.core import state_format
 from pipelines.errors import SavepointDamaged
 from pipelines.storage import filesystem, s3_errors

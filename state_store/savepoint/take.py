@@ -14,7 +14,7 @@ from pyspark.errors import PySparkException, PythonException
 from pyspark.sql import SparkSession
 
 from pipelines.config import SessionsConfig
-from pipelines.coordination.kill_points import kill_point
+from pipelines.coordination import kill_point
 from pipelines.core import state_format
 from pipelines.errors import SavepointDamaged, SavepointFailed, unreadable_savepoint_file
 from pipelines.job.checkpoint import committed_checkpoint, inspect_checkpoint

@@ -3,7 +3,7 @@
 An operator owns its state layout (the id a checkpoint records in `_job.json`), applying a batch, the restore
 bootstrap (a restored checkpoint's open rows, loaded in its first batch), the decoding of its stored values into the
 canonical rows (savepoints, `status`, `state --user`) and the partition bound. Which operator a checkpoint runs is
-decided once -- by its metadata, or for a new checkpoint (pipelines.job.operators.registry: `for_layout`,
+decided once -- by its metadata, or for a new checkpoint (pipelines.job.operators: `for_layout`,
 `for_new_checkpoint`) -- and the object is handed down; nothing below asks again.
 
 Two implementations: `pipelines.job.operators.jvm.JvmOperator` (Spark's flatMapGroupsWithState keyed by user, the

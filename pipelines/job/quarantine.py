@@ -1,0 +1,180 @@
+"""A micro-batch's quarantine rows, built by the Spark tasks: the rejected lines of its source range, and its late
+events with the provenance (file, line) of their very line.
+
+Rejected lines never enter the stateful operator: the tasks read them from the raw_events data files of the batch's
+ingest_seq range, as the stream's source reads the events (pipelines.job.source). The driver only picks those files
+from the Delta log (their statistics: the ingest_seq range, and whether any row of the file was rejected); a late
+event is joined to its line in Spark, on (ingest_seq, line_key) plus its own ids.
+"""
+from __future__ import annotations
+
+import datetime as dt
+import json
+from collections.abc import Callable, Iterator
+
+import pyarrow as pa
+import pyarrow.compute as pc
+import pyarrow.parquet as pq
+from deltalake import DeltaTable
+from pyspark.sql import DataFrame
+from pyspark.sql import functions as F
+from pyspark.sql.window import Window
+
+from pipelines.core.state_format import spark_ddl
+from pipelines.storage import filesystem
+
+__all__ = ["QUARANTINE_SCHEMA", "late_key", "quarantine_frame", "quarantine_rows"]
+
+QUARANTINE_SCHEMA = pa.schema([
+    ("reason", pa.string()),
+    ("raw", pa.string()),
+    ("source_file", pa.string()),
+    ("line_no", pa.int64()),
+    ("ingest_seq", pa.int64()),
+    ("event_id", pa.string()),
+    ("user_id", pa.string()),
+    ("event_time", pa.timestamp("us", tz="UTC")),
+    ("event_type", pa.string()),
+    ("batch_id", pa.int64()),
+    ("incarnation", pa.string()),
+    ("written_version", pa.int64()),
+    ("quarantined_at", pa.timestamp("us", tz="UTC")),
+])
+LINE_COLUMNS = QUARANTINE_SCHEMA.names[:9]  # what a quarantined line carries; the rest says when it was written
+_LINES = pa.schema([QUARANTINE_SCHEMA.field(name) for name in LINE_COLUMNS])
+# A late event's line: what the join needs of raw_events.
+_PROVENANCE = pa.schema([("ingest_seq", pa.int64()), ("line_key", pa.int64()), ("event_id", pa.string()),
+                         ("user_id", pa.string()), ("line_no", pa.int64()), ("source_file", pa.string()),
+                         ("page", pa.string())])
+_JOIN_KEYS = ["ingest_seq", "line_key", "event_id", "user_id"]
+
+
+def late_key(raw: pa.Table) -> pa.ChunkedArray:
+    """The key a late event carries (pipelines.job.operators.seam): line_key, or -line_no for rows written before it."""
+    fallback = pc.negate(raw["line_no"])
+    return pc.coalesce(raw["line_key"], fallback) if "line_key" in raw.column_names else fallback
+
+
+def _raw_files(raw_uri: str, storage_options: dict[str, str] | None, low: int, high: int, *,
+               rejected: bool) -> list[str]:
+    """The raw_events data files that may hold rows with ingest_seq in (low, high] (and, with `rejected`, a rejected
+    one): from the Delta log's statistics, on the driver."""
+    table = DeltaTable(raw_uri, storage_options=storage_options)
+    adds = pa.table(table.get_add_actions(flatten=True))
+    if adds.num_rows == 0:
+        return []
+    root = table.table_uri.rstrip("/")
+    lows, highs = adds["min.ingest_seq"].to_pylist(), adds["max.ingest_seq"].to_pylist()
+    counts = adds["num_records"].to_pylist()
+    nulls = (adds["null_count.reject_reason"].to_pylist() if "null_count.reject_reason" in adds.column_names
+             else [None] * adds.num_rows)
+    files = []
+    for path, lo, hi, rows, valid in zip(adds["path"].to_pylist(), lows, highs, counts, nulls):
+        if lo is not None and hi is not None and not (hi > low and lo <= high):
+            continue
+        if rejected and rows is not None and valid is not None and valid >= rows:
+            continue  # every row of it valid: no rejected line there
+        files.append(f"{root}/{path}")
+    return files
+
+
+def _file_reader(low: int, high: int, *, rejected: bool) -> Callable[[Iterator[pa.RecordBatch]], Iterator[pa.RecordBatch]]:
+    """The tasks' read of raw_events files (rows of URIs): their rejected lines, or the valid lines' provenance, with
+    ingest_seq in (low, high]."""
+    def read(uris: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
+        for batch in uris:
+            for uri in batch.column("uri").to_pylist():
+                fs, path = filesystem(uri)
+                with fs.open_input_file(path) as handle:
+                    data = pq.ParquetFile(handle)
+                    names = data.schema_arrow.names
+                    wanted = (["reject_reason", "raw", *LINE_COLUMNS[2:]] if rejected
+                              else [c for c in ("ingest_seq", "line_key", "line_no", "source_file", "page", "event_id",
+                                                "user_id", "reject_reason") if c in names])
+                    rows = data.read(columns=[c for c in wanted if c in names])
+                seq = rows["ingest_seq"]
+                keep = pc.and_(pc.greater(seq, low), pc.less_equal(seq, high))
+                reason = pc.is_valid(rows["reject_reason"]) if rejected else pc.is_null(rows["reject_reason"])
+                rows = rows.filter(pc.and_(keep, reason))
+                if rejected:
+                    out = pa.table({name: rows["reject_reason" if name == "reason" else name]
+                                    for name in LINE_COLUMNS}).cast(_LINES)
+                else:
+                    out = pa.table({name: late_key(rows) if name == "line_key" else rows[name]
+                                    for name in _PROVENANCE.names}).cast(_PROVENANCE)
+                yield from out.to_batches()
+    return read
+
+
+def _late_lines(rows: pa.Table) -> pa.Table:
+    """Late events joined to their lines -> quarantine lines (in the tasks). A late event's line as landed is not
+    carried through the stream: `raw` is rebuilt as JSON."""
+    times = (dt.datetime(1970, 1, 1, tzinfo=dt.timezone.utc) + dt.timedelta(milliseconds=ms)
+             if ms is not None else None for ms in rows["event_time_ms"].to_pylist())
+    raw = [json.dumps({"event_id": e, "user_id": u, "event_time": t.isoformat().replace("+00:00", "Z") if t else None,
+                       "event_type": k, "page": p})
+           for e, u, t, k, p in zip(rows["event_id"].to_pylist(), rows["user_id"].to_pylist(), times,
+                                    rows["event_type"].to_pylist(), rows["page"].to_pylist())]
+    event_time = pc.multiply(rows["event_time_ms"].cast(pa.int64()), 1000).cast(pa.timestamp("us", tz="UTC"))
+    return pa.table({"reason": pa.array(["late"] * rows.num_rows, pa.string()), "raw": pa.array(raw, pa.string()),
+                     "source_file": rows["source_file"], "line_no": rows["line_no"],
+                     "ingest_seq": rows["ingest_seq"], "event_id": rows["event_id"], "user_id": rows["user_id"],
+                     "event_time": event_time, "event_type": rows["event_type"]}, schema=_LINES)
+
+
+def _late_frame(late: DataFrame, provenance: DataFrame) -> DataFrame:
+    """Late events (operator rows) with the provenance of their very line: joined on (ingest_seq, line_key), one row
+    per landed line. For rows written before line_key the key is -line_no, which repeats across the files of one
+    ingest commit: the event's own ids join too, and each late event keeps one match."""
+    numbered = late.withColumn("late_row", F.monotonically_increasing_id())
+    joined = numbered.join(provenance, _JOIN_KEYS, "left")
+    first = Window.partitionBy("late_row").orderBy(F.col("source_file").asc_nulls_last(), "line_no")
+    joined = joined.withColumn("match", F.row_number().over(first)).where("match = 1")
+    columns = ["ingest_seq", "event_id", "user_id", "event_time_ms", "event_type", "line_no", "source_file", "page"]
+
+    def lines(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
+        for batch in batches:
+            yield from _late_lines(pa.Table.from_batches([batch])).to_batches()
+    return joined.select(*columns).mapInArrow(lines, spark_ddl(_LINES))
+
+
+def quarantine_frame(batch: DataFrame, *, raw_uri: str, storage_options: dict[str, str] | None, low: int, high: int
+                     ) -> DataFrame | None:
+    """The quarantine lines of a micro-batch whose source range is (low, high] (`batch`: the operator's output,
+    persisted by the caller): rejected lines and late events, or None when it has neither. Only the raw files' URIs
+    and one count are handled here; the rows stay in the executors."""
+    spark = batch.sparkSession
+    late = batch.where("kind = 'late'").select("ingest_seq", "line_key", "event_id", "user_id", "event_time_ms",
+                                                "event_type")
+    found = late.agg(F.count(F.lit(1)).alias("n"), F.min("ingest_seq").alias("lo"), F.max("ingest_seq").alias("hi")
+                     ).first()
+    parts = []
+    if high > low:
+        files = _raw_files(raw_uri, storage_options, low, high, rejected=True)
+        if files:
+            uris = spark.createDataFrame([(uri,) for uri in files], "uri string").repartition(len(files))
+            parts.append(uris.mapInArrow(_file_reader(low, high, rejected=True), spark_ddl(_LINES)))
+    if found is not None and found["n"]:
+        # The lines of the late events (their ingest_seq is in the batch's range; the bounds are widened to theirs
+        # all the same).
+        seq_low, seq_high = min(low, int(found["lo"]) - 1), max(high, int(found["hi"]))
+        files = _raw_files(raw_uri, storage_options, seq_low, seq_high, rejected=False)
+        uris = spark.createDataFrame([(uri,) for uri in files], "uri string").repartition(max(1, len(files)))
+        provenance = uris.mapInArrow(_file_reader(seq_low, seq_high, rejected=False), spark_ddl(_PROVENANCE))
+        parts.append(_late_frame(late, provenance))
+    if not parts:
+        return None
+    return parts[0] if len(parts) == 1 else parts[0].unionByName(parts[1])
+
+
+def quarantine_rows(lines: pa.Table, *, batch_id: int, incarnation: str, written_version: int,
+                    quarantined_at: dt.datetime) -> pa.Table:
+    """Quarantine lines -> quarantine table rows (in the tasks; written_version as in pipelines.job.sink)."""
+    n = lines.num_rows
+    return pa.table({
+        **{name: lines[name] for name in LINE_COLUMNS},
+        "batch_id": pa.array([batch_id] * n, pa.int64()),
+        "incarnation": pa.array([incarnation] * n, pa.string()),
+        "written_version": pa.array([written_version] * n, pa.int64()),
+        "quarantined_at": pa.array([quarantined_at] * n, pa.timestamp("us", tz="UTC")),
+    }, schema=QUARANTINE_SCHEMA)
