@@ -37,12 +37,15 @@ from pipelines.ingest.positions import (
     load_positions,
     save_positions,
 )
-from pipelines.ingest.table import Appender, Ingested, RowSource
+from pipelines.ingest.table import Appender, Ingested, RowSource, open_raw_table
 
 __all__ = ["ingest"]
 
 NO_LINES = Lines.from_pairs([])
 TAIL_WATCH_S = 3600             # a moved file is watched for appended lines this long after its last change
+# A file is read at most this much at a time (cut at a line's end; a longer line is read whole): a larger one is
+# ingested in several commits, so ingest's memory is bounded by this, not by the size of the largest landed file.
+READ_CHUNK_BYTES = 32 * 1024 * 1024
 
 
 @dataclass(frozen=True)
@@ -55,6 +58,7 @@ class FileRead:
     continued: bool                   # read on from a known position (not a file seen for the first time)
     archive: bool                     # in landing, read to the end, unchanged during the read: move it
     refused_raw: str | None = None    # what a refused entry is (for its quarantine row)
+    more: bool = False                # stopped at READ_CHUNK_BYTES: the rest is read by the next round
 
     def rows(self) -> RowSource:
         return RowSource(self.position.name, self.lines,
@@ -62,8 +66,8 @@ class FileRead:
 
 
 def read_file(landing: Path, rel: str, known: FilePosition | None, now: float, settle_s: float) -> FileRead | None:
-    """Read a regular file's new complete lines (see the module docstring); None when it is gone or not a
-    regular file any more."""
+    """Read a regular file's new complete lines, at most READ_CHUNK_BYTES of them (see the module docstring); None
+    when it is gone or not a regular file any more."""
     try:
         # O_NOFOLLOW: a symlink swapped in after the scan is not followed; O_NONBLOCK: nor does a FIFO block us.
         fd = os.open(landing / rel, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
@@ -79,13 +83,17 @@ def read_file(landing: Path, rel: str, known: FilePosition | None, now: float, s
         if known is None or not continued:
             known = FilePosition(ino=before.st_ino, name=Path(rel).name, path=rel)
         handle.seek(known.bytes)
-        data = handle.read(before.st_size - known.bytes)
+        remaining = before.st_size - known.bytes
+        data = handle.read(min(remaining, READ_CHUNK_BYTES))
+        while len(data) < remaining and b"\n" not in data:  # a line longer than a chunk: read on to its end
+            data += handle.read(min(remaining - len(data), READ_CHUNK_BYTES))
+        more = len(data) < remaining
         after = os.fstat(fd)
     unchanged = (after.st_size, after.st_mtime_ns) == (before.st_size, before.st_mtime_ns)
     body = data[:data.rfind(b"\n") + 1]
     tail = data[len(body):]
     quiet = now - before.st_mtime_ns / 1e9 >= settle_s
-    if tail and unchanged and (quiet or is_json_object(tail)):
+    if tail and unchanged and not more and (quiet or is_json_object(tail)):
         body = data  # the final line is complete: a whole object, or nothing was added to it for settle_s
     lines, consumed_lines, open_line = split_lines(body, known.lines, known.open_line)
     consumed = known.bytes + len(body)
@@ -93,7 +101,7 @@ def read_file(landing: Path, rel: str, known: FilePosition | None, now: float, s
                        head=digest(head[:min(HEAD_BYTES, consumed)]), head_len=min(HEAD_BYTES, consumed))
     in_landing = not rel.startswith(f"{INGESTED_DIR}/")
     return FileRead(position, before.st_mtime_ns, after.st_size, lines, continued,
-                    archive=in_landing and unchanged and consumed == after.st_size)
+                    archive=in_landing and unchanged and consumed == after.st_size, more=more)
 
 
 def _scan_landing(config: SessionsConfig, positions: Positions, now: float) -> list[FileRead]:
@@ -192,7 +200,22 @@ def _prune(positions: Positions, landing: Path, now: float, seen: set[int]) -> N
 
 
 def ingest(config: SessionsConfig, table: DeltaTable | None, appender: Appender, step: int) -> Ingested:
-    """New complete lines of landed and moved files; refusals; then positions, then moves."""
+    """New complete lines of landed and moved files; refusals; then positions, then moves -- in rounds while a file
+    has more than READ_CHUNK_BYTES to read, each round's commits and positions as crash-safe as a whole ingest's."""
+    read_from: set[int] = set()
+    refused = 0
+    while True:
+        found, more = _round(config, table, appender, step, read_from)
+        refused += found.refused
+        if not more:
+            return Ingested(len(read_from), refused, found.waiting)
+        table = open_raw_table(config)  # the round committed: its positions are at the table's newest seq
+
+
+def _round(config: SessionsConfig, table: DeltaTable | None, appender: Appender, step: int,
+           read_from: set[int]) -> tuple[Ingested, bool]:
+    """One scan of landing: its reads committed, positions saved, finished files moved; whether a read stopped short
+    of a file's end (`more`). The inodes of files with lines read are added to `read_from`."""
     positions = load_positions(config, table, appender.seq)
     loaded = positions.to_json()
     now = time.time()
@@ -230,6 +253,7 @@ def ingest(config: SessionsConfig, table: DeltaTable | None, appender: Appender,
             continue  # replaced or grown since the read: the next ingest looks again (the position is kept)
         target.parent.mkdir(parents=True, exist_ok=True)
         os.rename(source, target)  # the same filesystem: the inode (and a writer's handle) moves with it
-    files = len({read.position.ino for read in pending if read.lines})
+    read_from |= {read.position.ino for read in pending if read.lines}
     refused = sum(1 for read in reads if read.refused_raw is not None)
-    return Ingested(files, refused, waiting=len(landed_files(config)))
+    more = any(read.more for read in reads)
+    return Ingested(len(read_from), refused, waiting=0 if more else len(landed_files(config))), more
