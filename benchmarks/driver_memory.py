@@ -124,7 +124,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--providers", default="rocksdb,hdfs")
     parser.add_argument("--quick", action="store_true")
     parser.add_argument("--timeout", type=float, default=1800)
-    parser.add_argument("--out", default=str(HERE / "results" / "driver_memory"))
+    parser.add_argument("--out", default=str(HERE / "results" / "driver_memory" / "latest"))
     args = parser.parse_args(argv)
     sizes = [20_000, 200_000] if args.quick else [int(s) for s in args.sizes.split(",")]
     providers = ["rocksdb"] if args.quick else args.providers.split(",")
