@@ -8,6 +8,9 @@
     True while ``process`` runs, else an AssertionError with its exit code and the tail of ``log`` (a path) or of
     its stderr pipe: put it first in a condition (``lambda: still_running(run) and ...``) so that a process that
     died fails the wait at once instead of after the timeout.
+``stream_caught_up(config) -> bool``
+    The job's last committed batch read up to the newest ingest commit of raw_events (and settled): what a stream
+    has to show before a test lands more, compacts beside it, or stops it.
 ``iso_ms(text) -> int``
     An ISO-8601 timestamp (``...Z`` or with an offset) as epoch milliseconds.
 """
@@ -22,7 +25,7 @@ from typing import TypeVar
 
 T = TypeVar("T")
 
-__all__ = ["iso_ms", "still_running", "wait_until"]
+__all__ = ["iso_ms", "still_running", "stream_caught_up", "wait_until"]
 
 
 def wait_until(condition: Callable[[], T], *, timeout_s: float, what: str, interval_s: float = 0.05) -> T:
@@ -52,6 +55,15 @@ def still_running(process: subprocess.Popen, log: Path | str | None = None) -> b
     else:
         tail = ""
     raise AssertionError(f"process {process.pid} ({process.args!r:.200}) exited with {code} while waited on:\n{tail}")
+
+
+def stream_caught_up(config) -> bool:
+    """The last committed batch's source offset is the newest ingest_seq of raw_events, settled."""
+    from pipelines.ingest import latest_ingest_seq
+    from pipelines.job.checkpoint import inspect_checkpoint
+
+    offset = inspect_checkpoint(config.checkpoint).source_offset or {}
+    return offset.get("seq") == latest_ingest_seq(config.raw_events_table) and bool(offset.get("settled"))
 
 
 def iso_ms(text: str) -> int:
