@@ -210,7 +210,7 @@ try:
         print(f"held {held.epoch}", flush=True)
         while True:
             held.check()
-            time.sleep(0.1)
+            time.sleep(0.1)  # the holder's work between checks (not a wait for anything)
 except LeaseLost as lost:
     print(f"lost: {lost}", flush=True)
     sys.exit(3)
