@@ -3,25 +3,21 @@ report: the oracle at a savepoint's batch, the open sessions canonical state row
 with plain Python), and the sessions after a restore under a new gap (--migrate), by the README's rule."""
 from __future__ import annotations
 
-import datetime as dt
 from typing import Any
 
 import pyarrow as pa
 
 from testkit.oracle import LOGOUT, PAGE_VIEW, OracleResult, SessionRow, oracle_session_id, run_oracle
+from tests.harness import iso_ms
 
 # (user_id, session_start_ms, event_id (None: a frozen prefix), event_time_ms, event_type, event_count, page_views)
 StateRow = tuple[str, int, "str | None", int, "str | None", int, int]
 
 
-def _ms(text: str) -> int:
-    return int(dt.datetime.fromisoformat(text.replace("Z", "+00:00")).timestamp() * 1000)
-
-
 def oracle_of(chunks: list[list[dict[str, Any]]], gap_ms: int, lateness_ms: int) -> OracleResult:
     """The oracle over these micro-batches (one chunk of ISO-timed events each); over chunks[:n], what a savepoint at
     batch n holds: `open_sessions` in its state, `closed` in the sessions table."""
-    batches = [[{**event, "event_time_ms": _ms(event["event_time"])} for event in chunk] for chunk in chunks]
+    batches = [[{**event, "event_time_ms": iso_ms(event["event_time"])} for event in chunk] for chunk in chunks]
     result = run_oracle(batches, gap_ms, lateness_ms)
     assert not result.late, "these tests use data with no late event"
     return result
@@ -72,7 +68,7 @@ def after_migration(state: pa.Table, chunks: list[list[dict[str, Any]]], cut: in
     for e in (e for chunk in chunks[cut:] for e in chunk):
         if (e["user_id"], e["event_id"]) not in seen:  # a later copy is a duplicate
             seen.add((e["user_id"], e["event_id"]))
-            at, kind = _ms(e["event_time"]), e.get("event_type")
+            at, kind = iso_ms(e["event_time"]), e.get("event_type")
             pieces.setdefault(e["user_id"], []).append((at, e["event_id"], at, kind, 1, int(kind == PAGE_VIEW)))
     closed, still_open = set(before.closed), []
     for user, walk in pieces.items():

@@ -14,7 +14,6 @@ import os
 import random
 import signal
 import subprocess
-import time
 from pathlib import Path
 
 import pytest
@@ -22,6 +21,7 @@ import pytest
 from pipelines.job.stream import catch_up
 from tests.conftest import SESSIONCTL, config_env, make_config, read_open_sessions, read_quarantine, read_sessions
 from tests.datagen import adversarial_events, has_colliding_session_ids, land_files, line, pick_seed, random_split
+from tests.harness import still_running, wait_until
 from tests.oracle import run_oracle, split_events
 
 pytestmark = pytest.mark.tier("subprocess")
@@ -56,12 +56,9 @@ def _kill_group(proc: subprocess.Popen) -> None:
 def _run_and_kill(config, log: Path, until) -> None:
     """Start catch-up and SIGKILL its process group as soon as until() holds (polling every 10 ms)."""
     proc = _start(config, log)
-    deadline = time.monotonic() + TIMEOUT_S
     try:
-        while not until():
-            assert proc.poll() is None, f"catch-up ended before the kill point:\n{log.read_text()[-3000:]}"
-            assert time.monotonic() < deadline, "kill point never reached"
-            time.sleep(0.01)
+        wait_until(lambda: still_running(proc, log) and until(), timeout_s=TIMEOUT_S, interval_s=0.01,
+                   what="the kill point (catch-up must not end before it)")
     finally:
         _kill_group(proc)
 

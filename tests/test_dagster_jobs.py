@@ -31,6 +31,7 @@ from pipelines.job.checkpoint import inspect_checkpoint
 from state_store.savepoint import catalog as sp
 from state_store.savepoint.catalog import SavepointStore
 from tests.conftest import read_open_sessions, read_sessions, tool
+from tests.harness import wait_until
 from tests.savepoint_expectations import oracle_of
 
 pytestmark = pytest.mark.tier("spark")
@@ -311,11 +312,12 @@ def test_session_stream_job_closes_sessions_of_a_quiet_stream(tmp_path, spark):
     job = threading.Thread(target=lambda: outcome.update(result=defs.resolve_job_def("session_stream").execute_in_process(
         resources=resources, run_config={"ops": {"stream_op": {"config": {"poll_seconds": 1.0}}}})), daemon=True)
     job.start()
-    deadline = time.monotonic() + 180
-    while time.monotonic() < deadline and not (DeltaTable.is_deltatable(config.sessions_table)
-                                               and len(DeltaTable(config.sessions_table).to_pandas())):
+    def job_alive() -> bool:
         assert job.is_alive(), outcome
-        time.sleep(0.5)
+        return True
+
+    wait_until(lambda: job_alive() and DeltaTable.is_deltatable(config.sessions_table) and read_sessions(config),
+               timeout_s=180, interval_s=0.5, what="the job's clock row to close u1's session")
     stop_stream(config)
     job.join(timeout=300)
     assert outcome["result"].success

@@ -14,6 +14,7 @@ from state_store.erasure import LOG_TABLE, forget, verify_forgotten
 from state_store.lifecycle import restore, take_savepoint
 from tests.conftest import assert_late_keys, config_env, make_config, read_open_sessions, read_sessions, tool
 from tests.datagen import land_batches, stream_scenario
+from tests.harness import still_running, stream_caught_up, wait_until
 from tests.oracle import run_oracle
 
 pytestmark = pytest.mark.tier("spark")
@@ -106,28 +107,6 @@ def test_forget_twice_is_a_no_op_the_second_time(spark, tmp_path):
     assert verify_forgotten(config, spark, USER).clean
 
 
-def _caught_up(config) -> bool:
-    from pipelines.ingest import latest_ingest_seq
-    from pipelines.job.checkpoint import inspect_checkpoint
-
-    offset = inspect_checkpoint(config.checkpoint).source_offset or {}
-    return offset.get("seq") == latest_ingest_seq(config.raw_events_table) and bool(offset.get("settled"))
-
-
-def _wait(predicate, seconds: float, what: str, process) -> None:
-    import time
-
-    deadline = time.monotonic() + seconds
-    while time.monotonic() < deadline:
-        if process.poll() is not None:
-            raise AssertionError(f"the stream exited ({process.returncode}) while waiting for {what}: "
-                                 f"{process.stderr.read()[-2000:]}")
-        if predicate():
-            return
-        time.sleep(1)
-    raise AssertionError(f"timed out waiting for {what}")
-
-
 @pytest.mark.tier("subprocess")
 def test_forget_beside_a_running_stream(spark, tmp_path):
     """`sessionctl forget` while `sessionctl run` works: the stream erases U between two batches and goes on; the rest
@@ -140,7 +119,8 @@ def test_forget_beside_a_running_stream(spark, tmp_path):
     run = subprocess.Popen([tool("sessionctl"), "run", "--poll-seconds", "1"], env=env, stdout=subprocess.PIPE,
                            stderr=subprocess.PIPE, text=True)
     try:
-        _wait(lambda: _caught_up(config), 300, "the first batches", run)
+        wait_until(lambda: still_running(run) and stream_caught_up(config), timeout_s=300, interval_s=0.5,
+                   what="the stream to process the first batches")
         done = subprocess.run([tool("sessionctl"), "forget", "--user", USER, "--json"], env=env, capture_output=True,
                               text=True, timeout=600)
         assert done.returncode == 0, done.stderr[-2000:]
@@ -150,7 +130,8 @@ def test_forget_beside_a_running_stream(spark, tmp_path):
         # take a file first, and two files in one commit would be one micro-batch, not the oracle's two.
         for i, batch in enumerate(_without(batches[CUT:], USER)):
             land_batches(config, [batch], start=CUT + i)
-        _wait(lambda: _caught_up(config), 300, "the rest of the data", run)
+        wait_until(lambda: still_running(run) and stream_caught_up(config), timeout_s=300, interval_s=0.5,
+                   what="the stream to process the rest of the data")
         stop = subprocess.run([tool("sessionctl"), "stop", "--json"], env=env, capture_output=True, text=True,
                               timeout=600)
         assert stop.returncode == 0, stop.stderr[-2000:]
@@ -162,15 +143,30 @@ def test_forget_beside_a_running_stream(spark, tmp_path):
     assert verify_forgotten(config, spark, USER).clean
 
 
+def _erasure_savepoint_taken(config) -> bool:
+    from state_store.savepoint.catalog import SavepointStore
+
+    return any(r.trigger == "erasure" and r.status == "complete" for r in SavepointStore.of(config).list())
+
+
+def _restoring(config) -> bool:
+    from pipelines.job.checkpoint import restore_marker
+
+    return restore_marker(config.checkpoint).exists()
+
+
+# Where the kill falls, as the forget's own writes show it: its savepoint of the last batch is in the catalog (next:
+# the savepoints erased, the restore), or its restore has begun (the marker; next: the table deletes).
+KILL_WHEN = {"savepoint": _erasure_savepoint_taken, "restore": _restoring}
+
+
 @pytest.mark.tier("subprocess")
-@pytest.mark.parametrize("kill_after_s", [4.0, 12.0])
-def test_a_forget_killed_midway_is_finished_by_running_it_again(spark, tmp_path, kill_after_s):
-    """kill -9 of `sessionctl forget` part-way (the JVM start, the savepoint, the restore, the table deletes, as the
-    moment falls), then the same command again: U is nowhere, and the job is the oracle's without U -- never a
-    half-applied erasure left looking done."""
+@pytest.mark.parametrize("kill_when", sorted(KILL_WHEN))
+def test_a_forget_killed_midway_is_finished_by_running_it_again(spark, tmp_path, kill_when):
+    """kill -9 of `sessionctl forget` part-way (after its savepoint, inside its restore), then the same command
+    again: U is nowhere, and the job is the oracle's without U -- never a half-applied erasure left looking done."""
     import os
     import signal
-    import time
 
     config = make_config(tmp_path, "hdfs")
     batches = stream_scenario(SEED, 6, False, GAP_MS, LATENESS_MS)
@@ -179,10 +175,10 @@ def test_a_forget_killed_midway_is_finished_by_running_it_again(spark, tmp_path,
     env = config_env(config)
     victim = subprocess.Popen([tool("sessionctl"), "forget", "--user", USER, "--json"], env=env,
                               stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True)
-    time.sleep(kill_after_s)
-    if victim.poll() is None:
-        os.killpg(victim.pid, signal.SIGKILL)
-    victim.wait(timeout=60)
+    wait_until(lambda: still_running(victim) and KILL_WHEN[kill_when](config), timeout_s=300, interval_s=0.02,
+               what=f"the forget to reach its {kill_when}")
+    os.killpg(victim.pid, signal.SIGKILL)
+    assert victim.wait(timeout=60) == -signal.SIGKILL  # killed part-way, not finished first
     again = subprocess.run([tool("sessionctl"), "forget", "--user", USER, "--json"], env=env, capture_output=True,
                            text=True, timeout=600)
     assert again.returncode == 0, again.stderr[-2000:]
@@ -200,7 +196,6 @@ def test_a_batch_ingested_between_the_erasure_savepoint_and_its_restore_is_repla
     once, after the restore, as its own micro-batch (neither skipped nor judged against another watermark); the rest
     follows one file at a time. The job is the oracle's without U, and U is nowhere."""
     import threading
-    import time
 
     import state_store.erasure as erasure
     from state_store.stream_control import run_stream
@@ -228,21 +223,21 @@ def test_a_batch_ingested_between_the_erasure_savepoint_and_its_restore_is_repla
             failures.append(error)
 
     def wait_for(predicate, what: str) -> None:
-        deadline = time.monotonic() + 300
-        while not predicate():
+        def stream_alive() -> bool:
             assert not failures and stream.is_alive(), f"the stream ended while waiting for {what}: {failures}"
-            assert time.monotonic() < deadline, f"timed out waiting for {what}"
-            time.sleep(0.5)
+            return True
+
+        wait_until(lambda: stream_alive() and predicate(), timeout_s=300, interval_s=0.5, what=what)
 
     stream = threading.Thread(target=run, name="erasure-stream", daemon=True)
     stream.start()
     try:
-        wait_for(lambda: _caught_up(config), "the first batches")
+        wait_for(lambda: stream_caught_up(config), "the first batches")
         assert forget(config, USER, spark=spark).removed["live_state_events"] > 0
         assert landed.is_set(), "the erasure took no savepoint"
         for i, batch in enumerate(rest[1:], start=1):
             land_batches(config, [batch], start=CUT + i)
-        wait_for(lambda: _caught_up(config), "the rest of the data")
+        wait_for(lambda: stream_caught_up(config), "the rest of the data")
     finally:
         stop.set()
         stream.join(timeout=300)

@@ -17,12 +17,13 @@ from deltalake import CommitProperties, DeltaTable, Transaction, write_deltalake
 from deltalake.exceptions import CommitFailedError
 
 from pipelines.coordination.fencing import EPOCH_KEY, committing, fence
-from pipelines.coordination.leases import acquire, lease
+from pipelines.coordination.leases import acquire, lease, live_holder
 from pipelines.core.sample_data import arrival_order, generate_events, land
 from pipelines.errors import LeaseLost
 from pipelines.ingest import ingest
 from pipelines.job.sink import SESSIONS_SCHEMA, ensure_table, idempotent_append
-from tests.conftest import config_env, make_config, tool
+from tests.conftest import config_env, make_config, read_sessions, tool
+from tests.harness import still_running, wait_until
 from tests.lifecycle_expectations import expected_closed_sessions
 
 pytestmark = pytest.mark.tier("subprocess")
@@ -75,6 +76,12 @@ def _expire(location: Path, name: str, epoch: int) -> None:
     record.write_text(json.dumps({**json.loads(record.read_text()), "expires_at": time.time() - 1}))
 
 
+def _expired(location: Path, name: str, epoch: int) -> bool:
+    """Epoch `epoch` of lease `name` is a record whose expiry is in the past."""
+    record = location / f"{name}.lease.epoch-{epoch:012d}"
+    return json.loads(record.read_text())["expires_at"] < time.time()
+
+
 def _take_over(process: subprocess.Popen, location: Path, name: str, epoch: int, skewed: bool) -> None:
     """The holder `process` of epoch `epoch` loses it: stopped past its TTL, or (skewed) its record looks expired
     to others while it still counts itself within its TTL."""
@@ -82,7 +89,8 @@ def _take_over(process: subprocess.Popen, location: Path, name: str, epoch: int,
         _expire(location, name, epoch)
     else:
         os.kill(process.pid, signal.SIGSTOP)
-        time.sleep(2.5)
+        # Stopped past its TTL is the point: wait for its record to expire (nothing renews it while stopped).
+        wait_until(lambda: _expired(location, name, epoch), timeout_s=30, what=f"{name} epoch {epoch} to expire")
 
 
 @pytest.mark.parametrize("skewed", [False, True], ids=["paused", "skewed-clock-stale-listing"])
@@ -204,22 +212,29 @@ def test_two_ingesters_racing_after_an_expired_lease_never_commit_an_ingest_seq_
     assert {(r["ingest_seq"], r["source_file"]) for r in rows} == {(1, "first.jsonl"), (2, "second.jsonl")}
 
 
-def _sessions(config) -> list[tuple]:
-    frame = DeltaTable(config.sessions_table).to_pandas()
-    return sorted((r.session_id, r.user_id, r.session_start.value // 1_000_000, r.session_end.value // 1_000_000,
-                   int(r.event_count), int(r.page_views), r.end_reason) for r in frame.itertuples())
+def _any_session(config) -> bool:
+    return DeltaTable.is_deltatable(config.sessions_table) and len(read_sessions(config)) > 0
 
 
-def _wait_for(predicate, seconds: float, process: subprocess.Popen | None = None) -> bool:
-    deadline = time.monotonic() + seconds
-    while time.monotonic() < deadline:
-        if predicate():
-            return True
-        if process is not None and process.poll() is not None:
-            out, err = process.communicate()
-            raise AssertionError(f"{process.args} ended with {process.returncode}: {out[-1000:]} {err[-3000:]}")
-        time.sleep(1)
-    return False
+def _frozen_past_the_ttl(config) -> None:
+    """Wait until the frozen run's job lease expired (the point of the test: nothing renews it while stopped)."""
+    wait_until(lambda: live_holder(config.lease_dir, "job") is None, timeout_s=60, interval_s=0.2,
+               what="the frozen run's job lease to expire")
+
+
+def _found_itself_fenced(run: subprocess.Popen, err: Path) -> None:
+    """Wait until the resumed run said it lost its lease (or ended): the operator's Ctrl-C comes after that."""
+    wait_until(lambda: "was lost by run" in err.read_text() or run.poll() is not None, timeout_s=120,
+               what="the resumed run to report its lost lease")
+
+
+def _run(env: dict, tmp_path: Path) -> tuple[subprocess.Popen, Path]:
+    """`sessionctl run` in its own process group; its stderr goes to a file (read while it runs)."""
+    err = tmp_path / "run.err"
+    with err.open("w") as sink:
+        run = subprocess.Popen([tool("sessionctl"), "run", "--poll-seconds", "1"], env=env, start_new_session=True,
+                               stdout=subprocess.PIPE, stderr=sink, text=True, cwd=tmp_path)
+    return run, err
 
 
 def test_a_frozen_run_is_fenced_after_another_process_caught_up(tmp_path):
@@ -233,24 +248,24 @@ def test_a_frozen_run_is_fenced_after_another_process_caught_up(tmp_path):
     events = arrival_order(generate_events(40, 3, seed=21), seed=21, jitter_seconds=120)
     first, second = events[: len(events) // 2], events[len(events) // 2:]
     land(config.landing, "first.jsonl", [json.dumps(e) for e in first])
-    run = subprocess.Popen([tool("sessionctl"), "run", "--poll-seconds", "1"], env=env, start_new_session=True,
-                           stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=tmp_path)
+    run, run_err = _run(env, tmp_path)
     try:
-        assert _wait_for(lambda: DeltaTable.is_deltatable(config.sessions_table) and len(_sessions(config)) > 0,
-                         180, run), "no session written while running"
+        wait_until(lambda: still_running(run, run_err) and _any_session(config), timeout_s=180, interval_s=1,
+                   what="a session written while running")
         os.killpg(run.pid, signal.SIGSTOP)
         land(config.landing, "second.jsonl", [json.dumps(e) for e in second])
-        time.sleep(float(ttl) + 2)
+        _frozen_past_the_ttl(config)
         caught_up = subprocess.run([tool("sessionctl"), "catch-up"], env=env, capture_output=True, text=True,
                                    timeout=300)
         assert caught_up.returncode == 0, caught_up.stderr[-3000:]
         expected = expected_closed_sessions([first, second], 30 * 60_000, 10 * 60_000)
-        assert _sessions(config) == sorted(expected)
+        assert read_sessions(config) == sorted(expected)
         versions = (DeltaTable(config.sessions_table).version(), DeltaTable(config.raw_events_table).version())
         os.killpg(run.pid, signal.SIGCONT)
-        time.sleep(1.0)
+        _found_itself_fenced(run, run_err)
         run.send_signal(signal.SIGINT)  # the operator's Ctrl-C
-        out, err = run.communicate(timeout=180)
+        out, _ = run.communicate(timeout=180)
+        err = run_err.read_text()
     finally:
         if run.poll() is None:
             os.killpg(run.pid, signal.SIGCONT)
@@ -262,7 +277,7 @@ def test_a_frozen_run_is_fenced_after_another_process_caught_up(tmp_path):
     assert last.startswith("sessionctl run: the job lease ") and " was lost by run (pid " in last, err[-3000:]
     assert "catch-up (pid" in last or "not renewed for" in last, last
     assert (DeltaTable(config.sessions_table).version(), DeltaTable(config.raw_events_table).version()) == versions
-    assert _sessions(config) == sorted(expected)  # every session exactly once
+    assert read_sessions(config) == sorted(expected)  # every session exactly once
 
 
 def _batch_files(config) -> tuple[list[str], list[str]]:
@@ -284,33 +299,34 @@ def test_a_frozen_run_is_fenced_after_a_restore_from_another_process(tmp_path):
     events = arrival_order(generate_events(60, 3, seed=5), seed=5, jitter_seconds=120)
     thirds = [events[i * len(events) // 3:(i + 1) * len(events) // 3] for i in range(3)]
     land(config.landing, "first.jsonl", [json.dumps(e) for e in thirds[0]])
-    run = subprocess.Popen([tool("sessionctl"), "run", "--poll-seconds", "1"], env=env, start_new_session=True,
-                           stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=tmp_path)
+    run, run_err = _run(env, tmp_path)
     try:
-        assert _wait_for(lambda: DeltaTable.is_deltatable(config.sessions_table) and len(_sessions(config)) > 0,
-                         300, run), "no session written while running"
+        wait_until(lambda: still_running(run, run_err) and _any_session(config), timeout_s=300, interval_s=1,
+                   what="a session written while running")
         saved = subprocess.run([tool("sessionctl"), "savepoint", "--json"], env=env, capture_output=True, text=True,
                                timeout=600)
         assert saved.returncode == 0, saved.stderr[-3000:]
         savepoint_id = json.loads(saved.stdout)["savepoint_id"]
         land(config.landing, "second.jsonl", [json.dumps(e) for e in thirds[1]])
         two = sorted(expected_closed_sessions(thirds[:2], 30 * 60_000, 10 * 60_000))
-        assert _wait_for(lambda: _sessions(config) == two, 300, run), "second file not processed"
+        wait_until(lambda: still_running(run, run_err) and read_sessions(config) == two, timeout_s=300, interval_s=1,
+                   what="the second file's sessions written")
         os.killpg(run.pid, signal.SIGSTOP)
         land(config.landing, "third.jsonl", [json.dumps(e) for e in thirds[2]])
-        time.sleep(float(ttl) + 2)
+        _frozen_past_the_ttl(config)
         for command in (["restore", "--savepoint", savepoint_id], ["catch-up"]):
             done = subprocess.run([tool("sessionctl"), *command], env=env, capture_output=True, text=True,
                                   timeout=600)
             assert done.returncode == 0, (command, done.stderr[-3000:])
         expected = sorted(expected_closed_sessions(thirds, 30 * 60_000, 10 * 60_000))
-        assert _sessions(config) == expected
+        assert read_sessions(config) == expected
         before = (DeltaTable(config.sessions_table).version(), DeltaTable(config.raw_events_table).version(),
                   _batch_files(config))
         os.killpg(run.pid, signal.SIGCONT)
-        time.sleep(3.0)  # it resumes, and finds itself fenced
+        _found_itself_fenced(run, run_err)  # it resumes, and finds itself fenced
         run.send_signal(signal.SIGINT)
-        out, err = run.communicate(timeout=180)
+        out, _ = run.communicate(timeout=180)
+        err = run_err.read_text()
     finally:
         if run.poll() is None:
             os.killpg(run.pid, signal.SIGCONT)
@@ -322,4 +338,4 @@ def test_a_frozen_run_is_fenced_after_a_restore_from_another_process(tmp_path):
     after = (DeltaTable(config.sessions_table).version(), DeltaTable(config.raw_events_table).version(),
              _batch_files(config))
     assert after == before, (before, after)
-    assert _sessions(config) == expected  # every session exactly once
+    assert read_sessions(config) == expected  # every session exactly once

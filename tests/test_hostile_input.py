@@ -25,6 +25,7 @@ from pipelines.job.stream import catch_up
 from state_store.status import status
 from tests.conftest import make_config, read_open_sessions, read_quarantine, read_sessions
 from tests.datagen import BASE_MS, iso
+from tests.harness import wait_until
 from tests.oracle import run_oracle
 
 pytestmark = pytest.mark.tier("pure")
@@ -310,7 +311,7 @@ def test_a_file_still_being_written_loses_no_line(spark, tmp_path):
                 if rng.random() < 0.3:  # a line in two writes: ingest may see the first part alone
                     cut = rng.randint(1, len(line) - 1)
                     handle.write(line[:cut])
-                    time.sleep(0.002)
+                    time.sleep(0.002)  # the writer's pace: the two halves of the line land apart
                     handle.write(line[cut:])
                 else:
                     handle.write(line)
@@ -318,7 +319,7 @@ def test_a_file_still_being_written_loses_no_line(spark, tmp_path):
                 if i == 299:  # quiet until an ingest has moved the file: later lines go to the moved file
                     paused.set()
                     resume.wait(timeout=120)
-                time.sleep(0.1 if i % 100 == 99 else 0.003)
+                time.sleep(0.1 if i % 100 == 99 else 0.003)  # the writer's pace (bursts and pauses)
                 if stop.is_set() and i > 1000:
                     break
 
@@ -330,10 +331,12 @@ def test_a_file_still_being_written_loses_no_line(spark, tmp_path):
         ingest(config)
         assert not path.exists()
         resume.set()
-        deadline = time.monotonic() + 1.5
-        while time.monotonic() < deadline:
+
+        def ingested_while_writing() -> bool:  # ingest again and again until the writer wrote 300 lines more
             ingest(config)
-            time.sleep(0.05)
+            return len(written) >= 600 or not thread.is_alive()
+
+        wait_until(ingested_while_writing, timeout_s=120, what="the writer's next 300 lines, ingested as they came")
         catch_up(config, spark)
     finally:
         resume.set()

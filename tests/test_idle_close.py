@@ -27,6 +27,7 @@ from state_store.state import lookup_user
 from state_store.stream_control import stop_stream
 from tests.conftest import config_env, make_config, read_open_sessions, read_quarantine, read_sessions, tool
 from tests.datagen import iso, land_batches, line, make_event
+from tests.harness import still_running, wait_until
 from tests.oracle import run_oracle
 
 pytestmark = pytest.mark.tier("pure")
@@ -124,35 +125,35 @@ def test_ingest_appends_one_clock_row_per_idle_period_and_any_host_continues_it(
     events = [make_event("u1", "a1", T0, "page_view"), make_event("u1", "a2", T0 + MINUTE, "page_view")]
     land_batches(config, [events])
     assert ingest(config).clock is None and not _clock_rows(config)  # just ingested: not idle
-
-    time.sleep(1.3)
-    before = dt.datetime.now(dt.timezone.utc)
-    result = ingest(config)
-    after = dt.datetime.now(dt.timezone.utc)
-    (row,) = _clock_rows(config)
-    assert result.clock is not None and result.rows == 0
-    # max event time + the idle wall-clock time since the events were ingested
     active = next(r["ingested_at"] for r in DeltaTable(config.raw_events_table).to_pyarrow_table().to_pylist()
                   if r["row_kind"] is None)
-    low = EPOCH + dt.timedelta(milliseconds=T0 + MINUTE) + (before - active)
-    assert low - dt.timedelta(milliseconds=1) <= row["event_time"] <= low + (after - before)
+
+    # The idle time is judged at `now` (ingest's clock for tests), not slept through.
+    assert ingest(config, now=active + dt.timedelta(seconds=1.1)).clock is None  # not an idle period yet
+    now = active + dt.timedelta(seconds=1.3)
+    result = ingest(config, now=now)
+    (row,) = _clock_rows(config)
+    assert result.clock is not None and result.rows == 0
+    # max event time + the idle wall-clock time since the events were ingested (whole ms)
+    idle_ms = (now - active) // dt.timedelta(milliseconds=1)
+    assert row["event_time"] == EPOCH + dt.timedelta(milliseconds=T0 + MINUTE + idle_ms)
     assert (row["reject_reason"], row["user_id"], row["event_id"], row["source_file"]) == (None, None, None, "_clock")
-    assert ingest(config).clock is None  # the clock row is the newest activity: the next one an idle period later
+    # the clock row is the newest activity: the next one an idle period later
+    assert ingest(config, now=now + dt.timedelta(seconds=1.1)).clock is None
 
     # A rejected line is not an event: the idle period goes on; the next clock row continues from the last one.
-    time.sleep(1.3)
     land(config.landing, "junk.jsonl", ["not json"])
-    assert ingest(config).clock is not None
+    now += dt.timedelta(seconds=1.3)
+    assert ingest(config, now=now).clock is not None
     first, second = _clock_rows(config)
-    assert second["event_time"] - first["event_time"] >= dt.timedelta(seconds=1.2)
+    assert second["event_time"] - first["event_time"] == dt.timedelta(seconds=1.3)
     # Another host (a fresh appender) reads the same clock from the table's newest commit.
     table = open_raw_table(config)
     assert latest_clock(table) == Appender(config, latest_seq(table), latest_clock(table)).clock
     assert latest_clock(table).max_event_us == int((second["event_time"] - EPOCH) / dt.timedelta(microseconds=1))
 
     off = config.with_(idle_close_minutes=0.0)
-    time.sleep(1.3)
-    assert ingest(off).clock is None and len(_clock_rows(config)) == 2
+    assert ingest(off, now=now + dt.timedelta(seconds=1.3)).clock is None and len(_clock_rows(config)) == 2
 
 
 def test_a_table_written_before_clocks_gets_its_clock_from_its_rows(tmp_path):
@@ -247,21 +248,18 @@ def test_a_quiet_stream_closes_its_sessions_under_run(tmp_path, spark):
         due = ingested_at + dt.timedelta(milliseconds=session[3] + gap - newest)
         # 60 s: the run's start (JVM) and the batches, on a loaded machine
         deadline = max(due, started) + dt.timedelta(seconds=idle_s + poll_s + 60)
-        while session not in read_sessions(config):
-            assert run.poll() is None, run.communicate()[1][-3000:]
-            assert dt.datetime.now(dt.timezone.utc) < deadline, f"{session[1]}'s session not written by {deadline}"
-            time.sleep(0.5)
+        wait_until(lambda: still_running(run) and session in read_sessions(config), interval_s=0.5,
+                   timeout_s=max(0.0, (deadline - dt.datetime.now(dt.timezone.utc)).total_seconds()),
+                   what=f"{session[1]}'s session written by {deadline}")
         assert sorted(read_sessions(config)) == sorted(expected.closed)
         # The running job's state agrees, read from this process (the library under `sessionctl state`): u1's
         # session is closed, u2's still open (due a gap after the newest event). The lookup reads the last
         # *committed* batch, and Spark writes a batch's commit only after its sink: wait for the batch that wrote
         # the session to commit (CI once read the batch before it, where u1 was still open).
         [written_by] = DeltaTable(config.sessions_table).to_pyarrow_table(columns=["batch_id"])["batch_id"].to_pylist()
-        commit_by = dt.datetime.now(dt.timezone.utc) + dt.timedelta(seconds=30)  # the commit follows the sink
-        while (inspect_checkpoint(config.checkpoint).last_committed_batch or -1) < written_by:
-            assert run.poll() is None, run.communicate()[1][-3000:]
-            assert dt.datetime.now(dt.timezone.utc) < commit_by, f"batch {written_by} not committed by {commit_by}"
-            time.sleep(0.2)
+        wait_until(lambda: still_running(run)
+                   and (inspect_checkpoint(config.checkpoint).last_committed_batch or -1) >= written_by,
+                   timeout_s=30, interval_s=0.2, what=f"batch {written_by} committed")  # the commit follows the sink
         u1 = lookup_user(spark, config, "u1")
         assert u1["batch_id"] >= written_by and u1["open_sessions"] == []
         assert len(lookup_user(spark, config, "u2")["open_sessions"]) == 1

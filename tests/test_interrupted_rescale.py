@@ -7,7 +7,6 @@ import json
 import os
 import signal
 import subprocess
-import time
 
 import pytest
 
@@ -19,6 +18,7 @@ from pipelines.job.stream import catch_up
 from state_store.lifecycle import rescale
 from tests.conftest import assert_half_done_is_reported, config_env, make_config, read_sessions, tool
 from tests.datagen import in_order_chunks
+from tests.harness import still_running, wait_until
 from tests.lifecycle_expectations import expected_closed_sessions
 
 pytestmark = pytest.mark.tier("subprocess")
@@ -31,10 +31,8 @@ def _kill_inside_repartition(config, env: dict, partitions: int) -> bool:
     offset, commit = config.checkpoint / "offsets" / str(batch), config.checkpoint / "commits" / str(batch)
     proc = subprocess.Popen([tool("sessionctl"), "rescale", "--partitions", str(partitions)], env=env,
                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
-    deadline = time.monotonic() + 180
-    while not offset.exists():
-        assert proc.poll() is None and time.monotonic() < deadline, "the rescale never reached the repartition"
-        time.sleep(0.002)
+    wait_until(lambda: still_running(proc) and offset.exists(), timeout_s=180, interval_s=0.002,
+               what="the rescale to reach the repartition (its batch's offset file)")
     os.killpg(proc.pid, signal.SIGKILL)  # the JVM too: it is what writes the state
     proc.wait()
     return not commit.exists()

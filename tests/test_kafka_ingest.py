@@ -22,6 +22,7 @@ import pytest
 
 from testkit.kafka_mock import MockCluster
 from tests.conftest import REPO, config_env, free_port, make_config, read_quarantine, read_sessions, tool
+from tests.harness import still_running, wait_until
 
 pytestmark = pytest.mark.tier("pure")
 
@@ -455,11 +456,8 @@ def test_restore_to_a_savepoint_older_than_the_topics_retention_replays_from_raw
 # --- (g) `run` rides out a broker outage ----------------------------------------------------------------------
 
 def _wait_until(predicate, seconds: float, what: str, run: subprocess.Popen, err: Path) -> None:
-    deadline = time.monotonic() + seconds
-    while not predicate():
-        assert run.poll() is None, f"run exited ({run.returncode}): {err.read_text()[-3000:]}"
-        assert time.monotonic() < deadline, f"{what} not within {seconds:.0f} s: {err.read_text()[-3000:]}"
-        time.sleep(0.5)
+    """harness.wait_until while `run` lives (its stderr, `err`, in the message when it died)."""
+    wait_until(lambda: still_running(run, err) and predicate(), timeout_s=seconds, interval_s=0.5, what=what)
 
 
 @pytest.mark.tier("subprocess")
@@ -537,18 +535,19 @@ def test_idle_close_with_kafka_appends_a_clock_row_only_when_the_broker_answers(
 
         first = ingest(config)
         assert first.rows == len(events) and first.clock is None  # just ingested: not idle
-        time.sleep(1.3)
-        quiet = ingest(config)
+        # The idle time is judged at `now` (ingest's clock for tests), not slept through.
+        now = dt.datetime.now(dt.timezone.utc) + dt.timedelta(seconds=1.3)
+        quiet = ingest(config, now=now)
         assert quiet.rows == 0 and quiet.clock is not None
         assert [r["event_time"] for r in clock_rows()] == [dt.datetime.fromisoformat(quiet.clock.replace("Z", "+00:00"))]
 
-        time.sleep(1.3)  # idle long enough again, but the broker is down: its silence is not idleness
+        now += dt.timedelta(seconds=1.3)  # idle long enough again, but the broker is down: its silence is not idleness
         cluster.broker_down()
         with pytest.raises(SourceUnavailable):
-            ingest(config)
+            ingest(config, now=now)
         assert len(clock_rows()) == 1
         cluster.broker_up()
-        assert ingest(config).clock is not None and len(clock_rows()) == 2  # it answers (nothing new): the clock
+        assert ingest(config, now=now).clock is not None and len(clock_rows()) == 2  # it answers (nothing new)
     finally:
         cluster.close()
 

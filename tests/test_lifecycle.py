@@ -36,7 +36,7 @@ from state_store.maintenance import compact
 from state_store.results import RescaleResult, SavepointInfo
 from state_store.savepoint import catalog as sp
 from state_store.savepoint.checksum import state_checksum
-from tests.conftest import read_open_sessions, tool
+from tests.conftest import read_open_sessions, read_sessions, tool
 from tests.datagen import in_order_chunks
 from tests.lifecycle_expectations import expected_closed_sessions
 from tests.savepoint_expectations import after_migration, oracle_of, state_event_keys, state_sessions
@@ -73,14 +73,6 @@ def _land_and_ingest(config: SessionsConfig, chunks: list[list[dict]], start: in
         ingest(config, files_per_commit=1)  # one file = one ingest seq = one micro-batch
 
 
-def _sessions(config: SessionsConfig) -> list[tuple]:
-    frame = DeltaTable(config.sessions_table).to_pandas()
-    return sorted(
-        (r.session_id, r.user_id, int(r.session_start.value // 1_000_000), int(r.session_end.value // 1_000_000),
-         int(r.event_count), int(r.page_views), r.end_reason)
-        for r in frame.itertuples())
-
-
 def _expected(chunks: list[list[dict]]) -> list[tuple]:
     return sorted(expected_closed_sessions(chunks, GAP_MIN * 60_000, LATENESS_MIN * 60_000))
 
@@ -108,7 +100,7 @@ def test_savepoint_restore_rescale_is_exactly_once(tmp_path, spark, s3_endpoint,
     assert state_event_keys(saved_rows) <= at_savepoint.open_events
     assert restored.savepoint_id == saved.savepoint_id
     assert read_open_sessions(spark, config) == sorted(at_savepoint.open_sessions)
-    assert _sessions(config) == sorted(at_savepoint.closed)
+    assert read_sessions(config) == sorted(at_savepoint.closed)
     assert restored.rolled_back["sessions"] == \
         len(oracle_of(chunks[:4], GAP_MIN * 60_000, LATENESS_MIN * 60_000).closed) - len(at_savepoint.closed) > 0
 
@@ -119,7 +111,7 @@ def test_savepoint_restore_rescale_is_exactly_once(tmp_path, spark, s3_endpoint,
 
     _land_and_ingest(config, chunks[4:], 4)
     catch_up(config, spark)
-    got = _sessions(config)
+    got = read_sessions(config)
     assert len({row[0] for row in got}) == len(got), "a session was written twice"
     assert got == _expected(chunks)
 
@@ -137,7 +129,7 @@ def test_restore_rebuilds_a_lost_checkpoint_from_s3_alone(tmp_path, spark, s3_en
     restore(config, "latest", partitions=2, spark=spark)
     _land_and_ingest(config, chunks[2:], 2)
     catch_up(config, spark)
-    assert _sessions(config) == _expected(chunks)
+    assert read_sessions(config) == _expected(chunks)
 
 
 @pytest.mark.tier("e2e")
@@ -190,7 +182,7 @@ def test_failed_restore_leaves_a_known_next_step(tmp_path, spark, monkeypatch):
     take_savepoint(config, spark=spark)
     _land_and_ingest(config, chunks[2:3], 2)
     catch_up(config, spark)
-    batch_before, sessions_before = inspect_checkpoint(config.checkpoint).last_committed_batch, _sessions(config)
+    batch_before, sessions_before = inspect_checkpoint(config.checkpoint).last_committed_batch, read_sessions(config)
 
     def broken(*args, **kwargs):
         raise OSError("injected: disk full")
@@ -200,7 +192,7 @@ def test_failed_restore_leaves_a_known_next_step(tmp_path, spark, monkeypatch):
         with pytest.raises(RestoreIncomplete, match="previous checkpoint is back in place"):
             restore(config, "latest", spark=spark)
     assert inspect_checkpoint(config.checkpoint).last_committed_batch == batch_before
-    assert _sessions(config) == sessions_before
+    assert read_sessions(config) == sessions_before
 
     with monkeypatch.context() as patch:
         patch.setattr(restoring, "start_query", broken)
@@ -210,10 +202,10 @@ def test_failed_restore_leaves_a_known_next_step(tmp_path, spark, monkeypatch):
     restore(config, "latest", spark=spark)  # the rerun: state and sessions table as the oracle has them at the savepoint
     at_savepoint = oracle_of(chunks[:2], GAP_MIN * 60_000, LATENESS_MIN * 60_000)
     assert read_open_sessions(spark, config) == sorted(at_savepoint.open_sessions)
-    assert _sessions(config) == sorted(at_savepoint.closed)
+    assert read_sessions(config) == sorted(at_savepoint.closed)
     _land_and_ingest(config, chunks[3:], 3)
     catch_up(config, spark)
-    assert _sessions(config) == _expected(chunks)
+    assert read_sessions(config) == _expected(chunks)
     # the original (set aside by the second attempt) and the half-built checkpoint it left, for compaction
     assert len(lifecycle.replaced_checkpoints(config)) == 2
 
@@ -239,7 +231,7 @@ def test_incompatible_savepoint_is_refused_unless_migrating(tmp_path, spark):
     _land_and_ingest(other, chunks[1:], 1)
     catch_up(other, spark)
     closed, still_open = after_migration(saved_rows, chunks, 1, GAP_MIN * 60_000, LATENESS_MIN * 60_000, 3 * 60_000)
-    assert _sessions(other) == closed and closed != _expected(chunks)  # the new gap changed sessions
+    assert read_sessions(other) == closed and closed != _expected(chunks)  # the new gap changed sessions
     assert read_open_sessions(spark, other) == still_open
 
 
@@ -322,7 +314,7 @@ def test_compaction_and_retention(tmp_path, spark):
     assert report.tables["sessions"]["files_before"] == files_before > report.tables["sessions"]["files_after"] == 1
     assert sum(1 for _ in (Path(config.savepoint_uri) / "state").iterdir()) == 2
     assert report.orphan_state_removed == [orphan.name] and not orphan.exists()
-    assert _sessions(config) == _expected(chunks)  # still readable and whole after OPTIMIZE + VACUUM
+    assert read_sessions(config) == _expected(chunks)  # still readable and whole after OPTIMIZE + VACUUM
 
 
 def _sessionctl(home: Path, *args: str, env: dict | None = None) -> subprocess.CompletedProcess:

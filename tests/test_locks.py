@@ -16,10 +16,11 @@ import pytest
 
 from pipelines.coordination.job_leases import job_lock
 from pipelines.coordination.lease_stores import store_for
-from pipelines.coordination.leases import LeaseHeld, LeaseInfo, acquire, lease, live_holder, waiting_lease
+from pipelines.coordination.leases import LeaseHeld, LeaseInfo, acquire, holding, lease, live_holder, waiting_lease
 from pipelines.coordination.liveness import identity
 from pipelines.errors import ConfigError, JobRunning, LeaseLost, LeaseWaitTimedOut
 from tests.conftest import config_env, make_config, tool
+from tests.harness import wait_until
 
 pytestmark = pytest.mark.tier("pure")
 # Parametrized tests whose cases differ in tier (tests/conftest.py reads this)
@@ -45,10 +46,10 @@ def test_two_hosts_with_separate_homes_share_the_lease(tmp_path):
     host_b = make_config(tmp_path / "b", SESSIONS_CHECKPOINT_URI=shared)
     assert host_a.lease_dir == host_b.lease_dir
     holder = subprocess.Popen([sys.executable, "-c", (
-        "import sys, time; from pipelines.coordination.job_leases import job_lock; from tests.conftest import make_config; "
+        "import sys; from pipelines.coordination.job_leases import job_lock; from tests.conftest import make_config; "
         f"config = make_config({str(tmp_path / 'a')!r}, SESSIONS_CHECKPOINT_URI={str(shared)!r}); "
-        "lock = job_lock(config, 'run'); lock.__enter__(); print('held', flush=True); time.sleep(120)")],
-        stdout=subprocess.PIPE, text=True, cwd=os.getcwd())
+        "lock = job_lock(config, 'run'); lock.__enter__(); print('held', flush=True); sys.stdin.read()")],
+        stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, cwd=os.getcwd())  # holds until killed
     try:
         assert holder.stdout.readline().strip() == "held"
         refused = subprocess.run([tool("sessionctl"), "rescale", "--partitions", "3"], env=config_env(host_b),
@@ -89,22 +90,34 @@ def test_a_live_lease_of_another_host_refuses_and_an_expired_one_is_broken(tmp_p
 def test_the_holder_renews_its_lease(tmp_path):
     with lease(tmp_path, "job", "run", ttl_s=1.5) as held:
         first = held.info.expires_at
-        time.sleep(2.0)  # past the first expiry: the renewal thread moved it on
-        current = live_holder(tmp_path, "job")
-        assert current is not None and current.token == held.token and current.expires_at > first
+        # The renewal thread (every TTL/3) moves the record's expiry on, before the first one is reached.
+        current = wait_until(lambda: (info := live_holder(tmp_path, "job")) and info.expires_at > first and info,
+                             timeout_s=30, what="the holder's renewal of its lease record")
+        assert current.token == held.token
         with pytest.raises(LeaseHeld), lease(tmp_path, "job", "savepoint", ttl_s=1.5):
             pass
         held.check()
 
 
-def test_stop_request_is_answered_and_a_joined_stop_without_savepoint_says_so(tmp_path):
+def test_stop_request_is_answered_and_a_joined_stop_without_savepoint_says_so(tmp_path, monkeypatch):
     """The stop protocol without Spark: a holder of the job lease (as `run`) answers the request it finds; a
     `stop --savepoint` that joins an earlier request made without a savepoint is not reported as having one."""
     import threading
 
+    from pipelines.coordination import requests
     from pipelines.coordination.requests import StopAnswer, answer_request, pending_request, request_stop
     from pipelines.errors import NotRunning, StopIncomplete
+    from state_store import stream_control
     from state_store.stream_control import stop_stream
+
+    joined_requests: list = []  # the requests stop_stream made or joined, as it returns them
+
+    def recording_request_stop(*args, **kwargs):
+        made = requests.request_stop(*args, **kwargs)
+        joined_requests.append(made)
+        return made
+
+    monkeypatch.setattr(stream_control, "request_stop", recording_request_stop)
 
     config = make_config(tmp_path)
     with pytest.raises(NotRunning, match="no stream is running"):
@@ -113,11 +126,10 @@ def test_stop_request_is_answered_and_a_joined_stop_without_savepoint_says_so(tm
         first = request_stop(config, stream=held, savepoint=False)  # someone asked for a plain stop
 
         def stream_answers() -> None:
-            deadline = time.monotonic() + 30
-            while (request := pending_request(config, held)) is None and time.monotonic() < deadline:
-                time.sleep(0.05)
-            assert request is not None and request.token == first.token
-            time.sleep(0.5)  # the second stopper is waiting on the same request by now
+            request = wait_until(lambda: pending_request(config, held), timeout_s=30, what="the stop request")
+            assert request.token == first.token
+            # Answer only once the second stopper joined that request (else it would make its own, with a savepoint).
+            wait_until(lambda: joined_requests, timeout_s=30, what="stop_stream joining the request")
             answer_request(config, request, StopAnswer(last_committed_batch=7))
 
         stream = threading.Thread(target=stream_answers)
@@ -125,6 +137,7 @@ def test_stop_request_is_answered_and_a_joined_stop_without_savepoint_says_so(tm
         with pytest.raises(StopIncomplete, match="without a savepoint") as joined:
             stop_stream(config, savepoint=True, timeout_s=30)
         stream.join()
+    assert [r.token for r in joined_requests] == [first.token]  # joined, not a request of its own
     assert joined.value.next_step == "sessionctl savepoint"
     assert pending_request(config, held) is None  # answered: the request is gone
 
@@ -151,12 +164,13 @@ def _record(location, name: str, epoch: int, **fields) -> None:
 
 
 RACER = """
-import sys, time
+import sys
 from pipelines.coordination.lease_stores import store_for
 from pipelines.coordination.leases import LeaseHeld, acquire
-location, start = sys.argv[1], float(sys.argv[2])
+location = sys.argv[1]
 store_for(location)  # connected (S3: boto3 imported, a client made) before the start, so they race for real
-time.sleep(max(0.0, start - time.time()))
+print("ready", flush=True)
+sys.stdin.readline()  # the start: the test sends it once every racer is ready
 try:
     held = acquire(location, "job", "racer", 30.0)
     print(f"won {held.epoch}", flush=True)
@@ -168,10 +182,14 @@ except LeaseHeld as busy:
 def test_processes_racing_for_an_expired_lease_exactly_one_wins(lease_location):
     _record(lease_location, "job", 1, expires_at=time.time() - 1)  # the last holder's, expired
     for round_ in range(3):  # then each round's winner exits (dead here: broken at once) and they race again
-        start = time.time() + 4.0  # every racer imported and waiting by then
-        racers = [subprocess.Popen([sys.executable, "-c", RACER, str(lease_location), repr(start)],
+        racers = [subprocess.Popen([sys.executable, "-c", RACER, str(lease_location)], stdin=subprocess.PIPE,
                                    stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=os.getcwd())
                   for _ in range(4)]
+        ready = [racer.stdout.readline().strip() for racer in racers]  # blocks until each one is imported, connected
+        assert ready == ["ready"] * 4, ([racer.poll() for racer in racers], ready)
+        for racer in racers:  # the start, to all of them at once
+            racer.stdin.write("go\n")
+            racer.stdin.flush()
         outputs = [racer.communicate(timeout=60) for racer in racers]
         lines = [out.strip() for out, _ in outputs]
         assert all(racer.returncode == 0 for racer in racers), [err for _, err in outputs]
@@ -192,7 +210,7 @@ try:
         print(f"held {held.epoch}", flush=True)
         while True:
             held.check()
-            time.sleep(0.1)
+            time.sleep(0.1)  # the holder's work between checks (not a wait for anything)
 except LeaseLost as lost:
     print(f"lost: {lost}", flush=True)
     sys.exit(3)
@@ -209,7 +227,9 @@ def test_a_holder_paused_past_the_ttl_is_fenced_and_never_touches_the_newer_hold
         with pytest.raises(LeaseHeld, match=r"run \(pid \d+ on .*, epoch 1\)"):
             acquire(lease_location, "job", "restore", 2.0)
         os.kill(holder.pid, signal.SIGSTOP)
-        time.sleep(3.0)  # past the TTL: its record expired (the process is alive, only stopped)
+        # Stopped past its TTL: the point of the test. Wait for its record to expire (the process is alive, only
+        # stopped, so nothing renews it) rather than for a guessed time.
+        wait_until(lambda: _expired(lease_location, "job", 1), timeout_s=30, what="the stopped holder's record to expire")
         with lease(lease_location, "job", "restore", 30.0) as newer:
             assert newer.epoch == 2
             before = store_for(lease_location).read("job.lease.epoch-000000000002")
@@ -228,6 +248,21 @@ def test_a_holder_paused_past_the_ttl_is_fenced_and_never_touches_the_newer_hold
             os.kill(holder.pid, signal.SIGCONT)
             holder.kill()
             holder.wait()
+
+
+def _expired(location, name: str, epoch: int) -> bool:
+    """Epoch `epoch` of lease `name` is a readable record whose expiry is in the past."""
+    record = store_for(location).read(f"{name}.lease.epoch-{epoch:012d}")
+    info = LeaseInfo.parse(record.data) if record else None
+    return info is not None and info.expires_at < time.time()
+
+
+def _acquired(location, name: str, what: str, ttl_s: float):
+    """acquire(), or None while the lease is held."""
+    try:
+        return acquire(location, name, what, ttl_s)
+    except LeaseHeld:
+        return None
 
 
 def test_renewals_lapsed_past_the_ttl_fence_the_holder_even_when_nobody_took_over(lease_location):
@@ -306,14 +341,19 @@ def test_an_empty_lease_record_is_recovered_after_the_ttl(lease_location):
     """A kill between create and write, or a full disk, leaves an empty record: held until a TTL after it was
     written, then taken over -- never a LeaseHeld(None) forever."""
     _record(lease_location, "job", 1, data=b"")
-    written = time.time()
+    empty = store_for(lease_location).read("job.lease.epoch-000000000001")
+    assert empty is not None and empty.data == b""
     with pytest.raises(LeaseHeld, match="an unreadable lease record .*job.lease.epoch-000000000001"):
         acquire(lease_location, "job", "run", 4.0)
     with pytest.raises(LeaseWaitTimedOut, match="unreadable lease record"), \
             waiting_lease(lease_location, "job", "run", 4.0, timeout_s=0.5):
         pass
-    time.sleep(max(0.0, written + 5.0 - time.time()))
-    with lease(lease_location, "job", "run", 4.0) as held:
+    # The record's age is the store's own (S3: its Last-Modified), which a test cannot backdate: try until taken,
+    # then check it was taken only once a TTL had passed since that write.
+    taken = wait_until(lambda: _acquired(lease_location, "job", "run", 4.0), timeout_s=60, interval_s=0.2,
+                       what="the empty lease record to expire")
+    assert time.time() >= empty.mtime + 4.0
+    with holding(taken) as held:
         assert held.epoch == 2 and held.info.series  # a new series (the unreadable record named none)
 
 
@@ -321,9 +361,25 @@ def test_an_empty_lease_file_of_the_old_format_is_recovered_after_the_ttl(tmp_pa
     tmp_path.joinpath("job.lease").write_bytes(b"")  # the operator's wedge: every command failed forever
     with pytest.raises(LeaseHeld, match="unreadable"):
         acquire(tmp_path, "job", "run", 2.0)
-    time.sleep(2.2)
+    past = time.time() - 2.5  # written more than a TTL ago
+    os.utime(tmp_path / "job.lease", (past, past))
     with lease(tmp_path, "job", "run", 2.0) as held:
         assert held.epoch == 1 and not tmp_path.joinpath("job.lease").exists()
+
+
+class _CountingListings:
+    """A lease store that counts the listings of epoch records (the first of each acquire attempt, and two more in one that wins)."""
+
+    def __init__(self, store) -> None:
+        self.store, self.listings = store, 0
+
+    def __getattr__(self, attr):
+        return getattr(self.store, attr)
+
+    def names(self, prefix: str) -> list[str]:
+        if ".lease.epoch-" in prefix:
+            self.listings += 1
+        return self.store.names(prefix)
 
 
 def test_waiting_for_a_lease_has_a_deadline_that_names_the_holder(lease_location):
@@ -336,11 +392,19 @@ def test_waiting_for_a_lease_has_a_deadline_that_names_the_holder(lease_location
         assert 1.0 <= time.monotonic() - started < 10 and late.value.holder == held.describe()
         assert "\n" not in str(late.value)
     with lease(lease_location, "ingest", "catch-up", 30.0) as held:
-        releaser = threading.Thread(target=lambda: (time.sleep(0.5), held.release()))
+        waiter = _CountingListings(store_for(lease_location))
+
+        def release_once_refused() -> None:
+            # Its second attempt has begun: the first one, made while the lease was held, was refused.
+            wait_until(lambda: waiter.listings >= 2, timeout_s=30, what="the waiter's second attempt")
+            held.release()
+
+        releaser = threading.Thread(target=release_once_refused)
         releaser.start()
-        with waiting_lease(lease_location, "ingest", "ingest", 30.0, timeout_s=20.0) as mine:
+        with waiting_lease(waiter, "ingest", "ingest", 30.0, timeout_s=20.0) as mine:
             assert mine.epoch == held.epoch + 1  # taken once released, well within the deadline
         releaser.join()
+        assert waiter.listings >= 4  # refused at least once (one listing), then taken (three)
 
 
 def _dead_pid() -> int:

@@ -24,6 +24,7 @@ from state_store.lifecycle import restore, take_savepoint, validate_savepoint
 from state_store.savepoint.catalog import SavepointStore
 from tests.conftest import config_env, make_config, read_open_sessions, read_sessions, tool
 from tests.datagen import in_order_chunks
+from tests.harness import still_running, wait_until
 from tests.lifecycle_expectations import expected_closed_sessions
 from tests.oracle import run_oracle
 
@@ -42,16 +43,7 @@ class Feeder(threading.Thread):
     def run(self) -> None:
         for i, chunk in enumerate(self.chunks):
             land(self.landing, f"{self.prefix}-{i:04d}.jsonl", [json.dumps(e) for e in chunk])
-            time.sleep(self.every)
-
-
-def _wait_for(predicate, seconds: float, what: str) -> None:
-    deadline = time.monotonic() + seconds
-    while time.monotonic() < deadline:
-        if predicate():
-            return
-        time.sleep(0.5)
-    raise AssertionError(f"timed out after {seconds:g} s waiting for {what}")
+            time.sleep(self.every)  # the producers' pace (not a wait for anything)
 
 
 def _committed(config) -> int:
@@ -109,12 +101,14 @@ def test_savepoints_of_a_running_stream_and_stop_with_savepoint_restore_exactly_
     run = _start_run(config)
     Feeder(config.landing, chunks[:5], every=1.5, prefix="early").start()
     try:
-        _wait_for(lambda: _committed(config) >= 1, 180, "the stream's first batches")
+        wait_until(lambda: still_running(run) and _committed(config) >= 1, timeout_s=180, interval_s=0.5,
+                   what="the stream's first batches")
         feeder = Feeder(config.landing, chunks[5:], every=1.5)
         feeder.start()  # files keep landing while the savepoint reads
         online = take_savepoint(config, spark=spark)  # beside the running stream
         assert online.status == "complete" and run.poll() is None, "the stream must keep running"
-        _wait_for(lambda: _committed(config) > online.batch_id, 120, "a batch committed after the savepoint")
+        wait_until(lambda: still_running(run) and _committed(config) > online.batch_id, timeout_s=120, interval_s=0.5,
+                   what="a batch committed after the savepoint")
         feeder.join()
         stopped = subprocess.run([tool("sessionctl"), "stop", "--savepoint", "--json"], env=config_env(config),
                                  capture_output=True, text=True, timeout=600)
@@ -155,7 +149,8 @@ def test_kill_9_of_a_savepoint_or_of_the_stream_during_one(tmp_path, spark):
     run = _start_run(config)
     Feeder(config.landing, chunks[:4], every=1.0).start()
     try:
-        _wait_for(lambda: _committed(config) >= 1, 180, "the stream's first batches")
+        wait_until(lambda: still_running(run) and _committed(config) >= 1, timeout_s=180, interval_s=0.5,
+                   what="the stream's first batches")
         # Killed between its lease and its catalog row (JVM start-up to state read): no complete savepoint appears.
         # A savepoint that finished before the kill (a faster JVM start: CI once saw it done in 4.2 s) did not test
         # that, so the next attempt kills it earlier.
@@ -166,7 +161,10 @@ def test_kill_9_of_a_savepoint_or_of_the_stream_during_one(tmp_path, spark):
             before = complete()
             victim = subprocess.Popen([tool("sessionctl"), "savepoint", "--json"], env=config_env(config),
                                       stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-            _wait_for(lambda: live_holder(config.lease_dir, "lifecycle") is not None, 120, "the savepoint's lease")
+            wait_until(lambda v=victim: v.poll() is not None or live_holder(config.lease_dir, "lifecycle") is not None,
+                       timeout_s=120, what="the savepoint's lease")  # (one that already ended is judged below)
+            # A moment into the savepoint is the point (no state marks "JVM starting" or "reading state"); what the
+            # kill hit is checked below, and an attempt that finished first is repeated with a shorter delay.
             time.sleep(delay)
             victim.send_signal(signal.SIGKILL)
             victim.communicate()
@@ -176,7 +174,8 @@ def test_kill_9_of_a_savepoint_or_of_the_stream_during_one(tmp_path, spark):
                 validate_savepoint(config, savepoint_id)  # re-reads its state: rows and checksum as catalogued
             if victim.returncode == -signal.SIGKILL and not appeared:
                 break  # killed mid-way, and it left no complete savepoint
-            _wait_for(lambda: live_holder(config.lease_dir, "lifecycle") is None, 120, "the lease after it")
+            wait_until(lambda: live_holder(config.lease_dir, "lifecycle") is None, timeout_s=120, interval_s=0.5,
+                       what="the lease after it")
         else:
             pytest.fail("every savepoint attempt completed before its kill: none was killed mid-way")
         after_kill = take_savepoint(config, spark=spark)  # the dead holder's lease is broken at once (same host)
@@ -193,10 +192,14 @@ def test_kill_9_of_a_savepoint_or_of_the_stream_during_one(tmp_path, spark):
 
         beside = threading.Thread(target=savepoint_beside)
         beside.start()
-        time.sleep(1.0)
+        # Killed once the savepoint is under way (it holds the lifecycle lease), not after a guessed second.
+        wait_until(lambda: live_holder(config.lease_dir, "lifecycle") is not None or not beside.is_alive(),
+                   timeout_s=120, interval_s=0.02, what="the savepoint beside the stream to take its lease")
+        during = beside.is_alive()
         run.send_signal(signal.SIGKILL)
         run.communicate()
         beside.join(timeout=300)
+        assert during, f"the savepoint ended before the stream was killed: {outcome}"
         assert "info" in outcome or "\n" not in outcome["error"]
     finally:
         if run.poll() is None:
@@ -226,7 +229,8 @@ def test_ctrl_c_at_random_moments_is_one_line_or_the_summary(tmp_path, spark, pr
     for attempt, delay in enumerate([rng.uniform(*window) for window in windows]):
         land(config.landing, f"more-{attempt:04d}.jsonl", [json.dumps(e) for e in chunks[3 + attempt]])
         run = _start_run(config)
-        time.sleep(delay)
+        time.sleep(delay)  # a random moment of the window is the point; the run must still be there to interrupt
+        assert run.poll() is None, f"the run ended by itself before the Ctrl-C at {delay:.1f} s: {run.communicate()}"
         run.send_signal(signal.SIGINT)
         out, err = run.communicate(timeout=300)
         _assert_clean_exit(run, out, err)

@@ -6,7 +6,6 @@ import json
 import os
 import signal
 import subprocess
-import time
 
 import pytest
 
@@ -14,10 +13,12 @@ from pipelines.core.sample_data import land
 from pipelines.errors import RestoreIncomplete
 from pipelines.ingest import ingest
 from pipelines.job.checkpoint import read_restore_marker, restore_marker
+from pipelines.job.source import BOOTSTRAP_FILE
 from pipelines.job.stream import catch_up
-from state_store.lifecycle import restore, take_savepoint
+from state_store.lifecycle import replaced_checkpoints, restore, take_savepoint
 from tests.conftest import assert_half_done_is_reported, config_env, make_config, read_sessions, tool
 from tests.datagen import in_order_chunks
+from tests.harness import still_running, wait_until
 from tests.lifecycle_expectations import expected_closed_sessions
 
 pytestmark = pytest.mark.tier("subprocess")
@@ -35,15 +36,17 @@ def test_a_killed_restore_is_reported_and_finished_by_its_command(tmp_path, spar
     catch_up(config, spark)
 
     env = config_env(config)
-    restoring = subprocess.Popen([tool("sessionctl"), "restore", "--savepoint", saved.savepoint_id], env=env,
-                                 stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    deadline = time.monotonic() + 120
-    while not restore_marker(config.checkpoint).exists():
-        assert restoring.poll() is None and time.monotonic() < deadline, "the restore never started"
-        time.sleep(0.05)
-    time.sleep(1.0)  # into the restore: the old checkpoint set aside, the tables being rolled back or the query
+    err = tmp_path / "restore.err"
+    with err.open("w") as sink:
+        restoring = subprocess.Popen([tool("sessionctl"), "restore", "--savepoint", saved.savepoint_id], env=env,
+                                     stdout=subprocess.DEVNULL, stderr=sink)
+    # Killed well into the restore: the old checkpoint set aside and the new one's bootstrap written (next: the
+    # tables rolled back, then the bootstrap query).
+    wait_until(lambda: still_running(restoring, err) and (config.checkpoint / BOOTSTRAP_FILE).exists(), timeout_s=120,
+               interval_s=0.02, what="the restore to write the new checkpoint's bootstrap")
     os.kill(restoring.pid, signal.SIGKILL)
     restoring.wait()
+    assert restore_marker(config.checkpoint).exists() and replaced_checkpoints(config)
 
     command = f"sessionctl restore --savepoint {saved.savepoint_id}"
     assert read_restore_marker(config.checkpoint)["command"] == command

@@ -7,14 +7,14 @@ import os
 import signal
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pytest
 from deltalake import DeltaTable
 
 from pipelines.core.sample_data import arrival_order, generate_events, land
-from tests.conftest import tool
+from tests.conftest import make_config, read_sessions, tool
+from tests.harness import still_running, wait_until
 from tests.lifecycle_expectations import expected_closed_sessions
 
 pytestmark = pytest.mark.tier("subprocess")
@@ -22,26 +22,15 @@ pytestmark = pytest.mark.tier("subprocess")
 REPO = Path(__file__).resolve().parent.parent
 
 
-def _sessions(home: Path) -> list[tuple]:
-    uri = home / "warehouse" / "sessions"
-    if not DeltaTable.is_deltatable(str(uri)):
-        return []
-    frame = DeltaTable(str(uri)).to_pandas()
-    return sorted((r.session_id, r.user_id, r.session_start.value // 1_000_000, r.session_end.value // 1_000_000,
-                   int(r.event_count), int(r.page_views), r.end_reason) for r in frame.itertuples())
-
-
-def _wait_for(predicate, seconds: float):
-    deadline = time.monotonic() + seconds
-    while time.monotonic() < deadline:
-        if predicate():
-            return True
-        time.sleep(1)
-    return False
+def _sessions(config) -> list[tuple]:
+    """The sessions table (conftest.read_sessions), empty before the run created it."""
+    return read_sessions(config) if DeltaTable.is_deltatable(str(config.sessions_table)) else []
 
 
 def test_run_processes_landed_files_and_stops_cleanly(tmp_path):
     home = tmp_path / "home"
+    config = make_config(tmp_path)  # where the run below (SESSIONS_HOME alone) writes: for reading its tables
+    assert config.sessions_table == str(home / "warehouse" / "sessions")
     env = {**os.environ, "SESSIONS_HOME": str(home), "PYSPARK_PYTHON": sys.executable}
     events = arrival_order(generate_events(40, 3, seed=21), seed=21, jitter_seconds=120)
     first, second = events[: len(events) // 2], events[len(events) // 2:]
@@ -49,14 +38,16 @@ def test_run_processes_landed_files_and_stops_cleanly(tmp_path):
     run = subprocess.Popen([tool("sessionctl"), "run", "--poll-seconds", "1"], env=env,
                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=tmp_path)
     try:
-        assert _wait_for(lambda: len(_sessions(home)) > 0, 120), "no session written while running"
+        wait_until(lambda: still_running(run) and _sessions(config), timeout_s=120, interval_s=0.5,
+                   what="a session written while running")
         busy = subprocess.run([tool("sessionctl"), "restore", "--savepoint", "latest"], env=env,
                               capture_output=True, text=True, timeout=120)
         assert busy.returncode == 1 and busy.stderr.startswith("sessionctl restore: the job is running")
         assert busy.stderr.count("\n") == 1 and "`sessionctl stop`" in busy.stderr
         land(home / "landing", "second.jsonl", [json.dumps(e) for e in second])
         expected = expected_closed_sessions([first, second], 30 * 60_000, 10 * 60_000)
-        assert _wait_for(lambda: _sessions(home) == sorted(expected), 120), "second file not processed"
+        wait_until(lambda: still_running(run) and _sessions(config) == sorted(expected), timeout_s=120,
+                   interval_s=0.5, what="the second file's sessions written")
     finally:
         run.send_signal(signal.SIGINT)
         out, err = run.communicate(timeout=120)

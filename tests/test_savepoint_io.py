@@ -29,6 +29,7 @@ from state_store.savepoint.checksum import combine_checksum, partial_checksum, s
 from state_store.state import read_state
 from tests.conftest import make_config, open_sessions_of
 from tests.datagen import in_order_chunks
+from tests.harness import iso_ms
 from tests.oracle import run_oracle
 
 pytestmark = pytest.mark.tier("spark")
@@ -125,10 +126,7 @@ def _job(tmp_path: Path, spark, provider: str, parts: int = 3, **env):
 
 
 def _oracle_open(chunks: list[list[dict]]) -> list[tuple]:
-    def ms(text: str) -> int:
-        return int(dt.datetime.fromisoformat(text.replace("Z", "+00:00")).timestamp() * 1000)
-
-    batches = [[{**e, "event_time_ms": ms(e["event_time"])} for e in chunk] for chunk in chunks]
+    batches = [[{**e, "event_time_ms": iso_ms(e["event_time"])} for e in chunk] for chunk in chunks]
     return sorted(run_oracle(batches, GAP_MS, LATENESS_MS).open_sessions)
 
 

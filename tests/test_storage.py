@@ -3,7 +3,6 @@ on S3 and archives them; a crash between the archive's copy and its delete neith
 from __future__ import annotations
 
 import json
-import time
 
 import boto3
 import pyarrow.fs as pafs
@@ -13,6 +12,7 @@ from pipelines.ingest import ingest
 from pipelines.ingest import s3 as ingest_s3
 from pipelines.storage import open_table
 from tests.conftest import make_config
+from tests.harness import wait_until
 
 pytestmark = pytest.mark.tier("e2e")
 
@@ -76,10 +76,16 @@ def test_s3_object_put_again_under_the_same_name_and_size_is_ingested(tmp_path, 
     first = [json.dumps({**event, "event_id": "a1"})]
     second = [json.dumps({**event, "event_id": "b1"})]  # same length as the first
     assert len(first[0]) == len(second[0])
-    _put(client, f"{prefix}/landing/batch.jsonl", first)
+    key = f"{prefix}/landing/batch.jsonl"
+    _put(client, key, first)
+    put_at = client.head_object(Bucket="warehouse", Key=key)["LastModified"]
     assert ingest(config).rows == 1
-    time.sleep(1.1)  # S3's LastModified has whole seconds
-    _put(client, f"{prefix}/landing/batch.jsonl", second)
+
+    def put_again() -> bool:  # S3's LastModified has whole seconds: put until it is a later one than the first's
+        _put(client, key, second)
+        return client.head_object(Bucket="warehouse", Key=key)["LastModified"] > put_at
+
+    wait_until(put_again, timeout_s=30, interval_s=0.2, what="a re-put with a later LastModified")
     assert ingest(config).rows == 1
     raw = open_table(config, config.raw_events_table).to_pyarrow_table()
     assert sorted(raw["event_id"].to_pylist()) == ["a1", "b1"]

@@ -14,6 +14,7 @@ from pipelines.job.stream import catch_up
 from state_store.status import status
 from tests.conftest import make_config, read_open_sessions, read_quarantine, read_sessions
 from tests.datagen import land_batches, stream_scenario
+from tests.harness import iso_ms
 from tests.oracle import run_oracle
 
 pytestmark = pytest.mark.tier("spark")
@@ -112,7 +113,7 @@ def test_live_state_lookup_equals_the_oracle(spark, tmp_path, provider):
     for user in users:
         got = lookup_user(spark, config, user)
         want = sorted((s[2], s[3], s[4], s[5]) for s in expected.open_sessions if s[1] == user)
-        assert sorted((_ms(s["session_start"]), _ms(s["last_event"]), s["events"], s["page_views"])
+        assert sorted((iso_ms(s["session_start"]), iso_ms(s["last_event"]), s["events"], s["page_views"])
                       for s in got["open_sessions"]) == want, user
     biggest = min(expected.open_sessions, key=lambda s: (-s[4], s[1]))  # most events, then user id
     top = top_sessions(spark, config, 1)["top"]
@@ -128,7 +129,3 @@ def test_live_state_lookup_equals_the_oracle(spark, tmp_path, provider):
             [s["events"] for s in lookup_user(spark, config, user)["open_sessions"]]
 
 
-def _ms(iso: str) -> int:
-    import datetime as dt
-
-    return int(dt.datetime.fromisoformat(iso.replace("Z", "+00:00")).timestamp() * 1000)

@@ -12,6 +12,7 @@ log) -- each a `table.Source`.
 """
 from __future__ import annotations
 
+import datetime as dt
 from collections.abc import Sequence
 
 from pipelines.config import SessionsConfig
@@ -52,7 +53,8 @@ def _source(config: SessionsConfig) -> Source:
     return local
 
 
-def ingest(config: SessionsConfig, *, files_per_commit: int = 16, fenced_by: Sequence[Lease] = ()) -> IngestResult:
+def ingest(config: SessionsConfig, *, files_per_commit: int = 16, fenced_by: Sequence[Lease] = (),
+           now: dt.datetime | None = None) -> IngestResult:
     """Append the new complete lines of every landed file to raw_events and move finished files to
     landing/_ingested/<UTC day>/ (see the docstrings of pipelines.ingest.local and pipelines.ingest.s3); or, with
     Kafka configured, the topic's new messages (pipelines.ingest.kafka: offsets in the same Delta commit). Then,
@@ -63,6 +65,8 @@ def ingest(config: SessionsConfig, *, files_per_commit: int = 16, fenced_by: Seq
 
     Under the ingest lease (waited for at most SESSIONS_LEASE_WAIT_S): every commit is fenced by it and by the leases
     in `fenced_by` (a run passes its job lease), so an ingester that lost its lease commits nothing more.
+
+    `now` is the wall-clock time the idle close judges by (tests of the rule; None: the current time).
     """
     # Catch-up and run hold the job lease already; this one serialises every writer of raw_events.
     with waiting_lease(config.lease_uri, "ingest", "ingest", config.lease_ttl_s, timeout_s=config.lease_wait_s) as held:
@@ -73,7 +77,7 @@ def ingest(config: SessionsConfig, *, files_per_commit: int = 16, fenced_by: Seq
         found = _source(config).ingest(config, table, appender, max(1, files_per_commit))
         # Only after the source answered: a source that cannot be read (S3 or the broker down) may hold events,
         # so its silence is not idleness.
-        clock = appender.append_clock()
+        clock = appender.append_clock(now)
         if appender.dropped:
             _record_drops(config, appender)
     return IngestResult(found.files, appender.rows, appender.rejected, appender.first_seq, appender.seq,
@@ -83,7 +87,6 @@ def ingest(config: SessionsConfig, *, files_per_commit: int = 16, fenced_by: Seq
 def _record_drops(config: SessionsConfig, appender: Appender) -> None:
     """The standing erasure's drops: counted in the erasure log under the keyed hash, and the dropped lines blanked in
     the landed files (archived by now) so that no copy of them stays."""
-    import datetime as dt
     import uuid
 
     from pipelines.ingest.erase_lines import erase_landed_lines
