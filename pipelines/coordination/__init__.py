@@ -8,7 +8,7 @@ in production), a kill point does nothing.
 Points: `savepoint:files-written` (the executors wrote a savepoint's files, the Delta commit not made),
 `savepoint:committed` (its table committed, no catalog row yet), `fold:written` (compaction wrote a folded table's
 files, not committed), `fold:committed` (the folded table committed, the catalog not updated), `sink:files-written` (the tasks wrote a
-batch's session files, the sink's Delta commit not made), `lease:taken` (a lease's
+batch's session or quarantine files, the sink's Delta commit for them not made), `lease:taken` (a lease's
 new epoch record written, nothing done under it yet: the next command must take it over, not wait or wedge)."""
 from __future__ import annotations
 

@@ -25,7 +25,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-__all__ = ["CANONICAL_DDL", "CANONICAL_SCHEMA", "CANONICAL_SORT", "LOGOUT", "PAGE_VIEW", "ROW_FIELDS", "SCHEMA_ID", "STORE_SCHEMA", "V1_SCHEMA", "V1_SCHEMA_ID", "canonical", "canonical_rows_ms", "empty_store", "spark_ddl", "to_canonical", "upgrade_v1"]
+__all__ = ["CANONICAL_DDL", "CANONICAL_SCHEMA", "CANONICAL_SORT", "LOGOUT", "PAGE_VIEW", "ROW_FIELDS", "SCHEMA_ID", "STORE_SCHEMA", "V1_SCHEMA", "V1_SCHEMA_ID", "canonical", "canonical_rows_ms", "empty_store", "ms_to_ts", "spark_ddl", "to_canonical", "upgrade_v1"]
 
 LOGOUT = "logout"
 PAGE_VIEW = "page_view"
@@ -83,8 +83,9 @@ def empty_store() -> pa.Table:
     return STORE_SCHEMA.empty_table()
 
 
-def _ms_to_ts(column: Any) -> pa.ChunkedArray:
-    return pc.multiply(column, 1000).cast(_TS)
+def ms_to_ts(column: Any) -> pa.ChunkedArray:
+    """Epoch milliseconds (any integer type) -> UTC timestamps in microseconds, the tables' time type."""
+    return pc.multiply(column.cast(pa.int64()), 1000).cast(_TS)
 
 
 def _ts_to_ms(column: Any) -> pa.ChunkedArray:
@@ -94,8 +95,8 @@ def _ts_to_ms(column: Any) -> pa.ChunkedArray:
 def to_canonical(store: pa.Table) -> pa.Table:
     """Stored rows -> canonical rows (timestamps, no due_ms)."""
     return pa.table({
-        "user_id": store["user_id"], "session_start": _ms_to_ts(store["session_start_ms"]),
-        "event_id": store["event_id"], "event_time": _ms_to_ts(store["event_time_ms"]),
+        "user_id": store["user_id"], "session_start": ms_to_ts(store["session_start_ms"]),
+        "event_id": store["event_id"], "event_time": ms_to_ts(store["event_time_ms"]),
         "event_type": store["event_type"], "event_count": store["event_count"], "page_views": store["page_views"],
     }, schema=CANONICAL_SCHEMA)
 

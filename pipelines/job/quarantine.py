@@ -20,7 +20,7 @@ from pyspark.sql import DataFrame
 from pyspark.sql import functions as F
 from pyspark.sql.window import Window
 
-from pipelines.core.state_format import spark_ddl
+from pipelines.core.state_format import ms_to_ts, spark_ddl
 from pipelines.storage import filesystem
 
 __all__ = ["QUARANTINE_SCHEMA", "late_key", "quarantine_frame", "quarantine_rows"]
@@ -55,11 +55,9 @@ def late_key(raw: pa.Table) -> pa.ChunkedArray:
     return pc.coalesce(raw["line_key"], fallback) if "line_key" in raw.column_names else fallback
 
 
-def _raw_files(raw_uri: str, storage_options: dict[str, str] | None, low: int, high: int, *,
-               rejected: bool) -> list[str]:
+def _raw_files(table: DeltaTable, low: int, high: int, *, rejected: bool) -> list[str]:
     """The raw_events data files that may hold rows with ingest_seq in (low, high] (and, with `rejected`, a rejected
     one): from the Delta log's statistics, on the driver."""
-    table = DeltaTable(raw_uri, storage_options=storage_options)
     adds = pa.table(table.get_add_actions(flatten=True))
     if adds.num_rows == 0:
         return []
@@ -115,7 +113,7 @@ def _late_lines(rows: pa.Table) -> pa.Table:
                        "event_type": k, "page": p})
            for e, u, t, k, p in zip(rows["event_id"].to_pylist(), rows["user_id"].to_pylist(), times,
                                     rows["event_type"].to_pylist(), rows["page"].to_pylist())]
-    event_time = pc.multiply(rows["event_time_ms"].cast(pa.int64()), 1000).cast(pa.timestamp("us", tz="UTC"))
+    event_time = ms_to_ts(rows["event_time_ms"])
     return pa.table({"reason": pa.array(["late"] * rows.num_rows, pa.string()), "raw": pa.array(raw, pa.string()),
                      "source_file": rows["source_file"], "line_no": rows["line_no"],
                      "ingest_seq": rows["ingest_seq"], "event_id": rows["event_id"], "user_id": rows["user_id"],
@@ -149,8 +147,15 @@ def quarantine_frame(batch: DataFrame, *, raw_uri: str, storage_options: dict[st
     found = late.agg(F.count(F.lit(1)).alias("n"), F.min("ingest_seq").alias("lo"), F.max("ingest_seq").alias("hi")
                      ).first()
     parts = []
+    raw: list[DeltaTable] = []  # raw_events, loaded once for both reads (and not at all when neither needs it)
+
+    def raw_files(seq_low: int, seq_high: int, *, rejected: bool) -> list[str]:
+        if not raw:
+            raw.append(DeltaTable(raw_uri, storage_options=storage_options))
+        return _raw_files(raw[0], seq_low, seq_high, rejected=rejected)
+
     if high > low:
-        files = _raw_files(raw_uri, storage_options, low, high, rejected=True)
+        files = raw_files(low, high, rejected=True)
         if files:
             uris = spark.createDataFrame([(uri,) for uri in files], "uri string").repartition(len(files))
             parts.append(uris.mapInArrow(_file_reader(low, high, rejected=True), spark_ddl(_LINES)))
@@ -158,7 +163,7 @@ def quarantine_frame(batch: DataFrame, *, raw_uri: str, storage_options: dict[st
         # The lines of the late events (their ingest_seq is in the batch's range; the bounds are widened to theirs
         # all the same).
         seq_low, seq_high = min(low, int(found["lo"]) - 1), max(high, int(found["hi"]))
-        files = _raw_files(raw_uri, storage_options, seq_low, seq_high, rejected=False)
+        files = raw_files(seq_low, seq_high, rejected=False)
         uris = spark.createDataFrame([(uri,) for uri in files], "uri string").repartition(max(1, len(files)))
         provenance = uris.mapInArrow(_file_reader(seq_low, seq_high, rejected=False), spark_ddl(_PROVENANCE))
         parts.append(_late_frame(late, provenance))

@@ -15,6 +15,7 @@ from pyspark.sql import DataFrame
 from pipelines.coordination import kill_point
 from pipelines.coordination.fencing import committing, fence
 from pipelines.coordination.leases import Lease
+from pipelines.core.state_format import ms_to_ts
 from pipelines.errors import LeaseLost, StorageUnavailable
 from pipelines.job.quarantine import QUARANTINE_SCHEMA, quarantine_frame, quarantine_rows
 from pipelines.job.task_files import commit_task_files, write_task_files
@@ -61,10 +62,6 @@ def version_after_batch(uri: str, incarnation: str, batch_id: int,
     if later.num_rows == 0:
         return current
     return min(current, int(pc.min(later["written_version"]).as_py()) - 1)
-
-
-def _millis_to_ts(column: Any) -> pa.Array:
-    return pc.multiply(column.cast(pa.int64()), 1000).cast(pa.timestamp("us", tz="UTC"))
 
 
 def idempotent_append(uri: str, rows: pa.Table, app_id: str, batch_id: int,
@@ -132,56 +129,46 @@ class MicroBatchSink:
             raise self.unavailable from None
 
     def _write(self, batch_df: DataFrame, batch_id: int) -> None:
-        self._at = self.raw_uri  # the batch's rows are read from raw_events (by the source's tasks)
         batch_df.persist()  # read more than once (sessions, late events): the operator runs once
         try:
-            self._write_sessions(batch_df, batch_id)
-            self._write_quarantine(batch_df, batch_id)
+            self.sessions_written += self._append(
+                batch_id, uri=self.sessions_uri, schema=SESSIONS_SCHEMA, app="sessions", shape=session_rows,
+                rows=lambda: batch_df.where("kind = 'session'").select(*_SESSION_COLUMNS))
+            self.quarantined += self._append(
+                batch_id, uri=self.quarantine_uri, schema=QUARANTINE_SCHEMA, app="quarantine", shape=quarantine_rows,
+                rows=lambda: self._quarantine_lines(batch_df, batch_id), quarantined_at=dt.datetime.now(dt.timezone.utc))
         finally:
             batch_df.unpersist()
 
-    def _write_quarantine(self, batch_df: DataFrame, batch_id: int) -> None:
-        """The batch's rejected lines and late events, written by the tasks and committed once."""
-        app_id = f"quarantine-{self.incarnation}"
-        self._at = self.quarantine_uri
-        table = DeltaTable(self.quarantine_uri, storage_options=self.storage_options)
-        done = table.transaction_version(app_id)
-        if done is not None and done >= batch_id:
-            return
-        low, high = self.seq_range(batch_id)
-        self._at = self.raw_uri
-        lines = quarantine_frame(batch_df, raw_uri=self.raw_uri, storage_options=self.storage_options, low=low,
-                                 high=high)
-        if lines is None:
-            return
-        shape = partial(quarantine_rows, batch_id=batch_id, incarnation=self.incarnation,
-                        written_version=table.version() + 1, quarantined_at=dt.datetime.now(dt.timezone.utc))
-        files = write_task_files(lines, uri=self.quarantine_uri, schema=QUARANTINE_SCHEMA, shape=shape,
-                                 prefix=f"part-b{batch_id}")
-        self._at = self.quarantine_uri
-        if files and commit_task_files(self.quarantine_uri, files, schema=QUARANTINE_SCHEMA, app_id=app_id,
-                                       version=batch_id, storage_options=self.storage_options, leases=self.leases):
-            self.quarantined += sum(f.rows for f in files)
+    def _quarantine_lines(self, batch_df: DataFrame, batch_id: int) -> DataFrame | None:
+        low, high = self.seq_range(batch_id)  # the batch's source range, from the checkpoint's offset log
+        return quarantine_frame(batch_df, raw_uri=self.raw_uri, storage_options=self.storage_options, low=low,
+                                high=high)
 
-    def _write_sessions(self, batch_df: DataFrame, batch_id: int) -> None:
-        """The batch's closed sessions, written by the tasks and committed once (unless this batch's already was)."""
-        app_id = f"sessions-{self.incarnation}"
-        self._at = self.sessions_uri
-        table = DeltaTable(self.sessions_uri, storage_options=self.storage_options)
+    def _append(self, batch_id: int, *, uri: str, schema: pa.Schema, app: str, shape: Callable[..., pa.Table],
+                rows: Callable[[], DataFrame | None], **shape_options: Any) -> int:
+        """`rows()` written by the tasks into the table at `uri` (each task's share shaped by `shape`) and committed
+        once per batch -- nothing done when this batch's commit is there already; the rows committed."""
+        app_id = f"{app}-{self.incarnation}"
+        self._at = uri
+        table = DeltaTable(uri, storage_options=self.storage_options)
         done = table.transaction_version(app_id)
         if done is not None and done >= batch_id:
-            return
-        shape = partial(session_rows, batch_id=batch_id, incarnation=self.incarnation,
-                        written_version=table.version() + 1)
-        self._at = self.raw_uri
-        files = write_task_files(batch_df.where("kind = 'session'").select(*_SESSION_COLUMNS), uri=self.sessions_uri,
-                                 schema=SESSIONS_SCHEMA, shape=shape, prefix=f"part-b{batch_id}")
-        self._at = self.sessions_uri
-        if files:
-            kill_point("sink:files-written")
-        if files and commit_task_files(self.sessions_uri, files, schema=SESSIONS_SCHEMA, app_id=app_id,
-                                       version=batch_id, storage_options=self.storage_options, leases=self.leases):
-            self.sessions_written += sum(f.rows for f in files)
+            return 0
+        self._at = self.raw_uri  # the tasks read the batch (the source's and raw_events' files)
+        frame = rows()
+        if frame is None:
+            return 0
+        files = write_task_files(frame, uri=uri, schema=schema, prefix=f"part-b{batch_id}", shape=partial(
+            shape, batch_id=batch_id, incarnation=self.incarnation, written_version=table.version() + 1,
+            **shape_options))
+        self._at = uri
+        if not files:
+            return 0
+        kill_point("sink:files-written")
+        committed = commit_task_files(uri, files, schema=schema, app_id=app_id, version=batch_id,
+                                      storage_options=self.storage_options, leases=self.leases)
+        return sum(f.rows for f in files) if committed else 0
 
 
 _SESSION_COLUMNS = ("session_id", "user_id", "session_start_ms", "session_end_ms", "event_count", "page_views",
@@ -194,8 +181,8 @@ def session_rows(sessions: pa.Table, *, batch_id: int, incarnation: str, written
     n = sessions.num_rows
     return pa.table({
         "session_id": sessions["session_id"], "user_id": sessions["user_id"],
-        "session_start": _millis_to_ts(sessions["session_start_ms"]),
-        "session_end": _millis_to_ts(sessions["session_end_ms"]),
+        "session_start": ms_to_ts(sessions["session_start_ms"]),
+        "session_end": ms_to_ts(sessions["session_end_ms"]),
         "event_count": sessions["event_count"], "page_views": sessions["page_views"],
         "end_reason": sessions["end_reason"],
         "batch_id": pa.array([batch_id] * n, pa.int64()),
