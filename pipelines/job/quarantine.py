@@ -11,6 +11,7 @@ from __future__ import annotations
 import datetime as dt
 import json
 from collections.abc import Callable, Iterator
+from dataclasses import dataclass
 
 import pyarrow as pa
 import pyarrow.compute as pc
@@ -23,7 +24,7 @@ from pyspark.sql.window import Window
 from pipelines.core.state_format import ms_to_ts, spark_ddl
 from pipelines.storage import filesystem
 
-__all__ = ["QUARANTINE_SCHEMA", "late_key", "quarantine_frame", "quarantine_rows"]
+__all__ = ["QUARANTINE_SCHEMA", "LateRows", "late_key", "quarantine_frame", "quarantine_rows"]
 
 QUARANTINE_SCHEMA = pa.schema([
     ("reason", pa.string()),
@@ -136,16 +137,20 @@ def _late_frame(late: DataFrame, provenance: DataFrame) -> DataFrame:
     return joined.select(*columns).mapInArrow(lines, spark_ddl(_LINES))
 
 
-def quarantine_frame(batch: DataFrame, *, raw_uri: str, storage_options: dict[str, str] | None, low: int, high: int
-                     ) -> DataFrame | None:
+@dataclass(frozen=True)
+class LateRows:
+    """A micro-batch's late rows as its sessions' job counted them: how many, and their ingest_seq bounds."""
+    count: int
+    low: int
+    high: int
+
+
+def quarantine_frame(batch: DataFrame, *, raw_uri: str, storage_options: dict[str, str] | None, low: int, high: int,
+                     late: LateRows) -> DataFrame | None:
     """The quarantine lines of a micro-batch whose source range is (low, high] (`batch`: the operator's output,
-    persisted by the caller): rejected lines and late events, or None when it has neither. Only the raw files' URIs
-    and one count are handled here; the rows stay in the executors."""
+    persisted by the caller; `late`: its late rows' tally): rejected lines and late events, or None when it has
+    neither. Only the raw files' URIs are handled here; the rows stay in the executors."""
     spark = batch.sparkSession
-    late = batch.where("kind = 'late'").select("ingest_seq", "line_key", "event_id", "user_id", "event_time_ms",
-                                                "event_type")
-    found = late.agg(F.count(F.lit(1)).alias("n"), F.min("ingest_seq").alias("lo"), F.max("ingest_seq").alias("hi")
-                     ).first()
     parts = []
     raw: list[DeltaTable] = []  # raw_events, loaded once for both reads (and not at all when neither needs it)
 
@@ -159,14 +164,16 @@ def quarantine_frame(batch: DataFrame, *, raw_uri: str, storage_options: dict[st
         if files:
             uris = spark.createDataFrame([(uri,) for uri in files], "uri string").repartition(len(files))
             parts.append(uris.mapInArrow(_file_reader(low, high, rejected=True), spark_ddl(_LINES)))
-    if found is not None and found["n"]:
+    if late.count:
         # The lines of the late events (their ingest_seq is in the batch's range; the bounds are widened to theirs
         # all the same).
-        seq_low, seq_high = min(low, int(found["lo"]) - 1), max(high, int(found["hi"]))
+        seq_low, seq_high = min(low, late.low - 1), max(high, late.high)
         files = raw_files(seq_low, seq_high, rejected=False)
         uris = spark.createDataFrame([(uri,) for uri in files], "uri string").repartition(max(1, len(files)))
         provenance = uris.mapInArrow(_file_reader(seq_low, seq_high, rejected=False), spark_ddl(_PROVENANCE))
-        parts.append(_late_frame(late, provenance))
+        events = batch.where("kind = 'late'").select("ingest_seq", "line_key", "event_id", "user_id", "event_time_ms",
+                                                     "event_type")
+        parts.append(_late_frame(events, provenance))
     if not parts:
         return None
     return parts[0] if len(parts) == 1 else parts[0].unionByName(parts[1])

@@ -3,7 +3,7 @@ tasks (pipelines.job.task_files) and each table gets one commit per batch from t
 from __future__ import annotations
 
 import datetime as dt
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from functools import partial
 from typing import Any
 
@@ -15,10 +15,10 @@ from pyspark.sql import DataFrame
 from pipelines.coordination import kill_point
 from pipelines.coordination.fencing import committing, fence
 from pipelines.coordination.leases import Lease
-from pipelines.core.state_format import ms_to_ts
+from pipelines.core.state_format import ms_to_ts, spark_ddl
 from pipelines.errors import LeaseLost, StorageUnavailable
-from pipelines.job.quarantine import QUARANTINE_SCHEMA, quarantine_frame, quarantine_rows
-from pipelines.job.task_files import commit_task_files, write_task_files
+from pipelines.job.quarantine import QUARANTINE_SCHEMA, LateRows, quarantine_frame, quarantine_rows
+from pipelines.job.task_files import FILE_ROW, TaskFile, commit_task_files, task_file, write_file, write_task_files
 from pipelines.storage import is_object_store_failure, is_s3, read_rows, s3_failure, sql_literal
 
 __all__ = ["QUARANTINE_SCHEMA", "SESSIONS_SCHEMA", "MicroBatchSink", "ensure_table", "idempotent_append", "table_rows", "version_after_batch"]
@@ -129,46 +129,93 @@ class MicroBatchSink:
             raise self.unavailable from None
 
     def _write(self, batch_df: DataFrame, batch_id: int) -> None:
-        batch_df.persist()  # read more than once (sessions, late events): the operator runs once
+        # One Spark job in the common batch: the tasks write the closed sessions and count the late rows; the
+        # quarantine's jobs run only for a batch with late rows or rejected lines. Persisted: the late rows are read
+        # again then, and the stateful operator must run once.
+        batch_df.persist()
         try:
-            self.sessions_written += self._append(
-                batch_id, uri=self.sessions_uri, schema=SESSIONS_SCHEMA, app="sessions", shape=session_rows,
-                rows=lambda: batch_df.where("kind = 'session'").select(*_SESSION_COLUMNS))
-            self.quarantined += self._append(
-                batch_id, uri=self.quarantine_uri, schema=QUARANTINE_SCHEMA, app="quarantine", shape=quarantine_rows,
-                rows=lambda: self._quarantine_lines(batch_df, batch_id), quarantined_at=dt.datetime.now(dt.timezone.utc))
+            late = self._sessions(batch_df, batch_id)
+            write, version = self._pending(self.quarantine_uri, "quarantine", batch_id)
+            if not write:
+                return
+            self._at = self.raw_uri  # the tasks read the batch (the source's and raw_events' files)
+            low, high = self.seq_range(batch_id)  # the batch's source range, from the checkpoint's offset log
+            lines = quarantine_frame(batch_df, raw_uri=self.raw_uri, storage_options=self.storage_options, low=low,
+                                     high=high, late=late)
+            if lines is None:
+                return
+            files = write_task_files(lines, uri=self.quarantine_uri, schema=QUARANTINE_SCHEMA,
+                                     prefix=f"part-b{batch_id}", shape=partial(
+                                         quarantine_rows, batch_id=batch_id, incarnation=self.incarnation,
+                                         written_version=version, quarantined_at=dt.datetime.now(dt.timezone.utc)))
+            self.quarantined += self._commit(self.quarantine_uri, files, schema=QUARANTINE_SCHEMA, app="quarantine",
+                                             batch_id=batch_id)
         finally:
             batch_df.unpersist()
 
-    def _quarantine_lines(self, batch_df: DataFrame, batch_id: int) -> DataFrame | None:
-        low, high = self.seq_range(batch_id)  # the batch's source range, from the checkpoint's offset log
-        return quarantine_frame(batch_df, raw_uri=self.raw_uri, storage_options=self.storage_options, low=low,
-                                high=high)
+    def _sessions(self, batch_df: DataFrame, batch_id: int) -> LateRows:
+        """The batch's closed sessions written by the tasks and committed once (not written again when this batch's
+        commit is there already), in the job that also counts its late rows; the late rows' tally."""
+        write, version = self._pending(self.sessions_uri, "sessions", batch_id)
+        self._at = self.raw_uri  # the tasks read the batch (the source's files)
+        results = batch_df.mapInArrow(_output_writer(self.sessions_uri, write=write, prefix=f"part-b{batch_id}", shape=partial(
+            session_rows, batch_id=batch_id, incarnation=self.incarnation, written_version=version)),
+            spark_ddl(_OUTPUT_ROW)).collect()
+        files = [task_file(row) for row in results if row["path"] is not None]
+        self.sessions_written += self._commit(self.sessions_uri, files, schema=SESSIONS_SCHEMA, app="sessions",
+                                              batch_id=batch_id)
+        late = [row for row in results if row["late"]]
+        return LateRows(count=sum(row["late"] for row in late), low=min((row["late_low"] for row in late), default=0),
+                        high=max((row["late_high"] for row in late), default=0))
 
-    def _append(self, batch_id: int, *, uri: str, schema: pa.Schema, app: str, shape: Callable[..., pa.Table],
-                rows: Callable[[], DataFrame | None], **shape_options: Any) -> int:
-        """`rows()` written by the tasks into the table at `uri` (each task's share shaped by `shape`) and committed
-        once per batch -- nothing done when this batch's commit is there already; the rows committed."""
-        app_id = f"{app}-{self.incarnation}"
+    def _pending(self, uri: str, app: str, batch_id: int) -> tuple[bool, int]:
+        """Whether this batch's commit to the table at `uri` is still to be made, and the version it is predicted at
+        (`written_version`)."""
         self._at = uri
         table = DeltaTable(uri, storage_options=self.storage_options)
-        done = table.transaction_version(app_id)
-        if done is not None and done >= batch_id:
-            return 0
-        self._at = self.raw_uri  # the tasks read the batch (the source's and raw_events' files)
-        frame = rows()
-        if frame is None:
-            return 0
-        files = write_task_files(frame, uri=uri, schema=schema, prefix=f"part-b{batch_id}", shape=partial(
-            shape, batch_id=batch_id, incarnation=self.incarnation, written_version=table.version() + 1,
-            **shape_options))
+        done = table.transaction_version(f"{app}-{self.incarnation}")
+        return (done is None or done < batch_id), table.version() + 1
+
+    def _commit(self, uri: str, files: Sequence[TaskFile], *, schema: pa.Schema, app: str, batch_id: int) -> int:
+        """The tasks' `files` committed once to the table at `uri` as this batch's; the rows committed."""
         self._at = uri
         if not files:
             return 0
         kill_point("sink:files-written")
-        committed = commit_task_files(uri, files, schema=schema, app_id=app_id, version=batch_id,
+        committed = commit_task_files(uri, files, schema=schema, app_id=f"{app}-{self.incarnation}", version=batch_id,
                                       storage_options=self.storage_options, leases=self.leases)
         return sum(f.rows for f in files) if committed else 0
+
+
+# What each task of the sessions' job returns: its file (path null when it wrote none) and its late rows' tally.
+_OUTPUT_ROW = pa.schema([*FILE_ROW, ("late", pa.int64()), ("late_low", pa.int64()), ("late_high", pa.int64())])
+
+
+def _output_writer(uri: str, *, write: bool, prefix: str, shape: Callable[[pa.Table], pa.Table]
+                   ) -> Callable[[Iterator[pa.RecordBatch]], Iterator[pa.RecordBatch]]:
+    """The function each task of the sessions' job runs (mapInArrow over the operator's output): its closed sessions
+    as one file of the sessions table (when `write`), and the count and ingest_seq bounds of its late rows."""
+    def run(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
+        sessions, late, low, high = [], 0, None, None
+        for batch in batches:
+            kind = batch.column("kind")
+            if write:
+                closed = batch.filter(pc.equal(kind, "session"))
+                if closed.num_rows:
+                    sessions.append(shape(pa.Table.from_batches([closed]).select(list(_SESSION_COLUMNS))))
+            seqs = batch.column("ingest_seq").filter(pc.equal(kind, "late"))
+            if len(seqs):
+                late += len(seqs)
+                lo, hi = pc.min_max(seqs).values()
+                low = lo.as_py() if low is None else min(low, lo.as_py())
+                high = hi.as_py() if high is None else max(high, hi.as_py())
+        row: dict[str, Any] = {"path": None, "size": None, "rows": None, "stats": None}
+        if sessions:
+            row = write_file(pa.concat_tables(sessions), uri=uri, schema=SESSIONS_SCHEMA, prefix=prefix)
+        if sessions or late:
+            yield pa.RecordBatch.from_pylist([{**row, "late": late, "late_low": low, "late_high": high}],
+                                             schema=_OUTPUT_ROW)
+    return run
 
 
 _SESSION_COLUMNS = ("session_id", "user_id", "session_start_ms", "session_end_ms", "event_count", "page_views",

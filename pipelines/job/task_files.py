@@ -40,7 +40,7 @@ from pipelines.core.state_format import spark_ddl
 from pipelines.errors import LeaseLost
 from pipelines.storage import filesystem, join
 
-__all__ = ["FILE_ROW", "TaskFile", "commit_task_files", "file_stats", "write_task_files"]
+__all__ = ["FILE_ROW", "TaskFile", "commit_task_files", "file_stats", "task_file", "write_file", "write_task_files"]
 
 # The row each task returns per file it wrote.
 FILE_ROW = pa.schema([("path", pa.string()), ("size", pa.int64()), ("rows", pa.int64()), ("stats", pa.string())])
@@ -86,22 +86,30 @@ def file_stats(table: pa.Table) -> str:
                        "nullCount": nulls}, separators=(",", ":"))
 
 
+def write_file(rows: pa.Table, *, uri: str, schema: pa.Schema, prefix: str) -> dict[str, Any]:
+    """`rows` (in a task) as one Parquet file in the table at `uri`, cast to `schema`; its FILE_ROW."""
+    rows = rows.cast(schema)
+    name = f"{prefix}-{uuid.uuid4()}-c000.snappy.parquet"
+    fs, root = filesystem(uri)
+    path = join(root, name)
+    with fs.open_output_stream(path) as out:
+        pq.write_table(rows, out, compression="snappy")
+    return {"path": name, "size": fs.get_file_info(path).size, "rows": rows.num_rows, "stats": file_stats(rows)}
+
+
+def task_file(row: Any) -> TaskFile:
+    """A FILE_ROW collected on the driver -> TaskFile."""
+    return TaskFile(row["path"], int(row["size"]), int(row["rows"]), row["stats"])
+
+
 def _partition_writer(uri: str, schema: pa.Schema, shape: Callable[[pa.Table], pa.Table], prefix: str
                       ) -> Callable[[Iterator[pa.RecordBatch]], Iterator[pa.RecordBatch]]:
     """The function each task runs (mapInArrow): its rows shaped to the table's schema, one Parquet file, one row."""
     def write(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
         parts = [shape(pa.Table.from_batches([batch])) for batch in batches if batch.num_rows]
-        if not parts:
-            return
-        rows = pa.concat_tables(parts).cast(schema)
-        name = f"{prefix}-{uuid.uuid4()}-c000.snappy.parquet"
-        fs, root = filesystem(uri)
-        path = join(root, name)
-        with fs.open_output_stream(path) as out:
-            pq.write_table(rows, out, compression="snappy")
-        size = fs.get_file_info(path).size
-        yield pa.RecordBatch.from_pylist([{"path": name, "size": size, "rows": rows.num_rows,
-                                           "stats": file_stats(rows)}], schema=FILE_ROW)
+        if parts:
+            yield pa.RecordBatch.from_pylist([write_file(pa.concat_tables(parts), uri=uri, schema=schema,
+                                                         prefix=prefix)], schema=FILE_ROW)
     return write
 
 
@@ -111,7 +119,7 @@ def write_task_files(frame: DataFrame, *, uri: str, schema: pa.Schema, shape: Ca
     shaped by `shape` -- a picklable function of an Arrow table -- and cast to `schema`); the files, for the commit.
     Only the files' rows reach the driver."""
     written = frame.mapInArrow(_partition_writer(uri, schema, shape, prefix), spark_ddl(FILE_ROW)).collect()
-    return [TaskFile(row["path"], int(row["size"]), int(row["rows"]), row["stats"]) for row in written]
+    return [task_file(row) for row in written]
 
 
 def commit_task_files(uri: str, files: Sequence[TaskFile], *, schema: pa.Schema, app_id: str, version: int,
