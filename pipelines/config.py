@@ -19,6 +19,7 @@ from pipelines.config_checks import (
     check_duration,
     check_spark_master,
     check_uri,
+    checked_checkpoint_uri,
     read_bool,
     read_float,
     read_int,
@@ -26,6 +27,7 @@ from pipelines.config_checks import (
 )
 from pipelines.errors import ConfigError
 from pipelines.kafka_conf import check_kafka_settings, kafka_settings
+from pipelines.locations import CheckpointPath, checkpoint_path
 
 __all__ = ["ALLOW_SHORT_RETENTION", "DEFAULT_OPERATOR", "ENV_ONLY_SETTINGS", "MAX_LEASE_TTL_S", "MAX_PARTITIONS",
            "MIN_LEASE_TTL_S", "MIN_VACUUM_RETENTION_HOURS", "OPERATORS", "PATH_SETTINGS", "PROVIDERS", "REPO_ROOT",
@@ -128,9 +130,14 @@ class SessionsConfig:
                                   shown="$SESSIONS_HOME/warehouse")
     landing_uri: str = _setting("", "where event files land: a path or s3://bucket/prefix",
                                 shown="$SESSIONS_HOME/landing")
-    # One filesystem for every host that runs the job; the driver reads the checkpoint's logs itself (no hdfs://).
-    checkpoint_uri: str = _setting("", "the Spark checkpoint's parent (the leases' too): a local or mounted path every "
-                                   "host shares", shown="$SESSIONS_HOME/checkpoints")
+    # One filesystem for every host that runs the job; the driver reads the checkpoint's logs itself
+    # (pipelines.locations: HDFS through WebHDFS, S3 through pyarrow).
+    checkpoint_uri: str = _setting("", "the Spark checkpoint's parent (the leases' too, but for HDFS): a local or "
+                                   "mounted path every host shares, hdfs://namenode:port/path or s3a://bucket/prefix",
+                                   shown="$SESSIONS_HOME/checkpoints")
+    webhdfs_address: str = _setting("", "the NameNode's HTTP address (host:port) for an hdfs:// checkpoint: the "
+                                    "driver reads the checkpoint's logs through WebHDFS",
+                                    shown="the NameNode's host, port 9870")
     # Leases (pipelines/coordination/leases.py): a holder that lost its lease is fenced from then on.
     lease_ttl_s: float = _setting(60.0, f"a lease not renewed for this long may be taken over: {MIN_LEASE_TTL_S:g} s "
                                   f"to {MAX_LEASE_TTL_S:g} s, a day (holders renew every TTL/3)", minimum=0, maximum=math.inf)  # MIN_/MAX_LEASE_TTL_S: from_env
@@ -252,12 +259,7 @@ class SessionsConfig:
         values["savepoint_uri"] = values["savepoint_uri"] or str(home / "savepoints")
         values["warehouse_uri"] = (values["warehouse_uri"] or str(home / "warehouse")).rstrip("/")
         values["landing_uri"] = (values["landing_uri"] or str(home / "landing")).rstrip("/")
-        checkpoint_uri = values["checkpoint_uri"].removeprefix("file://")
-        if "://" in checkpoint_uri:
-            # The driver reads the checkpoint's logs itself (pipelines/job/checkpoint.py) and leases live beside it.
-            raise ConfigError(f"SESSIONS_CHECKPOINT_URI={checkpoint_uri!r}: only a local or mounted shared path is "
-                              "supported (hdfs:// would need the driver to read it through Hadoop; see deploy/spark)")
-        values["checkpoint_uri"] = str(Path(checkpoint_uri).resolve()) if checkpoint_uri else str(home / "checkpoints")
+        values["checkpoint_uri"] = checked_checkpoint_uri(values["checkpoint_uri"], home=home)
         if values["lease_ttl_s"] > MAX_LEASE_TTL_S:
             raise ConfigError(f"SESSIONS_LEASE_TTL_S={values['lease_ttl_s']:g} is too long: at most {MAX_LEASE_TTL_S:g} "
                               "(one day; a holder that died blocks the job for this long)")
@@ -301,8 +303,9 @@ class SessionsConfig:
         return Path(self.landing_uri.removeprefix("file://"))
 
     @property
-    def checkpoint(self) -> Path:
-        return Path(self.checkpoint_uri) / "sessions"
+    def checkpoint(self) -> CheckpointPath:
+        """The Spark checkpoint: a local Path, or a RemotePath on HDFS or S3 (pipelines.locations)."""
+        return checkpoint_path(self.checkpoint_uri, webhdfs=self.webhdfs_address) / "sessions"
 
     @property
     def lease_dir(self) -> Path:

@@ -72,9 +72,33 @@ def positive_seconds(value: object, label: str) -> float:
     return seconds
 
 
-def resolved_lease_uri(raw: str, checkpoint_uri: str) -> str:
-    """SESSIONS_LEASE_URI: s3://bucket/prefix or a path (made absolute); default `_leases` beside the checkpoint."""
+def checked_checkpoint_uri(raw: str, *, home: Path) -> str:
+    """SESSIONS_CHECKPOINT_URI: a path (made absolute), hdfs://namenode:port/path or s3a://bucket/prefix (s3:// is
+    taken as s3a://); $SESSIONS_HOME/checkpoints when unset."""
     uri = raw.strip().removeprefix("file://").rstrip("/")
+    scheme, separator, rest = uri.partition("://")
+    if not separator:
+        return str(Path(uri).resolve()) if uri else str(home / "checkpoints")
+    host, _, path = rest.partition("/")
+    if scheme not in ("hdfs", "s3a", "s3"):
+        raise ConfigError(f"SESSIONS_CHECKPOINT_URI={raw!r}: the scheme {scheme}:// is not supported; expected a "
+                          "shared path, hdfs://namenode:port/path or s3a://bucket/prefix")
+    if not host or not path:
+        raise ConfigError(f"SESSIONS_CHECKPOINT_URI={raw!r}: expected hdfs://namenode:port/path or "
+                          "s3a://bucket/prefix (a host or bucket, then a path)")
+    return f"s3a://{rest}" if scheme == "s3" else uri
+
+
+def resolved_lease_uri(raw: str, checkpoint_uri: str) -> str:
+    """SESSIONS_LEASE_URI: s3://bucket/prefix or a path (made absolute); default `_leases` beside the checkpoint (on S3
+    for an s3a:// checkpoint; an hdfs:// checkpoint needs it set: HDFS has no compare-and-swap for a lease's renewal)."""
+    uri = raw.strip().removeprefix("file://").rstrip("/")
+    if not uri and checkpoint_uri.startswith("hdfs://"):
+        raise ConfigError(f"SESSIONS_CHECKPOINT_URI={checkpoint_uri!r} is on HDFS: set SESSIONS_LEASE_URI to "
+                          "s3://bucket/prefix or a path every host shares (leases need a compare-and-swap HDFS does "
+                          "not offer)")
+    if not uri and checkpoint_uri.startswith("s3a://"):
+        return "s3://" + checkpoint_uri.removeprefix("s3a://") + "/_leases"
     if not uri:
         return str(Path(checkpoint_uri) / "_leases")
     if uri.startswith("s3://"):

@@ -101,9 +101,15 @@ def seconds(duration: str) -> float:
 
 
 def filesystem(uri: str) -> tuple[pafs.FileSystem, str]:
-    """(filesystem, path in it) for a local path, file:// URI or s3://bucket/key."""
-    if is_s3(uri):
-        return s3_filesystem(), uri[len("s3://"):]
+    """(filesystem, path in it) for a local path, file:// URI, s3://bucket/key, or a checkpoint's s3a:// or hdfs://
+    (pipelines.locations: WebHDFS)."""
+    if is_s3(uri) or uri.startswith("s3a://"):
+        return s3_filesystem(), uri.partition("://")[2]
+    if uri.startswith("hdfs://"):
+        from pipelines.locations import RemotePath
+
+        remote = RemotePath(uri)
+        return pafs.PyFileSystem(pafs.FSSpecHandler(remote.fs)), remote.key
     return pafs.LocalFileSystem(), uri.removeprefix("file://")
 
 

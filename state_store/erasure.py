@@ -13,11 +13,9 @@ with a keyed hash of U (HMAC-SHA256, SESSIONS_ERASURE_KEY or a key generated onc
 from __future__ import annotations
 
 import datetime as dt
-import shutil
 import time
 import uuid
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any
 
 import pyarrow.fs as pafs
@@ -31,6 +29,7 @@ from pipelines.errors import NoCommittedBatch, Result, SessionsError, StopIncomp
 from pipelines.ingest.erase_lines import erase_landed_lines
 from pipelines.ingest.erased import COMPLETE, LOG_TABLE, UserSpelling, log_erasure, user_hash
 from pipelines.job.checkpoint import inspect_checkpoint, read_restore_marker
+from pipelines.locations import checkpoint_path, remove_tree
 from pipelines.storage import filesystem, join, read_rows, sql_literal, storage_options, table_exists
 from state_store.audit import mentions, scan, scrub_delta_log
 from state_store.lifecycle import replaced_checkpoints
@@ -191,7 +190,7 @@ def forget_unlocked(config: SessionsConfig, spark: SparkSession, user_id: str, *
     if committed:
         result = restore_unlocked(config, erased_at.savepoint_id, partitions=None, migrate=False, spark=spark, lease=lease)
         if result.previous_checkpoint:  # the replaced checkpoint's state files hold U
-            _remove(Path(result.previous_checkpoint))
+            remove_tree(checkpoint_path(result.previous_checkpoint, webhdfs=config.webhdfs_address))
     removed["raw_events"] = _erase_rows(config, config.raw_events_table, user, has_raw=True, leases=leases)
     removed["sessions"] = _erase_rows(config, config.sessions_table, user, has_raw=False, leases=leases)
     removed["quarantine"] = _erase_rows(config, config.quarantine_table, user, has_raw=True, leases=leases)
@@ -207,15 +206,11 @@ def forget_unlocked(config: SessionsConfig, spark: SparkSession, user_id: str, *
     return ForgetResult(erasure_id, hashed, removed, purged, round(time.monotonic() - started, 3))
 
 
-def _remove(path: Path) -> None:
-    shutil.rmtree(path, ignore_errors=True)
-
-
 def _remove_set_aside(config: SessionsConfig) -> int:
     """Checkpoints earlier restores set aside hold old state, U's among it: removed."""
     found = replaced_checkpoints(config)
     for path in found:
-        _remove(path)
+        remove_tree(path)
     return len(found)
 
 

@@ -3,11 +3,9 @@ stream; state_store.savepoint.take), restore (state_store.restore, after state_s
 of the stopped job. Running and stopping the stream: state_store.stream_control."""
 from __future__ import annotations
 
-import shutil
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
-from pathlib import Path
 
 import pyarrow as pa
 from pyspark.sql import SparkSession
@@ -28,6 +26,7 @@ from pipelines.job.checkpoint import (
 from pipelines.job.operators import for_layout, for_new_checkpoint
 from pipelines.job.operators.seam import StateOperator
 from pipelines.job.runtime import get_spark, spark_failures
+from pipelines.locations import CheckpointPath
 from state_store.preflight import refusals
 from state_store.restore import FAILED_SUFFIX, REPLACED_SUFFIX, restore_unlocked, verified_savepoint
 from state_store.results import RescaleMethod, RescaleResult, RestoreResult, SavepointInfo
@@ -36,7 +35,7 @@ from state_store.savepoint.checksum import frame_checksum
 from state_store.savepoint.take import savepoint_last_batch
 from state_store.state import read_state, repartition_state
 
-__all__ = ["lifecycle_locks", "live_state", "remove_tree", "replaced_checkpoints", "rescale", "restore", "take_savepoint", "validate_savepoint"]
+__all__ = ["lifecycle_locks", "live_state", "replaced_checkpoints", "rescale", "restore", "take_savepoint", "validate_savepoint"]
 
 
 @contextmanager
@@ -51,7 +50,7 @@ def _spark(config: SessionsConfig, spark: SparkSession | None) -> SparkSession:
     return spark or get_spark(config)
 
 
-def live_state(spark: SparkSession, checkpoint: Path, *, batch_id: int | None, op: StateOperator | None = None
+def live_state(spark: SparkSession, checkpoint: CheckpointPath, *, batch_id: int | None, op: StateOperator | None = None
                ) -> pa.Table:
     """Canonical Arrow table of the state at a committed batch (Spark's state data source)."""
     return state_format.canonical(read_state(spark, checkpoint, batch_id=batch_id, op=op).toArrow())
@@ -155,14 +154,10 @@ def rescale(config: SessionsConfig, partitions: int, *, spark: SparkSession | No
                              seconds=round(time.monotonic() - started, 3))
 
 
-def replaced_checkpoints(config: SessionsConfig) -> list[Path]:
+def replaced_checkpoints(config: SessionsConfig) -> list[CheckpointPath]:
     """Checkpoints restores set aside (replaced, or half-built by a failed restore), oldest first."""
     parent = config.checkpoint.parent
     if not parent.exists():
         return []
     prefixes = (config.checkpoint.name + REPLACED_SUFFIX, config.checkpoint.name + FAILED_SUFFIX)
-    return sorted(p for p in parent.iterdir() if p.name.startswith(prefixes))
-
-
-def remove_tree(path: Path) -> None:
-    shutil.rmtree(path, ignore_errors=True)
+    return sorted((p for p in parent.iterdir() if p.name.startswith(prefixes)), key=lambda p: p.name)

@@ -13,9 +13,10 @@ from deltalake import DeltaTable
 from pipelines.config import SessionsConfig
 from pipelines.coordination.job_leases import job_lock
 from pipelines.job.checkpoint import directory_size
+from pipelines.locations import checkpoint_path, remove_tree
 from pipelines.storage import is_s3, join, open_table, storage_options, table_exists
 from state_store.erasure import erasures_recorded
-from state_store.lifecycle import remove_tree, replaced_checkpoints
+from state_store.lifecycle import replaced_checkpoints
 from state_store.results import CompactionResult, MaintenanceDue, SavepointInfo
 from state_store.savepoint.catalog import SavepointStore
 from state_store.savepoint.damage import damaged_members, table_damage
@@ -133,7 +134,7 @@ def _delete_state(config: SessionsConfig, state: str) -> None:
             keys = [{"Key": item["Key"]} for item in objects[start:start + 1000]]
             client.delete_objects(Bucket=bucket, Delete={"Objects": keys})
     else:
-        remove_tree(Path(state))
+        remove_tree(checkpoint_path(state))
 
 
 def compact(config: SessionsConfig, dry_run: bool = False) -> CompactionResult:

@@ -9,7 +9,6 @@ import json
 import time
 from contextlib import suppress
 from dataclasses import replace
-from pathlib import Path
 
 import pyarrow as pa
 import pyarrow.parquet as pq
@@ -33,7 +32,8 @@ from pipelines.job.runtime import get_spark, stop_state_stores
 from pipelines.job.source import BOOTSTRAP_FILE
 from pipelines.job.startup import ensure_tables
 from pipelines.job.stream import start_query
-from pipelines.storage import storage_options, table_exists
+from pipelines.locations import CheckpointPath, checkpoint_path, move
+from pipelines.storage import filesystem, storage_options, table_exists
 from state_store.preflight import record_restore, refusals
 from state_store.results import RestoreResult, SavepointInfo
 from state_store.savepoint.catalog import SavepointStore
@@ -80,17 +80,18 @@ def _bootstrap_rows(config: SessionsConfig, spark: SparkSession, store: Savepoin
         state = state_format.upgrade_v1(state)
     state = state.select(state_format.CANONICAL_SCHEMA.names).cast(state_format.CANONICAL_SCHEMA)
     staged = config.checkpoint / "bootstrap-state.parquet"  # not "_...": Spark's file reader skips such names
-    pq.write_table(state, staged)
+    fs, path = filesystem(str(staged))
+    pq.write_table(state, path, filesystem=fs)
     expected = expected_restored_state(state, config.gap_ms)
     return spark.read.parquet(str(staged)), (expected.num_rows, state_checksum(expected))
 
 
-def _set_aside(checkpoint: Path) -> str | None:
+def _set_aside(checkpoint: CheckpointPath) -> str | None:
     if not checkpoint.exists():
         return None
     stamp = dt.datetime.now(dt.timezone.utc).strftime("%Y%m%dT%H%M%S%f")
     target = checkpoint.with_name(checkpoint.name + REPLACED_SUFFIX + stamp)
-    checkpoint.rename(target)
+    move(checkpoint, target)
     return str(target)
 
 
@@ -184,9 +185,9 @@ def _failed_restore(config: SessionsConfig, savepoint_id: str, replaced: str | N
     cause = f"{type(error).__name__}: {str(error).splitlines()[0][:300] if str(error) else ''}"
     if config.checkpoint.exists():
         stamp = dt.datetime.now(dt.timezone.utc).strftime("%Y%m%dT%H%M%S%f")
-        config.checkpoint.rename(config.checkpoint.with_name(config.checkpoint.name + FAILED_SUFFIX + stamp))
+        move(config.checkpoint, config.checkpoint.with_name(config.checkpoint.name + FAILED_SUFFIX + stamp))
     if not outputs_rolled_back and replaced is not None:
-        Path(replaced).rename(config.checkpoint)
+        move(checkpoint_path(replaced, webhdfs=config.webhdfs_address), config.checkpoint)
         clear_restore_marker(config.checkpoint)
         return RestoreIncomplete(f"restore from {savepoint_id} failed before any table was changed ({cause}); "
                                  f"the previous checkpoint is back in place",

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import datetime as dt
 from collections.abc import Callable, Iterator
-from pathlib import Path
 from typing import Any
 
 import pyarrow as pa
@@ -19,17 +18,18 @@ from pipelines.errors import NoCommittedBatch
 from pipelines.job.checkpoint import CheckpointInfo, JobMetadata, inspect_checkpoint, read_job_metadata
 from pipelines.job.operators import for_layout, of_checkpoint
 from pipelines.job.operators.seam import StateOperator, StoredChunk, register_coordinator
+from pipelines.locations import CheckpointPath
 
 __all__ = ["lookup_user", "read_state", "repartition_state", "session_json", "state_summary", "top_sessions"]
 
 
-def repartition_state(spark: SparkSession, checkpoint: Path, partitions: int) -> None:
+def repartition_state(spark: SparkSession, checkpoint: CheckpointPath, partitions: int) -> None:
     """Spark's offline repartition of a stopped query's state (RocksDB) to `partitions`."""
     register_coordinator(spark)
     spark._streamingCheckpointManager.repartition(str(checkpoint), partitions)
 
 
-def read_state(spark: SparkSession, checkpoint: Path, *, batch_id: int | None = None,
+def read_state(spark: SparkSession, checkpoint: CheckpointPath, *, batch_id: int | None = None,
                op: StateOperator | None = None) -> DataFrame:
     """The state's rows in canonical form: per open session at most one frozen prefix (event_id null) and
     its events above the watermark, each row with its session's start."""
@@ -57,7 +57,7 @@ def _summarise_partition(gap_ms: int, decode: Callable[[pa.RecordBatch], Iterato
     return summarise
 
 
-def state_summary(spark: SparkSession, checkpoint: Path, gap_ms: int, *, batch_id: int | None = None,
+def state_summary(spark: SparkSession, checkpoint: CheckpointPath, gap_ms: int, *, batch_id: int | None = None,
                   op: StateOperator | None = None) -> dict[str, int]:
     """What the state holds, in one pass over it: keys (hash buckets), open users, open sessions, open
     events (frozen ones counted), stored rows, frozen prefixes and the stored value bytes."""

@@ -1,4 +1,5 @@
-"""Reading a Structured Streaming checkpoint without Spark: its logs, provider and our job metadata."""
+"""Reading a Structured Streaming checkpoint without Spark: its logs, provider and our job metadata -- on a local path,
+HDFS or S3 (pipelines.locations)."""
 from __future__ import annotations
 
 import datetime as dt
@@ -11,6 +12,7 @@ from pathlib import Path
 from typing import Any
 
 from pipelines.errors import CheckpointDamaged, NoCommittedBatch
+from pipelines.locations import CheckpointPath
 
 __all__ = ["PROVIDER_CLASSES", "CheckpointInfo", "CommittedBatch", "JobMetadata", "batch_source_range", "clear_restore_marker", "committed_checkpoint", "directory_size", "inspect_checkpoint", "last_commit_age_seconds", "read_job_metadata", "read_restore_marker", "rescale_command", "restore_marker", "write_job_metadata", "write_restore_marker"]
 
@@ -47,27 +49,36 @@ class JobMetadata:
         return cls(uuid.uuid4().hex, gap_ms, lateness_ms, buckets, created_from, state_layout)
 
 
-def read_job_metadata(checkpoint: Path) -> JobMetadata | None:
-    path = Path(checkpoint) / JOB_FILE
-    if not path.exists():
+def read_job_metadata(checkpoint: CheckpointPath) -> JobMetadata | None:
+    try:
+        return JobMetadata(**json.loads((checkpoint / JOB_FILE).read_text()))
+    except FileNotFoundError:
         return None
-    return JobMetadata(**json.loads(path.read_text()))
 
 
-def write_job_metadata(checkpoint: Path, meta: JobMetadata) -> None:
-    Path(checkpoint).mkdir(parents=True, exist_ok=True)
-    tmp = Path(checkpoint) / (JOB_FILE + ".tmp")
-    tmp.write_text(json.dumps(asdict(meta)))
-    tmp.replace(Path(checkpoint) / JOB_FILE)
+def _write_whole(path: CheckpointPath, text: str) -> None:
+    """A small file that readers see whole or not at all: a local one renamed into place, a remote one in one write
+    (pipelines.locations)."""
+    if isinstance(path, Path):
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = path.with_name(path.name + ".tmp")
+        tmp.write_text(text)
+        os.replace(tmp, path)
+    else:
+        path.write_text(text)
 
 
-def _batch_files(directory: Path) -> list[int]:
+def write_job_metadata(checkpoint: CheckpointPath, meta: JobMetadata) -> None:
+    _write_whole(checkpoint / JOB_FILE, json.dumps(asdict(meta)))
+
+
+def _batch_files(directory: CheckpointPath) -> list[int]:
     if not directory.exists():
         return []
     return sorted(int(p.name) for p in directory.iterdir() if p.name.isdigit())
 
 
-def _log_entry(path: Path, lines: int = 1) -> list[str]:
+def _log_entry(path: CheckpointPath, lines: int = 1) -> list[str]:
     """The lines of a checkpoint log file (offsets/N, commits/N), at least `lines` of them (Spark's own reader needs
     the version line, and an offset file its metadata line too): CheckpointDamaged when it is missing, empty or cut
     short -- a write a full disk or a crash cut short -- in one line naming the file and what recovers it."""
@@ -83,14 +94,14 @@ def _log_entry(path: Path, lines: int = 1) -> list[str]:
     return entry
 
 
-def _damaged(path: Path, cause: str) -> CheckpointDamaged:
+def _damaged(path: CheckpointPath, cause: str) -> CheckpointDamaged:
     checkpoint = path.parent.parent
     return CheckpointDamaged(f"the checkpoint log file {path.parent.name}/{path.name} of {checkpoint} is {cause}: "
                              "`sessionctl restore --savepoint latest` rebuilds the checkpoint from the newest savepoint "
                              "and replays what came after it")
 
 
-def _log_json(path: Path, entry: list[str], index: int) -> dict[str, Any]:
+def _log_json(path: CheckpointPath, entry: list[str], index: int) -> dict[str, Any]:
     try:
         value = json.loads(entry[index])
     except ValueError:
@@ -114,8 +125,7 @@ class CheckpointInfo:
     unfinished_rescale: int | None = None
 
 
-def inspect_checkpoint(checkpoint: Path) -> CheckpointInfo:
-    checkpoint = Path(checkpoint)
+def inspect_checkpoint(checkpoint: CheckpointPath) -> CheckpointInfo:
     commits = _batch_files(checkpoint / "commits")
     if not commits:
         return CheckpointInfo(str(checkpoint), None, None, None, None, None, None)
@@ -166,7 +176,7 @@ class CommittedBatch:
         return info.next_watermark_ms if info.next_watermark_ms is not None else info.batch_watermark_ms
 
 
-def committed_checkpoint(checkpoint: Path, nothing: str) -> CommittedBatch:
+def committed_checkpoint(checkpoint: CheckpointPath, nothing: str) -> CommittedBatch:
     """The last committed batch, or NoCommittedBatch saying `nothing` (e.g. "nothing to savepoint")."""
     info = inspect_checkpoint(checkpoint)
     meta = read_job_metadata(checkpoint)
@@ -180,10 +190,11 @@ def rescale_command(info: CheckpointInfo) -> str | None:
     return None if info.unfinished_rescale is None else f"sessionctl rescale --partitions {info.unfinished_rescale}"
 
 
-def directory_size(path: Path) -> tuple[int, int]:
+def directory_size(path: CheckpointPath) -> tuple[int, int]:
     """(files, bytes) under a directory."""
+    if not isinstance(path, Path):
+        return path.tree_size()
     files = total = 0
-    path = Path(path)
     if not path.exists():
         return 0, 0
     for item in path.rglob("*"):
@@ -193,9 +204,8 @@ def directory_size(path: Path) -> tuple[int, int]:
     return files, total
 
 
-def batch_source_range(checkpoint: Path, batch_id: int) -> tuple[int, int]:
+def batch_source_range(checkpoint: CheckpointPath, batch_id: int) -> tuple[int, int]:
     """(low, high]: the raw_events ingest_seq range micro-batch `batch_id` read, from the offset log."""
-    checkpoint = Path(checkpoint)
 
     def seq_at(batch: int) -> int:
         path = checkpoint / "offsets" / str(batch)
@@ -204,17 +214,20 @@ def batch_source_range(checkpoint: Path, batch_id: int) -> tuple[int, int]:
     high = seq_at(batch_id)
     if batch_id > 0 and (checkpoint / "offsets" / str(batch_id - 1)).exists():
         return seq_at(batch_id - 1), high
-    bootstrap = checkpoint / "_bootstrap.json"
-    low = int(json.loads(bootstrap.read_text())["source_seq"]) if bootstrap.exists() else 0
+    try:
+        low = int(json.loads((checkpoint / "_bootstrap.json").read_text())["source_seq"])
+    except FileNotFoundError:
+        low = 0
     return low, high
 
 
-def last_commit_age_seconds(checkpoint: Path) -> float | None:
+def last_commit_age_seconds(checkpoint: CheckpointPath) -> float | None:
     """Seconds since the newest committed batch (None when nothing was committed)."""
-    commits = _batch_files(Path(checkpoint) / "commits")
+    commits = _batch_files(checkpoint / "commits")
     if not commits:
         return None
-    return time.time() - (Path(checkpoint) / "commits" / str(commits[-1])).stat().st_mtime
+    newest = checkpoint / "commits" / str(commits[-1])
+    return time.time() - (newest.stat().st_mtime if isinstance(newest, Path) else newest.mtime())
 
 
 # A restore replaces the checkpoint directory, so its marker lives beside it: present from before the first
@@ -222,26 +235,22 @@ def last_commit_age_seconds(checkpoint: Path) -> float | None:
 RESTORE_MARKER_SUFFIX = ".restore-in-progress.json"
 
 
-def restore_marker(checkpoint: Path) -> Path:
+def restore_marker(checkpoint: CheckpointPath) -> CheckpointPath:
     return checkpoint.with_name(checkpoint.name + RESTORE_MARKER_SUFFIX)
 
 
-def write_restore_marker(checkpoint: Path, savepoint_id: str, partitions: int | None) -> None:
+def write_restore_marker(checkpoint: CheckpointPath, savepoint_id: str, partitions: int | None) -> None:
     command = f"sessionctl restore --savepoint {savepoint_id}" + (f" --partitions {partitions}" if partitions else "")
-    marker = restore_marker(checkpoint)
-    marker.parent.mkdir(parents=True, exist_ok=True)
-    tmp = marker.with_suffix(".tmp")
-    tmp.write_text(json.dumps({"savepoint_id": savepoint_id, "command": command,
-                               "started_at": dt.datetime.now(dt.timezone.utc).isoformat()}))
-    os.replace(tmp, marker)
+    _write_whole(restore_marker(checkpoint), json.dumps({
+        "savepoint_id": savepoint_id, "command": command, "started_at": dt.datetime.now(dt.timezone.utc).isoformat()}))
 
 
-def read_restore_marker(checkpoint: Path) -> dict[str, str] | None:
+def read_restore_marker(checkpoint: CheckpointPath) -> dict[str, str] | None:
     try:
         return dict(json.loads(restore_marker(checkpoint).read_text()))
     except FileNotFoundError:
         return None
 
 
-def clear_restore_marker(checkpoint: Path) -> None:
+def clear_restore_marker(checkpoint: CheckpointPath) -> None:
     restore_marker(checkpoint).unlink(missing_ok=True)

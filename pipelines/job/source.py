@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import json
 from collections.abc import Iterator, Mapping
-from pathlib import Path
 from typing import Any
 
 import pyarrow as pa
@@ -24,6 +23,7 @@ from pyspark.sql.streaming.datasource import ReadAllAvailable, ReadLimit, ReadMa
 
 from pipelines.ingest import latest_ingest_seq
 from pipelines.ingest.table import CLOCK_KIND
+from pipelines.locations import checkpoint_path
 from pipelines.storage import filesystem, s3_options
 
 __all__ = ["BOOTSTRAP_FILE", "SOURCE_NAME", "SPLIT_FILE_ROWS", "RawEventsSource", "RawEventsStreamReader"]
@@ -122,8 +122,12 @@ class RawEventsStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow)
         self.target_seq: int | None = int(options["targetSeq"]) if options.get("targetSeq") else None
 
     def _bootstrap(self) -> dict[str, Any] | None:
-        if self.bootstrap_file and Path(self.bootstrap_file).exists():
-            return json.loads(Path(self.bootstrap_file).read_text())
+        if not self.bootstrap_file:
+            return None
+        try:  # in the checkpoint: a local path, or on HDFS or S3 (pipelines.locations)
+            return dict(json.loads(checkpoint_path(self.bootstrap_file).read_text()))
+        except FileNotFoundError:
+            return None
         return None
 
     def _latest_seq(self) -> int:

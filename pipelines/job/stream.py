@@ -9,7 +9,6 @@ from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager, suppress
 from dataclasses import asdict, dataclass, field
-from pathlib import Path
 from typing import Any
 
 from pyspark.sql import DataFrame, SparkSession
@@ -37,6 +36,7 @@ from pipelines.job.runtime import ERRORS_LOG, explain_spark_failure, get_spark, 
 from pipelines.job.sink import MicroBatchSink
 from pipelines.job.source import BOOTSTRAP_FILE, SOURCE_NAME
 from pipelines.job.startup import checkpoint_metadata, ensure_tables
+from pipelines.locations import CheckpointPath
 from pipelines.storage import is_object_store_failure, is_s3, object_store_errors, s3_failure, storage_options
 
 __all__ = ["RunSummary", "catch_up", "raw_events_stream", "run_continuously", "start_query"]
@@ -44,7 +44,7 @@ __all__ = ["RunSummary", "catch_up", "raw_events_stream", "run_continuously", "s
 log = logging.getLogger(__name__)
 
 
-def raw_events_stream(spark: SparkSession, config: SessionsConfig, checkpoint: Path,
+def raw_events_stream(spark: SparkSession, config: SessionsConfig, checkpoint: CheckpointPath,
                       *, source_options: dict[str, Any] | None = None) -> DataFrame:
     """The stream of raw_events rows for a query checkpointed at `checkpoint` (a restore's bootstrap there)."""
     prepare_session(spark, config)

@@ -21,7 +21,6 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -35,6 +34,7 @@ from pipelines.core import state_format
 from pipelines.errors import SavepointDamaged
 from pipelines.job.operators.jvm import _DECODE_STATE, _ROWS_DDL
 from pipelines.job.operators.seam import register_coordinator
+from pipelines.locations import CheckpointPath
 from state_store.savepoint.catalog import DELETED, INCREMENT_SCHEMA, SavepointStore, StateFiles
 from state_store.savepoint.checksum import MOD64, combine_checksum, frame_checksum, row_hashes, signed
 from state_store.savepoint.files import executor_env, file_batches, files_checksum, table_rows
@@ -79,7 +79,7 @@ def latest_per_user(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatc
     yield from pa.concat_tables([rows, _tombstones(gone["user_id"])]).to_batches()
 
 
-def change_feed(spark: SparkSession, checkpoint: Path, after_batch: int, batch_id: int) -> DataFrame:
+def change_feed(spark: SparkSession, checkpoint: CheckpointPath, after_batch: int, batch_id: int) -> DataFrame:
     """The state's changes from batch `after_batch` to `batch_id` (user_id, change_type, rows: the value decoded by
     the JVM operator's DecodeState), in version order per state partition; latest_per_user makes the increment of
     them (INCREMENT_DDL): per user whose state changed, all its rows at `batch_id`, or a tombstone."""

@@ -21,13 +21,13 @@ from __future__ import annotations
 
 import json
 from dataclasses import dataclass
-from pathlib import Path
 
 from pipelines.config import SessionsConfig, env_name
 from pipelines.core import state_format
 from pipelines.errors import SavepointDamaged
 from pipelines.job.checkpoint import CommittedBatch, inspect_checkpoint
 from pipelines.job.operators.jvm import STATE_LAYOUT
+from pipelines.locations import CheckpointPath
 from state_store.results import SavepointInfo
 from state_store.savepoint.catalog import FULL, INCREMENTAL, SavepointStore
 from state_store.savepoint.damage import damaged_members
@@ -46,7 +46,7 @@ class SavepointPlan:
 
 
 
-def _partitions_of(checkpoint: Path, batch_id: int) -> int | None:
+def _partitions_of(checkpoint: CheckpointPath, batch_id: int) -> int | None:
     try:
         lines = [line for line in (checkpoint / "offsets" / str(batch_id)).read_text().splitlines() if line.strip()]
         count = json.loads(lines[1]).get("conf", {}).get("spark.sql.shuffle.partitions")

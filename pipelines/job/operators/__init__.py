@@ -6,13 +6,12 @@ then handed down (pipelines.job.operators.seam).
 """
 from __future__ import annotations
 
-from pathlib import Path
-
 from pipelines.errors import CheckpointMismatch, NoCommittedBatch
 from pipelines.job.checkpoint import read_job_metadata
 from pipelines.job.operators.buckets import BucketLayout
 from pipelines.job.operators.jvm import JvmOperator
 from pipelines.job.operators.seam import StateOperator
+from pipelines.locations import CheckpointPath
 
 __all__ = ["for_layout", "for_new_checkpoint", "of_checkpoint"]
 
@@ -28,7 +27,7 @@ def for_layout(layout: str | None) -> StateOperator:
         "after them replayed exactly once)")
 
 
-def of_checkpoint(checkpoint: Path) -> StateOperator:
+def of_checkpoint(checkpoint: CheckpointPath) -> StateOperator:
     """The operator of an existing checkpoint, from its metadata (for readers given only the path)."""
     meta = read_job_metadata(checkpoint)
     if meta is None:

@@ -9,7 +9,6 @@ from __future__ import annotations
 import json
 import struct
 from collections.abc import Iterator
-from pathlib import Path
 
 import pyarrow as pa
 import pyarrow.compute as pc
@@ -19,6 +18,7 @@ from pyspark.sql import functions as F
 from pipelines.core import state_format
 from pipelines.errors import CheckpointMismatch
 from pipelines.job.operators.seam import StateOperator, StoredChunk, state_reader
+from pipelines.locations import CheckpointPath
 
 __all__ = ["BucketLayout"]
 
@@ -67,7 +67,7 @@ class BucketLayout(StateOperator):
     def max_partitions(self, buckets: int) -> int | None:
         return buckets  # at most that many keys
 
-    def stored_values(self, spark: SparkSession, checkpoint: Path, batch_id: int | None) -> DataFrame:
+    def stored_values(self, spark: SparkSession, checkpoint: CheckpointPath, batch_id: int | None) -> DataFrame:
         """One row per hash bucket: `v` (its stored value) and `bucket`."""
         return state_reader(spark, checkpoint, batch_id).select(
             F.col(f"value.groupState.{STATE_COLUMN}").alias("v"),
@@ -78,7 +78,7 @@ class BucketLayout(StateOperator):
         for value in batch.column(0).to_pylist():
             yield StoredChunk(decode_bucket(value), 1, len(value))
 
-    def user_values(self, spark: SparkSession, checkpoint: Path, batch_id: int | None, user_id: str,
+    def user_values(self, spark: SparkSession, checkpoint: CheckpointPath, batch_id: int | None, user_id: str,
                     buckets: int) -> DataFrame:
         bucket = F.pmod(F.xxhash64(F.lit(user_id)), F.lit(buckets)).cast("int")  # the operator's bucket of a user
         return self.stored_values(spark, checkpoint, batch_id).where(F.col("bucket") == bucket)

@@ -4,7 +4,6 @@ in StateCodec's format, which Python reads only through the `DecodeState` SQL fu
 from __future__ import annotations
 
 from collections.abc import Iterator
-from pathlib import Path
 
 import pyarrow as pa
 import pyarrow.compute as pc
@@ -15,6 +14,7 @@ from pipelines.config import REPO_ROOT
 from pipelines.core import state_format
 from pipelines.errors import ConfigError
 from pipelines.job.operators.seam import OUTPUT_SCHEMA, StateOperator, StoredChunk, state_reader
+from pipelines.locations import CheckpointPath
 
 __all__ = ["JVM_JAR", "STATE_LAYOUT", "JvmOperator"]
 
@@ -51,7 +51,7 @@ class JvmOperator(StateOperator):
         initial = None if initial_rows is None else _in_ms(initial_rows)._jdf
         return DataFrame(operator.sessionize(keyed._jdf, gap_ms, OUTPUT_SCHEMA, initial), spark)
 
-    def stored_values(self, spark: SparkSession, checkpoint: Path, batch_id: int | None) -> DataFrame:
+    def stored_values(self, spark: SparkSession, checkpoint: CheckpointPath, batch_id: int | None) -> DataFrame:
         """One row per user: `user_id`, `rows` (array of its open rows, decoded by StateCodec through DecodeState)
         and `bytes` (its stored value's size)."""
         spark.udf.registerJavaFunction(_DECODE_STATE, "sessions.DecodeState", _ROWS_DDL)
@@ -68,11 +68,11 @@ class JvmOperator(StateOperator):
         table = pa.table({"user_id": users, **{name: flat.field(name) for name in state_format.ROW_FIELDS[1:]}})
         yield StoredChunk(table, batch.num_rows, int(pc.sum(batch.column(2)).as_py() or 0))
 
-    def user_values(self, spark: SparkSession, checkpoint: Path, batch_id: int | None, user_id: str,
+    def user_values(self, spark: SparkSession, checkpoint: CheckpointPath, batch_id: int | None, user_id: str,
                     buckets: int) -> DataFrame:
         return self.stored_values(spark, checkpoint, batch_id).where(F.col("user_id") == user_id)
 
-    def canonical_rows(self, spark: SparkSession, checkpoint: Path, batch_id: int | None) -> DataFrame:
+    def canonical_rows(self, spark: SparkSession, checkpoint: CheckpointPath, batch_id: int | None) -> DataFrame:
         # In SQL, no Python worker: the rows are already columns after DecodeState.
         row = F.explode("rows").alias("r")
         return self.stored_values(spark, checkpoint, batch_id).select("user_id", row).select(

@@ -15,7 +15,6 @@ from __future__ import annotations
 from abc import ABC, abstractmethod
 from collections.abc import Iterator
 from dataclasses import dataclass
-from pathlib import Path
 
 import pyarrow as pa
 from pyspark.sql import DataFrame, SparkSession
@@ -23,6 +22,7 @@ from pyspark.sql import functions as F
 
 from pipelines.config import MAX_PARTITIONS
 from pipelines.core.state_format import CANONICAL_DDL
+from pipelines.locations import CheckpointPath
 
 __all__ = ["OUTPUT_COLUMNS", "OUTPUT_SCHEMA", "StateOperator", "StoredChunk", "keyed_events", "register_coordinator", "state_reader"]
 
@@ -69,7 +69,7 @@ class StateOperator(ABC):
 
     # ---- reading state (Spark's state data source; decoded in the executors) -------------------------------------
     @abstractmethod
-    def stored_values(self, spark: SparkSession, checkpoint: Path, batch_id: int | None) -> DataFrame:
+    def stored_values(self, spark: SparkSession, checkpoint: CheckpointPath, batch_id: int | None) -> DataFrame:
         """One row per state key, in whatever columns `decode` reads."""
 
     @staticmethod
@@ -78,11 +78,11 @@ class StateOperator(ABC):
         """A batch of `stored_values` -> its stored rows (runs in the executors: no state on self)."""
 
     @abstractmethod
-    def user_values(self, spark: SparkSession, checkpoint: Path, batch_id: int | None, user_id: str,
+    def user_values(self, spark: SparkSession, checkpoint: CheckpointPath, batch_id: int | None, user_id: str,
                     buckets: int) -> DataFrame:
         """The `stored_values` row(s) that can hold `user_id` (a point lookup reads only those)."""
 
-    def canonical_rows(self, spark: SparkSession, checkpoint: Path, batch_id: int | None) -> DataFrame:
+    def canonical_rows(self, spark: SparkSession, checkpoint: CheckpointPath, batch_id: int | None) -> DataFrame:
         """The state's rows in canonical form (CANONICAL_DDL): per open session at most one frozen prefix (event_id
         null) and its events above the watermark, each row with its session's start."""
         decode = self.decode
@@ -102,7 +102,7 @@ def register_coordinator(spark: SparkSession) -> None:
     spark.streams.active  # noqa: B018 -- the access itself registers the coordinator
 
 
-def state_reader(spark: SparkSession, checkpoint: Path, batch_id: int | None) -> DataFrame:
+def state_reader(spark: SparkSession, checkpoint: CheckpointPath, batch_id: int | None) -> DataFrame:
     """Spark's state data source over the checkpoint's one stateful operator (at `batch_id`, else the newest)."""
     register_coordinator(spark)
     reader = spark.read.format("statestore")
