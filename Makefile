@@ -41,6 +41,16 @@ $(RUNTIME_JARS): jvm/deps/pom.xml
 	  -DoutputDirectory=$(CURDIR)/build/jars
 	touch $@
 
+# Hadoop's S3A filesystem and the AWS SDK for a checkpoint on S3 (jvm/s3a/pom.xml), on the class path only of a job
+# whose checkpoint is there (pipelines/job/runtime.py).
+S3A_JARS := build/jars-s3a/.fetched
+$(S3A_JARS): jvm/s3a/pom.xml
+	@$(MAKE) -s check-mvn
+	rm -rf build/jars-s3a
+	mvn -q -B -f jvm/s3a/pom.xml dependency:copy-dependencies -DexcludeTransitive=true \
+	  -DoutputDirectory=$(CURDIR)/build/jars-s3a
+	touch $@
+
 # The JVM operator (the default; SESSIONS_OPERATOR), compiled against the pyspark wheel's own Spark jars and
 # loaded with spark.jars (pipelines/job/runtime.py).
 JVM_JAR := build/jvm/sessions-operator.jar
@@ -58,7 +68,7 @@ CLASS_ARCHIVE := build/jvm/spark-classes.jsa
 $(CLASS_ARCHIVE): $(JVM_JAR) $(RUNTIME_JARS) $(STAMP) pipelines/job/class_archive.py
 	$(PY) -m pipelines.job.class_archive $@
 
-setup: check-java $(STAMP) $(RUNTIME_JARS) $(JVM_JAR) $(CLASS_ARCHIVE)
+setup: check-java $(STAMP) $(RUNTIME_JARS) $(S3A_JARS) $(JVM_JAR) $(CLASS_ARCHIVE)
 
 demo: setup
 	$(PY) -m sessionctl.demo

@@ -50,6 +50,7 @@ ROCKSDB_CHANGELOG = "spark.sql.streaming.stateStore.rocksdb.changelogCheckpointi
 # Built by `make setup` (pipelines/job/class_archive.py): the JVM's classes pre-parsed, mapped at start instead of loaded.
 CLASS_ARCHIVE = REPO_ROOT / "build" / "jvm" / "spark-classes.jsa"
 RUNTIME_JARS_DIR = REPO_ROOT / "build" / "jars"  # filled by `make setup` from jvm/deps/pom.xml
+S3A_JARS_DIR = REPO_ROOT / "build" / "jars-s3a"  # jvm/s3a/pom.xml: only for a checkpoint on S3
 
 
 def java_options(config: SessionsConfig, class_archive_dump: Path | None = None) -> str:
@@ -84,15 +85,29 @@ def spark_conf(config: SessionsConfig, class_archive_dump: Path | None = None) -
         # Spark's log to a file (pipelines/log4j2.properties): the terminal gets sessionctl's one line.
         "spark.driver.extraJavaOptions": java_options(config, class_archive_dump),
         **cluster_conf(config.spark_master),
-        **jvm_jar_conf(config.spark_master),
+        **jvm_jar_conf(config.spark_master, s3a=config.checkpoint_uri.startswith("s3a://")),
+        **s3a_conf(),
     }
 
 
-def jvm_jar_conf(master: str) -> dict[str, str]:
+def s3a_conf() -> dict[str, str]:
+    """Hadoop's S3A filesystem (a checkpoint on S3) on the endpoint and region of the standard AWS_* variables, as
+    every other S3 client here; credentials from the same variables (S3A's default provider chain reads them)."""
+    env = os.environ
+    conf = {"spark.hadoop.fs.s3a.endpoint.region": env.get("AWS_REGION") or env.get("AWS_DEFAULT_REGION") or "us-east-1"}
+    endpoint = env.get("AWS_ENDPOINT_URL")
+    if endpoint:  # an S3-compatible endpoint (MinIO, moto, Ceph): path-style requests, TLS as its URL says
+        conf.update({"spark.hadoop.fs.s3a.endpoint": endpoint, "spark.hadoop.fs.s3a.path.style.access": "true",
+                     "spark.hadoop.fs.s3a.connection.ssl.enabled": str(endpoint.startswith("https")).lower()})
+    return conf
+
+
+def jvm_jar_conf(master: str, *, s3a: bool = False) -> dict[str, str]:
     """The JVM operator's jar (the default operator; SESSIONS_OPERATOR) on the driver's class path from its start --
     in local mode the executors are the driver, and the local file system below must be loadable before Spark reads
-    any path --; on a cluster Spark also ships it to the executors (spark.jars)."""
-    jars = ([JVM_JAR] if JVM_JAR.exists() else []) + runtime_jars()
+    any path --; on a cluster Spark also ships it to the executors (spark.jars). With `s3a`, Hadoop's S3A filesystem
+    too (a checkpoint on S3)."""
+    jars = ([JVM_JAR] if JVM_JAR.exists() else []) + runtime_jars() + (sorted(S3A_JARS_DIR.glob("*.jar")) if s3a else [])
     if not jars:
         return {}
     class_path = ":".join(str(jar) for jar in jars)
