@@ -66,3 +66,68 @@ def test_checkpoint_on_s3_catch_up_savepoint_restore_exactly_once(s3_endpoint, t
     info = inspect_checkpoint(config.checkpoint)  # the driver's read of the logs on S3, no JVM
     assert isinstance(config.checkpoint, RemotePath) and info.provider == provider
     assert info.last_committed_batch is not None and info.source_offset and info.source_offset["seq"] == len(batches)
+
+
+def _hdfs_config(tmp_path, hdfs, provider: str, name: str):
+    return make_config(tmp_path, provider, SESSIONS_CHECKPOINT_URI=f"{hdfs.uri}/jobs/{name}",
+                       SESSIONS_WEBHDFS_ADDRESS=hdfs.webhdfs.removeprefix("http://"), SESSIONS_LEASE_URI=str(tmp_path / "leases"))
+
+
+@pytest.mark.parametrize("provider", ["rocksdb", "hdfs"])
+def test_checkpoint_on_hdfs_every_lifecycle_operation_exactly_once(spark, hdfs, tmp_path, provider):
+    from pipelines.job.stream import catch_up
+    from state_store.lifecycle import replaced_checkpoints, rescale, restore, take_savepoint
+    from state_store.maintenance import compact
+    from state_store.status import status
+
+    config = _hdfs_config(tmp_path, hdfs, provider, f"lifecycle-{provider}")
+    assert isinstance(config.checkpoint, RemotePath) and str(config.checkpoint).startswith("hdfs://127.0.0.1:")
+    batches = stream_scenario(8, 7, False, GAP_MS, LATENESS_MS)
+
+    land_batches(config, batches[:3])
+    catch_up(config, spark)
+    saved = take_savepoint(config, spark=spark)
+    land_batches(config, batches[3:5], start=3)
+    catch_up(config, spark)
+    assert rescale(config, 3, spark=spark).partitions_after == 3
+    hdfs.restart_namenode()  # between two runs: the next one finds its checkpoint as it was
+    land_batches(config, batches[5:], start=5)
+    catch_up(config, spark)
+    _assert_exactly_once(config, batches)
+    assert inspect_checkpoint(config.checkpoint).partitions == 3
+
+    restored = restore(config, saved.savepoint_id, spark=spark)
+    assert restored.verified and restored.rows == saved.rows
+    assert restored.previous_checkpoint and restored.previous_checkpoint.startswith(f"{config.checkpoint}.replaced-")
+    catch_up(config, spark)  # the replay after the savepoint, exactly once again
+    _assert_exactly_once(config, batches)
+    report = status(config, spark=spark, with_state=True)
+    assert report.last_committed_batch == inspect_checkpoint(config.checkpoint).last_committed_batch
+    assert report.state_files and report.state_files > 0  # counted on HDFS through WebHDFS
+
+    assert [p.name for p in replaced_checkpoints(config)]  # the set-aside checkpoint, on HDFS
+    compact(config)
+    assert replaced_checkpoints(config) == []  # removed from HDFS by compaction
+
+
+def test_checkpoint_on_hdfs_rides_out_a_datanode_restart(spark, hdfs, tmp_path):
+    from pipelines.job.stream import catch_up
+
+    config = _hdfs_config(tmp_path, hdfs, "rocksdb", "datanode")
+    batches = stream_scenario(9, 4, False, GAP_MS, LATENESS_MS)
+    land_batches(config, batches[:2])
+    catch_up(config, spark)
+    hdfs.stop_datanode(0)
+    hdfs.restart_datanode(0)
+    land_batches(config, batches[2:], start=2)
+    catch_up(config, spark)
+    _assert_exactly_once(config, batches)
+
+
+def test_an_hdfs_checkpoint_without_a_lease_location_is_one_line(tmp_path):
+    from pipelines.errors import ConfigError
+
+    with pytest.raises(ConfigError, match="SESSIONS_CHECKPOINT_URI='hdfs://nn:8020/x' is on HDFS: set SESSIONS_LEASE_URI"):
+        make_config(tmp_path, SESSIONS_CHECKPOINT_URI="hdfs://nn:8020/x")
+    with pytest.raises(ConfigError, match="expected hdfs://namenode:port/path"):
+        make_config(tmp_path, SESSIONS_CHECKPOINT_URI="hdfs:///x", SESSIONS_LEASE_URI=str(tmp_path))
