@@ -46,6 +46,8 @@ from pathlib import Path
 
 import pytest
 
+from tests.hdfs_cluster import hdfs  # noqa: F401 -- the `hdfs` fixture (a local HDFS, session scope)
+
 os.environ["PYSPARK_PYTHON"] = sys.executable
 os.environ.setdefault("PYSPARK_DRIVER_PYTHON", sys.executable)
 # The suite's driver JVMs (this process's and every sessionctl / Dagster run it starts, through the environment) are
