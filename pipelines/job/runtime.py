@@ -87,6 +87,10 @@ def spark_conf(config: SessionsConfig, class_archive_dump: Path | None = None) -
         **cluster_conf(config.spark_master),
         **jvm_jar_conf(config.spark_master, s3a=config.checkpoint_uri.startswith("s3a://")),
         **s3a_conf(),
+        # A client of a NameNode without HA retries a call when the NameNode restarts (Hadoop's default for such a
+        # client: fail at once): 1 s apart for 30 s, then 10 s apart for 5 min more.
+        "spark.hadoop.dfs.client.retry.policy.enabled": "true",
+        "spark.hadoop.dfs.client.retry.policy.spec": "1000,30,10000,30",
     }
 
 

@@ -116,6 +116,7 @@ class RawEventsStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow)
     def __init__(self, options: Mapping[str, str]):
         self.table = options["path"]
         self.bootstrap_file = options.get("bootstrap")
+        self.webhdfs = options.get("webhdfs") or ""
         max_versions = options.get("maxVersionsPerTrigger")
         self.max_versions = int(max_versions) if max_versions else None
         # Trigger.AvailableNow sets it; a restore caps it at the savepoint (its marker-only first batch).
@@ -125,7 +126,7 @@ class RawEventsStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow)
         if not self.bootstrap_file:
             return None
         try:  # in the checkpoint: a local path, or on HDFS or S3 (pipelines.locations)
-            return dict(json.loads(checkpoint_path(self.bootstrap_file).read_text()))
+            return dict(json.loads(checkpoint_path(self.bootstrap_file, webhdfs=self.webhdfs).read_text()))
         except FileNotFoundError:
             return None
         return None

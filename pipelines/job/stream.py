@@ -50,7 +50,8 @@ def raw_events_stream(spark: SparkSession, config: SessionsConfig, checkpoint: C
     prepare_session(spark, config)
     reader = (spark.readStream.format(SOURCE_NAME)
               .option("path", config.raw_events_table)
-              .option("bootstrap", str(checkpoint / BOOTSTRAP_FILE)))
+              .option("bootstrap", str(checkpoint / BOOTSTRAP_FILE))
+              .option("webhdfs", config.webhdfs_address))  # where the source reads an hdfs:// checkpoint's bootstrap
     if config.max_versions_per_batch:
         reader = reader.option("maxVersionsPerTrigger", str(config.max_versions_per_batch))
     for key, value in (source_options or {}).items():
