@@ -46,6 +46,8 @@ from pathlib import Path
 
 import pytest
 
+from tests.kafka_broker import kafka_broker  # noqa: F401 -- the session's Apache Kafka broker (fixture)
+
 os.environ["PYSPARK_PYTHON"] = sys.executable
 os.environ.setdefault("PYSPARK_DRIVER_PYTHON", sys.executable)
 # The suite's driver JVMs (this process's and every sessionctl / Dagster run it starts, through the environment) are
