@@ -10,7 +10,7 @@ check-java:
 	@java -version 2>&1 | head -1 | grep -Eq '"(1[7-9]|2[0-9])' || { echo "Spark 4.2 needs Java 17 or newer; found: $$(java -version 2>&1 | head -1)" >&2; exit 1; }
 
 check-mvn:
-	@command -v mvn >/dev/null 2>&1 || { echo "Maven (mvn) fetches the pinned JVM artifacts (jvm/deps/pom.xml) and was not found on PATH. Install it (Debian: apt-get install -y maven) and run make again." >&2; exit 1; }
+	@command -v mvn >/dev/null 2>&1 || { echo "Maven (mvn) fetches the pinned JVM artifacts (jvm/deps/pom.xml, jvm/kafka/pom.xml) and was not found on PATH. Install it (Debian: apt-get install -y maven) and run make again." >&2; exit 1; }
 
 check-javac:
 	@command -v javac >/dev/null 2>&1 || { echo "javac (JDK 17+) is required to build the JVM operator (SESSIONS_OPERATOR=jvm) and was not found on PATH. Install it (Debian: apt-get install -y openjdk-17-jdk-headless) and run make again." >&2; exit 1; }
@@ -49,6 +49,16 @@ $(S3A_JARS): jvm/s3a/pom.xml
 	rm -rf build/jars-s3a
 	mvn -q -B -f jvm/s3a/pom.xml dependency:copy-dependencies -DexcludeTransitive=true \
 	  -DoutputDirectory=$(CURDIR)/build/jars-s3a
+	touch $@
+
+# Apache Kafka's own broker for the Kafka ingest tests (tests/kafka_broker.py, deploy/local-kafka): a KRaft broker
+# pinned in jvm/kafka/pom.xml with its runtime dependencies, fetched once here into build/kafka/, never at broker start.
+KAFKA_JARS := build/kafka/.fetched
+$(KAFKA_JARS): jvm/kafka/pom.xml
+	@$(MAKE) -s check-mvn
+	rm -rf build/kafka
+	mvn -q -B -f jvm/kafka/pom.xml dependency:copy-dependencies -DincludeScope=runtime \
+	  -DoutputDirectory=$(CURDIR)/build/kafka
 	touch $@
 
 # The JVM operator (the default; SESSIONS_OPERATOR), compiled against the pyspark wheel's own Spark jars and
@@ -94,7 +104,7 @@ CLASS_ARCHIVE := build/jvm/spark-classes.jsa
 $(CLASS_ARCHIVE): $(JVM_JAR) $(RUNTIME_JARS) $(STAMP) pipelines/job/class_archive.py
 	$(PY) -m pipelines.job.class_archive $@
 
-setup: check-java $(STAMP) $(RUNTIME_JARS) $(S3A_JARS) $(JVM_JAR) $(CLASS_ARCHIVE) $(HDFS_JARS) $(HDFS_JAR)
+setup: check-java $(STAMP) $(RUNTIME_JARS) $(S3A_JARS) $(KAFKA_JARS) $(JVM_JAR) $(CLASS_ARCHIVE) $(HDFS_JARS) $(HDFS_JAR)
 
 demo: setup
 	$(PY) -m sessionctl.demo

@@ -1,6 +1,7 @@
 """librdkafka's mock cluster (from the confluent-kafka wheel), driven through its C API with ctypes: a Kafka-protocol
-broker on loopback for the tests (tests/test_kafka_ingest.py) and the Kafka benchmark. It is a mock, not Apache
-Kafka: no real retention settings, disk, replication or transactions."""
+broker on loopback for the Kafka benchmark (benchmarks/kafka_ingest.py). It is a mock, not Apache Kafka: no real
+retention settings, disk, replication or transactions. The tests use Apache Kafka's own broker (tests/kafka_broker.py);
+tests/test_kafka_ingest.py's docstring says why none of them needs the mock."""
 from __future__ import annotations
 
 import ctypes

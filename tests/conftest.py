@@ -47,6 +47,7 @@ from pathlib import Path
 import pytest
 
 from tests.hdfs_cluster import hdfs  # noqa: F401 -- the `hdfs` fixture (a local HDFS, session scope)
+from tests.kafka_broker import kafka_broker  # noqa: F401 -- the session's Apache Kafka broker (fixture)
 
 os.environ["PYSPARK_PYTHON"] = sys.executable
 os.environ.setdefault("PYSPARK_DRIVER_PYTHON", sys.executable)

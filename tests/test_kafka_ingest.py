@@ -1,11 +1,24 @@
-"""Kafka as the ingest source (pipelines/ingest/kafka.py) against librdkafka's in-process mock cluster.
+"""Kafka as the ingest source (pipelines/ingest/kafka.py) against Apache Kafka's own broker.
 
-The mock speaks the Kafka protocol but is not Apache Kafka: it cannot create or delete topics or records through the
-admin API, so `MockCluster` drives librdkafka's own mock C API (rd_kafka_mock_topic_create / _topic_delete /
-_partition_delete_records / _broker_set_down / _broker_set_up, exported by the wheel's bundled librdkafka) through
-ctypes: a topic of exactly 3 partitions, retention (records deleted below an offset), a topic deleted and recreated, a
-broker that goes down (refuses connections) and comes back. (The mock itself keeps about 5 MB per
-partition and deletes older messages, like retention: keep test topics small.)
+The broker is tests/kafka_broker.py's `kafka_broker`: one single-node KRaft broker (broker and controller in one JVM,
+the Apache Kafka 4.4 jars of jvm/kafka/pom.xml) on loopback for the whole session, started by deploy/local-kafka. Every
+fault these tests need, it gives on demand through its admin API or as a process: topics of N partitions created,
+deleted and created again (a new topic id), records deleted below an offset (DeleteRecords), real time-based
+retention (a topic's retention.ms lowered; the broker checks every second), a controlled shutdown or a kill -9 of the
+broker and a restart on the same log dir (what it acknowledged is there after; `run` and a consumer in the middle of
+an ingest reconnect).
+
+Nothing here is left on librdkafka's in-process mock cluster (testkit/kafka_mock.py, which stays for
+benchmarks/kafka_ingest.py): it was needed only for faults Apache Kafka gives on demand as well. A broker that is down
+is this broker stopped (connections refused, as the mock's broker_down) or killed (connections reset first); records
+deleted in the middle of an ingest's read come from DeleteRecords run between the consumer's first messages and its
+next fetch (FaultAfterFirstMessages: small fetches and a 1 KB prefetch queue, so the consumer cannot have fetched
+ahead), where the mock would inject OFFSET_OUT_OF_RANGE into a Fetch response. What only the mock can inject --
+arbitrary protocol errors in any response (rd_kafka_mock_push_request_errors), a slow broker (_broker_set_rtt) -- no
+test here needs.
+
+Tiers: the tests that use the broker are e2e (a server, like moto S3 or PostgreSQL: not in `make test-fast`); the
+rest say their own tier.
 """
 from __future__ import annotations
 
@@ -20,23 +33,16 @@ from pathlib import Path
 
 import pytest
 
-from testkit.kafka_mock import MockCluster
 from tests.conftest import REPO, config_env, free_port, make_config, read_quarantine, read_sessions, tool
 from tests.harness import still_running, wait_until
+from tests.kafka_broker import KafkaBroker
 
-pytestmark = pytest.mark.tier("pure")
+pytestmark = pytest.mark.tier("e2e")
 
 GAP_MS, LATENESS_MS = 30 * 60_000, 10 * 60_000
 
 
-@pytest.fixture(scope="session")
-def kafka_cluster():
-    cluster = MockCluster()
-    yield cluster
-    cluster.close()
-
-
-def kafka_config(tmp_path: Path, cluster: MockCluster, topic: str, **env):
+def kafka_config(tmp_path: Path, cluster: KafkaBroker, topic: str, **env):
     return make_config(tmp_path, SESSIONS_KAFKA_BOOTSTRAP=cluster.bootstrap, SESSIONS_KAFKA_TOPIC=topic, **env)
 
 
@@ -63,8 +69,7 @@ def assert_each_message_once(config, topic: str, acked: list[tuple[int, int, byt
 
 # --- (a) several partitions, several ingests, the stream vs the oracle -----------------------------------------
 
-@pytest.mark.tier("spark")
-def test_partitions_ingested_once_and_sessions_equal_the_oracle(spark, kafka_cluster, tmp_path):
+def test_partitions_ingested_once_and_sessions_equal_the_oracle(spark, kafka_broker, tmp_path):
     from pipelines.core.sample_data import arrival_order, generate_events
     from pipelines.ingest import ingest
     from pipelines.ingest.kafka import kafka_lag
@@ -72,21 +77,21 @@ def test_partitions_ingested_once_and_sessions_equal_the_oracle(spark, kafka_clu
     from testkit.lifecycle_expectations import expected_closed_sessions
 
     topic = "clicks-a"
-    kafka_cluster.create_topic(topic, 3)
-    config = kafka_config(tmp_path, kafka_cluster, topic)
+    kafka_broker.create_topic(topic, 3)
+    config = kafka_config(tmp_path, kafka_broker, topic)
     events = arrival_order(generate_events(200, 3, seed=11), seed=11)  # duplicates included; jitter 120 s < lateness
     third = len(events) // 3
     chunks = [events[:third], events[third:2 * third], events[2 * third:]]
 
-    acked = kafka_cluster.produce(topic, as_messages(chunks[0]))
+    acked = kafka_broker.produce(topic, as_messages(chunks[0]))
     assert {p for p, _, _ in acked} == {0, 1, 2}
     first = catch_up(config, spark)  # ingest + stream
     assert first.ingested_rows == len(chunks[0])
-    acked += kafka_cluster.produce(topic, as_messages(chunks[1]))
+    acked += kafka_broker.produce(topic, as_messages(chunks[1]))
     second = ingest(config)
     assert (second.rows, second.files) == (len(chunks[1]), 3)
     assert ingest(config).rows == 0  # nothing new: no commit
-    acked += kafka_cluster.produce(topic, as_messages(chunks[2]))
+    acked += kafka_broker.produce(topic, as_messages(chunks[2]))
     lag = kafka_lag(config)
     assert sum(p["lag"] for p in lag.values()) == len(chunks[2])
     from state_store.status import status
@@ -129,8 +134,7 @@ ingest(SessionsConfig.from_env())
 """
 
 
-@pytest.mark.tier("subprocess")
-def test_kill_before_and_after_the_delta_commit_loses_and_doubles_nothing(kafka_cluster, tmp_path):
+def test_kill_before_and_after_the_delta_commit_loses_and_doubles_nothing(kafka_broker, tmp_path):
     from confluent_kafka import Consumer, TopicPartition
 
     from pipelines.core.sample_data import arrival_order, generate_events
@@ -141,13 +145,13 @@ def test_kill_before_and_after_the_delta_commit_loses_and_doubles_nothing(kafka_
     from pipelines.ingest.table import open_raw_table
 
     topic = "clicks-kill"
-    kafka_cluster.create_topic(topic, 3)
-    config = kafka_config(tmp_path, kafka_cluster, topic, SESSIONS_KAFKA_COMMIT_MESSAGES=400)
-    env = config_env(config, SESSIONS_KAFKA_BOOTSTRAP=kafka_cluster.bootstrap, SESSIONS_KAFKA_TOPIC=topic,
+    kafka_broker.create_topic(topic, 3)
+    config = kafka_config(tmp_path, kafka_broker, topic, SESSIONS_KAFKA_COMMIT_MESSAGES=400)
+    env = config_env(config, SESSIONS_KAFKA_BOOTSTRAP=kafka_broker.bootstrap, SESSIONS_KAFKA_TOPIC=topic,
                      SESSIONS_KAFKA_COMMIT_MESSAGES=400)
     events = arrival_order(generate_events(150, 2, seed=5), seed=5)
     half = len(events) // 2
-    acked = kafka_cluster.produce(topic, as_messages(events[:half]))
+    acked = kafka_broker.produce(topic, as_messages(events[:half]))
 
     def killed(point: str, n: int) -> None:
         done = subprocess.run([sys.executable, "-c", CHILD, point, str(n)], env=env, cwd=REPO, capture_output=True,
@@ -163,7 +167,7 @@ def test_kill_before_and_after_the_delta_commit_loses_and_doubles_nothing(kafka_
     assert ingested() == 800
     killed("group", 0)  # every Delta commit made, the consumer group never told
     assert ingested() == half
-    acked += kafka_cluster.produce(topic, as_messages(events[half:]))
+    acked += kafka_broker.produce(topic, as_messages(events[half:]))
     killed("before", 2)  # one more commit of 400, killed before the second
     assert ingested() == half + 400
     killed("after", 1)
@@ -176,7 +180,7 @@ def test_kill_before_and_after_the_delta_commit_loses_and_doubles_nothing(kafka_
     recorded = recorded_offsets(open_raw_table(config), topic)
     assert recorded == {p: 1 + max(o for q, o, _ in acked if q == p) for p in range(3)}
     assert _offsets_from_rows(open_raw_table(config), topic) == recorded  # the fallback after log cleanup agrees
-    consumer = Consumer({"bootstrap.servers": kafka_cluster.bootstrap, "group.id": DEFAULT_GROUP})
+    consumer = Consumer({"bootstrap.servers": kafka_broker.bootstrap, "group.id": DEFAULT_GROUP})
     try:
         committed = consumer.committed([TopicPartition(topic, p) for p in range(3)], timeout=10)
     finally:
@@ -187,20 +191,19 @@ def test_kill_before_and_after_the_delta_commit_loses_and_doubles_nothing(kafka_
 
 # --- (c) poison messages: the file line rules, per message --------------------------------------------------------
 
-@pytest.mark.tier("spark")
-def test_poison_messages_are_quarantined_like_file_lines(spark, kafka_cluster, tmp_path):
+def test_poison_messages_are_quarantined_like_file_lines(spark, kafka_broker, tmp_path):
     from pipelines.ingest import ingest
     from pipelines.job.stream import catch_up
 
     topic = "clicks-poison"
-    kafka_cluster.create_topic(topic, 1)
+    kafka_broker.create_topic(topic, 1)
     good = [{"event_id": f"e{i}", "user_id": "u1", "event_time": f"2026-11-01T08:0{i}:00Z", "event_type": "page_view",
              "page": "/"} for i in range(3)]
     values = [json.dumps(good[0]).encode(), b"not json {", json.dumps({"event_id": "x1", "event_time":
               "2026-11-01T08:00:30Z"}).encode(), None, b"   ", b"\xff\xfe", json.dumps(good[1]).encode(),
               json.dumps(good[2]).encode()]
-    acked = kafka_cluster.produce(topic, [(None, v) for v in values], partition=0)
-    config = kafka_config(tmp_path, kafka_cluster, topic)
+    acked = kafka_broker.produce(topic, [(None, v) for v in values], partition=0)
+    config = kafka_config(tmp_path, kafka_broker, topic)
     assert ingest(config).rows == 6  # the null value and the blank one carry nothing (their offsets are consumed)
     rows = {r["line_no"]: r for r in raw_rows(config)}
     offsets = [offset for _, offset, _ in acked]
@@ -229,6 +232,7 @@ def test_poison_messages_are_quarantined_like_file_lines(spark, kafka_cluster, t
 
 # --- (d) broker unreachable -----------------------------------------------------------------------------------------
 
+@pytest.mark.tier("pure")
 def test_unreachable_broker_is_one_line_naming_the_bootstrap(tmp_path, capfd):
     from pipelines.errors import SourceUnavailable
     from pipelines.ingest import ingest
@@ -250,11 +254,11 @@ def test_unreachable_broker_is_one_line_naming_the_bootstrap(tmp_path, capfd):
         kafka_lag(config)
 
 
-def test_missing_topic_is_one_line(kafka_cluster, tmp_path):
+def test_missing_topic_is_one_line(kafka_broker, tmp_path):
     from pipelines.errors import SourceUnavailable
     from pipelines.ingest import ingest
 
-    config = kafka_config(tmp_path, kafka_cluster, "no-such-topic")
+    config = kafka_config(tmp_path, kafka_broker, "no-such-topic")
     with pytest.raises(SourceUnavailable, match="Kafka topic no-such-topic does not exist on .*SESSIONS_KAFKA_TOPIC"):
         ingest(config)
 
@@ -268,8 +272,7 @@ def lost_rows(config) -> list[tuple[str, int, str]]:
     return sorted(zip(lost["source_file"], lost["line_no"].astype(int), lost["raw"]))
 
 
-@pytest.mark.tier("spark")
-def test_records_deleted_before_ingest_are_refused_until_an_operator_accepts_the_loss(spark, kafka_cluster, tmp_path):
+def test_records_deleted_before_ingest_are_refused_until_an_operator_accepts_the_loss(spark, kafka_broker, tmp_path):
     from pipelines.errors import SourceDataLost
     from pipelines.ingest import ingest
     from pipelines.ingest.kafka import kafka_lag
@@ -279,15 +282,15 @@ def test_records_deleted_before_ingest_are_refused_until_an_operator_accepts_the
     from state_store.kafka_loss import accept_loss
 
     topic = "clicks-retention"
-    kafka_cluster.create_topic(topic, 2)
-    config = kafka_config(tmp_path, kafka_cluster, topic)
+    kafka_broker.create_topic(topic, 2)
+    config = kafka_config(tmp_path, kafka_broker, topic)
     event = {"event_id": "e", "user_id": "u", "event_time": "2026-11-01T08:00:00Z", "event_type": "page_view"}
-    acked = kafka_cluster.produce(topic, [(None, json.dumps({**event, "event_id": f"a{i}"}).encode())
+    acked = kafka_broker.produce(topic, [(None, json.dumps({**event, "event_id": f"a{i}"}).encode())
                                           for i in range(10)], partition=0)
     assert ingest(config).rows == 10
-    acked += kafka_cluster.produce(topic, [(None, json.dumps({**event, "event_id": f"b{i}"}).encode())
+    acked += kafka_broker.produce(topic, [(None, json.dumps({**event, "event_id": f"b{i}"}).encode())
                                            for i in range(10)], partition=0)
-    kafka_cluster.delete_records(topic, 0, 15)  # offsets 10..14 gone before they were read
+    kafka_broker.delete_records(topic, 0, 15)  # offsets 10..14 gone before they were read
     before = len(raw_rows(config))
     with pytest.raises(SourceDataLost) as raised:
         ingest(config)
@@ -317,8 +320,7 @@ def test_records_deleted_before_ingest_are_refused_until_an_operator_accepts_the
     assert ingest(config).rows == 0
 
 
-@pytest.mark.tier("spark")
-def test_topic_deleted_or_recreated_is_refused_until_an_operator_accepts_the_loss(spark, kafka_cluster, tmp_path):
+def test_topic_deleted_or_recreated_is_refused_until_an_operator_accepts_the_loss(spark, kafka_broker, tmp_path):
     from pipelines.errors import SourceDataLost, SourceUnavailable
     from pipelines.ingest import ingest
     from pipelines.ingest.kafka_offsets import recorded_offsets
@@ -327,18 +329,18 @@ def test_topic_deleted_or_recreated_is_refused_until_an_operator_accepts_the_los
     from state_store.kafka_loss import accept_loss
 
     topic = "clicks-recreated"
-    kafka_cluster.create_topic(topic, 2)
-    config = kafka_config(tmp_path, kafka_cluster, topic)
+    kafka_broker.create_topic(topic, 2)
+    config = kafka_config(tmp_path, kafka_broker, topic)
     event = {"event_id": "e", "user_id": "u", "event_time": "2026-11-01T08:00:00Z"}
-    kafka_cluster.produce(topic, [(None, json.dumps({**event, "event_id": f"a{i}"}).encode()) for i in range(6)],
+    kafka_broker.produce(topic, [(None, json.dumps({**event, "event_id": f"a{i}"}).encode()) for i in range(6)],
                           partition=1)
     assert ingest(config).rows == 6
-    kafka_cluster.delete_topic(topic)
+    kafka_broker.delete_topic(topic)
     with pytest.raises(SourceDataLost, match=f"Kafka topic {topic} does not exist .* any more") as raised:
         ingest(config)
     assert raised.value.partition == 1
-    kafka_cluster.create_topic(topic, 2)  # recreated, empty: offsets 0..5 would be the new topic's, skipped
-    (new,) = kafka_cluster.produce(topic, [(None, json.dumps({**event, "event_id": "new"}).encode())], partition=1)
+    kafka_broker.create_topic(topic, 2)  # recreated, empty: offsets 0..5 would be the new topic's, skipped
+    (new,) = kafka_broker.produce(topic, [(None, json.dumps({**event, "event_id": "new"}).encode())], partition=1)
     with pytest.raises(SourceDataLost) as raised:
         ingest(config)
     assert (raised.value.partition, raised.value.first, raised.value.last) == (1, 1, 5)
@@ -354,7 +356,7 @@ def test_topic_deleted_or_recreated_is_refused_until_an_operator_accepts_the_los
 
     # Deleted (and not yet recreated): the partition's recorded offset is dropped; the missing topic is then the
     # plain one-line error, and a topic created again is read from its earliest offsets.
-    kafka_cluster.delete_topic(topic)
+    kafka_broker.delete_topic(topic)
     with pytest.raises(SourceDataLost, match="does not exist .* any more"):
         ingest(config)
     (deleted,) = accept_loss(config).accepted
@@ -362,8 +364,8 @@ def test_topic_deleted_or_recreated_is_refused_until_an_operator_accepts_the_los
     assert recorded_offsets(open_raw_table(config), topic) == {0: 0}
     with pytest.raises(SourceUnavailable, match=f"Kafka topic {topic} does not exist on .*: create it"):
         ingest(config)
-    kafka_cluster.create_topic(topic, 2)
-    kafka_cluster.produce(topic, [(None, json.dumps({**event, "event_id": "newer"}).encode())], partition=1)
+    kafka_broker.create_topic(topic, 2)
+    kafka_broker.produce(topic, [(None, json.dumps({**event, "event_id": "newer"}).encode())], partition=1)
     catch_up(config, spark)
     assert sorted(r["event_id"] for r in raw_rows(config) if r["event_id"]) == sorted(
         [f"a{i}" for i in range(6)] + ["new", "newer"])
@@ -371,20 +373,19 @@ def test_topic_deleted_or_recreated_is_refused_until_an_operator_accepts_the_los
                                         (f"kafka://{topic}/1", 1, deleted["what"])])
 
 
-@pytest.mark.tier("subprocess")
-def test_accept_loss_command_prints_one_json_line(kafka_cluster, tmp_path):
+def test_accept_loss_command_prints_one_json_line(kafka_broker, tmp_path):
     from pipelines.ingest import ingest
 
     topic = "clicks-accept-cli"
-    kafka_cluster.create_topic(topic, 1)
-    config = kafka_config(tmp_path, kafka_cluster, topic)
-    env = config_env(config, SESSIONS_KAFKA_BOOTSTRAP=kafka_cluster.bootstrap, SESSIONS_KAFKA_TOPIC=topic)
+    kafka_broker.create_topic(topic, 1)
+    config = kafka_config(tmp_path, kafka_broker, topic)
+    env = config_env(config, SESSIONS_KAFKA_BOOTSTRAP=kafka_broker.bootstrap, SESSIONS_KAFKA_TOPIC=topic)
     event = {"event_id": "e", "user_id": "u", "event_time": "2026-11-01T08:00:00Z"}
-    kafka_cluster.produce(topic, [(None, json.dumps({**event, "event_id": f"a{i}"}).encode()) for i in range(8)])
-    kafka_cluster.delete_records(topic, 0, 3)  # 0..2 gone before the first ingest: nothing lost (never recorded)
+    kafka_broker.produce(topic, [(None, json.dumps({**event, "event_id": f"a{i}"}).encode()) for i in range(8)])
+    kafka_broker.delete_records(topic, 0, 3)  # 0..2 gone before the first ingest: nothing lost (never recorded)
     assert ingest(config).rows == 5
-    kafka_cluster.produce(topic, [(None, json.dumps({**event, "event_id": f"b{i}"}).encode()) for i in range(4)])
-    kafka_cluster.delete_records(topic, 0, 10)  # 8, 9 lost
+    kafka_broker.produce(topic, [(None, json.dumps({**event, "event_id": f"b{i}"}).encode()) for i in range(4)])
+    kafka_broker.delete_records(topic, 0, 10)  # 8, 9 lost
 
     def accept(*args: str) -> subprocess.CompletedProcess:
         done = subprocess.run([tool("sessionctl"), "accept-loss", *args], env=env, cwd=REPO,
@@ -402,6 +403,7 @@ def test_accept_loss_command_prints_one_json_line(kafka_cluster, tmp_path):
     assert ingest(config).rows == 2  # b2, b3
 
 
+@pytest.mark.tier("pure")
 def test_plan_new_partitions_start_at_their_earliest_and_lost_ones_are_refused():
     from pipelines.errors import SourceDataLost
     from pipelines.ingest.kafka_offsets import Span, plan
@@ -416,8 +418,7 @@ def test_plan_new_partitions_start_at_their_earliest_and_lost_ones_are_refused()
 
 # --- (f) a restore to a savepoint older than the topic's retention: replayed from raw_events alone ----------------
 
-@pytest.mark.tier("spark")
-def test_restore_to_a_savepoint_older_than_the_topics_retention_replays_from_raw_events(spark, kafka_cluster, tmp_path):
+def test_restore_to_a_savepoint_older_than_the_topics_retention_replays_from_raw_events(spark, kafka_broker, tmp_path):
     from pipelines.core.sample_data import arrival_order, generate_events
     from pipelines.ingest.kafka import kafka_lag
     from pipelines.job.stream import catch_up
@@ -425,24 +426,30 @@ def test_restore_to_a_savepoint_older_than_the_topics_retention_replays_from_raw
     from testkit.lifecycle_expectations import expected_closed_sessions
 
     topic = "clicks-retained"
-    kafka_cluster.create_topic(topic, 2)
-    config = kafka_config(tmp_path, kafka_cluster, topic)
+    kafka_broker.create_topic(topic, 2)
+    config = kafka_config(tmp_path, kafka_broker, topic)
     events = arrival_order(generate_events(60, 3, seed=23), seed=23)
     third = len(events) // 3
     chunks = [events[:third], events[third:2 * third], events[2 * third:]]
     expected = expected_closed_sessions(chunks, GAP_MS, LATENESS_MS)
 
-    acked = kafka_cluster.produce(topic, as_messages(chunks[0]))
+    # Chunks 0 and 1 carry timestamps two hours old, chunk 2 the time it is produced: a retention of one hour set
+    # after chunk 1 was ingested drops exactly chunks 0 and 1.
+    two_hours_ago = int(time.time() * 1000) - 2 * 3600_000
+    acked = kafka_broker.produce(topic, as_messages(chunks[0]), timestamp_ms=two_hours_ago)
     catch_up(config, spark)
     saved = take_savepoint(config, spark=spark)
-    acked += kafka_cluster.produce(topic, as_messages(chunks[1]))
+    acked += kafka_broker.produce(topic, as_messages(chunks[1]), timestamp_ms=two_hours_ago)
     catch_up(config, spark)
-    # Retention passes: everything up to the high watermarks is deleted, the messages after the savepoint included
-    # (delete_records leaves the offsets consistent: raw_events recorded reading up to the high watermark).
-    for partition in range(2):
-        kafka_cluster.delete_records(topic, partition, 1 + max(o for p, o, _ in acked if p == partition))
+    # Retention passes: the broker deletes every segment older than retention.ms, the messages after the savepoint
+    # included (it rolls the active segment first: the partition then starts at its high watermark).
+    assert {p for p, _, _ in acked} == {0, 1}
+    kafka_broker.set_topic_config(topic, retention_ms=3600_000)
+    ends = {p: 1 + max(o for q, o, _ in acked if q == p) for p in range(2)}
+    wait_until(lambda: all(kafka_broker.watermarks(topic, p) == (ends[p], ends[p]) for p in range(2)), timeout_s=60,
+               interval_s=0.2, what="the broker's retention to delete chunks 0 and 1")
     assert all(p["low_watermark"] == p["high_watermark"] and p["lag"] == 0 for p in kafka_lag(config).values())
-    acked += kafka_cluster.produce(topic, as_messages(chunks[2]))  # the topic goes on
+    acked += kafka_broker.produce(topic, as_messages(chunks[2]))  # the topic goes on
 
     restore(config, saved.savepoint_id, spark=spark)
     assert len(read_sessions(config)) < len(expected) - 20  # the sessions chunk 1 closed are gone with the restore
@@ -460,100 +467,302 @@ def _wait_until(predicate, seconds: float, what: str, run: subprocess.Popen, err
     wait_until(lambda: still_running(run, err) and predicate(), timeout_s=seconds, interval_s=0.5, what=what)
 
 
-@pytest.mark.tier("subprocess")
-def test_run_retries_with_backoff_while_the_broker_is_down(tmp_path):
+def test_run_retries_with_backoff_while_the_broker_is_down(kafka_broker, tmp_path):
     from pipelines.core.sample_data import arrival_order, generate_events
     from pipelines.ingest.table import open_raw_table
     from testkit.lifecycle_expectations import expected_closed_sessions
 
-    cluster = MockCluster()  # its own: this test takes the broker down
+    topic = "clicks-outage"
+    kafka_broker.create_topic(topic, 3)
+    bootstrap = kafka_broker.bootstrap
+    config = kafka_config(tmp_path, kafka_broker, topic)
+    env = config_env(config, SESSIONS_KAFKA_BOOTSTRAP=bootstrap, SESSIONS_KAFKA_TOPIC=topic)
+    events = arrival_order(generate_events(60, 3, seed=31), seed=31)
+    half = len(events) // 2
+    acked = kafka_broker.produce(topic, as_messages(events[:half]))
+    expected = expected_closed_sessions([events[:half], events[half:]], GAP_MS, LATENESS_MS)
+
+    def ingested() -> int:
+        return len(raw_rows(config)) if open_raw_table(config) is not None else 0
+
+    out, err = tmp_path / "run.out", tmp_path / "run.err"
+    with out.open("w") as out_file, err.open("w") as err_file:
+        run = subprocess.Popen([tool("sessionctl"), "run", "--poll-seconds", "1"], env=env, stdout=out_file,
+                               stderr=err_file, cwd=tmp_path)
     try:
-        topic = "clicks-outage"
-        cluster.create_topic(topic, 3)
-        config = kafka_config(tmp_path, cluster, topic)
-        env = config_env(config, SESSIONS_KAFKA_BOOTSTRAP=cluster.bootstrap, SESSIONS_KAFKA_TOPIC=topic)
-        events = arrival_order(generate_events(60, 3, seed=31), seed=31)
-        half = len(events) // 2
-        acked = cluster.produce(topic, as_messages(events[:half]))
-        expected = expected_closed_sessions([events[:half], events[half:]], GAP_MS, LATENESS_MS)
-
-        def ingested() -> int:
-            return len(raw_rows(config)) if open_raw_table(config) is not None else 0
-
-        out, err = tmp_path / "run.out", tmp_path / "run.err"
-        with out.open("w") as out_file, err.open("w") as err_file:
-            run = subprocess.Popen([tool("sessionctl"), "run", "--poll-seconds", "1"], env=env, stdout=out_file,
-                                   stderr=err_file, cwd=tmp_path)
-        try:
-            _wait_until(lambda: ingested() == half, 180, "the first half ingested", run, err)
-            cluster.broker_down()
-            # Each attempt gives up once the client finds the broker down (within its 10 s); the waits between them
-            # double from the poll interval.
-            _wait_until(lambda: "next attempt in 4 s" in err.read_text(), 90, "two failed ingests", run, err)
-            lines = [line for line in err.read_text().splitlines() if "run retries by itself" in line]
-            assert lines[0].startswith(f"sessionctl run: Kafka at {cluster.bootstrap} is unreachable for topic "
-                                       f"{topic} (") and "next attempt in 2 s" in lines[0], lines
-            cluster.broker_up()
-            acked += cluster.produce(topic, as_messages(events[half:]))
-            _wait_until(lambda: ingested() == len(events), 120, "the second half ingested", run, err)
-            _wait_until(lambda: read_sessions(config) == expected, 120, "the sessions of both halves", run, err)
-        finally:
-            run.send_signal(signal.SIGINT)
-            run.wait(timeout=120)
-        assert run.returncode == 0, err.read_text()[-3000:]
-        summary = json.loads(out.read_text().strip().splitlines()[-1])
-        assert summary["source_errors"] >= 2 and summary["last_source_error"].startswith(f"Kafka at {cluster.bootstrap}")
-        assert "the source answers again after" in err.read_text()
-        assert_each_message_once(config, topic, acked)
-        assert read_sessions(config) == expected and read_quarantine(config).empty
+        _wait_until(lambda: ingested() == half, 180, "the first half ingested", run, err)
+        kafka_broker.stop(kill=True)  # a crash: connections reset, then refused
+        # Each attempt gives up once the client finds the broker down (within its 10 s); the waits between them
+        # double from the poll interval.
+        _wait_until(lambda: "next attempt in 4 s" in err.read_text(), 90, "two failed ingests", run, err)
+        lines = [line for line in err.read_text().splitlines() if "run retries by itself" in line]
+        assert all(line.startswith(f"sessionctl run: Kafka at {bootstrap} ") for line in lines), lines
+        assert "next attempt in 2 s" in lines[0] and any(
+            f"is unreachable for topic {topic} (" in line for line in lines), lines
+        kafka_broker.start()  # the same log dir and port: the first half is still there
+        acked += kafka_broker.produce(topic, as_messages(events[half:]))
+        _wait_until(lambda: ingested() == len(events), 120, "the second half ingested", run, err)
+        _wait_until(lambda: read_sessions(config) == expected, 120, "the sessions of both halves", run, err)
     finally:
-        cluster.close()
+        run.send_signal(signal.SIGINT)
+        run.wait(timeout=120)
+        kafka_broker.ensure_running()
+    assert run.returncode == 0, err.read_text()[-3000:]
+    summary = json.loads(out.read_text().strip().splitlines()[-1])
+    assert summary["source_errors"] >= 2 and summary["last_source_error"].startswith(f"Kafka at {bootstrap}")
+    assert "the source answers again after" in err.read_text()
+    assert_each_message_once(config, topic, acked)
+    assert read_sessions(config) == expected and read_quarantine(config).empty
 
 
 # --- (h) idle close: a quiet topic gets clock rows, a broker that is down does not ---------------------------------
 
-def test_idle_close_with_kafka_appends_a_clock_row_only_when_the_broker_answers(tmp_path, monkeypatch):
+def test_idle_close_with_kafka_appends_a_clock_row_only_when_the_broker_answers(kafka_broker, tmp_path, monkeypatch):
     from pipelines.core.sample_data import generate_events
     from pipelines.errors import SourceUnavailable
     from pipelines.ingest import ingest, kafka
     from pipelines.ingest.table import CLOCK_KIND
 
     monkeypatch.setattr(kafka, "TIMEOUT_S", 2.0)  # a broker that is down: the error after 2 s, not 10
-    cluster = MockCluster()
+    topic = "clicks-idle"
+    kafka_broker.create_topic(topic, 2)
+    config = kafka_config(tmp_path, kafka_broker, topic, SESSIONS_IDLE_CLOSE_MINUTES="0.02")  # 1.2 s
+    events = generate_events(5, 1, seed=3)
+    kafka_broker.produce(topic, as_messages(events))
+
+    def clock_rows() -> list[dict]:
+        from deltalake import DeltaTable
+
+        return [r for r in DeltaTable(config.raw_events_table).to_pyarrow_table().to_pylist()
+                if r["row_kind"] == CLOCK_KIND]
+
+    first = ingest(config)
+    assert first.rows == len(events) and first.clock is None  # just ingested: not idle
+    # The idle time is judged at `now` (ingest's clock for tests), not slept through.
+    now = dt.datetime.now(dt.timezone.utc) + dt.timedelta(seconds=1.3)
+    quiet = ingest(config, now=now)
+    assert quiet.rows == 0 and quiet.clock is not None
+    assert [r["event_time"] for r in clock_rows()] == [dt.datetime.fromisoformat(quiet.clock.replace("Z", "+00:00"))]
+
+    now += dt.timedelta(seconds=1.3)  # idle long enough again, but the broker is down: its silence is not idleness
+    kafka_broker.stop()
     try:
-        topic = "clicks-idle"
-        cluster.create_topic(topic, 2)
-        config = kafka_config(tmp_path, cluster, topic, SESSIONS_IDLE_CLOSE_MINUTES="0.02")  # 1.2 s
-        events = generate_events(5, 1, seed=3)
-        cluster.produce(topic, as_messages(events))
-
-        def clock_rows() -> list[dict]:
-            from deltalake import DeltaTable
-
-            return [r for r in DeltaTable(config.raw_events_table).to_pyarrow_table().to_pylist()
-                    if r["row_kind"] == CLOCK_KIND]
-
-        first = ingest(config)
-        assert first.rows == len(events) and first.clock is None  # just ingested: not idle
-        # The idle time is judged at `now` (ingest's clock for tests), not slept through.
-        now = dt.datetime.now(dt.timezone.utc) + dt.timedelta(seconds=1.3)
-        quiet = ingest(config, now=now)
-        assert quiet.rows == 0 and quiet.clock is not None
-        assert [r["event_time"] for r in clock_rows()] == [dt.datetime.fromisoformat(quiet.clock.replace("Z", "+00:00"))]
-
-        now += dt.timedelta(seconds=1.3)  # idle long enough again, but the broker is down: its silence is not idleness
-        cluster.broker_down()
         with pytest.raises(SourceUnavailable):
             ingest(config, now=now)
         assert len(clock_rows()) == 1
-        cluster.broker_up()
-        assert ingest(config, now=now).clock is not None and len(clock_rows()) == 2  # it answers (nothing new)
     finally:
-        cluster.close()
+        kafka_broker.start()
+    assert ingest(config, now=now).clock is not None and len(clock_rows()) == 2  # it answers (nothing new)
+
+
+# --- (i) the broker restarts: between two ingests, with messages pending, in the middle of an ingest ---------------
+
+# Small fetches and a prefetch queue of 1 KB: the consumer holds a few messages ahead of what ingest took, never the
+# whole partition, so what happens on the broker in the middle of an ingest reaches its next fetch. (A full queue
+# postpones the next fetch by fetch.queue.backoff.ms, 1 s by default: 10 ms here.)
+SMALL_FETCHES = {"max.partition.fetch.bytes": 1024, "queued.max.messages.kbytes": 1, "queued.min.messages": 1,
+                 "fetch.queue.backoff.ms": 10}
+
+
+def produce_in_small_batches(broker: KafkaBroker, topic: str, messages: list[tuple[str | None, bytes | None]],
+                             partition: int | None = None, per_batch: int = 10) -> list[tuple[int, int, bytes | None]]:
+    """One produce call (one record batch per partition at most) per `per_batch` messages."""
+    acked = []
+    for start in range(0, len(messages), per_batch):
+        acked += broker.produce(topic, messages[start:start + per_batch], partition=partition)
+    return acked
+
+
+class FaultAfterFirstMessages:
+    """The ingest's consumer (KafkaClient.consumer), with `fault()` run once its first consume call returned messages:
+    that call asks for at most 5, so the fault falls in the middle of the read whatever the batch size; meanwhile the
+    consumer prefetches at most SMALL_FETCHES' queue. Counts the messages delivered after the fault."""
+
+    def __init__(self, consumer, fault) -> None:
+        self.consumer, self.fault = consumer, fault
+        self.done, self.after = False, 0
+
+    def consume(self, num_messages: int = 1, timeout: float = -1):
+        if self.done:
+            messages = self.consumer.consume(num_messages, timeout)
+            self.after += sum(1 for m in messages if m.error() is None)
+            return messages
+        messages = self.consumer.consume(min(num_messages, 5), timeout)
+        if any(m.error() is None for m in messages):
+            self.done = True
+            self.fault()
+        return messages
+
+    def __getattr__(self, name: str):
+        return getattr(self.consumer, name)
+
+
+def fault_in_the_first_read(monkeypatch, fault) -> list:
+    """Every KafkaClient made from now on reads through a FaultAfterFirstMessages (its `consumer`); the clients made
+    are returned."""
+    from pipelines.ingest import kafka_client
+
+    made: list = []
+    init = kafka_client.KafkaClient.__init__
+
+    def faulty_init(self, config):
+        init(self, config)
+        self.consumer = FaultAfterFirstMessages(self.consumer, fault)
+        made.append(self)
+
+    monkeypatch.setattr(kafka_client.KafkaClient, "__init__", faulty_init)
+    return made
+
+
+def test_broker_restarts_between_ingests_and_with_messages_pending_lose_and_double_nothing(spark, kafka_broker,
+                                                                                            tmp_path):
+    from pipelines.core.sample_data import arrival_order, generate_events
+    from pipelines.errors import SourceUnavailable
+    from pipelines.ingest import ingest
+    from pipelines.ingest.kafka import kafka_lag
+    from pipelines.job.stream import catch_up
+    from testkit.lifecycle_expectations import expected_closed_sessions
+
+    topic = "clicks-restart"
+    kafka_broker.create_topic(topic, 3)
+    config = kafka_config(tmp_path, kafka_broker, topic)
+    events = arrival_order(generate_events(90, 2, seed=41), seed=41)
+    third = len(events) // 3
+    chunks = [events[:third], events[third:2 * third], events[2 * third:]]
+
+    acked = kafka_broker.produce(topic, as_messages(chunks[0]))
+    assert ingest(config).rows == len(chunks[0])
+    acked += kafka_broker.produce(topic, as_messages(chunks[1]))  # acknowledged, not ingested yet
+    before = len(raw_rows(config))
+    try:
+        kafka_broker.stop()  # a controlled shutdown
+        with pytest.raises(SourceUnavailable) as raised:
+            ingest(config)
+        assert "\n" not in str(raised.value) and f"Kafka at {kafka_broker.bootstrap} " in str(raised.value)
+        assert len(raw_rows(config)) == before  # nothing written
+        kafka_broker.start()  # the same log dir: chunk 1 is still there, raw_events' offsets still point into it
+        assert sum(p["lag"] for p in kafka_lag(config).values()) == len(chunks[1])
+        acked += kafka_broker.produce(topic, as_messages(chunks[2]))
+        kafka_broker.restart(kill=True)  # a crash with chunks 1 and 2 pending
+    finally:
+        kafka_broker.ensure_running()
+    assert sum(p["lag"] for p in kafka_lag(config).values()) == len(chunks[1]) + len(chunks[2])
+    summary = catch_up(config, spark)
+    assert summary.ingested_rows == len(chunks[1]) + len(chunks[2])
+
+    assert_each_message_once(config, topic, acked)
+    assert all(p["lag"] == 0 for p in kafka_lag(config).values())
+    expected = expected_closed_sessions([events], GAP_MS, LATENESS_MS)
+    assert len(expected) > 150 and read_sessions(config) == expected
+    assert read_quarantine(config).empty
+
+
+def test_a_consumer_reconnects_when_the_broker_restarts_in_the_middle_of_an_ingest(kafka_broker, tmp_path,
+                                                                                    monkeypatch):
+    from confluent_kafka import KafkaError
+
+    from pipelines.ingest import ingest
+    from pipelines.ingest.kafka import kafka_lag
+
+    topic = "clicks-reconnect"
+    kafka_broker.create_topic(topic, 2)
+    # Reconnect attempts at most 1 s apart (librdkafka's default backs off up to 10 s).
+    conf = json.dumps({**SMALL_FETCHES, "reconnect.backoff.max.ms": 1000})
+    config = kafka_config(tmp_path, kafka_broker, topic, SESSIONS_KAFKA_COMMIT_MESSAGES=20, SESSIONS_KAFKA_CONF=conf)
+    event = {"event_id": "e", "user_id": "u", "event_time": "2026-11-01T08:00:00Z", "event_type": "page_view"}
+    acked = produce_in_small_batches(kafka_broker, topic, [
+        (f"u{i % 7}", json.dumps({**event, "event_id": f"m{i}", "user_id": f"u{i % 7}"}).encode()) for i in range(300)])
+    assert {p for p, _, _ in acked} == {0, 1}
+
+    # After the first messages: the broker crashes and comes back (the same log dir and port).
+    clients = fault_in_the_first_read(monkeypatch, lambda: kafka_broker.restart(kill=True))
+    try:
+        result = ingest(config)
+    finally:
+        kafka_broker.ensure_running()
+    (client,) = clients
+    assert client.consumer.done and result.rows == len(acked)
+    # Most messages were fetched after the restart: the consumer lost its connection (and found the broker down),
+    # reconnected and went on from where it was.
+    assert client.consumer.after > len(acked) // 2, client.consumer.after
+    assert any(e.code() in (KafkaError._TRANSPORT, KafkaError._ALL_BROKERS_DOWN) for e in client.errors), [
+        e.str() for e in client.errors]
+    assert_each_message_once(config, topic, acked)
+    assert all(p["lag"] == 0 for p in kafka_lag(config).values())
+
+
+# --- (j) more partitions than cores ------------------------------------------------------------------------------
+
+def test_a_topic_with_more_partitions_than_cores_is_ingested_once(spark, kafka_broker, tmp_path):
+    from pipelines.core.sample_data import arrival_order, generate_events
+    from pipelines.ingest import ingest
+    from pipelines.ingest.kafka import kafka_lag
+    from pipelines.job.stream import catch_up
+    from state_store.status import status
+    from testkit.lifecycle_expectations import expected_closed_sessions
+
+    topic = "clicks-six"
+    kafka_broker.create_topic(topic, 6)  # the machine has 2 cores; Spark runs local[2]
+    config = kafka_config(tmp_path, kafka_broker, topic)
+    events = arrival_order(generate_events(120, 2, seed=43), seed=43)
+    third = len(events) // 3
+    chunks = [events[:third], events[third:2 * third], events[2 * third:]]
+
+    acked = kafka_broker.produce(topic, as_messages(chunks[0]))
+    assert {p for p, _, _ in acked} == set(range(6))
+    first = ingest(config)
+    assert (first.rows, first.files) == (len(chunks[0]), 6)
+    acked += kafka_broker.produce(topic, as_messages(chunks[1]))
+    catch_up(config, spark)
+    acked += kafka_broker.produce(topic, as_messages(chunks[2]))
+    shown = status(config, with_state=False).kafka_lag
+    assert shown is not None and len(shown) == 6 and sum(p["lag"] for p in shown.values()) == len(chunks[2])
+    catch_up(config, spark)
+
+    assert_each_message_once(config, topic, acked)
+    assert len(kafka_lag(config)) == 6 and all(p["lag"] == 0 for p in kafka_lag(config).values())
+    expected = expected_closed_sessions([events], GAP_MS, LATENESS_MS)
+    assert len(expected) > 200 and read_sessions(config) == expected
+    assert read_quarantine(config).empty
+
+
+# --- (k) records deleted while an ingest reads them ---------------------------------------------------------------
+
+def test_records_deleted_while_an_ingest_reads_them_keep_what_was_read_and_refuse_the_rest(kafka_broker, tmp_path,
+                                                                                            monkeypatch):
+    from pipelines.errors import SourceDataLost
+    from pipelines.ingest import ingest
+    from state_store.kafka_loss import accept_loss
+
+    topic = "clicks-deleted-mid-read"
+    kafka_broker.create_topic(topic, 1)
+    config = kafka_config(tmp_path, kafka_broker, topic, SESSIONS_KAFKA_COMMIT_MESSAGES=10,
+                          SESSIONS_KAFKA_CONF=json.dumps(SMALL_FETCHES))
+    event = {"event_id": "e", "user_id": "u", "event_time": "2026-11-01T08:00:00Z", "event_type": "page_view"}
+    acked = produce_in_small_batches(kafka_broker, topic, [
+        (None, json.dumps({**event, "event_id": f"m{i}"}).encode()) for i in range(100)], partition=0)
+    # After the first messages, far ahead of what the consumer fetched: offsets 0..59 deleted.
+    fault_in_the_first_read(monkeypatch, lambda: kafka_broker.delete_records(topic, 0, 60))
+    with pytest.raises(SourceDataLost) as raised:
+        ingest(config)
+    monkeypatch.undo()
+    read = sorted(r["line_no"] for r in raw_rows(config))
+    # What was read before the broker answered "out of range" is committed, without a gap: the messages the consumer
+    # had fetched before the deletion, no more.
+    assert 5 <= len(read) < 60 and read == list(range(len(read)))
+    lost = raised.value
+    assert (lost.partition, lost.first, lost.last) == (0, len(read), 59), str(lost)
+    assert "\n" not in str(lost) and "were deleted while this ingest read them" in str(lost)
+
+    (gap,) = accept_loss(config).accepted
+    assert (gap["first"], gap["last"], gap["resumes_at"]) == (len(read), 59, 60)
+    assert ingest(config).rows == 40
+    assert_each_message_once(config, topic, [a for a in acked if not len(read) <= a[1] <= 59])
 
 
 # --- configuration ---------------------------------------------------------------------------------------------
 
+@pytest.mark.tier("pure")
 def test_kafka_settings(tmp_path):
     from pipelines.config import ConfigError, SessionsConfig, kafka_settings
     from pipelines.ingest import _source, kafka, kafka_client, local
@@ -601,6 +810,7 @@ def test_kafka_settings(tmp_path):
     assert len(allowed.kafka_consumer_settings) == 9
 
 
+@pytest.mark.tier("pure")
 def test_the_streams_source_imports_neither_the_kafka_client_nor_pandas():
     """Spark starts ~4 Python processes per query start that import pipelines.job.source (the source and its schema, the
     streaming runner, the read planner, the readers); each paid ~0.3 s for pandas (via pyarrow.dataset), the Kafka
