@@ -180,13 +180,14 @@ def _final_catch_up(env: dict[str, str]) -> list[str]:
 
 
 def run_campaign(work: Path, provider: str, seed: int, kill_points: int,
-                 spark: SparkSession | None = None) -> dict[str, Any]:
+                 spark: SparkSession | None = None, *, settings: dict[str, str] | None = None) -> dict[str, Any]:
     """`kill_points` kills at random phases and moments (the seed decides), the operator's recoveries, a final catch-up;
-    the sessions against the oracle. With `spark`, the setup (a catch-up and a savepoint) runs in it (_step)."""
+    the sessions against the oracle. With `spark`, the setup (a catch-up and a savepoint) runs in it (_step).
+    `settings`: more SESSIONS_* variables (e.g. a checkpoint on HDFS)."""
     rng = random.Random(seed)
     started = time.monotonic()
     home = work / f"{provider}-{seed}"
-    env = _env(home, provider)
+    env = {**_env(home, provider), **(settings or {})}
     config = SessionsConfig.from_env(env)
     events = arrival_order(generate_events(40, 3, seed=seed), seed=seed, jitter_seconds=120)  # no late event
     parts = max(2, kill_points // 2 + 1)

@@ -364,7 +364,8 @@ def postgres_server() -> Iterator[PostgresServer]:
 TIERS = ("pure", "spark", "subprocess", "e2e")  # cheapest first
 # Fixtures that set a tier's floor: a test using one is at least that tier, whatever its mark says (a test added
 # to a pure module that takes `spark` still leaves the pure tier JVM-free).
-FIXTURE_TIERS = {"spark": "spark", "s3_endpoint": "e2e", "spark_cluster": "e2e", "postgres_server": "e2e"}
+FIXTURE_TIERS = {"spark": "spark", "s3_endpoint": "e2e", "spark_cluster": "e2e", "postgres_server": "e2e", "hdfs": "e2e",
+                 "kafka_broker": "e2e"}
 
 
 def _tier_of(item: pytest.Item) -> str | None:

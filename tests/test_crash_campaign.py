@@ -55,3 +55,16 @@ def test_kill_points_inside_savepoints_chains_and_folds(tmp_path, spark):
     assert report["compact_after_kills_folded"] and report["chains_whole_at_end"], report
     assert (report["lost"], report["duplicated"], report["unexpected"]) == (0, 0, 0), report
     assert report["written"] == report["expected_sessions"] > 0
+
+
+def test_short_crash_campaign_with_the_checkpoint_on_hdfs(tmp_path, spark, hdfs):
+    """The first campaign above (its seed kills a savepoint, a rescale and a restore) with the Spark checkpoint on the
+    real HDFS (tests/hdfs_cluster.py) and the leases on a local path: the same recoveries, nothing lost or doubled."""
+    provider, seed, phases = CAMPAIGNS[0]
+    settings = {"SESSIONS_CHECKPOINT_URI": f"{hdfs.uri}/campaign-{tmp_path.name}",
+                "SESSIONS_WEBHDFS_ADDRESS": hdfs.webhdfs.removeprefix("http://"),
+                "SESSIONS_LEASE_URI": str(tmp_path / "leases")}
+    report = run_campaign(tmp_path, provider, seed, kill_points=3, spark=None if ALL_CLI else spark, settings=settings)
+    assert {hit.split(":")[0] for hit in report["by_phase"]} == phases, report["by_phase"]
+    assert (report["lost"], report["duplicated"], report["unexpected"]) == (0, 0, 0), report
+    assert report["written"] == report["expected_sessions"] > 0

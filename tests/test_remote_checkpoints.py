@@ -131,3 +131,36 @@ def test_an_hdfs_checkpoint_without_a_lease_location_is_one_line(tmp_path):
         make_config(tmp_path, SESSIONS_CHECKPOINT_URI="hdfs://nn:8020/x")
     with pytest.raises(ConfigError, match="expected hdfs://namenode:port/path"):
         make_config(tmp_path, SESSIONS_CHECKPOINT_URI="hdfs:///x", SESSIONS_LEASE_URI=str(tmp_path))
+
+
+def test_a_running_stream_rides_out_a_namenode_restart(hdfs, tmp_path):
+    """`sessionctl run` with its checkpoint on HDFS: the NameNode restarts between two landed files while the stream
+    runs; Hadoop's client retries its calls (pipelines.job.runtime), the stream goes on, and Ctrl-C stops it with exit
+    0. The sessions: the oracle's, each once."""
+    import signal
+
+    from pipelines.core.sample_data import land
+    from testkit.lifecycle_expectations import expected_closed_sessions
+    from tests.datagen import in_order_chunks
+    from tests.harness import still_running, stream_caught_up, wait_until
+
+    env = {"SESSIONS_CHECKPOINT_URI": f"{hdfs.uri}/running", "SESSIONS_LEASE_URI": str(tmp_path / "leases"),
+           "SESSIONS_WEBHDFS_ADDRESS": hdfs.webhdfs.removeprefix("http://")}
+    config = make_config(tmp_path, "rocksdb", **env)
+    chunks = in_order_chunks(40, seed=5, parts=3)
+    log = tmp_path / "run.err"
+    with open(log, "w") as err:
+        run = subprocess.Popen([str(SESSIONCTL), "run", "--poll-seconds", "1"], env=config_env(config, **env),
+                               stdout=subprocess.PIPE, stderr=err, text=True)
+    try:
+        for i, chunk in enumerate(chunks):
+            land(config.landing, f"part-{i:04d}.jsonl", [json.dumps(e) for e in chunk])
+            wait_until(lambda: still_running(run, log) and stream_caught_up(config), timeout_s=240,
+                       what=f"the stream to take part {i}")
+            if i == 0:
+                hdfs.restart_namenode()  # the stream is running: its next batch meets the restarted NameNode
+        assert read_sessions(config) == expected_closed_sessions(chunks, GAP_MS, LATENESS_MS)
+    finally:
+        run.send_signal(signal.SIGINT)
+        out, _ = run.communicate(timeout=120)
+    assert run.returncode == 0, log.read_text()[-3000:]

@@ -77,6 +77,21 @@ def test_stream_equals_oracle(spark, tmp_path, provider, seed, parts, env, very_
     assert_matches_oracle(spark, config, batches)
 
 
+@pytest.mark.parametrize("provider", ["rocksdb", "hdfs"])
+@pytest.mark.parametrize("seed,parts,env,very_late", [CASES[1], CASES[3]])
+def test_stream_equals_oracle_with_the_checkpoint_on_hdfs(spark, hdfs, tmp_path, provider, seed, parts, env,
+                                                          very_late):
+    """The same scenarios with the Spark checkpoint on the real HDFS (tests/hdfs_cluster.py): the state store's files
+    and the logs written through Hadoop's HDFS client, the driver's reads of them through WebHDFS."""
+    config = make_config(tmp_path, provider, SESSIONS_CHECKPOINT_URI=f"{hdfs.uri}/oracle/{tmp_path.name}",
+                         SESSIONS_WEBHDFS_ADDRESS=hdfs.webhdfs.removeprefix("http://"),
+                         SESSIONS_LEASE_URI=str(tmp_path / "leases"), **env)
+    batches = stream_scenario(seed, parts, very_late, GAP_MS, LATENESS_MS)
+    land_batches(config, batches)
+    catch_up(config, spark)
+    assert_matches_oracle(spark, config, batches)
+
+
 def test_stream_equals_oracle_across_runs(spark, tmp_path):
     """The same data delivered over three catch_up runs (stop/start between micro-batches) on hdfs with
     3 partitions, with a re-run that finds nothing new: the result is still exactly the oracle's."""
