@@ -140,9 +140,14 @@ def test_a_running_stream_rides_out_a_namenode_restart(hdfs, tmp_path):
     import signal
 
     from pipelines.core.sample_data import land
+    from pipelines.ingest import latest_ingest_seq
+    from pipelines.storage import table_exists
     from testkit.lifecycle_expectations import expected_closed_sessions
     from tests.datagen import in_order_chunks
     from tests.harness import still_running, stream_caught_up, wait_until
+
+    def ingested(config) -> int:  # landed files ingested so far (one ingest commit each)
+        return latest_ingest_seq(config.raw_events_table) if table_exists(config, config.raw_events_table) else 0
 
     env = {"SESSIONS_CHECKPOINT_URI": f"{hdfs.uri}/running", "SESSIONS_LEASE_URI": str(tmp_path / "leases"),
            "SESSIONS_WEBHDFS_ADDRESS": hdfs.webhdfs.removeprefix("http://")}
@@ -155,8 +160,8 @@ def test_a_running_stream_rides_out_a_namenode_restart(hdfs, tmp_path):
     try:
         for i, chunk in enumerate(chunks):
             land(config.landing, f"part-{i:04d}.jsonl", [json.dumps(e) for e in chunk])
-            wait_until(lambda: still_running(run, log) and stream_caught_up(config), timeout_s=240,
-                       what=f"the stream to take part {i}")
+            wait_until(lambda: still_running(run, log) and ingested(config) == i + 1 and stream_caught_up(config),
+                       timeout_s=240, what=f"the stream to take part {i}")
             if i == 0:
                 hdfs.restart_namenode()  # the stream is running: its next batch meets the restarted NameNode
         assert read_sessions(config) == expected_closed_sessions(chunks, GAP_MS, LATENESS_MS)
