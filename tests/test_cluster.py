@@ -1,8 +1,8 @@
 """Cluster mode on a real Spark standalone cluster (a master and two workers on loopback, separate JVMs), with
 landing, tables and savepoints on the real S3 endpoint (moto server): one driver runs catch-up -> savepoint ->
 more -> restore -> rescale -> catch-up (tests/cluster_driver.py, the library), then `sessionctl run` and `sessionctl
-compact` with SESSIONS_SPARK_MASTER set, and the sessions equal the oracle, each exactly once. Only the checkpoint is on
-a (shared) local path."""
+compact` with SESSIONS_SPARK_MASTER set, and the sessions equal the oracle, each exactly once. The checkpoint is on the
+real HDFS (tests/hdfs_cluster.py): the executors write the state store's files through Hadoop's HDFS client."""
 from __future__ import annotations
 
 import json
@@ -32,14 +32,17 @@ def _sessionctl(env: dict, *args: str) -> dict:
     return json.loads(done.stdout.strip().splitlines()[-1])
 
 
-def test_lifecycle_on_a_standalone_cluster(tmp_path, spark_cluster, s3_endpoint):
+def test_lifecycle_on_a_standalone_cluster(tmp_path, spark_cluster, s3_endpoint, hdfs):
     prefix = f"s3://warehouse/{tmp_path.name}"
+    checkpoint = {"SESSIONS_CHECKPOINT_URI": f"{hdfs.uri}/cluster/{tmp_path.name}",
+                  "SESSIONS_WEBHDFS_ADDRESS": hdfs.webhdfs.removeprefix("http://"),
+                  "SESSIONS_LEASE_URI": str(tmp_path / "leases")}
     config = make_config(tmp_path, "rocksdb", SESSIONS_SPARK_MASTER=spark_cluster["master"],
                          SESSIONS_SAVEPOINT_URI=f"s3://savepoints/{tmp_path.name}", SESSIONS_STATE_PARTITIONS=2,
                          SESSIONS_WAREHOUSE_URI=f"{prefix}/tables", SESSIONS_LANDING_URI=f"{prefix}/landing",
-                         SESSIONS_MAX_VERSIONS_PER_BATCH=None)
+                         SESSIONS_MAX_VERSIONS_PER_BATCH=None, **checkpoint)
     s3 = boto3.client("s3", endpoint_url=s3_endpoint["env"]["AWS_ENDPOINT_URL"])
-    env = config_env(config, SESSIONS_SPARK_MASTER=spark_cluster["master"], **s3_endpoint["env"])
+    env = config_env(config, SESSIONS_SPARK_MASTER=spark_cluster["master"], **s3_endpoint["env"], **checkpoint)
     chunks = in_order_chunks(120, seed=21, parts=5)
 
     def land_part(i: int) -> None:  # an S3 put is atomic: the object appears complete (the contract's rename-in)
