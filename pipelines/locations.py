@@ -38,6 +38,11 @@ def is_remote(uri: str) -> bool:
     return urlparse(uri).scheme in HADOOP_SCHEMES
 
 
+# The WebHDFS address each NameNode (host:port of hdfs://) was given with, in this process: a checkpoint's URI handed
+# on as text (a set-aside checkpoint, an erasure's scan) reaches the same NameNode's HTTP API.
+_WEBHDFS_OF: dict[str, str] = {}
+
+
 @cache
 def _webhdfs(host: str, port: int, user: str) -> AbstractFileSystem:
     from fsspec.implementations.webhdfs import WebHDFS
@@ -69,7 +74,8 @@ class RemotePath:
     def fs(self) -> AbstractFileSystem:
         scheme, netloc, _ = self._parts
         if scheme == "hdfs":
-            address = self.webhdfs or os.environ.get("SESSIONS_WEBHDFS_ADDRESS") or f"{netloc.split(':')[0]}:{WEBHDFS_PORT}"
+            address = (self.webhdfs or _WEBHDFS_OF.get(netloc) or os.environ.get("SESSIONS_WEBHDFS_ADDRESS")
+                       or f"{netloc.split(':')[0]}:{WEBHDFS_PORT}")
             host, _, port = address.rpartition(":")
             return _webhdfs(host, int(port), os.environ.get("HADOOP_USER_NAME") or getpass.getuser())
         return _s3()
@@ -176,6 +182,8 @@ CheckpointPath = Path | RemotePath
 def checkpoint_path(uri: str, *, webhdfs: str = "") -> CheckpointPath:
     """A checkpoint URI (a local path, file://, hdfs://, s3a:// or s3://) as the path its readers take."""
     if is_remote(uri):
+        if webhdfs:
+            _WEBHDFS_OF[urlparse(uri).netloc] = webhdfs
         return RemotePath(uri.rstrip("/"), webhdfs)
     return Path(uri.removeprefix("file://"))
 

@@ -244,3 +244,29 @@ def test_a_batch_ingested_between_the_erasure_savepoint_and_its_restore_is_repla
     assert not failures and not stream.is_alive(), failures
     _assert_is_the_oracle_without_the_user(spark, config, batches)
     assert verify_forgotten(config, spark, USER).clean
+
+
+@pytest.mark.parametrize("provider", ["rocksdb", "hdfs"])
+def test_forget_with_the_checkpoint_on_hdfs(spark, hdfs, tmp_path, provider):
+    """The same erasure with the Spark checkpoint on the real HDFS: the auditor's scan reads the checkpoint's files
+    there (through WebHDFS) as it reads a local one, a restore's set-aside checkpoint on HDFS is removed, and the
+    stream goes on exactly once without U."""
+    config = make_config(tmp_path, provider, SESSIONS_CHECKPOINT_URI=f"{hdfs.uri}/erasure/{tmp_path.name}",
+                         SESSIONS_WEBHDFS_ADDRESS=hdfs.webhdfs.removeprefix("http://"),
+                         SESSIONS_LEASE_URI=str(tmp_path / "leases"))
+    batches = stream_scenario(SEED, 6, False, GAP_MS, LATENESS_MS)
+    land_batches(config, batches[:CUT])
+    catch_up(config, spark)
+    saved = take_savepoint(config, spark=spark)
+    restore(config, saved.savepoint_id, spark=spark)  # sets the old checkpoint aside, on HDFS: U's state is in it
+
+    found = verify_forgotten(config, spark, USER)
+    assert not found.clean and found.found["live_state_events"] > 0, found.found
+    assert found.found.get("set_aside_checkpoints", 0) + found.found.get("checkpoint", 0) > 0, found.found
+    forget(config, USER, spark=spark)
+    after = verify_forgotten(config, spark, USER)
+    assert after.clean and set(after.found.values()) == {0}, after.found
+
+    land_batches(config, _without(batches[CUT:], USER), start=CUT)
+    catch_up(config, spark)
+    _assert_is_the_oracle_without_the_user(spark, config, batches)
