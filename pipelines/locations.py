@@ -28,7 +28,7 @@ from urllib.parse import urlparse
 if TYPE_CHECKING:  # fsspec is imported only where a remote checkpoint is read
     from fsspec import AbstractFileSystem
 
-__all__ = ["HADOOP_SCHEMES", "CheckpointPath", "RemotePath", "checkpoint_path", "is_remote", "move", "remove_tree"]
+__all__ = ["HADOOP_SCHEMES", "CheckpointPath", "RemotePath", "checkpoint_path", "hdfs_outage", "is_remote", "move", "remove_tree"]
 
 HADOOP_SCHEMES = ("hdfs", "s3a", "s3")
 WEBHDFS_PORT = 9870  # the NameNode's HTTP port by default (Hadoop 3: dfs.namenode.http-address)
@@ -205,3 +205,25 @@ def remove_tree(path: CheckpointPath) -> None:
         shutil.rmtree(path, ignore_errors=True)
     elif path.exists():
         path.fs.rm(path.key, recursive=True)
+
+
+# What an HDFS client's failure says when the filesystem, not the job, is at fault: no DataNode to write to, a block
+# no live DataNode holds, a NameNode that does not answer or is still in safe mode.
+_HDFS_OUTAGE = (("could only be written to 0 of the", "no DataNode to write to"),
+                ("Could not obtain block", "a block no live DataNode holds"),
+                ("BlockMissingException", "a block no live DataNode holds"),
+                ("SafeModeException", "the NameNode is in safe mode"),
+                ("failed on connection exception", "the NameNode does not answer"),
+                ("Connection refused", "connection refused"))
+
+
+def hdfs_outage(checkpoint: CheckpointPath, error: BaseException | str) -> str | None:
+    """The one line of a failure an HDFS outage caused (the checkpoint on `hdfs://`), None for any other."""
+    if not (isinstance(checkpoint, RemotePath) and str(checkpoint).startswith("hdfs://")):
+        return None
+    text = str(error)
+    for marker, cause in _HDFS_OUTAGE:
+        if marker in text:
+            return (f"HDFS at {urlparse(str(checkpoint)).netloc} failed for the checkpoint {checkpoint} ({cause}): "
+                    "bring the NameNode and DataNodes back, then run the command again")
+    return None

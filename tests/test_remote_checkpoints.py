@@ -133,10 +133,12 @@ def test_an_hdfs_checkpoint_without_a_lease_location_is_one_line(tmp_path):
         make_config(tmp_path, SESSIONS_CHECKPOINT_URI="hdfs:///x", SESSIONS_LEASE_URI=str(tmp_path))
 
 
-def test_a_running_stream_rides_out_a_namenode_restart(hdfs, tmp_path):
+def test_a_running_stream_rides_out_a_namenode_restart_and_a_datanode_outage(hdfs, tmp_path):
     """`sessionctl run` with its checkpoint on HDFS: the NameNode restarts between two landed files while the stream
-    runs; Hadoop's client retries its calls (pipelines.job.runtime), the stream goes on, and Ctrl-C stops it with exit
-    0. The sessions: the oracle's, each once."""
+    runs (Hadoop's client retries its calls, pipelines.job.runtime); then the only DataNode goes down, the stream's
+    next batch cannot write its offset log, and `run` says so in one line and waits, restarting the query from its
+    checkpoint until the DataNode is back (as it does for S3). Ctrl-C stops it with exit 0. The sessions: the oracle's,
+    each once."""
     import signal
 
     from pipelines.core.sample_data import land
@@ -160,10 +162,20 @@ def test_a_running_stream_rides_out_a_namenode_restart(hdfs, tmp_path):
     try:
         for i, chunk in enumerate(chunks):
             land(config.landing, f"part-{i:04d}.jsonl", [json.dumps(e) for e in chunk])
-            wait_until(lambda: still_running(run, log) and ingested(config) == i + 1 and stream_caught_up(config),
+            wait_until(lambda n=i + 1: still_running(run, log) and ingested(config) == n and stream_caught_up(config),
                        timeout_s=240, what=f"the stream to take part {i}")
             if i == 0:
                 hdfs.restart_namenode()  # the stream is running: its next batch meets the restarted NameNode
+            if i == 1:  # the only DataNode down while the stream runs: no write can succeed until it is back
+                hdfs.stop_datanode(0)
+                land(config.landing, "part-0002.jsonl", [json.dumps(e) for e in chunks[2]])
+                wait_until(lambda: ingested(config) == 3, timeout_s=120, what="the ingest of part 2")
+                wait_until(lambda: "no DataNode to write to" in log.read_text(), timeout_s=120,
+                           what="the stream to meet the DataNode's absence")
+                assert still_running(run, log)  # it waits for HDFS, as for S3 (pipelines.job.run_retries)
+                hdfs.restart_datanode(0)
+                break
+        wait_until(lambda: still_running(run, log) and stream_caught_up(config), timeout_s=240, what="after the DataNode")
         assert read_sessions(config) == expected_closed_sessions(chunks, GAP_MS, LATENESS_MS)
     finally:
         run.send_signal(signal.SIGINT)

@@ -36,7 +36,7 @@ from pipelines.job.runtime import ERRORS_LOG, explain_spark_failure, get_spark, 
 from pipelines.job.sink import MicroBatchSink
 from pipelines.job.source import BOOTSTRAP_FILE, SOURCE_NAME
 from pipelines.job.startup import checkpoint_metadata, ensure_tables
-from pipelines.locations import CheckpointPath
+from pipelines.locations import CheckpointPath, hdfs_outage
 from pipelines.storage import is_object_store_failure, is_s3, object_store_errors, s3_failure, storage_options
 
 __all__ = ["RunSummary", "catch_up", "raw_events_stream", "run_continuously", "start_query"]
@@ -206,12 +206,16 @@ def _job(config: SessionsConfig, what: str, spark: SparkSession | None,
 def _close(run: _Run, query: StreamingQuery, sink: MicroBatchSink, config: SessionsConfig) -> None:
     """The tail both loops share: the counts (of the batches it committed, failed or not), then a failed query as the
     typed one line: StorageUnavailable when the warehouse's object store failed it (in the sink, or in the source's
-    Python workers: recognised by the failure's text), else explain_spark_failure's."""
+    Python workers: recognised by the failure's text) or an HDFS outage the checkpoint's, else explain_spark_failure's."""
     run.summary.absorb_progress(query)
     run.summary.sessions_written, run.summary.quarantined = sink.sessions_written, sink.quarantined
     failure = query.exception()
     if failure is None:
         return
+    outage = hdfs_outage(config.checkpoint, failure)
+    if sink.unavailable is None and outage is not None:  # `run` rides it out as it rides out S3's
+        _log_details(config, failure)
+        raise StorageUnavailable(outage)
     if sink.unavailable is None and not (is_s3(config.warehouse_uri) and is_object_store_failure(failure)):
         raise explain_spark_failure(failure, config)
     _log_details(config, failure)
