@@ -21,6 +21,7 @@ from pipelines.core import state_format
 from pipelines.core.sessionize import rewalk, rows_table
 from pipelines.errors import RestoreIncomplete, SavepointDamaged, StateMismatch, savepoint_way_out
 from pipelines.job.checkpoint import (
+    BOOTSTRAP_FILE,
     JobMetadata,
     clear_restore_marker,
     inspect_checkpoint,
@@ -29,7 +30,6 @@ from pipelines.job.checkpoint import (
 )
 from pipelines.job.operators import for_new_checkpoint
 from pipelines.job.runtime import get_spark, stop_state_stores
-from pipelines.job.source import BOOTSTRAP_FILE
 from pipelines.job.startup import ensure_tables
 from pipelines.job.stream import start_query
 from pipelines.locations import CheckpointPath, checkpoint_path, move

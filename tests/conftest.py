@@ -209,7 +209,9 @@ def spark(tmp_path_factory):
     from pipelines.job.runtime import get_spark
 
     home = tmp_path_factory.mktemp("spark-home")
-    session = get_spark(make_config(home))
+    # The session of a job whose checkpoint is on S3: Hadoop's S3A on its class path (appended: the class archive
+    # still fits), so tests run checkpoints on S3 in it too (tests/test_remote_checkpoints.py: s3a_session).
+    session = get_spark(make_config(home, SESSIONS_CHECKPOINT_URI="s3a://suite/checkpoints"))
     yield session
 
 

@@ -3,8 +3,9 @@
 more data, a restore to the savepoint and its replay end exactly once against the oracle (tests/oracle.py), with the
 driver reading the checkpoint's logs without a JVM (pipelines.locations: WebHDFS, pyarrow's S3).
 
-The S3 cases run `sessionctl` processes: the S3A jars join Spark's class path only in a JVM started for an s3a://
-checkpoint (pipelines.job.runtime), so the process boundary is the point there."""
+The S3A jars join Spark's class path only in a JVM started for an s3a:// checkpoint (pipelines.job.runtime): the
+suite's shared session is started as one (tests/conftest.py), and one test runs a `sessionctl` process to show the
+product's own JVM gets them."""
 from __future__ import annotations
 
 import json
@@ -24,8 +25,7 @@ GAP_MS, LATENESS_MS = 30 * 60_000, 10 * 60_000
 
 
 def _sessionctl(config, *args: str, env: dict[str, str]) -> dict:
-    done = subprocess.run([str(SESSIONCTL), *args, "--json"] if args[0] in ("savepoint", "restore") else
-                          [str(SESSIONCTL), *args], env=config_env(config, **env), capture_output=True, text=True,
+    done = subprocess.run([str(SESSIONCTL), *args], env=config_env(config, **env), capture_output=True, text=True,
                           timeout=600)
     assert done.returncode == 0, done.stderr[-3000:]
     return dict(json.loads(done.stdout.strip().splitlines()[-1]))
@@ -39,33 +39,75 @@ def _assert_exactly_once(config, batches) -> None:
     assert_late_keys(config, expected)
 
 
-@pytest.mark.parametrize("provider", ["rocksdb", "hdfs"])
-def test_checkpoint_on_s3_catch_up_savepoint_restore_exactly_once(s3_endpoint, tmp_path, provider):
+def s3a_session(spark, s3_endpoint) -> None:
+    """The suite's shared session (its JVM started before the S3 endpoint) pointed at it: what spark_conf sets from
+    the AWS_* variables for a JVM started with them (pipelines.job.runtime.s3a_conf), plus the credentials S3A
+    would read from that JVM's environment."""
+    from pipelines.job.runtime import s3a_conf
+
+    hadoop = spark.sparkContext._jsc.hadoopConfiguration()  # noqa: SLF001
+    env = s3_endpoint["env"]
+    with pytest.MonkeyPatch.context() as patch:
+        for key, value in env.items():
+            patch.setenv(key, value)
+        conf = s3a_conf()
+    for key, value in {**conf, "spark.hadoop.fs.s3a.access.key": env["AWS_ACCESS_KEY_ID"],
+                       "spark.hadoop.fs.s3a.secret.key": env["AWS_SECRET_ACCESS_KEY"]}.items():
+        hadoop.set(key.removeprefix("spark.hadoop."), value)
+
+
+def _s3_bucket(s3_endpoint, name: str) -> str:
     import boto3
 
-    bucket = f"checkpoints-{provider}"
-    boto3.client("s3", endpoint_url=s3_endpoint["env"]["AWS_ENDPOINT_URL"]).create_bucket(Bucket=bucket)
-    env = {"SESSIONS_CHECKPOINT_URI": f"s3://{bucket}/job", **s3_endpoint["env"]}
-    config = make_config(tmp_path, provider, **env)
+    boto3.client("s3", endpoint_url=s3_endpoint["env"]["AWS_ENDPOINT_URL"]).create_bucket(Bucket=name)
+    return name
+
+
+@pytest.mark.parametrize("provider", ["rocksdb", "hdfs"])
+def test_checkpoint_on_s3_catch_up_savepoint_restore_exactly_once(spark, s3_endpoint, tmp_path, provider):
+    from pipelines.job.stream import catch_up
+    from state_store.lifecycle import restore, take_savepoint
+    from state_store.status import status
+
+    s3a_session(spark, s3_endpoint)
+    bucket = _s3_bucket(s3_endpoint, f"checkpoints-{provider}")
+    config = make_config(tmp_path, provider, SESSIONS_CHECKPOINT_URI=f"s3://{bucket}/job")
     assert str(config.checkpoint) == f"s3a://{bucket}/job/sessions"  # s3:// is taken as Hadoop's s3a://
     assert config.lease_uri == f"s3://{bucket}/job/_leases"  # the leases beside it, with S3's conditional writes
     batches = stream_scenario(7, 6, False, GAP_MS, LATENESS_MS)
 
     land_batches(config, batches[:3])
-    _sessionctl(config, "catch-up", env=env)
-    saved = _sessionctl(config, "savepoint", env=env)
+    catch_up(config, spark)
+    saved = take_savepoint(config, spark=spark)
     land_batches(config, batches[3:], start=3)
-    _sessionctl(config, "catch-up", env=env)
+    catch_up(config, spark)
     _assert_exactly_once(config, batches)
 
-    restored = _sessionctl(config, "restore", "--savepoint", saved["savepoint_id"], env=env)
-    assert restored["verified"] and restored["rows"] == saved["rows"]
-    assert restored["previous_checkpoint"].startswith(f"s3a://{bucket}/job/sessions.replaced-")
-    _sessionctl(config, "catch-up", env=env)  # replays what came after the savepoint
+    restored = restore(config, saved.savepoint_id, spark=spark)
+    assert restored.verified and restored.rows == saved.rows
+    assert restored.previous_checkpoint and restored.previous_checkpoint.startswith(f"s3a://{bucket}/job/sessions.replaced-")
+    catch_up(config, spark)  # replays what came after the savepoint
     _assert_exactly_once(config, batches)
     info = inspect_checkpoint(config.checkpoint)  # the driver's read of the logs on S3, no JVM
     assert isinstance(config.checkpoint, RemotePath) and info.provider == provider
     assert info.last_committed_batch is not None and info.source_offset and info.source_offset["seq"] == len(batches)
+    assert status(config, spark=spark, with_state=True).state_files > 0  # listed on S3 through pyarrow
+
+
+def test_a_sessionctl_process_runs_a_checkpoint_on_s3(s3_endpoint, tmp_path):
+    """The product's own JVM, started for an s3a:// checkpoint, has Hadoop's S3A on its class path and its endpoint
+    from AWS_* (pipelines.job.runtime): `sessionctl catch-up`, then `status` reading the logs on S3 without Spark."""
+    bucket = _s3_bucket(s3_endpoint, "checkpoints-process")
+    env = {"SESSIONS_CHECKPOINT_URI": f"s3a://{bucket}/job", **s3_endpoint["env"]}
+    config = make_config(tmp_path, "rocksdb", **env)
+    batches = stream_scenario(2, 3, False, GAP_MS, LATENESS_MS)
+    land_batches(config, batches)
+    caught_up = _sessionctl(config, "catch-up", env=env)
+    assert caught_up["batches"] == len(batches) + 1  # one batch per landed file, then the one that settles them
+    report = _sessionctl(config, "status", "--no-state", "--json", env=env)
+    assert report["checkpoint"] == f"s3a://{bucket}/job/sessions"
+    assert report["last_committed_batch"] == caught_up["last_committed_batch"] == len(batches)
+    _assert_exactly_once(config, batches)
 
 
 def _hdfs_config(tmp_path, hdfs, provider: str, name: str):

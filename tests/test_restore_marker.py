@@ -12,8 +12,7 @@ import pytest
 from pipelines.core.sample_data import land
 from pipelines.errors import RestoreIncomplete
 from pipelines.ingest import ingest
-from pipelines.job.checkpoint import read_restore_marker, restore_marker
-from pipelines.job.source import BOOTSTRAP_FILE
+from pipelines.job.checkpoint import BOOTSTRAP_FILE, read_restore_marker, restore_marker
 from pipelines.job.stream import catch_up
 from state_store.lifecycle import replaced_checkpoints, restore, take_savepoint
 from tests.conftest import assert_half_done_is_reported, config_env, make_config, read_sessions, tool

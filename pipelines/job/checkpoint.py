@@ -14,13 +14,14 @@ from typing import Any
 from pipelines.errors import CheckpointDamaged, NoCommittedBatch
 from pipelines.locations import CheckpointPath
 
-__all__ = ["PROVIDER_CLASSES", "CheckpointInfo", "CommittedBatch", "JobMetadata", "batch_source_range", "clear_restore_marker", "committed_checkpoint", "directory_size", "inspect_checkpoint", "last_commit_age_seconds", "read_job_metadata", "read_restore_marker", "rescale_command", "restore_marker", "write_job_metadata", "write_restore_marker"]
+__all__ = ["BOOTSTRAP_FILE", "PROVIDER_CLASSES", "CheckpointInfo", "CommittedBatch", "JobMetadata", "batch_source_range", "clear_restore_marker", "committed_checkpoint", "directory_size", "inspect_checkpoint", "last_commit_age_seconds", "read_bootstrap", "read_job_metadata", "read_restore_marker", "rescale_command", "restore_marker", "write_job_metadata", "write_restore_marker"]
 
 PROVIDER_CLASSES = {
     "rocksdb": "org.apache.spark.sql.execution.streaming.state.RocksDBStateStoreProvider",
     "hdfs": "org.apache.spark.sql.execution.streaming.state.HDFSBackedStateStoreProvider",
 }
 JOB_FILE = "_job.json"
+BOOTSTRAP_FILE = "_bootstrap.json"  # written into a fresh checkpoint by a restore: its source position and marker
 
 
 def provider_name(provider_class: str) -> str:
@@ -214,11 +215,17 @@ def batch_source_range(checkpoint: CheckpointPath, batch_id: int) -> tuple[int, 
     high = seq_at(batch_id)
     if batch_id > 0 and (checkpoint / "offsets" / str(batch_id - 1)).exists():
         return seq_at(batch_id - 1), high
+    bootstrap = read_bootstrap(checkpoint)
+    return int(json.loads(bootstrap)["source_seq"]) if bootstrap else 0, high
+
+
+def read_bootstrap(checkpoint: CheckpointPath) -> str | None:
+    """A restored checkpoint's bootstrap (BOOTSTRAP_FILE: the savepoint's source position and watermark marker) as
+    written, None for a checkpoint no restore made."""
     try:
-        low = int(json.loads((checkpoint / "_bootstrap.json").read_text())["source_seq"])
+        return (checkpoint / BOOTSTRAP_FILE).read_text()
     except FileNotFoundError:
-        low = 0
-    return low, high
+        return None
 
 
 def last_commit_age_seconds(checkpoint: CheckpointPath) -> float | None:

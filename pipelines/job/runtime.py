@@ -102,7 +102,10 @@ def s3a_conf() -> dict[str, str]:
     endpoint = env.get("AWS_ENDPOINT_URL")
     if endpoint:  # an S3-compatible endpoint (MinIO, moto, Ceph): path-style requests, TLS as its URL says
         conf.update({"spark.hadoop.fs.s3a.endpoint": endpoint, "spark.hadoop.fs.s3a.path.style.access": "true",
-                     "spark.hadoop.fs.s3a.connection.ssl.enabled": str(endpoint.startswith("https")).lower()})
+                     "spark.hadoop.fs.s3a.connection.ssl.enabled": str(endpoint.startswith("https")).lower(),
+                     # No "Expect: 100-continue" on uploads: S3-compatible servers answer it unevenly (the AWS SDK
+                     # took moto's interim 100 for the upload's final status and failed the state store's commit).
+                     "spark.hadoop.fs.s3a.connection.expect.continue": "false"})
     return conf
 
 

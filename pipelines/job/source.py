@@ -23,10 +23,9 @@ from pyspark.sql.streaming.datasource import ReadAllAvailable, ReadLimit, ReadMa
 
 from pipelines.ingest import latest_ingest_seq
 from pipelines.ingest.table import CLOCK_KIND
-from pipelines.locations import checkpoint_path
 from pipelines.storage import filesystem, s3_options
 
-__all__ = ["BOOTSTRAP_FILE", "SOURCE_NAME", "SPLIT_FILE_ROWS", "RawEventsSource", "RawEventsStreamReader"]
+__all__ = ["SOURCE_NAME", "SPLIT_FILE_ROWS", "RawEventsSource", "RawEventsStreamReader"]
 
 SOURCE_NAME = "sessions_raw"
 SOURCE_SCHEMA = (
@@ -35,7 +34,6 @@ SOURCE_SCHEMA = (
     "event_id string, user_id string, event_time timestamp, event_type string, ingest_seq long, line_key long, "
     "origin string"
 )
-BOOTSTRAP_FILE = "_bootstrap.json"  # written into a fresh checkpoint by a restore
 
 
 ARROW_BATCH_ROWS = 65_536  # rows per Arrow batch a read hands Spark: large enough to amortise, small for memory
@@ -115,21 +113,16 @@ def _row_groups(uri: str, low: int, high: int) -> list[int]:
 class RawEventsStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
     def __init__(self, options: Mapping[str, str]):
         self.table = options["path"]
-        self.bootstrap_file = options.get("bootstrap")
-        self.webhdfs = options.get("webhdfs") or ""
+        # A restore's bootstrap (pipelines.job.checkpoint.read_bootstrap), read by the driver from the checkpoint --
+        # which may be on HDFS or S3, out of this process's reach -- and handed over whole; empty: none.
+        self.bootstrap = options.get("bootstrap") or ""
         max_versions = options.get("maxVersionsPerTrigger")
         self.max_versions = int(max_versions) if max_versions else None
         # Trigger.AvailableNow sets it; a restore caps it at the savepoint (its marker-only first batch).
         self.target_seq: int | None = int(options["targetSeq"]) if options.get("targetSeq") else None
 
     def _bootstrap(self) -> dict[str, Any] | None:
-        if not self.bootstrap_file:
-            return None
-        try:  # in the checkpoint: a local path, or on HDFS or S3 (pipelines.locations)
-            return dict(json.loads(checkpoint_path(self.bootstrap_file, webhdfs=self.webhdfs).read_text()))
-        except FileNotFoundError:
-            return None
-        return None
+        return dict(json.loads(self.bootstrap)) if self.bootstrap else None
 
     def _latest_seq(self) -> int:
         return latest_ingest_seq(self.table, s3_options(self.table))

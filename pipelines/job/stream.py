@@ -28,13 +28,13 @@ from pipelines.coordination.requests import (
 )
 from pipelines.errors import SessionsError, StorageUnavailable
 from pipelines.ingest import IngestResult, ingest
-from pipelines.job.checkpoint import JobMetadata, batch_source_range, inspect_checkpoint
+from pipelines.job.checkpoint import JobMetadata, batch_source_range, inspect_checkpoint, read_bootstrap
 from pipelines.job.operators.seam import StateOperator, keyed_events
 from pipelines.job.run_retries import RetryingIngest as _RetryingIngest
 from pipelines.job.run_retries import ride_out
 from pipelines.job.runtime import ERRORS_LOG, explain_spark_failure, get_spark, prepare_session, spark_failures
 from pipelines.job.sink import MicroBatchSink
-from pipelines.job.source import BOOTSTRAP_FILE, SOURCE_NAME
+from pipelines.job.source import SOURCE_NAME
 from pipelines.job.startup import checkpoint_metadata, ensure_tables
 from pipelines.locations import CheckpointPath, hdfs_outage
 from pipelines.storage import is_object_store_failure, is_s3, object_store_errors, s3_failure, storage_options
@@ -50,8 +50,7 @@ def raw_events_stream(spark: SparkSession, config: SessionsConfig, checkpoint: C
     prepare_session(spark, config)
     reader = (spark.readStream.format(SOURCE_NAME)
               .option("path", config.raw_events_table)
-              .option("bootstrap", str(checkpoint / BOOTSTRAP_FILE))
-              .option("webhdfs", config.webhdfs_address))  # where the source reads an hdfs:// checkpoint's bootstrap
+              .option("bootstrap", read_bootstrap(checkpoint) or ""))
     if config.max_versions_per_batch:
         reader = reader.option("maxVersionsPerTrigger", str(config.max_versions_per_batch))
     for key, value in (source_options or {}).items():
