@@ -25,7 +25,7 @@ from typing import TypeVar
 
 T = TypeVar("T")
 
-__all__ = ["iso_ms", "still_running", "stream_caught_up", "wait_until"]
+__all__ = ["iso_ms", "s3a_session", "still_running", "stream_caught_up", "wait_until"]
 
 
 def wait_until(condition: Callable[[], T], *, timeout_s: float, what: str, interval_s: float = 0.05) -> T:
@@ -69,3 +69,22 @@ def stream_caught_up(config) -> bool:
 def iso_ms(text: str) -> int:
     """'2026-10-05T12:00:00.123Z' (or '+00:00', any offset) -> epoch milliseconds."""
     return int(dt.datetime.fromisoformat(text.replace("Z", "+00:00")).timestamp() * 1000)
+
+
+def s3a_session(spark, s3_endpoint) -> None:
+    """The suite's shared session (its JVM started before the S3 endpoint) pointed at it: what spark_conf sets from
+    the AWS_* variables for a JVM started with them (pipelines.job.runtime.s3a_conf), plus the credentials S3A
+    would read from that JVM's environment."""
+    from pipelines.job.runtime import s3a_conf
+
+    hadoop = spark.sparkContext._jsc.hadoopConfiguration()  # noqa: SLF001
+    env = s3_endpoint["env"]
+    import pytest
+
+    with pytest.MonkeyPatch.context() as patch:
+        for key, value in env.items():
+            patch.setenv(key, value)
+        conf = s3a_conf()
+    for key, value in {**conf, "spark.hadoop.fs.s3a.access.key": env["AWS_ACCESS_KEY_ID"],
+                       "spark.hadoop.fs.s3a.secret.key": env["AWS_SECRET_ACCESS_KEY"]}.items():
+        hadoop.set(key.removeprefix("spark.hadoop."), value)

@@ -18,6 +18,7 @@ from pipelines.locations import RemotePath
 from testkit.oracle import run_oracle
 from tests.conftest import SESSIONCTL, assert_late_keys, config_env, make_config, read_sessions
 from tests.datagen import land_batches, stream_scenario
+from tests.harness import s3a_session
 
 pytestmark = pytest.mark.tier("subprocess")
 
@@ -37,23 +38,6 @@ def _assert_exactly_once(config, batches) -> None:
     assert len({row[0] for row in got}) == len(got), "a session_id was written more than once"
     assert got == sorted(expected.closed)
     assert_late_keys(config, expected)
-
-
-def s3a_session(spark, s3_endpoint) -> None:
-    """The suite's shared session (its JVM started before the S3 endpoint) pointed at it: what spark_conf sets from
-    the AWS_* variables for a JVM started with them (pipelines.job.runtime.s3a_conf), plus the credentials S3A
-    would read from that JVM's environment."""
-    from pipelines.job.runtime import s3a_conf
-
-    hadoop = spark.sparkContext._jsc.hadoopConfiguration()  # noqa: SLF001
-    env = s3_endpoint["env"]
-    with pytest.MonkeyPatch.context() as patch:
-        for key, value in env.items():
-            patch.setenv(key, value)
-        conf = s3a_conf()
-    for key, value in {**conf, "spark.hadoop.fs.s3a.access.key": env["AWS_ACCESS_KEY_ID"],
-                       "spark.hadoop.fs.s3a.secret.key": env["AWS_SECRET_ACCESS_KEY"]}.items():
-        hadoop.set(key.removeprefix("spark.hadoop."), value)
 
 
 def _s3_bucket(s3_endpoint, name: str) -> str:

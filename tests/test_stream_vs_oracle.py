@@ -92,6 +92,25 @@ def test_stream_equals_oracle_with_the_checkpoint_on_hdfs(spark, hdfs, tmp_path,
     assert_matches_oracle(spark, config, batches)
 
 
+@pytest.mark.parametrize("provider", ["rocksdb", "hdfs"])
+def test_stream_equals_oracle_with_the_checkpoint_on_s3(spark, s3_endpoint, tmp_path, provider):
+    """The very-late scenario with the Spark checkpoint on S3 (Hadoop's S3A against the suite's S3 endpoint), the
+    driver's reads of it through pyarrow."""
+    import boto3
+
+    from tests.harness import s3a_session
+
+    seed, parts, env, very_late = CASES[3].values
+    s3a_session(spark, s3_endpoint)
+    bucket = f"oracle-{provider}"
+    boto3.client("s3", endpoint_url=s3_endpoint["env"]["AWS_ENDPOINT_URL"]).create_bucket(Bucket=bucket)
+    config = make_config(tmp_path, provider, SESSIONS_CHECKPOINT_URI=f"s3a://{bucket}/{tmp_path.name}", **env)
+    batches = stream_scenario(seed, parts, very_late, GAP_MS, LATENESS_MS)
+    land_batches(config, batches)
+    catch_up(config, spark)
+    assert_matches_oracle(spark, config, batches)
+
+
 def test_stream_equals_oracle_across_runs(spark, tmp_path):
     """The same data delivered over three catch_up runs (stop/start between micro-batches) on hdfs with
     3 partitions, with a re-run that finds nothing new: the result is still exactly the oracle's."""
