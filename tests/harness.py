@@ -75,12 +75,12 @@ def s3a_session(spark, s3_endpoint) -> None:
     """The suite's shared session (its JVM started before the S3 endpoint) pointed at it: what spark_conf sets from
     the AWS_* variables for a JVM started with them (pipelines.job.runtime.s3a_conf), plus the credentials S3A
     would read from that JVM's environment."""
+    import pytest
+
     from pipelines.job.runtime import s3a_conf
 
     hadoop = spark.sparkContext._jsc.hadoopConfiguration()  # noqa: SLF001
     env = s3_endpoint["env"]
-    import pytest
-
     with pytest.MonkeyPatch.context() as patch:
         for key, value in env.items():
             patch.setenv(key, value)
