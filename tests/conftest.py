@@ -177,7 +177,7 @@ def open_sessions_of(rows) -> list[tuple]:
     """Canonical state rows -> open sessions in the oracle's tuple shape (session_id, user_id, start_ms,
     last_event_ms, event_count, page_views, "logout" | "inactivity" by the last event), sorted. Plain Python: rows of
     one (user, session_start) in time order, a new session after a logout (two sessions may share a start ms)."""
-    from tests.oracle import oracle_session_id
+    from testkit.oracle import oracle_session_id
 
     ms = lambda ts: int(ts.timestamp() * 1000) if ts is not None else None  # noqa: E731
     rows = sorted(rows, key=lambda r: (r["user_id"], ms(r["session_start"]), ms(r["event_time"]), r["event_id"] or ""))

@@ -276,7 +276,7 @@ def stream_scenario(seed: int, parts: int, very_late: bool = False, gap_ms: int 
     random batches, then an edge block. The first seed from `seed` on whose sessions have distinct ids, and whose late
     events are "very late" (at or below the previous batch's watermark) only where asked for (very_late).
     tests/fixtures/savepoint_v1_home was written from stream_scenario(2, 6): keep the data it makes unchanged."""
-    from tests.oracle import run_oracle, split_events
+    from testkit.oracle import run_oracle, split_events
 
     def make(candidate: int) -> list[list[dict]]:
         rng = random.Random(candidate * 1000 + parts)

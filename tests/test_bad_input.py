@@ -12,9 +12,9 @@ import pytest
 from deltalake import DeltaTable
 
 from pipelines.job.stream import catch_up
+from testkit.oracle import run_oracle
 from tests.conftest import make_config, read_open_sessions, read_quarantine, read_sessions
 from tests.datagen import BASE_MS, iso
-from tests.oracle import run_oracle
 
 pytestmark = pytest.mark.tier("spark")
 

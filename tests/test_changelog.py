@@ -10,9 +10,9 @@ import pytest
 from pipelines.job.checkpoint import inspect_checkpoint
 from pipelines.job.stream import catch_up
 from state_store.lifecycle import rescale, restore, take_savepoint
+from testkit.lifecycle_expectations import expected_closed_sessions
 from tests.conftest import make_config, read_open_sessions, read_sessions
 from tests.datagen import in_order_chunks, land_batches
-from tests.lifecycle_expectations import expected_closed_sessions
 
 pytestmark = pytest.mark.tier("spark")
 

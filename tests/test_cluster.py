@@ -16,9 +16,9 @@ import boto3
 import pytest
 
 from pipelines.storage import open_table
+from testkit.lifecycle_expectations import expected_closed_sessions
 from tests.conftest import config_env, make_config, read_sessions, tool
 from tests.datagen import in_order_chunks
-from tests.lifecycle_expectations import expected_closed_sessions
 from tests.savepoint_expectations import oracle_of, state_sessions
 
 pytestmark = [pytest.mark.tier("e2e"), pytest.mark.timeout(1800)]

@@ -16,8 +16,8 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from pipelines.core.sessionize import advance, empty_rows, open_sessions
+from testkit.oracle import oracle_session_id, run_oracle, split_events
 from tests.datagen import BASE_MS, adversarial_events, event_streams, random_split
-from tests.oracle import oracle_session_id, run_oracle, split_events
 
 pytestmark = pytest.mark.tier("pure")
 

@@ -16,8 +16,8 @@ from assets.erasure_runs import FORGET_JOB, USER_LISTING_JOBS, erasure_runs_clea
 from assets.resources import SessionsResource, pyspark_resource
 from pipelines.ingest.erased import UserSpelling
 from pipelines.job.stream import catch_up
+from testkit.oracle import run_oracle
 from tests.datagen import land_batches, stream_scenario
-from tests.oracle import run_oracle
 from tests.test_dagster_jobs import lookup_table
 
 pytestmark = pytest.mark.tier("spark")

@@ -290,8 +290,8 @@ def test_session_stream_job_closes_sessions_of_a_quiet_stream(tmp_path, spark):
 
     from pipelines.core.sample_data import land
     from state_store.stream_control import stop_stream
+    from testkit.oracle import run_oracle
     from tests.datagen import iso, line, make_event
-    from tests.oracle import run_oracle
 
     resources = {"sessions": SessionsResource(home=str(tmp_path / "home"), gap_minutes=2, lateness_minutes=0,
                                               idle_close_minutes=0.05, state_partitions=2),

@@ -12,9 +12,9 @@ from pipelines.ingest import ingest
 from pipelines.job.checkpoint import inspect_checkpoint
 from pipelines.job.stream import catch_up
 from state_store.lifecycle import restore, take_savepoint
+from testkit.lifecycle_expectations import expected_closed_sessions
 from tests.conftest import config_env, make_config, read_sessions, tool
 from tests.datagen import in_order_chunks
-from tests.lifecycle_expectations import expected_closed_sessions
 
 pytestmark = pytest.mark.tier("subprocess")
 

@@ -19,9 +19,9 @@ from deltalake import DeltaTable
 from pipelines.job.stream import catch_up
 from state_store.erasure import forget, verify_forgotten
 from state_store.lifecycle import take_savepoint
+from testkit.oracle import run_oracle
 from tests.conftest import assert_late_keys, make_config, read_open_sessions, read_quarantine, read_sessions
 from tests.datagen import BASE_MS, land_files, line, make_event, stream_scenario
-from tests.oracle import run_oracle
 
 pytestmark = pytest.mark.tier("spark")
 

@@ -22,9 +22,9 @@ from pipelines.core.sample_data import arrival_order, generate_events, land
 from pipelines.errors import LeaseLost
 from pipelines.ingest import ingest
 from pipelines.job.sink import SESSIONS_SCHEMA, ensure_table, idempotent_append
+from testkit.lifecycle_expectations import expected_closed_sessions
 from tests.conftest import config_env, make_config, read_sessions, tool
 from tests.harness import still_running, wait_until
-from tests.lifecycle_expectations import expected_closed_sessions
 
 pytestmark = pytest.mark.tier("subprocess")
 

@@ -2,7 +2,7 @@
 oracle.
 
 Expectations are written from the contract and the input built here, never from the code under test: each line
-of each file is built together with what it must become -- a valid event (which the oracle in tests/oracle.py
+of each file is built together with what it must become -- a valid event (which the oracle in testkit/oracle.py
 then places: a closed session, the open state, a duplicate or a late quarantine row) or one quarantine row with
 its reason, file and line number.
 """
@@ -23,10 +23,10 @@ from pipelines.ingest import INGESTED_DIR, REFUSED_DIR, classify_line, ingest
 from pipelines.ingest import local as ingest_local
 from pipelines.job.stream import catch_up
 from state_store.status import status
+from testkit.oracle import run_oracle
 from tests.conftest import make_config, read_open_sessions, read_quarantine, read_sessions
 from tests.datagen import BASE_MS, iso
 from tests.harness import wait_until
-from tests.oracle import run_oracle
 
 pytestmark = pytest.mark.tier("pure")
 

@@ -2,7 +2,7 @@
 raw_events that moves the watermark as an event at its time would (README "Idle close").
 
 The clock row's time is max event time + the wall-clock time since the newest commit that held an event or a clock
-row. The oracle's view (tests/oracle.py): a clock row is a batch item ``{"clock_ms": T}`` that counts towards the
+row. The oracle's view (testkit/oracle.py): a clock row is a batch item ``{"clock_ms": T}`` that counts towards the
 max event time and nothing else.
 """
 from __future__ import annotations
@@ -25,10 +25,10 @@ from pipelines.job.stream import catch_up
 from state_store.lifecycle import restore, take_savepoint
 from state_store.state import lookup_user
 from state_store.stream_control import stop_stream
+from testkit.oracle import run_oracle
 from tests.conftest import config_env, make_config, read_open_sessions, read_quarantine, read_sessions, tool
 from tests.datagen import iso, land_batches, line, make_event
 from tests.harness import still_running, wait_until
-from tests.oracle import run_oracle
 
 pytestmark = pytest.mark.tier("pure")
 

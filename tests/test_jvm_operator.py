@@ -26,10 +26,10 @@ from pipelines.job.operators.jvm import STATE_LAYOUT as JVM_STATE_LAYOUT
 from pipelines.job.operators.seam import OUTPUT_COLUMNS
 from pipelines.job.stream import catch_up
 from state_store.lifecycle import restore, take_savepoint
-from tests import oracle
+from testkit import oracle
+from testkit.oracle import run_oracle
 from tests.conftest import make_config, read_sessions
 from tests.datagen import land_batches, stream_scenario
-from tests.oracle import run_oracle
 from tests.test_stream_vs_oracle import GAP_MS, LATENESS_MS, assert_matches_oracle
 
 pytestmark = pytest.mark.tier("spark")

@@ -22,11 +22,11 @@ from pipelines.job.checkpoint import inspect_checkpoint
 from pipelines.job.stream import catch_up
 from state_store.lifecycle import restore, take_savepoint, validate_savepoint
 from state_store.savepoint.catalog import SavepointStore
+from testkit.lifecycle_expectations import expected_closed_sessions
+from testkit.oracle import run_oracle
 from tests.conftest import config_env, make_config, read_open_sessions, read_sessions, tool
 from tests.datagen import in_order_chunks
 from tests.harness import still_running, wait_until
-from tests.lifecycle_expectations import expected_closed_sessions
-from tests.oracle import run_oracle
 
 pytestmark = pytest.mark.tier("subprocess")
 

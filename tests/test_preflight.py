@@ -15,9 +15,9 @@ from pipelines.errors import JobRunning, SavepointDamaged, SavepointIncompatible
 from pipelines.job.stream import catch_up
 from state_store.lifecycle import restore, take_savepoint
 from state_store.preflight import plan_restore
+from testkit.oracle import run_oracle
 from tests.conftest import config_env, make_config, read_open_sessions, read_sessions, tool
 from tests.datagen import land_batches, stream_scenario
-from tests.oracle import run_oracle
 
 pytestmark = pytest.mark.tier("spark")
 

@@ -1,6 +1,6 @@
 """The Spark checkpoint on S3 (Hadoop's S3A against the suite's S3 endpoint, moto on loopback) and on a real HDFS
 (NameNode and DataNode on loopback, tests/hdfs_cluster.py), on both state store providers: catch-up, a savepoint,
-more data, a restore to the savepoint and its replay end exactly once against the oracle (tests/oracle.py), with the
+more data, a restore to the savepoint and its replay end exactly once against the oracle (testkit/oracle.py), with the
 driver reading the checkpoint's logs without a JVM (pipelines.locations: WebHDFS, pyarrow's S3).
 
 The S3A jars join Spark's class path only in a JVM started for an s3a:// checkpoint (pipelines.job.runtime): the

@@ -13,9 +13,9 @@ import pytest
 from deltalake import DeltaTable
 
 from pipelines.core.sample_data import arrival_order, generate_events, land
+from testkit.lifecycle_expectations import expected_closed_sessions
 from tests.conftest import make_config, read_sessions, tool
 from tests.harness import still_running, wait_until
-from tests.lifecycle_expectations import expected_closed_sessions
 
 pytestmark = pytest.mark.tier("subprocess")
 

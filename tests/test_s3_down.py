@@ -22,8 +22,8 @@ from pipelines.ingest import ingest
 from pipelines.job.stream import catch_up
 from pipelines.storage import open_table
 from state_store.lifecycle import take_savepoint
+from testkit.lifecycle_expectations import expected_closed_sessions
 from tests.conftest import REPO, config_env, free_port, make_config, tool
-from tests.lifecycle_expectations import expected_closed_sessions
 
 pytestmark = pytest.mark.tier("e2e")
 

@@ -27,10 +27,10 @@ from state_store.savepoint import take as savepointing
 from state_store.savepoint.catalog import SavepointStore
 from state_store.savepoint.checksum import combine_checksum, partial_checksum, signed, state_checksum
 from state_store.state import read_state
+from testkit.oracle import run_oracle
 from tests.conftest import make_config, open_sessions_of
 from tests.datagen import in_order_chunks
 from tests.harness import iso_ms
-from tests.oracle import run_oracle
 
 pytestmark = pytest.mark.tier("spark")
 

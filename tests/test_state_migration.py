@@ -17,9 +17,9 @@ from pipelines.errors import CheckpointMismatch
 from pipelines.job.stream import catch_up
 from state_store.lifecycle import restore
 from state_store.savepoint import catalog as sp
+from testkit.oracle import run_oracle
 from tests.conftest import assert_late_keys, make_config, read_open_sessions, read_sessions
 from tests.datagen import land_batches, stream_scenario
-from tests.oracle import run_oracle
 from tests.savepoint_expectations import state_sessions
 
 pytestmark = pytest.mark.tier("spark")

@@ -3,7 +3,7 @@
 Adversarial data (tests/datagen.py: disorder within the lateness, duplicates, ties, exact gaps, logouts with
 earlier events arriving after them, held-back events that may be late, and an edge block that hits the
 watermark exactly) is landed one file per micro-batch, for several splits, on both state store providers.
-Checked against tests/oracle.py: the sessions table (row for row, each session_id once), the open events
+Checked against testkit/oracle.py: the sessions table (row for row, each session_id once), the open events
 in the state store, the `late` quarantine rows, and the final watermark.
 """
 from __future__ import annotations
@@ -12,10 +12,10 @@ import pytest
 
 from pipelines.job.stream import catch_up
 from state_store.status import status
+from testkit.oracle import run_oracle
 from tests.conftest import make_config, read_open_sessions, read_quarantine, read_sessions
 from tests.datagen import land_batches, stream_scenario
 from tests.harness import iso_ms
-from tests.oracle import run_oracle
 
 pytestmark = pytest.mark.tier("spark")
 # Parametrized tests whose cases differ in tier (tests/conftest.py reads this)
