@@ -50,7 +50,7 @@ def _s3_bucket(s3_endpoint, name: str) -> str:
 @pytest.mark.parametrize("provider", ["rocksdb", "hdfs"])
 def test_checkpoint_on_s3_catch_up_savepoint_restore_exactly_once(spark, s3_endpoint, tmp_path, provider):
     from pipelines.job.stream import catch_up
-    from state_store.lifecycle import restore, take_savepoint
+    from state_store.lifecycle import rescale, restore, take_savepoint
     from state_store.status import status
 
     s3a_session(spark, s3_endpoint)
@@ -65,6 +65,7 @@ def test_checkpoint_on_s3_catch_up_savepoint_restore_exactly_once(spark, s3_endp
     saved = take_savepoint(config, spark=spark)
     land_batches(config, batches[3:], start=3)
     catch_up(config, spark)
+    assert rescale(config, 3, spark=spark).partitions_after == 3
     _assert_exactly_once(config, batches)
 
     restored = restore(config, saved.savepoint_id, spark=spark)

@@ -103,9 +103,12 @@ def s3a_conf() -> dict[str, str]:
     if endpoint:  # an S3-compatible endpoint (MinIO, moto, Ceph): path-style requests, TLS as its URL says
         conf.update({"spark.hadoop.fs.s3a.endpoint": endpoint, "spark.hadoop.fs.s3a.path.style.access": "true",
                      "spark.hadoop.fs.s3a.connection.ssl.enabled": str(endpoint.startswith("https")).lower(),
-                     # No "Expect: 100-continue" on uploads: S3-compatible servers answer it unevenly (the AWS SDK
-                     # took moto's interim 100 for the upload's final status and failed the state store's commit).
-                     "spark.hadoop.fs.s3a.connection.expect.continue": "false"})
+                     # No "Expect: 100-continue", and local files (RocksDB's SSTs) uploaded through S3A's own output
+                     # stream rather than the transfer manager's: S3-compatible servers answer 100-continue unevenly
+                     # (the transfer manager took moto's interim 100 for an upload's final status and failed a
+                     # rescale's state commit).
+                     "spark.hadoop.fs.s3a.connection.expect.continue": "false",
+                     "spark.hadoop.fs.s3a.optimized.copy.from.local.enabled": "false"})
     return conf
 
 
