@@ -4,7 +4,8 @@ Spark reads and writes a checkpoint through Hadoop's filesystems (`hdfs://`, `s3
 the offset and commit logs, the job metadata, the restore marker, a restore's set-aside -- go through fsspec here:
 HDFS through the NameNode's WebHDFS REST API (no libhdfs, no JVM: light commands stay light), S3 through pyarrow's
 S3 filesystem (the AWS_* variables, as everywhere). A `RemotePath` offers the few pathlib operations the checkpoint's
-readers use, so they take a local `Path` or a `RemotePath` alike.
+readers use, so they take a local `Path` or a `RemotePath` alike. pyarrow's S3 filesystem of this process (its
+credentials and request limits) is made here too, for every S3 reader (pipelines.storage).
 
 What each store promises a checkpoint. HDFS: create-if-absent and rename are atomic on the NameNode, as on a local
 disk. S3: writes are atomic and read-after-write consistent, but a rename is a copy and a delete -- Spark's
@@ -19,16 +20,19 @@ import getpass
 import os
 import shutil
 from collections.abc import Iterator
+from contextvars import ContextVar
 from dataclasses import dataclass
 from functools import cache
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 from urllib.parse import urlparse
 
+import pyarrow.fs as pafs
+
 if TYPE_CHECKING:  # fsspec is imported only where a remote checkpoint is read
     from fsspec import AbstractFileSystem
 
-__all__ = ["HADOOP_SCHEMES", "CheckpointPath", "RemotePath", "checkpoint_path", "hdfs_outage", "is_remote", "move", "remove_tree"]
+__all__ = ["HADOOP_SCHEMES", "S3_LIMITS", "CheckpointPath", "RemotePath", "checkpoint_path", "hdfs_outage", "is_remote", "move", "remove_tree", "s3_filesystem"]
 
 HADOOP_SCHEMES = ("hdfs", "s3a", "s3")
 WEBHDFS_PORT = 9870  # the NameNode's HTTP port by default (Hadoop 3: dfs.namenode.http-address)
@@ -53,9 +57,29 @@ def _webhdfs(host: str, port: int, user: str) -> AbstractFileSystem:
 def _s3() -> AbstractFileSystem:
     from fsspec.implementations.arrow import ArrowFSWrapper
 
-    from pipelines.storage import s3_filesystem
-
     return ArrowFSWrapper(s3_filesystem())
+
+
+# The S3 request limits of pyarrow's filesystem (per request: seconds, attempts) for the code in a `s3_limits`
+# block; pyarrow's defaults (30 s, 3 attempts) elsewhere -- e.g. on an executor, which has no configuration.
+S3_LIMITS: ContextVar[tuple[float, int | None]] = ContextVar("s3_limits", default=(30.0, None))
+
+
+def s3_filesystem() -> pafs.S3FileSystem:
+    """pyarrow's S3 filesystem from this process's standard AWS_* variables (driver or executor alike: executors
+    get them through spark.executorEnv, see pipelines.job.shipping); request limits from pipelines.storage.s3_limits."""
+    env = os.environ
+    endpoint = env.get("AWS_ENDPOINT_URL", "")
+    scheme, _, host = endpoint.partition("://") if "://" in endpoint else ("https", "", endpoint)
+    request_timeout_s, max_attempts = S3_LIMITS.get()
+    retries = {} if max_attempts is None else {
+        "retry_strategy": pafs.AwsStandardS3RetryStrategy(max_attempts=max(1, max_attempts))}
+    return pafs.S3FileSystem(
+        access_key=env.get("AWS_ACCESS_KEY_ID"), secret_key=env.get("AWS_SECRET_ACCESS_KEY"),
+        session_token=env.get("AWS_SESSION_TOKEN"),
+        region=env.get("AWS_REGION") or env.get("AWS_DEFAULT_REGION") or "us-east-1",
+        endpoint_override=host or None, scheme=scheme, connect_timeout=5, request_timeout=request_timeout_s,
+        **retries)
 
 
 @dataclass(frozen=True)

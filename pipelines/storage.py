@@ -6,7 +6,6 @@ import re
 import socket
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
-from contextvars import ContextVar
 from urllib.parse import urlparse
 
 import pyarrow as pa
@@ -17,8 +16,9 @@ from deltalake.exceptions import DeltaError
 
 from pipelines.config import SessionsConfig
 from pipelines.errors import StorageUnavailable
+from pipelines.locations import S3_LIMITS, RemotePath, s3_filesystem
 
-__all__ = ["S3_ADVICE", "filesystem", "is_object_store_failure", "is_s3", "join", "object_store_errors", "open_table", "read_rows", "s3_endpoint", "s3_errors", "s3_failure", "s3_limits", "s3_options", "seconds", "sql_literal", "storage_options", "table_exists"]
+__all__ = ["S3_ADVICE", "filesystem", "is_object_store_failure", "is_s3", "join", "object_store_errors", "open_table", "read_rows", "s3_endpoint", "s3_errors", "s3_failure", "s3_filesystem", "s3_limits", "s3_options", "seconds", "sql_literal", "storage_options", "table_exists"]
 
 
 def is_s3(uri: str) -> bool:
@@ -53,38 +53,16 @@ def s3_options(uri: str, *, max_retries: int = 3, retry_timeout: str = "15s",
     return options
 
 
-# The S3 request limits of pyarrow's filesystem (per request: seconds, attempts) for the code in a `s3_limits`
-# block; pyarrow's defaults (30 s, 3 attempts) elsewhere -- e.g. on an executor, which has no configuration.
-_LIMITS: ContextVar[tuple[float, int | None]] = ContextVar("s3_limits", default=(30.0, None))
-
-
 @contextmanager
 def s3_limits(config: SessionsConfig) -> Iterator[None]:
     """pyarrow S3 filesystems made in the block wait at most SESSIONS_S3_TIMEOUT per request and retry
     SESSIONS_S3_MAX_RETRIES times, as delta-rs's requests do (storage_options): a landing bucket that stopped
     answering fails an ingest in ~timeout x (retries + 1), not in pyarrow's 90 s."""
-    token = _LIMITS.set((seconds(config.s3_timeout), config.s3_max_retries + 1))
+    token = S3_LIMITS.set((seconds(config.s3_timeout), config.s3_max_retries + 1))
     try:
         yield
     finally:
-        _LIMITS.reset(token)
-
-
-def s3_filesystem() -> pafs.S3FileSystem:
-    """pyarrow's S3 filesystem from this process's standard AWS_* variables (driver or executor alike: executors
-    get them through spark.executorEnv, see pipelines.job.shipping); request limits from s3_limits."""
-    env = os.environ
-    endpoint = env.get("AWS_ENDPOINT_URL", "")
-    scheme, _, host = endpoint.partition("://") if "://" in endpoint else ("https", "", endpoint)
-    request_timeout_s, max_attempts = _LIMITS.get()
-    retries = {} if max_attempts is None else {
-        "retry_strategy": pafs.AwsStandardS3RetryStrategy(max_attempts=max(1, max_attempts))}
-    return pafs.S3FileSystem(
-        access_key=env.get("AWS_ACCESS_KEY_ID"), secret_key=env.get("AWS_SECRET_ACCESS_KEY"),
-        session_token=env.get("AWS_SESSION_TOKEN"),
-        region=env.get("AWS_REGION") or env.get("AWS_DEFAULT_REGION") or "us-east-1",
-        endpoint_override=host or None, scheme=scheme, connect_timeout=5, request_timeout=request_timeout_s,
-        **retries)
+        S3_LIMITS.reset(token)
 
 
 def seconds(duration: str) -> float:
@@ -106,8 +84,6 @@ def filesystem(uri: str) -> tuple[pafs.FileSystem, str]:
     if is_s3(uri) or uri.startswith("s3a://"):
         return s3_filesystem(), uri.partition("://")[2]
     if uri.startswith("hdfs://"):
-        from pipelines.locations import RemotePath
-
         remote = RemotePath(uri)
         return pafs.PyFileSystem(pafs.FSSpecHandler(remote.fs)), remote.key
     return pafs.LocalFileSystem(), uri.removeprefix("file://")
