@@ -27,9 +27,8 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 from urllib.parse import urlparse
 
-import pyarrow.fs as pafs
-
-if TYPE_CHECKING:  # fsspec is imported only where a remote checkpoint is read
+if TYPE_CHECKING:  # fsspec and pyarrow are imported only where they are used: `sessionctl --help` stays light
+    import pyarrow.fs as pafs
     from fsspec import AbstractFileSystem
 
 __all__ = ["HADOOP_SCHEMES", "S3_LIMITS", "CheckpointPath", "RemotePath", "checkpoint_path", "hdfs_outage", "is_remote", "move", "remove_tree", "s3_filesystem"]
@@ -68,6 +67,8 @@ S3_LIMITS: ContextVar[tuple[float, int | None]] = ContextVar("s3_limits", defaul
 def s3_filesystem() -> pafs.S3FileSystem:
     """pyarrow's S3 filesystem from this process's standard AWS_* variables (driver or executor alike: executors
     get them through spark.executorEnv, see pipelines.job.shipping); request limits from pipelines.storage.s3_limits."""
+    import pyarrow.fs as pafs
+
     env = os.environ
     endpoint = env.get("AWS_ENDPOINT_URL", "")
     scheme, _, host = endpoint.partition("://") if "://" in endpoint else ("https", "", endpoint)
