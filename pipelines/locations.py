@@ -130,15 +130,8 @@ class RemotePath:
     def with_name(self, name: str) -> RemotePath:
         return self.parent / name
 
-    def with_suffix(self, suffix: str) -> RemotePath:
-        stem = self.name.rsplit(".", 1)[0] if "." in self.name else self.name
-        return self.with_name(stem + suffix)
-
     def exists(self) -> bool:
         return bool(self.fs.exists(self.key))
-
-    def is_file(self) -> bool:
-        return bool(self.fs.isfile(self.key))
 
     def read_text(self) -> str:
         try:
@@ -158,9 +151,6 @@ class RemotePath:
         for name in names:
             yield self / str(name).rstrip("/").rsplit("/", 1)[-1]
 
-    def mkdir(self, *, parents: bool = False, exist_ok: bool = False) -> None:
-        self.fs.makedirs(self.key, exist_ok=True)
-
     def unlink(self, *, missing_ok: bool = False) -> None:
         try:
             self.fs.rm_file(self.key)
@@ -179,10 +169,6 @@ class RemotePath:
             self.fs.copy(self.key, target.key, recursive=True)
             self.fs.rm(self.key, recursive=True)
         return target
-
-    def replace(self, target: RemotePath) -> RemotePath:
-        target.unlink(missing_ok=True)
-        return self.rename(target)
 
     def mtime(self) -> float:
         info: dict[str, Any] = self.fs.info(self.key)

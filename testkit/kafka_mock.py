@@ -6,9 +6,9 @@ from __future__ import annotations
 
 import ctypes
 import glob
-from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+
+from testkit.kafka_produce import produce
 
 
 class MockCluster:
@@ -64,30 +64,7 @@ class MockCluster:
     def produce(self, topic: str, values: list[tuple[str | None, bytes | None]],
                 partition: int | None = None) -> list[tuple[int, int, bytes | None]]:
         """(key, value) messages -> (partition, offset, value) as the broker acknowledged them, in send order."""
-        from confluent_kafka import Producer
-
-        producer = Producer({"bootstrap.servers": self.bootstrap, "linger.ms": 5, "enable.idempotence": True})
-        acked: dict[int, tuple[int, int, bytes | None]] = {}
-
-        def delivered(index: int) -> Callable[[Any, Any], None]:
-            def callback(err: Any, message: Any) -> None:
-                assert err is None, err
-                acked[index] = (message.partition(), message.offset(), message.value())
-            return callback
-
-        for index, (key, value) in enumerate(values):
-            while True:
-                try:
-                    if partition is None:
-                        producer.produce(topic, value=value, key=key, on_delivery=delivered(index))
-                    else:
-                        producer.produce(topic, value=value, key=key, on_delivery=delivered(index), partition=partition)
-                    break
-                except BufferError:
-                    producer.poll(0.1)
-            producer.poll(0)
-        assert producer.flush(30) == 0
-        return [acked[i] for i in range(len(values))]
+        return produce(self.bootstrap, topic, values, partition=partition)
 
     def close(self) -> None:
         self.lib.rd_kafka_mock_cluster_destroy(self.cluster)

@@ -28,12 +28,13 @@ import logging
 import os
 import socket
 import subprocess
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
 
+from testkit.kafka_produce import produce
 from tests.harness import wait_until
 
 REPO = Path(__file__).resolve().parent.parent
@@ -167,31 +168,7 @@ class KafkaBroker:
     def produce(self, topic: str, values: list[tuple[str | None, bytes | None]], partition: int | None = None,
                 timestamp_ms: int | None = None) -> list[tuple[int, int, bytes | None]]:
         """(key, value) messages -> (partition, offset, value) as the broker acknowledged them, in send order."""
-        from confluent_kafka import Producer
-
-        producer = Producer({"bootstrap.servers": self.bootstrap, "linger.ms": 5, "enable.idempotence": True,
-                             "logger": log})
-        acked: dict[int, tuple[int, int, bytes | None]] = {}
-
-        def delivered(index: int) -> Callable[[Any, Any], None]:
-            def callback(err: Any, message: Any) -> None:
-                assert err is None, err
-                acked[index] = (message.partition(), message.offset(), message.value())
-            return callback
-
-        extra: dict[str, Any] = {} if partition is None else {"partition": partition}
-        if timestamp_ms is not None:
-            extra["timestamp"] = timestamp_ms
-        for index, (key, value) in enumerate(values):
-            while True:
-                try:
-                    producer.produce(topic, value=value, key=key, on_delivery=delivered(index), **extra)
-                    break
-                except BufferError:
-                    producer.poll(0.1)
-            producer.poll(0)
-        assert producer.flush(60) == 0
-        return [acked[i] for i in range(len(values))]
+        return produce(self.bootstrap, topic, values, partition=partition, timestamp_ms=timestamp_ms, logger=log)
 
 
 @pytest.fixture(scope="session")
