@@ -58,18 +58,19 @@ def stream_failure_sensor(context: RunFailureSensorContext, sessions: SessionsRe
     context.log.error(f"session_stream run {context.dagster_run.run_id} failed: {message}")
     if not sessions.config().auto_restore:
         return SkipReason("failure recorded; SESSIONS_AUTO_RESTORE is not true")
-    settings = {"savepoint": "latest", "stop_stream": False, "resume_stream": True}
+    settings = {"savepoint": "latest", "stop_stream": False, "resume_stream": True, "dry_run": False}
     return RunRequest(run_key=f"auto-restore-{context.dagster_run.run_id}",
                       run_config={"ops": {"validate_savepoint_op": {"config": settings}}})
 
 
+# Running by default: it acts only on a real restore whose launchpad asked for resume_stream (false by default).
 @run_status_sensor(run_status=DagsterRunStatus.SUCCESS, monitored_jobs=[restore_from_snapshot],
-                   request_job=session_stream, default_status=DefaultSensorStatus.STOPPED)
+                   request_job=session_stream, default_status=DefaultSensorStatus.RUNNING)
 def resume_stream_after_restore(context: RunStatusSensorContext) -> RunRequest | SkipReason:
     """The runbook's last step: relaunch session_stream when the restore asked for it (resume_stream)."""
     run_config: dict[str, Any] = dict(context.dagster_run.run_config or {})
     ops = run_config.get("ops", {})
     wanted = ops.get("validate_savepoint_op", {}).get("config", {})
-    if wanted.get("resume_stream") and not wanted.get("dry_run"):
+    if wanted.get("resume_stream") and wanted.get("dry_run") is False:  # unset is a dry run (RestoreConfig)
         return RunRequest(run_key=f"resume-{context.dagster_run.run_id}")
     return SkipReason("restore did not ask to resume the stream")

@@ -1,5 +1,9 @@
-"""Asset checks: what must hold of the outputs and the state, evaluated by the library."""
-from dagster import AssetCheckResult, AssetCheckSeverity, asset_check
+"""Asset checks: what must hold of the outputs and the state, evaluated by the library -- and by the product itself:
+the observation sensor evaluates them (`evaluations`) as the tables and the state change, so none shows as passed
+before it ran and none waits for a click."""
+from collections.abc import Sequence
+
+from dagster import AssetCheckEvaluation, AssetCheckResult, AssetChecksDefinition, AssetCheckSeverity, asset_check
 
 from assets.resources import SessionsResource
 from assets.tables import SESSIONS, STATE
@@ -72,3 +76,24 @@ def no_restore_left_half_done(sessions: SessionsResource) -> AssetCheckResult:
 
 ALL_CHECKS = [sessions_have_unique_ids, newest_savepoint_verifies, newest_savepoint_restorable, state_is_fresh,
               no_restore_left_half_done]
+# What the sensor evaluates whenever a table or the state changed (reads of logs and of one column): all but the
+# savepoint's re-read, which it evaluates once per new savepoint.
+STATE_CHECKS = [newest_savepoint_restorable, state_is_fresh, no_restore_left_half_done]
+SAVEPOINT_CHECKS = [newest_savepoint_verifies]
+SESSIONS_CHECKS = [sessions_have_unique_ids]
+
+
+def evaluations(sessions: SessionsResource, checks: Sequence[AssetChecksDefinition]) -> list[AssetCheckEvaluation]:
+    """Each check run now, as the evaluation event a sensor reports; a check that cannot read what it checks fails
+    with the library's one line."""
+    out = []
+    for check in checks:
+        (key,) = check.check_keys
+        try:
+            result: AssetCheckResult = check(sessions)  # type: ignore[assignment]  # the decorated function's own
+        except SessionsError as error:
+            result = AssetCheckResult(passed=False, description=str(error), metadata={"error": str(error)})
+        out.append(AssetCheckEvaluation(asset_key=key.asset_key, check_name=key.name, passed=result.passed,
+                                        metadata=result.metadata, severity=result.severity,
+                                        description=result.description))
+    return out

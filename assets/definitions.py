@@ -23,16 +23,20 @@ from assets.jobs import (
 from assets.observations import observation_sensor, observe_state, savepoint_catalog
 from assets.resources import SessionsResource, pyspark_resource
 from assets.runbook import restore_from_snapshot
-from assets.tables import catch_up, daily_session_metrics
+from assets.tables import TABLE_SPECS, daily_session_metrics
 
 defs = Definitions(
-    assets=[catch_up, daily_session_metrics, savepoint_catalog],
+    # The tables and the state are external assets: written by the library, reported as materialized by the runs
+    # that write them and by observation_sensor (no button here re-runs what wrote them).
+    assets=[*TABLE_SPECS, daily_session_metrics, savepoint_catalog],
     asset_checks=ALL_CHECKS,
     jobs=[session_catch_up, session_stream, stop_stream, savepoint, restore_from_snapshot, rescale, compaction, state_lookup,
           observe_state, forget_user],
     schedules=[compaction_schedule],
     sensors=[observation_sensor, maintenance_sensor, stream_failure_sensor, resume_stream_after_restore,
              erasure_runs_cleanup],
+    # Nothing machine-specific in the resources: both read the environment when a run uses them (no launchpad
+    # shows this machine's paths).
     resources={"sessions": SessionsResource(), "pyspark": pyspark_resource()},
     # One process per run, so one Spark driver per run: the steps of a job (the runbook's restore and verify, the
     # catch-up and its checks) share its SparkSession instead of each starting a JVM of its own, as the default

@@ -1,57 +1,71 @@
 """The jobs by their contract names: the stream, catch-up (the catch_up assets), savepoint, rescale,
 compaction. Each op calls one library operation and reports what it returned."""
+import datetime as dt
 import threading
 from typing import Any
 
 from dagster import (
-    AssetMaterialization,
     AssetObservation,
-    AssetSelection,
     Config,
     Failure,
     MetadataValue,
     OpExecutionContext,
-    define_asset_job,
     job,
     op,
 )
-from dagster_pyspark import PySparkResource
+from pydantic import Field
 
 from assets import erasure_runs
-from assets.resources import SessionsResource, expected_errors
-from assets.tables import LIFECYCLE_TAGS, SESSIONS, STATE, STREAM_TAGS, catch_up
+from assets.resources import SessionsResource, SessionsSpark, expected_errors
+from assets.tables import LIFECYCLE_TAGS, SESSIONS, STATE, STREAM_TAGS, only_new, written
 from pipelines.config_checks import positive_seconds
+from pipelines.job import stream
 from pipelines.job.sink import MicroBatchSink
 from pipelines.job.stream import RunSummary
 from state_store import erasure, lifecycle, maintenance, state, stream_control
 from state_store.results import SavepointInfo
+from state_store.status import status
 
 __all__ = ["CompactionConfig", "ForgetConfig", "LookupConfig", "RescaleConfig", "SavepointConfig", "StopConfig",
-           "StreamConfig", "compaction", "compaction_op", "forget_user", "forget_user_op", "lookup_state_op", "rescale",
+           "StreamConfig", "catch_up_op", "compaction", "compaction_op", "forget_user", "forget_user_op", "lookup_state_op", "rescale",
            "rescale_op", "savepoint", "savepoint_op", "session_catch_up", "session_stream", "state_lookup",
            "stop_stream", "stop_stream_op", "stream_op"]
 
-session_catch_up = define_asset_job("session_catch_up", selection=AssetSelection.assets(catch_up),
-                                    tags=LIFECYCLE_TAGS, description="Process everything landed, then stop.")
+@op(tags=LIFECYCLE_TAGS)
+def catch_up_op(context: OpExecutionContext, sessions: SessionsResource, pyspark: SessionsSpark) -> None:
+    """Ingest everything landed and process it (trigger availableNow), then stop; each table version and the state's
+    batch it made is a materialization (with the ingest's and the stream's figures in the run's log)."""
+    config, spark = sessions.config(), pyspark.spark_session
+    summary = expected_errors(stream.catch_up, config, spark=spark)
+    context.log.info(f"ingested {summary.ingested_rows} rows from {summary.ingested_files} files "
+                     f"({summary.rejected_lines} rejected); {summary.to_dict()}")
+    for event in only_new(context.instance, written(config, status(config, spark=spark),
+                                                    now=dt.datetime.now(dt.timezone.utc))):
+        context.log_event(event)
+
+
+@job(tags=LIFECYCLE_TAGS, description="Process everything landed, then stop (catch-up: the stream with trigger "
+                                      "availableNow). Materializes raw_events, sessions, quarantine, session_state.")
+def session_catch_up() -> None:
+    catch_up_op()
 
 
 class StreamConfig(Config):
-    poll_seconds: float = 5.0
+    poll_seconds: float = Field(default=5.0, description=(
+        "Seconds between looks for newly landed files (or Kafka messages) while the stream is idle."))
 
 
 @op(tags=STREAM_TAGS)
-def stream_op(context: OpExecutionContext, sessions: SessionsResource, pyspark: PySparkResource,
+def stream_op(context: OpExecutionContext, sessions: SessionsResource, pyspark: SessionsSpark,
               config: StreamConfig) -> None:
-    """Runs until the run is cancelled from the UI; the query is then stopped cleanly. Each batch that
-    wrote sessions is a materialization of the sessions table."""
+    """Runs until the run is cancelled from the UI; the query is then stopped cleanly. The tables' new versions are
+    reported by the observation sensor (assets.observations), once each, as for a stream started by the CLI."""
     stop = threading.Event()
     poll_seconds = expected_errors(positive_seconds, config.poll_seconds, "poll_seconds")  # 0 would spin
 
     def progress(summary: RunSummary, sink: MicroBatchSink) -> None:
         context.log.info(f"batches={summary.batches} input_rows={summary.input_rows} "
                          f"sessions_written={sink.sessions_written}")
-        context.log_event(AssetMaterialization(asset_key=SESSIONS, metadata={
-            "sessions_written": sink.sessions_written, "batches": summary.batches}))
 
     try:
         summary = expected_errors(stream_control.run_stream, sessions.config(), spark=pyspark.spark_session,
@@ -71,11 +85,12 @@ def session_stream() -> None:
 
 
 class SavepointConfig(Config):
-    trigger: str = "manual"  # manual | scheduled | sensor
+    trigger: str = Field(default="manual", description=(
+        "Why the savepoint is taken, kept in the catalog: manual, scheduled or sensor."))
 
 
 @op(tags=LIFECYCLE_TAGS)
-def savepoint_op(context: OpExecutionContext, sessions: SessionsResource, pyspark: PySparkResource,
+def savepoint_op(context: OpExecutionContext, sessions: SessionsResource, pyspark: SessionsSpark,
                  config: SavepointConfig) -> SavepointInfo:
     saved = expected_errors(lifecycle.take_savepoint, sessions.config(), trigger=config.trigger,
                             spark=pyspark.spark_session)
@@ -95,7 +110,8 @@ def savepoint() -> None:
 
 
 class StopConfig(Config):
-    savepoint: bool = True  # take the savepoint of the last batch as part of the stop
+    savepoint: bool = Field(default=True, description=(
+        "Take the savepoint of the stream's last batch as part of the stop (stop-with-savepoint)."))
 
 
 @op
@@ -116,11 +132,11 @@ def stop_stream() -> None:
 
 
 class RescaleConfig(Config):
-    partitions: int
+    partitions: int = Field(description="The new number of state partitions (the stream must be stopped).")
 
 
 @op(tags=LIFECYCLE_TAGS)
-def rescale_op(context: OpExecutionContext, sessions: SessionsResource, pyspark: PySparkResource,
+def rescale_op(context: OpExecutionContext, sessions: SessionsResource, pyspark: SessionsSpark,
                config: RescaleConfig) -> None:
     result = expected_errors(lifecycle.rescale, sessions.config(), config.partitions, spark=pyspark.spark_session)
     context.log_event(AssetObservation(asset_key=STATE, metadata={
@@ -133,7 +149,9 @@ def rescale() -> None:
 
 
 class CompactionConfig(Config):
-    dry_run: bool = False  # retention settings: SESSIONS_KEEP_SAVEPOINTS, _KEEP_DAILY_DAYS, _VACUUM_RETENTION_HOURS
+    dry_run: bool = Field(default=False, description=(
+        "Only report what OPTIMIZE, VACUUM and savepoint retention would remove (retention: SESSIONS_KEEP_SAVEPOINTS, "
+        "SESSIONS_KEEP_DAILY_DAYS, SESSIONS_VACUUM_RETENTION_HOURS)."))
 
 
 @op(tags=LIFECYCLE_TAGS)
@@ -152,18 +170,19 @@ def compaction() -> None:
 
 
 class LookupConfig(Config):
-    user_id: str = ""  # one user's open session(s) ...
-    top: int = 0       # ... or the N largest open sessions (a hot-key view)
+    user_id: str = Field(default="", description="One user's open sessions: set this, or top (not both).")
+    top: int = Field(default=0, description="The N largest open sessions (a hot-key view): set this, or user_id.")
 
 
 @op
-def lookup_state_op(context: OpExecutionContext, sessions: SessionsResource, pyspark: PySparkResource,
+def lookup_state_op(context: OpExecutionContext, sessions: SessionsResource, pyspark: SessionsSpark,
                     config: LookupConfig) -> None:
     """Live state, read from the committed state store of the running or stopped job (queryable state). What it
     finds is the output's metadata (the run's event log), never an output value: the IO manager would keep the user
     ids in a file of the run's storage directory, which forget_user deletes with the run."""
-    if bool(config.user_id) == bool(config.top) or config.top < 0:
-        raise Failure(description="set exactly one of user_id and top (a count >= 1)")
+    if bool(config.user_id) == bool(config.top) or config.top < 0:  # before Spark starts (a lazy session)
+        raise Failure(description="set exactly one of user_id and top (a count >= 1)", allow_retries=False,
+                      metadata={"next_step": "set user_id: <a user> or top: <N> in ops.lookup_state_op.config"})
     spark = pyspark.spark_session
     if config.user_id:
         found = expected_errors(state.lookup_user, spark, sessions.config(), config.user_id)
@@ -187,12 +206,12 @@ class ForgetConfig(Config):
     # The user to erase. Dagster's run storage keeps it in this run's config: a forget deletes every other run whose
     # config or tags (a state_lookup: also its event log) name the user, with its storage directory; this run itself
     # is deleted by the erasure_runs_cleanup sensor once finished (assets/erasure_runs.py).
-    user_id: str
-    verify_only: bool = False  # only say where the user still appears
+    user_id: str = Field(description="The user to erase from every table, the live state and every savepoint.")
+    verify_only: bool = Field(default=False, description="Only say where the user still appears; erase nothing.")
 
 
 @op(tags=LIFECYCLE_TAGS)
-def forget_user_op(context: OpExecutionContext, sessions: SessionsResource, pyspark: PySparkResource,
+def forget_user_op(context: OpExecutionContext, sessions: SessionsResource, pyspark: SessionsSpark,
                    config: ForgetConfig) -> None:
     """`sessionctl forget --user U` (or `--verify`): the erasure log and this op's metadata name U by its keyed hash
     only; no output value (the IO manager would keep it). Then Dagster's own run storage: the other runs naming U are

@@ -1,13 +1,17 @@
-"""What a fresh Dagster shows without anyone running a job: a sensor observes the tables, the checkpoint and
-the savepoint catalog every minute (no Spark), and asks for an `observe_state` run -- a pass over the state with
-Spark -- whenever the job has committed a new batch. The state asset's metadata carries a small plot of its size
-and open sessions over the recent observations."""
+"""What a fresh Dagster shows without anyone running a job: a sensor looks at the tables, the checkpoint and the
+savepoint catalog every minute (no Spark) and reports what it finds -- a new Delta version or committed batch as a
+materialization, once (whoever wrote it: the CLI, a stream, a run), the state's watermark and the catalog as
+observations, and the asset checks' evaluations as their inputs change -- and asks for an `observe_state` run -- a
+pass over the state with Spark -- whenever the job has committed a new batch. The state asset's metadata carries a
+small plot of its size and open sessions over the recent passes."""
 import datetime as dt
 import json
 from typing import Any
 
 from dagster import (
+    AssetCheckEvaluation,
     AssetKey,
+    AssetMaterialization,
     AssetObservation,
     AssetSpec,
     DefaultSensorStatus,
@@ -20,28 +24,30 @@ from dagster import (
     op,
     sensor,
 )
-from dagster_pyspark import PySparkResource
 
-from assets.resources import SessionsResource
-from assets.tables import QUARANTINE, RAW_EVENTS, SESSIONS, STATE, bar_table, series_table, state_metadata
+from assets.checks import SAVEPOINT_CHECKS, SESSIONS_CHECKS, STATE_CHECKS, evaluations
+from assets.resources import SessionsResource, SessionsSpark
+from assets.tables import (
+    DATA_VERSION_TAG,
+    SESSIONS,
+    STATE,
+    bar_table,
+    only_new,
+    series_table,
+    state_metadata,
+    written,
+)
 from pipelines.errors import SessionsError
 from state_store.history import diff_savepoints
 from state_store.results import SavepointInfo
 from state_store.savepoint.catalog import SavepointStore
-from state_store.status import status, table_facts
+from state_store.status import status
 
 SAVEPOINTS = AssetKey("savepoint_catalog")
 savepoint_catalog = AssetSpec(SAVEPOINTS, deps=[STATE], description=(
-    "Savepoints (Delta tables on S3 or a local path): the catalog, newest first, observed every minute."))
-_TABLE_KEYS = {"raw_events": RAW_EVENTS, "sessions": SESSIONS, "quarantine": QUARANTINE}
+    "Savepoints (Delta tables on S3 or a local path): the catalog, newest first, observed every minute; a new "
+    "complete savepoint is a materialization (its id is the data version)."))
 PLOT_POINTS = 20
-# What a state pass counted, carried on the sensor's cheap observations (see observation_sensor).
-_CARRIED = ("open_users", "open_sessions", "open_events", "frozen_prefixes", "state_keys", "state_value_bytes",
-            "recent_batches", "history")
-
-
-def _iso(ms: int | None) -> str:
-    return "-" if ms is None else dt.datetime.fromtimestamp(ms / 1000, dt.timezone.utc).isoformat()
 
 
 def _savepoint_table(catalog: list[SavepointInfo], now: dt.datetime) -> str:
@@ -53,37 +59,31 @@ def _savepoint_table(catalog: list[SavepointInfo], now: dt.datetime) -> str:
     return "\n".join(lines)
 
 
-def observe(sessions: SessionsResource, now: dt.datetime) -> tuple[list[AssetObservation], int | None]:
-    """The cheap observations, and the last committed batch (the cue for a pass over the state)."""
+def observe(sessions: SessionsResource, now: dt.datetime, counted: dict[str, Any] | None = None
+            ) -> tuple[list[AssetMaterialization | AssetObservation], int | None, str | None]:
+    """The cheap look (no Spark): every table's and the state's current version as a materialization, the state's
+    metadata (watermark lag now) as an observation, the catalog; with the last committed batch (the cue for a pass
+    over the state) and the newest complete savepoint."""
     config = sessions.config()
-    events = [AssetObservation(asset_key=_TABLE_KEYS[name], metadata={
-        "delta_version": facts.version, "rows": facts.rows, "data_files": facts.data_files,
-        "bytes": MetadataValue.int(facts.bytes), "uri": MetadataValue.path(facts.uri)})
-        for name, facts in table_facts(config).items()]
     report = status(config, with_state=False)
-    watermark = report.watermark_ms
-    events.append(AssetObservation(asset_key=STATE, metadata={
-        "provider": report.provider, "partitions": report.partitions,
-        "last_committed_batch": -1 if report.last_committed_batch is None else report.last_committed_batch,
-        "watermark": _iso(watermark),
-        "watermark_lag_s": -1.0 if watermark is None else round(now.timestamp() - watermark / 1000, 1),
-        "state_bytes_on_disk": MetadataValue.int(report.state_bytes), "state_files": report.state_files,
-        "restore_in_progress": report.restore_in_progress or "no",
-        "rescale_in_progress": report.rescale_in_progress or "no"}))
+    events: list[AssetMaterialization | AssetObservation] = list(written(config, report, now=now, counted=counted))
+    events.append(AssetObservation(asset_key=STATE, metadata=state_metadata(report, now=now, counted=counted)))
     catalog = SavepointStore.of(config).list()
     complete = [s for s in catalog if s.status == "complete"]
+    newest = complete[0].savepoint_id if complete else None
     newest_age = (now - dt.datetime.fromisoformat(complete[0].created_at)).total_seconds() if complete else -1.0
-    events.append(AssetObservation(asset_key=SAVEPOINTS, metadata={
-        "complete": len(complete), "failed": len(catalog) - len(complete),
-        "newest": complete[0].savepoint_id if complete else "-",
-        "newest_age_s": round(newest_age, 1), "uri": config.savepoint_uri,
-        "newest_savepoints": MetadataValue.md(_savepoint_table(catalog, now))}))
-    return events, report.last_committed_batch
+    metadata: dict[str, Any] = {"complete": len(complete), "failed": len(catalog) - len(complete), "newest": newest or "-",
+                "newest_age_s": round(newest_age, 1), "uri": config.savepoint_uri,
+                "newest_savepoints": MetadataValue.md(_savepoint_table(catalog, now))}
+    events.append(AssetObservation(asset_key=SAVEPOINTS, metadata=metadata))
+    if newest is not None:
+        events.append(AssetMaterialization(asset_key=SAVEPOINTS, tags={DATA_VERSION_TAG: newest}, metadata=metadata))
+    return events, report.last_committed_batch, newest
 
 
 def _is_state_pass(metadata: Any) -> bool:
     """An observe_state observation (not a sensor observation carrying its figures forward)."""
-    return "open_sessions" in metadata and "counted_at_batch" not in metadata
+    return "recent_batches" in metadata
 
 
 def _num(metadata: Any, key: str) -> int:
@@ -92,29 +92,28 @@ def _num(metadata: Any, key: str) -> int:
 
 
 @op(description="A pass over the state with Spark: open users, sessions and events, with a plot of recent ones.")
-def observe_state_op(context: OpExecutionContext, sessions: SessionsResource, pyspark: PySparkResource) -> None:
+def observe_state_op(context: OpExecutionContext, sessions: SessionsResource, pyspark: SessionsSpark) -> None:
     try:
         report = status(sessions.config(), spark=pyspark.spark_session)
     except SessionsError as error:  # e.g. a restore is replacing the checkpoint right now
         context.log.warning(f"state not observed: {error}")
         return
     history = context.instance.fetch_observations(STATE, limit=4 * PLOT_POINTS).records
-    points = [(_num(m, "last_committed_batch"), _num(m, "state_value_bytes"), _num(m, "open_sessions"))
+    points = [(_num(m, "last_committed_batch"), _num(m, "open_state_bytes"), _num(m, "open_sessions"))
               for m in (r.asset_observation.metadata for r in reversed(history) if r.asset_observation)
               if _is_state_pass(m)]
     points = [*points, (report.last_committed_batch or 0, report.state_value_bytes, report.open_sessions)]
     points = list(dict((batch, (batch, size, n)) for batch, size, n in points).values())[-PLOT_POINTS:]
     plot = series_table(f"State over the last {len(points)} observed batches", [str(p[0]) for p in points],
-                        {"state bytes": [p[1] for p in points], "open sessions": [p[2] for p in points]})
+                        {"open state bytes": [p[1] for p in points], "open sessions": [p[2] for p in points]})
     context.log_event(AssetObservation(asset_key=STATE, metadata={
-        **state_metadata(report), "state_value_bytes": MetadataValue.int(report.state_value_bytes),
-        "recent_batches": MetadataValue.md(plot),
-        "history": MetadataValue.json({"batch": [p[0] for p in points], "state_value_bytes": [p[1] for p in points],
+        **state_metadata(report, now=dt.datetime.now(dt.timezone.utc)), "recent_batches": MetadataValue.md(plot),
+        "history": MetadataValue.json({"batch": [p[0] for p in points], "open_state_bytes": [p[1] for p in points],
                                        "open_sessions": [p[2] for p in points]})}))
     _observe_newest_diff(context, sessions, pyspark)
 
 
-def _observe_newest_diff(context: OpExecutionContext, sessions: SessionsResource, pyspark: PySparkResource) -> None:
+def _observe_newest_diff(context: OpExecutionContext, sessions: SessionsResource, pyspark: SessionsSpark) -> None:
     """The diff of the two newest complete savepoints (`sessionctl savepoints diff`) as an observation of the
     catalog with a plot, once per new pair."""
     config = sessions.config()
@@ -149,25 +148,33 @@ def observe_state() -> None:
 
 @sensor(job=observe_state, minimum_interval_seconds=60, default_status=DefaultSensorStatus.RUNNING)
 def observation_sensor(context: SensorEvaluationContext, sessions: SessionsResource) -> SensorResult:
-    """Observes tables, checkpoint and savepoint catalog (cheap, no Spark) every minute; requests a pass over
-    the state when a batch was committed since the last one it requested, at most every
-    SESSIONS_OBSERVE_STATE_MINUTES (each pass starts a Spark application)."""
+    """Every minute (cheap, no Spark): the tables' and the state's new versions as materializations, once each; the
+    state and the catalog as observations; the asset checks' evaluations when what they check changed (the state's
+    freshness also when SESSIONS_OBSERVE_STATE_MINUTES passed); and a pass over the state when a batch was committed
+    since the last one it requested, at most every SESSIONS_OBSERVE_STATE_MINUTES (each pass starts Spark)."""
     now = dt.datetime.now(dt.timezone.utc)
-    events, batch = observe(sessions, now)
-    # The UI shows the newest observation's metadata: carry the newest state pass's figures forward,
-    # labelled with the batch they were counted at.
+    # The UI shows the newest event's metadata: carry the newest state pass's counts forward, labelled with the batch
+    # they were counted at (state_metadata's counted_at_batch).
     passes = context.instance.fetch_observations(STATE, limit=50).records
-    counted = next((r.asset_observation.metadata for r in passes
+    counted = next((dict(r.asset_observation.metadata) for r in passes
                     if r.asset_observation and _is_state_pass(r.asset_observation.metadata)), None)
-    if counted is not None:
-        carried = {key: counted[key] for key in _CARRIED if key in counted}
-        carried["counted_at_batch"] = counted["last_committed_batch"]
-        events = [AssetObservation(asset_key=e.asset_key, metadata={**e.metadata, **carried})
-                  if e.asset_key == STATE else e for e in events]
+    observed, batch, newest = observe(sessions, now, counted)
+    fresh = only_new(context.instance, [e for e in observed if isinstance(e, AssetMaterialization)])
+    events: list[AssetMaterialization | AssetObservation | AssetCheckEvaluation] = [
+        *fresh, *(e for e in observed if isinstance(e, AssetObservation))]
     cursor = json.loads(context.cursor) if context.cursor else {}
-    requests = []
     quiet_s = sessions.config().observe_state_minutes * 60
+    changed = {e.asset_key for e in fresh}
+    if SESSIONS in changed:
+        events += evaluations(sessions, SESSIONS_CHECKS)
+    if batch is not None and (changed or now.timestamp() - cursor.get("checked_at", 0) >= quiet_s):
+        events += evaluations(sessions, STATE_CHECKS)
+        cursor["checked_at"] = now.timestamp()
+    if newest is not None and cursor.get("verified") != newest:
+        events += evaluations(sessions, SAVEPOINT_CHECKS)
+        cursor["verified"] = newest
+    requests = []
     if batch is not None and cursor.get("batch") != batch and now.timestamp() - cursor.get("at", 0) >= quiet_s:
         requests.append(RunRequest(run_key=f"observe-state-{sessions.config().checkpoint}-b{batch}-{now:%Y%m%d%H%M}"))
-        cursor = {"batch": batch, "at": now.timestamp()}
+        cursor.update(batch=batch, at=now.timestamp())
     return SensorResult(run_requests=requests, asset_events=events, cursor=json.dumps(cursor))

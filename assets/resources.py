@@ -1,4 +1,4 @@
-"""Dagster resources: the one configuration object (SessionsResource) and dagster-pyspark's session."""
+"""Dagster resources: the one configuration object (SessionsResource) and dagster-pyspark's session (SessionsSpark)."""
 from __future__ import annotations
 
 import os
@@ -7,14 +7,15 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, ParamSpec, TypeVar
 
 from dagster import ConfigurableResource, Failure, InitResourceContext, MetadataValue
-from dagster_pyspark import PySparkResource
+from dagster_pyspark import LazyPySparkResource
+from dagster_pyspark.resources import spark_session_from_config
 from pydantic import Field, PrivateAttr, create_model
 
 from pipelines.config import PATH_SETTINGS, SETTINGS, SessionsConfig, env_name
 from pipelines.errors import ConfigError, NextStepError, SessionsError
 from pipelines.job.runtime import spark_conf
 
-__all__ = ["SessionsResource", "expected_errors", "pyspark_resource"]
+__all__ = ["SessionsResource", "SessionsSpark", "expected_errors", "pyspark_resource"]
 
 T = TypeVar("T")
 P = ParamSpec("P")
@@ -106,9 +107,25 @@ def expected_errors(fn: Callable[P, T], *args: P.args, **kwargs: P.kwargs) -> T:
         raise Failure(description=str(error), metadata=metadata, allow_retries=False) from None
 
 
-def pyspark_resource(config: SessionsConfig | None = None) -> PySparkResource:
-    """dagster-pyspark's resource with the job's own Spark settings."""
+class SessionsSpark(LazyPySparkResource):
+    """dagster-pyspark's lazy session with the job's own Spark settings, read from the environment when a step
+    first asks for the session -- never stored in the definitions, so no launchpad shows this machine's class paths
+    -- and never started by a run that fails its config checks first. `spark_config` adds to them (or overrides)."""
+
+    spark_config: dict[str, Any] = Field(default_factory=dict, description=(
+        "Spark settings added to the job's own, which come from the environment (SESSIONS_SPARK_MASTER, the "
+        "state store settings, the class path of `make setup`'s jars): leave it empty unless a setting must differ "
+        "for this run."))
+
+    def _init_session(self) -> None:
+        if self._spark_session is None:
+            self._spark_session = spark_session_from_config({**spark_conf(SessionsConfig.from_env()),
+                                                              **self.spark_config})
+
+
+def pyspark_resource() -> SessionsSpark:
+    """The session resource the definitions and the tests use."""
     # The driver tells its Python workers which interpreter to run from PYSPARK_PYTHON only
     # (pyspark/core/context.py): this environment's, which has pandas, pyarrow and the pipeline.
     os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
-    return PySparkResource(spark_config=spark_conf(config or SessionsConfig.from_env()))
+    return SessionsSpark()

@@ -1,25 +1,29 @@
 """The restore runbook, started from the UI: validate -> stop the stream -> restore -> verify (-> resume
-via a sensor). Steps pass typed values (RestorePlan, RestoreOutcome); a failed step's message is the
-library's one line, which says what to do next."""
+via a sensor), or validate -> report for a dry run (the default: a real restore is a deliberate change of the
+launchpad's config; the dry run's other steps show as skipped). Steps pass typed values (RestorePlan,
+RestoreOutcome); a failed step's message is the library's one line, which says what to do next."""
+import datetime as dt
 import time
+from collections.abc import Iterator
 from dataclasses import dataclass
 
 from dagster import (
-    AssetObservation,
     Config,
     DagsterInstance,
     DagsterRun,
     DagsterRunStatus,
     Failure,
     OpExecutionContext,
+    Out,
+    Output,
     RunsFilter,
     job,
     op,
 )
-from dagster_pyspark import PySparkResource
+from pydantic import Field
 
-from assets.resources import SessionsResource, expected_errors
-from assets.tables import LIFECYCLE_TAGS, STATE, state_metadata
+from assets.resources import SessionsResource, SessionsSpark, expected_errors
+from assets.tables import LIFECYCLE_TAGS, only_new, written
 from pipelines.coordination.job_leases import job_lock, running_stream
 from pipelines.errors import JobRunning
 from state_store import lifecycle, stream_control
@@ -27,16 +31,28 @@ from state_store.preflight import plan_restore
 from state_store.results import RestoreResult, SavepointInfo
 from state_store.status import status
 
+DRY_RUN_TAG = "sessions/dry_run"  # on every runbook run: "true" for a dry run, "false" for a real restore
+
 
 class RestoreConfig(Config):
-    savepoint: str = "latest"   # a savepoint id, or latest
-    partitions: int = 0         # 0 = the savepoint's partitions
-    migrate: bool = False       # accept a savepoint taken with other gap/lateness settings
-    dry_run: bool = False       # only validate and report
-    stop_stream: bool = True    # cancel a running session_stream run first
-    stop_with_savepoint: bool = False  # stop the running stream with a savepoint of its last batch (kept as a
-    # recovery point of the state being replaced) instead of cancelling it
-    resume_stream: bool = False  # launch session_stream after a successful restore
+    savepoint: str = Field(default="latest", description=(
+        "The savepoint to restore: an id (the savepoint_catalog asset lists them) or latest, the newest complete one."))
+    partitions: int = Field(default=0, description=(
+        "State partitions of the restored job; 0 keeps the savepoint's (another count rescales as it restores)."))
+    migrate: bool = Field(default=False, description=(
+        "Accept a savepoint taken with other gap or lateness settings (its open sessions are re-walked)."))
+    dry_run: bool = Field(default=True, description=(
+        "Only check that the savepoint restores with these settings and estimate how long it takes; nothing is "
+        "stopped or changed. Set false for a real restore: it replaces the job's state and rolls the sessions "
+        "table back to the savepoint."))
+    stop_stream: bool = Field(default=True, description=(
+        "A real restore first cancels a running session_stream run (the restore needs the job stopped)."))
+    stop_with_savepoint: bool = Field(default=False, description=(
+        "Stop the running stream with a savepoint of its last batch (kept as a recovery point of the state being "
+        "replaced) instead of cancelling it."))
+    resume_stream: bool = Field(default=False, description=(
+        "After a successful real restore, launch session_stream again (the resume_stream_after_restore sensor does, "
+        "running by default); false: the stream stays stopped until someone launches it."))
 
 
 @dataclass(frozen=True)
@@ -49,22 +65,23 @@ class RestorePlan:
     stop_stream: bool
     resume_stream: bool
     stop_with_savepoint: bool = False
+    expected_seconds: float = 0.0  # the pre-flight's estimate of the restore
 
 
 @dataclass(frozen=True)
 class RestoreOutcome:
     plan: RestorePlan
-    result: RestoreResult | None  # None for a dry run
-
-    @property
-    def dry_run(self) -> bool:
-        return self.result is None
+    result: RestoreResult
 
 
-@op(tags=LIFECYCLE_TAGS)
-def validate_savepoint_op(context: OpExecutionContext, sessions: SessionsResource, config: RestoreConfig) -> RestorePlan:
+@op(tags=LIFECYCLE_TAGS, out={"restore": Out(RestorePlan, is_required=False),
+                              "dry_run": Out(RestorePlan, is_required=False)})
+def validate_savepoint_op(context: OpExecutionContext, sessions: SessionsResource,
+                          config: RestoreConfig) -> Iterator[Output[RestorePlan]]:
     """The pre-flight first (`restore --dry-run`: settings, migrations, expected duration; nothing locked), then the
-    savepoint's files re-read against its catalog row. A running stream is not a refusal here: the next step stops it."""
+    savepoint's files re-read against its catalog row. A running stream is not a refusal here: the next step stops it.
+    Its one output picks the branch: `restore`, or `dry_run` (the restore's steps are then skipped)."""
+    context.instance.add_run_tags(context.run_id, {DRY_RUN_TAG: str(config.dry_run).lower()})
     preflight = expected_errors(plan_restore, sessions.config(), config.savepoint,
                                 partitions=config.partitions or None, migrate=config.migrate)
     context.log.info(f"pre-flight of {preflight.savepoint_id}: restorable={preflight.restorable}, migrations "
@@ -74,12 +91,24 @@ def validate_savepoint_op(context: OpExecutionContext, sessions: SessionsResourc
                       metadata={"reasons": preflight.savepoint_reasons})
     saved = expected_errors(lifecycle.validate_savepoint, sessions.config(), config.savepoint, migrate=config.migrate)
     context.log.info(f"savepoint {saved.savepoint_id} verified: {saved.rows} rows, checksum {saved.checksum}")
-    context.add_output_metadata({"savepoint_id": saved.savepoint_id, "rows": saved.rows,
-                                 "batch_id": saved.batch_id, "checksum": saved.checksum,
-                                 "migrations": preflight.migrations, "expected_seconds": preflight.expected_seconds})
-    return RestorePlan(savepoint=saved, partitions=config.partitions or None, migrate=config.migrate,
+    plan = RestorePlan(savepoint=saved, partitions=config.partitions or None, migrate=config.migrate,
                        dry_run=config.dry_run, stop_stream=config.stop_stream, resume_stream=config.resume_stream,
-                       stop_with_savepoint=config.stop_with_savepoint)
+                       stop_with_savepoint=config.stop_with_savepoint, expected_seconds=preflight.expected_seconds)
+    yield Output(plan, output_name="dry_run" if config.dry_run else "restore", metadata={
+        "savepoint_id": saved.savepoint_id, "rows": saved.rows, "batch_id": saved.batch_id, "checksum": saved.checksum,
+        "migrations": preflight.migrations, "expected_seconds": preflight.expected_seconds})
+
+
+@op(tags=LIFECYCLE_TAGS)
+def report_dry_run_op(context: OpExecutionContext, plan: RestorePlan) -> None:
+    """A dry run's end: what a real restore would do, and how to start one. Nothing was stopped or changed."""
+    saved = plan.savepoint
+    step = ("launch restore_from_snapshot again with dry_run: false (ops.validate_savepoint_op.config) to restore "
+            f"{saved.savepoint_id}")
+    context.log.info(f"dry run: nothing was stopped or changed; a restore of {saved.savepoint_id} (batch "
+                     f"{saved.batch_id}, {saved.rows} rows) would take about {plan.expected_seconds:g} s; {step}")
+    context.add_output_metadata({"dry_run": True, "savepoint_id": saved.savepoint_id, "batch_id": saved.batch_id,
+                                 "rows": saved.rows, "expected_seconds": plan.expected_seconds, "next_step": step})
 
 
 def active_stream_runs(instance: DagsterInstance) -> list[DagsterRun]:
@@ -95,7 +124,7 @@ def stop_running_stream_op(context: OpExecutionContext, sessions: SessionsResour
     launcher), then wait until the job lock is free."""
     stopped = []
     kept: str | None = None
-    if plan.stop_stream and not plan.dry_run:
+    if plan.stop_stream:
         config = sessions.config()
         stream = running_stream(config)
         running = (DagsterRunStatus.STARTING, DagsterRunStatus.STARTED)
@@ -133,12 +162,9 @@ def stop_running_stream_op(context: OpExecutionContext, sessions: SessionsResour
 
 
 @op(tags=LIFECYCLE_TAGS)
-def restore_op(context: OpExecutionContext, sessions: SessionsResource, pyspark: PySparkResource,
+def restore_op(context: OpExecutionContext, sessions: SessionsResource, pyspark: SessionsSpark,
                plan: RestorePlan) -> RestoreOutcome:
     saved = plan.savepoint
-    if plan.dry_run:
-        context.log.info(f"dry run: would restore {saved.savepoint_id} (batch {saved.batch_id}, {saved.rows} rows)")
-        return RestoreOutcome(plan, None)
     result = expected_errors(lifecycle.restore, sessions.config(), saved.savepoint_id, partitions=plan.partitions,
                              migrate=plan.migrate, spark=pyspark.spark_session)
     context.add_output_metadata({k: v for k, v in result.to_dict().items() if isinstance(v, (int, float, str, bool))})
@@ -146,19 +172,30 @@ def restore_op(context: OpExecutionContext, sessions: SessionsResource, pyspark:
 
 
 @op(tags=LIFECYCLE_TAGS)
-def verify_restore_op(context: OpExecutionContext, sessions: SessionsResource, pyspark: PySparkResource,
+def verify_restore_op(context: OpExecutionContext, sessions: SessionsResource, pyspark: SessionsSpark,
                       outcome: RestoreOutcome) -> RestoreOutcome:
-    if outcome.result is None:
-        return outcome
-    if not outcome.result.verified:
-        raise Failure(description=f"restored state does not match savepoint {outcome.result.savepoint_id}: "
+    result = outcome.result
+    if not result.verified:
+        raise Failure(description=f"restored state does not match savepoint {result.savepoint_id}: "
                                   "run the restore again")
-    report = status(sessions.config(), spark=pyspark.spark_session)
-    context.log_event(AssetObservation(asset_key=STATE, metadata=state_metadata(report)))
-    context.log.info(f"restored {outcome.result.savepoint_id}: {report.open_events} open events in state")
+    config = sessions.config()
+    report = status(config, spark=pyspark.spark_session)
+    for event in only_new(context.instance, written(config, report, now=dt.datetime.now(dt.timezone.utc))):
+        context.log_event(event)  # the state it built, the sessions table rolled back to the savepoint
+    after = f"the events after savepoint {result.savepoint_id} (its batch {result.batch_id})"
+    step = (f"the resume_stream_after_restore sensor launches session_stream now: it processes {after}"
+            if outcome.plan.resume_stream else
+            f"resume the stream: launch session_stream (or `sessionctl run`); it processes {after}")
+    context.log.info(f"restored {result.savepoint_id}: {report.open_events} open events in state; next: {step}")
+    context.add_output_metadata({"savepoint_id": result.savepoint_id, "open_sessions": report.open_sessions,
+                                 "open_events": report.open_events, "next_step": step})
     return outcome
 
 
-@job(tags=LIFECYCLE_TAGS, description="Runbook: validate -> stop stream -> restore -> verify (-> resume via sensor).")
+@job(tags=LIFECYCLE_TAGS, description=(
+    "Runbook: validate -> stop stream -> restore -> verify (-> resume via sensor). Launched unchanged it is a dry "
+    "run (validate -> report; the other steps skipped): set dry_run: false to restore."))
 def restore_from_snapshot() -> None:
-    verify_restore_op(restore_op(stop_running_stream_op(validate_savepoint_op())))
+    restore, dry_run = validate_savepoint_op()
+    report_dry_run_op(dry_run)
+    verify_restore_op(restore_op(stop_running_stream_op(restore)))

@@ -52,8 +52,6 @@ class CheckpointMismatch(SessionsError):
     """The settings (gap, lateness, buckets) do not fit the ones the checkpoint was made with."""
 
 
-class SavepointNotFound(SessionsError):
-    """No savepoint by that id, no complete one for `latest`, or the one named is not complete."""
 
 
 class SavepointIncompatible(SessionsError):
@@ -75,6 +73,11 @@ class NextStepError(SessionsError):
     def __init__(self, message: str, next_step: str) -> None:
         super().__init__(message)
         self.next_step = next_step
+
+
+class SavepointNotFound(NextStepError):
+    """No savepoint by that id, no complete one for `latest`, or the one named is not complete; `next_step` names
+    the savepoints that can be restored (or how to take one)."""
 
 
 def savepoint_way_out(savepoint_id: str | None = None) -> str:

@@ -36,6 +36,10 @@ READABLE_SCHEMAS = (state_format.SCHEMA_ID, state_format.V1_SCHEMA_ID)
 # Without a restore of its own on record, the rate of the reference run (benchmarks/results/lifecycle.json: RocksDB,
 # 1M open users, 1,229,641 state rows restored in 14.4 s on 2 cores).
 REFERENCE_ROWS_PER_S = 85_000.0
+# A restore's cost that does not grow with the rows -- the bootstrap query's start, the state's read-back, the
+# outputs' rollback -- without a restore of its own on record: a 5,936-row restore from the Dagster runbook took
+# ~17 s on 2 cores (2026-11-27), almost all of it this part. Without it, a small savepoint's estimate said 0 s.
+REFERENCE_FIXED_S = 17.0
 HISTORY_FILE = "restore-history.jsonl"  # under SESSIONS_HOME: rows and seconds of each restore done here
 _ROLLBACK = re.compile(r"written_version > (\d+)")
 
@@ -51,9 +55,10 @@ class RestorePlan(Result):
     migrations: list[str]    # what the restore would change about the state or the job, one line each
     provider: str            # the checkpoint the restore would build
     partitions: int
-    expected_seconds: float
+    expected_seconds: float  # fixed_seconds + rows / rate_rows_per_s
     rate_rows_per_s: float
     rate_source: str         # "this home's restores (median of N)" or the reference run
+    fixed_seconds: float = REFERENCE_FIXED_S  # the part of a restore that does not grow with its rows
     job_running: str | None = None  # the holder of the job lease, which a restore needs stopped (also in reasons)
 
     @property
@@ -144,20 +149,24 @@ def migrations(config: SessionsConfig, saved: SavepointInfo, partitions: int | N
     return out
 
 
-def _rate(config: SessionsConfig) -> tuple[float, str]:
+def _estimate(config: SessionsConfig) -> tuple[float, float, str]:
+    """(fixed seconds, rows per second, where they come from): a restore takes fixed + rows / rate. With restores on
+    record here, the fixed part is the median of what each took beyond its rows at the reference rate (a home's
+    restores are mostly small: their rows alone say little about a rate)."""
     path = config.home / HISTORY_FILE
-    rates = []
+    fixed = []
     if path.exists():
         for line in path.read_text().splitlines()[-20:]:
             try:
                 entry = json.loads(line)
-                if entry["rows"] > 0 and entry["seconds"] > 0:
-                    rates.append(entry["rows"] / entry["seconds"])
+                if entry["rows"] >= 0 and entry["seconds"] > 0:
+                    fixed.append(max(0.0, entry["seconds"] - entry["rows"] / REFERENCE_ROWS_PER_S))
             except (ValueError, KeyError, TypeError):
                 continue  # a torn line of a killed restore: the others still count
-    if rates:
-        return statistics.median(rates), f"this home's restores (median of {len(rates)})"
-    return REFERENCE_ROWS_PER_S, "the reference run (benchmarks/results/lifecycle.json)"
+    if fixed:
+        return (statistics.median(fixed), REFERENCE_ROWS_PER_S,
+                f"this home's restores (median of {len(fixed)}) and the reference run's rate")
+    return REFERENCE_FIXED_S, REFERENCE_ROWS_PER_S, "the reference runs (benchmarks/results/lifecycle.json)"
 
 
 def record_restore(home: Path, rows: int, seconds: float) -> None:
@@ -181,10 +190,10 @@ def plan_restore(config: SessionsConfig, savepoint: str = "latest", *, partition
     if stream is not None:
         reasons.append(str(JobRunning(f"the job is running: {stream.describe()} holds the job lease; restore needs "
                                       f"it stopped: stop it with `sessionctl stop`", stream.describe(), "")))
-    rate, source = _rate(config)
+    fixed, rate, source = _estimate(config)
     return RestorePlan(
         savepoint_id=saved.savepoint_id, batch_id=saved.batch_id, rows=saved.rows, restorable=not reasons,
         reasons=reasons, migrations=migrations(config, saved, partitions), provider=config.state_store,
         partitions=partitions or saved.partitions or config.state_partitions,
-        expected_seconds=round(saved.rows / rate, 1), rate_rows_per_s=round(rate), rate_source=source,
-        job_running=holder)
+        expected_seconds=round(fixed + saved.rows / rate, 1), rate_rows_per_s=round(rate), rate_source=source,
+        fixed_seconds=round(fixed, 1), job_running=holder)

@@ -10,6 +10,9 @@ from pathlib import Path
 import pyarrow as pa
 import pytest
 from dagster import (
+    AssetCheckEvaluation,
+    AssetMaterialization,
+    AssetObservation,
     DagsterInstance,
     RunRequest,
     SkipReason,
@@ -76,21 +79,37 @@ def test_jobs_catch_up_savepoint_restore_runbook(resources, spark):
     _observations_reflect_what_exists(resources, config, landed, savepoint_id, spark)
     _lookup_job_reads_the_state(resources, config, spark)
 
-    dry = defs.resolve_job_def("restore_from_snapshot").execute_in_process(
-        resources=resources, run_config=_restore_config(savepoint=savepoint_id, dry_run=True))
-    assert dry.success and dry.output_for_node("restore_op").dry_run is True
+    # Launched unchanged, the runbook is a dry run: validated and reported, nothing stopped or restored (those steps
+    # skipped), and the run tagged so; its estimate is more than the rows alone would say (a restore's fixed part).
+    with DagsterInstance.ephemeral() as instance:
+        dry = defs.resolve_job_def("restore_from_snapshot").execute_in_process(resources=resources, instance=instance)
+        assert dry.success and instance.get_run_by_id(dry.run_id).tags["sessions/dry_run"] == "true"
+    steps = {e.step_key: e.event_type_value for e in dry.all_events
+             if e.event_type_value in ("STEP_SUCCESS", "STEP_SKIPPED", "STEP_FAILURE")}
+    assert steps == {"validate_savepoint_op": "STEP_SUCCESS", "report_dry_run_op": "STEP_SUCCESS",
+                     "stop_running_stream_op": "STEP_SKIPPED", "restore_op": "STEP_SKIPPED",
+                     "verify_restore_op": "STEP_SKIPPED"}, steps
+    (report,) = [e.event_specific_data.metadata for e in dry.all_events
+                 if e.event_type_value == "STEP_OUTPUT" and e.step_key == "report_dry_run_op"]
+    assert report["expected_seconds"].value >= 10 and "dry_run: false" in report["next_step"].value
+    assert sessions_before == DeltaTable(config.sessions_table).to_pandas()["session_id"].sort_values().tolist()
     restored = defs.resolve_job_def("restore_from_snapshot").execute_in_process(
-        resources=resources, run_config=_restore_config(savepoint="latest", partitions=2, resume_stream=True))
+        resources=resources, run_config=_restore_config(savepoint="latest", partitions=2, resume_stream=True,
+                                                        dry_run=False))
     assert restored.success
     # What verify_restore_op reports (the savepoint, the restored state's open sessions and events) and the state and
     # sessions table it leaves: the oracle's over the landed sample (land_sample's default seed; its disorder, 2 min,
     # is inside the lateness: no event is late, whatever the micro-batches).
     expected = oracle_of([arrival_order(generate_events(80, 3, seed=7), seed=7)], config.gap_ms, config.lateness_ms)
     assert restored.output_for_node("verify_restore_op").result.savepoint_id == savepoint_id
-    (observed,) = [e.event_specific_data.asset_observation.metadata for e in restored.all_events
-                   if e.event_type_value == "ASSET_OBSERVATION" and e.step_key == "verify_restore_op"]
+    (observed,) = [e.event_specific_data.materialization.metadata for e in restored.all_events
+                   if e.event_type_value == "ASSET_MATERIALIZATION" and e.step_key == "verify_restore_op"
+                   and e.event_specific_data.materialization.asset_key.path == ["session_state"]]
     assert (observed["open_sessions"].value, observed["open_events"].value) == \
         (len(expected.open_sessions), sum(row[4] for row in expected.open_sessions)) != (0, 0)
+    (verified,) = [e.event_specific_data.metadata for e in restored.all_events
+                   if e.event_type_value == "STEP_OUTPUT" and e.step_key == "verify_restore_op"]
+    assert "resume_stream_after_restore" in verified["next_step"].value
     assert read_open_sessions(spark, config) == sorted(expected.open_sessions)
     assert read_sessions(config) == sorted(expected.closed)
     assert restored.output_for_node("restore_op").result.partitions == 2
@@ -101,6 +120,10 @@ def test_jobs_catch_up_savepoint_restore_runbook(resources, spark):
     assert not missing.success
     failure = [e for e in missing.all_events if e.event_type_value == "STEP_FAILURE"][0]
     assert "no such savepoint" in str(failure.event_specific_data.error.message)
+    # The valid choices, newest first, as the failure's next step.
+    complete = [s.savepoint_id for s in sp.SavepointStore.of(config).list() if s.status == "complete"]
+    next_step = failure.event_specific_data.user_failure_data.metadata["next_step"].value
+    assert next_step.startswith("name one of the complete savepoints: latest, " + ", ".join(complete[:5])), next_step
 
     # The runbook's last step: the sensor relaunches session_stream after a restore that asked for it.
     with DagsterInstance.ephemeral() as instance:
@@ -134,15 +157,32 @@ def _observations_reflect_what_exists(resources, config, landed, savepoint_id, s
     with DagsterInstance.ephemeral() as instance:
         with build_sensor_context(resources={"sessions": resources["sessions"]}, instance=instance) as context:
             result = observation_sensor(context)
-            again = observation_sensor(build_sensor_context(resources={"sessions": resources["sessions"]},
-                                                            instance=instance, cursor=result.cursor))
-        observed = {e.asset_key.path[0]: e.metadata for e in result.asset_events}
-        assert observed["raw_events"]["rows"].value == landed["events"] + landed["broken_lines"]
-        assert observed["sessions"]["rows"].value == len(DeltaTable(config.sessions_table).to_pandas())
+        observed = {e.asset_key.path[0]: e.metadata for e in result.asset_events if isinstance(e, AssetObservation)}
+        materialized = {e.asset_key.path[0]: e for e in result.asset_events if isinstance(e, AssetMaterialization)}
+        # Everything that holds data is materialized, its version as the data version (this instance saw no run).
+        assert set(materialized) == {"raw_events", "sessions", "quarantine", "session_state", "savepoint_catalog"}
+        assert materialized["savepoint_catalog"].tags["dagster/data_version"] == savepoint_id
+        assert materialized["sessions"].tags["dagster/data_version"] == str(DeltaTable(config.sessions_table).version())
+        assert materialized["raw_events"].metadata["rows"].value == landed["events"] + landed["broken_lines"]
+        assert materialized["sessions"].metadata["rows"].value == len(DeltaTable(config.sessions_table).to_pandas())
         assert observed["savepoint_catalog"]["newest"].value == savepoint_id
         assert savepoint_id in observed["savepoint_catalog"]["newest_savepoints"].value
-        assert observed["session_state"]["last_committed_batch"].value == inspect_checkpoint(config.checkpoint).last_committed_batch
-        assert len(result.run_requests) == 1 and not again.run_requests  # one pass per new batch
+        last = inspect_checkpoint(config.checkpoint).last_committed_batch
+        assert observed["session_state"]["last_committed_batch"].value == last
+        assert materialized["session_state"].tags["dagster/data_version"] == str(last)
+        # The checks, evaluated by the sensor itself: unique ids, the newest savepoint re-read and restorable, the
+        # state fresh, nothing half-done.
+        checked = {e.check_name: e.passed for e in result.asset_events if isinstance(e, AssetCheckEvaluation)}
+        assert checked == {"sessions_have_unique_ids": True, "newest_savepoint_verifies": True,
+                           "newest_savepoint_restorable": True, "state_is_fresh": True,
+                           "no_restore_left_half_done": True}, checked
+        for event in result.asset_events:  # what the daemon does with a sensor's result
+            instance.report_runless_asset_event(event)
+        again = observation_sensor(build_sensor_context(resources={"sessions": resources["sessions"]},
+                                                        instance=instance, cursor=result.cursor))
+        # The next tick: nothing new to materialize or check, no second pass over the state for the same batch.
+        assert len(result.run_requests) == 1 and not again.run_requests
+        assert not [e for e in again.asset_events if isinstance(e, (AssetCheckEvaluation, AssetMaterialization))]
         run = defs.resolve_job_def("observe_state").execute_in_process(resources=resources, instance=instance)
         assert run.success
         observations = [e.event_specific_data.asset_observation for e in run.all_events
@@ -162,8 +202,10 @@ def _observations_reflect_what_exists(resources, config, landed, savepoint_id, s
         # The next sensor observation carries the pass's figures forward (the UI shows the newest observation).
         later = observation_sensor(build_sensor_context(resources={"sessions": resources["sessions"]},
                                                         instance=instance, cursor=result.cursor))
-        (carried,) = [e.metadata for e in later.asset_events if e.asset_key.path == ["session_state"]]
+        (carried,) = [e.metadata for e in later.asset_events
+                      if isinstance(e, AssetObservation) and e.asset_key.path == ["session_state"]]
         assert carried["open_sessions"].value == len(open_sessions)
+        assert set(carried) == set(state) - {"recent_batches", "history"}  # one key set for every reporter
         assert carried["counted_at_batch"].value == state["last_committed_batch"].value
 
 

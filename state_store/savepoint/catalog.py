@@ -314,17 +314,33 @@ class SavepointStore:
              .when_matched_update(updates={k: f"s.{k}" for k in columns}).execute())
 
     def get(self, savepoint: str = "latest") -> SavepointInfo:
-        """A complete savepoint by id, or the newest complete one ("latest")."""
+        """A complete savepoint by id, or the newest complete one ("latest"); SavepointNotFound lists the choices."""
         saved = self.list()
+        complete = [s for s in saved if s.status == "complete"]
         if savepoint == "latest":
-            complete = [s for s in saved if s.status == "complete"]
             if not complete:
-                raise SavepointNotFound(f"no complete savepoint in {self.uri}")
+                raise _not_found(f"no complete savepoint in {self.uri}", complete)
             return complete[0]
         for info in saved:
             if info.savepoint_id == savepoint:
                 if info.status != "complete":
-                    raise SavepointNotFound(f"savepoint {savepoint} is {info.status} ({info.error}); "
-                                            "it cannot be restored")
+                    raise _not_found(f"savepoint {savepoint} is {info.status} ({info.error}); it cannot be restored",
+                                     complete)
                 return info
-        raise SavepointNotFound(f"no such savepoint: {savepoint} in {self.uri}")
+        raise _not_found(f"no such savepoint: {savepoint} in {self.uri}", complete)
+
+
+CHOICES_SHOWN = 5  # newest complete savepoints a SavepointNotFound names
+
+
+def _not_found(what: str, complete: builtins.list[SavepointInfo]) -> SavepointNotFound:
+    """SavepointNotFound whose next step (in its message too) is the restorable savepoints, newest first, or how
+    to take one."""
+    if not complete:
+        step = "take one first: `sessionctl savepoint` (or the savepoint job) once the job has committed a batch"
+    else:
+        shown = ", ".join(s.savepoint_id for s in complete[:CHOICES_SHOWN])
+        older = len(complete) - CHOICES_SHOWN
+        step = (f"name one of the complete savepoints: latest, {shown}"
+                + (f" and {older} older (`sessionctl savepoints`)" if older > 0 else ""))
+    return SavepointNotFound(f"{what}; {step}", step)
