@@ -54,10 +54,8 @@ def _canonical_rows(n: int, seed: int) -> pa.Table:
 
 # ---- pure: the checksum's shares --------------------------------------------------------------------
 
-@pytest.mark.tier("pure")
-def test_checksums_of_existing_savepoints_are_unchanged():
-    """Values computed with the driver-only implementation before the executors' checksum existed (git HEAD
-    2d037ae's state_checksum): catalog rows written then must still verify."""
+def _known_rows() -> tuple[pa.Table, pa.Table]:
+    """Canonical and v1 rows whose checksums were recorded before the executors' checksum existed."""
     rows = pa.table({"user_id": ["u1", "u2", "ü3"],
                      "session_start": pa.array([1_700_000_000_123_456, 1_700_000_001_000_000, 5], UTC_US),
                      "event_id": [None, "e2", "e3"],
@@ -66,6 +64,14 @@ def test_checksums_of_existing_savepoints_are_unchanged():
                     schema=state_format.CANONICAL_SCHEMA)
     v1 = pa.table({"user_id": ["u1", "u2"], "event_id": ["a", "b"], "event_time": pa.array([1, 2], UTC_US),
                    "event_type": [None, "x"]}, schema=state_format.V1_SCHEMA)
+    return rows, v1
+
+
+@pytest.mark.tier("pure")
+def test_checksums_of_existing_savepoints_are_unchanged():
+    """Values computed with the driver-only implementation before the executors' checksum existed (git HEAD
+    2d037ae's state_checksum): catalog rows written then must still verify."""
+    rows, v1 = _known_rows()
     assert state_checksum(rows) == "siphash64:3:c7c38eb32ee540a7"
     assert state_checksum(v1) == "siphash64:2:75eab36e8fdfe9a2"
     assert state_checksum(rows.slice(0, 0)) == "siphash64:0:0000000000000000"
@@ -85,6 +91,124 @@ def test_partial_checksums_of_any_split_combine_to_the_whole():
         # as Spark carries them: signed longs
         assert combine_checksum((n, signed(s)) for n, s in parts) == whole
         assert combine_checksum(parts[1:]) != whole
+
+
+# SipHash-2-4 as the paper specifies it (Aumasson & Bernstein, "SipHash: a fast short-input PRF", 2012), written
+# here so that the checksum is held against a computation sharing no code with state_store.savepoint.checksum or
+# pandas; the rows are framed from that module's docstring, not with its helpers.
+_MASK64 = (1 << 64) - 1
+
+
+def _rotl(x: int, bits: int) -> int:
+    return ((x << bits) | (x >> (64 - bits))) & _MASK64
+
+
+def _siphash24(key: bytes, message: bytes) -> int:
+    k0, k1 = int.from_bytes(key[:8], "little"), int.from_bytes(key[8:], "little")
+    v = [k0 ^ 0x736F6D6570736575, k1 ^ 0x646F72616E646F6D, k0 ^ 0x6C7967656E657261, k1 ^ 0x7465646279746573]
+
+    def sip_round() -> None:
+        v[0] = (v[0] + v[1]) & _MASK64
+        v[1] = _rotl(v[1], 13) ^ v[0]
+        v[0] = _rotl(v[0], 32)
+        v[2] = (v[2] + v[3]) & _MASK64
+        v[3] = _rotl(v[3], 16) ^ v[2]
+        v[0] = (v[0] + v[3]) & _MASK64
+        v[3] = _rotl(v[3], 21) ^ v[0]
+        v[2] = (v[2] + v[1]) & _MASK64
+        v[1] = _rotl(v[1], 17) ^ v[2]
+        v[2] = _rotl(v[2], 32)
+
+    # the last block: the message's remaining bytes, its length modulo 256 in the top byte
+    tail = len(message) - len(message) % 8
+    blocks = [int.from_bytes(message[i:i + 8], "little") for i in range(0, tail, 8)]
+    blocks.append(int.from_bytes(message[tail:], "little") | (len(message) & 0xFF) << 56)
+    for m in blocks:
+        v[3] ^= m
+        for _ in range(2):  # c = 2 compression rounds
+            sip_round()
+        v[0] ^= m
+    v[2] ^= 0xFF
+    for _ in range(4):  # d = 4 finalization rounds
+        sip_round()
+    return v[0] ^ v[1] ^ v[2] ^ v[3]
+
+
+# The reference implementation's test vectors (vectors.h, vectors_sip64): key 00 01 .. 0f, the i-th message the i
+# bytes 00 01 .. i-1, each the tag's 8 bytes in hex. The paper's appendix gives the 15-byte one (index 15).
+_SIPHASH24_VECTORS = (
+    "310e0edd47db6f72", "fd67dc93c539f874", "5a4fa9d909806c0d", "2d7efbd796666785", "b7877127e09427cf",
+    "8da699cd64557618", "cee3fe586e46c9cb", "37d1018bf50002ab", "6224939a79f5f593", "b0e4a90bdf82009e",
+    "f3b9dd94c5bb5d7a", "a7ad6b22462fb3f4", "fbe50e86bc8f1e75", "903d84c02756ea14", "eef27a8e90ca23f7",
+    "e545be4961ca29a1", "db9bc2577fcc2a3f", "9447be2cf5e99a69", "9cd38d96f0b3c14b", "bd6179a71dc96dbb",
+    "98eea21af25cd6be", "c7673b2eb0cbf2d0", "883ea3e395675393", "c8ce5ccd8c030ca8", "94af49f6c650adb8",
+    "eab8858ade92e1bc", "f315bb5bb835d817", "adcf6b0763612e2f", "a5c91da7acaa4dde", "716595876650a2a6",
+    "28ef495c53a387ad", "42c341d8fa92d832", "ce7cf2722f512771", "e37859f94623f3a7", "381205bb1ab0e012",
+    "ae97a10fd434e015", "b4a31508beff4d31", "81396229f0907902", "4d0cf49ee5d4dcca", "5c73336a76d8bf9a",
+    "d0a704536ba93e0e", "925958fcd6420cad", "a915c29bc8067318", "952b79f3bc0aa6d4", "f21df2e41d4535f9",
+    "87577519048f53a9", "10a56cf5dfcd9adb", "eb75095ccd986cd0", "51a9cb9ecba312e6", "96afadfc2ce666c7",
+    "72fe52975a4364ee", "5a1645b276d592a1", "b274cb8ebf87870a", "6f9bb4203de7b381", "eaecb2a30b22a87f",
+    "9924a43cc1315724", "bd838d3aafbf8db7", "0b1a2a3265d51aea", "135079a3231ce660", "932b2846e4d70666",
+    "e1915f5cb1eca46c", "f325965ca16d629f", "575ff28e60381be5", "724506eb4c328a95",
+)
+
+
+def _reference_checksum(rows: pa.Table) -> str:
+    """state_checksum as state_store.savepoint.checksum's docstring defines it, computed field by field."""
+    epoch = dt.datetime(1970, 1, 1, tzinfo=dt.timezone.utc)
+    total = 0
+    for row in rows.to_pylist():
+        texts = []
+        for field in rows.schema:
+            value = row[field.name]
+            if value is None:
+                texts.append("\x00" if field.name == "event_type" else "")
+            elif pa.types.is_timestamp(field.type):
+                assert field.type.unit == "us", field  # the savepoint schemas' unit
+                texts.append(str((value - epoch) // dt.timedelta(microseconds=1)))
+            elif isinstance(value, int):  # a bool too: "0" / "1"
+                texts.append(str(int(value)))
+            else:
+                texts.append(value)
+        h = _siphash24(b"0123456789123456", "\x1f".join(texts).encode("utf-8"))
+        h ^= h >> 30  # splitmix64's finalizer
+        h = (h * 0xBF58476D1CE4E5B9) & _MASK64
+        h ^= h >> 27
+        h = (h * 0x94D049BB133111EB) & _MASK64
+        h ^= h >> 31
+        total = (total + h) & _MASK64
+    return f"siphash64:{rows.num_rows}:{total:016x}"
+
+
+@pytest.mark.tier("pure")
+def test_the_tests_siphash_matches_the_reference_vectors():
+    assert len(_SIPHASH24_VECTORS) == 64
+    key = bytes(range(16))
+    for i, tag in enumerate(_SIPHASH24_VECTORS):
+        assert _siphash24(key, bytes(range(i))).to_bytes(8, "little").hex() == tag, i
+    assert _siphash24(key, bytes(range(15))) == 0xA129CA6149BE45E5  # the paper's appendix, as a number
+
+
+@pytest.mark.tier("pure")
+def test_checksum_equals_an_independent_siphash_of_the_documented_framing():
+    rows, v1 = _known_rows()
+    # int64 extremes, timestamps from year 1 to 9999, multi-block and 4-byte UTF-8 text, the separator and U+0000
+    # in values
+    first, last = -62_135_596_800_000_000, 253_402_300_799_999_999  # 0001-01-01, 9999-12-31T23:59:59.999999
+    edges = pa.table({
+        "user_id": ["", "ü" * 40 + "\U0001f600", "a\x1fb", "x" * 8],
+        "session_start": pa.array([0, -1, first, last], UTC_US),
+        "event_id": [None, "", "e\x00", "e" * 16],
+        "event_time": pa.array([None, -86_400_000_001, 1, 1_790_000_000_000_001], UTC_US),
+        "event_type": [None, "\x00", "", "page_view"],
+        "event_count": [2**63 - 1, -(2**63), 0, None],
+        "page_views": [None, 0, -1, 1],
+    }, schema=state_format.CANONICAL_SCHEMA)
+    for table in (rows, v1, edges, _canonical_rows(300, seed=21), rows.slice(0, 0), v1.slice(0, 0)):
+        assert state_checksum(table) == _reference_checksum(table), table.schema.names
+    # the recorded values (test_checksums_of_existing_savepoints_are_unchanged) follow from the documentation alone
+    assert _reference_checksum(rows) == "siphash64:3:c7c38eb32ee540a7"
+    assert _reference_checksum(v1) == "siphash64:2:75eab36e8fdfe9a2"
 
 
 @pytest.mark.tier("pure")

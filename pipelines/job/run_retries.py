@@ -8,19 +8,16 @@ import logging
 import threading
 import time
 from contextlib import suppress
-from typing import TYPE_CHECKING
+from typing import Protocol
 
 from pipelines.config import SessionsConfig
 from pipelines.coordination.leases import Lease
 from pipelines.coordination.requests import StreamRequest, pending_request
 from pipelines.errors import SourceDataLost, SourceUnavailable, StorageUnavailable
-from pipelines.ingest import ingest
+from pipelines.ingest import IngestResult, ingest
 from pipelines.storage import S3_ADVICE, object_store_errors
 
-__all__ = ["RetryingIngest", "ride_out"]
-
-if TYPE_CHECKING:
-    from pipelines.job.stream import RunSummary
+__all__ = ["RetryCounts", "RetryingIngest", "ride_out"]
 
 log = logging.getLogger("pipelines.job.stream")  # the run loop's logger: its one lines
 
@@ -37,6 +34,18 @@ def _first_line(error: BaseException) -> str:
     return text.splitlines()[0].removesuffix(S3_ADVICE) if text else type(error).__name__
 
 
+class RetryCounts(Protocol):
+    """What RetryingIngest counts in: the run's summary (pipelines.job.stream.RunSummary). Declared here, not
+    imported, because stream imports this module: one import direction between the two."""
+
+    source_errors: int
+    last_source_error: str | None
+    storage_errors: int
+    last_storage_error: str | None
+
+    def add_ingest(self, result: IngestResult) -> None: ...
+
+
 class RetryingIngest:
     """run's ingest: a source error is logged as its one line and counted in the summary, and the next attempt waits
     twice as long as the last (from the poll interval up to SOURCE_RETRY_CAP_S); a success resets it. The stream
@@ -45,7 +54,7 @@ class RetryingIngest:
     It keeps the query's failures of storage too (`query_failed`): the same backoff, counted apart, until a batch
     commits again (`query_progressed`)."""
 
-    def __init__(self, config: SessionsConfig, summary: RunSummary, poll_seconds: float, lease: Lease) -> None:
+    def __init__(self, config: SessionsConfig, summary: RetryCounts, poll_seconds: float, lease: Lease) -> None:
         self.config, self.summary, self.poll_seconds = config, summary, poll_seconds
         self.lease = lease  # the run's job lease: its ingest commits are fenced by it too
         self.failures = 0

@@ -2,7 +2,21 @@
 
 Order-independent, so any split of the rows -- per executor task, per file, per user -- is checksummed where it is
 and combined anywhere (`combine_checksum`); a sum taken out (negative rows) removes rows. Spark carries a partial
-sum as a signed long (`signed`)."""
+sum as a signed long (`signed`).
+
+Exactly what is hashed -- enough to recompute a checksum without this module; catalog rows keep checksums, so it
+never changes:
+
+  * A row's text: its fields in the rows' column order, each as text, joined by U+001F (nothing is escaped).
+    A string as it is; an integer, boolean or timestamp as the decimal text of its int64 value (a timestamp: its
+    count of the column's unit since the epoch -- microseconds in the savepoint schemas, negative before 1970; a
+    boolean "0"/"1"); a null as "", except a null `event_type` as U+0000.
+  * A row's hash: SipHash-2-4 (the reference algorithm, its 8 output bytes read as a little-endian uint64) of the
+    text's UTF-8 bytes, keyed with the 16 ASCII bytes "0123456789123456", then mixed by the splitmix64 finalizer
+    (all modulo 2^64): h ^= h >> 30; h *= 0xBF58476D1CE4E5B9; h ^= h >> 27; h *= 0x94D049BB133111EB; h ^= h >> 31.
+    That is pandas' `hash_array` with its default key and utf8 (what computes it here).
+  * The checksum: "siphash64:<rows>:<sum>", the row count in decimal and the sum of the row hashes modulo 2^64 as
+    16 lower-case hex digits; no rows: "siphash64:0:0000000000000000"."""
 from __future__ import annotations
 
 from collections.abc import Iterable, Iterator
@@ -26,8 +40,8 @@ MOD64 = 1 << 64  # checksums are sums of 64-bit hashes, wrapping
 def row_hashes(rows: pa.Table | pa.RecordBatch) -> np.ndarray:
     """Per-row 64-bit SipHash values (pandas' deterministic `hash_array`, fixed key) of all fields, in the rows'
     column order, joined by \\x1f: integers and timestamps as their int64 text (epoch microseconds), nulls as ""
-    (event_type: \\x00). What state_checksum sums; the executors hash their share with it too
-    (state_store.savepoint.files)."""
+    (event_type: \\x00) -- the framing the module's docstring spells out. What state_checksum sums; the executors
+    hash their share with it too (state_store.savepoint.files)."""
     parts = []
     for column_field in rows.schema:
         column = rows[column_field.name]

@@ -3,8 +3,8 @@
 Write: the tasks that read the state (a DataFrame of canonical rows, state_store.state.read_state) write their share
 as Parquet files into the savepoint's table directory (pyarrow, local path or S3 through pipelines.storage) and
 yield one row per file: its name, size, row count, Delta statistics and the partial checksum of its rows (count,
-wrapping uint64 sum of state_store.savepoint.catalog.row_hashes). The driver collects those rows and commits them in one
-Delta transaction (delta-rs `create_table_with_add_actions`); the checksum is combined from the partial ones and
+wrapping uint64 sum of state_store.savepoint.checksum.row_hashes). The driver collects those rows and commits them in
+one Delta transaction (delta-rs `create_table_with_add_actions`); the checksum is combined from the partial ones and
 equals state_checksum of the same rows. Only rows of task attempts that succeeded reach the driver, so a file of a
 failed attempt (or of a failed job) is never in the log: it is an unreferenced file the table's VACUUM, or
 compaction's removal of failed and orphaned savepoints, deletes.
