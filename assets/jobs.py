@@ -13,6 +13,8 @@ from dagster import (
     job,
     op,
 )
+from dagster._core.errors import DagsterExecutionInterruptedError  # what a cancelled run's step raises
+from dagster._utils.interrupts import check_captured_interrupt
 from pydantic import Field
 
 from assets import erasure_runs
@@ -67,12 +69,25 @@ def stream_op(context: OpExecutionContext, sessions: SessionsResource, pyspark: 
         context.log.info(f"batches={summary.batches} input_rows={summary.input_rows} "
                          f"sessions_written={sink.sessions_written}")
 
+    # A cancel from the UI reaches the run as an interrupt that Dagster holds until the op next reports something: a
+    # watcher turns it into a clean stop of the query (also of an idle stream), and the run then ends cancelled.
+    cancelled = threading.Event()
+
+    def watch() -> None:
+        while not stop.wait(1.0):
+            if check_captured_interrupt():
+                cancelled.set()
+                stop.set()
+
+    threading.Thread(target=watch, name="cancel-watch", daemon=True).start()
     try:
         summary = expected_errors(stream_control.run_stream, sessions.config(), spark=pyspark.spark_session,
                                   stop=stop, poll_seconds=poll_seconds, on_progress=progress)
-    except BaseException:
+    finally:
         stop.set()
-        raise
+    if cancelled.is_set():
+        context.log.info(f"stream cancelled from the UI; stopped at batch {summary.last_committed_batch}")
+        raise DagsterExecutionInterruptedError("session_stream cancelled")
     context.log.info(f"stream stopped ({summary.stopped_by}) at batch {summary.last_committed_batch}")
     if summary.savepoint:
         context.log_event(AssetObservation(asset_key=STATE, metadata=_savepoint_metadata(

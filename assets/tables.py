@@ -57,7 +57,9 @@ STATE_KEYS = {
                         "SESSIONS_OBSERVE_STATE_MINUTES)",
     "restore_in_progress": "the command that finishes a restore left half-done, or no",
     "rescale_in_progress": "the command that finishes a rescale left half-done, or no",
+    "recent_batches": "a plot of open sessions and open state bytes over the recent passes over the state",
 }
+PLOTS = ("recent_batches", "history")  # a pass's plot of its recent batches, carried with its counts
 _COUNTED = ("open_users", "open_sessions", "open_events", "frozen_prefixes", "state_keys", "open_state_bytes")
 
 TABLE_SPECS = [
@@ -111,7 +113,7 @@ def state_metadata(report: StatusReport, *, now: dt.datetime, counted: Mapping[s
                          "state_keys": report.state_keys, "open_state_bytes": MetadataValue.int(report.state_value_bytes),
                          "counted_at_batch": metadata["last_committed_batch"]})
     else:
-        metadata.update({key: counted[key] for key in (*_COUNTED, "counted_at_batch") if key in counted})
+        metadata.update({key: counted[key] for key in (*_COUNTED, "counted_at_batch", *PLOTS) if key in counted})
     if report.kafka_lag is not None:
         metadata["kafka_lag"] = MetadataValue.json(report.kafka_lag)
     return metadata

@@ -248,7 +248,7 @@ def test_state_is_observed_after_startup_without_running_a_job(dagster_stack: Da
     launched_by_hand = dagster_stack.sql("SELECT pipeline_name FROM runs WHERE pipeline_name <> 'observe_state'")
     assert launched_by_hand == [], launched_by_hand
     expected = ("open_sessions", "open_events", "state_bytes_on_disk", "recent_batches", "open sessions",
-                "watermark_lag_s")
+                "watermark_lag")
     driver = _browser()
     try:
         driver.set_window_size(1400, 2200)
@@ -261,9 +261,7 @@ def test_state_is_observed_after_startup_without_running_a_job(dagster_stack: Da
             _dismiss_onboarding(driver)
             if all(text in driver.page_source for text in expected) or time.monotonic() > deadline:
                 break
-        shot = ARTIFACTS / "state-asset-after-startup.png"
-        ARTIFACTS.mkdir(parents=True, exist_ok=True)
-        driver.save_screenshot(str(shot))
+        _shoot(driver, "state-asset", docs=True)
         assert all(text in driver.page_source for text in expected), \
             [text for text in expected if text not in driver.page_source]
     finally:
@@ -288,7 +286,7 @@ def test_catch_up_backfill_restore_and_stream_on_postgres(dagster_stack: Dagster
     # so "latest" is this savepoint (checked in Postgres below).
     savepoint_run = _submit(client, "savepoint")
     restore_run = _submit(client, "restore_from_snapshot", {"ops": {"validate_savepoint_op": {"config": {
-        "savepoint": "latest", "partitions": 3}}}})
+        "savepoint": "latest", "partitions": 3, "dry_run": False}}}})
     _wait(client, savepoint_run, "savepoint")
     _wait(client, restore_run, "restore_from_snapshot")
     assert DeltaTable(config.sessions_table).to_pandas()["session_id"].sort_values().tolist() == \
@@ -341,9 +339,11 @@ def _assert_history_in_postgres(stack: DagsterStack, catch_up: str, savepoint: s
         return stack.sql("SELECT asset_key, partition FROM event_logs WHERE run_id = %s AND dagster_event_type = %s",
                          (run_id, kind))
 
-    assert {json.loads(key)[0] for key, _ in events(catch_up, "ASSET_MATERIALIZATION")} == \
-        {"raw_events", "sessions", "quarantine", "session_state"}
-    assert {json.loads(key)[0] for key, _ in events(restore, "ASSET_OBSERVATION")} == {"session_state"}
+    # The catch-up's new versions (files landed after the CLI's catch-up: every table but maybe quarantine grew);
+    # the restore's new state and the sessions table rolled back.
+    assert {json.loads(key)[0] for key, _ in events(catch_up, "ASSET_MATERIALIZATION")} >= \
+        {"raw_events", "sessions", "session_state"}
+    assert {json.loads(key)[0] for key, _ in events(restore, "ASSET_MATERIALIZATION")} >= {"session_state"}
     assert events(stream, "PIPELINE_CANCELED"), "the stream run's cancellation is an event of the run"
 
     backfill_runs = [run_id for (run_id,) in stack.sql(
@@ -400,36 +400,114 @@ class UiPage:
 
 # Add a page here to have it checked and screenshotted.
 UI_PAGES = (
-    UiPage("asset-graph", "/asset-groups", ("daily_session_metrics", "sessions", "raw_events", "session_state")),
-    UiPage("restore-launchpad", f"/locations/{LOCATION}/jobs/restore_from_snapshot/playground",
-           ("restore_from_snapshot", "validate_savepoint_op", "stop_running_stream_op")),
     UiPage("jobs", "/jobs", ("session_stream", "session_catch_up", "savepoint", "restore_from_snapshot", "rescale",
                              "compaction")),
 )
+SCREENSHOTS = REPO / "docs" / "screenshots"  # the README's pictures, taken here
+LAUNCHPAD = f"/locations/{LOCATION}/jobs/restore_from_snapshot/playground"
+
+
+def _shoot(driver: webdriver.Chrome, name: str, *, docs: bool = False) -> None:
+    ARTIFACTS.mkdir(parents=True, exist_ok=True)
+    driver.save_screenshot(str(ARTIFACTS / f"{name}.png"))
+    assert (ARTIFACTS / f"{name}.png").stat().st_size > 10_000
+    if docs:
+        SCREENSHOTS.mkdir(parents=True, exist_ok=True)
+        shutil.copy(ARTIFACTS / f"{name}.png", SCREENSHOTS / f"{name}.png")
+
+
+def _launch_from_launchpad(driver: webdriver.Chrome, base: str, *, config_yaml: str | None = None) -> str:
+    """Open the restore runbook's launchpad, optionally replace its config as a person would (the editor's text),
+    click Launch Run; the run id the UI went to."""
+    driver.get(base + LAUNCHPAD)
+    _wait_for_text(driver, ["validate_savepoint_op", "Launch Run"])
+    _dismiss_onboarding(driver)
+    assert "extraClassPath" not in driver.page_source and "SharedArchiveFile" not in driver.page_source
+    if config_yaml is not None:
+        driver.execute_script("document.querySelector('.CodeMirror').CodeMirror.setValue(arguments[0]);", config_yaml)
+        time.sleep(2)  # the launchpad validates the new text before it enables the button
+    button = driver.find_element(By.XPATH, "//button[normalize-space()='Launch Run']")
+    deadline = time.monotonic() + 30
+    while not button.is_enabled():
+        assert time.monotonic() < deadline, "Launch Run stayed disabled"
+        time.sleep(POLL_S)
+    button.click()
+    deadline = time.monotonic() + 60
+    while "/runs/" not in driver.current_url:
+        assert time.monotonic() < deadline, f"the launch did not open its run ({driver.current_url})"
+        time.sleep(POLL_S)
+    return driver.current_url.split("/runs/")[1].split("?")[0].split("/")[0]
+
+
+def _step_events(stack: DagsterStack, run_id: str) -> dict[str, str]:
+    return {step: kind for step, kind in stack.sql(
+        "SELECT step_key, dagster_event_type FROM event_logs WHERE run_id = %s AND dagster_event_type IN "
+        "('STEP_SUCCESS', 'STEP_SKIPPED', 'STEP_FAILURE')", (run_id,))}
 
 
 @pytest.mark.skipif(CHROMIUM is None or shutil.which("chromedriver") is None,
                     reason="Debian chromium/chromium-driver are not installed (make test installs them as root)")
-def test_ui_shows_assets_and_restore_launchpad(dagster_stack: DagsterStack) -> None:
-    ARTIFACTS.mkdir(parents=True, exist_ok=True)
-    base = f"http://127.0.0.1:{dagster_stack.port}"
-    failed = _submit(dagster_stack.client, "restore_from_snapshot", {"ops": {"validate_savepoint_op": {"config": {
-        "savepoint": "sp-does-not-exist"}}}})
-    assert _wait(dagster_stack.client, failed, "restore_from_snapshot", expect=DagsterRunStatus.FAILURE)
-    pages = (*UI_PAGES, UiPage("failed-runbook-step", f"/runs/{failed}",
-                               ("validate_savepoint_op", "no such savepoint: sp-does-not-exist")))
+def test_ui_walk_of_a_new_user_lineage_dry_run_restore_next_step(dagster_stack: DagsterStack) -> None:
+    """What a new user does after `make demo`, in a browser: the lineage shows every table with data as
+    materialized; the restore launchpad, launched unchanged, is a dry run and says so (tagged, its restore steps
+    skipped); a real restore, made by changing the launchpad's config, ends by saying the next step."""
+    base, client = f"http://127.0.0.1:{dagster_stack.port}", dagster_stack.client
     driver = _browser()
     try:
-        for page in pages:
+        driver.set_window_size(1600, 1000)
+        # The lineage: the observation sensor (running by default) reported what the CLI wrote before Dagster ran.
+        deadline = time.monotonic() + 150
+        while True:
+            driver.get(base + "/asset-groups")
+            _wait_for_text(driver, ["raw_events", "sessions", "quarantine", "session_state", "savepoint_catalog"])
+            time.sleep(3)  # the graph's nodes load their latest events after the names
+            if "Never materialized" not in driver.page_source or time.monotonic() > deadline:
+                break
+        _dismiss_onboarding(driver)
+        _shoot(driver, "asset-graph", docs=True)
+        assert "Never materialized" not in driver.page_source
+
+        # Launched unchanged: a dry run, visibly one.
+        dry = _launch_from_launchpad(driver, base)
+        _wait(client, dry, "restore_from_snapshot")
+        assert _step_events(dagster_stack, dry) == {
+            "validate_savepoint_op": "STEP_SUCCESS", "report_dry_run_op": "STEP_SUCCESS",
+            "stop_running_stream_op": "STEP_SKIPPED", "restore_op": "STEP_SKIPPED", "verify_restore_op": "STEP_SKIPPED"}
+        assert dagster_stack.sql("SELECT value FROM run_tags WHERE run_id = %s AND key = 'sessions/dry_run'",
+                                 (dry,)) == [("true",)]
+        driver.get(f"{base}/runs/{dry}")
+        _wait_for_text(driver, ["sessions/dry_run", "report_dry_run_op"])
+        time.sleep(2)
+        _shoot(driver, "restore-dry-run", docs=True)
+
+        # A real restore: the launchpad's config changed on purpose.
+        real = _launch_from_launchpad(driver, base, config_yaml=(
+            "ops:\n  validate_savepoint_op:\n    config:\n      savepoint: latest\n      dry_run: false\n"))
+        _wait(client, real, "restore_from_snapshot", timeout=400)
+        assert _step_events(dagster_stack, real) == {
+            "validate_savepoint_op": "STEP_SUCCESS", "stop_running_stream_op": "STEP_SUCCESS",
+            "restore_op": "STEP_SUCCESS", "verify_restore_op": "STEP_SUCCESS"}
+        driver.get(f"{base}/runs/{real}?logs=step%3Averify_restore_op")
+        _wait_for_text(driver, ["resume the stream: launch session_stream"], seconds=90)
+        time.sleep(2)
+        _shoot(driver, "restore-next-step", docs=True)
+
+        for page in UI_PAGES:
             driver.get(base + page.path)
             _wait_for_text(driver, list(page.expected))
-            time.sleep(2)  # let the graph finish laying out
-            _dismiss_onboarding(driver)
-            shot = ARTIFACTS / f"{page.name}.png"
-            driver.save_screenshot(str(shot))
-            assert shot.stat().st_size > 10_000
+            _shoot(driver, page.name)
     finally:
         driver.quit()
+
+
+def test_a_wrong_savepoint_fails_in_one_line_with_the_choices(dagster_stack: DagsterStack) -> None:
+    failed = _submit(dagster_stack.client, "restore_from_snapshot", {"ops": {"validate_savepoint_op": {"config": {
+        "savepoint": "sp-does-not-exist"}}}})
+    _wait(dagster_stack.client, failed, "restore_from_snapshot", expect=DagsterRunStatus.FAILURE)
+    (event,) = [json.loads(e) if isinstance(e, str) else e for (e,) in dagster_stack.sql(
+        "SELECT event FROM event_logs WHERE run_id = %s AND dagster_event_type = 'STEP_FAILURE'", (failed,))]
+    text = json.dumps(event)
+    assert "no such savepoint: sp-does-not-exist" in text and "name one of the complete savepoints: latest" in text
 
 
 START_SENSOR = """
@@ -486,7 +564,7 @@ def test_savepoints_while_session_stream_runs_and_stop_with_savepoint(dagster_st
     # The runbook, asked to stop the stream with a savepoint: the old state is kept as a recovery point.
     stream = _stream_run(client, config, seed=103)
     runbook = _run(client, "restore_from_snapshot", {"ops": {"validate_savepoint_op": {"config": {
-        "savepoint": newest.savepoint_id, "stop_with_savepoint": True}}}})
+        "savepoint": newest.savepoint_id, "stop_with_savepoint": True, "dry_run": False}}}})
     _wait(client, stream, "session_stream", timeout=120)
     kept = SavepointStore.of(config).list()
     assert kept[0].trigger == "stop" and kept[0].savepoint_id != newest.savepoint_id, kept[:2]
