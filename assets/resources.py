@@ -2,7 +2,9 @@
 from __future__ import annotations
 
 import os
+import signal
 import sys
+import threading
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, ParamSpec, TypeVar
 
@@ -119,8 +121,14 @@ class SessionsSpark(LazyPySparkResource):
 
     def _init_session(self) -> None:
         if self._spark_session is None:
+            # pyspark's SparkContext takes SIGINT for itself (cancel the jobs, raise KeyboardInterrupt); started inside
+            # a step, that would replace Dagster's handler, and a run cancelled from the UI would never hear of it.
+            main = threading.current_thread() is threading.main_thread()
+            dagster_handler = signal.getsignal(signal.SIGINT) if main else None
             self._spark_session = spark_session_from_config({**spark_conf(SessionsConfig.from_env()),
                                                               **self.spark_config})
+            if main:
+                signal.signal(signal.SIGINT, dagster_handler)
 
 
 def pyspark_resource() -> SessionsSpark:
