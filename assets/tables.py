@@ -35,7 +35,8 @@ STREAM_TAGS = {"sessions/stream": "true"}
 DATA_VERSION_TAG = "dagster/data_version"  # Dagster's own tag: the version a materialization made
 
 _TABLE_KEYS_TEXT = ("Metadata: delta_version (the table version, also the data version), rows, data_files, bytes "
-                    "(live data files), uri.")
+                    "(live data files), stream_batch (the stream's newest committed batch when the version was "
+                    "reported; -1 before the first), uri.")
 # What each key of session_state's metadata means (its description shows them; state_metadata writes them).
 STATE_KEYS = {
     "provider": "the state store provider (rocksdb or hdfs)",
@@ -84,11 +85,12 @@ def duration_text(seconds: float) -> str:
     return f"{sign}{minutes} min {secs} s" if minutes else f"{sign}{secs} s"
 
 
-def table_materialization(key: AssetKey, facts: TableFacts) -> AssetMaterialization:
+def table_materialization(key: AssetKey, facts: TableFacts, *, batch: int | None) -> AssetMaterialization:
     """A table's new version, as every reporter of it says it (the data version is the Delta version)."""
     return AssetMaterialization(asset_key=key, tags={DATA_VERSION_TAG: str(facts.version)}, metadata={
         "delta_version": facts.version, "rows": facts.rows, "data_files": facts.data_files,
-        "bytes": MetadataValue.int(facts.bytes), "uri": MetadataValue.path(facts.uri)})
+        "bytes": MetadataValue.int(facts.bytes), "stream_batch": MetadataValue.int(-1 if batch is None else batch),
+        "uri": MetadataValue.path(facts.uri)})
 
 
 def state_metadata(report: StatusReport, *, now: dt.datetime, counted: Mapping[str, Any] | None = None
@@ -129,7 +131,8 @@ def state_materialization(report: StatusReport, *, now: dt.datetime, counted: Ma
 def written(config: SessionsConfig, report: StatusReport, *, now: dt.datetime,
             counted: Mapping[str, Any] | None = None) -> list[AssetMaterialization]:
     """The tables' and the state's current versions as materializations (`report`: the state's status)."""
-    events = [table_materialization(TABLE_KEYS[name], facts) for name, facts in table_facts(config).items()]
+    events = [table_materialization(TABLE_KEYS[name], facts, batch=report.last_committed_batch)
+              for name, facts in table_facts(config).items()]
     if report.last_committed_batch is not None:
         events.append(state_materialization(report, now=now, counted=counted))
     return events

@@ -21,10 +21,11 @@ import pytest
 from dagster import DagsterInvalidConfigError, job, op
 
 from assets.jobs import compaction, session_stream, state_lookup
-from assets.resources import SessionsResource
+from assets.resources import SessionsResource, pyspark_resource
 from pipelines.config import PATH_SETTINGS, ConfigError, SessionsConfig, check_setting
 
 pytestmark = pytest.mark.tier("pure")
+REPO = Path(__file__).resolve().parent.parent
 
 
 @op
@@ -169,3 +170,48 @@ def test_a_stream_that_would_spin_is_refused(env, poll):
 def test_a_negative_top_is_refused(env):
     result = _run(state_lookup, ops={"lookup_state_op": {"config": {"top": -3}}}, pyspark=MagicMock())
     assert "set exactly one of user_id and top" in _failure(result)
+
+
+def test_a_lookup_without_user_or_top_fails_before_spark_starts(env):
+    """The launchpad's defaults (neither user_id nor top) are refused by the op before it asks for the session:
+    the real Spark resource, lazy, never started a JVM."""
+    spark = pyspark_resource()
+    result = _run(state_lookup, ops={"lookup_state_op": {"config": {}}}, pyspark=spark)
+    assert "set exactly one of user_id and top" in _failure(result)
+    assert spark._spark_session is None
+    (failure,) = [event.step_failure_data for event in result.all_events if event.is_step_failure]
+    assert "lookup_state_op" in failure.user_failure_data.metadata["next_step"].value
+
+
+def test_no_launchpad_holds_machine_specific_spark_settings():
+    """The definitions' resources carry no Spark setting of this machine (class paths, the class archive, log4j):
+    the session resource reads them from the environment when a step starts Spark."""
+    from dagster._config import post_process_config
+
+    from assets.definitions import defs
+
+    for job_def in defs.jobs:  # the resources' config a launchpad opens with: every default filled in
+        scaffold = post_process_config(job_def.run_config_schema.config_type.fields["resources"].config_type, {})
+        assert scaffold.success, job_def.name
+        shown = str(scaffold.value)
+        assert not any(word in shown for word in ("extraClassPath", "SharedArchiveFile", "log4j", str(REPO))), \
+            (job_def.name, shown[:500])
+    assert defs.resources["pyspark"].spark_config == {}  # what the launchpads would show of the session resource
+
+
+def test_every_launchpad_field_is_described():
+    from assets.definitions import defs
+
+    missing = []
+    for job_def in defs.jobs:
+        for node in job_def.graph.node_defs:
+            schema = getattr(node, "config_schema", None)
+            fields = getattr(getattr(schema, "config_type", None), "fields", None) or {}
+            missing += [f"{job_def.name}.{node.name}.{name}" for name, field in fields.items() if not field.description]
+    assert missing == []
+
+
+def test_the_restore_runbook_launched_unchanged_is_a_dry_run():
+    from assets.runbook import RestoreConfig
+
+    assert RestoreConfig().dry_run is True

@@ -103,3 +103,20 @@ def test_restorable_means_the_restore_goes_through_exactly(spark, taken):
     expected = run_oracle(batches, GAP_MS, LATENESS_MS)
     assert read_sessions(config) == sorted(expected.closed)
     assert read_open_sessions(spark, config) == sorted(expected.open_sessions)
+
+
+@pytest.mark.tier("pure")
+def test_the_estimate_has_a_fixed_part_from_the_reference_or_this_homes_restores(tmp_path):
+    """A small savepoint's restore is mostly fixed cost (the bootstrap query, the read-back): the estimate says so
+    before any restore ran (the reference: REFERENCE_FIXED_S), then learns it from this home's restores."""
+    from state_store.preflight import REFERENCE_FIXED_S, REFERENCE_ROWS_PER_S, _estimate, record_restore
+
+    config = make_config(tmp_path, "rocksdb")
+    config.home.mkdir(parents=True, exist_ok=True)
+    fixed, rate, source = _estimate(config)
+    assert (fixed, rate) == (REFERENCE_FIXED_S, REFERENCE_ROWS_PER_S) and "reference" in source
+    assert fixed + 5_936 / rate > 17  # the 5,936-row restore that took ~17 s: no longer "0 s"
+    for rows, seconds in ((1_000, 9.0), (170_000, 14.0), (2_000, 30.0)):  # fixed parts 8.99, 12.0, 29.98
+        record_restore(config.home, rows, seconds)
+    fixed, rate, source = _estimate(config)
+    assert fixed == pytest.approx(12.0) and rate == REFERENCE_ROWS_PER_S and "median of 3" in source
