@@ -74,7 +74,7 @@ def main() -> None:
         "seconds": summary.seconds,
     }, indent=2))
     print(f"tables under {config.warehouse_uri}; try `.venv/bin/sessionctl status --json` "
-          f"or `.venv/bin/dagster dev -w workspace.yaml`")
+          f"or `deploy/dagster-dev`")
     print(f"point it at your Kafka topic in one line (with both variables set, `make demo` produces its sample to "
           f"that topic and catches up from it):\n    {KAFKA_ONE_LINE}   # or run")
 
