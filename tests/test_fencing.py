@@ -237,14 +237,22 @@ def _run(env: dict, tmp_path: Path) -> tuple[subprocess.Popen, Path]:
     return run, err
 
 
-def test_a_frozen_run_is_fenced_after_another_process_caught_up(tmp_path):
+@pytest.mark.parametrize("checkpoint", ["local", pytest.param("hdfs", marks=pytest.mark.tier("e2e"))])
+def test_a_frozen_run_is_fenced_after_another_process_caught_up(tmp_path, request, checkpoint):
     """The operator's scenario, catch-up variant: `sessionctl run` frozen (SIGSTOP of its process group) past a short
     TTL, another process takes the job lease and runs `sessionctl catch-up`, then the run resumes (SIGCONT) and is
     stopped with Ctrl-C: it commits nothing more and exits non-zero with one line naming the lost lease; the
-    sessions table holds every expected session exactly once."""
+    sessions table holds every expected session exactly once. With the checkpoint on the real HDFS too (the leases
+    at SESSIONS_LEASE_URI: HDFS has no compare-and-swap for a renewal)."""
     ttl = "6"
-    config = make_config(tmp_path, SESSIONS_LEASE_TTL_S=ttl)
-    env = config_env(config, SESSIONS_LEASE_TTL_S=ttl)
+    remote: dict[str, str] = {}
+    if checkpoint == "hdfs":
+        hdfs = request.getfixturevalue("hdfs")
+        remote = {"SESSIONS_CHECKPOINT_URI": f"{hdfs.uri}/fencing/{tmp_path.name}",
+                  "SESSIONS_WEBHDFS_ADDRESS": hdfs.webhdfs.removeprefix("http://"),
+                  "SESSIONS_LEASE_URI": str(tmp_path / "leases")}
+    config = make_config(tmp_path, SESSIONS_LEASE_TTL_S=ttl, **remote)
+    env = config_env(config, SESSIONS_LEASE_TTL_S=ttl, **remote)
     events = arrival_order(generate_events(40, 3, seed=21), seed=21, jitter_seconds=120)
     first, second = events[: len(events) // 2], events[len(events) // 2:]
     land(config.landing, "first.jsonl", [json.dumps(e) for e in first])
