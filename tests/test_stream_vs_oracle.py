@@ -66,10 +66,38 @@ CASES = [
 ]
 
 
+# Where the Spark checkpoint lives: a local path; the real HDFS (tests/hdfs_cluster.py: the state store's files and
+# logs written through Hadoop's HDFS client, the driver's reads through WebHDFS); S3 (Hadoop's S3A against the
+# suite's S3 endpoint, the driver's reads through pyarrow).
+STORAGES = ["local", pytest.param("hdfs", marks=pytest.mark.tier("e2e")), pytest.param("s3", marks=pytest.mark.tier("e2e"))]
+
+
+def checkpoint_env(request: pytest.FixtureRequest, spark, storage: str, tmp_path) -> dict[str, str]:
+    """The settings that put the checkpoint on `storage` (none for a local path)."""
+    if storage == "hdfs":
+        hdfs = request.getfixturevalue("hdfs")
+        return {"SESSIONS_CHECKPOINT_URI": f"{hdfs.uri}/oracle/{tmp_path.name}",
+                "SESSIONS_WEBHDFS_ADDRESS": hdfs.webhdfs.removeprefix("http://"),
+                "SESSIONS_LEASE_URI": str(tmp_path / "leases")}
+    if storage == "s3":
+        import boto3
+
+        from tests.harness import s3a_session
+
+        s3_endpoint = request.getfixturevalue("s3_endpoint")
+        s3a_session(spark, s3_endpoint)
+        client = boto3.client("s3", endpoint_url=s3_endpoint["env"]["AWS_ENDPOINT_URL"])
+        if "oracle" not in {b["Name"] for b in client.list_buckets()["Buckets"]}:
+            client.create_bucket(Bucket="oracle")
+        return {"SESSIONS_CHECKPOINT_URI": f"s3a://oracle/{tmp_path.name}"}  # the endpoint: the fixture's AWS_* variables
+    return {}
+
+
+@pytest.mark.parametrize("storage", STORAGES)
 @pytest.mark.parametrize("provider", ["rocksdb", "hdfs"])
 @pytest.mark.parametrize("seed,parts,env,very_late", CASES)
-def test_stream_equals_oracle(spark, tmp_path, provider, seed, parts, env, very_late):
-    config = make_config(tmp_path, provider, **env)
+def test_stream_equals_oracle(spark, request, tmp_path, storage, provider, seed, parts, env, very_late):
+    config = make_config(tmp_path, provider, **env, **checkpoint_env(request, spark, storage, tmp_path))
     batches = stream_scenario(seed, parts, very_late, GAP_MS, LATENESS_MS)
     land_batches(config, batches)
     summary = catch_up(config, spark)
@@ -77,44 +105,12 @@ def test_stream_equals_oracle(spark, tmp_path, provider, seed, parts, env, very_
     assert_matches_oracle(spark, config, batches)
 
 
-@pytest.mark.parametrize("provider", ["rocksdb", "hdfs"])
-@pytest.mark.parametrize("seed,parts,env,very_late", [CASES[1], CASES[3]])
-def test_stream_equals_oracle_with_the_checkpoint_on_hdfs(spark, hdfs, tmp_path, provider, seed, parts, env,
-                                                          very_late):
-    """The same scenarios with the Spark checkpoint on the real HDFS (tests/hdfs_cluster.py): the state store's files
-    and the logs written through Hadoop's HDFS client, the driver's reads of them through WebHDFS."""
-    config = make_config(tmp_path, provider, SESSIONS_CHECKPOINT_URI=f"{hdfs.uri}/oracle/{tmp_path.name}",
-                         SESSIONS_WEBHDFS_ADDRESS=hdfs.webhdfs.removeprefix("http://"),
-                         SESSIONS_LEASE_URI=str(tmp_path / "leases"), **env)
-    batches = stream_scenario(seed, parts, very_late, GAP_MS, LATENESS_MS)
-    land_batches(config, batches)
-    catch_up(config, spark)
-    assert_matches_oracle(spark, config, batches)
-
-
-@pytest.mark.parametrize("provider", ["rocksdb", "hdfs"])
-def test_stream_equals_oracle_with_the_checkpoint_on_s3(spark, s3_endpoint, tmp_path, provider):
-    """The very-late scenario with the Spark checkpoint on S3 (Hadoop's S3A against the suite's S3 endpoint), the
-    driver's reads of it through pyarrow."""
-    import boto3
-
-    from tests.harness import s3a_session
-
-    seed, parts, env, very_late = CASES[3].values
-    s3a_session(spark, s3_endpoint)
-    bucket = f"oracle-{provider}"
-    boto3.client("s3", endpoint_url=s3_endpoint["env"]["AWS_ENDPOINT_URL"]).create_bucket(Bucket=bucket)
-    config = make_config(tmp_path, provider, SESSIONS_CHECKPOINT_URI=f"s3a://{bucket}/{tmp_path.name}", **env)
-    batches = stream_scenario(seed, parts, very_late, GAP_MS, LATENESS_MS)
-    land_batches(config, batches)
-    catch_up(config, spark)
-    assert_matches_oracle(spark, config, batches)
-
-
-def test_stream_equals_oracle_across_runs(spark, tmp_path):
+@pytest.mark.parametrize("storage", STORAGES)
+def test_stream_equals_oracle_across_runs(spark, request, tmp_path, storage):
     """The same data delivered over three catch_up runs (stop/start between micro-batches) on hdfs with
     3 partitions, with a re-run that finds nothing new: the result is still exactly the oracle's."""
-    config = make_config(tmp_path, "hdfs", SESSIONS_STATE_PARTITIONS=3)
+    config = make_config(tmp_path, "hdfs", SESSIONS_STATE_PARTITIONS=3,
+                         **checkpoint_env(request, spark, storage, tmp_path))
     batches = stream_scenario(3, 5, gap_ms=GAP_MS, lateness_ms=LATENESS_MS)
     cut1, cut2 = 2, 5
     land_batches(config, batches[:cut1], start=0)
