@@ -23,9 +23,11 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import TypeVar
 
+import pytest
+
 T = TypeVar("T")
 
-__all__ = ["iso_ms", "s3a_session", "still_running", "stream_caught_up", "wait_until"]
+__all__ = ["STORAGES", "checkpoint_env", "iso_ms", "s3a_session", "still_running", "stream_caught_up", "wait_until"]
 
 
 def wait_until(condition: Callable[[], T], *, timeout_s: float, what: str, interval_s: float = 0.05) -> T:
@@ -88,3 +90,28 @@ def s3a_session(spark, s3_endpoint) -> None:
     for key, value in {**conf, "spark.hadoop.fs.s3a.access.key": env["AWS_ACCESS_KEY_ID"],
                        "spark.hadoop.fs.s3a.secret.key": env["AWS_SECRET_ACCESS_KEY"]}.items():
         hadoop.set(key.removeprefix("spark.hadoop."), value)
+
+
+# Where the Spark checkpoint lives: a local path; the real HDFS (tests/hdfs_cluster.py: the state store's files and
+# logs written through Hadoop's HDFS client, the driver's reads through WebHDFS); S3 (Hadoop's S3A against the
+# suite's S3 endpoint, the driver's reads through pyarrow).
+STORAGES = ["local", pytest.param("hdfs", marks=pytest.mark.tier("e2e")), pytest.param("s3", marks=pytest.mark.tier("e2e"))]
+
+
+def checkpoint_env(request, spark, storage: str, tmp_path) -> dict[str, str]:
+    """The settings that put the checkpoint on `storage` (none for a local path)."""
+    if storage == "hdfs":
+        hdfs = request.getfixturevalue("hdfs")
+        return {"SESSIONS_CHECKPOINT_URI": f"{hdfs.uri}/oracle/{tmp_path.name}",
+                "SESSIONS_WEBHDFS_ADDRESS": hdfs.webhdfs.removeprefix("http://"),
+                "SESSIONS_LEASE_URI": str(tmp_path / "leases")}
+    if storage == "s3":
+        import boto3
+
+        s3_endpoint = request.getfixturevalue("s3_endpoint")
+        s3a_session(spark, s3_endpoint)
+        client = boto3.client("s3", endpoint_url=s3_endpoint["env"]["AWS_ENDPOINT_URL"])
+        if "oracle" not in {b["Name"] for b in client.list_buckets()["Buckets"]}:
+            client.create_bucket(Bucket="oracle")
+        return {"SESSIONS_CHECKPOINT_URI": f"s3a://oracle/{tmp_path.name}"}  # the endpoint: the fixture's AWS_* variables
+    return {}

@@ -15,6 +15,7 @@ from pipelines.job.stream import catch_up
 from testkit.oracle import run_oracle
 from tests.conftest import make_config, read_open_sessions, read_quarantine, read_sessions
 from tests.datagen import BASE_MS, iso
+from tests.harness import STORAGES, checkpoint_env
 
 pytestmark = pytest.mark.tier("spark")
 
@@ -35,8 +36,9 @@ def _write(landing: Path, name: str, data: bytes, mtime: int) -> None:
     os.replace(tmp, landing / name)
 
 
-def test_bad_lines_are_quarantined_and_nothing_is_lost(spark, tmp_path):
-    config = make_config(tmp_path, "rocksdb")
+@pytest.mark.parametrize("storage", STORAGES)
+def test_bad_lines_are_quarantined_and_nothing_is_lost(spark, request, tmp_path, storage):
+    config = make_config(tmp_path, "rocksdb", **checkpoint_env(request, spark, storage, tmp_path))
     t0 = BASE_MS
     a1 = _event("a1", "alice", t0)
     a2 = _event("a2", "alice", t0 + 5 * MIN, "click", note="extra fields are ignored")
@@ -143,7 +145,8 @@ def test_bad_lines_are_quarantined_and_nothing_is_lost(spark, tmp_path):
     assert len(q) + sum(s[4] for s in sessions) + sum(s[4] for s in open_sessions) + oracle.duplicates == non_blank
 
 
-def test_very_late_event_is_quarantined(spark, tmp_path):
+@pytest.mark.parametrize("storage", STORAGES)
+def test_very_late_event_is_quarantined(spark, request, tmp_path, storage):
     """An event below the PREVIOUS micro-batch's watermark is late like any other: quarantined, reason late.
 
     Batches (one file each): c1 at t0+60 min; c2 at t0+120 min; then very-late at t0+10 min and late at
@@ -151,7 +154,7 @@ def test_very_late_event_is_quarantined(spark, tmp_path):
     FlatMapGroupsWithState drops input rows at or below the previous batch's watermark before the Python
     function sees them when the timeout is EventTimeTimeout, so very-late would vanish without a trace.
     """
-    config = make_config(tmp_path, "hdfs")
+    config = make_config(tmp_path, "hdfs", **checkpoint_env(request, spark, storage, tmp_path))
     t0 = BASE_MS
     files = [[json.dumps(_event("c1", "c", t0 + 60 * MIN, "click"))],
              [json.dumps(_event("c2", "c", t0 + 120 * MIN, "click"))],
@@ -177,13 +180,14 @@ def test_very_late_event_is_quarantined(spark, tmp_path):
     assert [(s[1], s[4]) for s in expected.open_sessions] == [("c", 1)]
 
 
-def test_late_event_in_first_batch_of_a_new_run_is_quarantined(spark, tmp_path):
+@pytest.mark.parametrize("storage", STORAGES)
+def test_late_event_in_first_batch_of_a_new_run_is_quarantined(spark, request, tmp_path, storage):
     """Run 1: c1 at t0+60 min (the run ends with its empty closing batch at watermark t0+50 min).
     Run 2, its first micro-batch: "late" exactly at the watermark t0+50 min, and "ok" 1 ms above it.
     "late" must be quarantined. (Its batch and the batch before -- run 1's closing batch -- have the same
     watermark, so Spark's own late-row filter, a batch behind, drops it before the operator sees it.)
     """
-    config = make_config(tmp_path, "rocksdb")
+    config = make_config(tmp_path, "rocksdb", **checkpoint_env(request, spark, storage, tmp_path))
     t0 = BASE_MS
     from pipelines.ingest import ingest
 

@@ -26,7 +26,7 @@ from state_store.status import status
 from testkit.oracle import run_oracle
 from tests.conftest import make_config, read_open_sessions, read_quarantine, read_sessions
 from tests.datagen import BASE_MS, iso
-from tests.harness import wait_until
+from tests.harness import STORAGES, checkpoint_env, wait_until
 
 pytestmark = pytest.mark.tier("pure")
 
@@ -185,9 +185,9 @@ def _round_3() -> list[LandedFile]:
     return [a]
 
 
-@pytest.mark.tier("spark")
-def test_hostile_mix_every_line_is_accounted_for(spark, tmp_path):
-    config = make_config(tmp_path, "rocksdb")
+@pytest.mark.parametrize("storage", STORAGES)  # the spark fixture: the spark tier (a local checkpoint)
+def test_hostile_mix_every_line_is_accounted_for(spark, request, tmp_path, storage):
+    config = make_config(tmp_path, "rocksdb", **checkpoint_env(request, spark, storage, tmp_path))
     outside = tmp_path / "outside"
     outside.mkdir()
     landing = config.landing
@@ -261,11 +261,11 @@ def test_hostile_mix_every_line_is_accounted_for(spark, tmp_path):
     assert len(future) == 3 and future["ingested_at"].notna().all()
 
 
-@pytest.mark.tier("spark")
-def test_far_future_event_never_moves_the_watermark(spark, tmp_path):
+@pytest.mark.parametrize("storage", STORAGES)  # the spark fixture: the spark tier (a local checkpoint)
+def test_far_future_event_never_moves_the_watermark(spark, request, tmp_path, storage):
     """One 9999-12-31 event amid normal traffic: quarantined once (future_event_time), and the sessions, the open
     state and the watermark are what the oracle says without it."""
-    config = make_config(tmp_path, "hdfs")
+    config = make_config(tmp_path, "hdfs", **checkpoint_env(request, spark, storage, tmp_path))
     rng = random.Random(8)
     first, second = LandedFile("00000.jsonl"), LandedFile("00001.jsonl")
     for i in range(12):

@@ -15,7 +15,7 @@ from state_store.status import status
 from testkit.oracle import run_oracle
 from tests.conftest import make_config, read_open_sessions, read_quarantine, read_sessions
 from tests.datagen import land_batches, stream_scenario
-from tests.harness import iso_ms
+from tests.harness import STORAGES, checkpoint_env, iso_ms
 
 pytestmark = pytest.mark.tier("spark")
 # Parametrized tests whose cases differ in tier (tests/conftest.py reads this)
@@ -64,33 +64,6 @@ CASES = [
     pytest.param(4, 10, {"SESSIONS_STATE_PARTITIONS": 4}, False, id="10batches-4partitions"),
     pytest.param(5, 5, {}, True, id="5batches-very-late"),
 ]
-
-
-# Where the Spark checkpoint lives: a local path; the real HDFS (tests/hdfs_cluster.py: the state store's files and
-# logs written through Hadoop's HDFS client, the driver's reads through WebHDFS); S3 (Hadoop's S3A against the
-# suite's S3 endpoint, the driver's reads through pyarrow).
-STORAGES = ["local", pytest.param("hdfs", marks=pytest.mark.tier("e2e")), pytest.param("s3", marks=pytest.mark.tier("e2e"))]
-
-
-def checkpoint_env(request: pytest.FixtureRequest, spark, storage: str, tmp_path) -> dict[str, str]:
-    """The settings that put the checkpoint on `storage` (none for a local path)."""
-    if storage == "hdfs":
-        hdfs = request.getfixturevalue("hdfs")
-        return {"SESSIONS_CHECKPOINT_URI": f"{hdfs.uri}/oracle/{tmp_path.name}",
-                "SESSIONS_WEBHDFS_ADDRESS": hdfs.webhdfs.removeprefix("http://"),
-                "SESSIONS_LEASE_URI": str(tmp_path / "leases")}
-    if storage == "s3":
-        import boto3
-
-        from tests.harness import s3a_session
-
-        s3_endpoint = request.getfixturevalue("s3_endpoint")
-        s3a_session(spark, s3_endpoint)
-        client = boto3.client("s3", endpoint_url=s3_endpoint["env"]["AWS_ENDPOINT_URL"])
-        if "oracle" not in {b["Name"] for b in client.list_buckets()["Buckets"]}:
-            client.create_bucket(Bucket="oracle")
-        return {"SESSIONS_CHECKPOINT_URI": f"s3a://oracle/{tmp_path.name}"}  # the endpoint: the fixture's AWS_* variables
-    return {}
 
 
 @pytest.mark.parametrize("storage", STORAGES)
