@@ -15,6 +15,7 @@ import os
 import pytest
 
 from testkit.campaign import run_campaign, run_kill_points
+from tests.harness import checkpoint_env
 
 pytestmark = [pytest.mark.tier("e2e"), pytest.mark.timeout(1800)]
 
@@ -57,13 +58,13 @@ def test_kill_points_inside_savepoints_chains_and_folds(tmp_path, spark):
     assert report["written"] == report["expected_sessions"] > 0
 
 
-def test_short_crash_campaign_with_the_checkpoint_on_hdfs(tmp_path, spark, hdfs):
+@pytest.mark.parametrize("storage", ["hdfs", "s3"])
+def test_short_crash_campaign_with_a_remote_checkpoint(tmp_path, request, spark, storage):
     """The first campaign above (its seed kills a savepoint, a rescale and a restore) with the Spark checkpoint on the
-    real HDFS (tests/hdfs_cluster.py) and the leases on a local path: the same recoveries, nothing lost or doubled."""
+    real HDFS (tests/hdfs_cluster.py; the leases on a local path) or on S3 (Hadoop's S3A; the leases beside it): the
+    same recoveries, nothing lost or doubled."""
     provider, seed, phases = CAMPAIGNS[0]
-    settings = {"SESSIONS_CHECKPOINT_URI": f"{hdfs.uri}/campaign-{tmp_path.name}",
-                "SESSIONS_WEBHDFS_ADDRESS": hdfs.webhdfs.removeprefix("http://"),
-                "SESSIONS_LEASE_URI": str(tmp_path / "leases")}
+    settings = checkpoint_env(request, spark, storage, tmp_path)
     report = run_campaign(tmp_path, provider, seed, kill_points=3, spark=None if ALL_CLI else spark, settings=settings)
     assert {hit.split(":")[0] for hit in report["by_phase"]} == phases, report["by_phase"]
     assert (report["lost"], report["duplicated"], report["unexpected"]) == (0, 0, 0), report
