@@ -164,12 +164,18 @@ def observation_sensor(context: SensorEvaluationContext, sessions: SessionsResou
         *fresh, *(e for e in observed if isinstance(e, AssetObservation))]
     cursor = json.loads(context.cursor) if context.cursor else {}
     quiet_s = sessions.config().observe_state_minutes * 60
-    changed = {e.asset_key for e in fresh}
-    if SESSIONS in changed:
+    # What the checks last looked at: a new version (whoever reported it) is checked once; the state's freshness
+    # also when SESSIONS_OBSERVE_STATE_MINUTES passed.
+    versions = {e.asset_key.to_user_string(): (e.tags or {}).get(DATA_VERSION_TAG) for e in observed
+                if isinstance(e, AssetMaterialization)}
+    if SESSIONS.to_user_string() in versions and versions[SESSIONS.to_user_string()] != cursor.get("sessions_checked"):
         events += evaluations(sessions, SESSIONS_CHECKS)
-    if batch is not None and (changed or now.timestamp() - cursor.get("checked_at", 0) >= quiet_s):
+        cursor["sessions_checked"] = versions[SESSIONS.to_user_string()]
+    state = versions.get(STATE.to_user_string())
+    if batch is not None and (state != cursor.get("state_checked")
+                              or now.timestamp() - cursor.get("checked_at", 0) >= quiet_s):
         events += evaluations(sessions, STATE_CHECKS)
-        cursor["checked_at"] = now.timestamp()
+        cursor.update(state_checked=state, checked_at=now.timestamp())
     if newest is not None and cursor.get("verified") != newest:
         events += evaluations(sessions, SAVEPOINT_CHECKS)
         cursor["verified"] = newest

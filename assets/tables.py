@@ -20,6 +20,7 @@ from dagster import (
 
 from assets.resources import SessionsResource
 from pipelines.config import SessionsConfig
+from pipelines.job.checkpoint import read_job_metadata
 from pipelines.job.metrics import daily_metrics, metrics_table
 from pipelines.storage import open_table
 from state_store.results import StatusReport, TableFacts
@@ -41,7 +42,8 @@ _TABLE_KEYS_TEXT = ("Metadata: delta_version (the table version, also the data v
 STATE_KEYS = {
     "provider": "the state store provider (rocksdb or hdfs)",
     "partitions": "the state store's partitions",
-    "last_committed_batch": "the newest micro-batch whose state is committed (also the data version)",
+    "last_committed_batch": "the newest micro-batch whose state is committed (the data version: the checkpoint's "
+                            "incarnation/this batch)",
     "watermark": "the event-time watermark after that batch (UTC): sessions idle for the gap before it are closed",
     "watermark_lag": "how far the watermark is behind the wall clock when observed (grows while no event arrives)",
     "state_bytes_on_disk": "the state store's files in the checkpoint (every version kept for recovery, the store's "
@@ -121,11 +123,18 @@ def state_metadata(report: StatusReport, *, now: dt.datetime, counted: Mapping[s
     return metadata
 
 
-def state_materialization(report: StatusReport, *, now: dt.datetime, counted: Mapping[str, Any] | None = None
-                          ) -> AssetMaterialization:
-    """The state at a newly committed batch (the data version is the batch)."""
-    return AssetMaterialization(asset_key=STATE, tags={DATA_VERSION_TAG: str(report.last_committed_batch)},
-                                metadata=state_metadata(report, now=now, counted=counted))
+def state_version(config: SessionsConfig, batch: int | None) -> str:
+    """session_state's data version: the checkpoint's incarnation and its batch (a restored checkpoint counts its
+    batches from 0 again)."""
+    meta = read_job_metadata(config.checkpoint)
+    return f"{meta.incarnation if meta else '-'}/{batch}"
+
+
+def state_materialization(config: SessionsConfig, report: StatusReport, *, now: dt.datetime,
+                          counted: Mapping[str, Any] | None = None) -> AssetMaterialization:
+    """The state at a newly committed batch (the data version: state_version)."""
+    return AssetMaterialization(asset_key=STATE, tags={DATA_VERSION_TAG: state_version(
+        config, report.last_committed_batch)}, metadata=state_metadata(report, now=now, counted=counted))
 
 
 def written(config: SessionsConfig, report: StatusReport, *, now: dt.datetime,
@@ -134,7 +143,7 @@ def written(config: SessionsConfig, report: StatusReport, *, now: dt.datetime,
     events = [table_materialization(TABLE_KEYS[name], facts, batch=report.last_committed_batch)
               for name, facts in table_facts(config).items()]
     if report.last_committed_batch is not None:
-        events.append(state_materialization(report, now=now, counted=counted))
+        events.append(state_materialization(config, report, now=now, counted=counted))
     return events
 
 

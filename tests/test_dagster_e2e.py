@@ -8,6 +8,7 @@ from __future__ import annotations
 import datetime as dt
 import json
 import os
+import re
 import shutil
 import signal
 import subprocess
@@ -30,6 +31,7 @@ from selenium import webdriver
 from selenium.webdriver.chrome.service import Service
 from selenium.webdriver.common.by import By
 
+from assets.tables import state_version
 from pipelines.config import SessionsConfig
 from pipelines.coordination.job_leases import job_lock
 from pipelines.core.sample_data import land_sample
@@ -341,9 +343,26 @@ def _assert_history_in_postgres(stack: DagsterStack, catch_up: str, savepoint: s
 
     # The catch-up's new versions (files landed after the CLI's catch-up: every table but maybe quarantine grew);
     # the restore's new state and the sessions table rolled back.
-    assert {json.loads(key)[0] for key, _ in events(catch_up, "ASSET_MATERIALIZATION")} >= \
-        {"raw_events", "sessions", "session_state"}
-    assert {json.loads(key)[0] for key, _ in events(restore, "ASSET_MATERIALIZATION")} >= {"session_state"}
+    # Each table's current version and the state's batch materialized exactly once -- by the run that wrote it or by
+    # the observation sensor, whichever looked first -- with the version as its data version.
+    current = {"raw_events": DeltaTable(stack.config.raw_events_table).version(),
+               "sessions": DeltaTable(stack.config.sessions_table).version(),
+               "quarantine": DeltaTable(stack.config.quarantine_table).version(),
+               "session_state": state_version(stack.config,
+                                              inspect_checkpoint(stack.config.checkpoint).last_committed_batch)}
+
+    def times_reported(name: str, version: int | str) -> int:
+        tagged = (f'"dagster/data_version": "{version}"', f'"dagster/data_version", "{version}"')
+        return sum(1 for (event,) in stack.sql(
+            "SELECT event FROM event_logs WHERE dagster_event_type = 'ASSET_MATERIALIZATION' AND asset_key = %s",
+            (json.dumps([name]),)) if any(tag in (event if isinstance(event, str) else json.dumps(event))
+                                          for tag in tagged))
+
+    deadline = time.monotonic() + 150  # the sensor's next tick reports what the last runs wrote
+    while any(times_reported(name, version) == 0 for name, version in current.items()):
+        assert time.monotonic() < deadline, {name: times_reported(name, v) for name, v in current.items()}
+        time.sleep(POLL_S * 4)
+    assert {name: times_reported(name, v) for name, v in current.items()} == {name: 1 for name in current}
     assert events(stream, "PIPELINE_CANCELED"), "the stream run's cancellation is an event of the run"
 
     backfill_runs = [run_id for (run_id,) in stack.sql(
@@ -378,7 +397,12 @@ def _browser() -> webdriver.Chrome:
 def _wait_for_text(driver: webdriver.Chrome, texts: list[str], seconds: float = 60) -> None:
     deadline = time.monotonic() + seconds
     while not all(text in driver.page_source for text in texts):
-        assert time.monotonic() < deadline, f"{[t for t in texts if t not in driver.page_source]} not on {driver.current_url}"
+        if time.monotonic() > deadline:  # what the page did show, for the failure's message and tests/artifacts/
+            ARTIFACTS.mkdir(parents=True, exist_ok=True)
+            driver.save_screenshot(str(ARTIFACTS / "not-shown.png"))
+            shown = driver.find_element(By.TAG_NAME, "body").text
+            raise AssertionError(f"{[t for t in texts if t not in driver.page_source]} not on {driver.current_url}; "
+                                 f"it shows: {shown[:3000]}")
         time.sleep(1)
 
 
@@ -439,6 +463,27 @@ def _launch_from_launchpad(driver: webdriver.Chrome, base: str, *, config_yaml: 
     return driver.current_url.split("/runs/")[1].split("?")[0].split("/")[0]
 
 
+TABLES_WITH_DATA = ("raw_events", "sessions", "quarantine", "session_state", "savepoint_catalog")
+
+
+def _graph_node(driver: webdriver.Chrome, name: str) -> str:
+    """The text of asset `name`'s node in the lineage graph: the smallest element holding its name and its rows."""
+    found = driver.find_elements(By.XPATH, f"//*[normalize-space(text())='{name}']"
+                                           f"/ancestor::*[contains(normalize-space(.), 'Latest event')][1]")
+    texts = [element.text for element in found]
+    return min(texts, key=len) if texts else ""
+
+
+def _checks_not_run(nodes: dict[str, str]) -> list[str]:
+    """The assets with checks whose node counts some not evaluated ("0 / 1 Passed": none ran)."""
+    return [name for name in ("sessions", "session_state") if re.search(r"\b0 / \d+ Passed", nodes[name])]
+
+
+def _loaded(driver: webdriver.Chrome, name: str) -> bool:
+    text = _graph_node(driver, name)
+    return bool(text) and "Loading" not in text
+
+
 def _step_events(stack: DagsterStack, run_id: str) -> dict[str, str]:
     return {step: kind for step, kind in stack.sql(
         "SELECT step_key, dagster_event_type FROM event_logs WHERE run_id = %s AND dagster_event_type IN "
@@ -459,13 +504,19 @@ def test_ui_walk_of_a_new_user_lineage_dry_run_restore_next_step(dagster_stack: 
         deadline = time.monotonic() + 150
         while True:
             driver.get(base + "/asset-groups")
-            _wait_for_text(driver, ["raw_events", "sessions", "quarantine", "session_state", "savepoint_catalog"])
-            time.sleep(3)  # the graph's nodes load their latest events after the names
-            if "Never materialized" not in driver.page_source or time.monotonic() > deadline:
+            _wait_for_text(driver, list(TABLES_WITH_DATA))
+            shown = time.monotonic() + 15  # the graph's nodes load their latest events after their names
+            while time.monotonic() < shown and not all(_loaded(driver, name) for name in TABLES_WITH_DATA):
+                time.sleep(POLL_S)
+            nodes = {name: _graph_node(driver, name) for name in TABLES_WITH_DATA}
+            if all(_loaded(driver, name) and "Never materialized" not in text for name, text in nodes.items()) \
+                    and not _checks_not_run(nodes) or time.monotonic() > deadline:
                 break
         _dismiss_onboarding(driver)
         _shoot(driver, "asset-graph", docs=True)
-        assert "Never materialized" not in driver.page_source
+        assert all(_loaded(driver, name) for name in TABLES_WITH_DATA), nodes
+        assert not [name for name, text in nodes.items() if "Never materialized" in text], nodes
+        assert not _checks_not_run(nodes), nodes  # evaluated by the product (the sensor), none waiting for a click
 
         # Launched unchanged: a dry run, visibly one.
         dry = _launch_from_launchpad(driver, base)
@@ -475,18 +526,20 @@ def test_ui_walk_of_a_new_user_lineage_dry_run_restore_next_step(dagster_stack: 
             "stop_running_stream_op": "STEP_SKIPPED", "restore_op": "STEP_SKIPPED", "verify_restore_op": "STEP_SKIPPED"}
         assert dagster_stack.sql("SELECT value FROM run_tags WHERE run_id = %s AND key = 'sessions/dry_run'",
                                  (dry,)) == [("true",)]
-        driver.get(f"{base}/runs/{dry}")
-        _wait_for_text(driver, ["sessions/dry_run", "report_dry_run_op"])
+        driver.get(f"{base}/runs/{dry}?logs=step%3Areport_dry_run_op")
+        _wait_for_text(driver, ["dry run: nothing was stopped or changed", "dry_run: false"])
         time.sleep(2)
         _shoot(driver, "restore-dry-run", docs=True)
+        driver.find_element(By.XPATH, "//button[normalize-space()='View tags and config']").click()
+        _wait_for_text(driver, ["sessions/dry_run"])
 
         # A real restore: the launchpad's config changed on purpose.
         real = _launch_from_launchpad(driver, base, config_yaml=(
             "ops:\n  validate_savepoint_op:\n    config:\n      savepoint: latest\n      dry_run: false\n"))
         _wait(client, real, "restore_from_snapshot", timeout=400)
         assert _step_events(dagster_stack, real) == {
-            "validate_savepoint_op": "STEP_SUCCESS", "stop_running_stream_op": "STEP_SUCCESS",
-            "restore_op": "STEP_SUCCESS", "verify_restore_op": "STEP_SUCCESS"}
+            "validate_savepoint_op": "STEP_SUCCESS", "report_dry_run_op": "STEP_SKIPPED",
+            "stop_running_stream_op": "STEP_SUCCESS", "restore_op": "STEP_SUCCESS", "verify_restore_op": "STEP_SUCCESS"}
         driver.get(f"{base}/runs/{real}?logs=step%3Averify_restore_op")
         _wait_for_text(driver, ["resume the stream: launch session_stream"], seconds=90)
         time.sleep(2)

@@ -28,7 +28,7 @@ from assets.checks import newest_savepoint_restorable, newest_savepoint_verifies
 from assets.definitions import defs
 from assets.observations import observation_sensor
 from assets.resources import SessionsResource, pyspark_resource
-from assets.tables import daily_session_metrics
+from assets.tables import daily_session_metrics, state_version
 from pipelines.core.sample_data import arrival_order, generate_events, land_sample
 from pipelines.job.checkpoint import inspect_checkpoint
 from state_store.savepoint import catalog as sp
@@ -169,7 +169,7 @@ def _observations_reflect_what_exists(resources, config, landed, savepoint_id, s
         assert savepoint_id in observed["savepoint_catalog"]["newest_savepoints"].value
         last = inspect_checkpoint(config.checkpoint).last_committed_batch
         assert observed["session_state"]["last_committed_batch"].value == last
-        assert materialized["session_state"].tags["dagster/data_version"] == str(last)
+        assert materialized["session_state"].tags["dagster/data_version"] == state_version(config, last)
         # The checks, evaluated by the sensor itself: unique ids, the newest savepoint re-read and restorable, the
         # state fresh, nothing half-done.
         checked = {e.check_name: e.passed for e in result.asset_events if isinstance(e, AssetCheckEvaluation)}
