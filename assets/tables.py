@@ -1,7 +1,7 @@
 """The assets: the tables and the state the stream keeps -- written by the library (the CLI, the stream, the runs
 here), so external assets, reported as materialized once per new Delta version or committed batch (the runs that
 write them, and assets.observations' sensor for writes made outside Dagster) -- and the daily metrics derived from
-the sessions table. One owner for what each asset's metadata holds (table_metadata, state_metadata)."""
+the sessions table. One owner for what each asset's metadata holds (table_materialization, state_metadata)."""
 import datetime as dt
 from collections.abc import Mapping, Sequence
 from typing import Any
