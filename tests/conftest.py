@@ -392,3 +392,19 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
                                     f"module `pytestmark = pytest.mark.tier(...)` with one of {', '.join(TIERS)} "
                                     f"(see the comment above TIERS in tests/conftest.py)")
         item.add_marker(getattr(pytest.mark, tier))
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo) -> Iterator[None]:
+    """A failure whose one line points at a home's errors.log carries that log's tail into the report: the run's
+    temporary directories are gone by the time a CI log is read."""
+    import re
+
+    report = yield
+    if report.failed and call.excinfo is not None:
+        found = re.search(r"details in (\S+errors\.log)", str(call.excinfo.value))
+        log = Path(found.group(1)) if found else None
+        if log is not None and log.exists():
+            tail = log.read_text(errors="replace").splitlines()[-80:]
+            report.sections.append(("errors.log (tail)", "\n".join(tail)))
+    return report

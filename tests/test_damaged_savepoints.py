@@ -158,3 +158,18 @@ def test_an_executor_failure_says_its_own_cause(tmp_path):
         "(ArrowInvalid: Parquet magic bytes not found in footer)")), config)
     assert isinstance(unreadable, SavepointDamaged) and unreadable.savepoint_id == "sp-1-b2"
     assert "savepoint sp-1-b2 is damaged: its data file" in str(unreadable) and "\n" not in str(unreadable)
+
+
+def test_a_jvm_call_that_throws_says_the_java_exception_and_its_root_cause(spark, tmp_path):
+    """A Py4JJavaError's first line ("An error occurred while calling o12.method.") says nothing; the one line names
+    the Java exception and its innermost cause."""
+    from py4j.protocol import Py4JJavaError
+
+    config = make_config(tmp_path)
+    jvm = spark.sparkContext._jvm
+    with pytest.raises(Py4JJavaError) as thrown:  # a real JVM throw, wrapped with a cause, through py4j
+        jvm.java.util.concurrent.CompletableFuture.failedFuture(
+            jvm.java.io.UncheckedIOException("upload failed", jvm.java.io.IOException("the root cause"))).join()
+    said = str(explain_spark_failure(thrown.value, config))
+    assert said.startswith("Spark failed: join raised java.util.concurrent.CompletionException"), said
+    assert "caused by java.io.IOException: the root cause" in said and "\n" not in said, said

@@ -304,8 +304,26 @@ def explain_spark_failure(error: BaseException, config: SessionsConfig) -> Sessi
                             f"the command again; nothing was committed by the failed step ({log})")
     if raised:
         return StreamFailed(f"Spark failed: in an executor: {_python_exception_line(text)} ({log})")
-    first = next((line.strip() for line in text.splitlines() if line.strip()), type(error).__name__)
-    return StreamFailed(f"Spark failed: {first[:300]} ({log})")
+    return StreamFailed(f"Spark failed: {_java_cause(text) or _first_line(text, error)} ({log})")
+
+
+def _first_line(text: str, error: BaseException) -> str:
+    return next((line.strip() for line in text.splitlines() if line.strip()), type(error).__name__)[:300]
+
+
+def _java_cause(text: str) -> str | None:
+    """A Py4JJavaError's text starts with "An error occurred while calling oN.method." -- which says nothing; the
+    exception it wraps, and its innermost `Caused by:`, do."""
+    if not text.startswith("An error occurred while calling"):
+        return None
+    lines = [line.strip() for line in text.splitlines()]
+    thrown = next((line.lstrip(": ").strip() for line in lines[1:] if line.startswith(":")), "")
+    causes = [line.removeprefix("Caused by:").strip() for line in lines if line.startswith("Caused by:")]
+    if not thrown and not causes:
+        return None
+    call = re.match(r"An error occurred while calling \S+?\.(\w+)", text)
+    said = thrown[:240] + (f"; caused by {causes[-1][:240]}" if causes and causes[-1] != thrown else "")
+    return f"{call.group(1) if call else 'a call'} raised {said}"
 
 
 _PYTHON_RAISED = "An exception was thrown from the Python worker"
