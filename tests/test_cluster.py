@@ -32,24 +32,9 @@ def _sessionctl(env: dict, *args: str) -> dict:
     return json.loads(done.stdout.strip().splitlines()[-1])
 
 
-def test_lifecycle_on_a_standalone_cluster(tmp_path, spark_cluster, s3_endpoint, hdfs):
-    prefix = f"s3://warehouse/{tmp_path.name}"
-    checkpoint = {"SESSIONS_CHECKPOINT_URI": f"{hdfs.uri}/cluster/{tmp_path.name}",
-                  "SESSIONS_WEBHDFS_ADDRESS": hdfs.webhdfs.removeprefix("http://"),
-                  "SESSIONS_LEASE_URI": str(tmp_path / "leases")}
-    config = make_config(tmp_path, "rocksdb", SESSIONS_SPARK_MASTER=spark_cluster["master"],
-                         SESSIONS_SAVEPOINT_URI=f"s3://savepoints/{tmp_path.name}", SESSIONS_STATE_PARTITIONS=2,
-                         SESSIONS_WAREHOUSE_URI=f"{prefix}/tables", SESSIONS_LANDING_URI=f"{prefix}/landing",
-                         SESSIONS_MAX_VERSIONS_PER_BATCH=None, **checkpoint)
-    s3 = boto3.client("s3", endpoint_url=s3_endpoint["env"]["AWS_ENDPOINT_URL"])
-    env = config_env(config, SESSIONS_SPARK_MASTER=spark_cluster["master"], **s3_endpoint["env"], **checkpoint)
-    chunks = in_order_chunks(120, seed=21, parts=5)
-
-    def land_part(i: int) -> None:  # an S3 put is atomic: the object appears complete (the contract's rename-in)
-        body = "".join(json.dumps(e) + "\n" for e in chunks[i]).encode()
-        s3.put_object(Bucket="warehouse", Key=f"{tmp_path.name}/landing/part-{i:04d}.jsonl", Body=body)
-
-    # catch-up -> savepoint -> more -> restore -> rescale -> catch-up: the library in one driver on the cluster
+def _library_on_the_cluster(tmp_path: Path, config, env: dict, chunks: list[list[dict]]) -> None:
+    """catch-up -> savepoint -> more -> restore -> rescale -> catch-up: the library in one driver on the cluster
+    (tests/cluster_driver.py, parts 0-3), checked against the oracle."""
     spec = tmp_path / "driver.json"
     spec.write_text(json.dumps({"bucket": "warehouse", "prefix": tmp_path.name,
                                 "parts": [[json.dumps(e) for e in chunk] for chunk in chunks[:4]]}))
@@ -70,6 +55,26 @@ def test_lifecycle_on_a_standalone_cluster(tmp_path, spark_cluster, s3_endpoint,
     assert steps["restore"]["rolled_back"]["sessions"] == \
         len(oracle_of([chunks[0] + chunks[1], chunks[2]], gap_ms, lateness_ms).closed) - len(at_savepoint.closed) > 0
     assert steps["rescale"]["partitions_after"] == 3
+
+
+def test_lifecycle_on_a_standalone_cluster(tmp_path, spark_cluster, s3_endpoint, hdfs):
+    prefix = f"s3://warehouse/{tmp_path.name}"
+    checkpoint = {"SESSIONS_CHECKPOINT_URI": f"{hdfs.uri}/cluster/{tmp_path.name}",
+                  "SESSIONS_WEBHDFS_ADDRESS": hdfs.webhdfs.removeprefix("http://"),
+                  "SESSIONS_LEASE_URI": str(tmp_path / "leases")}
+    config = make_config(tmp_path, "rocksdb", SESSIONS_SPARK_MASTER=spark_cluster["master"],
+                         SESSIONS_SAVEPOINT_URI=f"s3://savepoints/{tmp_path.name}", SESSIONS_STATE_PARTITIONS=2,
+                         SESSIONS_WAREHOUSE_URI=f"{prefix}/tables", SESSIONS_LANDING_URI=f"{prefix}/landing",
+                         SESSIONS_MAX_VERSIONS_PER_BATCH=None, **checkpoint)
+    s3 = boto3.client("s3", endpoint_url=s3_endpoint["env"]["AWS_ENDPOINT_URL"])
+    env = config_env(config, SESSIONS_SPARK_MASTER=spark_cluster["master"], **s3_endpoint["env"], **checkpoint)
+    chunks = in_order_chunks(120, seed=21, parts=5)
+
+    def land_part(i: int) -> None:  # an S3 put is atomic: the object appears complete (the contract's rename-in)
+        body = "".join(json.dumps(e) + "\n" for e in chunks[i]).encode()
+        s3.put_object(Bucket="warehouse", Key=f"{tmp_path.name}/landing/part-{i:04d}.jsonl", Body=body)
+
+    _library_on_the_cluster(tmp_path, config, env, chunks)
     # `run` on the cluster: picks up part 4 as it lands, stops cleanly on Ctrl-C; then compaction.
     expected = sorted(expected_closed_sessions([chunks[0] + chunks[1], chunks[2], chunks[3], chunks[4]],
                                                GAP_MIN * 60_000, LATENESS_MIN * 60_000))
@@ -98,3 +103,26 @@ def test_lifecycle_on_a_standalone_cluster(tmp_path, spark_cluster, s3_endpoint,
     for worker in ("worker-1", "worker-2"):
         shipped = list(Path(spark_cluster["dir"], worker).glob("app-*/*/sessions-code-*.zip"))
         assert shipped, f"{worker} ran no executor with the shipped code"
+
+
+def test_the_library_on_a_standalone_cluster_with_the_checkpoint_on_s3(tmp_path, spark_cluster, s3_endpoint):
+    """The same driver sequence with the Spark checkpoint on S3 (Hadoop's S3A in the executors, which write the state
+    store's files, and in the driver; the leases beside it on S3), the HDFS-backed provider: savepoint, restore and
+    a rescale by savepoint+restore against the oracle, then every part's sessions exactly once."""
+    prefix = f"s3://warehouse/{tmp_path.name}"
+    checkpoint = {"SESSIONS_CHECKPOINT_URI": f"s3a://warehouse/{tmp_path.name}/checkpoint"}
+    config = make_config(tmp_path, "hdfs", SESSIONS_SPARK_MASTER=spark_cluster["master"],
+                         SESSIONS_SAVEPOINT_URI=f"s3://savepoints/{tmp_path.name}", SESSIONS_STATE_PARTITIONS=2,
+                         SESSIONS_WAREHOUSE_URI=f"{prefix}/tables", SESSIONS_LANDING_URI=f"{prefix}/landing",
+                         SESSIONS_MAX_VERSIONS_PER_BATCH=None, **checkpoint)
+    assert config.lease_uri == f"s3://warehouse/{tmp_path.name}/checkpoint/_leases"
+    env = config_env(config, SESSIONS_SPARK_MASTER=spark_cluster["master"], **s3_endpoint["env"], **checkpoint)
+    chunks = in_order_chunks(120, seed=21, parts=4)
+    _library_on_the_cluster(tmp_path, config, env, chunks)
+    got = read_sessions(config)
+    assert len({row[0] for row in got}) == len(got), "a session was written twice"
+    assert got == sorted(expected_closed_sessions([chunks[0] + chunks[1], chunks[2], chunks[3]],
+                                                  GAP_MIN * 60_000, LATENESS_MIN * 60_000))
+    state = [key for key in boto3.client("s3", endpoint_url=s3_endpoint["env"]["AWS_ENDPOINT_URL"]).list_objects_v2(
+        Bucket="warehouse", Prefix=f"{tmp_path.name}/checkpoint/sessions/state/")["Contents"]]
+    assert state, "the executors wrote the state store's files to S3"
