@@ -279,7 +279,8 @@ def _chains_whole(config: SessionsConfig, catalog: list[dict[str, Any]]) -> bool
     return True
 
 
-def run_kill_points(work: Path, provider: str, seed: int, spark: SparkSession | None = None) -> dict[str, Any]:
+def run_kill_points(work: Path, provider: str, seed: int, spark: SparkSession | None = None, *,
+                    settings: dict[str, str] | None = None) -> dict[str, Any]:
     """A chain of incremental savepoints, killed at each named point in turn -- between a savepoint's task files and
     its Delta commit, between that commit and its catalog row, inside a chain fold before and after the folded
     table's commit -- each followed by checks that nothing is half-listed as complete (the complete savepoints are
@@ -292,10 +293,11 @@ def run_kill_points(work: Path, provider: str, seed: int, spark: SparkSession | 
     savepoint, one increment, changes), the kills share it, the lease kills sit where a catch-up is due anyway (that
     catch-up, a `sessionctl` process, is the command that must take the lease over), and with `spark` the steps that
     are neither killed nor take a lease over (the chain, the compaction, the savepoint and restore after it) run in
-    that session (_step)."""
+    that session (_step). `settings`: more SESSIONS_* variables (e.g. a checkpoint on HDFS)."""
     started = time.monotonic()
     home = work / f"{provider}-kill-points-{seed}"
-    env = {**_env(home, provider), "SESSIONS_SAVEPOINT_FULL_EVERY": "10", "SESSIONS_SAVEPOINT_CHAIN_SHARE": "100"}
+    env = {**_env(home, provider), "SESSIONS_SAVEPOINT_FULL_EVERY": "10", "SESSIONS_SAVEPOINT_CHAIN_SHARE": "100",
+           **(settings or {})}
     config = SessionsConfig.from_env(env)
     events = arrival_order(generate_events(40, 3, seed=seed), seed=seed, jitter_seconds=120)
     parts = 7  # one by one: the chain's two savepoints, the changes, the sink kill, the catch-up after a lease kill; two at the end

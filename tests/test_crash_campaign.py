@@ -15,7 +15,7 @@ import os
 import pytest
 
 from testkit.campaign import run_campaign, run_kill_points
-from tests.harness import checkpoint_env
+from tests.harness import STORAGES, checkpoint_env
 
 pytestmark = [pytest.mark.tier("e2e"), pytest.mark.timeout(1800)]
 
@@ -38,14 +38,17 @@ def test_short_crash_campaign(tmp_path, spark, provider, seed, phases):
     assert report["written"] == report["expected_sessions"] > 0
 
 
-def test_kill_points_inside_savepoints_chains_and_folds(tmp_path, spark):
+@pytest.mark.parametrize("storage", STORAGES)
+def test_kill_points_inside_savepoints_chains_and_folds(tmp_path, request, spark, storage):
     """SIGKILL at exact moments (pipelines/coordination/__init__.py): a savepoint between its task files and its Delta commit
     and between that commit and its catalog row, inside an incremental chain; a chain fold before and after the
     folded table's commit; a catch-up between its tasks' session files and the sink's commit; a catch-up and a restore
     right after taking their lease. Nothing is half-listed as
     complete, every chain stays whole and restorable, a killed lease holder is taken over at once; after a
-    compaction, a restore of the newest savepoint and a catch-up: no session lost, none written twice."""
-    report = run_kill_points(tmp_path, "rocksdb", seed=7, spark=None if ALL_CLI else spark)
+    compaction, a restore of the newest savepoint and a catch-up: no session lost, none written twice. With the Spark
+    checkpoint on a local path, on the real HDFS, or on S3 (the leases then beside it on S3)."""
+    settings = checkpoint_env(request, spark, storage, tmp_path)
+    report = run_kill_points(tmp_path, "rocksdb", seed=7, spark=None if ALL_CLI else spark, settings=settings)
     assert all(o["killed"] for o in report["kill_points"]), report
     assert all(o["complete_unchanged"] and o["chains_whole"] and o["restorable"] for o in report["kill_points"]), report
     assert all(o["incremental_before"] > 0 for o in report["kill_points"]), "the kills hit incremental chains"
