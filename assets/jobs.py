@@ -21,6 +21,7 @@ from assets import erasure_runs
 from assets.resources import SessionsResource, SessionsSpark, expected_errors
 from assets.tables import LIFECYCLE_TAGS, SESSIONS, STATE, STREAM_TAGS, only_new, written
 from pipelines.config_checks import positive_seconds
+from pipelines.coordination.job_leases import running_stream
 from pipelines.job import stream
 from pipelines.job.sink import MicroBatchSink
 from pipelines.job.stream import RunSummary
@@ -147,18 +148,24 @@ def stop_stream() -> None:
 
 
 class RescaleConfig(Config):
-    partitions: int = Field(description="The new number of state partitions (the stream must be stopped).")
+    partitions: int = Field(description="The new number of state partitions. A running stream does the rescale "
+                                        "itself between two batches and goes on; the run reports its downtime.")
 
 
 @op(tags=LIFECYCLE_TAGS)
 def rescale_op(context: OpExecutionContext, sessions: SessionsResource, pyspark: SessionsSpark,
                config: RescaleConfig) -> None:
-    result = expected_errors(lifecycle.rescale, sessions.config(), config.partitions, spark=pyspark.spark_session)
+    settings = sessions.config()
+    # A running stream rescales in its own session: this run only asks and waits, and starts no JVM.
+    stream = running_stream(settings)
+    spark = None if stream is not None and stream.what == "run" else pyspark.spark_session
+    result = expected_errors(lifecycle.rescale, settings, config.partitions, spark=spark)
     context.log_event(AssetObservation(asset_key=STATE, metadata={
         k: v for k, v in result.to_dict().items() if isinstance(v, (int, float, str)) and v is not None}))
 
 
-@job(tags=LIFECYCLE_TAGS, description="Change the state partitions of the stopped job, keeping all state.")
+@job(tags=LIFECYCLE_TAGS, description="Change the state partitions, keeping all state (a running stream does it "
+     "between two batches and goes on).")
 def rescale() -> None:
     rescale_op()
 

@@ -177,7 +177,7 @@ def cmd_restore(config: SessionsConfig, args: argparse.Namespace) -> int | None:
 def cmd_rescale(config: SessionsConfig, args: argparse.Namespace) -> None:
     from state_store.lifecycle import rescale
 
-    _print(rescale(config, args.partitions).to_dict())
+    _print(rescale(config, args.partitions, timeout_s=args.timeout).to_dict())
 
 
 def cmd_compact(config: SessionsConfig, args: argparse.Namespace) -> None:
@@ -265,8 +265,11 @@ def build_parser() -> argparse.ArgumentParser:
                     f"restorable; {NOT_SO}: not restorable (the answer still on stdout, the reason on stderr)")
     rs.add_argument("--json", action="store_true", help="with --dry-run: the answer as JSON")
     rs.set_defaults(fn=cmd_restore)
-    rc = sub.add_parser("rescale", help="change the state partitions of the stopped job")
+    rc = sub.add_parser("rescale", help="change the state partitions: of the stopped job here, or a running stream's "
+                        "(it rescales between two batches and goes on; the answer gives its downtime)")
     rc.add_argument("--partitions", type=PARTITIONS, required=True, help=f"1 to {MAX_PARTITIONS}")
+    rc.add_argument("--timeout", type=float, default=None, help="seconds to wait for a running stream's answer "
+                    "(default: the stop timeout twice plus an hour)")
     rc.set_defaults(fn=cmd_rescale)
     sv = sub.add_parser("state", help="open sessions as the state store holds them now (running or stopped job)")
     which = sv.add_mutually_exclusive_group(required=True)

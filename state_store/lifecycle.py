@@ -1,6 +1,6 @@
 """The lifecycle operations `sessionctl` and Dagster call, under their leases: savepoint (of a stopped or a running
 stream; state_store.savepoint.take), restore (state_store.restore, after state_store.preflight's checks) and rescale
-of the stopped job. Running and stopping the stream: state_store.stream_control."""
+(of the stopped job, or by the running stream between two batches). Running and stopping the stream: state_store.stream_control."""
 from __future__ import annotations
 
 import time
@@ -12,12 +12,13 @@ from pyspark.sql import SparkSession
 
 from pipelines.config import SessionsConfig
 from pipelines.coordination.job_leases import JOB, LIFECYCLE, job_lock
-from pipelines.coordination.leases import Lease
+from pipelines.coordination.leases import Lease, LeaseInfo
 from pipelines.core import state_format
 from pipelines.errors import (
     NoCommittedBatch,
     RescaleRefused,
     StateMismatch,
+    StopIncomplete,
 )
 from pipelines.job.checkpoint import (
     inspect_checkpoint,
@@ -25,7 +26,7 @@ from pipelines.job.checkpoint import (
 )
 from pipelines.job.operators import for_layout, for_new_checkpoint
 from pipelines.job.operators.seam import StateOperator
-from pipelines.job.runtime import get_spark, spark_failures
+from pipelines.job.runtime import get_spark, spark_failures, stop_state_stores
 from pipelines.locations import CheckpointPath
 from state_store.preflight import refusals
 from state_store.restore import FAILED_SUFFIX, REPLACED_SUFFIX, restore_unlocked, verified_savepoint
@@ -35,7 +36,10 @@ from state_store.savepoint.checksum import frame_checksum
 from state_store.savepoint.take import savepoint_last_batch
 from state_store.state import read_state, repartition_state
 
-__all__ = ["lifecycle_locks", "live_state", "replaced_checkpoints", "rescale", "restore", "take_savepoint", "validate_savepoint"]
+__all__ = ["lifecycle_locks", "live_state", "replaced_checkpoints", "rescale", "rescale_unlocked", "restore", "take_savepoint",
+           "validate_savepoint"]
+
+RUNNING_RESCALE_WAIT_S = 3600.0  # how long `rescale` waits, beyond the stop timeout, for a running stream to answer
 
 
 @contextmanager
@@ -110,48 +114,90 @@ def restore(config: SessionsConfig, savepoint: str = "latest", *, partitions: in
 
 # ---- rescale -----------------------------------------------------------------------------------
 
-def rescale(config: SessionsConfig, partitions: int, *, spark: SparkSession | None = None) -> RescaleResult:
-    """Change the state partitions of the stopped job, keeping all state. A pre-rescale savepoint is
-    taken first; RocksDB uses Spark's offline repartition, the HDFS-backed provider savepoint+restore."""
+def rescale(config: SessionsConfig, partitions: int, *, spark: SparkSession | None = None,
+            timeout_s: float | None = None) -> RescaleResult:
+    """Change the state partitions, keeping all state. A pre-rescale savepoint is taken first; RocksDB uses Spark's
+    offline repartition, the HDFS-backed provider savepoint+restore. A running stream (any host) is asked to do it
+    between two batches and goes on (`timeout_s`: how long to wait for its answer); otherwise it is done here."""
+    from pipelines.coordination.job_leases import running_stream
+
+    _check_rescale(config, partitions)
+    stream = running_stream(config)
+    if stream is not None and stream.what == "run":
+        return _rescale_running(config, partitions, stream, timeout_s)
+    with lifecycle_locks(config, "rescale") as held, spark_failures(config):
+        return rescale_unlocked(config, partitions, spark=spark, lease=held)
+
+
+def _check_rescale(config: SessionsConfig, partitions: int) -> None:
     meta = read_job_metadata(config.checkpoint)  # the operator the checkpoint was made with bounds its partitions
     if meta is not None:
         _check_partitions(partitions, for_layout(meta.state_layout), meta.buckets)
     else:
         _check_partitions(partitions, for_new_checkpoint(), config.state_buckets)
+
+
+def _rescale_running(config: SessionsConfig, partitions: int, stream: LeaseInfo,
+                     timeout_s: float | None) -> RescaleResult:
+    from pipelines.coordination.requests import await_answer, request_rescale
+
+    request = request_rescale(config, stream=stream, partitions=partitions)
+    # The stream's rescale is a savepoint and a repartition (or a restore) of its whole state: minutes at millions of
+    # open sessions, so the wait is long by default.
+    patience = timeout_s if timeout_s is not None else config.stop_timeout_s * 2 + RUNNING_RESCALE_WAIT_S
+    answer = await_answer(config, stream=stream, request=request, patience_s=patience, withdraw_on_timeout=False)
+    if answer is None:
+        raise StopIncomplete(f"the stream ({stream.describe()}) went away before it answered the rescale (killed?): "
+                             "run the same rescale again (with the stream stopped, it runs here)",
+                             next_step=f"sessionctl rescale --partitions {partitions}")
+    if answer.error or not answer.rescaled:
+        raise StopIncomplete(f"the stream could not rescale ({answer.error}): run the same rescale again",
+                             next_step=f"sessionctl rescale --partitions {partitions}")
+    done = answer.rescaled
+    return RescaleResult(partitions_before=done["partitions_before"], partitions_after=done["partitions_after"],
+                         method=done["method"], savepoint_id=done["savepoint_id"], rows=done.get("rows"),
+                         seconds=done["seconds"], downtime_seconds=answer.downtime_s,
+                         resumed_seconds=answer.resumed_s, stream=stream.describe())
+
+
+def rescale_unlocked(config: SessionsConfig, partitions: int, *, spark: SparkSession | None, lease: Lease
+                     ) -> RescaleResult:
+    """The rescale itself, under the job lease `lease` (this command's, or the running stream's) and the lifecycle
+    lease, the query stopped."""
     started = time.monotonic()
-    with lifecycle_locks(config, "rescale") as held, spark_failures(config):
+    info = inspect_checkpoint(config.checkpoint)
+    if info.last_committed_batch is None:
+        raise NoCommittedBatch(f"nothing to rescale: no committed batch in {config.checkpoint}")
+    before = info.partitions
+    if info.unfinished_rescale is not None:
+        # Spark repartitions only to the interrupted attempt's count until that one is finished: finish it
+        # (the state it starts from is the last committed batch's, untouched), then go on to the count asked.
+        repartition_state(_spark(config, spark), config.checkpoint, info.unfinished_rescale)
         info = inspect_checkpoint(config.checkpoint)
-        if info.last_committed_batch is None:
-            raise NoCommittedBatch(f"nothing to rescale: no committed batch in {config.checkpoint}")
-        before = info.partitions
-        if info.unfinished_rescale is not None:
-            # Spark repartitions only to the interrupted attempt's count until that one is finished: finish it
-            # (the state it starts from is the last committed batch's, untouched), then go on to the count asked.
-            repartition_state(_spark(config, spark), config.checkpoint, info.unfinished_rescale)
-            info = inspect_checkpoint(config.checkpoint)
-        if info.partitions == partitions:
-            return RescaleResult(partitions_before=before, partitions_after=partitions,
-                                 method="none" if before == partitions else "repartition",
-                                 savepoint_id=None, rows=None, seconds=0.0)
-        spark = _spark(config, spark)
-        saved = _take_savepoint(config, "pre-rescale", spark)
-        method: RescaleMethod = "savepoint-restore"
-        if info.provider == "rocksdb":
-            repartition_state(spark, config.checkpoint, partitions)
-            method = "repartition"
-            after = inspect_checkpoint(config.checkpoint)
-            state = frame_checksum(read_state(spark, config.checkpoint, batch_id=after.last_committed_batch))
-            if state != (saved.rows, saved.checksum):
-                raise StateMismatch(f"repartitioned state does not match the pre-rescale savepoint "
-                                    f"{saved.savepoint_id}; restore it with `sessionctl restore --savepoint "
-                                    f"{saved.savepoint_id} --partitions {partitions}`")
-        else:
-            restore_unlocked(config.with_(state_store=info.provider), saved.savepoint_id, partitions=partitions, migrate=False, spark=spark,
-                             lease=held)
-        return RescaleResult(partitions_before=before,
-                             partitions_after=inspect_checkpoint(config.checkpoint).partitions,
-                             method=method, savepoint_id=saved.savepoint_id, rows=saved.rows,
-                             seconds=round(time.monotonic() - started, 3))
+    if info.partitions == partitions:
+        return RescaleResult(partitions_before=before, partitions_after=partitions,
+                             method="none" if before == partitions else "repartition",
+                             savepoint_id=None, rows=None, seconds=0.0)
+    spark = _spark(config, spark)
+    saved = _take_savepoint(config, "pre-rescale", spark)
+    method: RescaleMethod = "savepoint-restore"
+    if info.provider == "rocksdb":
+        stop_state_stores(spark)  # a running stream's stopped query: its stores upload nothing during the repartition
+        repartition_state(spark, config.checkpoint, partitions)
+        method = "repartition"
+        after = inspect_checkpoint(config.checkpoint)
+        state = frame_checksum(read_state(spark, config.checkpoint, batch_id=after.last_committed_batch))
+        if state != (saved.rows, saved.checksum):
+            raise StateMismatch(f"repartitioned state does not match the pre-rescale savepoint "
+                                f"{saved.savepoint_id}; restore it with `sessionctl restore --savepoint "
+                                f"{saved.savepoint_id} --partitions {partitions}`")
+    else:
+        restore_unlocked(config.with_(state_store=info.provider), saved.savepoint_id, partitions=partitions,
+                         migrate=False, spark=spark, lease=lease)
+    return RescaleResult(partitions_before=before,
+                         partitions_after=inspect_checkpoint(config.checkpoint).partitions,
+                         method=method, savepoint_id=saved.savepoint_id, rows=saved.rows,
+                         seconds=round(time.monotonic() - started, 3))
 
 
 def replaced_checkpoints(config: SessionsConfig) -> list[CheckpointPath]:

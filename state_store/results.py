@@ -122,7 +122,13 @@ class RescaleResult(Result):
     savepoint_id: str | None  # the pre-rescale savepoint
     rows: int | None
     seconds: float
-    _omit_if_none: ClassVar[tuple[str, ...]] = ("rows",)  # a no-op rescale reports no rows
+    # A running stream's rescale (done by the stream between two batches): its downtime, from the end of its last
+    # batch before to the end of its first batch after; `resumed_seconds` from that last batch to the query running
+    # again (what is known when no batch ran after within the wait: no new events).
+    downtime_seconds: float | None = None
+    resumed_seconds: float | None = None
+    stream: str | None = None  # the stream that did it (its lease holder)
+    _omit_if_none: ClassVar[tuple[str, ...]] = ("rows", "downtime_seconds", "resumed_seconds", "stream")
 
 
 @dataclass(frozen=True)

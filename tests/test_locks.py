@@ -52,11 +52,11 @@ def test_two_hosts_with_separate_homes_share_the_lease(tmp_path):
         stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, cwd=os.getcwd())  # holds until killed
     try:
         assert holder.stdout.readline().strip() == "held"
-        refused = subprocess.run([tool("sessionctl"), "rescale", "--partitions", "3"], env=config_env(host_b),
+        refused = subprocess.run([tool("sessionctl"), "catch-up"], env=config_env(host_b),
                                  capture_output=True, text=True, timeout=120)
         assert refused.returncode == 1 and "Traceback" not in refused.stderr
         line = refused.stderr.strip()
-        assert "\n" not in line and line.startswith(f"sessionctl rescale: the job is running: run (pid {holder.pid} on ")
+        assert "\n" not in line and line.startswith(f"sessionctl catch-up: the job is running: run (pid {holder.pid} on ")
         assert str(host_b.lease_dir / "job.lease") in line
     finally:
         holder.kill()
@@ -140,6 +140,52 @@ def test_stop_request_is_answered_and_a_joined_stop_without_savepoint_says_so(tm
     assert [r.token for r in joined_requests] == [first.token]  # joined, not a request of its own
     assert joined.value.next_step == "sessionctl savepoint"
     assert pending_request(config, held) is None  # answered: the request is gone
+
+
+
+def test_a_rescale_beside_a_running_stream_is_asked_of_it_and_says_its_answer(tmp_path):
+    """The rescale protocol without Spark: with a `run` holding the job lease, `rescale` makes a request and returns
+    the stream's answer (its result and downtime); a failed one is one line with the next step, and so is a stream
+    that goes away without answering."""
+    from pipelines.coordination.requests import RescaleAnswer, RescaleRequest, answer_request, pending_request
+    from pipelines.errors import StopIncomplete
+    from state_store.lifecycle import rescale
+
+    config = make_config(tmp_path)
+    done = {"partitions_before": 2, "partitions_after": 3, "method": "repartition", "savepoint_id": "sp-1",
+            "rows": 12, "seconds": 4.5}
+
+    def answer_with(answer: RescaleAnswer, held) -> threading.Thread:
+        def stream() -> None:
+            request = wait_until(lambda: pending_request(config, held), timeout_s=30, what="the rescale request")
+            assert isinstance(request, RescaleRequest) and request.partitions == 3
+            answer_request(config, request, answer)
+        thread = threading.Thread(target=stream)
+        thread.start()
+        return thread
+
+    with job_lock(config, "run") as held:
+        thread = answer_with(RescaleAnswer(rescaled=done, downtime_s=2.25, resumed_s=1.5), held)
+        result = rescale(config, 3, timeout_s=30)
+        thread.join()
+        said = result.to_dict()
+        assert said.pop("stream").startswith("run"), result  # the stream that did it: its lease holder
+        assert said == {**done, "downtime_seconds": 2.25, "resumed_seconds": 1.5}
+        thread = answer_with(RescaleAnswer(error="the lifecycle lease is held by compact"), held)
+        with pytest.raises(StopIncomplete, match="could not rescale .the lifecycle lease is held by compact.") as failed:
+            rescale(config, 3, timeout_s=30)
+        thread.join()
+        assert failed.value.next_step == "sessionctl rescale --partitions 3"
+        assert pending_request(config, held) is None  # answered: the request is gone
+    with job_lock(config, "run") as other:  # a stream that never answers, then goes away
+        def go_away() -> None:
+            wait_until(lambda: pending_request(config, other), timeout_s=30, what="the rescale request")
+            other.release()
+        thread = threading.Thread(target=go_away)
+        thread.start()
+        with pytest.raises(StopIncomplete, match="went away before it answered the rescale"):
+            rescale(config, 3, timeout_s=30)
+        thread.join()
 
 
 # ---- leases with epochs, on both stores (a shared directory, S3 with conditional writes) ----------------------

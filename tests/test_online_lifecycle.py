@@ -26,7 +26,7 @@ from testkit.lifecycle_expectations import expected_closed_sessions
 from testkit.oracle import run_oracle
 from tests.conftest import config_env, make_config, read_open_sessions, read_sessions, tool
 from tests.datagen import in_order_chunks
-from tests.harness import still_running, wait_until
+from tests.harness import iso_ms, still_running, stream_caught_up, wait_until
 
 pytestmark = pytest.mark.tier("subprocess")
 
@@ -241,3 +241,55 @@ def test_ctrl_c_at_random_moments_is_one_line_or_the_summary(tmp_path, spark, pr
     got = read_sessions(config)
     assert len({row[0] for row in got}) == len(got), "a session was written twice"
     assert got == sorted(expected_closed_sessions(chunks, GAP_MS, LATENESS_MS))
+
+
+@pytest.mark.parametrize("provider,method", [("rocksdb", "repartition"), ("hdfs", "savepoint-restore")])
+def test_rescale_of_a_running_stream_between_two_batches(tmp_path, spark, provider, method):
+    """`sessionctl rescale` beside a running `sessionctl run` (files landing all the while): the stream rescales
+    between two batches and goes on without a restart; the answer gives its downtime, measured from Spark's progress
+    (the end of the last batch before to the end of the first after). Then every session exactly once against the
+    oracle, the open ones in the rescaled state."""
+    config = make_config(tmp_path, provider, SESSIONS_STATE_PARTITIONS=2)
+    chunks = in_order_chunks(users=60, seed=41, parts=10)
+    run = _start_run(config)
+    Feeder(config.landing, chunks[:4], every=1.0, prefix="early").start()
+    try:
+        wait_until(lambda: still_running(run) and _committed(config) >= 1, timeout_s=180, interval_s=0.5,
+                   what="the stream's first batches")
+        feeder = Feeder(config.landing, chunks[4:], every=1.0)
+        feeder.start()  # files keep landing through the rescale: a batch is waiting when the stream resumes
+        rescaled = subprocess.run([tool("sessionctl"), "rescale", "--partitions", "3"], env=config_env(config),
+                                  capture_output=True, text=True, timeout=600)
+        assert rescaled.returncode == 0, rescaled.stderr[-3000:]
+        answer = json.loads(rescaled.stdout.strip().splitlines()[-1])
+        assert run.poll() is None, "the stream must keep running"
+        feeder.join()
+        wait_until(lambda: still_running(run) and not list(config.landing.glob("*.jsonl"))
+                   and stream_caught_up(config), timeout_s=180, interval_s=0.5,
+                   what="every file ingested and processed after the rescale")
+        stopped = subprocess.run([tool("sessionctl"), "stop"], env=config_env(config), capture_output=True,
+                                 text=True, timeout=600)
+        assert stopped.returncode == 0, stopped.stderr
+        out, err = run.communicate(timeout=300)
+    finally:
+        if run.poll() is None:
+            run.kill()
+            run.communicate()
+    _assert_clean_exit(run, out, err)
+    assert (answer["partitions_before"], answer["partitions_after"], answer["method"]) == (2, 3, method), answer
+    assert inspect_checkpoint(config.checkpoint).partitions == 3
+    assert answer["stream"].startswith("run"), answer
+    # A batch was waiting (the feeder lands a file a second): the first one after the rescale ran within the wait.
+    assert answer.get("downtime_seconds") is not None and 0 < answer["resumed_seconds"] <= answer["downtime_seconds"], json.dumps(answer)
+    print("rescale of a running stream:", answer)  # (shown with -rP: the downtime on this machine)
+    oracle = _oracle_all(chunks)
+    written, open_now = read_sessions(config), read_open_sessions(spark, config)
+    assert len(set(written)) == len(written), "a session written twice"
+    assert not set(written) & set(open_now), "a session both written and open"
+    assert sorted(written + open_now) == sorted(set(oracle.closed) | set(oracle.open_sessions))
+
+
+def _oracle_all(chunks):
+    return run_oracle([[{"event_id": e["event_id"], "user_id": e["user_id"], "event_type": e["event_type"],
+                         "event_time_ms": iso_ms(e["event_time"])} for chunk in chunks for e in chunk]],
+                      GAP_MS, LATENESS_MS)

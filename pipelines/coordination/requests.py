@@ -2,8 +2,8 @@
 lease store, so any host can write it), answered by the stream between two batches.
 
 A request names the job lease (token) of the stream it is for: that stream honours it between batches and answers
-in a response file -- a stop before it releases the lease; an erasure and goes on. A request for a lease that is
-gone is stale and ignored by the next stream. An erasure request names the user until the stream answers, then it
+in a response file -- a stop before it releases the lease; an erasure, and a rescale once its first batch after
+the rescale ran, and goes on. A request for a lease that is gone is stale and ignored by the next stream. An erasure request names the user until the stream answers, then it
 is removed (the answer names only a keyed hash)."""
 from __future__ import annotations
 
@@ -22,11 +22,13 @@ from pipelines.coordination.lease_stores import LeaseStore, store_for
 from pipelines.coordination.leases import Lease, LeaseInfo
 from pipelines.errors import StopIncomplete
 
-__all__ = ["ErasureAnswer", "ErasureRequest", "StopAnswer", "StopRequest", "StreamRequest", "answer_request",
-           "await_answer", "pending_request", "request_erasure", "request_stop", "take_answer", "withdraw"]
+__all__ = ["ErasureAnswer", "ErasureRequest", "RescaleAnswer", "RescaleRequest", "StopAnswer", "StopRequest",
+           "StreamRequest", "answer_request", "await_answer", "pending_request", "request_erasure", "request_rescale",
+           "request_stop", "take_answer", "withdraw"]
 
 STOP_REQUEST = "stop.request.json"
 ERASE_REQUEST = "erase.request.json"
+RESCALE_REQUEST = "rescale.request.json"
 
 
 @dataclass(frozen=True)
@@ -57,7 +59,21 @@ class ErasureRequest:
         return f"erase.response-{self.token}.json"
 
 
-StreamRequest = StopRequest | ErasureRequest
+@dataclass(frozen=True)
+class RescaleRequest:
+    """Rescale the state to `partitions` between two batches, then go on."""
+    token: str
+    run_token: str
+    partitions: int
+    requested_by: str
+    requested_at: str
+
+    @property
+    def response_name(self) -> str:
+        return f"rescale.response-{self.token}.json"
+
+
+StreamRequest = StopRequest | ErasureRequest | RescaleRequest
 
 
 @dataclass(frozen=True)
@@ -73,12 +89,27 @@ class ErasureAnswer:
     error: str | None = None
 
 
-Answer = StopAnswer | ErasureAnswer
+@dataclass(frozen=True)
+class RescaleAnswer:
+    rescaled: dict[str, Any] | None = None  # the rescale's result (RescaleResult.to_dict())
+    error: str | None = None
+    # The stream's downtime: from the end of its last batch before the rescale to the end of its first batch after
+    # (Spark's own progress times); None when no batch ran within the wait (no new events): `resumed_s` then says
+    # when the query was running again.
+    downtime_s: float | None = None
+    resumed_s: float | None = None
 
 
-def _file(request: StreamRequest | type[StopRequest] | type[ErasureRequest]) -> str:
-    is_stop = isinstance(request, StopRequest) or request is StopRequest
-    return STOP_REQUEST if is_stop else ERASE_REQUEST
+Answer = StopAnswer | ErasureAnswer | RescaleAnswer
+RequestKind = type[StopRequest] | type[ErasureRequest] | type[RescaleRequest]
+_FILES: dict[RequestKind, str] = {StopRequest: STOP_REQUEST, ErasureRequest: ERASE_REQUEST,
+                                  RescaleRequest: RESCALE_REQUEST}
+_ANSWERS: dict[RequestKind, type[Answer]] = {StopRequest: StopAnswer, ErasureRequest: ErasureAnswer,
+                                             RescaleRequest: RescaleAnswer}
+
+
+def _file(request: StreamRequest | RequestKind) -> str:
+    return _FILES[request if isinstance(request, type) else type(request)]
 
 
 def _store(config: SessionsConfig) -> LeaseStore:
@@ -105,7 +136,7 @@ def _requested() -> dict[str, str]:
             "requested_at": dt.datetime.now(dt.timezone.utc).isoformat()}
 
 
-def _stored(kind: type[StopRequest] | type[ErasureRequest], config: SessionsConfig) -> StreamRequest | None:
+def _stored(kind: RequestKind, config: SessionsConfig) -> StreamRequest | None:
     found = _read(config, _file(kind))
     if found is None:
         return None
@@ -135,10 +166,20 @@ def request_erasure(config: SessionsConfig, *, stream: LeaseInfo | Lease, user_i
     return request
 
 
+def request_rescale(config: SessionsConfig, *, stream: LeaseInfo | Lease, partitions: int) -> RescaleRequest:
+    """Ask the stream holding `stream` to rescale its state to `partitions` between two batches (one at a time)."""
+    current = _stored(RescaleRequest, config)
+    if isinstance(current, RescaleRequest) and current.run_token == stream.token and current.partitions == partitions:
+        return current
+    request = RescaleRequest(run_token=stream.token, partitions=partitions, **_requested())
+    _write(config, RESCALE_REQUEST, asdict(request))
+    return request
+
+
 def pending_request(config: SessionsConfig, run: LeaseInfo | Lease) -> StreamRequest | None:
-    """The stop request -- or else an erasure request -- for the stream holding lease `run` (checked between
-    batches)."""
-    for kind in (StopRequest, ErasureRequest):
+    """The stop request -- or else an erasure, or else a rescale request -- for the stream holding lease `run`
+    (checked between batches)."""
+    for kind in (StopRequest, ErasureRequest, RescaleRequest):
         current = _stored(kind, config)
         if current is not None and current.run_token == run.token:
             return current
@@ -162,13 +203,15 @@ def answer_request(config: SessionsConfig, request: StreamRequest, answer: Answe
 def take_answer(config: SessionsConfig, request: StopRequest) -> StopAnswer | None: ...
 @overload
 def take_answer(config: SessionsConfig, request: ErasureRequest) -> ErasureAnswer | None: ...
+@overload
+def take_answer(config: SessionsConfig, request: RescaleRequest) -> RescaleAnswer | None: ...
 def take_answer(config: SessionsConfig, request: StreamRequest) -> Answer | None:
     """The answer to `request` if the stream gave one (the file is removed once read)."""
     found = _read(config, request.response_name)
     if found is None:
         return None
     _store(config).delete(request.response_name)
-    return StopAnswer(**found) if isinstance(request, StopRequest) else ErasureAnswer(**found)
+    return _ANSWERS[type(request)](**found)
 
 
 @overload
@@ -177,6 +220,9 @@ def await_answer(config: SessionsConfig, *, stream: LeaseInfo, request: StopRequ
 @overload
 def await_answer(config: SessionsConfig, *, stream: LeaseInfo, request: ErasureRequest, patience_s: float,
                  withdraw_on_timeout: bool) -> ErasureAnswer | None: ...
+@overload
+def await_answer(config: SessionsConfig, *, stream: LeaseInfo, request: RescaleRequest, patience_s: float,
+                 withdraw_on_timeout: bool) -> RescaleAnswer | None: ...
 def await_answer(config: SessionsConfig, *, stream: LeaseInfo, request: StreamRequest, patience_s: float,
                  withdraw_on_timeout: bool) -> Answer | None:
     """The stream's answer to `request`, or None when the stream went away without one (the request is withdrawn
@@ -195,8 +241,8 @@ def await_answer(config: SessionsConfig, *, stream: LeaseInfo, request: StreamRe
         if time.monotonic() > deadline:
             if withdraw_on_timeout:
                 withdraw(config, request)
-            erasure = isinstance(request, ErasureRequest)
-            what, again = ("take the erasure", "forget") if erasure else ("stop", "stop")
+            what, again = ("take the erasure", "forget") if isinstance(request, ErasureRequest) else \
+                ("rescale", "rescale") if isinstance(request, RescaleRequest) else ("stop", "stop")
             raise StopIncomplete(f"the stream ({stream.describe()}) did not {what} within {patience_s:g} s: run "
                                  f"`sessionctl {again}` again" + ("" if withdraw_on_timeout else
                                                                   " to wait for it (the request stands)"),

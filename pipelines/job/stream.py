@@ -2,6 +2,7 @@
 stopped: by the caller's event, Ctrl-C, or a stop request from `sessionctl stop` on any host)."""
 from __future__ import annotations
 
+import datetime as dt
 import logging
 import threading
 import time
@@ -20,11 +21,14 @@ from pipelines.coordination.leases import Lease
 from pipelines.coordination.requests import (
     ErasureAnswer,
     ErasureRequest,
+    RescaleAnswer,
+    RescaleRequest,
     StopAnswer,
     StopRequest,
     StreamRequest,
     answer_request,
     pending_request,
+    withdraw,
 )
 from pipelines.errors import SessionsError, StorageUnavailable
 from pipelines.ingest import IngestResult, ingest
@@ -162,6 +166,7 @@ class _Run:
     operator: StateOperator
     lease: Lease
     summary: RunSummary
+    last_batch_end: float | None = None  # epoch s: the end of the last batch a query of this run ran (Spark's progress)
 
 
 @contextmanager
@@ -266,11 +271,14 @@ def _drain(query: StreamingQuery, timeout_s: float) -> None:
 def run_continuously(config: SessionsConfig, *, spark: SparkSession | None = None, stop: threading.Event | None = None,
                      poll_seconds: float = 5.0,
                      on_progress: Callable[[RunSummary, MicroBatchSink], None] | None = None,
-                     on_stop_request: OnStop | None = None, on_erasure: OnErase | None = None) -> RunSummary:
+                     on_stop_request: OnStop | None = None, on_erasure: OnErase | None = None,
+                     on_rescale: OnRescale | None = None) -> RunSummary:
     """Ingest and process until `stop` is set, Ctrl-C, or a stop request (`sessionctl stop`) names this run's
     lease; then stop the query between batches. A stop request is answered before the lease is released.
     An erasure request (`sessionctl forget` beside this stream) is applied between two batches by `on_erasure`,
-    answered, and the stream goes on from the checkpoint the erasure left.
+    answered, and the stream goes on from the checkpoint the erasure left. A rescale request (`sessionctl rescale`
+    beside this stream) likewise by `on_rescale`, answered once the first batch after it ran (its downtime measured
+    by Spark's progress times: the end of the last batch before to the end of the first after).
     A source that cannot be read (SourceUnavailable, SourceDataLost, StorageUnavailable of the landing) does not end
     the run: logged (logger `pipelines.job.stream`) as its one line, counted in the summary, retried with backoff
     (_RetryingIngest); a stop is still noticed within a second while it waits.
@@ -284,19 +292,31 @@ def run_continuously(config: SessionsConfig, *, spark: SparkSession | None = Non
     with _job(config, "run", spark) as run:
         summary = run.summary
         request: StreamRequest | None = None
+        resumed: _Resumed | None = None  # a rescale done, answered once the first batch after it ran
         ingest_now = _RetryingIngest(config, summary, poll_seconds, run.lease)
         wait = 0.0 if stop.is_set() else ingest_now()
-        while not stop.is_set():  # a Ctrl-C while the JVM started: stop before the query does
-            try:
-                request = _run_query(config, run, stop, tick, poll_seconds, ingest_now, wait, on_progress)
-            except StorageUnavailable as failure:
-                request, wait = ride_out(config, run.lease, stop, tick, ingest_now.query_failed(failure)), 0.0
-                if request is None:
-                    continue  # the query again (or the stop the caller asked for meanwhile)
-            if not isinstance(request, ErasureRequest):
-                break
-            _answer_erasure(config, run, request, on_erasure)
-            request, wait = None, 0.0
+        try:
+            while not stop.is_set():  # a Ctrl-C while the JVM started: stop before the query does
+                try:
+                    request = _run_query(config, run, stop, tick, poll_seconds, ingest_now, wait, on_progress, resumed)
+                except StorageUnavailable as failure:
+                    request, wait = ride_out(config, run.lease, stop, tick, ingest_now.query_failed(failure)), 0.0
+                    if request is None:
+                        continue  # the query again (or the stop the caller asked for meanwhile)
+                if resumed is not None and resumed.answered:
+                    resumed = None
+                if isinstance(request, ErasureRequest):
+                    _answer_erasure(config, run, request, on_erasure)
+                elif isinstance(request, RescaleRequest):
+                    if resumed is not None:  # a second rescale before the first one's batch after: answer the first
+                        resumed.answer(config, None)
+                    resumed = _rescale(config, run, request, on_rescale, poll_seconds)
+                else:
+                    break
+                request, wait = None, 0.0
+        finally:
+            if resumed is not None and not resumed.answered:  # stopped before a batch ran after the rescale
+                resumed.answer(config, None)
         summary.stopped_by = "stop request" if isinstance(request, StopRequest) else "caller"
         if isinstance(request, StopRequest):
             _answer(config, run, request, on_stop_request)
@@ -305,14 +325,18 @@ def run_continuously(config: SessionsConfig, *, spark: SparkSession | None = Non
 
 def _run_query(config: SessionsConfig, run: _Run, stop: threading.Event, tick: float, poll_seconds: float,
                ingest_now: _RetryingIngest, wait: float,
-               on_progress: Callable[[RunSummary, MicroBatchSink], None] | None) -> StreamRequest | None:
-    """One query of the run, until the caller stops it or a request (stop or erasure) arrives; drained and closed."""
+               on_progress: Callable[[RunSummary, MicroBatchSink], None] | None,
+               resumed: _Resumed | None = None) -> StreamRequest | None:
+    """One query of the run, until the caller stops it or a request (stop, erasure, rescale) arrives; drained and
+    closed. `resumed`: a rescale to answer once this query's first batch ran."""
     summary, request = run.summary, None
     with spark_failures(config):
         begun = time.monotonic()
         query, sink = start_query(run.spark, config, run.meta, run.operator,
                                   trigger={"processingTime": f"{poll_seconds} seconds"}, lease=run.lease)
         summary.timed("query_start", begun)
+    if resumed is not None:
+        resumed.resume()
     sink.sessions_written, sink.quarantined = summary.sessions_written, summary.quarantined  # the run's, so far
     begun = time.monotonic()
     try:
@@ -320,6 +344,8 @@ def _run_query(config: SessionsConfig, run: _Run, stop: threading.Event, tick: f
         next_progress = time.monotonic() + poll_seconds
         while not stop.is_set() and query.isActive:
             run.lease.check()  # between polls too: a lost lease ends the run (LeaseLost), not the caller
+            if resumed is not None and not resumed.answered:
+                resumed.check(config, query)
             try:
                 request = pending_request(config, run.lease)
             except StorageUnavailable:  # an S3 lease store that does not answer now: asked again next tick
@@ -340,8 +366,77 @@ def _run_query(config: SessionsConfig, run: _Run, stop: threading.Event, tick: f
     finally:
         _drain(query, config.stop_timeout_s)
         summary.timed("stream", begun)
+        run.last_batch_end = _batch_end(query) or run.last_batch_end
     _close(run, query, sink, config)
     return request
+
+
+def _batch_end(query: StreamingQuery) -> float | None:
+    """When the newest batch the query ran ended (epoch s, from Spark's progress: its start plus triggerExecution);
+    None before it ran one. An idle trigger reports no addBatch and is no batch."""
+    for progress in reversed(query.recentProgress):
+        durations = progress.durationMs or {}
+        if "addBatch" in durations:
+            begun = dt.datetime.fromisoformat(progress.timestamp.replace("Z", "+00:00")).timestamp()
+            return begun + durations.get("triggerExecution", 0) / 1000
+    return None
+
+
+# Called by the run loop for a rescale request, with the query stopped and the job lease held; returns the rescale's
+# result. The state layer rescales (state_store.lifecycle); this layer does not know how.
+OnRescale = Callable[[RescaleRequest, SparkSession, Lease], "dict[str, Any]"]
+
+
+@dataclass
+class _Resumed:
+    """A rescale done between two batches, answered once the first batch after it ran -- or, with no new events,
+    `wait_s` after the query started again, with the downtime unknown and `started` (when the query ran again) said
+    instead."""
+    request: RescaleRequest
+    rescaled: dict[str, Any]
+    before_end: float | None  # epoch s: the end of the last batch before the rescale
+    wait_s: float
+    started: float | None = None  # epoch s
+    deadline: float = float("inf")  # monotonic
+    answered: bool = False
+
+    def resume(self) -> None:
+        self.started, self.deadline = time.time(), time.monotonic() + self.wait_s
+
+    def check(self, config: SessionsConfig, query: StreamingQuery) -> None:
+        end = _batch_end(query)
+        if end is not None and (self.before_end is None or end > self.before_end):
+            self.answer(config, end)
+        elif time.monotonic() > self.deadline:
+            self.answer(config, None)
+
+    def answer(self, config: SessionsConfig, first_end: float | None) -> None:
+        def since_before(moment: float | None) -> float | None:
+            return round(moment - self.before_end, 3) if moment is not None and self.before_end is not None else None
+        answer_request(config, self.request, RescaleAnswer(rescaled=self.rescaled, downtime_s=since_before(first_end),
+                                                           resumed_s=since_before(self.started)))
+        self.answered = True
+
+
+def _rescale(config: SessionsConfig, run: _Run, request: RescaleRequest, on_rescale: OnRescale | None,
+             poll_seconds: float) -> _Resumed | None:
+    """The rescale between two batches; a failure is answered at once (the stream goes on from the checkpoint as it
+    is: a rescale Spark did not finish makes the query fail with the one line that finishes it)."""
+    withdraw(config, request)  # taken: answered later (after the first batch), never taken twice
+    try:
+        if on_rescale is None:
+            raise SessionsError("this stream cannot rescale (no rescale handler): stop it and run rescale")
+        rescaled = on_rescale(request, run.spark, run.lease)
+    except Exception as error:  # noqa: BLE001 -- the requester is told either way; an unexpected one is raised too
+        answer_request(config, request, RescaleAnswer(error=_first_line(error)))
+        if not isinstance(error, SessionsError):
+            raise
+        return None
+    finally:
+        run.meta, run.operator = checkpoint_metadata(config)  # the rescaled (or restored) checkpoint
+    # The first batch after runs at the query's first trigger when events are waiting; two polls and the stop
+    # timeout bound the wait for one.
+    return _Resumed(request, rescaled, run.last_batch_end, wait_s=2 * poll_seconds + config.stop_timeout_s)
 
 
 # Called by the run loop for an erasure request, with the query stopped and the job lease held; returns the answer
