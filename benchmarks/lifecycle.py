@@ -20,6 +20,9 @@ events), then measure in one run:
 Results: benchmarks/results/lifecycle.json and lifecycle.md. Usage:
   .venv/bin/python benchmarks/lifecycle.py [--sizes 10000,100000] [--provider rocksdb|hdfs|both] [--large]
                                            [--savepoint-only] [--scale [--master spark://127.0.0.1:7077]]
+                                           [--running-rescale]
+  running rescale (--running-rescale) only a rescale 4 -> 8 of a running `sessionctl run`, files landing: the
+                 downtime the stream reports and the one its checkpoint's commit times show
   scale          (--scale) only a full savepoint and its restore, with the peak memory of the driver's Python
                  process, its JVM and each executor JVM of a standalone cluster (--master): the driver's must not
                  grow with the state. The state is built by one process, measured by a fresh one (whose driver never
@@ -28,6 +31,7 @@ Results: benchmarks/results/lifecycle.json and lifecycle.md. Usage:
 from __future__ import annotations
 
 import argparse
+import contextlib
 import datetime as dt
 import json
 import os
@@ -39,6 +43,7 @@ import sys
 import tempfile
 import threading
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
 import pyarrow.parquet as pq
@@ -165,8 +170,12 @@ def _load() -> list[float]:
 
 def _batch_spans(checkpoint: Path) -> dict[int, tuple[float, float]]:
     """(start, end) wall times of each committed batch still in the logs: its offset-log file, then its commit file."""
-    spans = {}
-    for commit in (checkpoint / "commits").iterdir():
+    spans: dict[int, tuple[float, float]] = {}
+    try:
+        commits = list((checkpoint / "commits").iterdir())
+    except OSError:  # a restore between two checkpoints: set aside, the new one not made yet
+        return spans
+    for commit in commits:
         try:
             if commit.name.isdigit():
                 spans[int(commit.name)] = ((checkpoint / "offsets" / commit.name).stat().st_mtime,
@@ -182,12 +191,16 @@ class BatchSpans:
 
     def __init__(self, checkpoint: Path, every_s: float = 0.5) -> None:
         self.checkpoint, self.every_s, self.spans = checkpoint, every_s, {}
+        self.commit_times: set[float] = set()
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._poll, daemon=True)
 
     def _poll(self) -> None:
         while True:
-            self.spans.update(_batch_spans(self.checkpoint))
+            found = _batch_spans(self.checkpoint)
+            self.spans.update(found)
+            # By time, not by batch id: a restore's new checkpoint numbers its batches from 0 again.
+            self.commit_times.update(end for _, end in found.values())
             if self._stop.wait(self.every_s):
                 return
 
@@ -205,8 +218,10 @@ class BatchSpans:
         return [span for batch, span in sorted(self.spans.items()) if batch not in self.before]
 
 
-def measure_online(config: SessionsConfig, users: int, spark, quiet_s: float = 25.0) -> dict:
-    """A savepoint beside `sessionctl run` (its own JVM), files landing; batch latency during vs without it."""
+@contextlib.contextmanager
+def running_stream(config: SessionsConfig, users: int) -> Iterator[BatchSpans]:
+    """`sessionctl run` (its own JVM) with a file of touched users landing every 2 s, its batches sampled; yields once
+    the stream committed 3 batches, stops it (Ctrl-C) afterwards."""
     env = {**{k: v for k, v in os.environ.items() if not k.startswith("SESSIONS_")},
            "SESSIONS_HOME": str(config.home), "SESSIONS_STATE_STORE": config.state_store,
            "SESSIONS_STATE_PARTITIONS": str(config.state_partitions), "PYSPARK_PYTHON": sys.executable,
@@ -234,17 +249,23 @@ def measure_online(config: SessionsConfig, users: int, spark, quiet_s: float = 2
             deadline = time.monotonic() + 300
             while len(sampled.new()) < 3 and time.monotonic() < deadline:
                 time.sleep(0.5)
-            time.sleep(quiet_s)  # batches without a savepoint
-            started_wall, started = time.time(), time.monotonic()
-            saved = take_savepoint(config, spark=spark)
-            online_s, ended_wall = time.monotonic() - started, time.time()
-            time.sleep(quiet_s)  # and after it
+            yield sampled
     finally:
         if feeder is not None:
             feeder.kill()
             feeder.wait()
         run.send_signal(signal.SIGINT)
         run.wait(timeout=600)
+
+
+def measure_online(config: SessionsConfig, users: int, spark, quiet_s: float = 25.0) -> dict:
+    """A savepoint beside `sessionctl run` (its own JVM), files landing; batch latency during vs without it."""
+    with running_stream(config, users) as sampled:
+        time.sleep(quiet_s)  # batches without a savepoint
+        started_wall, started = time.time(), time.monotonic()
+        saved = take_savepoint(config, spark=spark)
+        online_s, ended_wall = time.monotonic() - started, time.time()
+        time.sleep(quiet_s)  # and after it
     spans = sampled.new()
     during = [end - start for start, end in spans if start < ended_wall and end > started_wall]
     without = [end - start for start, end in spans if end <= started_wall or start >= ended_wall]
@@ -257,6 +278,34 @@ def measure_online(config: SessionsConfig, users: int, spark, quiet_s: float = 2
             # every batch as (start, end) seconds from the savepoint's start: what "during" and "without" were made of
             "batch_spans_from_savepoint_s": [(round(start - started_wall, 2), round(end - started_wall, 2))
                                              for start, end in spans]}
+
+
+def measure_running_rescale(provider: str, users: int, spark, work: Path, quiet_s: float = 10.0) -> dict:
+    """`rescale` (4 -> 8 partitions) of a running `sessionctl run`, files landing: the downtime the stream reports
+    (Spark's progress times) beside the one its checkpoint shows (the commit-log file times: the last batch before
+    the request's answer and the first after)."""
+    config = _config(work / f"running-rescale-{provider}-{users}", provider, None)
+    began = time.monotonic()
+    build_state(config, users, spark)
+    build_s = time.monotonic() - began
+    with running_stream(config, users) as sampled:
+        time.sleep(quiet_s)
+        asked = time.time()
+        result = rescale(config, config.state_partitions * 2)
+        answered = time.time()
+        time.sleep(quiet_s)
+    ends = sorted(sampled.commit_times)
+    before = [end for end in ends if end <= asked]
+    # The rescale's own commits (Spark's repartition batch; a restore's bootstrap batch) come before the query runs
+    # again, `resumed_s` after the last batch before: the first batch after is the first commit past that.
+    resumed_at = before[-1] + (result.resumed_seconds or 0.0) if before else asked
+    after = [end for end in ends if end > resumed_at]
+    checkpoint_downtime = round(after[0] - before[-1], 3) if before and after else None
+    return {"provider": provider, "users": users, "build_s": round(build_s, 1), "partitions": "4 -> 8",
+            "rescale_method": result.method, "state_rows": result.rows, "rescale_s": result.seconds,
+            "downtime_s": result.downtime_seconds, "resumed_s": result.resumed_seconds,
+            "checkpoint_downtime_s": checkpoint_downtime, "request_to_answer_s": round(answered - asked, 3),
+            "load_avg_1m": round(os.getloadavg()[0], 2), "load_end": _load()}
 
 
 def _config(home: Path, provider: str, master: str | None) -> SessionsConfig:
@@ -395,6 +444,8 @@ def _incremental_lines(results: list[dict]) -> list[str]:
 
 
 def _memory_lines(results: list[dict]) -> list[str]:
+    if not results:
+        return []
     lines = ["", "Peak resident memory (MiB, VmHWM reset at the start, VmRSS polled every 50 ms) of the driver's Python "
              "process and of the JVM (the driver's; under local[N] the executors run in it too, on a cluster they have "
              "their own columns) during the savepoint and the restore; in "
@@ -429,6 +480,9 @@ def main() -> None:
     parser.add_argument("--scale", action="store_true",
                         help="the scale proof: a full savepoint and its restore with every process's peak memory; "
                              "results in lifecycle-scale.json/.md")
+    parser.add_argument("--running-rescale", action="store_true",
+                        help="only the rescale (4 -> 8) of a running `sessionctl run` and its downtime; results in "
+                             "lifecycle-running-rescale.json/.md")
     parser.add_argument("--master", default=None,
                         help="a Spark master, e.g. spark://127.0.0.1:7077 (deploy/local-cluster start); local[2] if unset")
     parser.add_argument("--scale-step", choices=("build", "measure"), help=argparse.SUPPRESS)
@@ -452,18 +506,32 @@ def main() -> None:
     for provider in providers:
         for users in sizes:
             result = (scale_run(provider, users, work, args.master) if args.scale else
+                      measure_running_rescale(provider, users, spark, work) if args.running_rescale else
                       measure(provider, users, spark, work, online=args.online, savepoint_only=args.savepoint_only))
             print(json.dumps(result), flush=True)
             results.append(result)
     shutil.rmtree(work, ignore_errors=True)
     out = Path(args.results_dir)
     out.mkdir(parents=True, exist_ok=True)
-    name = "lifecycle-scale" if args.scale else "lifecycle-savepoint" if args.savepoint_only else "lifecycle"
+    name = ("lifecycle-scale" if args.scale else "lifecycle-savepoint" if args.savepoint_only else
+            "lifecycle-running-rescale" if args.running_rescale else "lifecycle")
     meta = {"date": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"), "nproc": os.cpu_count(),
             "note": args.note}
     (out / f"{name}.json").write_text(json.dumps({"meta": meta, "results": results}, indent=2))
     lines = [f"# State lifecycle cost as state grows ({meta['date']}, {meta['nproc']} cores) {args.note}", ""]
-    if not (args.savepoint_only or args.scale):
+    if args.running_rescale:
+        lines += ["`rescale` of a running `sessionctl run` (its own JVM, a file of touched users every 2 s), 4 -> 8 "
+                  "state partitions: the stream stops its query between two batches, takes the pre-rescale savepoint, "
+                  "repartitions (RocksDB) or restores it (HDFS), and starts the query again. Downtime as the stream "
+                  "reports it (Spark's progress: the end of its last batch before to the end of its first after) and "
+                  "as its checkpoint shows it (the commit-log files' times), same run.", "",
+                  "| provider | users | state rows | method | rescale s | downtime s (stream) | downtime s "
+                  "(checkpoint) | query running again after s | request to answer s | load (1 min) |",
+                  "|---|---:|---:|---|---:|---:|---:|---:|---:|---:|"]
+        lines += [f"| {r['provider']} | {r['users']:,} | {r['state_rows']:,} | {r['rescale_method']} | "
+                  f"{r['rescale_s']} | {r['downtime_s']} | {r['checkpoint_downtime_s']} | {r['resumed_s']} | "
+                  f"{r['request_to_answer_s']} | {r['load_avg_1m']} |" for r in results]
+    elif not (args.savepoint_only or args.scale):
         lines += ["Savepoint = the executors read the state through Spark's state data source and write the Delta "
                   "table's files, the driver commits their metadata, the executors re-read the files and verify the "
                   "checksum. State read (into the driver) and Delta write (delta-rs from the driver) are also timed "
@@ -481,7 +549,7 @@ def main() -> None:
                          f"{r['restore_s']} | {r['rescale_s']} | "
                          f"{r['rescale_method']} {r['rescale_partitions']} |")
     lines += _incremental_lines([r for r in results if "incremental_savepoint_s" in r])
-    lines += _memory_lines(results)
+    lines += _memory_lines([r for r in results if "savepoint_s" in r])
     online = [r for r in results if "online_savepoint_s" in r]
     if online:
         lines += ["", "Savepoint of the running stream (`sessionctl run` in its own JVM, a file of touched users every "
