@@ -326,11 +326,13 @@ def test_lifecycle_runs_never_overlap(resources):
 
 def test_session_stream_job_closes_sessions_of_a_quiet_stream(tmp_path, spark):
     """Idle close from the Dagster `session_stream` job (README "Idle close"): with no new events, its ingest appends
-    clock rows and a session the events alone cannot close is written; the newest user's session stays open."""
+    clock rows and a session the events alone cannot close is written; the newest user's session stays open. The
+    `rescale` job launched beside it is done by the stream, which goes on."""
     import threading
     import time
 
     from pipelines.core.sample_data import land
+    from pipelines.job.checkpoint import inspect_checkpoint
     from state_store.stream_control import stop_stream
     from testkit.oracle import run_oracle
     from tests.datagen import iso, line, make_event
@@ -360,6 +362,15 @@ def test_session_stream_job_closes_sessions_of_a_quiet_stream(tmp_path, spark):
 
     wait_until(lambda: job_alive() and DeltaTable.is_deltatable(config.sessions_table) and read_sessions(config),
                timeout_s=180, interval_s=0.5, what="the job's clock row to close u1's session")
+    # The `rescale` job beside the running stream: it asks, the stream rescales between two batches and goes on.
+    rescaled = defs.resolve_job_def("rescale").execute_in_process(
+        resources=resources, run_config={"ops": {"rescale_op": {"config": {"partitions": 3}}}})
+    assert rescaled.success and job.is_alive()
+    observed = [e.event_specific_data.asset_observation.metadata for e in rescaled.all_events
+                if e.event_type_value == "ASSET_OBSERVATION"]
+    assert len(observed) == 1 and observed[0]["partitions_after"].value == 3, observed
+    assert observed[0]["method"].value == "repartition" and observed[0]["stream"].value.startswith("run")
+    assert inspect_checkpoint(config.checkpoint).partitions == 3
     stop_stream(config)
     job.join(timeout=300)
     assert outcome["result"].success
