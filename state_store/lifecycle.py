@@ -11,6 +11,7 @@ import pyarrow as pa
 from pyspark.sql import SparkSession
 
 from pipelines.config import SessionsConfig
+from pipelines.coordination import kill_point
 from pipelines.coordination.job_leases import JOB, LIFECYCLE, job_lock
 from pipelines.coordination.leases import Lease, LeaseInfo
 from pipelines.core import state_format
@@ -180,6 +181,7 @@ def rescale_unlocked(config: SessionsConfig, partitions: int, *, spark: SparkSes
                              savepoint_id=None, rows=None, seconds=0.0)
     spark = _spark(config, spark)
     saved = _take_savepoint(config, "pre-rescale", spark)
+    kill_point("rescale:saved")
     method: RescaleMethod = "savepoint-restore"
     if info.provider == "rocksdb":
         stop_state_stores(spark)  # a running stream's stopped query: its stores upload nothing during the repartition
@@ -194,6 +196,7 @@ def rescale_unlocked(config: SessionsConfig, partitions: int, *, spark: SparkSes
     else:
         restore_unlocked(config.with_(state_store=info.provider), saved.savepoint_id, partitions=partitions,
                          migrate=False, spark=spark, lease=lease)
+    kill_point("rescale:moved")
     return RescaleResult(partitions_before=before,
                          partitions_after=inspect_checkpoint(config.checkpoint).partitions,
                          method=method, savepoint_id=saved.savepoint_id, rows=saved.rows,

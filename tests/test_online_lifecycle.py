@@ -293,3 +293,52 @@ def _oracle_all(chunks):
     return run_oracle([[{"event_id": e["event_id"], "user_id": e["user_id"], "event_type": e["event_type"],
                          "event_time_ms": iso_ms(e["event_time"])} for chunk in chunks for e in chunk]],
                       GAP_MS, LATENESS_MS)
+
+
+@pytest.mark.parametrize("point,partitions_after_kill,method_after", [("rescale:saved", 2, "repartition"),
+                                                                      ("rescale:moved", 3, "none")])
+def test_a_running_stream_killed_inside_its_rescale_loses_nothing(tmp_path, spark, point, partitions_after_kill,
+                                                                  method_after):
+    """`sessionctl run` SIGKILLed inside the rescale it was asked for: after its pre-rescale savepoint (the state not
+    moved yet), or after Spark's repartition (before it runs again). The requester says in one line that the stream
+    went away and to run the same rescale again; that rescale (the stream stopped, so here) finishes the job, and
+    the catch-up after it writes every session exactly once against the oracle."""
+    import os
+
+    config = make_config(tmp_path, "rocksdb", SESSIONS_STATE_PARTITIONS=2)
+    chunks = in_order_chunks(users=60, seed=43, parts=6)
+    env = config_env(config)
+    run = subprocess.Popen([tool("sessionctl"), "run", "--poll-seconds", "1"], env={**env, "SESSIONS_KILL_AT": point},
+                           stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=config.home.parent,
+                           start_new_session=True)  # the kill point takes its JVM with it
+    feeder = Feeder(config.landing, chunks[:3], every=1.0, prefix="early")
+    feeder.start()
+    try:
+        wait_until(lambda: still_running(run) and _committed(config) >= 1, timeout_s=180, interval_s=0.5,
+                   what="the stream's first batches")
+        asked = subprocess.run([tool("sessionctl"), "rescale", "--partitions", "3"], env=env, capture_output=True,
+                               text=True, timeout=600)
+        run.communicate(timeout=120)
+    finally:
+        if run.poll() is None:
+            os.killpg(run.pid, signal.SIGKILL)
+            run.communicate()
+    assert run.returncode == -signal.SIGKILL, "the stream reached the kill point"
+    said = asked.stderr.strip()
+    assert asked.returncode == 1 and "\n" not in said and "Traceback" not in said, said
+    assert "went away before it answered the rescale" in said and "run the same rescale again" in said, said
+    assert inspect_checkpoint(config.checkpoint).partitions == partitions_after_kill
+    again = subprocess.run([tool("sessionctl"), "rescale", "--partitions", "3"], env=env, capture_output=True,
+                           text=True, timeout=600)
+    assert again.returncode == 0, again.stderr[-3000:]
+    assert json.loads(again.stdout.strip().splitlines()[-1])["method"] == method_after
+    feeder.join()
+    for i, chunk in enumerate(chunks[3:], start=3):
+        land(config.landing, f"late-{i:04d}.jsonl", [json.dumps(e) for e in chunk])
+    catch_up(config, spark)
+    assert inspect_checkpoint(config.checkpoint).partitions == 3
+    oracle = _oracle_all(chunks)
+    written, open_now = read_sessions(config), read_open_sessions(spark, config)
+    assert len(set(written)) == len(written), "a session written twice"
+    assert not set(written) & set(open_now), "a session both written and open"
+    assert sorted(written + open_now) == sorted(set(oracle.closed) | set(oracle.open_sessions))

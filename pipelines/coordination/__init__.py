@@ -9,7 +9,9 @@ Points: `savepoint:files-written` (the executors wrote a savepoint's files, the 
 `savepoint:committed` (its table committed, no catalog row yet), `fold:written` (compaction wrote a folded table's
 files, not committed), `fold:committed` (the folded table committed, the catalog not updated), `sink:files-written` (the tasks wrote a
 batch's session or quarantine files, the sink's Delta commit for them not made), `lease:taken` (a lease's
-new epoch record written, nothing done under it yet: the next command must take it over, not wait or wedge)."""
+new epoch record written, nothing done under it yet: the next command must take it over, not wait or wedge),
+`rescale:saved` (a rescale's pre-rescale savepoint taken, the state not moved yet) and `rescale:moved` (the state
+repartitioned or restored, the stream not running again yet: the requester not answered)."""
 from __future__ import annotations
 
 import os
@@ -19,7 +21,7 @@ __all__ = ["kill_point"]
 
 ENV = "SESSIONS_KILL_AT"
 POINTS = ("savepoint:files-written", "savepoint:committed", "fold:written", "fold:committed", "sink:files-written",
-          "lease:taken")
+          "lease:taken", "rescale:saved", "rescale:moved")
 
 
 def kill_point(name: str) -> None:
