@@ -367,6 +367,8 @@ def _run_query(config: SessionsConfig, run: _Run, stop: threading.Event, tick: f
         _drain(query, config.stop_timeout_s)
         summary.timed("stream", begun)
         run.last_batch_end = _batch_end(query) or run.last_batch_end
+    if summary.absorb_progress(query):  # batches since the last poll (a stop right after one): the warehouse answered
+        ingest_now.query_progressed()
     _close(run, query, sink, config)
     return request
 
