@@ -146,33 +146,35 @@ def _stored(kind: RequestKind, config: SessionsConfig) -> StreamRequest | None:
         return None
 
 
+def _ask(config: SessionsConfig, kind: RequestKind, stream: LeaseInfo | Lease, joined_on: tuple[str, ...],
+         **fields: Any) -> Any:
+    """The stored request of `kind` for `stream` when its `joined_on` fields are these (joined, not repeated), else
+    a new one written in its place."""
+    current = _stored(kind, config)
+    if isinstance(current, kind) and current.run_token == stream.token and \
+            all(getattr(current, name) == fields[name] for name in joined_on):
+        return current
+    values: dict[str, Any] = {"run_token": stream.token, **fields, **_requested()}
+    request = kind(**values)
+    _write(config, _file(kind), asdict(request))
+    return request
+
+
 def request_stop(config: SessionsConfig, *, stream: LeaseInfo | Lease, savepoint: bool) -> StopRequest:
     """Ask the stream holding `stream` to stop; a request already made for it is joined, not repeated."""
-    current = _stored(StopRequest, config)
-    if isinstance(current, StopRequest) and current.run_token == stream.token:
-        return current
-    request = StopRequest(run_token=stream.token, savepoint=savepoint, **_requested())
-    _write(config, STOP_REQUEST, asdict(request))
+    request: StopRequest = _ask(config, StopRequest, stream, (), savepoint=savepoint)
     return request
 
 
 def request_erasure(config: SessionsConfig, *, stream: LeaseInfo | Lease, user_id: str) -> ErasureRequest:
     """Ask the stream holding `stream` to erase `user_id` between two batches (one request at a time)."""
-    current = _stored(ErasureRequest, config)
-    if isinstance(current, ErasureRequest) and current.run_token == stream.token and current.user_id == user_id:
-        return current
-    request = ErasureRequest(run_token=stream.token, user_id=user_id, **_requested())
-    _write(config, ERASE_REQUEST, asdict(request))
+    request: ErasureRequest = _ask(config, ErasureRequest, stream, ("user_id",), user_id=user_id)
     return request
 
 
 def request_rescale(config: SessionsConfig, *, stream: LeaseInfo | Lease, partitions: int) -> RescaleRequest:
     """Ask the stream holding `stream` to rescale its state to `partitions` between two batches (one at a time)."""
-    current = _stored(RescaleRequest, config)
-    if isinstance(current, RescaleRequest) and current.run_token == stream.token and current.partitions == partitions:
-        return current
-    request = RescaleRequest(run_token=stream.token, partitions=partitions, **_requested())
-    _write(config, RESCALE_REQUEST, asdict(request))
+    request: RescaleRequest = _ask(config, RescaleRequest, stream, ("partitions",), partitions=partitions)
     return request
 
 
