@@ -20,7 +20,7 @@ from dagster import (
 
 from assets.jobs import compaction, savepoint, session_stream
 from assets.resources import SessionsResource
-from assets.runbook import restore_from_snapshot
+from assets.runbook import IN_PLACE_TAG, restore_from_snapshot
 from state_store.maintenance import maintenance_due
 
 # Retention is a nightly chore; savepoints follow their own age policy (maintenance_sensor).
@@ -68,6 +68,8 @@ def stream_failure_sensor(context: RunFailureSensorContext, sessions: SessionsRe
                    request_job=session_stream, default_status=DefaultSensorStatus.RUNNING)
 def resume_stream_after_restore(context: RunStatusSensorContext) -> RunRequest | SkipReason:
     """The runbook's last step: relaunch session_stream when the restore asked for it (resume_stream)."""
+    if context.dagster_run.tags.get(IN_PLACE_TAG) == "true":
+        return SkipReason("the running stream restored in place and went on: nothing to resume")
     run_config: dict[str, Any] = dict(context.dagster_run.run_config or {})
     ops = run_config.get("ops", {})
     wanted = ops.get("validate_savepoint_op", {}).get("config", {})

@@ -1,5 +1,6 @@
 """The restore runbook, started from the UI: validate -> stop the stream -> restore -> verify (-> resume
-via a sensor), or validate -> report for a dry run (the default: a real restore is a deliberate change of the
+via a sensor), or validate -> report for a dry run. A running `session_stream` is not stopped by default (`online`):
+it restores between two batches and goes on, and the run reports its downtime (the default: a real restore is a deliberate change of the
 launchpad's config; the dry run's other steps show as skipped). Steps pass typed values (RestorePlan,
 RestoreOutcome); a failed step's message is the library's one line, which says what to do next."""
 import datetime as dt
@@ -32,6 +33,7 @@ from state_store.results import RestoreResult, SavepointInfo
 from state_store.status import status
 
 DRY_RUN_TAG = "sessions/dry_run"  # on every runbook run: "true" for a dry run, "false" for a real restore
+IN_PLACE_TAG = "sessions/restored_in_place"  # "true": the running stream restored and went on (nothing to resume)
 
 
 class RestoreConfig(Config):
@@ -45,11 +47,15 @@ class RestoreConfig(Config):
         "Only check that the savepoint restores with these settings and estimate how long it takes; nothing is "
         "stopped or changed. Set false for a real restore: it replaces the job's state and rolls the sessions "
         "table back to the savepoint."))
+    online: bool = Field(default=True, description=(
+        "A running session_stream restores the savepoint itself between two batches and goes on: no cancel, no "
+        "relaunch; the run reports the stream's downtime. false: the stream is stopped first (stop_stream)."))
     stop_stream: bool = Field(default=True, description=(
-        "A real restore first cancels a running session_stream run (the restore needs the job stopped)."))
+        "Without online (or with no stream able to restore in place), a real restore first cancels a running "
+        "session_stream run (the restore needs the job stopped)."))
     stop_with_savepoint: bool = Field(default=False, description=(
-        "Stop the running stream with a savepoint of its last batch (kept as a recovery point of the state being "
-        "replaced) instead of cancelling it."))
+        "Keep a savepoint of the running stream's state as a recovery point of the state being replaced: taken "
+        "beside it (online), or as it stops instead of cancelling it."))
     resume_stream: bool = Field(default=False, description=(
         "After a successful real restore, launch session_stream again (the resume_stream_after_restore sensor does, "
         "running by default); false: the stream stays stopped until someone launches it."))
@@ -66,6 +72,7 @@ class RestorePlan:
     resume_stream: bool
     stop_with_savepoint: bool = False
     expected_seconds: float = 0.0  # the pre-flight's estimate of the restore
+    online: bool = False
 
 
 @dataclass(frozen=True)
@@ -93,7 +100,8 @@ def validate_savepoint_op(context: OpExecutionContext, sessions: SessionsResourc
     context.log.info(f"savepoint {saved.savepoint_id} verified: {saved.rows} rows, checksum {saved.checksum}")
     plan = RestorePlan(savepoint=saved, partitions=config.partitions or None, migrate=config.migrate,
                        dry_run=config.dry_run, stop_stream=config.stop_stream, resume_stream=config.resume_stream,
-                       stop_with_savepoint=config.stop_with_savepoint, expected_seconds=preflight.expected_seconds)
+                       stop_with_savepoint=config.stop_with_savepoint, expected_seconds=preflight.expected_seconds,
+                       online=config.online)
     yield Output(plan, output_name="dry_run" if config.dry_run else "restore", metadata={
         "savepoint_id": saved.savepoint_id, "rows": saved.rows, "batch_id": saved.batch_id, "checksum": saved.checksum,
         "migrations": preflight.migrations, "expected_seconds": preflight.expected_seconds})
@@ -124,9 +132,15 @@ def stop_running_stream_op(context: OpExecutionContext, sessions: SessionsResour
     launcher), then wait until the job lock is free."""
     stopped = []
     kept: str | None = None
-    if plan.stop_stream:
-        config = sessions.config()
-        stream = running_stream(config)
+    config = sessions.config()
+    stream = running_stream(config)
+    if plan.online and stream is not None and stream.what == "run":
+        # The stream restores in place (restore_op asks it); the recovery point, if wanted, is taken beside it.
+        if plan.stop_with_savepoint:
+            kept = expected_errors(lifecycle.take_savepoint, config, trigger="pre-restore").savepoint_id
+        context.log.info(f"{stream.describe()} restores in place between two batches: not stopped"
+                         + (f"; savepoint {kept} kept of the state it replaces" if kept else ""))
+    elif plan.stop_stream:
         running = (DagsterRunStatus.STARTING, DagsterRunStatus.STARTED)
 
         def cancel(runs: list[DagsterRun]) -> None:
@@ -164,9 +178,17 @@ def stop_running_stream_op(context: OpExecutionContext, sessions: SessionsResour
 @op(tags=LIFECYCLE_TAGS)
 def restore_op(context: OpExecutionContext, sessions: SessionsResource, pyspark: SessionsSpark,
                plan: RestorePlan) -> RestoreOutcome:
-    saved = plan.savepoint
-    result = expected_errors(lifecycle.restore, sessions.config(), saved.savepoint_id, partitions=plan.partitions,
-                             migrate=plan.migrate, spark=pyspark.spark_session)
+    saved, config = plan.savepoint, sessions.config()
+    # A running stream restores in its own session: this run only asks and waits, and starts no JVM.
+    stream = running_stream(config) if plan.online else None
+    in_place = stream is not None and stream.what == "run"
+    result = expected_errors(lifecycle.restore, config, saved.savepoint_id, partitions=plan.partitions,
+                             migrate=plan.migrate, spark=None if in_place else pyspark.spark_session,
+                             online=plan.online)
+    if result.stream is not None:
+        context.instance.add_run_tags(context.run_id, {IN_PLACE_TAG: "true"})
+        context.log.info(f"{result.stream} restored {result.savepoint_id} between two batches and went on; "
+                         f"downtime {result.downtime_seconds} s")
     context.add_output_metadata({k: v for k, v in result.to_dict().items() if isinstance(v, (int, float, str, bool))})
     return RestoreOutcome(plan, result)
 
@@ -183,7 +205,9 @@ def verify_restore_op(context: OpExecutionContext, sessions: SessionsResource, p
     for event in only_new(context.instance, written(config, report, now=dt.datetime.now(dt.timezone.utc))):
         context.log_event(event)  # the state it built, the sessions table rolled back to the savepoint
     after = f"the events after savepoint {result.savepoint_id} (its batch {result.batch_id})"
-    step = (f"the resume_stream_after_restore sensor launches session_stream now: it processes {after}"
+    step = (f"nothing to resume: the running stream restored in place and processes {after}"
+            if result.stream is not None else
+            f"the resume_stream_after_restore sensor launches session_stream now: it processes {after}"
             if outcome.plan.resume_stream else
             f"resume the stream: launch session_stream (or `sessionctl run`); it processes {after}")
     context.log.info(f"restored {result.savepoint_id}: {report.open_events} open events in state; next: {step}")
@@ -193,7 +217,8 @@ def verify_restore_op(context: OpExecutionContext, sessions: SessionsResource, p
 
 
 @job(tags=LIFECYCLE_TAGS, description=(
-    "Runbook: validate -> stop stream -> restore -> verify (-> resume via sensor). Launched unchanged it is a dry "
+    "Runbook: validate -> stop stream -> restore -> verify (-> resume via sensor); a running stream restores in "
+    "place between two batches instead (online). Launched unchanged it is a dry "
     "run (validate -> report; the other steps skipped): set dry_run: false to restore."))
 def restore_from_snapshot() -> None:
     restore, dry_run = validate_savepoint_op()

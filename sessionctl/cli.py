@@ -170,7 +170,8 @@ def cmd_restore(config: SessionsConfig, args: argparse.Namespace) -> int | None:
         return None
     from state_store.lifecycle import restore
 
-    _print(restore(config, args.savepoint, partitions=args.partitions, migrate=args.migrate).to_dict())
+    _print(restore(config, args.savepoint, partitions=args.partitions, migrate=args.migrate, online=args.online,
+                   timeout_s=args.timeout).to_dict())
     return None
 
 
@@ -263,6 +264,11 @@ def build_parser() -> argparse.ArgumentParser:
     rs.add_argument("--dry-run", action="store_true", help="say whether the current settings can restore it, what "
                     "would be migrated and how long it should take; nothing is stopped, locked or written. Exit 0: "
                     f"restorable; {NOT_SO}: not restorable (the answer still on stdout, the reason on stderr)")
+    rs.add_argument("--online", action="store_true", help="a running stream (`sessionctl run`, any host) restores "
+                    "the savepoint between two batches and goes on from it; the answer gives its downtime. Without "
+                    "it a running stream is a refusal; with no stream running it restores here")
+    rs.add_argument("--timeout", type=float, default=None, help="with --online: seconds to wait for a running "
+                    "stream's answer (default: the stop timeout twice plus an hour)")
     rs.add_argument("--json", action="store_true", help="with --dry-run: the answer as JSON")
     rs.set_defaults(fn=cmd_restore)
     rc = sub.add_parser("rescale", help="change the state partitions: of the stopped job here, or a running stream's "

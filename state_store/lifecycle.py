@@ -6,6 +6,7 @@ from __future__ import annotations
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
+from typing import Any
 
 import pyarrow as pa
 from pyspark.sql import SparkSession
@@ -14,6 +15,7 @@ from pipelines.config import SessionsConfig
 from pipelines.coordination import kill_point
 from pipelines.coordination.job_leases import JOB, LIFECYCLE, job_lock
 from pipelines.coordination.leases import Lease, LeaseInfo
+from pipelines.coordination.requests import ResumedAnswer, StateChange
 from pipelines.core import state_format
 from pipelines.errors import (
     NoCommittedBatch,
@@ -40,7 +42,7 @@ from state_store.state import read_state, repartition_state
 __all__ = ["lifecycle_locks", "live_state", "replaced_checkpoints", "rescale", "rescale_unlocked", "restore", "take_savepoint",
            "validate_savepoint"]
 
-RUNNING_RESCALE_WAIT_S = 3600.0  # how long `rescale` waits, beyond the stop timeout, for a running stream to answer
+RUNNING_CHANGE_WAIT_S = 3600.0  # how long a rescale or restore waits, beyond the stop timeout, for a running stream
 
 
 @contextmanager
@@ -104,13 +106,56 @@ def _check_partitions(partitions: int, operator: StateOperator, buckets: int) ->
 
 
 def restore(config: SessionsConfig, savepoint: str = "latest", *, partitions: int | None = None,
-            migrate: bool = False, spark: SparkSession | None = None) -> RestoreResult:
+            migrate: bool = False, spark: SparkSession | None = None, online: bool = False,
+            timeout_s: float | None = None) -> RestoreResult:
     """Put state, source position and outputs back to a savepoint, into a fresh checkpoint built from
-    the canonical Delta form alone (the old checkpoint is kept aside, not deleted)."""
+    the canonical Delta form alone (the old checkpoint is kept aside, not deleted). With `online`, a running stream
+    (any host) is asked to do it between two batches and goes on from the savepoint (`timeout_s`: how long to wait
+    for its answer); without, a running stream is a refusal (JobRunning)."""
+    from pipelines.coordination.job_leases import running_stream
+
     if partitions is not None:
         _check_partitions(partitions, for_new_checkpoint(), config.state_buckets)
+    stream = running_stream(config) if online else None
+    if stream is not None and stream.what == "run":
+        return _restore_running(config, savepoint, partitions, migrate, stream, timeout_s)
     with lifecycle_locks(config, "restore") as held, spark_failures(config):
         return restore_unlocked(config, savepoint, partitions=partitions, migrate=migrate, spark=spark, lease=held)
+
+
+def _restore_running(config: SessionsConfig, savepoint: str, partitions: int | None, migrate: bool,
+                     stream: LeaseInfo, timeout_s: float | None) -> RestoreResult:
+    from pipelines.coordination.requests import request_restore
+
+    store = SavepointStore.of(config)
+    saved = store.get(savepoint)  # `latest` resolved here: the stream restores the savepoint the operator saw
+    refused = refusals(config, saved, partitions=partitions, migrate=migrate, store=store)
+    if refused:  # refused in one line before the stream is disturbed
+        raise refused[0]
+    again = f"sessionctl restore --online --savepoint {saved.savepoint_id}"
+    request = request_restore(config, stream=stream, savepoint=saved.savepoint_id, partitions=partitions,
+                              migrate=migrate)
+    done, answer = _await_change(config, request, stream, timeout_s, "restore", again)
+    return RestoreResult(**{**done, "phases": done.get("phases", {}), "downtime_seconds": answer.downtime_s,
+                            "resumed_seconds": answer.resumed_s, "stream": stream.describe()})
+
+
+def _await_change(config: SessionsConfig, request: StateChange, stream: LeaseInfo, timeout_s: float | None,
+                  what: str, again: str) -> tuple[dict[str, Any], ResumedAnswer]:
+    """The running stream's answer to a rescale or restore request: its result and the answer (downtime)."""
+    from pipelines.coordination.requests import await_answer
+
+    # The stream's change reads and writes its whole state (a savepoint and a repartition, or a restore): minutes at
+    # millions of open sessions, so the wait is long by default.
+    patience = timeout_s if timeout_s is not None else config.stop_timeout_s * 2 + RUNNING_CHANGE_WAIT_S
+    answer = await_answer(config, stream=stream, request=request, patience_s=patience, withdraw_on_timeout=False)
+    if answer is None:
+        raise StopIncomplete(f"the stream ({stream.describe()}) went away before it answered the {what} (killed?): "
+                             f"run the same {what} again (with the stream stopped, it runs here)", next_step=again)
+    if answer.error or not answer.result:
+        raise StopIncomplete(f"the stream could not {what} ({answer.error}): run the same {what} again",
+                             next_step=again)
+    return answer.result, answer
 
 
 # ---- rescale -----------------------------------------------------------------------------------
@@ -140,21 +185,11 @@ def _check_rescale(config: SessionsConfig, partitions: int) -> None:
 
 def _rescale_running(config: SessionsConfig, partitions: int, stream: LeaseInfo,
                      timeout_s: float | None) -> RescaleResult:
-    from pipelines.coordination.requests import await_answer, request_rescale
+    from pipelines.coordination.requests import request_rescale
 
     request = request_rescale(config, stream=stream, partitions=partitions)
-    # The stream's rescale is a savepoint and a repartition (or a restore) of its whole state: minutes at millions of
-    # open sessions, so the wait is long by default.
-    patience = timeout_s if timeout_s is not None else config.stop_timeout_s * 2 + RUNNING_RESCALE_WAIT_S
-    answer = await_answer(config, stream=stream, request=request, patience_s=patience, withdraw_on_timeout=False)
-    if answer is None:
-        raise StopIncomplete(f"the stream ({stream.describe()}) went away before it answered the rescale (killed?): "
-                             "run the same rescale again (with the stream stopped, it runs here)",
-                             next_step=f"sessionctl rescale --partitions {partitions}")
-    if answer.error or not answer.rescaled:
-        raise StopIncomplete(f"the stream could not rescale ({answer.error}): run the same rescale again",
-                             next_step=f"sessionctl rescale --partitions {partitions}")
-    done = answer.rescaled
+    done, answer = _await_change(config, request, stream, timeout_s, "rescale",
+                                 f"sessionctl rescale --partitions {partitions}")
     return RescaleResult(partitions_before=done["partitions_before"], partitions_after=done["partitions_after"],
                          method=done["method"], savepoint_id=done["savepoint_id"], rows=done.get("rows"),
                          seconds=done["seconds"], downtime_seconds=answer.downtime_s,

@@ -12,7 +12,7 @@ from pipelines.errors import Result
 
 __all__ = ["CompactionResult", "MaintenanceDue", "RescaleMethod", "RescaleResult", "RestoreResult", "SavepointInfo", "StatusReport", "StopResult", "TableFacts"]
 
-Trigger = Literal["manual", "scheduled", "sensor", "pre-rescale", "stop"]  # what asked for a savepoint
+Trigger = Literal["manual", "scheduled", "sensor", "pre-rescale", "pre-restore", "stop"]  # what asked for a savepoint
 SavepointStatus = Literal["complete", "failed"]
 RescaleMethod = Literal["none", "repartition", "savepoint-restore"]
 
@@ -112,6 +112,12 @@ class RestoreResult(Result):
     seconds: float
     # where the time went: pre-flight, savepoint verified, outputs rolled back, bootstrap batch, restored state checked
     phases: dict[str, float] = field(default_factory=dict)
+    # A running stream's restore (`restore --online`: done by the stream between two batches): its downtime, as for a
+    # rescale (RescaleResult), and the stream that did it.
+    downtime_seconds: float | None = None
+    resumed_seconds: float | None = None
+    stream: str | None = None
+    _omit_if_none: ClassVar[tuple[str, ...]] = ("downtime_seconds", "resumed_seconds", "stream")
 
 
 @dataclass(frozen=True)

@@ -1,6 +1,6 @@
 """The stream as operators control it: `run_stream` (pipelines.job.stream's run loop, honouring `sessionctl stop
---savepoint` by taking that last batch's savepoint before it lets go of the job lease, and `forget` and `rescale`
-between two batches) and `stop_stream` (asks the
+--savepoint` by taking that last batch's savepoint before it lets go of the job lease, and `forget`, `rescale` and
+`restore --online` between two batches) and `stop_stream` (asks the
 stream that holds the job lease -- this process or another, any host sharing the lease store -- to stop)."""
 from __future__ import annotations
 
@@ -14,7 +14,14 @@ from pyspark.sql import SparkSession
 from pipelines.config import SessionsConfig
 from pipelines.coordination.job_leases import LIFECYCLE, job_lock, running_stream
 from pipelines.coordination.leases import Lease
-from pipelines.coordination.requests import ErasureRequest, RescaleRequest, StopRequest, await_answer, request_stop
+from pipelines.coordination.requests import (
+    ErasureRequest,
+    RescaleRequest,
+    StateChange,
+    StopRequest,
+    await_answer,
+    request_stop,
+)
 from pipelines.errors import JobRunning, NotRunning, StopIncomplete
 from pipelines.job.checkpoint import inspect_checkpoint
 from pipelines.job.runtime import spark_failures
@@ -44,15 +51,20 @@ def run_stream(config: SessionsConfig, *, spark: SparkSession | None = None, sto
         with job_lock(config, "forget", name=LIFECYCLE, wait_s=config.stop_timeout_s), spark_failures(config):
             return forget_unlocked(config, running, request.user_id, lease=lease).to_dict()
 
-    def rescale_between_batches(request: RescaleRequest, running: SparkSession, lease: Lease) -> dict[str, Any]:
+    def change_between_batches(request: StateChange, running: SparkSession, lease: Lease) -> dict[str, Any]:
         from state_store.lifecycle import rescale_unlocked
+        from state_store.restore import restore_unlocked
 
-        with job_lock(config, "rescale", name=LIFECYCLE, wait_s=config.stop_timeout_s), spark_failures(config):
-            return rescale_unlocked(config, request.partitions, spark=running, lease=lease).to_dict()
+        what = "rescale" if isinstance(request, RescaleRequest) else "restore"
+        with job_lock(config, what, name=LIFECYCLE, wait_s=config.stop_timeout_s), spark_failures(config):
+            if isinstance(request, RescaleRequest):
+                return rescale_unlocked(config, request.partitions, spark=running, lease=lease).to_dict()
+            return restore_unlocked(config, request.savepoint, partitions=request.partitions,
+                                    migrate=request.migrate, spark=running, lease=lease).to_dict()
 
     return run_continuously(config, spark=spark, stop=stop, poll_seconds=poll_seconds, on_progress=on_progress,
                             on_stop_request=savepoint_at_stop, on_erasure=erase_between_batches,
-                            on_rescale=rescale_between_batches)
+                            on_state_change=change_between_batches)
 
 
 def stop_stream(config: SessionsConfig, *, savepoint: bool = False, timeout_s: float | None = None) -> StopResult:

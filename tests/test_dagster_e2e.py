@@ -35,7 +35,7 @@ from assets.tables import state_version
 from pipelines.config import SessionsConfig
 from pipelines.coordination.job_leases import job_lock
 from pipelines.core.sample_data import land_sample
-from pipelines.job.checkpoint import inspect_checkpoint
+from pipelines.job.checkpoint import inspect_checkpoint, read_job_metadata
 from state_store.savepoint.catalog import SavepointStore
 from tests.conftest import PostgresServer, free_port, tool
 
@@ -574,15 +574,20 @@ mutation Reset($selector: SensorSelector!) { resetSensor(sensorSelector: $select
 
 def _stream_run(client: DagsterGraphQLClient, config: SessionsConfig, seed: int) -> str:
     """A session_stream run that has committed a batch of a newly landed file."""
-    before = inspect_checkpoint(config.checkpoint).last_committed_batch or 0
     run = _submit(client, "session_stream", {"ops": {"stream_op": {"config": {"poll_seconds": 1.0}}}})
+    _stream_run_takes(client, config, run, seed)
+    return run
+
+
+def _stream_run_takes(client: DagsterGraphQLClient, config: SessionsConfig, run: str, seed: int) -> None:
+    """The running session_stream run `run` commits a batch of a newly landed file."""
+    before = inspect_checkpoint(config.checkpoint).last_committed_batch or 0
     land_sample(config.landing, users=20, sessions_per_user=2, files=1, seed=seed)
     deadline = time.monotonic() + 240
     while json_files_pending(config) or (inspect_checkpoint(config.checkpoint).last_committed_batch or 0) <= before:
         assert client.get_run_status(run) not in FINISHED, f"stream run ended {client.get_run_status(run)}"
         assert time.monotonic() < deadline, "the stream run did not process the new file"
         time.sleep(POLL_S)
-    return run
 
 
 def test_savepoints_while_session_stream_runs_and_stop_with_savepoint(dagster_stack: DagsterStack) -> None:
@@ -614,13 +619,29 @@ def test_savepoints_while_session_stream_runs_and_stop_with_savepoint(dagster_st
     assert newest.trigger == "stop" and newest.batch_id == inspect_checkpoint(config.checkpoint).last_committed_batch
     assert stop
 
-    # The runbook, asked to stop the stream with a savepoint: the old state is kept as a recovery point.
+    # The runbook, asked to stop the stream with a savepoint (not online): the old state is kept as a recovery point.
     stream = _stream_run(client, config, seed=103)
     runbook = _run(client, "restore_from_snapshot", {"ops": {"validate_savepoint_op": {"config": {
-        "savepoint": newest.savepoint_id, "stop_with_savepoint": True, "dry_run": False}}}})
+        "savepoint": newest.savepoint_id, "stop_with_savepoint": True, "online": False, "dry_run": False}}}})
     _wait(client, stream, "session_stream", timeout=120)
     kept = SavepointStore.of(config).list()
     assert kept[0].trigger == "stop" and kept[0].savepoint_id != newest.savepoint_id, kept[:2]
     metadata = json.dumps(dagster_stack.sql(
         "SELECT event FROM event_logs WHERE run_id = %s AND step_key = 'stop_running_stream_op'", (runbook,)))
     assert kept[0].savepoint_id in metadata
+
+    # The runbook beside a running stream, as launched by default (online): the stream restores in place between
+    # two batches and goes on -- its run never ends, nothing is relaunched -- and the run says its downtime.
+    stream = _stream_run(client, config, seed=105)
+    runbook = _run(client, "restore_from_snapshot", {"ops": {"validate_savepoint_op": {"config": {
+        "savepoint": newest.savepoint_id, "dry_run": False}}}})
+    assert client.get_run_status(stream) == DagsterRunStatus.STARTED, "the stream must keep running"
+    assert dagster_stack.sql("SELECT value FROM run_tags WHERE run_id = %s AND key = 'sessions/restored_in_place'",
+                             (runbook,)) == [("true",)]
+    restored = json.dumps(dagster_stack.sql(
+        "SELECT event FROM event_logs WHERE run_id = %s AND step_key = 'restore_op'", (runbook,)))
+    assert "went on; downtime" in restored, restored[-2000:]
+    assert read_job_metadata(config.checkpoint).created_from == newest.savepoint_id
+    _stream_run_takes(client, config, stream, seed=107)  # the same run processes a file landed after the restore
+    client.terminate_run(stream)
+    _wait(client, stream, "session_stream", timeout=120, expect=DagsterRunStatus.CANCELED)

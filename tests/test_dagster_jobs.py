@@ -332,7 +332,7 @@ def test_session_stream_job_closes_sessions_of_a_quiet_stream(tmp_path, spark):
     import time
 
     from pipelines.core.sample_data import land
-    from pipelines.job.checkpoint import inspect_checkpoint
+    from pipelines.job.checkpoint import inspect_checkpoint, read_job_metadata
     from state_store.stream_control import stop_stream
     from testkit.oracle import run_oracle
     from tests.datagen import iso, line, make_event
@@ -371,6 +371,25 @@ def test_session_stream_job_closes_sessions_of_a_quiet_stream(tmp_path, spark):
     assert len(observed) == 1 and observed[0]["partitions_after"].value == 3, observed
     assert observed[0]["method"].value == "repartition" and observed[0]["stream"].value.startswith("run")
     assert inspect_checkpoint(config.checkpoint).partitions == 3
+    # The restore runbook beside the running stream, as launched by default (online): the stream restores the
+    # savepoint in place between two batches and goes on; nothing for the resume sensor to relaunch.
+    assert defs.resolve_job_def("savepoint").execute_in_process(resources=resources).success
+    savepoint_id = sp.SavepointStore.of(config).list()[0].savepoint_id
+    with DagsterInstance.ephemeral() as instance:
+        restored = defs.resolve_job_def("restore_from_snapshot").execute_in_process(
+            resources=resources, instance=instance, run_config=_restore_config(savepoint=savepoint_id, dry_run=False))
+        assert restored.success and job.is_alive()
+        assert instance.get_run_by_id(restored.run_id).tags["sessions/restored_in_place"] == "true"
+        context = build_run_status_sensor_context(
+            sensor_name="resume_stream_after_restore", dagster_instance=instance,
+            dagster_run=instance.get_run_by_id(restored.run_id), dagster_event=restored.get_run_success_event())
+        assert isinstance(resume_stream_after_restore(context), SkipReason)
+    done = restored.output_for_node("verify_restore_op").result
+    assert done.savepoint_id == savepoint_id and done.stream.startswith("run")
+    assert read_job_metadata(config.checkpoint).created_from == savepoint_id
+    (verified,) = [e.event_specific_data.metadata for e in restored.all_events
+                   if e.event_type_value == "STEP_OUTPUT" and e.step_key == "verify_restore_op"]
+    assert verified["next_step"].value.startswith("nothing to resume: the running stream restored in place")
     stop_stream(config)
     job.join(timeout=300)
     assert outcome["result"].success

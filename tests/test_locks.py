@@ -147,7 +147,7 @@ def test_a_rescale_beside_a_running_stream_is_asked_of_it_and_says_its_answer(tm
     """The rescale protocol without Spark: with a `run` holding the job lease, `rescale` makes a request and returns
     the stream's answer (its result and downtime); a failed one is one line with the next step, and so is a stream
     that goes away without answering."""
-    from pipelines.coordination.requests import RescaleAnswer, RescaleRequest, answer_request, pending_request
+    from pipelines.coordination.requests import RescaleRequest, ResumedAnswer, answer_request, pending_request
     from pipelines.errors import StopIncomplete
     from state_store.lifecycle import rescale
 
@@ -155,7 +155,7 @@ def test_a_rescale_beside_a_running_stream_is_asked_of_it_and_says_its_answer(tm
     done = {"partitions_before": 2, "partitions_after": 3, "method": "repartition", "savepoint_id": "sp-1",
             "rows": 12, "seconds": 4.5}
 
-    def answer_with(answer: RescaleAnswer, held) -> threading.Thread:
+    def answer_with(answer: ResumedAnswer, held) -> threading.Thread:
         def stream() -> None:
             request = wait_until(lambda: pending_request(config, held), timeout_s=30, what="the rescale request")
             assert isinstance(request, RescaleRequest) and request.partitions == 3
@@ -165,13 +165,13 @@ def test_a_rescale_beside_a_running_stream_is_asked_of_it_and_says_its_answer(tm
         return thread
 
     with job_lock(config, "run") as held:
-        thread = answer_with(RescaleAnswer(rescaled=done, downtime_s=2.25, resumed_s=1.5), held)
+        thread = answer_with(ResumedAnswer(result=done, downtime_s=2.25, resumed_s=1.5), held)
         result = rescale(config, 3, timeout_s=30)
         thread.join()
         said = result.to_dict()
         assert said.pop("stream").startswith("run"), result  # the stream that did it: its lease holder
         assert said == {**done, "downtime_seconds": 2.25, "resumed_seconds": 1.5}
-        thread = answer_with(RescaleAnswer(error="the lifecycle lease is held by compact"), held)
+        thread = answer_with(ResumedAnswer(error="the lifecycle lease is held by compact"), held)
         with pytest.raises(StopIncomplete, match="could not rescale .the lifecycle lease is held by compact.") as failed:
             rescale(config, 3, timeout_s=30)
         thread.join()
@@ -186,6 +186,47 @@ def test_a_rescale_beside_a_running_stream_is_asked_of_it_and_says_its_answer(tm
         with pytest.raises(StopIncomplete, match="went away before it answered the rescale"):
             rescale(config, 3, timeout_s=30)
         thread.join()
+
+
+def test_an_online_restore_is_asked_of_the_running_stream_after_its_preflight(tmp_path):
+    """`restore --online` without Spark: with a `run` holding the job lease, the requester resolves `latest` to an
+    id and runs the pre-flight itself -- a savepoint the settings cannot restore is refused in one line and the
+    stream is never asked -- then asks the stream and returns its answer (the restore's result and downtime).
+    Without --online, a running stream is a refusal, as before."""
+    from pipelines.coordination.requests import RestoreRequest, ResumedAnswer, answer_request, pending_request
+    from pipelines.errors import SavepointIncompatible
+    from state_store.lifecycle import restore
+    from tests.test_one_line_errors import a_savepoint
+
+    config = make_config(tmp_path, SESSIONS_GAP_MINUTES=30, SESSIONS_LATENESS_MINUTES=10,
+                         SESSIONS_STATE_BUCKETS=1024)
+    savepoint_id = a_savepoint(config.home)
+    done = {"savepoint_id": savepoint_id, "batch_id": 0, "rows": 0, "checksum": "c", "verified": True,
+            "source_seq": 0, "watermark_ms": 0, "provider": "rocksdb", "partitions": 2, "rolled_back": {},
+            "previous_checkpoint": None, "seconds": 3.5, "phases": {"bootstrap": 1.0}}
+    asked: list[RestoreRequest] = []
+
+    with job_lock(config, "run") as held:
+        def stream() -> None:
+            request = wait_until(lambda: pending_request(config, held), timeout_s=30, what="the restore request")
+            assert isinstance(request, RestoreRequest)
+            asked.append(request)
+            answer_request(config, request, ResumedAnswer(result=done, downtime_s=4.0, resumed_s=3.0))
+        thread = threading.Thread(target=stream)
+        thread.start()
+        result = restore(config, "latest", online=True, timeout_s=30)
+        thread.join()
+        assert (asked[0].savepoint, asked[0].partitions, asked[0].migrate) == (savepoint_id, None, False)
+        said = result.to_dict()
+        assert said.pop("stream").startswith("run"), said
+        assert said == {**done, "downtime_seconds": 4.0, "resumed_seconds": 3.0}
+
+        other_gap = config.with_(gap_minutes=5)
+        with pytest.raises(SavepointIncompatible, match="gap"):
+            restore(other_gap, savepoint_id, online=True, timeout_s=30)
+        assert pending_request(config, held) is None  # refused before the stream was asked
+        with pytest.raises(JobRunning):
+            restore(config, savepoint_id, timeout_s=30)
 
 
 # ---- leases with epochs, on both stores (a shared directory, S3 with conditional writes) ----------------------

@@ -289,6 +289,56 @@ def test_rescale_of_a_running_stream_between_two_batches(tmp_path, spark, provid
     assert sorted(written + open_now) == sorted(set(oracle.closed) | set(oracle.open_sessions))
 
 
+def test_restore_of_a_running_stream_between_two_batches(tmp_path, spark):
+    """`sessionctl restore --online` beside a running `sessionctl run` (files landing all the while): the stream
+    restores an older savepoint between two batches -- the sessions it wrote since rolled back, the events since
+    replayed -- and goes on without a restart; the answer gives its downtime. Then every session exactly once
+    against the oracle of every event, the open ones in the restored stream's state."""
+    config = make_config(tmp_path, "rocksdb", SESSIONS_STATE_PARTITIONS=2)
+    chunks = in_order_chunks(users=60, seed=47, parts=10)
+    run = _start_run(config)
+    Feeder(config.landing, chunks[:4], every=0.5, prefix="early").start()
+    try:
+        wait_until(lambda: still_running(run) and not list(config.landing.glob("*.jsonl")) and _committed(config) >= 1
+                   and stream_caught_up(config), timeout_s=180, interval_s=0.5, what="the early files processed")
+        taken = subprocess.run([tool("sessionctl"), "savepoint", "--json"], env=config_env(config), capture_output=True,
+                               text=True, timeout=600)
+        assert taken.returncode == 0, taken.stderr[-3000:]
+        saved = json.loads(taken.stdout.strip().splitlines()[-1])
+        feeder = Feeder(config.landing, chunks[4:], every=1.0)
+        feeder.start()  # files keep landing through the restore
+        wait_until(lambda: still_running(run) and _committed(config) >= saved["batch_id"] + 3, timeout_s=180,
+                   interval_s=0.5, what="batches after the savepoint")
+        restored = subprocess.run([tool("sessionctl"), "restore", "--online", "--savepoint", saved["savepoint_id"]],
+                                  env=config_env(config), capture_output=True, text=True, timeout=600)
+        assert restored.returncode == 0, restored.stderr[-3000:]
+        answer = json.loads(restored.stdout.strip().splitlines()[-1])
+        assert run.poll() is None, "the stream must keep running"
+        feeder.join()
+        wait_until(lambda: still_running(run) and not list(config.landing.glob("*.jsonl"))
+                   and stream_caught_up(config), timeout_s=180, interval_s=0.5,
+                   what="every file ingested and processed after the restore")
+        stopped = subprocess.run([tool("sessionctl"), "stop"], env=config_env(config), capture_output=True,
+                                 text=True, timeout=600)
+        assert stopped.returncode == 0, stopped.stderr
+        out, err = run.communicate(timeout=300)
+    finally:
+        if run.poll() is None:
+            run.kill()
+            run.communicate()
+    _assert_clean_exit(run, out, err)
+    assert (answer["savepoint_id"], answer["source_seq"], answer["verified"]) == \
+        (saved["savepoint_id"], saved["source_seq"], True), answer
+    assert answer["stream"].startswith("run"), answer
+    assert answer.get("downtime_seconds") is not None and 0 < answer["resumed_seconds"] <= answer["downtime_seconds"], json.dumps(answer)
+    print("restore of a running stream:", answer)  # (shown with -rP: the downtime on this machine)
+    oracle = _oracle_all(chunks)
+    written, open_now = read_sessions(config), read_open_sessions(spark, config)
+    assert len(set(written)) == len(written), "a session written twice"
+    assert not set(written) & set(open_now), "a session both written and open"
+    assert sorted(written + open_now) == sorted(set(oracle.closed) | set(oracle.open_sessions))
+
+
 def _oracle_all(chunks):
     return run_oracle([[{"event_id": e["event_id"], "user_id": e["user_id"], "event_type": e["event_type"],
                          "event_time_ms": iso_ms(e["event_time"])} for chunk in chunks for e in chunk]],

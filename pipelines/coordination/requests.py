@@ -2,8 +2,8 @@
 lease store, so any host can write it), answered by the stream between two batches.
 
 A request names the job lease (token) of the stream it is for: that stream honours it between batches and answers
-in a response file -- a stop before it releases the lease; an erasure, and a rescale once its first batch after
-the rescale ran, and goes on. A request for a lease that is gone is stale and ignored by the next stream. An erasure request names the user until the stream answers, then it
+in a response file -- a stop before it releases the lease; an erasure, and a rescale or a restore once its first
+batch after it ran, and goes on. A request for a lease that is gone is stale and ignored by the next stream. An erasure request names the user until the stream answers, then it
 is removed (the answer names only a keyed hash)."""
 from __future__ import annotations
 
@@ -22,13 +22,14 @@ from pipelines.coordination.lease_stores import LeaseStore, store_for
 from pipelines.coordination.leases import Lease, LeaseInfo
 from pipelines.errors import StopIncomplete
 
-__all__ = ["ErasureAnswer", "ErasureRequest", "RescaleAnswer", "RescaleRequest", "StopAnswer", "StopRequest",
-           "StreamRequest", "answer_request", "await_answer", "pending_request", "request_erasure", "request_rescale",
-           "request_stop", "take_answer", "withdraw"]
+__all__ = ["ErasureAnswer", "ErasureRequest", "RescaleRequest", "RestoreRequest", "ResumedAnswer", "StateChange",
+           "StopAnswer", "StopRequest", "StreamRequest", "answer_request", "await_answer", "pending_request",
+           "request_erasure", "request_rescale", "request_restore", "request_stop", "take_answer", "withdraw"]
 
 STOP_REQUEST = "stop.request.json"
 ERASE_REQUEST = "erase.request.json"
 RESCALE_REQUEST = "rescale.request.json"
+RESTORE_REQUEST = "restore.request.json"
 
 
 @dataclass(frozen=True)
@@ -73,7 +74,25 @@ class RescaleRequest:
         return f"rescale.response-{self.token}.json"
 
 
-StreamRequest = StopRequest | ErasureRequest | RescaleRequest
+@dataclass(frozen=True)
+class RestoreRequest:
+    """Restore `savepoint` (an id: the requester resolved `latest` and ran the pre-flight) between two batches, then
+    go on from it."""
+    token: str
+    run_token: str
+    savepoint: str
+    partitions: int | None
+    migrate: bool
+    requested_by: str
+    requested_at: str
+
+    @property
+    def response_name(self) -> str:
+        return f"restore.response-{self.token}.json"
+
+
+StateChange = RescaleRequest | RestoreRequest  # what a stream does between two batches, answered after the next one
+StreamRequest = StopRequest | ErasureRequest | StateChange
 
 
 @dataclass(frozen=True)
@@ -90,22 +109,28 @@ class ErasureAnswer:
 
 
 @dataclass(frozen=True)
-class RescaleAnswer:
-    rescaled: dict[str, Any] | None = None  # the rescale's result (RescaleResult.to_dict())
+class ResumedAnswer:
+    """The answer to a state change (rescale, restore) a stream made between two batches."""
+    result: dict[str, Any] | None = None  # the change's result (RescaleResult / RestoreResult .to_dict())
     error: str | None = None
-    # The stream's downtime: from the end of its last batch before the rescale to the end of its first batch after
+    # The stream's downtime: from the end of its last batch before the change to the end of its first batch after
     # (Spark's own progress times); None when no batch ran within the wait (no new events): `resumed_s` then says
     # when the query was running again.
     downtime_s: float | None = None
     resumed_s: float | None = None
 
 
-Answer = StopAnswer | ErasureAnswer | RescaleAnswer
-RequestKind = type[StopRequest] | type[ErasureRequest] | type[RescaleRequest]
+Answer = StopAnswer | ErasureAnswer | ResumedAnswer
+RequestKind = type[StopRequest] | type[ErasureRequest] | type[RescaleRequest] | type[RestoreRequest]
 _FILES: dict[RequestKind, str] = {StopRequest: STOP_REQUEST, ErasureRequest: ERASE_REQUEST,
-                                  RescaleRequest: RESCALE_REQUEST}
+                                  RescaleRequest: RESCALE_REQUEST, RestoreRequest: RESTORE_REQUEST}
 _ANSWERS: dict[RequestKind, type[Answer]] = {StopRequest: StopAnswer, ErasureRequest: ErasureAnswer,
-                                             RescaleRequest: RescaleAnswer}
+                                             RescaleRequest: ResumedAnswer, RestoreRequest: ResumedAnswer}
+# What the requester runs again when a request was not answered.
+_AGAIN: dict[RequestKind, tuple[str, str]] = {StopRequest: ("stop", "stop"),
+                                              ErasureRequest: ("take the erasure", "forget"),
+                                              RescaleRequest: ("rescale", "rescale"),
+                                              RestoreRequest: ("restore", "restore --online")}
 
 
 def _file(request: StreamRequest | RequestKind) -> str:
@@ -178,10 +203,18 @@ def request_rescale(config: SessionsConfig, *, stream: LeaseInfo | Lease, partit
     return request
 
 
+def request_restore(config: SessionsConfig, *, stream: LeaseInfo | Lease, savepoint: str, partitions: int | None,
+                    migrate: bool) -> RestoreRequest:
+    """Ask the stream holding `stream` to restore `savepoint` (an id) between two batches (one at a time)."""
+    request: RestoreRequest = _ask(config, RestoreRequest, stream, ("savepoint", "partitions", "migrate"),
+                                   savepoint=savepoint, partitions=partitions, migrate=migrate)
+    return request
+
+
 def pending_request(config: SessionsConfig, run: LeaseInfo | Lease) -> StreamRequest | None:
-    """The stop request -- or else an erasure, or else a rescale request -- for the stream holding lease `run`
+    """The stop request -- or else an erasure, a rescale or a restore request -- for the stream holding lease `run`
     (checked between batches)."""
-    for kind in (StopRequest, ErasureRequest, RescaleRequest):
+    for kind in (StopRequest, ErasureRequest, RescaleRequest, RestoreRequest):
         current = _stored(kind, config)
         if current is not None and current.run_token == run.token:
             return current
@@ -206,7 +239,7 @@ def take_answer(config: SessionsConfig, request: StopRequest) -> StopAnswer | No
 @overload
 def take_answer(config: SessionsConfig, request: ErasureRequest) -> ErasureAnswer | None: ...
 @overload
-def take_answer(config: SessionsConfig, request: RescaleRequest) -> RescaleAnswer | None: ...
+def take_answer(config: SessionsConfig, request: StateChange) -> ResumedAnswer | None: ...
 def take_answer(config: SessionsConfig, request: StreamRequest) -> Answer | None:
     """The answer to `request` if the stream gave one (the file is removed once read)."""
     found = _read(config, request.response_name)
@@ -223,8 +256,8 @@ def await_answer(config: SessionsConfig, *, stream: LeaseInfo, request: StopRequ
 def await_answer(config: SessionsConfig, *, stream: LeaseInfo, request: ErasureRequest, patience_s: float,
                  withdraw_on_timeout: bool) -> ErasureAnswer | None: ...
 @overload
-def await_answer(config: SessionsConfig, *, stream: LeaseInfo, request: RescaleRequest, patience_s: float,
-                 withdraw_on_timeout: bool) -> RescaleAnswer | None: ...
+def await_answer(config: SessionsConfig, *, stream: LeaseInfo, request: StateChange, patience_s: float,
+                 withdraw_on_timeout: bool) -> ResumedAnswer | None: ...
 def await_answer(config: SessionsConfig, *, stream: LeaseInfo, request: StreamRequest, patience_s: float,
                  withdraw_on_timeout: bool) -> Answer | None:
     """The stream's answer to `request`, or None when the stream went away without one (the request is withdrawn
@@ -243,8 +276,7 @@ def await_answer(config: SessionsConfig, *, stream: LeaseInfo, request: StreamRe
         if time.monotonic() > deadline:
             if withdraw_on_timeout:
                 withdraw(config, request)
-            what, again = ("take the erasure", "forget") if isinstance(request, ErasureRequest) else \
-                ("rescale", "rescale") if isinstance(request, RescaleRequest) else ("stop", "stop")
+            what, again = _AGAIN[type(request)]
             raise StopIncomplete(f"the stream ({stream.describe()}) did not {what} within {patience_s:g} s: run "
                                  f"`sessionctl {again}` again" + ("" if withdraw_on_timeout else
                                                                   " to wait for it (the request stands)"),

@@ -21,8 +21,10 @@ from pipelines.coordination.leases import Lease
 from pipelines.coordination.requests import (
     ErasureAnswer,
     ErasureRequest,
-    RescaleAnswer,
     RescaleRequest,
+    RestoreRequest,
+    ResumedAnswer,
+    StateChange,
     StopAnswer,
     StopRequest,
     StreamRequest,
@@ -272,13 +274,14 @@ def run_continuously(config: SessionsConfig, *, spark: SparkSession | None = Non
                      poll_seconds: float = 5.0,
                      on_progress: Callable[[RunSummary, MicroBatchSink], None] | None = None,
                      on_stop_request: OnStop | None = None, on_erasure: OnErase | None = None,
-                     on_rescale: OnRescale | None = None) -> RunSummary:
+                     on_state_change: OnStateChange | None = None) -> RunSummary:
     """Ingest and process until `stop` is set, Ctrl-C, or a stop request (`sessionctl stop`) names this run's
     lease; then stop the query between batches. A stop request is answered before the lease is released.
     An erasure request (`sessionctl forget` beside this stream) is applied between two batches by `on_erasure`,
-    answered, and the stream goes on from the checkpoint the erasure left. A rescale request (`sessionctl rescale`
-    beside this stream) likewise by `on_rescale`, answered once the first batch after it ran (its downtime measured
-    by Spark's progress times: the end of the last batch before to the end of the first after).
+    answered, and the stream goes on from the checkpoint the erasure left. A rescale or a restore request
+    (`sessionctl rescale`, `sessionctl restore --online` beside this stream) likewise by `on_state_change`, answered
+    once the first batch after it ran (its downtime measured by Spark's progress times: the end of the last batch
+    before to the end of the first after).
     A source that cannot be read (SourceUnavailable, SourceDataLost, StorageUnavailable of the landing) does not end
     the run: logged (logger `pipelines.job.stream`) as its one line, counted in the summary, retried with backoff
     (_RetryingIngest); a stop is still noticed within a second while it waits.
@@ -292,7 +295,7 @@ def run_continuously(config: SessionsConfig, *, spark: SparkSession | None = Non
     with _job(config, "run", spark) as run:
         summary = run.summary
         request: StreamRequest | None = None
-        resumed: _Resumed | None = None  # a rescale done, answered once the first batch after it ran
+        resumed: _Resumed | None = None  # a state change done, answered once the first batch after it ran
         ingest_now = _RetryingIngest(config, summary, poll_seconds, run.lease)
         wait = 0.0 if stop.is_set() else ingest_now()
         try:
@@ -307,15 +310,15 @@ def run_continuously(config: SessionsConfig, *, spark: SparkSession | None = Non
                     resumed = None
                 if isinstance(request, ErasureRequest):
                     _answer_erasure(config, run, request, on_erasure)
-                elif isinstance(request, RescaleRequest):
-                    if resumed is not None:  # a second rescale before the first one's batch after: answer the first
+                elif isinstance(request, (RescaleRequest, RestoreRequest)):
+                    if resumed is not None:  # a second change before the first one's batch after: answer the first
                         resumed.answer(config, None)
-                    resumed = _rescale(config, run, request, on_rescale, poll_seconds)
+                    resumed = _change_state(config, run, request, on_state_change, poll_seconds)
                 else:
                     break
                 request, wait = None, 0.0
         finally:
-            if resumed is not None and not resumed.answered:  # stopped before a batch ran after the rescale
+            if resumed is not None and not resumed.answered:  # stopped before a batch ran after the change
                 resumed.answer(config, None)
         summary.stopped_by = "stop request" if isinstance(request, StopRequest) else "caller"
         if isinstance(request, StopRequest):
@@ -327,8 +330,8 @@ def _run_query(config: SessionsConfig, run: _Run, stop: threading.Event, tick: f
                ingest_now: _RetryingIngest, wait: float,
                on_progress: Callable[[RunSummary, MicroBatchSink], None] | None,
                resumed: _Resumed | None = None) -> StreamRequest | None:
-    """One query of the run, until the caller stops it or a request (stop, erasure, rescale) arrives; drained and
-    closed. `resumed`: a rescale to answer once this query's first batch ran."""
+    """One query of the run, until the caller stops it or a request (stop, erasure, rescale, restore) arrives;
+    drained and closed. `resumed`: a state change to answer once this query's first batch ran."""
     summary, request = run.summary, None
     with spark_failures(config):
         begun = time.monotonic()
@@ -384,19 +387,19 @@ def _batch_end(query: StreamingQuery) -> float | None:
     return None
 
 
-# Called by the run loop for a rescale request, with the query stopped and the job lease held; returns the rescale's
-# result. The state layer rescales (state_store.lifecycle); this layer does not know how.
-OnRescale = Callable[[RescaleRequest, SparkSession, Lease], "dict[str, Any]"]
+# Called by the run loop for a rescale or a restore request, with the query stopped and the job lease held; returns
+# the change's result. The state layer rescales and restores (state_store.lifecycle); this layer does not know how.
+OnStateChange = Callable[[StateChange, SparkSession, Lease], "dict[str, Any]"]
 
 
 @dataclass
 class _Resumed:
-    """A rescale done between two batches, answered once the first batch after it ran -- or, with no new events,
-    `wait_s` after the query started again, with the downtime unknown and `started` (when the query ran again) said
-    instead."""
-    request: RescaleRequest
-    rescaled: dict[str, Any]
-    before_end: float | None  # epoch s: the end of the last batch before the rescale
+    """A state change done between two batches, answered once the first batch after it ran -- or, with no new
+    events, `wait_s` after the query started again, with the downtime unknown and `started` (when the query ran
+    again) said instead."""
+    request: StateChange
+    result: dict[str, Any]
+    before_end: float | None  # epoch s: the end of the last batch before the change
     wait_s: float
     started: float | None = None  # epoch s
     deadline: float = float("inf")  # monotonic
@@ -415,22 +418,23 @@ class _Resumed:
     def answer(self, config: SessionsConfig, first_end: float | None) -> None:
         def since_before(moment: float | None) -> float | None:
             return round(moment - self.before_end, 3) if moment is not None and self.before_end is not None else None
-        answer_request(config, self.request, RescaleAnswer(rescaled=self.rescaled, downtime_s=since_before(first_end),
+        answer_request(config, self.request, ResumedAnswer(result=self.result, downtime_s=since_before(first_end),
                                                            resumed_s=since_before(self.started)))
         self.answered = True
 
 
-def _rescale(config: SessionsConfig, run: _Run, request: RescaleRequest, on_rescale: OnRescale | None,
-             poll_seconds: float) -> _Resumed | None:
-    """The rescale between two batches; a failure is answered at once (the stream goes on from the checkpoint as it
-    is: a rescale Spark did not finish makes the query fail with the one line that finishes it)."""
+def _change_state(config: SessionsConfig, run: _Run, request: StateChange, on_change: OnStateChange | None,
+                  poll_seconds: float) -> _Resumed | None:
+    """The rescale or restore between two batches; a failure is answered at once (the stream goes on from the
+    checkpoint as it is: a rescale Spark did not finish, or a restore that set the old checkpoint aside and did not
+    finish, makes the query fail with the one line that finishes it)."""
     withdraw(config, request)  # taken: answered later (after the first batch), never taken twice
     try:
-        if on_rescale is None:
-            raise SessionsError("this stream cannot rescale (no rescale handler): stop it and run rescale")
-        rescaled = on_rescale(request, run.spark, run.lease)
+        if on_change is None:
+            raise SessionsError("this stream cannot rescale or restore (no handler): stop it and run the command")
+        result = on_change(request, run.spark, run.lease)
     except Exception as error:  # noqa: BLE001 -- the requester is told either way; an unexpected one is raised too
-        answer_request(config, request, RescaleAnswer(error=_first_line(error)))
+        answer_request(config, request, ResumedAnswer(error=_first_line(error)))
         if not isinstance(error, SessionsError):
             raise
         return None
@@ -438,7 +442,7 @@ def _rescale(config: SessionsConfig, run: _Run, request: RescaleRequest, on_resc
         run.meta, run.operator = checkpoint_metadata(config)  # the rescaled (or restored) checkpoint
     # The first batch after runs at the query's first trigger when events are waiting; two polls and the stop
     # timeout bound the wait for one.
-    return _Resumed(request, rescaled, run.last_batch_end, wait_s=2 * poll_seconds + config.stop_timeout_s)
+    return _Resumed(request, result, run.last_batch_end, wait_s=2 * poll_seconds + config.stop_timeout_s)
 
 
 # Called by the run loop for an erasure request, with the query stopped and the job lease held; returns the answer
