@@ -20,9 +20,11 @@ events), then measure in one run:
 Results: benchmarks/results/lifecycle.json and lifecycle.md. Usage:
   .venv/bin/python benchmarks/lifecycle.py [--sizes 10000,100000] [--provider rocksdb|hdfs|both] [--large]
                                            [--savepoint-only] [--scale [--master spark://127.0.0.1:7077]]
-                                           [--running-rescale]
+                                           [--running-rescale] [--running-restore]
   running rescale (--running-rescale) only a rescale 4 -> 8 of a running `sessionctl run`, files landing: the
                  downtime the stream reports and the one its checkpoint's commit times show
+  running restore (--running-restore) only `restore --online` of a running `sessionctl run`, files landing, to a
+                 savepoint taken beside it a little earlier: the restore's phases and the downtime the stream reports
   scale          (--scale) only a full savepoint and its restore, with the peak memory of the driver's Python
                  process, its JVM and each executor JVM of a standalone cluster (--master): the driver's must not
                  grow with the state. The state is built by one process, measured by a fresh one (whose driver never
@@ -308,6 +310,28 @@ def measure_running_rescale(provider: str, users: int, spark, work: Path, quiet_
             "load_avg_1m": round(os.getloadavg()[0], 2), "load_end": _load()}
 
 
+def measure_running_restore(provider: str, users: int, spark, work: Path, quiet_s: float = 10.0) -> dict:
+    """`restore --online` of a running `sessionctl run`, files landing, to a savepoint taken beside it `quiet_s`
+    earlier: the restore's own seconds and phases, and the downtime the stream reports (Spark's progress times)."""
+    config = _config(work / f"running-restore-{provider}-{users}", provider, None)
+    began = time.monotonic()
+    build_state(config, users, spark)
+    build_s = time.monotonic() - began
+    with running_stream(config, users):
+        time.sleep(quiet_s)
+        saved = take_savepoint(config, spark=spark)  # beside the stream, as an operator would
+        time.sleep(quiet_s)
+        asked = time.time()
+        result = restore(config, saved.savepoint_id, online=True)
+        answered = time.time()
+        time.sleep(quiet_s)
+    return {"provider": provider, "users": users, "build_s": round(build_s, 1), "state_rows": result.rows,
+            "restore_s": result.seconds, "restore_phases": result.phases, "rolled_back": result.rolled_back,
+            "downtime_s": result.downtime_seconds, "resumed_s": result.resumed_seconds,
+            "request_to_answer_s": round(answered - asked, 3), "load_avg_1m": round(os.getloadavg()[0], 2),
+            "load_end": _load()}
+
+
 def _config(home: Path, provider: str, master: str | None) -> SessionsConfig:
     env = {"SESSIONS_HOME": str(home), "SESSIONS_STATE_STORE": provider, "SESSIONS_STATE_PARTITIONS": "4",
            "SESSIONS_SAVEPOINT_FULL_EVERY": "10"}  # incremental savepoints, whatever the default
@@ -483,6 +507,9 @@ def main() -> None:
     parser.add_argument("--running-rescale", action="store_true",
                         help="only the rescale (4 -> 8) of a running `sessionctl run` and its downtime; results in "
                              "lifecycle-running-rescale.json/.md")
+    parser.add_argument("--running-restore", action="store_true",
+                        help="only `restore --online` of a running `sessionctl run` and its downtime; results in "
+                             "lifecycle-running-restore.json/.md")
     parser.add_argument("--master", default=None,
                         help="a Spark master, e.g. spark://127.0.0.1:7077 (deploy/local-cluster start); local[2] if unset")
     parser.add_argument("--scale-step", choices=("build", "measure"), help=argparse.SUPPRESS)
@@ -507,6 +534,7 @@ def main() -> None:
         for users in sizes:
             result = (scale_run(provider, users, work, args.master) if args.scale else
                       measure_running_rescale(provider, users, spark, work) if args.running_rescale else
+                      measure_running_restore(provider, users, spark, work) if args.running_restore else
                       measure(provider, users, spark, work, online=args.online, savepoint_only=args.savepoint_only))
             print(json.dumps(result), flush=True)
             results.append(result)
@@ -514,7 +542,8 @@ def main() -> None:
     out = Path(args.results_dir)
     out.mkdir(parents=True, exist_ok=True)
     name = ("lifecycle-scale" if args.scale else "lifecycle-savepoint" if args.savepoint_only else
-            "lifecycle-running-rescale" if args.running_rescale else "lifecycle")
+            "lifecycle-running-rescale" if args.running_rescale else
+            "lifecycle-running-restore" if args.running_restore else "lifecycle")
     meta = {"date": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"), "nproc": os.cpu_count(),
             "note": args.note}
     (out / f"{name}.json").write_text(json.dumps({"meta": meta, "results": results}, indent=2))
@@ -531,6 +560,18 @@ def main() -> None:
         lines += [f"| {r['provider']} | {r['users']:,} | {r['state_rows']:,} | {r['rescale_method']} | "
                   f"{r['rescale_s']} | {r['downtime_s']} | {r['checkpoint_downtime_s']} | {r['resumed_s']} | "
                   f"{r['request_to_answer_s']} | {r['load_avg_1m']} |" for r in results]
+    elif args.running_restore:
+        lines += ["`restore --online` of a running `sessionctl run` (its own JVM, a file of touched users every 2 s) to "
+                  "a savepoint taken beside it 10 s earlier: the stream stops its query between two batches, restores "
+                  "the savepoint (verified, outputs rolled back, bootstrap batch, state checked) and starts the query "
+                  "again, which replays the events since. Downtime as the stream reports it (Spark's progress: the end "
+                  "of its last batch before to the end of its first after).", "",
+                  "| provider | users | state rows | restore s | its phases (s) | downtime s (stream) | query running "
+                  "again after s | request to answer s | load (1 min) |", "|---|---:|---:|---:|---|---:|---:|---:|---:|"]
+        lines += [f"| {r['provider']} | {r['users']:,} | {r['state_rows']:,} | {r['restore_s']} | "
+                  + ", ".join(f"{k} {v}" for k, v in r["restore_phases"].items())
+                  + f" | {r['downtime_s']} | {r['resumed_s']} | {r['request_to_answer_s']} | {r['load_avg_1m']} |"
+                  for r in results]
     elif not (args.savepoint_only or args.scale):
         lines += ["Savepoint = the executors read the state through Spark's state data source and write the Delta "
                   "table's files, the driver commits their metadata, the executors re-read the files and verify the "
