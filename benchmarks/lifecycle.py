@@ -57,8 +57,9 @@ from pipelines.config import SessionsConfig  # noqa: E402
 from pipelines.core.sample_data import land  # noqa: E402
 from pipelines.job.runtime import get_spark  # noqa: E402
 from pipelines.job.stream import catch_up  # noqa: E402
-from state_store.lifecycle import live_state, rescale, restore, take_savepoint  # noqa: E402
+from state_store.lifecycle import rescale, restore, take_savepoint  # noqa: E402
 from state_store.savepoint import catalog as sp  # noqa: E402
+from testkit.lifecycle_expectations import live_state  # noqa: E402
 
 
 def _status_kib(pid: int, field: str) -> int | None:

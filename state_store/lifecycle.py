@@ -8,7 +8,6 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Any
 
-import pyarrow as pa
 from pyspark.sql import SparkSession
 
 from pipelines.config import SessionsConfig
@@ -16,7 +15,6 @@ from pipelines.coordination import kill_point
 from pipelines.coordination.job_leases import JOB, LIFECYCLE, job_lock
 from pipelines.coordination.leases import Lease, LeaseInfo
 from pipelines.coordination.requests import ResumedAnswer, StateChange
-from pipelines.core import state_format
 from pipelines.errors import (
     NoCommittedBatch,
     RescaleRefused,
@@ -39,7 +37,7 @@ from state_store.savepoint.checksum import frame_checksum
 from state_store.savepoint.take import savepoint_last_batch
 from state_store.state import read_state, repartition_state
 
-__all__ = ["lifecycle_locks", "live_state", "replaced_checkpoints", "rescale", "rescale_unlocked", "restore", "take_savepoint",
+__all__ = ["lifecycle_locks", "replaced_checkpoints", "rescale", "rescale_unlocked", "restore", "take_savepoint",
            "validate_savepoint"]
 
 RUNNING_CHANGE_WAIT_S = 3600.0  # how long a rescale or restore waits, beyond the stop timeout, for a running stream
@@ -55,12 +53,6 @@ def lifecycle_locks(config: SessionsConfig, what: str) -> Iterator[Lease]:
 
 def _spark(config: SessionsConfig, spark: SparkSession | None) -> SparkSession:
     return spark or get_spark(config)
-
-
-def live_state(spark: SparkSession, checkpoint: CheckpointPath, *, batch_id: int | None, op: StateOperator | None = None
-               ) -> pa.Table:
-    """Canonical Arrow table of the state at a committed batch (Spark's state data source)."""
-    return state_format.canonical(read_state(spark, checkpoint, batch_id=batch_id, op=op).toArrow())
 
 
 # ---- savepoint ---------------------------------------------------------------------------------

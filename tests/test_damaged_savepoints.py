@@ -17,13 +17,14 @@ from pipelines.ingest import ingest
 from pipelines.job.runtime import explain_spark_failure, spark_failures
 from pipelines.job.stream import catch_up
 from state_store.history import diff_savepoints
-from state_store.lifecycle import live_state, restore, take_savepoint
+from state_store.lifecycle import restore, take_savepoint
 from state_store.maintenance import compact
 from state_store.preflight import plan_restore
 from state_store.savepoint.catalog import SavepointStore
 from state_store.savepoint.chain import savepoint_checksum
 from state_store.savepoint.checksum import state_checksum
 from state_store.savepoint.damage import check_readable, damaged_members
+from testkit.lifecycle_expectations import live_state
 from tests.conftest import config_env, make_config, read_open_sessions, read_sessions, tool
 from tests.datagen import in_order_chunks
 from tests.savepoint_expectations import oracle_of

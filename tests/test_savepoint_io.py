@@ -19,7 +19,7 @@ from pipelines.core.sample_data import land
 from pipelines.errors import SavepointFailed
 from pipelines.ingest import ingest
 from pipelines.job.stream import catch_up
-from state_store.lifecycle import live_state, take_savepoint, validate_savepoint
+from state_store.lifecycle import take_savepoint, validate_savepoint
 from state_store.savepoint import chain
 from state_store.savepoint import files as io
 from state_store.savepoint import stats as savepoint_stats
@@ -27,6 +27,7 @@ from state_store.savepoint import take as savepointing
 from state_store.savepoint.catalog import SavepointStore
 from state_store.savepoint.checksum import combine_checksum, partial_checksum, signed, state_checksum
 from state_store.state import read_state
+from testkit.lifecycle_expectations import live_state
 from testkit.oracle import run_oracle
 from tests.conftest import make_config, open_sessions_of
 from tests.datagen import in_order_chunks
