@@ -17,11 +17,12 @@ from pipelines.ingest import ingest
 from pipelines.ingest.erased import UserSpelling
 from pipelines.job.stream import catch_up
 from state_store.erasure import _erase_savepoints
-from state_store.lifecycle import live_state, restore, take_savepoint, validate_savepoint
+from state_store.lifecycle import restore, take_savepoint, validate_savepoint
 from state_store.maintenance import compact
 from state_store.savepoint.catalog import DELETED, SavepointStore
 from state_store.savepoint.chain import savepoint_checksum, savepoint_rows
 from state_store.savepoint.checksum import state_checksum
+from testkit.lifecycle_expectations import live_state
 from tests.conftest import make_config, open_sessions_of, read_open_sessions, read_sessions
 from tests.datagen import BASE_MS, iso
 from tests.savepoint_expectations import oracle_of
