@@ -12,9 +12,15 @@ from pyspark.sql import SparkSession
 
 from pipelines.config import SessionsConfig
 from pipelines.coordination import kill_point
-from pipelines.coordination.job_leases import JOB, LIFECYCLE, job_lock
+from pipelines.coordination.job_leases import JOB, LIFECYCLE, job_lock, running_stream
 from pipelines.coordination.leases import Lease, LeaseInfo
-from pipelines.coordination.requests import ResumedAnswer, StateChange
+from pipelines.coordination.requests import (
+    ResumedAnswer,
+    StateChange,
+    await_answer,
+    request_rescale,
+    request_restore,
+)
 from pipelines.errors import (
     NoCommittedBatch,
     RescaleRefused,
@@ -104,8 +110,6 @@ def restore(config: SessionsConfig, savepoint: str = "latest", *, partitions: in
     the canonical Delta form alone (the old checkpoint is kept aside, not deleted). With `online`, a running stream
     (any host) is asked to do it between two batches and goes on from the savepoint (`timeout_s`: how long to wait
     for its answer); without, a running stream is a refusal (JobRunning)."""
-    from pipelines.coordination.job_leases import running_stream
-
     if partitions is not None:
         _check_partitions(partitions, for_new_checkpoint(), config.state_buckets)
     stream = running_stream(config) if online else None
@@ -117,8 +121,6 @@ def restore(config: SessionsConfig, savepoint: str = "latest", *, partitions: in
 
 def _restore_running(config: SessionsConfig, savepoint: str, partitions: int | None, migrate: bool,
                      stream: LeaseInfo, timeout_s: float | None) -> RestoreResult:
-    from pipelines.coordination.requests import request_restore
-
     store = SavepointStore.of(config)
     saved = store.get(savepoint)  # `latest` resolved here: the stream restores the savepoint the operator saw
     refused = refusals(config, saved, partitions=partitions, migrate=migrate, store=store)
@@ -135,8 +137,6 @@ def _restore_running(config: SessionsConfig, savepoint: str, partitions: int | N
 def _await_change(config: SessionsConfig, request: StateChange, stream: LeaseInfo, timeout_s: float | None,
                   what: str, again: str) -> tuple[dict[str, Any], ResumedAnswer]:
     """The running stream's answer to a rescale or restore request: its result and the answer (downtime)."""
-    from pipelines.coordination.requests import await_answer
-
     # The stream's change reads and writes its whole state (a savepoint and a repartition, or a restore): minutes at
     # millions of open sessions, so the wait is long by default.
     patience = timeout_s if timeout_s is not None else config.stop_timeout_s * 2 + RUNNING_CHANGE_WAIT_S
@@ -157,8 +157,6 @@ def rescale(config: SessionsConfig, partitions: int, *, spark: SparkSession | No
     """Change the state partitions, keeping all state. A pre-rescale savepoint is taken first; RocksDB uses Spark's
     offline repartition, the HDFS-backed provider savepoint+restore. A running stream (any host) is asked to do it
     between two batches and goes on (`timeout_s`: how long to wait for its answer); otherwise it is done here."""
-    from pipelines.coordination.job_leases import running_stream
-
     _check_rescale(config, partitions)
     stream = running_stream(config)
     if stream is not None and stream.what == "run":
@@ -177,8 +175,6 @@ def _check_rescale(config: SessionsConfig, partitions: int) -> None:
 
 def _rescale_running(config: SessionsConfig, partitions: int, stream: LeaseInfo,
                      timeout_s: float | None) -> RescaleResult:
-    from pipelines.coordination.requests import request_rescale
-
     request = request_rescale(config, stream=stream, partitions=partitions)
     done, answer = _await_change(config, request, stream, timeout_s, "rescale",
                                  f"sessionctl rescale --partitions {partitions}")

@@ -264,13 +264,7 @@ def test_rescale_of_a_running_stream_between_two_batches(tmp_path, spark, provid
         answer = json.loads(rescaled.stdout.strip().splitlines()[-1])
         assert run.poll() is None, "the stream must keep running"
         feeder.join()
-        wait_until(lambda: still_running(run) and not list(config.landing.glob("*.jsonl"))
-                   and stream_caught_up(config), timeout_s=180, interval_s=0.5,
-                   what="every file ingested and processed after the rescale")
-        stopped = subprocess.run([tool("sessionctl"), "stop"], env=config_env(config), capture_output=True,
-                                 text=True, timeout=600)
-        assert stopped.returncode == 0, stopped.stderr
-        out, err = run.communicate(timeout=300)
+        out, err = _caught_up_then_stopped(config, run, after="rescale")
     finally:
         if run.poll() is None:
             run.kill()
@@ -282,11 +276,7 @@ def test_rescale_of_a_running_stream_between_two_batches(tmp_path, spark, provid
     # A batch was waiting (the feeder lands a file a second): the first one after the rescale ran within the wait.
     assert answer.get("downtime_seconds") is not None and 0 < answer["resumed_seconds"] <= answer["downtime_seconds"], json.dumps(answer)
     print("rescale of a running stream:", answer)  # (shown with -rP: the downtime on this machine)
-    oracle = _oracle_all(chunks)
-    written, open_now = read_sessions(config), read_open_sessions(spark, config)
-    assert len(set(written)) == len(written), "a session written twice"
-    assert not set(written) & set(open_now), "a session both written and open"
-    assert sorted(written + open_now) == sorted(set(oracle.closed) | set(oracle.open_sessions))
+    _assert_every_session_once(config, spark, chunks)
 
 
 def test_restore_of_a_running_stream_between_two_batches(tmp_path, spark):
@@ -315,13 +305,7 @@ def test_restore_of_a_running_stream_between_two_batches(tmp_path, spark):
         answer = json.loads(restored.stdout.strip().splitlines()[-1])
         assert run.poll() is None, "the stream must keep running"
         feeder.join()
-        wait_until(lambda: still_running(run) and not list(config.landing.glob("*.jsonl"))
-                   and stream_caught_up(config), timeout_s=180, interval_s=0.5,
-                   what="every file ingested and processed after the restore")
-        stopped = subprocess.run([tool("sessionctl"), "stop"], env=config_env(config), capture_output=True,
-                                 text=True, timeout=600)
-        assert stopped.returncode == 0, stopped.stderr
-        out, err = run.communicate(timeout=300)
+        out, err = _caught_up_then_stopped(config, run, after="restore")
     finally:
         if run.poll() is None:
             run.kill()
@@ -332,6 +316,21 @@ def test_restore_of_a_running_stream_between_two_batches(tmp_path, spark):
     assert answer["stream"].startswith("run"), answer
     assert answer.get("downtime_seconds") is not None and 0 < answer["resumed_seconds"] <= answer["downtime_seconds"], json.dumps(answer)
     print("restore of a running stream:", answer)  # (shown with -rP: the downtime on this machine)
+    _assert_every_session_once(config, spark, chunks)
+
+
+def _caught_up_then_stopped(config, run: subprocess.Popen, *, after: str) -> tuple[str, str]:
+    """Once every landed file is ingested and processed by the running stream, `sessionctl stop`; its output."""
+    wait_until(lambda: still_running(run) and not list(config.landing.glob("*.jsonl")) and stream_caught_up(config),
+               timeout_s=180, interval_s=0.5, what=f"every file ingested and processed after the {after}")
+    stopped = subprocess.run([tool("sessionctl"), "stop"], env=config_env(config), capture_output=True, text=True,
+                             timeout=600)
+    assert stopped.returncode == 0, stopped.stderr
+    return run.communicate(timeout=300)
+
+
+def _assert_every_session_once(config, spark, chunks) -> None:
+    """Written sessions + open state = the oracle's sessions of every event, each once, on one side only."""
     oracle = _oracle_all(chunks)
     written, open_now = read_sessions(config), read_open_sessions(spark, config)
     assert len(set(written)) == len(written), "a session written twice"
@@ -387,8 +386,4 @@ def test_a_running_stream_killed_inside_its_rescale_loses_nothing(tmp_path, spar
         land(config.landing, f"late-{i:04d}.jsonl", [json.dumps(e) for e in chunk])
     catch_up(config, spark)
     assert inspect_checkpoint(config.checkpoint).partitions == 3
-    oracle = _oracle_all(chunks)
-    written, open_now = read_sessions(config), read_open_sessions(spark, config)
-    assert len(set(written)) == len(written), "a session written twice"
-    assert not set(written) & set(open_now), "a session both written and open"
-    assert sorted(written + open_now) == sorted(set(oracle.closed) | set(oracle.open_sessions))
+    _assert_every_session_once(config, spark, chunks)
