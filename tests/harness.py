@@ -99,7 +99,14 @@ STORAGES = ["local", pytest.param("hdfs", marks=pytest.mark.tier("e2e")), pytest
 
 
 def checkpoint_env(request, spark, storage: str, tmp_path) -> dict[str, str]:
-    """The settings that put the checkpoint on `storage` (none for a local path)."""
+    """The settings that put the checkpoint on `storage` (none for a local path). A remote checkpoint's state store
+    providers are unloaded from the shared session when the test ends: left loaded, their maintenance thread goes on
+    uploading to HDFS or S3 after the test, and one caught in a later test's injected outage (a SIGSTOPped endpoint)
+    held a restore's unload of the state stores (Spark waits up to its maintenance shutdown timeout, 300 s)."""
+    if storage != "local":
+        from pipelines.job.runtime import stop_state_stores
+
+        request.addfinalizer(lambda: stop_state_stores(spark))
     if storage == "hdfs":
         hdfs = request.getfixturevalue("hdfs")
         return {"SESSIONS_CHECKPOINT_URI": f"{hdfs.uri}/oracle/{tmp_path.name}",
