@@ -115,13 +115,12 @@ lint: setup
 	$(VENV)/bin/mypy
 
 # Every tier (pyproject [tool.pytest.ini_options] markers; the table in tests/conftest.py): what CI runs.
-# TEST_WORKERS pytest processes (pytest-xdist), each taking the next test when it is idle, except that a module with
-# a module fixture (the Dagster stack, the cluster, the Kafka broker) stays on one worker (tests/conftest.py: its
-# xdist group); each worker has its own SparkSession, HDFS, PostgreSQL and S3 endpoint. TEST_WORKERS=0: one process.
+# TEST_WORKERS pytest processes (pytest-xdist), a whole module per worker at a time (module fixtures: the Dagster
+# stack, the cluster); each worker has its own SparkSession, PostgreSQL and S3 endpoint. TEST_WORKERS=0: one process.
 # The 30 slowest tests are listed at the end: where the suite's time goes.
 TEST_WORKERS ?= 2
 test: setup system-deps lint
-	$(PY) -m pytest -q --durations=30 $(if $(filter 0,$(TEST_WORKERS)),,-n $(TEST_WORKERS) --dist loadgroup) tests
+	$(PY) -m pytest -q --durations=30 $(if $(filter 0,$(TEST_WORKERS)),,-n $(TEST_WORKERS) --dist loadfile) tests
 
 # The pure and in-process Spark tiers: no sessionctl subprocesses, servers, cluster or crash campaign. No module
 # fixtures there, so tests are spread one by one (an idle worker takes queued tests from the busy one).

@@ -15,6 +15,7 @@ import pyarrow.parquet as pq
 from pyspark.sql import DataFrame, SparkSession
 
 from pipelines.config import SessionsConfig
+from pipelines.coordination import kill_point
 from pipelines.coordination.fencing import fenced_delete
 from pipelines.coordination.leases import Lease
 from pipelines.core import state_format
@@ -132,6 +133,7 @@ def restore_unlocked(config: SessionsConfig, savepoint: str, *, partitions: int 
     write_restore_marker(config.checkpoint, saved.savepoint_id, partitions)  # before the first change
     stop_state_stores(spark)  # a stopped query's store uploads no snapshot into the new checkpoint
     replaced = _set_aside(config.checkpoint)
+    kill_point("restore:aside")
     outputs_rolled_back = False
     try:
         operator = for_new_checkpoint()
@@ -149,6 +151,7 @@ def restore_unlocked(config: SessionsConfig, savepoint: str, *, partitions: int 
         removed = _roll_back_outputs(config, saved, lease)
         ensure_tables(config)
         phase("outputs_rolled_back")
+        kill_point("restore:rolled-back")
         # Only the bootstrap batch (and the empty batch after it): events after the savepoint are the next
         # catch-up's or run's to process.
         query, _ = start_query(spark, target, meta, operator, trigger={"availableNow": True},

@@ -383,24 +383,8 @@ def _tier_of(item: pytest.Item) -> str | None:
     return tier
 
 
-# `make test` spreads the tests over its workers one by one (pytest-xdist's --dist loadgroup: an idle worker takes the
-# next test), except a module whose tests share a module-scoped fixture (a Dagster stack, a job made once) or a server
-# that only it starts (the standalone cluster, the Kafka broker, PostgreSQL): it stays on one worker, which makes that
-# fixture once.
-WHOLE_MODULE_FIXTURES = {"spark_cluster", "kafka_broker", "postgres_server"}
-
-
-def _whole_module(item: pytest.Item) -> bool:
-    definitions = getattr(getattr(item, "_fixtureinfo", None), "name2fixturedefs", {})
-    return any(name in WHOLE_MODULE_FIXTURES or (defs and defs[-1].scope == "module")
-               for name, defs in definitions.items())
-
-
-@pytest.hookimpl(tryfirst=True)  # before pytest-xdist's own hook reads the xdist_group marks
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    """Marks every test with its tier (the module's `tier` mark, a test's own, or TIER_OF_CASE), and every test of a
-    module that must stay on one worker with that module's xdist group."""
-    whole = {item.module.__name__ for item in items if isinstance(item, pytest.Function) and _whole_module(item)}
+    """Marks every test with its tier (the module's `tier` mark, a test's own, or TIER_OF_CASE)."""
     for item in items:
         tier = _tier_of(item)
         if tier not in TIERS:
@@ -408,9 +392,6 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
                                     f"module `pytestmark = pytest.mark.tier(...)` with one of {', '.join(TIERS)} "
                                     f"(see the comment above TIERS in tests/conftest.py)")
         item.add_marker(getattr(pytest.mark, tier))
-        module = getattr(getattr(item, "module", None), "__name__", None)
-        if module in whole:
-            item.add_marker(pytest.mark.xdist_group(module))
 
 
 @pytest.hookimpl(wrapper=True)

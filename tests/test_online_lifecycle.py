@@ -389,3 +389,58 @@ def test_a_running_stream_killed_inside_its_rescale_loses_nothing(tmp_path, spar
     catch_up(config, spark)
     assert inspect_checkpoint(config.checkpoint).partitions == 3
     _assert_every_session_once(config, spark, chunks)
+
+
+@pytest.mark.parametrize("point", ["restore:aside", "restore:rolled-back"])
+def test_a_running_stream_killed_inside_its_restore_loses_nothing(tmp_path, spark, point):
+    """`sessionctl run` SIGKILLed inside the restore it was asked for (`restore --online`): with the old checkpoint
+    set aside and nothing else changed, or with the outputs rolled back to the savepoint and the new state not built.
+    The requester says in one line that the stream went away and to run the same restore again; the restore is
+    half done (the marker names the command, a catch-up refuses); the same command, the stream gone, finishes it
+    here, and the catch-up after it writes every session exactly once against the oracle of every event."""
+    import os
+
+    from pipelines.errors import RestoreIncomplete
+    from pipelines.job.checkpoint import read_restore_marker
+
+    config = make_config(tmp_path, "rocksdb", SESSIONS_STATE_PARTITIONS=2)
+    chunks = in_order_chunks(users=60, seed=53, parts=8)
+    env = config_env(config)
+    run = subprocess.Popen([tool("sessionctl"), "run", "--poll-seconds", "1"], env={**env, "SESSIONS_KILL_AT": point},
+                           stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=config.home.parent,
+                           start_new_session=True)  # the kill point takes its JVM with it
+    try:
+        Feeder(config.landing, chunks[:3], every=0.5, prefix="early").start()
+        wait_until(lambda: still_running(run) and not list(config.landing.glob("*.jsonl")) and stream_caught_up(config),
+                   timeout_s=180, interval_s=0.5, what="the early files processed")
+        saved = take_savepoint(config, spark=spark)  # beside the running stream, from this process
+        for i, chunk in enumerate(chunks[3:6], start=3):
+            land(config.landing, f"after-{i:04d}.jsonl", [json.dumps(e) for e in chunk])
+        wait_until(lambda: still_running(run) and not list(config.landing.glob("*.jsonl")) and stream_caught_up(config),
+                   timeout_s=180, interval_s=0.5, what="the files after the savepoint processed")
+        assert _committed(config) > saved.batch_id
+        asked = subprocess.run([tool("sessionctl"), "restore", "--online", "--savepoint", saved.savepoint_id],
+                               env=env, capture_output=True, text=True, timeout=600)
+        run.communicate(timeout=120)
+    finally:
+        if run.poll() is None:
+            os.killpg(run.pid, signal.SIGKILL)
+            run.communicate()
+    assert run.returncode == -signal.SIGKILL, "the stream reached the kill point"
+    said = asked.stderr.strip()
+    assert asked.returncode == 1 and "\n" not in said and "Traceback" not in said, said
+    assert "went away before it answered the restore" in said and "run the same restore again" in said, said
+    command = f"sessionctl restore --savepoint {saved.savepoint_id}"
+    assert read_restore_marker(config.checkpoint)["command"] == command
+    with pytest.raises(RestoreIncomplete, match="sessionctl restore --savepoint"):
+        catch_up(config, spark)
+    again = subprocess.run([tool("sessionctl"), "restore", "--online", "--savepoint", saved.savepoint_id], env=env,
+                           capture_output=True, text=True, timeout=600)  # as the line said: the stream gone, here
+    assert again.returncode == 0, again.stderr[-3000:]
+    finished = json.loads(again.stdout.strip().splitlines()[-1])
+    assert (finished["savepoint_id"], finished["verified"]) == (saved.savepoint_id, True), finished
+    assert read_restore_marker(config.checkpoint) is None
+    for i, chunk in enumerate(chunks[6:], start=6):
+        land(config.landing, f"late-{i:04d}.jsonl", [json.dumps(e) for e in chunk])
+    catch_up(config, spark)
+    _assert_every_session_once(config, spark, chunks)

@@ -10,8 +10,10 @@ Points: `savepoint:files-written` (the executors wrote a savepoint's files, the 
 files, not committed), `fold:committed` (the folded table committed, the catalog not updated), `sink:files-written` (the tasks wrote a
 batch's session or quarantine files, the sink's Delta commit for them not made), `lease:taken` (a lease's
 new epoch record written, nothing done under it yet: the next command must take it over, not wait or wedge),
-`rescale:saved` (a rescale's pre-rescale savepoint taken, the state not moved yet) and `rescale:moved` (the state
-repartitioned or restored, the stream not running again yet: the requester not answered)."""
+`rescale:saved` (a rescale's pre-rescale savepoint taken, the state not moved yet), `rescale:moved` (the state
+repartitioned or restored, the stream not running again yet: the requester not answered), `restore:aside` (a restore's
+marker written and the old checkpoint set aside, nothing else changed) and `restore:rolled-back` (the outputs rolled
+back to the savepoint, the new checkpoint's bootstrap batch not run)."""
 from __future__ import annotations
 
 import os
@@ -21,7 +23,7 @@ __all__ = ["kill_point"]
 
 ENV = "SESSIONS_KILL_AT"
 POINTS = ("savepoint:files-written", "savepoint:committed", "fold:written", "fold:committed", "sink:files-written",
-          "lease:taken", "rescale:saved", "rescale:moved")
+          "lease:taken", "rescale:saved", "rescale:moved", "restore:aside", "restore:rolled-back")
 
 
 def kill_point(name: str) -> None:
