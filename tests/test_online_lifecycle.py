@@ -5,11 +5,14 @@ events up to the savepoint's source position; caught up, exactly the oracle's se
 from __future__ import annotations
 
 import json
+import os
 import random
 import signal
 import subprocess
 import threading
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
@@ -289,8 +292,8 @@ def test_restore_of_a_running_stream_between_two_batches(tmp_path, spark):
     run = _start_run(config)
     Feeder(config.landing, chunks[:4], every=0.5, prefix="early").start()
     try:
-        wait_until(lambda: still_running(run) and not list(config.landing.glob("*.jsonl")) and _committed(config) >= 1
-                   and stream_caught_up(config), timeout_s=180, interval_s=0.5, what="the early files processed")
+        wait_until(lambda: still_running(run) and _committed(config) >= 1 and _all_processed(config), timeout_s=180,
+                   interval_s=0.5, what="the early files processed")
         taken = subprocess.run([tool("sessionctl"), "savepoint", "--json"], env=config_env(config), capture_output=True,
                                text=True, timeout=600)
         assert taken.returncode == 0, taken.stderr[-3000:]
@@ -323,8 +326,8 @@ def test_restore_of_a_running_stream_between_two_batches(tmp_path, spark):
 
 def _caught_up_then_stopped(config, run: subprocess.Popen, *, after: str) -> tuple[str, str]:
     """Once every landed file is ingested and processed by the running stream, `sessionctl stop`; its output."""
-    wait_until(lambda: still_running(run) and not list(config.landing.glob("*.jsonl")) and stream_caught_up(config),
-               timeout_s=180, interval_s=0.5, what=f"every file ingested and processed after the {after}")
+    wait_until(lambda: still_running(run) and _all_processed(config), timeout_s=180, interval_s=0.5,
+               what=f"every file ingested and processed after the {after}")
     stopped = subprocess.run([tool("sessionctl"), "stop"], env=config_env(config), capture_output=True, text=True,
                              timeout=600)
     assert stopped.returncode == 0, stopped.stderr
@@ -346,6 +349,35 @@ def _oracle_all(chunks):
                       GAP_MS, LATENESS_MS)
 
 
+@contextmanager
+def _run_killed_at(config, point: str) -> Iterator[subprocess.Popen]:
+    """`sessionctl run` that SIGKILLs itself (and its JVM: its own process group) at the named kill point; the block
+    asks it for what reaches the point, then the run is waited for (killed here if it is still running)."""
+    run = subprocess.Popen([tool("sessionctl"), "run", "--poll-seconds", "1"],
+                           env={**config_env(config), "SESSIONS_KILL_AT": point}, stdout=subprocess.PIPE,
+                           stderr=subprocess.PIPE, text=True, cwd=config.home.parent, start_new_session=True)
+    try:
+        yield run
+        run.communicate(timeout=120)
+    finally:
+        if run.poll() is None:
+            os.killpg(run.pid, signal.SIGKILL)
+            run.communicate()
+    assert run.returncode == -signal.SIGKILL, "the stream reached the kill point"
+
+
+def _assert_went_away(asked: subprocess.CompletedProcess, what: str) -> None:
+    """The requester of a stream killed inside the change: exit 1, one line, run the same change again."""
+    said = asked.stderr.strip()
+    assert asked.returncode == 1 and "\n" not in said and "Traceback" not in said, said
+    assert f"went away before it answered the {what}" in said and f"run the same {what} again" in said, said
+
+
+def _all_processed(config) -> bool:
+    """Every landed file ingested and processed by the stream."""
+    return not list(config.landing.glob("*.jsonl")) and stream_caught_up(config)
+
+
 @pytest.mark.parametrize("point,partitions_after_kill,method_after", [("rescale:saved", 2, "repartition"),
                                                                       ("rescale:moved", 3, "none")])
 def test_a_running_stream_killed_inside_its_rescale_loses_nothing(tmp_path, spark, point, partitions_after_kill,
@@ -354,30 +386,17 @@ def test_a_running_stream_killed_inside_its_rescale_loses_nothing(tmp_path, spar
     moved yet), or after Spark's repartition (before it runs again). The requester says in one line that the stream
     went away and to run the same rescale again; that rescale (the stream stopped, so here) finishes the job, and
     the catch-up after it writes every session exactly once against the oracle."""
-    import os
-
     config = make_config(tmp_path, "rocksdb", SESSIONS_STATE_PARTITIONS=2)
     chunks = in_order_chunks(users=60, seed=43, parts=6)
     env = config_env(config)
-    run = subprocess.Popen([tool("sessionctl"), "run", "--poll-seconds", "1"], env={**env, "SESSIONS_KILL_AT": point},
-                           stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=config.home.parent,
-                           start_new_session=True)  # the kill point takes its JVM with it
     feeder = Feeder(config.landing, chunks[:3], every=1.0, prefix="early")
-    feeder.start()
-    try:
+    with _run_killed_at(config, point) as run:
+        feeder.start()
         wait_until(lambda: still_running(run) and _committed(config) >= 1, timeout_s=180, interval_s=0.5,
                    what="the stream's first batches")
         asked = subprocess.run([tool("sessionctl"), "rescale", "--partitions", "3"], env=env, capture_output=True,
                                text=True, timeout=600)
-        run.communicate(timeout=120)
-    finally:
-        if run.poll() is None:
-            os.killpg(run.pid, signal.SIGKILL)
-            run.communicate()
-    assert run.returncode == -signal.SIGKILL, "the stream reached the kill point"
-    said = asked.stderr.strip()
-    assert asked.returncode == 1 and "\n" not in said and "Traceback" not in said, said
-    assert "went away before it answered the rescale" in said and "run the same rescale again" in said, said
+    _assert_went_away(asked, "rescale")
     assert inspect_checkpoint(config.checkpoint).partitions == partitions_after_kill
     again = subprocess.run([tool("sessionctl"), "rescale", "--partitions", "3"], env=env, capture_output=True,
                            text=True, timeout=600)
@@ -398,38 +417,25 @@ def test_a_running_stream_killed_inside_its_restore_loses_nothing(tmp_path, spar
     The requester says in one line that the stream went away and to run the same restore again; the restore is
     half done (the marker names the command, a catch-up refuses); the same command, the stream gone, finishes it
     here, and the catch-up after it writes every session exactly once against the oracle of every event."""
-    import os
-
     from pipelines.errors import RestoreIncomplete
     from pipelines.job.checkpoint import read_restore_marker
 
     config = make_config(tmp_path, "rocksdb", SESSIONS_STATE_PARTITIONS=2)
     chunks = in_order_chunks(users=60, seed=53, parts=8)
     env = config_env(config)
-    run = subprocess.Popen([tool("sessionctl"), "run", "--poll-seconds", "1"], env={**env, "SESSIONS_KILL_AT": point},
-                           stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=config.home.parent,
-                           start_new_session=True)  # the kill point takes its JVM with it
-    try:
+    with _run_killed_at(config, point) as run:
         Feeder(config.landing, chunks[:3], every=0.5, prefix="early").start()
-        wait_until(lambda: still_running(run) and not list(config.landing.glob("*.jsonl")) and stream_caught_up(config),
-                   timeout_s=180, interval_s=0.5, what="the early files processed")
+        wait_until(lambda: still_running(run) and _all_processed(config), timeout_s=180, interval_s=0.5,
+                   what="the early files processed")
         saved = take_savepoint(config, spark=spark)  # beside the running stream, from this process
         for i, chunk in enumerate(chunks[3:6], start=3):
             land(config.landing, f"after-{i:04d}.jsonl", [json.dumps(e) for e in chunk])
-        wait_until(lambda: still_running(run) and not list(config.landing.glob("*.jsonl")) and stream_caught_up(config),
-                   timeout_s=180, interval_s=0.5, what="the files after the savepoint processed")
+        wait_until(lambda: still_running(run) and _all_processed(config), timeout_s=180, interval_s=0.5,
+                   what="the files after the savepoint processed")
         assert _committed(config) > saved.batch_id
         asked = subprocess.run([tool("sessionctl"), "restore", "--online", "--savepoint", saved.savepoint_id],
                                env=env, capture_output=True, text=True, timeout=600)
-        run.communicate(timeout=120)
-    finally:
-        if run.poll() is None:
-            os.killpg(run.pid, signal.SIGKILL)
-            run.communicate()
-    assert run.returncode == -signal.SIGKILL, "the stream reached the kill point"
-    said = asked.stderr.strip()
-    assert asked.returncode == 1 and "\n" not in said and "Traceback" not in said, said
-    assert "went away before it answered the restore" in said and "run the same restore again" in said, said
+    _assert_went_away(asked, "restore")
     command = f"sessionctl restore --savepoint {saved.savepoint_id}"
     assert read_restore_marker(config.checkpoint)["command"] == command
     with pytest.raises(RestoreIncomplete, match="sessionctl restore --savepoint"):
