@@ -1,7 +1,7 @@
 """Ingest line rules: the per-line path (`classify_line` per line, the specification) vs the columnar path
 (pipelines/ingest/columnar.py), side by side in one run on the same lines, with 0%, 1% and 10% hostile lines.
 
-Part 1, the rows alone: `pipelines.ingest.table._rows` over one file of --lines lines (a RowSource, as the local
+Part 1, the rows alone: `pipelines.ingest.table.line_rows` over one file of --lines lines (a RowSource, as the local
 source hands it over): per-line, columnar, and per-line with Python's cyclic GC paused (as the columnar path runs
 its fallback lines: how much of the gain is the GC alone), in turns (A B C, C B A, ...), --rounds each; every
 table is asserted equal to the per-line table of the same round. Reports lines/s, MB/s and the ratios of the
@@ -46,7 +46,7 @@ from pipelines.core.sample_data import arrival_order, generate_events  # noqa: E
 from pipelines.ingest import columnar, ingest  # noqa: E402
 from pipelines.ingest import table as ingest_table  # noqa: E402
 from pipelines.ingest.lines import Lines, classify_line, split_lines  # noqa: E402
-from pipelines.ingest.table import RowSource, _rows  # noqa: E402
+from pipelines.ingest.table import RowSource, line_rows  # noqa: E402
 
 
 def _events(count: int, seed: int = 3) -> list[bytes]:
@@ -142,13 +142,13 @@ def _load() -> list[float]:
 VARIANTS = ("per_line", "columnar", "per_line_gc_paused")
 
 
-def _time_rows(sources: list[RowSource], ingested_at: dt.datetime, variant: str) -> tuple[float, Any]:
-    """One timed _rows call. per_line_gc_paused: today's per-line path with Python's cyclic GC paused as the
+def _time_line_rows(sources: list[RowSource], ingested_at: dt.datetime, variant: str) -> tuple[float, Any]:
+    """One timed line_rows call. per_line_gc_paused: today's per-line path with Python's cyclic GC paused as the
     columnar path pauses it for its fallback lines (how much of the gain is the GC alone)."""
     pause = columnar.paused_gc() if variant == "per_line_gc_paused" else contextlib.nullcontext()
     started = time.perf_counter()
     with pause:
-        table = _rows(sources, 1, ingested_at, dt.timedelta(minutes=60), per_line=variant != "columnar")
+        table = line_rows(sources, 1, ingested_at, dt.timedelta(minutes=60), per_line=variant != "columnar")
     return time.perf_counter() - started, table
 
 
@@ -167,7 +167,7 @@ def rows_benchmark(lines: list[bytes], fractions: list[float], rounds: int) -> l
             tables = {}
             for variant in order:
                 before = _load()
-                seconds, table = _time_rows(sources, ingested_at, variant)
+                seconds, table = _time_line_rows(sources, ingested_at, variant)
                 tables[variant] = table
                 runs.append({"variant": variant, "round": r, "seconds": round(seconds, 3), "rows": table.num_rows,
                              "lines_per_s": round(len(mixed) / seconds), "load_before": before, "load_after": _load()})
@@ -190,8 +190,8 @@ def rows_benchmark(lines: list[bytes], fractions: list[float], rounds: int) -> l
 
 
 def _per_line_rows(sources: Any, seq: int, ingested_at: Any, max_future: Any) -> Any:
-    """ingest_table._rows on its per-line path (the specification), patched in for the per_line variant."""
-    return _rows(sources, seq, ingested_at, max_future, per_line=True)
+    """ingest_table.line_rows on its per-line path (the specification), patched in for the per_line variant."""
+    return line_rows(sources, seq, ingested_at, max_future, per_line=True)
 
 
 def ingest_benchmark(lines: list[bytes], rounds: int, work: Path) -> dict[str, Any]:
@@ -205,8 +205,8 @@ def ingest_benchmark(lines: list[bytes], rounds: int, work: Path) -> dict[str, A
             tmp = config.landing / ".clicks.jsonl.tmp"
             tmp.write_bytes(data)
             os.replace(tmp, config.landing / "clicks.jsonl")
-            patch = (mock.patch.object(ingest_table, "_rows", _per_line_rows) if variant == "per_line"
-                     else mock.patch.object(ingest_table, "_rows", _rows))
+            patch = (mock.patch.object(ingest_table, "line_rows", _per_line_rows) if variant == "per_line"
+                     else mock.patch.object(ingest_table, "line_rows", line_rows))
             before = _load()
             with patch:
                 started = time.perf_counter()
@@ -227,7 +227,7 @@ def _markdown(result: dict[str, Any]) -> str:
     rows = ["# Ingest line rules: per-line vs columnar", "",
             f"{result['when']}, {result['cpus']} cores ({result['cpu']}), Python {result['python']}; "
             f"load average (1, 5, 15 min) before {result['load_before']}, after {result['load_after']}.", "",
-            f"## `_rows` over one file of {result['lines']:,} lines, {result['rounds']} rounds each (A B C, C B A, ...), medians",
+            f"## `line_rows` over one file of {result['lines']:,} lines, {result['rounds']} rounds each (A B C, C B A, ...), medians",
             "", "| hostile | lines to the per-line rules | per-line s | columnar s | per-line lines/s "
                 "| columnar lines/s | columnar MB/s | speedup | per-line, GC paused s | speedup vs it "
                 "| tables identical |",

@@ -205,6 +205,9 @@ class SessionsConfig:
     # A last line that parses as a JSON object counts at once; see pipelines/ingest/local.py.
     ingest_settle_seconds: int = _setting(60, "a landed file's unfinished last line counts once the file has not "
                                           "changed for this long", minimum=0)
+    # Large landed files are read by Spark tasks where the Spark job runs (pipelines/job/ingest_tasks.py).
+    ingest_task_mib: int = _setting(64, "a landed file with at least this many new MiB is read and parsed by Spark "
+                                    "tasks (catch-up and run), not by the ingesting process", minimum=1)
     # S3 (delta-rs/object_store): fail in seconds, not after the default 10 retries over 3 minutes.
     s3_max_retries: int = _setting(3, "S3 retries of a request", minimum=0)
     s3_retry_timeout: str = _setting("15s", "S3 retries give up after this (a duration: 30s, 500ms, 2min, 1h)")

@@ -1,5 +1,5 @@
 """The columnar ingest path (pipelines/ingest/columnar.py) gives exactly the rows of the per-line path, which stays
-the specification: `_rows(...)` == `_rows(..., per_line=True)` for mixes of well-formed and hostile lines generated
+the specification: `line_rows(...)` == `line_rows(..., per_line=True)` for mixes of well-formed and hostile lines generated
 by hypothesis, plus one case per rule, each saying whether the fast path may take the line or must leave it to the
 per-line rules."""
 from __future__ import annotations
@@ -20,7 +20,7 @@ from hypothesis import strategies as st
 from pipelines.core.sample_data import arrival_order, generate_events
 from pipelines.ingest import columnar, timestamps
 from pipelines.ingest.lines import Lines, parse_event_time, split_lines
-from pipelines.ingest.table import RowSource, _rows
+from pipelines.ingest.table import RowSource, line_rows
 
 pytestmark = pytest.mark.tier("pure")
 
@@ -43,9 +43,9 @@ def row_source(name: str, pairs: list[tuple[int, bytes]], refused: str | None = 
 
 
 def assert_same_rows(sources: list[RowSource]) -> pa.Table:
-    expected = _rows(sources, 7, INGESTED_AT, MAX_FUTURE, per_line=True)
+    expected = line_rows(sources, 7, INGESTED_AT, MAX_FUTURE, per_line=True)
     with fast_for_any_size():
-        got = _rows(sources, 7, INGESTED_AT, MAX_FUTURE)
+        got = line_rows(sources, 7, INGESTED_AT, MAX_FUTURE)
     assert got.schema == expected.schema
     if not got.equals(expected):
         want, have = expected.to_pylist(), got.to_pylist()
@@ -209,10 +209,10 @@ def test_sample_clickstream_is_all_fast_and_equal() -> None:
     ingested_at = dt.datetime(2026, 12, 1, tzinfo=dt.timezone.utc)
     assert fast_taken(lines, ingested_at + MAX_FUTURE) == set(range(len(lines)))
     sources = [row_source("s.jsonl", [(k + 1, raw) for k, raw in enumerate(lines)])]
-    expected = _rows(sources, 3, ingested_at, MAX_FUTURE, per_line=True)
+    expected = line_rows(sources, 3, ingested_at, MAX_FUTURE, per_line=True)
     assert expected["reject_reason"].null_count == expected.num_rows
     with fast_for_any_size(64 << 10):
-        assert _rows(sources, 3, ingested_at, MAX_FUTURE).equals(expected)
+        assert line_rows(sources, 3, ingested_at, MAX_FUTURE).equals(expected)
 
 
 def test_a_parse_error_costs_only_its_line() -> None:
@@ -399,7 +399,7 @@ def test_empty_and_tiny_inputs() -> None:
     assert_same_rows([])
     assert_same_rows([row_source("f.jsonl", [])])
     assert_same_rows([row_source("f.jsonl", [(1, b"")]), row_source("g.jsonl", [(3, b"  ")])])
-    table = _rows([row_source("f.jsonl", [(1, dumps(event()))])], 1, INGESTED_AT, MAX_FUTURE)  # below MIN_FAST_LINES
+    table = line_rows([row_source("f.jsonl", [(1, dumps(event()))])], 1, INGESTED_AT, MAX_FUTURE)  # below MIN_FAST_LINES
     assert table.num_rows == 1 and table["reject_reason"].null_count == 1
     assert np.array_equal(table["line_key"].to_numpy(), [1])
 
@@ -408,7 +408,7 @@ def test_the_gc_pause_of_the_fallback_ends_with_it() -> None:
     import gc
 
     line = dumps(event(event_id=None))
-    _rows([row_source("f.jsonl", [(1, line)] * 100)], 1, INGESTED_AT, MAX_FUTURE)
+    line_rows([row_source("f.jsonl", [(1, line)] * 100)], 1, INGESTED_AT, MAX_FUTURE)
     assert gc.isenabled()
 
     def failing(raw: bytes, limit: dt.datetime | None) -> None:

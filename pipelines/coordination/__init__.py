@@ -8,7 +8,8 @@ in production), a kill point does nothing.
 Points: `savepoint:files-written` (the executors wrote a savepoint's files, the Delta commit not made),
 `savepoint:committed` (its table committed, no catalog row yet), `fold:written` (compaction wrote a folded table's
 files, not committed), `fold:committed` (the folded table committed, the catalog not updated), `sink:files-written` (the tasks wrote a
-batch's session or quarantine files, the sink's Delta commit for them not made), `lease:taken` (a lease's
+batch's session or quarantine files, the sink's Delta commit for them not made), `ingest:files-written` (Spark
+tasks wrote a large landed file's raw_events files, the ingest commit not made), `lease:taken` (a lease's
 new epoch record written, nothing done under it yet: the next command must take it over, not wait or wedge),
 `rescale:saved` (a rescale's pre-rescale savepoint taken, the state not moved yet), `rescale:moved` (the state
 repartitioned or restored, the stream not running again yet: the requester not answered), `restore:aside` (a restore's
@@ -23,7 +24,7 @@ __all__ = ["kill_point"]
 
 ENV = "SESSIONS_KILL_AT"
 POINTS = ("savepoint:files-written", "savepoint:committed", "fold:written", "fold:committed", "sink:files-written",
-          "lease:taken", "rescale:saved", "rescale:moved", "restore:aside", "restore:rolled-back")
+          "ingest:files-written", "lease:taken", "rescale:saved", "rescale:moved", "restore:aside", "restore:rolled-back")
 
 
 def kill_point(name: str) -> None:

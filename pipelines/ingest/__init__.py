@@ -24,6 +24,7 @@ from pipelines.ingest.table import (
     RAW_SCHEMA,
     Appender,
     IngestResult,
+    LargeFiles,
     Source,
     latest_clock,
     latest_ingest_seq,
@@ -33,7 +34,7 @@ from pipelines.ingest.table import (
 from pipelines.storage import is_s3
 
 __all__ = [
-    "INGESTED_DIR", "RAW_SCHEMA", "REFUSED_DIR", "IngestResult", "LandedFile", "classify_line", "ingest",
+    "INGESTED_DIR", "RAW_SCHEMA", "REFUSED_DIR", "IngestResult", "LandedFile", "LargeFiles", "classify_line", "ingest",
     "latest_ingest_seq", "parse_event_time", "parse_line",
 ]
 
@@ -54,7 +55,7 @@ def _source(config: SessionsConfig) -> Source:
 
 
 def ingest(config: SessionsConfig, *, files_per_commit: int = 16, fenced_by: Sequence[Lease] = (),
-           now: dt.datetime | None = None) -> IngestResult:
+           now: dt.datetime | None = None, large: LargeFiles = "read") -> IngestResult:
     """Append the new complete lines of every landed file to raw_events and move finished files to
     landing/_ingested/<UTC day>/ (see the docstrings of pipelines.ingest.local and pipelines.ingest.s3); or, with
     Kafka configured, the topic's new messages (pipelines.ingest.kafka: offsets in the same Delta commit). Then,
@@ -67,6 +68,12 @@ def ingest(config: SessionsConfig, *, files_per_commit: int = 16, fenced_by: Seq
     in `fenced_by` (a run passes its job lease), so an ingester that lost its lease commits nothing more.
 
     `now` is the wall-clock time the idle close judges by (tests of the rule; None: the current time).
+
+    `large`: what becomes of a landed file with at least SESSIONS_INGEST_TASK_MIB new bytes (table.LargeFiles) --
+    read here, left for later ("defer": no later file is read before it either, so ingest order stays file order),
+    or read and parsed by Spark tasks where the file is, the tasks writing raw_events' files and this process
+    making the one commit (a SpanParser: pipelines.job.ingest_tasks). Landing objects on S3 and Kafka are read
+    here whatever `large` says.
     """
     # Catch-up and run hold the job lease already; this one serialises every writer of raw_events.
     with waiting_lease(config.lease_uri, "ingest", "ingest", config.lease_ttl_s, timeout_s=config.lease_wait_s) as held:
@@ -74,14 +81,16 @@ def ingest(config: SessionsConfig, *, files_per_commit: int = 16, fenced_by: Seq
         history = table.history(limit=HISTORY_PAGE) if table is not None else None  # read once, for both
         appender = Appender(config, latest_seq(table, history) if table is not None else 0, latest_clock(table, history),
                             leases=(held, *fenced_by), version=table.version() if table is not None else None)
-        found = _source(config).ingest(config, table, appender, max(1, files_per_commit))
+        found = _source(config).ingest(config, table, appender, max(1, files_per_commit), large)
         # Only after the source answered: a source that cannot be read (S3 or the broker down) may hold events,
         # so its silence is not idleness.
-        clock = appender.append_clock(now)
+        # Nor is a landing whose large files wait for Spark tasks ("defer").
+        clock = appender.append_clock(now) if not found.deferred else None
         if appender.dropped:
             _record_drops(config, appender)
     return IngestResult(found.files, appender.rows, appender.rejected, appender.first_seq, appender.seq,
-                        found.refused, found.waiting, clock.isoformat().replace("+00:00", "Z") if clock else None)
+                        found.refused, found.waiting, clock.isoformat().replace("+00:00", "Z") if clock else None,
+                        found.deferred, found.by_tasks)
 
 
 def _record_drops(config: SessionsConfig, appender: Appender) -> None:

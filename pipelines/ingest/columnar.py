@@ -1,7 +1,7 @@
 """The columnar fast path of raw_events rows: pyarrow's JSON reader for the lines it can prove well formed,
 the per-line rules (`lines.classify_line`, the specification) for every other line, the same rows either way.
 
-Pure: pyarrow and numpy, no Spark, no I/O. `table._rows` calls `row_columns`; `table._rows(..., per_line=True)` is
+Pure: pyarrow and numpy, no Spark, no I/O. `table.line_rows` calls `row_columns`; `table.line_rows(..., per_line=True)` is
 the per-line reference that tests/test_ingest_columnar.py compares this module with.
 
 A line takes the fast path only when every step below proves that the per-line path would accept it as a valid

@@ -69,14 +69,14 @@ def user_named_by(text: str) -> str | None:
     """The user a raw line names (decoded, or its `"user_id":` token when it is broken), as ingest would store it."""
     try:
         event = json.loads(text)
-    except ValueError:
+    except (ValueError, RecursionError):  # RecursionError: thousands of nested brackets (a hostile line)
         event = None
     if isinstance(event, dict):
         return normalized_user(event.get("user_id"))
     for token in _USER_FIELD.findall(text):
         try:
             return normalized_user(json.loads(token))
-        except ValueError:
+        except (ValueError, RecursionError):
             continue
     return None
 

@@ -45,7 +45,7 @@ from pipelines.errors import ConfigError, SourceDataLost
 from pipelines.ingest.kafka_client import TIMEOUT_S, KafkaClient, first_line
 from pipelines.ingest.kafka_offsets import Span, lost, offsets_metadata, plan, recorded_offsets, source_name
 from pipelines.ingest.lines import Lines
-from pipelines.ingest.table import Appender, Ingested, RowSource, open_raw_table
+from pipelines.ingest.table import Appender, Ingested, LargeFiles, RowSource, open_raw_table
 
 __all__ = ["ingest", "kafka_lag"]
 
@@ -146,7 +146,8 @@ class _Reader:
         self.flush()
 
 
-def ingest(config: SessionsConfig, table: DeltaTable | None, appender: Appender, step: int) -> Ingested:
+def ingest(config: SessionsConfig, table: DeltaTable | None, appender: Appender, step: int,
+           large: LargeFiles = "read") -> Ingested:
     """Every partition from its recorded next offset up to the high watermark seen now, at most
     SESSIONS_KAFKA_COMMIT_MESSAGES messages per commit (`step`, the file sources' files per commit, does not apply).
     `files` of the result counts the partitions with messages ingested."""

@@ -19,7 +19,9 @@ import os
 import stat
 import time
 from dataclasses import dataclass, replace
+from functools import partial
 from pathlib import Path
+from typing import BinaryIO
 
 from deltalake import DeltaTable
 
@@ -37,7 +39,16 @@ from pipelines.ingest.positions import (
     load_positions,
     save_positions,
 )
-from pipelines.ingest.table import Appender, Ingested, RowSource, open_raw_table
+from pipelines.ingest.table import (
+    TABLE_SCHEMA,
+    Appender,
+    Ingested,
+    LargeFiles,
+    ParsedSpan,
+    RowSource,
+    Span,
+    open_raw_table,
+)
 
 __all__ = ["ingest"]
 
@@ -46,6 +57,9 @@ TAIL_WATCH_S = 3600             # a moved file is watched for appended lines thi
 # A file is read at most this much at a time (cut at a line's end; a longer line is read whole): a larger one is
 # ingested in several commits, so ingest's memory is bounded by this, not by the size of the largest landed file.
 READ_CHUNK_BYTES = 32 * 1024 * 1024
+# A file's final newline is looked for this far back from its end when its lines go to Spark tasks (a Span): a
+# longer last line than that (past MAX_LINE_BYTES: quarantined anyway) is read here instead.
+TAIL_SCAN_BYTES = 4 * 1024 * 1024
 
 
 @dataclass(frozen=True)
@@ -59,15 +73,18 @@ class FileRead:
     archive: bool                     # in landing, read to the end, unchanged during the read: move it
     refused_raw: str | None = None    # what a refused entry is (for its quarantine row)
     more: bool = False                # stopped at READ_CHUNK_BYTES: the rest is read by the next round
+    span: Span | None = None          # the lines are Spark tasks' to read (position.lines: known once they did)
 
     def rows(self) -> RowSource:
         return RowSource(self.position.name, self.lines,
                          self.position.refused if self.refused_raw is not None else None, self.refused_raw)
 
 
-def read_file(landing: Path, rel: str, known: FilePosition | None, now: float, settle_s: float) -> FileRead | None:
+def read_file(landing: Path, rel: str, known: FilePosition | None, now: float, settle_s: float,
+              span_from: int | None = None) -> FileRead | None:
     """Read a regular file's new complete lines, at most READ_CHUNK_BYTES of them (see the module docstring); None
-    when it is gone or not a regular file any more."""
+    when it is gone or not a regular file any more. With at least `span_from` new bytes, only their end is read
+    here: the complete lines are a Span for Spark tasks."""
     try:
         # O_NOFOLLOW: a symlink swapped in after the scan is not followed; O_NONBLOCK: nor does a FIFO block us.
         fd = os.open(landing / rel, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
@@ -82,8 +99,12 @@ def read_file(landing: Path, rel: str, known: FilePosition | None, now: float, s
                      and known.bytes <= before.st_size and digest(head[:known.head_len]) == known.head)
         if known is None or not continued:
             known = FilePosition(ino=before.st_ino, name=Path(rel).name, path=rel)
-        handle.seek(known.bytes)
         remaining = before.st_size - known.bytes
+        if span_from is not None and remaining >= span_from:
+            planned = _span(landing, rel, handle, known, head, continued, before, now, settle_s)
+            if planned is not None:
+                return planned
+        handle.seek(known.bytes)
         data = handle.read(min(remaining, READ_CHUNK_BYTES))
         while len(data) < remaining and b"\n" not in data:  # a line longer than a chunk: read on to its end
             data += handle.read(min(remaining - len(data), READ_CHUNK_BYTES))
@@ -104,7 +125,38 @@ def read_file(landing: Path, rel: str, known: FilePosition | None, now: float, s
                     archive=in_landing and unchanged and consumed == after.st_size, more=more)
 
 
-def _scan_landing(config: SessionsConfig, positions: Positions, now: float) -> list[FileRead]:
+def _span(landing: Path, rel: str, handle: BinaryIO, known: FilePosition, head: bytes, continued: bool,
+          before: os.stat_result, now: float, settle_s: float) -> FileRead | None:
+    """read_file's plan for Spark tasks: the body's end found from the file's end (its last newline, or the end
+    itself when the final line is complete by read_file's rule); None when no newline is within TAIL_SCAN_BYTES."""
+    end = before.st_size
+    scanned, last_newline = end, -1
+    while scanned > known.bytes and end - scanned < TAIL_SCAN_BYTES and last_newline < 0:
+        step = min(1 << 20, scanned - known.bytes)
+        handle.seek(scanned - step)
+        block = handle.read(step)
+        scanned -= step
+        if (at := block.rfind(b"\n")) >= 0:
+            last_newline = scanned + at
+    if last_newline < 0:
+        return None
+    handle.seek(last_newline + 1)
+    tail = handle.read(end - last_newline - 1)
+    after = os.fstat(handle.fileno())
+    unchanged = (after.st_size, after.st_mtime_ns) == (before.st_size, before.st_mtime_ns)
+    quiet = now - before.st_mtime_ns / 1e9 >= settle_s
+    complete = bool(tail) and unchanged and (quiet or is_json_object(tail))
+    consumed = end if complete else last_newline + 1
+    span = Span(Path(rel).name, str(landing / rel), known.bytes, consumed, known.lines, known.open_line)
+    position = replace(known, path=rel, bytes=consumed, open_line=complete,
+                       head=digest(head[:min(HEAD_BYTES, consumed)]), head_len=min(HEAD_BYTES, consumed))
+    in_landing = not rel.startswith(f"{INGESTED_DIR}/")
+    return FileRead(position, before.st_mtime_ns, after.st_size, NO_LINES, continued,
+                    archive=in_landing and unchanged and consumed == after.st_size, span=span)
+
+
+def _scan_landing(config: SessionsConfig, positions: Positions, now: float,
+                  span_from: int | None = None) -> list[FileRead]:
     landing, reads = config.landing, []
     if not landing.is_dir():
         return []
@@ -133,13 +185,14 @@ def _scan_landing(config: SessionsConfig, positions: Positions, now: float) -> l
                 position = FilePosition(ino=info.st_ino, name=entry.name, path=entry.name, refused=reason)
                 reads.append(FileRead(position, info.st_mtime_ns, 0, NO_LINES, False, archive=True, refused_raw=what))
             continue
-        read = read_file(landing, entry.name, known, now, config.ingest_settle_seconds)
+        read = read_file(landing, entry.name, known, now, config.ingest_settle_seconds, span_from)
         if read is not None:
             reads.append(read)
     return reads
 
 
-def _scan_moved(config: SessionsConfig, positions: Positions, now: float, seen: set[int]) -> list[FileRead]:
+def _scan_moved(config: SessionsConfig, positions: Positions, now: float, seen: set[int],
+                span_from: int | None = None) -> list[FileRead]:
     """Files moved to _ingested/ that grew since (a writer still holding them open)."""
     reads = []
     for known in list(positions.files.values()):
@@ -151,7 +204,7 @@ def _scan_moved(config: SessionsConfig, positions: Positions, now: float, seen: 
             continue
         if info.st_ino != known.ino or info.st_size == known.bytes:
             continue  # another file now, or nothing new: the cheap common case, no read
-        read = read_file(config.landing, known.path, known, now, config.ingest_settle_seconds)
+        read = read_file(config.landing, known.path, known, now, config.ingest_settle_seconds, span_from)
         if read is not None and read.continued:
             reads.append(read)
     return reads
@@ -199,37 +252,55 @@ def _prune(positions: Positions, landing: Path, now: float, seen: set[int]) -> N
             del positions.files[ino]
 
 
-def ingest(config: SessionsConfig, table: DeltaTable | None, appender: Appender, step: int) -> Ingested:
+def ingest(config: SessionsConfig, table: DeltaTable | None, appender: Appender, step: int,
+           large: LargeFiles = "read") -> Ingested:
     """New complete lines of landed and moved files; refusals; then positions, then moves -- in rounds while a file
-    has more than READ_CHUNK_BYTES to read, each round's commits and positions as crash-safe as a whole ingest's."""
+    has more than READ_CHUNK_BYTES to read, each round's commits and positions as crash-safe as a whole ingest's.
+    A file with at least SESSIONS_INGEST_TASK_MIB new bytes is what `large` says (pipelines.ingest.ingest)."""
     read_from: set[int] = set()
-    refused = 0
+    refused = by_tasks = 0
     while True:
-        found, more = _round(config, table, appender, step, read_from)
+        found, more = _round(config, table, appender, step, read_from, large)
         refused += found.refused
+        by_tasks += found.by_tasks
         if not more:
-            return Ingested(len(read_from), refused, found.waiting)
+            return Ingested(len(read_from), refused, found.waiting, found.deferred, by_tasks)
         table = open_raw_table(config)  # the round committed: its positions are at the table's newest seq
 
 
+def _span_from(config: SessionsConfig, table: DeltaTable | None, large: LargeFiles) -> int | None:
+    """The new bytes from which a file is a Span (None: every file is read here). Spark tasks write files of the
+    table's own schema, so a table written before its newest columns (merged in by the next commit made here) is
+    read here until then."""
+    if large == "read":
+        return None
+    if isinstance(large, str):
+        return config.ingest_task_mib * 1024 * 1024
+    if table is not None and table.schema().to_arrow().names != TABLE_SCHEMA.names:
+        return None
+    return large.min_bytes
+
+
 def _round(config: SessionsConfig, table: DeltaTable | None, appender: Appender, step: int,
-           read_from: set[int]) -> tuple[Ingested, bool]:
+           read_from: set[int], large: LargeFiles) -> tuple[Ingested, bool]:
     """One scan of landing: its reads committed, positions saved, finished files moved; whether a read stopped short
     of a file's end (`more`). The inodes of files with lines read are added to `read_from`."""
     positions = load_positions(config, table, appender.seq)
     loaded = positions.to_json()
     now = time.time()
-    reads = _scan_landing(config, positions, now)
+    span_from = _span_from(config, table, large)
+    reads = _scan_landing(config, positions, now, span_from)
     seen = {read.position.ino for read in reads}
-    reads += _scan_moved(config, positions, now, seen)
+    reads += _scan_moved(config, positions, now, seen, span_from)
     seen |= {read.position.ino for read in reads}
     reads.sort(key=lambda read: (read.mtime_ns, read.position.name))
-    pending = [read for read in reads if read.lines or read.refused_raw is not None]
-    for start in range(0, len(pending), step):
-        chunk = pending[start:start + step]
-        appender.append([read.rows() for read in chunk],
-                        {"file_positions": json.dumps([read.position.to_json() for read in chunk])})
-    if pending and positions.table_id is None:
+    deferred = 0
+    if large == "defer" and (cut := next((k for k, read in enumerate(reads) if read.span), None)) is not None:
+        # Left with every later file, in order: their events must not reach the stream before the large file's.
+        deferred = len(reads) - cut
+        reads = reads[:cut]
+    reads = _commit_reads(reads, appender, step, large)
+    if any(read.lines or read.refused_raw is not None or read.span for read in reads) and positions.table_id is None:
         positions.table_id = appender.table_id()
     positions.seq = appender.seq
     moves: list[tuple[Path, Path, FileRead]] = []
@@ -253,7 +324,43 @@ def _round(config: SessionsConfig, table: DeltaTable | None, appender: Appender,
             continue  # replaced or grown since the read: the next ingest looks again (the position is kept)
         target.parent.mkdir(parents=True, exist_ok=True)
         os.rename(source, target)  # the same filesystem: the inode (and a writer's handle) moves with it
-    read_from |= {read.position.ino for read in pending if read.lines}
+    read_from |= {read.position.ino for read in reads if read.lines or read.span}
     refused = sum(1 for read in reads if read.refused_raw is not None)
     more = any(read.more for read in reads)
-    return Ingested(len(read_from), refused, waiting=0 if more else len(landed_files(config))), more
+    by_tasks = sum(1 for read in reads if read.span)
+    waiting = 0 if more else len(landed_files(config))
+    return Ingested(len(read_from), refused, waiting, deferred, by_tasks), more
+
+
+def _commit_reads(reads: list[FileRead], appender: Appender, step: int, large: LargeFiles) -> list[FileRead]:
+    """The reads with something to commit, committed in order: up to `step` files read here per commit, a Span in a
+    commit of its own (its tasks key its rows by line number, unique in one file only). Returns the reads, a Span's
+    position completed by the lines its tasks found."""
+    done: list[FileRead] = []
+    chunk: list[FileRead] = []
+
+    def flush() -> None:
+        if chunk:
+            appender.append([read.rows() for read in chunk],
+                            {"file_positions": json.dumps([read.position.to_json() for read in chunk])})
+            chunk.clear()
+
+    for read in reads:
+        if read.span is not None and not isinstance(large, str):
+            flush()
+            read = _spanned(read, appender.append_span(read.span, large, partial(_span_metadata, read)))
+        elif read.lines or read.refused_raw is not None:
+            chunk.append(read)
+            if len(chunk) == step:
+                flush()
+        done.append(read)
+    flush()
+    return done
+
+
+def _span_metadata(read: FileRead, parsed: ParsedSpan) -> dict[str, str]:
+    return {"file_positions": json.dumps([_spanned(read, parsed).position.to_json()])}
+
+
+def _spanned(read: FileRead, parsed: ParsedSpan) -> FileRead:
+    return replace(read, position=replace(read.position, lines=parsed.lines))

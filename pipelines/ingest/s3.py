@@ -19,7 +19,7 @@ from deltalake import DeltaTable
 from pipelines.config import SessionsConfig
 from pipelines.ingest.lines import split_lines
 from pipelines.ingest.positions import INGESTED_DIR, LandedFile, archive_day
-from pipelines.ingest.table import HISTORY_PAGE, Appender, Ingested, RowSource
+from pipelines.ingest.table import HISTORY_PAGE, Appender, Ingested, LargeFiles, RowSource
 from pipelines.storage import filesystem, s3_errors, s3_limits
 
 __all__ = ["ingest"]
@@ -82,7 +82,8 @@ def _archive_object(config: SessionsConfig, file: LandedFile) -> None:
     fs.delete_file(source)
 
 
-def ingest(config: SessionsConfig, table: DeltaTable | None, appender: Appender, step: int) -> Ingested:
+def ingest(config: SessionsConfig, table: DeltaTable | None, appender: Appender, step: int,
+           large: LargeFiles = "read") -> Ingested:
     """Every object whole (an object is complete when it appears: its last line needs no newline). Every object
     listed is committed and archived (or this raised): none is refused, none left waiting. The landing's failures
     are StorageUnavailable (raw_events' own, in the warehouse, are the appender's)."""

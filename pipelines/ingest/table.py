@@ -10,25 +10,28 @@ import datetime as dt
 import json
 import logging
 import os
-from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
-from typing import Any, Protocol
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any, Literal, Protocol
 
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 from deltalake import CommitProperties, DeltaTable, write_deltalake
+from deltalake.exceptions import CommitFailedError
+from deltalake.transaction import AddAction, RemoveAction
 
 from pipelines.config import SessionsConfig
+from pipelines.coordination import kill_point
 from pipelines.coordination.fencing import committing, fence
 from pipelines.coordination.leases import Lease
-from pipelines.errors import ConcurrentIngest, Result
+from pipelines.errors import ConcurrentIngest, LeaseLost, Result
 from pipelines.ingest import columnar
 from pipelines.ingest.erased import ErasedUsers, user_named_by
 from pipelines.ingest.lines import Lines, classify_line
 from pipelines.storage import is_s3, read_rows, storage_options
 
-__all__ = ["CLOCK_KIND", "CLOCK_MAX_IDLE_PERIODS", "HISTORY_PAGE", "RAW_SCHEMA", "TABLE_SCHEMA", "Appender", "IngestClock", "IngestResult", "Ingested", "RowSource", "Source", "latest_clock", "latest_ingest_seq", "latest_seq", "open_raw_table"]
+__all__ = ["CLOCK_KIND", "CLOCK_MAX_IDLE_PERIODS", "HISTORY_PAGE", "RAW_SCHEMA", "TABLE_SCHEMA", "Appender", "IngestClock", "IngestResult", "Ingested", "LargeFiles", "ParsedSpan", "RowSource", "Source", "Span", "SpanParser", "latest_clock", "latest_ingest_seq", "latest_seq", "line_rows", "open_raw_table", "standing_erasure"]
 
 RAW_SCHEMA = pa.schema([
     ("event_id", pa.string()),
@@ -92,8 +95,14 @@ class IngestClock:
         valid = rows.filter(pc.is_null(rows["reject_reason"]))
         if valid.num_rows == 0:
             return self
-        newest = int(pc.max(valid["event_time"].cast(pa.int64())).as_py())
-        return IngestClock(newest if self.max_event_us is None else max(self.max_event_us, newest), ingested_at_us)
+        return self.after_newest(int(pc.max(valid["event_time"].cast(pa.int64())).as_py()), ingested_at_us)
+
+    def after_newest(self, newest_us: int | None, ingested_at_us: int) -> IngestClock:
+        """The clock once a commit whose newest valid event_time is `newest_us` (None: it held none) is appended."""
+        if newest_us is None:
+            return self
+        return IngestClock(newest_us if self.max_event_us is None else max(self.max_event_us, newest_us),
+                           ingested_at_us)
 
     def due(self, now_us: int, idle_us: int) -> int | None:
         """The event time (us, whole ms) of the clock row to append at `now_us`, or None: none yet, or off."""
@@ -162,16 +171,20 @@ class RowSource:
     refused_raw: str | None = None
 
 
-def _rows(sources: list[RowSource], seq: int, ingested_at: dt.datetime, max_future: dt.timedelta,
-          per_line: bool = False) -> pa.Table:
+def line_rows(sources: Sequence[RowSource], seq: int, ingested_at: dt.datetime, max_future: dt.timedelta,
+              *, per_line: bool = False, keyed_by_line_no: bool = False) -> pa.Table:
     """The raw_events rows of one commit. The columnar path (pipelines/ingest/columnar.py: pyarrow's JSON reader for
     the lines it proves valid, classify_line for the rest) gives the same rows as the per-line loop below, which
-    stays the specification (`per_line=True`; tests/test_ingest_columnar.py compares the two)."""
+    stays the specification (`per_line=True`; tests/test_ingest_columnar.py compares the two).
+
+    line_key is the row's position in the commit, or with `keyed_by_line_no` its line number: a commit of one file
+    whose lines Spark tasks parse apart (Span), where no task knows how many rows the others made."""
     future_limit = ingested_at + max_future
     if not per_line:
         lines = columnar.row_columns(sources, future_limit)
         n = len(lines["line_no"])
-        return pa.table({**lines, "line_key": pa.array(np.arange(1, n + 1, dtype=np.int64)),
+        keys = lines["line_no"] if keyed_by_line_no else pa.array(np.arange(1, n + 1, dtype=np.int64))
+        return pa.table({**lines, "line_key": keys,
                          "ingest_seq": pa.nulls(n, pa.int64()).fill_null(seq),
                          "ingested_at": pa.nulls(n, RAW_SCHEMA.field("ingested_at").type).fill_null(ingested_at)},
                         schema=RAW_SCHEMA)
@@ -184,7 +197,7 @@ def _rows(sources: list[RowSource], seq: int, ingested_at: dt.datetime, max_futu
         columns["line_no"].append(line_no)
         columns["reject_reason"].append(reason)
         columns["raw"].append(raw)
-        columns["line_key"].append(len(columns["line_key"]) + 1)
+        columns["line_key"].append(line_no if keyed_by_line_no else len(columns["line_key"]) + 1)
 
     for source in sources:
         if source.refused is not None:
@@ -198,6 +211,65 @@ def _rows(sources: list[RowSource], seq: int, ingested_at: dt.datetime, max_futu
     columns["ingest_seq"] = [seq] * n
     columns["ingested_at"] = [ingested_at] * n
     return pa.table(columns, schema=RAW_SCHEMA)
+
+
+@dataclass(frozen=True)
+class Span:
+    """The complete lines of one landed file that Spark tasks read and parse where the file is (a SpanParser), not
+    this process: bytes [start, end) of the file at `uri`, numbered on from `lines_before` as split_lines numbers
+    them (`open_before`: the line before `start` was taken unterminated, so the first newline closes it)."""
+    name: str            # source_file of its rows
+    uri: str             # a local path or s3://bucket/key
+    start: int
+    end: int
+    lines_before: int
+    open_before: bool
+
+    @property
+    def first_line(self) -> int:
+        return self.lines_before if self.open_before else self.lines_before + 1
+
+
+@dataclass(frozen=True)
+class ParsedSpan:
+    """What the tasks made of a Span: the raw_events data files they wrote (in no table version until the ingest
+    commit adds them) and what the commit needs to know of their rows."""
+    actions: list[AddAction]
+    rows: int
+    rejected: int
+    newest_us: int | None       # the newest valid event_time (the ingest clock's)
+    lines: int                  # the file's lines consumed once the span is (FilePosition.lines)
+    dropped: dict[str, int] = field(default_factory=dict)  # the standing erasure's drops: user -> events
+    discard: Callable[[], None] = lambda: None  # remove the files: the commit was refused
+
+
+class SpanParser(Protocol):
+    """Spark tasks that read and parse a Span's lines with the rules of line_rows and write its raw_events files
+    (pipelines.job.ingest_tasks). Used for files with at least `min_bytes` new bytes."""
+    min_bytes: int
+
+    def __call__(self, span: Span, *, table_uri: str, seq: int, ingested_at: dt.datetime,
+                 max_future: dt.timedelta, erased: ErasedUsers) -> ParsedSpan: ...
+
+
+# What ingest does with a file that has at least SESSIONS_INGEST_TASK_MIB new bytes: read it here ("read"), leave
+# it and every later file for a later ingest ("defer": catch-up's ingest while the JVM starts), or have Spark tasks
+# read it (a SpanParser).
+LargeFiles = Literal["read", "defer"] | SpanParser
+
+
+def standing_erasure(erased: ErasedUsers, batch: pa.Table) -> tuple[pa.Table, dict[str, int]]:
+    """Rows of erased users dropped (pipelines.ingest.erased.ErasedUsers), and who was dropped -> events (for the
+    landing eraser and the erasure log's counts under their keyed hash)."""
+    drop = erased.drop_mask(batch["user_id"], batch["event_time"].cast(pa.int64()), batch["raw"])
+    if drop is None or not pc.any(drop).as_py():
+        return batch, {}
+    dropped: dict[str, int] = {}
+    for uid, raw in zip(pc.filter(batch["user_id"], drop).to_pylist(), pc.filter(batch["raw"], drop).to_pylist()):
+        user = uid if uid is not None else user_named_by(raw or "")
+        if user is not None:
+            dropped[user] = dropped.get(user, 0) + 1
+    return batch.filter(pc.invert(drop)), dropped
 
 
 def latest_ingest_seq(table_uri: str, storage_options: dict[str, str] | None = None) -> int:
@@ -250,23 +322,42 @@ class Appender:
 
     def append(self, sources: list[RowSource], metadata: dict[str, str]) -> None:
         ingested_at = dt.datetime.now(dt.timezone.utc)
-        batch = self._standing_erasure(
-            _rows(sources, self.seq + 1, ingested_at, dt.timedelta(milliseconds=self.config.max_future_ms)))
-        self._commit(batch, ingested_at, metadata)
-        self.rows += batch.num_rows
-        self.rejected += batch.num_rows - batch["reject_reason"].null_count
+        batch, dropped = standing_erasure(self.erased, line_rows(
+            sources, self.seq + 1, ingested_at, dt.timedelta(milliseconds=self.config.max_future_ms)))
+        self._commit_rows(batch, ingested_at, metadata)
+        self._count(batch.num_rows, batch.num_rows - batch["reject_reason"].null_count, dropped)
 
-    def _standing_erasure(self, batch: pa.Table) -> pa.Table:
-        """Rows of erased users dropped (pipelines.ingest.erased.ErasedUsers); the users kept in memory only, for the
-        landing eraser and the erasure log's counts under their keyed hash."""
-        drop = self.erased.drop_mask(batch["user_id"], batch["event_time"].cast(pa.int64()), batch["raw"])
-        if drop is None or not pc.any(drop).as_py():
-            return batch
-        for uid, raw in zip(pc.filter(batch["user_id"], drop).to_pylist(), pc.filter(batch["raw"], drop).to_pylist()):
-            user = uid if uid is not None else user_named_by(raw or "")
-            if user is not None:
-                self.dropped[user] = self.dropped.get(user, 0) + 1
-        return batch.filter(pc.invert(drop))
+    def append_span(self, span: Span, parser: SpanParser,
+                    metadata_of: Callable[[ParsedSpan], dict[str, str]]) -> ParsedSpan:
+        """One commit of a Span's lines, parsed and written by Spark tasks (`parser`), with `metadata_of` its result
+        (the file's position after it). The files of a refused commit are removed; after a failure that may have
+        committed (S3 did not answer) they stay, in no version or in this one."""
+        if not DeltaTable.is_deltatable(self.uri, storage_options=self.options):
+            # The tasks' files are added to a table: its first commit, empty, holds no ingest_seq.
+            write_deltalake(self.uri, TABLE_SCHEMA.empty_table(), mode="append", storage_options=self.options)
+        ingested_at = dt.datetime.now(dt.timezone.utc)
+        parsed = parser(span, table_uri=self.uri, seq=self.seq + 1, ingested_at=ingested_at,
+                        max_future=dt.timedelta(milliseconds=self.config.max_future_ms), erased=self.erased)
+        clock = self.clock.after_newest(parsed.newest_us, _us(ingested_at))
+        kill_point("ingest:files-written")
+
+        def write(table: DeltaTable | None, properties: CommitProperties) -> None:
+            if table is None:  # created above
+                raise ConcurrentIngest(f"raw_events at {self.uri} is gone: ingest again")
+            table.create_write_transaction(list[AddAction | RemoveAction](parsed.actions), "append", TABLE_SCHEMA, commit_properties=properties)
+        try:
+            self._commit(clock, metadata_of(parsed), write)
+        except (LeaseLost, ConcurrentIngest, CommitFailedError):
+            parsed.discard()
+            raise
+        self._count(parsed.rows, parsed.rejected, parsed.dropped)
+        return parsed
+
+    def _count(self, rows: int, rejected: int, dropped: Mapping[str, int]) -> None:
+        self.rows += rows
+        self.rejected += rejected
+        for user, events in dropped.items():
+            self.dropped[user] = self.dropped.get(user, 0) + events
 
     def append_clock(self, now: dt.datetime | None = None) -> dt.datetime | None:
         """Append a clock row when the configured idle time has passed without an event (README "Idle close");
@@ -285,22 +376,32 @@ class Appender:
         row: dict[str, list[Any]] = {name: [None] for name in TABLE_SCHEMA.names}
         row.update(event_time=[at], source_file=[CLOCK_SOURCE], line_no=[0], ingest_seq=[self.seq + 1],
                    line_key=[1], ingested_at=[now], row_kind=[CLOCK_KIND])
-        self._commit(pa.table(row, schema=TABLE_SCHEMA), now, {"idle_close": "clock row"})
+        self._commit_rows(pa.table(row, schema=TABLE_SCHEMA), now, {"idle_close": "clock row"})
         self.clock_rows.append(at)
         return at
 
-    def _commit(self, batch: pa.Table, ingested_at: dt.datetime, metadata: dict[str, str]) -> None:
-        if "row_kind" not in batch.column_names:  # line rows (_rows) carry no kind: null
+    def _commit_rows(self, batch: pa.Table, ingested_at: dt.datetime, metadata: dict[str, str]) -> None:
+        if "row_kind" not in batch.column_names:  # line rows (line_rows) carry no kind: null
             batch = batch.append_column("row_kind", pa.nulls(batch.num_rows, pa.string()))
-        clock = self.clock.after(batch, _us(ingested_at))
+
+        def write(table: DeltaTable | None, properties: CommitProperties) -> None:
+            write_deltalake(table if table is not None else self.uri, batch, mode="append",
+                            storage_options=self.options,
+                            schema_mode="merge",  # tables written before line_key, ingested_at and row_kind get them
+                            commit_properties=properties)
+        self._commit(self.clock.after(batch, _us(ingested_at)), metadata, write)
+
+    def _commit(self, clock: IngestClock, metadata: dict[str, str],
+                write: Callable[[DeltaTable | None, CommitProperties], None]) -> None:
         if not is_s3(self.uri):
             os.makedirs(self.uri, exist_ok=True)
-        committing(lambda: self._commit_once(batch, clock, metadata), self.uri)
+        committing(lambda: self._commit_once(clock, metadata, write), self.uri)
         self.seq += 1
         self.clock = clock
         self.first_seq = self.seq if self.first_seq is None else self.first_seq
 
-    def _commit_once(self, batch: pa.Table, clock: IngestClock, metadata: dict[str, str]) -> None:
+    def _commit_once(self, clock: IngestClock, metadata: dict[str, str],
+                     write: Callable[[DeltaTable | None, CommitProperties], None]) -> None:
         """One attempt at the commit of ingest_seq seq + 1, on the version loaded here (fencing.committing)."""
         table = DeltaTable(self.uri, storage_options=self.options) if DeltaTable.is_deltatable(
             self.uri, storage_options=self.options) else None
@@ -310,13 +411,9 @@ class Appender:
         if table is not None and table.version() != self.version and (found := latest_seq(table)) > self.seq:
             raise ConcurrentIngest(f"raw_events at {self.uri} holds ingest_seq {found} and this ingest would commit "
                                    f"{self.seq + 1}: another process appended to it meanwhile; ingest again")
-        write_deltalake(
-            table if table is not None else self.uri, batch, mode="append", storage_options=self.options,
-            schema_mode="merge",  # tables written before line_key, ingested_at and row_kind get the columns
-            commit_properties=CommitProperties(custom_metadata={
-                "ingest_seq": str(self.seq + 1), CLOCK_KEY: clock.to_json(), **metadata, **fenced},
-                app_transactions=transactions or None, max_commit_retries=0),
-        )
+        write(table, CommitProperties(custom_metadata={
+            "ingest_seq": str(self.seq + 1), CLOCK_KEY: clock.to_json(), **metadata, **fenced},
+            app_transactions=transactions or None, max_commit_retries=0))
         self.version = table.version() + 1 if table is not None else 0
 
     def table_id(self) -> str:
@@ -331,9 +428,8 @@ class Appender:
                        reject_reason=[r[2] for r in rows], raw=[r[3] for r in rows],
                        line_key=list(range(1, len(rows) + 1)), ingest_seq=[self.seq + 1] * len(rows),
                        ingested_at=[ingested_at] * len(rows))
-        self._commit(pa.table(columns, schema=RAW_SCHEMA), ingested_at, metadata)
-        self.rows += len(rows)
-        self.rejected += len(rows)
+        self._commit_rows(pa.table(columns, schema=RAW_SCHEMA), ingested_at, metadata)
+        self._count(len(rows), len(rows), {})
 
 
 @dataclass(frozen=True)
@@ -342,13 +438,16 @@ class Ingested:
     files: int           # files with lines ingested
     refused: int = 0     # entries refused unread
     waiting: int = 0     # files left in landing for a later ingest
+    deferred: int = 0    # files left for Spark tasks (LargeFiles "defer")
+    by_tasks: int = 0    # files whose lines Spark tasks read (LargeFiles: a SpanParser)
 
 
 class Source(Protocol):
     """One kind of landing (a module: local, s3): appends what is new through the appender, at most `step` files
     per commit, each commit's metadata saying what it holds so that a crash after it neither loses nor repeats."""
 
-    def ingest(self, config: SessionsConfig, table: DeltaTable | None, appender: Appender, step: int) -> Ingested: ...
+    def ingest(self, config: SessionsConfig, table: DeltaTable | None, appender: Appender, step: int,
+               large: LargeFiles) -> Ingested: ...
 
 
 @dataclass(frozen=True)
@@ -362,3 +461,5 @@ class IngestResult(Result):
     refused: int = 0     # symlinks and special files moved to landing/_refused/
     waiting: int = 0     # files left in landing: still being written (or an unfinished last line)
     clock: str | None = None  # the event time of the clock row appended (README "Idle close"), ISO 8601
+    deferred: int = 0    # large files left for an ingest by Spark tasks (catch-up's, once its session is up)
+    by_tasks: int = 0    # files whose lines Spark tasks read and parsed where they are

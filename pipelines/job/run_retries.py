@@ -14,7 +14,7 @@ from pipelines.config import SessionsConfig
 from pipelines.coordination.leases import Lease
 from pipelines.coordination.requests import StreamRequest, pending_request
 from pipelines.errors import SourceDataLost, SourceUnavailable, StorageUnavailable
-from pipelines.ingest import IngestResult, ingest
+from pipelines.ingest import IngestResult, LargeFiles, ingest
 from pipelines.storage import S3_ADVICE, object_store_errors
 
 __all__ = ["RetryCounts", "RetryingIngest", "ride_out"]
@@ -54,8 +54,10 @@ class RetryingIngest:
     It keeps the query's failures of storage too (`query_failed`): the same backoff, counted apart, until a batch
     commits again (`query_progressed`)."""
 
-    def __init__(self, config: SessionsConfig, summary: RetryCounts, poll_seconds: float, lease: Lease) -> None:
+    def __init__(self, config: SessionsConfig, summary: RetryCounts, poll_seconds: float, lease: Lease,
+                 *, large: LargeFiles = "read") -> None:
         self.config, self.summary, self.poll_seconds = config, summary, poll_seconds
+        self.large = large  # the run's Spark tasks, for large landed files
         self.lease = lease  # the run's job lease: its ingest commits are fenced by it too
         self.failures = 0
         self.query_failures = 0  # queries in a row that storage failed
@@ -67,7 +69,7 @@ class RetryingIngest:
         """One ingest; the seconds to wait until the next one."""
         try:
             with object_store_errors(self.config.raw_events_table):  # raw_events' (the landing's are the source's)
-                result = ingest(self.config, fenced_by=(self.lease,))
+                result = ingest(self.config, fenced_by=(self.lease,), large=self.large)
         except RETRIED_SOURCE_ERRORS as error:
             self.failures += 1
             delay = self._delay(self.failures)

@@ -33,8 +33,9 @@ from pipelines.coordination.requests import (
     withdraw,
 )
 from pipelines.errors import SessionsError, StorageUnavailable
-from pipelines.ingest import IngestResult, ingest
+from pipelines.ingest import IngestResult, LargeFiles, ingest
 from pipelines.job.checkpoint import JobMetadata, batch_source_range, inspect_checkpoint, read_bootstrap
+from pipelines.job.ingest_tasks import SparkSpans
 from pipelines.job.operators.seam import StateOperator, keyed_events
 from pipelines.job.run_retries import RetryingIngest as _RetryingIngest
 from pipelines.job.run_retries import ride_out
@@ -99,6 +100,7 @@ class RunSummary:
     seconds: float = 0.0
     refused_files: int = 0  # symlinks and special files moved to landing/_refused/ (a quarantine row each)
     waiting_files: int = 0  # files left in landing at the last ingest: still being written
+    files_read_by_tasks: int = 0  # large landed files whose lines Spark tasks read and parsed where they are
     stopped_by: str | None = None  # run only: "caller" (event, Ctrl-C) or "stop request" (sessionctl stop)
     lease_epoch: int | None = None  # the epoch of the job lease it ran under (its commits record it)
     savepoint: dict[str, Any] | None = None  # the savepoint a stop request asked for, when taken
@@ -135,6 +137,7 @@ class RunSummary:
         self.rejected_lines += result.rejected
         self.refused_files += result.refused
         self.waiting_files = result.waiting
+        self.files_read_by_tasks += result.by_tasks
         if result.clock is not None:
             self.clock_rows += 1
             self.last_clock = result.clock
@@ -236,15 +239,30 @@ def _log_details(config: SessionsConfig, failure: BaseException) -> None:
             details.write(f"--- {time.strftime('%Y-%m-%dT%H:%M:%S%z')} query failed (storage)\n{failure}\n")
 
 
+def _tasks(config: SessionsConfig, spark: SparkSession) -> SparkSpans:
+    """Large landed files read by the job's Spark tasks (pipelines.job.ingest_tasks)."""
+    return SparkSpans(spark, min_bytes=config.ingest_task_mib * 1024 * 1024)
+
+
 def catch_up(config: SessionsConfig, spark: SparkSession | None = None) -> RunSummary:
-    """Ingest everything landed, process it all (trigger availableNow), stop."""
-    def ingest_timed(summary: RunSummary) -> None:
+    """Ingest everything landed, process it all (trigger availableNow), stop.
+
+    The ingest runs while the Spark JVM starts; a large landed file (SESSIONS_INGEST_TASK_MIB) and every file after
+    it wait for the session, whose tasks read and parse it where it is."""
+    deferred: list[int] = []
+
+    def ingest_timed(summary: RunSummary, large: LargeFiles = "defer") -> None:
         begun = time.monotonic()
         with object_store_errors(config.raw_events_table):  # the landing's are StorageUnavailable already
-            summary.add_ingest(ingest(config))
-        summary.timed("ingest", begun)
+            result = ingest(config, large=large)
+        summary.add_ingest(result)
+        deferred.append(result.deferred)
+        summary.timed("ingest" if large == "defer" else "ingest_tasks", begun)
 
     with _job(config, "catch-up", spark, meanwhile=ingest_timed) as run:
+        if deferred and deferred[-1]:
+            with spark_failures(config):
+                ingest_timed(run.summary, _tasks(config, run.spark))
         with spark_failures(config):
             begun = time.monotonic()
             query, sink = start_query(run.spark, config, run.meta, run.operator, trigger={"availableNow": True},
@@ -296,7 +314,7 @@ def run_continuously(config: SessionsConfig, *, spark: SparkSession | None = Non
         summary = run.summary
         request: StreamRequest | None = None
         resumed: _Resumed | None = None  # a state change done, answered once the first batch after it ran
-        ingest_now = _RetryingIngest(config, summary, poll_seconds, run.lease)
+        ingest_now = _RetryingIngest(config, summary, poll_seconds, run.lease, large=_tasks(config, run.spark))
         wait = 0.0 if stop.is_set() else ingest_now()
         try:
             while not stop.is_set():  # a Ctrl-C while the JVM started: stop before the query does

@@ -21,7 +21,7 @@ import json
 import math
 import time
 import uuid
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from contextlib import suppress
 from dataclasses import dataclass
 from typing import Any
@@ -40,7 +40,7 @@ from pipelines.core.state_format import spark_ddl
 from pipelines.errors import LeaseLost
 from pipelines.storage import filesystem, join
 
-__all__ = ["FILE_ROW", "TaskFile", "commit_task_files", "file_stats", "task_file", "write_file", "write_task_files"]
+__all__ = ["FILE_ROW", "TaskFile", "commit_task_files", "file_stats", "remove_files", "task_file", "write_file", "write_task_files"]
 
 # The row each task returns per file it wrote.
 FILE_ROW = pa.schema([("path", pa.string()), ("size", pa.int64()), ("rows", pa.int64()), ("stats", pa.string())])
@@ -153,8 +153,12 @@ def commit_task_files(uri: str, files: Sequence[TaskFile], *, schema: pa.Schema,
 
 
 def _remove(uri: str, files: Sequence[TaskFile]) -> None:
+    remove_files(uri, [f.path for f in files])
+
+
+def remove_files(uri: str, paths: Iterable[str]) -> None:
     """Best effort: a file in no version is harmless (VACUUM removes it later), but need not wait for that."""
     fs, root = filesystem(uri)
-    for f in files:
+    for path in paths:
         with suppress(OSError):
-            fs.delete_file(join(root, f.path))
+            fs.delete_file(join(root, path))
