@@ -190,3 +190,29 @@ def test_a_catch_up_killed_between_the_tasks_files_and_the_ingest_commit_loses_a
     assert sorted(rows["line_no"].to_pylist()) == list(range(1, len(events) + 1))
     assert not (config.landing / "big.jsonl").exists()
     assert read_sessions(config) == expected_closed_sessions([events], 30 * 60_000, 10 * 60_000)
+
+
+def test_large_landing_objects_on_s3_are_read_by_the_tasks(spark, tmp_path, s3_endpoint):
+    """Landing on S3 (a real S3 HTTP API): an object over SESSIONS_INGEST_TASK_MIB, its last line without a newline,
+    between two small ones. The tasks read it by ranges from S3; every line once, the objects archived, the sessions
+    the oracle's. (raw_events' files on S3 written by tasks: the sink's, tests/test_task_files.py.)"""
+    import boto3
+
+    prefix = f"s3://warehouse/{tmp_path.name}"
+    config = make_config(tmp_path, SESSIONS_INGEST_TASK_MIB=1, SESSIONS_LANDING_URI=f"{prefix}/landing")
+    events = sorted(generate_events(400, 30, seed=17), key=lambda e: e["event_time"])
+    chunks = [events[:500], events[500:-500], events[-500:]]
+    client = boto3.client("s3")
+    for k, chunk in enumerate(chunks):  # listed in landing order: mtime, then name
+        client.put_object(Bucket="warehouse", Key=f"{tmp_path.name}/landing/part-{k}.jsonl",
+                          Body="\n".join(json.dumps(e) for e in chunk).encode())
+    summary = catch_up(config, spark)
+    assert summary.files_read_by_tasks == 1 and summary.ingested_files == 3
+    from pipelines.storage import open_table
+    raw = open_table(config, config.raw_events_table).to_pyarrow_table(columns=["source_file", "line_no"])
+    assert sorted(zip(raw["source_file"].to_pylist(), raw["line_no"].to_pylist())) == sorted(
+        (f"part-{k}.jsonl", n) for k, chunk in enumerate(chunks) for n in range(1, len(chunk) + 1))
+    listed = [item["Key"] for item in client.list_objects_v2(Bucket="warehouse", Prefix=f"{tmp_path.name}/landing/")[
+        "Contents"] if item["Key"].endswith(".jsonl")]
+    assert len(listed) == 3 and all("/_ingested/" in key for key in listed), listed
+    assert read_sessions(config) == expected_closed_sessions(chunks, 30 * 60_000, 10 * 60_000)

@@ -12,6 +12,7 @@ archived is only archived by the next ingest.
 from __future__ import annotations
 
 import json
+from functools import partial
 
 import pyarrow.fs as pafs
 from deltalake import DeltaTable
@@ -19,7 +20,7 @@ from deltalake import DeltaTable
 from pipelines.config import SessionsConfig
 from pipelines.ingest.lines import split_lines
 from pipelines.ingest.positions import INGESTED_DIR, LandedFile, archive_day
-from pipelines.ingest.table import HISTORY_PAGE, Appender, Ingested, LargeFiles, RowSource
+from pipelines.ingest.table import HISTORY_PAGE, Appender, Ingested, LargeFiles, ParsedSpan, RowSource, Span
 from pipelines.storage import filesystem, s3_errors, s3_limits
 
 __all__ = ["ingest"]
@@ -82,14 +83,22 @@ def _archive_object(config: SessionsConfig, file: LandedFile) -> None:
     fs.delete_file(source)
 
 
+def _same_metadata(metadata: dict[str, str], _: ParsedSpan) -> dict[str, str]:
+    return metadata  # an object's identity does not depend on what the tasks found
+
+
 def ingest(config: SessionsConfig, table: DeltaTable | None, appender: Appender, step: int,
            large: LargeFiles = "read") -> Ingested:
     """Every object whole (an object is complete when it appears: its last line needs no newline). Every object
-    listed is committed and archived (or this raised): none is refused, none left waiting. The landing's failures
+    listed is committed and archived (or this raised): none is refused, none left waiting -- but for an object of
+    at least SESSIONS_INGEST_TASK_MIB, which `large` may leave for Spark tasks ("defer", with every later object:
+    ingest order stays landing order) or give to them (a SpanParser: a commit of its own). The landing's failures
     are StorageUnavailable (raw_events' own, in the warehouse, are the appender's)."""
     landing = config.landing_uri
     already = _recent_identities(table)
     pending = []
+    by_tasks = 0
+    span_from = None if large == "read" else config.ingest_task_mib * 1024 * 1024
     with s3_limits(config):
         with s3_errors(landing):  # probes the endpoint first: refused connections fail in a second
             listed = landed_objects(config)
@@ -99,12 +108,37 @@ def ingest(config: SessionsConfig, table: DeltaTable | None, appender: Appender,
                     _archive_object(config, file)
             else:
                 pending.append(file)
-        for start in range(0, len(pending), step):
-            chunk = pending[start:start + step]
-            with s3_errors(landing, probe=False):
-                sources = [RowSource(f.name, split_lines(_read_object(f), 0, False)[0]) for f in chunk]
-            appender.append(sources, {"ingested_files": json.dumps([f.identity for f in chunk])})
-            with s3_errors(landing, probe=False):
-                for file in chunk:
+        if span_from is not None and not isinstance(large, str):
+            span_from = large.min_bytes
+        if large == "defer" and span_from is not None:
+            cut = next((k for k, f in enumerate(pending) if f.size >= span_from), len(pending))
+            deferred, pending = len(pending) - cut, pending[:cut]
+        else:
+            deferred = 0
+        chunk: list[LandedFile] = []
+
+        def commit() -> None:
+            if chunk:
+                with s3_errors(landing, probe=False):
+                    sources = [RowSource(f.name, split_lines(_read_object(f), 0, False)[0]) for f in chunk]
+                appender.append(sources, {"ingested_files": json.dumps([f.identity for f in chunk])})
+                with s3_errors(landing, probe=False):
+                    for file in chunk:
+                        _archive_object(config, file)
+                chunk.clear()
+
+        for file in pending:
+            if span_from is not None and file.size >= span_from and not isinstance(large, str):
+                commit()
+                metadata = {"ingested_files": json.dumps([file.identity])}
+                appender.append_span(Span(file.name, file.location, 0, file.size, 0, False), large,
+                                     partial(_same_metadata, metadata))
+                by_tasks += 1
+                with s3_errors(landing, probe=False):
                     _archive_object(config, file)
-    return Ingested(len(pending))
+                continue
+            chunk.append(file)
+            if len(chunk) == step:
+                commit()
+        commit()
+    return Ingested(len(pending), 0, deferred, deferred, by_tasks)

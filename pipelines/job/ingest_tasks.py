@@ -18,6 +18,7 @@ import datetime as dt
 import json
 import time
 from collections.abc import Callable, Iterator
+from typing import Any
 
 import numpy as np
 import pyarrow as pa
@@ -30,8 +31,8 @@ from pipelines.errors import ConcurrentIngest
 from pipelines.ingest.erased import ErasedUsers
 from pipelines.ingest.lines import split_lines
 from pipelines.ingest.table import TABLE_SCHEMA, ParsedSpan, RowSource, Span, line_rows, standing_erasure
-from pipelines.job.task_files import remove_files, write_file
-from pipelines.storage import filesystem
+from pipelines.job.task_files import executor_env, remove_files, write_file
+from pipelines.storage import filesystem, is_s3
 
 __all__ = ["RANGE_BYTES", "SparkSpans"]
 
@@ -121,22 +122,26 @@ class SparkSpans:
         self.spark, self.min_bytes, self.range_bytes = spark, min_bytes, range_bytes
 
     def _run(self, function: Callable[[Iterator[pa.RecordBatch]], Iterator[pa.RecordBatch]], schema: pa.Schema,
-             tasks: int) -> list[dict[str, object]]:
+             tasks: int, *, uris: tuple[str, ...]) -> list[dict[str, Any]]:
+        """`function` in one task per range; its rows in range order. `uris`: what the tasks read and write (an S3 one
+        passes this process's AWS_* variables on to them)."""
         frame = self.spark.range(0, tasks, 1, tasks)  # task k handles range k
-        rows = frame.mapInArrow(function, spark_ddl(schema)).collect()
+        with executor_env(self.spark, next((uri for uri in uris if is_s3(uri)), "")):
+            rows = frame.mapInArrow(function, spark_ddl(schema)).collect()
         return sorted((row.asDict() for row in rows), key=lambda row: int(row["range"]))
 
     def __call__(self, span: Span, *, table_uri: str, seq: int, ingested_at: dt.datetime,
                  max_future: dt.timedelta, erased: ErasedUsers) -> ParsedSpan:
         ranges = _ranges(span, self.range_bytes)
-        counts = [int(row["lines"]) for row in self._run(_counter(span, ranges), _COUNT, len(ranges))]  # type: ignore[call-overload]
+        counts = [int(row["lines"]) for row in self._run(_counter(span, ranges), _COUNT, len(ranges),
+                                                                 uris=(span.uri,))]
         counts[0] += 1  # the span's first line
         first_numbers = (span.first_line + np.concatenate([[0], np.cumsum(counts)[:-1]])).tolist()
         written = self._run(_parser(span, ranges, first_numbers, table_uri=table_uri, seq=seq,
                                     ingested_at=ingested_at, max_future=max_future, erased=erased),
-                            _WRITTEN, len(ranges))
+                            _WRITTEN, len(ranges), uris=(span.uri, table_uri))
         paths = [str(row["path"]) for row in written if row["path"] is not None]
-        found = [int(row["lines"]) for row in written]  # type: ignore[call-overload]
+        found = [int(row["lines"]) for row in written]
         if found != counts:
             remove_files(table_uri, paths)
             raise ConcurrentIngest(f"landed file {span.name} changed while Spark tasks read it ({sum(found)} lines "
@@ -146,12 +151,12 @@ class SparkSpans:
         for row in written:
             for user, events in json.loads(str(row["dropped"])).items():
                 dropped[user] = dropped.get(user, 0) + int(events)
-        newest = [int(row["newest_us"]) for row in written if row["newest_us"] is not None]  # type: ignore[call-overload]
+        newest = [int(row["newest_us"]) for row in written if row["newest_us"] is not None]
         return ParsedSpan(
-            actions=[AddAction(str(row["path"]), int(row["size"]), {}, now_ms, True, str(row["stats"]))  # type: ignore[call-overload]
+            actions=[AddAction(str(row["path"]), int(row["size"]), {}, now_ms, True, str(row["stats"]))
                      for row in written if row["path"] is not None],
-            rows=sum(int(row["rows"]) for row in written),  # type: ignore[call-overload]
-            rejected=sum(int(row["rejected"]) for row in written),  # type: ignore[call-overload]
+            rows=sum(int(row["rows"]) for row in written),
+            rejected=sum(int(row["rejected"]) for row in written),
             newest_us=max(newest) if newest else None,
             lines=span.first_line + sum(counts) - 1,
             dropped=dropped,

@@ -19,10 +19,11 @@ from __future__ import annotations
 import datetime as dt
 import json
 import math
+import os
 import time
 import uuid
 from collections.abc import Callable, Iterable, Iterator, Sequence
-from contextlib import suppress
+from contextlib import contextmanager, suppress
 from dataclasses import dataclass
 from typing import Any
 
@@ -32,15 +33,15 @@ import pyarrow.parquet as pq
 from deltalake import CommitProperties, DeltaTable, Transaction
 from deltalake.exceptions import CommitFailedError
 from deltalake.transaction import AddAction, RemoveAction
-from pyspark.sql import DataFrame
+from pyspark.sql import DataFrame, SparkSession
 
 from pipelines.coordination.fencing import committing, fence
 from pipelines.coordination.leases import Lease
 from pipelines.core.state_format import spark_ddl
 from pipelines.errors import LeaseLost
-from pipelines.storage import filesystem, join
+from pipelines.storage import filesystem, is_s3, join
 
-__all__ = ["FILE_ROW", "TaskFile", "commit_task_files", "file_stats", "remove_files", "task_file", "write_file", "write_task_files"]
+__all__ = ["FILE_ROW", "TaskFile", "commit_task_files", "executor_env", "file_stats", "remove_files", "task_file", "write_file", "write_task_files"]
 
 # The row each task returns per file it wrote.
 FILE_ROW = pa.schema([("path", pa.string()), ("size", pa.int64()), ("rows", pa.int64()), ("stats", pa.string())])
@@ -162,3 +163,25 @@ def remove_files(uri: str, paths: Iterable[str]) -> None:
     for path in paths:
         with suppress(OSError):
             fs.delete_file(join(root, path))
+
+
+@contextmanager
+def executor_env(spark: SparkSession, uri: str) -> Iterator[None]:
+    """Python functions that Spark wraps inside this block (mapInArrow) run with this process's AWS_* variables when
+    `uri` is on S3, as spark.executorEnv passes them on a cluster (pipelines.job.shipping): in local mode the Python
+    workers inherit the JVM's environment, fixed when it started -- possibly before the variables were set."""
+    if not is_s3(uri):
+        yield
+        return
+    environment: dict[str, str] = spark.sparkContext.environment
+    added = {k: v for k, v in os.environ.items() if k.startswith("AWS_") and v and environment.get(k) != v}
+    saved = {k: environment.get(k) for k in added}
+    environment.update(added)
+    try:
+        yield
+    finally:
+        for key, value in saved.items():
+            if value is None:
+                environment.pop(key, None)
+            else:
+                environment[key] = value

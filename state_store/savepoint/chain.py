@@ -34,10 +34,11 @@ from pipelines.core import state_format
 from pipelines.errors import SavepointDamaged
 from pipelines.job.operators.jvm import _DECODE_STATE, _ROWS_DDL
 from pipelines.job.operators.seam import register_coordinator
+from pipelines.job.task_files import executor_env
 from pipelines.locations import CheckpointPath
 from state_store.savepoint.catalog import DELETED, INCREMENT_SCHEMA, SavepointStore, StateFiles
 from state_store.savepoint.checksum import MOD64, combine_checksum, frame_checksum, row_hashes, signed
-from state_store.savepoint.files import executor_env, file_batches, files_checksum, table_rows
+from state_store.savepoint.files import file_batches, files_checksum, table_rows
 
 __all__ = ["change_feed", "check_increment", "latest_per_user", "resolved_rows", "savepoint_checksum", "savepoint_rows"]
 

@@ -15,11 +15,9 @@ rows themselves for a restore (savepoint_rows).
 """
 from __future__ import annotations
 
-import os
 import time
 import uuid
 from collections.abc import Callable, Iterator
-from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any
 
@@ -34,12 +32,13 @@ from pyspark.sql import DataFrame, SparkSession
 
 from pipelines.core import state_format
 from pipelines.errors import UNREADABLE_SAVEPOINT_FILE, SavepointDamaged
-from pipelines.storage import filesystem, is_object_store_failure, is_s3, s3_errors
+from pipelines.job.task_files import executor_env
+from pipelines.storage import filesystem, is_object_store_failure, s3_errors
 from state_store.savepoint.catalog import DELETED, SavepointStore, StateFiles
 from state_store.savepoint.checksum import MOD64, checksum_parts, combine_checksum, partial_checksum, signed
 from state_store.savepoint.stats import FileStats
 
-__all__ = ["CANONICAL_DDL", "WrittenFiles", "commit_state_files", "executor_env", "file_batches", "files_checksum", "table_rows", "verify_state_files", "write_state_files"]
+__all__ = ["CANONICAL_DDL", "WrittenFiles", "commit_state_files", "file_batches", "files_checksum", "table_rows", "verify_state_files", "write_state_files"]
 
 FILE_ROWS = 2_000_000      # rows per data file at most: a task's share beyond it goes on in a new file
 ROW_GROUP_ROWS = 131_072   # rows buffered per Parquet row group (a task holds about this many rows at a time)
@@ -231,28 +230,6 @@ def _read_files(columns: tuple[str, ...]) -> Callable[[Iterator[pa.RecordBatch]]
 
 
 # ---- driver side ---------------------------------------------------------------------------------
-
-@contextmanager
-def executor_env(spark: SparkSession, uri: str) -> Iterator[None]:
-    """Python functions that Spark wraps inside this block (mapInArrow) run with this process's AWS_* variables when
-    `uri` is on S3, as spark.executorEnv passes them on a cluster (pipelines.job.shipping): in local mode the Python
-    workers inherit the JVM's environment, fixed when it started -- possibly before the variables were set."""
-    if not is_s3(uri):
-        yield
-        return
-    environment: dict[str, str] = spark.sparkContext.environment
-    added = {k: v for k, v in os.environ.items() if k.startswith("AWS_") and v and environment.get(k) != v}
-    saved = {k: environment.get(k) for k in added}
-    environment.update(added)
-    try:
-        yield
-    finally:
-        for key, value in saved.items():
-            if value is None:
-                environment.pop(key, None)
-            else:
-                environment[key] = value
-
 
 def write_state_files(spark: SparkSession, rows: DataFrame, uri: str, *, file_rows: int | None = None,
                       group_rows: int | None = None, schema: pa.Schema = state_format.CANONICAL_SCHEMA,
