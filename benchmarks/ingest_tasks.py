@@ -81,7 +81,7 @@ def main() -> None:
     parser.add_argument("--master", default="local[2]")
     parser.add_argument("--cluster-pids", default="", help="comma-separated pids whose process trees are the "
                         "cluster's executors (their CPU is added to the tasks variant's)")
-    parser.add_argument("--out", default=str(HERE / "results" / "ingest_tasks.json"))
+    parser.add_argument("--out", default=None, help="default: results/ingest_tasks-local.json or -cluster.json")
     args = parser.parse_args()
 
     from pyspark.sql import SparkSession
@@ -115,8 +115,10 @@ def main() -> None:
     out = {"events": args.events, "bytes": size,
            "master": args.master, "runs": runs, "summary": summary, "machine": machine_info(),
            "load_after": os.getloadavg()}
-    Path(args.out).parent.mkdir(parents=True, exist_ok=True)
-    Path(args.out).write_text(json.dumps(out, indent=2))
+    target = Path(args.out or HERE / "results" / (
+        "ingest_tasks-local.json" if args.master.startswith("local") else "ingest_tasks-cluster.json"))
+    target.parent.mkdir(parents=True, exist_ok=True)
+    target.write_text(json.dumps(out, indent=2))
     print(json.dumps(summary, indent=2))
 
 

@@ -37,6 +37,9 @@ __all__ = ["ALLOW_SHORT_RETENTION", "DEFAULT_OPERATOR", "ENV_ONLY_SETTINGS", "MA
 REPO_ROOT = Path(__file__).resolve().parent.parent
 Provider = Literal["rocksdb", "hdfs"]  # the state store providers (SESSIONS_STATE_STORE)
 PROVIDERS: tuple[Provider, ...] = ("rocksdb", "hdfs")
+# SESSIONS_INGEST_BY_TASKS: on one host the ingesting process is the cheaper reader (benchmarks/README.md, "Ingest by
+# Spark tasks"); a cluster's executors add cores it does not have.
+INGEST_BY_TASKS = ("cluster", "always", "never")
 OPERATORS = ("jvm",)  # SESSIONS_OPERATOR (pipelines.job.operators.seam; the Python operator is retired: operator_buckets)
 MAX_LEASE_TTL_S = 86_400.0  # SESSIONS_LEASE_TTL_S at most (one day): the renewal thread waits TTL/3 at a time
 # SESSIONS_LEASE_TTL_S at least: a holder renews every TTL/3 (pipelines.coordination.leases), so a TTL of milliseconds would have
@@ -207,7 +210,9 @@ class SessionsConfig:
                                           "changed for this long", minimum=0)
     # Large landed files are read by Spark tasks where the Spark job runs (pipelines/job/ingest_tasks.py).
     ingest_task_mib: int = _setting(64, "a landed file with at least this many new MiB is read and parsed by Spark "
-                                    "tasks (catch-up and run), not by the ingesting process", minimum=1)
+                                    "tasks (catch-up and run; see SESSIONS_INGEST_BY_TASKS)", minimum=1)
+    ingest_by_tasks: str = _setting("cluster", "when Spark tasks read large landed files: cluster (a master that is "
+                                    "not local), always, or never")
     # S3 (delta-rs/object_store): fail in seconds, not after the default 10 retries over 3 minutes.
     s3_max_retries: int = _setting(3, "S3 retries of a request", minimum=0)
     s3_retry_timeout: str = _setting("15s", "S3 retries give up after this (a duration: 30s, 500ms, 2min, 1h)")
@@ -250,6 +255,10 @@ class SessionsConfig:
         values["state_store"] = values["state_store"].lower()
         if values["state_store"] not in PROVIDERS:
             raise ConfigError(f"SESSIONS_STATE_STORE={values['state_store']!r}: expected one of {', '.join(PROVIDERS)}")
+        values["ingest_by_tasks"] = values["ingest_by_tasks"].lower()
+        if values["ingest_by_tasks"] not in INGEST_BY_TASKS:
+            raise ConfigError(f"SESSIONS_INGEST_BY_TASKS={values['ingest_by_tasks']!r}: expected one of "
+                              f"{', '.join(INGEST_BY_TASKS)}")
         values["operator"] = values["operator"].lower()
         if values["operator"] == "python":
             raise ConfigError("SESSIONS_OPERATOR=python: the Python operator is retired; unset SESSIONS_OPERATOR (its "
@@ -354,6 +363,12 @@ class SessionsConfig:
     @property
     def max_future_ms(self) -> int:
         return self.max_future_minutes * 60_000
+
+    @property
+    def large_files_by_tasks(self) -> bool:
+        """Whether catch-up and run have Spark tasks read large landed files (SESSIONS_INGEST_BY_TASKS)."""
+        return self.ingest_by_tasks == "always" or (
+            self.ingest_by_tasks == "cluster" and not self.spark_master.strip().lower().startswith("local"))
 
     @property
     def uses_kafka(self) -> bool:

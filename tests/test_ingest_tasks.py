@@ -143,10 +143,10 @@ def test_the_tasks_drop_an_erased_users_events_and_say_whose(spark, tmp_path):
 
 
 def test_a_catch_up_of_a_large_file_is_the_oracles_and_keeps_the_files_order(spark, tmp_path):
-    """SESSIONS_INGEST_TASK_MIB=1: a small file, a file over 1 MiB, a small file, in that order of landing. The
+    """SESSIONS_INGEST_TASK_MIB=1 (and tasks in local mode too): a small file, a file over 1 MiB, a small file, in that order of landing. The
     ingest while the JVM starts takes the first only; the session's tasks read the large one, then the last is read
     here: ingest_seq follows the landing order, and the sessions are the oracle's."""
-    config = make_config(tmp_path, SESSIONS_INGEST_TASK_MIB=1)
+    config = make_config(tmp_path, SESSIONS_INGEST_TASK_MIB=1, SESSIONS_INGEST_BY_TASKS="always")
     events = sorted(generate_events(400, 30, seed=11), key=lambda e: e["event_time"])  # no late event by design
     chunks = [events[:1000], events[1000:-1000], events[-1000:]]
     for k, chunk in enumerate(chunks):
@@ -169,11 +169,11 @@ def test_a_catch_up_killed_between_the_tasks_files_and_the_ingest_commit_loses_a
     """`sessionctl catch-up` SIGKILLed at ingest:files-written: the tasks' raw_events files are on disk in no table
     version and the landed file is where it was; the next catch-up reads it again, and every line is in raw_events
     once and every session the oracle's, once."""
-    config = make_config(tmp_path, SESSIONS_INGEST_TASK_MIB=1)
+    config = make_config(tmp_path, SESSIONS_INGEST_TASK_MIB=1, SESSIONS_INGEST_BY_TASKS="always")
     events = sorted(generate_events(400, 30, seed=13), key=lambda e: e["event_time"])
     land(config.landing, "big.jsonl", [json.dumps(e) for e in events])
     assert (config.landing / "big.jsonl").stat().st_size > 1 << 20
-    env = config_env(config, SESSIONS_INGEST_TASK_MIB=1)
+    env = config_env(config, SESSIONS_INGEST_TASK_MIB=1, SESSIONS_INGEST_BY_TASKS="always")
     killed = subprocess.run([tool("sessionctl"), "catch-up"], env={**env, "SESSIONS_KILL_AT": "ingest:files-written"},
                             capture_output=True, text=True, timeout=600, start_new_session=True)
     assert killed.returncode == -signal.SIGKILL, killed.stderr[-2000:]
@@ -199,7 +199,7 @@ def test_large_landing_objects_on_s3_are_read_by_the_tasks(spark, tmp_path, s3_e
     import boto3
 
     prefix = f"s3://warehouse/{tmp_path.name}"
-    config = make_config(tmp_path, SESSIONS_INGEST_TASK_MIB=1, SESSIONS_LANDING_URI=f"{prefix}/landing")
+    config = make_config(tmp_path, SESSIONS_INGEST_TASK_MIB=1, SESSIONS_INGEST_BY_TASKS="always", SESSIONS_LANDING_URI=f"{prefix}/landing")
     events = sorted(generate_events(400, 30, seed=17), key=lambda e: e["event_time"])
     chunks = [events[:500], events[500:-500], events[-500:]]
     client = boto3.client("s3")

@@ -239,19 +239,22 @@ def _log_details(config: SessionsConfig, failure: BaseException) -> None:
             details.write(f"--- {time.strftime('%Y-%m-%dT%H:%M:%S%z')} query failed (storage)\n{failure}\n")
 
 
-def _tasks(config: SessionsConfig, spark: SparkSession) -> SparkSpans:
-    """Large landed files read by the job's Spark tasks (pipelines.job.ingest_tasks)."""
+def _tasks(config: SessionsConfig, spark: SparkSession) -> LargeFiles:
+    """Large landed files read by the job's Spark tasks (pipelines.job.ingest_tasks), or here
+    (SESSIONS_INGEST_BY_TASKS)."""
+    if not config.large_files_by_tasks:
+        return "read"
     return SparkSpans(spark, min_bytes=config.ingest_task_mib * 1024 * 1024)
 
 
 def catch_up(config: SessionsConfig, spark: SparkSession | None = None) -> RunSummary:
     """Ingest everything landed, process it all (trigger availableNow), stop.
 
-    The ingest runs while the Spark JVM starts; a large landed file (SESSIONS_INGEST_TASK_MIB) and every file after
-    it wait for the session, whose tasks read and parse it where it is."""
+    The ingest runs while the Spark JVM starts; with SESSIONS_INGEST_BY_TASKS in force, a large landed file
+    (SESSIONS_INGEST_TASK_MIB) and every file after it wait for the session, whose tasks read and parse it."""
     deferred: list[int] = []
 
-    def ingest_timed(summary: RunSummary, large: LargeFiles = "defer") -> None:
+    def ingest_timed(summary: RunSummary, large: LargeFiles = "defer" if config.large_files_by_tasks else "read") -> None:
         begun = time.monotonic()
         with object_store_errors(config.raw_events_table):  # the landing's are StorageUnavailable already
             result = ingest(config, large=large)
