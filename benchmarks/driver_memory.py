@@ -76,12 +76,13 @@ class PeakRss:
         return round(self.own_kib / 1024, 1), round(self.children_kib / 1024, 1)
 
 
-def catch_up(checkout: Path, data: Path, work: Path, provider: str, timeout: float) -> dict[str, Any]:
+def catch_up(checkout: Path, data: Path, work: Path, provider: str, timeout: float,
+             extra: dict[str, str] | None = None) -> dict[str, Any]:
     home = work / "home"
     (home / "landing").mkdir(parents=True)
     shutil.copy(data, home / "landing" / data.name)
     env = {k: v for k, v in os.environ.items() if not k.startswith("SESSIONS_")}
-    env.update(SESSIONS_HOME=str(home), SESSIONS_STATE_STORE=provider, PYTHONPATH=str(checkout))
+    env.update(SESSIONS_HOME=str(home), SESSIONS_STATE_STORE=provider, PYTHONPATH=str(checkout), **(extra or {}))
     load_before = os.getloadavg()[0]
     started = time.monotonic()
     with (work / "stdout.txt").open("wb") as out, (work / "stderr.txt").open("wb") as err:
@@ -102,7 +103,8 @@ def catch_up(checkout: Path, data: Path, work: Path, provider: str, timeout: flo
 def render(results: dict[str, Any]) -> str:
     lines = ["# Driver memory: sessionctl catch-up, this checkout and a baseline", "",
              f"Measured {results['measured_at']} on {results['machine'].get('cpu_count')} cores; this checkout "
-             f"{results['head']}, baseline {results['baseline']}. Peak resident set of the sessionctl Python process "
+             f"{results['head']} (settings {results.get('settings', {}).get('this')}), baseline {results['baseline']}. "
+             "Peak resident set of the sessionctl Python process "
              "(the driver's Python side) and of the sum of its descendants (driver JVM, Python workers), sampled "
              "every 0.2 s. growth = peak at the largest size / peak at the smallest.", "",
              "| provider | code | events | wall s | driver Python peak MiB | children peak MiB | phase seconds | "
@@ -125,9 +127,14 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--quick", action="store_true")
     parser.add_argument("--timeout", type=float, default=1800)
     parser.add_argument("--out", default=str(HERE / "results" / "driver_memory" / "latest"))
+    parser.add_argument("--master", default=None, help="SESSIONS_SPARK_MASTER for both (default: the product's)")
+    parser.add_argument("--this-env", action="append", default=[], metavar="K=V",
+                        help="a setting for this checkout's runs only (e.g. SESSIONS_INGEST_BY_TASKS=always)")
     args = parser.parse_args(argv)
     sizes = [20_000, 200_000] if args.quick else [int(s) for s in args.sizes.split(",")]
     providers = ["rocksdb"] if args.quick else args.providers.split(",")
+    both = {"SESSIONS_SPARK_MASTER": args.master} if args.master else {}
+    extra = {"this": {**both, **dict(item.split("=", 1) for item in args.this_env)}, "baseline": both}
     head = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=REPO, capture_output=True, text=True).stdout.strip()
     with tempfile.TemporaryDirectory(prefix="driver-memory-") as tmp:
         work = Path(tmp)
@@ -144,7 +151,7 @@ def main(argv: list[str] | None = None) -> int:
                     order = [("this", REPO), ("baseline", base)]
                     for code, checkout in order if index % 2 == 0 else order[::-1]:
                         run_dir = work / f"{code}-{provider}-{size}"
-                        run = catch_up(checkout, data, run_dir, provider, args.timeout)
+                        run = catch_up(checkout, data, run_dir, provider, args.timeout, extra[code])
                         runs.append({"provider": provider, "code": code, "events": size, **run})
                         print(json.dumps(runs[-1]), flush=True)
                         shutil.rmtree(run_dir, ignore_errors=True)
@@ -161,7 +168,7 @@ def main(argv: list[str] | None = None) -> int:
                     "driver": round(large["driver_python_peak_mib"] / small["driver_python_peak_mib"], 2),
                     "children": round(large["children_peak_mib"] / small["children_peak_mib"], 2)}
     results = {"measured_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), "machine": machine_info(),
-               "head": head, "baseline": args.baseline, "runs": runs, "growth": growth}
+               "head": head, "baseline": args.baseline, "settings": extra, "runs": runs, "growth": growth}
     out = Path(args.out)
     out.with_suffix(".json").write_text(json.dumps(results, indent=2))
     results["growth"] = {tuple(k.split("|")): v for k, v in growth.items()}

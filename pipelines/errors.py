@@ -149,7 +149,8 @@ class StorageUnavailable(SessionsError):
 
 class SourceUnavailable(SessionsError):
     """The event source (Kafka) did not answer, refused, or lacks the topic: the message names the bootstrap servers,
-    the topic and the cause."""
+    the topic and the cause. Or Spark's executors cannot read a large landed file that their tasks were to read (a
+    landing directory that is not shared with them)."""
 
 
 class SourceDataLost(SessionsError):

@@ -20,6 +20,7 @@ import pytest
 from deltalake import DeltaTable
 
 from pipelines.core.sample_data import generate_events, land
+from pipelines.errors import SourceUnavailable
 from pipelines.ingest import INGESTED_DIR, ingest
 from pipelines.ingest.erased import ErasedUsers
 from pipelines.ingest.lines import split_lines
@@ -216,3 +217,18 @@ def test_large_landing_objects_on_s3_are_read_by_the_tasks(spark, tmp_path, s3_e
         "Contents"] if item["Key"].endswith(".jsonl")]
     assert len(listed) == 3 and all("/_ingested/" in key for key in listed), listed
     assert read_sessions(config) == expected_closed_sessions(chunks, 30 * 60_000, 10 * 60_000)
+
+
+def test_a_landing_the_executors_cannot_see_is_one_line_naming_the_fix(spark, tmp_path):
+    """Executors on other hosts than a driver-local landing directory: the file is not where the tasks run (here: a
+    path that exists nowhere). One typed line that names the way out, no task files left behind."""
+    config = make_config(tmp_path)
+    os.makedirs(config.raw_events_table)
+    span = Span("gone.jsonl", str(tmp_path / "elsewhere" / "gone.jsonl"), 0, 5 << 20, 0, False)
+    with pytest.raises(SourceUnavailable) as raised:
+        _tasks(spark, range_bytes=1 << 20)(span, table_uri=config.raw_events_table, seq=1,
+                                           ingested_at=dt.datetime.now(dt.timezone.utc),
+                                           max_future=dt.timedelta(hours=1), erased=ErasedUsers({}, b""))
+    line = str(raised.value)
+    assert "\n" not in line and "gone.jsonl" in line and "SESSIONS_INGEST_BY_TASKS=never" in line
+    assert os.listdir(config.raw_events_table) == []

@@ -27,7 +27,7 @@ from deltalake.transaction import AddAction
 from pyspark.sql import SparkSession
 
 from pipelines.core.state_format import spark_ddl
-from pipelines.errors import ConcurrentIngest
+from pipelines.errors import ConcurrentIngest, SourceUnavailable
 from pipelines.ingest.erased import ErasedUsers
 from pipelines.ingest.lines import split_lines
 from pipelines.ingest.table import TABLE_SCHEMA, ParsedSpan, RowSource, Span, line_rows, standing_erasure
@@ -49,9 +49,16 @@ def _ranges(span: Span, range_bytes: int) -> list[tuple[int, int]]:
     return [(lo, min(lo + range_bytes, span.end)) for lo in range(span.start, span.end, range_bytes)]
 
 
+UNREADABLE = "landed file not readable where this Spark task runs"  # the driver's SourceUnavailable, recognised
+
+
 def _read(span: Span, offset: int, size: int) -> bytes:
     fs, path = filesystem(span.uri)
-    with fs.open_input_file(path) as handle:
+    try:
+        handle = fs.open_input_file(path)
+    except FileNotFoundError:  # a landing directory on the driver's host only, executors elsewhere
+        raise FileNotFoundError(f"{UNREADABLE}: {span.uri}") from None
+    with handle:
         return bytes(handle.read_at(size, offset))
 
 
@@ -126,8 +133,16 @@ class SparkSpans:
         """`function` in one task per range; its rows in range order. `uris`: what the tasks read and write (an S3 one
         passes this process's AWS_* variables on to them)."""
         frame = self.spark.range(0, tasks, 1, tasks)  # task k handles range k
-        with executor_env(self.spark, next((uri for uri in uris if is_s3(uri)), "")):
-            rows = frame.mapInArrow(function, spark_ddl(schema)).collect()
+        try:
+            with executor_env(self.spark, next((uri for uri in uris if is_s3(uri)), "")):
+                rows = frame.mapInArrow(function, spark_ddl(schema)).collect()
+        except Exception as error:
+            if UNREADABLE not in str(error):
+                raise
+            raise SourceUnavailable(
+                f"Spark's executors cannot read landed file {uris[0]}: the landing directory must be on a path every "
+                "executor sees (a shared mount) or on S3 -- or set SESSIONS_INGEST_BY_TASKS=never to read large files "
+                "in the ingesting process") from None
         return sorted((row.asDict() for row in rows), key=lambda row: int(row["range"]))
 
     def __call__(self, span: Span, *, table_uri: str, seq: int, ingested_at: dt.datetime,
