@@ -1,4 +1,4 @@
-"""Both Delta engines on every table the product writes: raw_events, sessions, quarantine, a savepoint's state table
+"""Both Delta engines on every table the product writes: raw_events (also with files Spark tasks wrote), sessions, quarantine, a savepoint's state table
 and the catalog, and the erasure log are read by Delta Spark (the jars `make setup` fetched with Maven, in a session
 configured with Delta's extension and catalog: tests/delta_spark_peer.py, its own process) and by delta-rs with the
 same rows -- now and at version 0 --, after an erasure has scrubbed their logs; then each engine appends to a copy of
@@ -16,6 +16,9 @@ import pyarrow.compute as pc
 import pytest
 from deltalake import DeltaTable, write_deltalake
 
+from pipelines.core.sample_data import land
+from pipelines.ingest import ingest
+from pipelines.job.ingest_tasks import SparkSpans
 from pipelines.job.runtime import runtime_jars
 from pipelines.job.stream import catch_up
 from state_store.erasure import forget
@@ -49,7 +52,12 @@ def test_delta_spark_and_delta_rs_read_and_append_every_table(spark, tmp_path):
     land_files(config, [[line(e) for e in b if e["user_id"] != "u4"] for b in batches[3:]], start=3)
     catch_up(config, spark)
 
-    tables = _tables(config)
+    # raw_events whose files Spark tasks wrote (a large landed file: pipelines.job.ingest_tasks), committed by delta-rs.
+    by_tasks = make_config(tmp_path / "tasks", "rocksdb")
+    for k, b in enumerate(batches):
+        land(by_tasks.landing, f"part-{k}.jsonl", [line(e) for e in b] + ["not json"])
+    assert ingest(by_tasks, large=SparkSpans(spark, min_bytes=1, range_bytes=4096)).by_tasks == len(batches)
+    tables = {**_tables(config), "raw_events_by_tasks": by_tasks.raw_events_table}
     copies = {name: str(tmp_path / "copies" / name) for name in tables}
     for name, uri in tables.items():
         shutil.copytree(uri, copies[name])
