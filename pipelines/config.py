@@ -224,7 +224,7 @@ class SessionsConfig:
     kafka_conf: str = _setting("", "librdkafka consumer settings (security.protocol, the sasl and ssl ones, "
                                "group.id, ...), key=value,... or a JSON object, on an allowlist: nothing that loads "
                                "code or runs a command", shown="none", secret=True)
-    kafka_commit_messages: int = _setting(100_000, "messages per ingest commit at most")
+    kafka_commit_messages: int = _setting(100_000, "messages per ingest commit at most (read by Spark tasks: per partition)")
     # Idle close (README "Idle close"): the lateness is the longest that never makes an event late (idle_close_ms).
     idle_close_minutes: float | None = _setting(None, "wall-clock minutes without an event before ingest appends a "
                                                 "clock row to raw_events; 0 turns it off; fractions allowed",

@@ -29,6 +29,7 @@ import signal
 import subprocess
 import sys
 import time
+from collections import Counter
 from pathlib import Path
 
 import pytest
@@ -105,6 +106,57 @@ def test_partitions_ingested_once_and_sessions_equal_the_oracle(spark, kafka_bro
     expected = expected_closed_sessions([events], GAP_MS, LATENESS_MS)
     assert len(expected) > 400 and read_sessions(config) == expected
     assert read_quarantine(config).empty  # no late event, no bad line
+
+
+def test_a_backlog_read_by_spark_tasks_has_the_rows_of_a_read_here_and_the_oracles_sessions(spark, kafka_broker,
+                                                                                              tmp_path):
+    """A backlog of at least SESSIONS_KAFKA_COMMIT_MESSAGES read by Spark tasks (one per partition and round,
+    pipelines.job.ingest_tasks) gives the rows a read here gives -- poison messages included -- and records the same
+    offsets; a catch-up with tasks in local mode (SESSIONS_INGEST_BY_TASKS=always) writes the oracle's sessions."""
+    from pipelines.core.sample_data import arrival_order, generate_events
+    from pipelines.ingest import ingest
+    from pipelines.ingest.kafka_offsets import recorded_offsets
+    from pipelines.ingest.table import open_raw_table
+    from pipelines.job.ingest_tasks import SparkSpans
+    from pipelines.job.stream import catch_up
+    from testkit.lifecycle_expectations import expected_closed_sessions
+
+    topic = "clicks-tasks"
+    kafka_broker.create_topic(topic, 3)
+    events = arrival_order(generate_events(120, 3, seed=23), seed=23)
+    half = len(events) // 2
+    poison = [(None, b"not json {"), (None, None), (None, b"\xff\xfe"), (None, b"   ")]
+    acked = kafka_broker.produce(topic, as_messages(events[:half]) + poison)
+    limit = {"SESSIONS_KAFKA_COMMIT_MESSAGES": 150}  # rounds of tasks, several commits
+    here = kafka_config(tmp_path / "here", kafka_broker, topic, **limit)
+    tasks = kafka_config(tmp_path / "tasks", kafka_broker, topic, SESSIONS_INGEST_BY_TASKS="always", **limit)
+    read_here = ingest(here)
+    by_tasks = ingest(tasks, large=SparkSpans(spark, min_bytes=1))
+    assert by_tasks.by_tasks == 3 and read_here.by_tasks == 0 and by_tasks.last_seq > 1
+    assert (by_tasks.rows, by_tasks.rejected) == (read_here.rows, read_here.rejected) == (half + 2, 2)
+
+    def keyed(config):
+        return sorted((r["source_file"], r["line_no"], r["event_id"], r["reject_reason"], r["raw"])
+                      for r in raw_rows(config))
+    assert keyed(tasks) == keyed(here)
+    keys = open_raw_table(tasks).to_pyarrow_table(columns=["ingest_seq", "line_key"]).to_pylist()
+    assert len({(r["ingest_seq"], r["line_key"]) for r in keys}) == len(keys)  # the late events' provenance key
+    assert recorded_offsets(open_raw_table(tasks), topic) == recorded_offsets(open_raw_table(here), topic)
+    assert ingest(tasks, large=SparkSpans(spark, min_bytes=1)).rows == 0
+
+    acked += kafka_broker.produce(topic, as_messages(events[half:]))
+    # A home that reads the whole topic in one round of tasks (the limit is per partition): one commit, one
+    # micro-batch, as the oracle's one batch -- rounds interleave the partitions' event times.
+    per_partition = max(Counter(p for p, _, _ in acked).values())
+    stream = kafka_config(tmp_path / "stream", kafka_broker, topic, SESSIONS_INGEST_BY_TASKS="always",
+                          SESSIONS_KAFKA_COMMIT_MESSAGES=per_partition)
+    summary = catch_up(stream, spark)  # the backlog waits for the session, then its tasks read it
+    assert summary.files_read_by_tasks == 3
+    valid = [r for r in raw_rows(stream) if r["reject_reason"] is None]
+    assert sorted((r["source_file"], r["line_no"], r["event_id"]) for r in valid) == sorted(
+        (f"kafka://{topic}/{p}", offset, json.loads(value)["event_id"]) for p, offset, value in acked
+        if value and value.startswith(b"{"))  # every event's message once
+    assert read_sessions(stream) == expected_closed_sessions([events], GAP_MS, LATENESS_MS)
 
 
 # --- (b) kill -9 inside ingest, before and after the Delta commit ------------------------------------------------

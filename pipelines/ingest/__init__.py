@@ -69,11 +69,11 @@ def ingest(config: SessionsConfig, *, files_per_commit: int = 16, fenced_by: Seq
 
     `now` is the wall-clock time the idle close judges by (tests of the rule; None: the current time).
 
-    `large`: what becomes of a landed file with at least SESSIONS_INGEST_TASK_MIB new bytes (table.LargeFiles) --
-    read here, left for later ("defer": no later file is read before it either, so ingest order stays file order),
-    or read and parsed by Spark tasks where the file is, the tasks writing raw_events' files and this process
-    making the one commit (a SpanParser: pipelines.job.ingest_tasks). Landing objects on S3 and Kafka are read
-    here whatever `large` says.
+    `large`: what becomes of a landed file or S3 object with at least SESSIONS_INGEST_TASK_MIB new bytes, or a Kafka
+    backlog of at least SESSIONS_KAFKA_COMMIT_MESSAGES (table.LargeFiles) -- read here, left for later ("defer": no
+    later file is read before it either, so ingest order stays file order), or read and parsed by Spark tasks, the
+    tasks writing raw_events' files and this process making the one commit (a SpanParser:
+    pipelines.job.ingest_tasks).
     """
     # Catch-up and run hold the job lease already; this one serialises every writer of raw_events.
     with waiting_lease(config.lease_uri, "ingest", "ingest", config.lease_ttl_s, timeout_s=config.lease_wait_s) as held:

@@ -36,6 +36,8 @@ from __future__ import annotations
 
 import time
 from collections.abc import Mapping
+from functools import partial
+from typing import Protocol
 
 from confluent_kafka import KafkaError, KafkaException, Message, TopicPartition
 from deltalake import DeltaTable
@@ -45,18 +47,31 @@ from pipelines.errors import ConfigError, SourceDataLost
 from pipelines.ingest.kafka_client import TIMEOUT_S, KafkaClient, first_line
 from pipelines.ingest.kafka_offsets import Span, lost, offsets_metadata, plan, recorded_offsets, source_name
 from pipelines.ingest.lines import Lines
-from pipelines.ingest.table import Appender, Ingested, LargeFiles, RowSource, open_raw_table
+from pipelines.ingest.table import (
+    Appender,
+    Ingested,
+    KafkaRange,
+    LargeFiles,
+    ParsedSpan,
+    RowSource,
+    SpanParser,
+    open_raw_table,
+)
 
-__all__ = ["ingest", "kafka_lag"]
+__all__ = ["ingest", "kafka_lag", "read_range"]
 
 STALL_S = 30.0                  # a read that gets nothing for this long gives up (SourceUnavailable)
 CONSUME_BATCH = 10_000
 
 
+class _Appends(Protocol):
+    def append(self, sources: list[RowSource], metadata: dict[str, str]) -> None: ...
+
+
 class _Reader:
     """Reads the spans, appending a commit (rows + every partition's next offset) each `limit` messages."""
 
-    def __init__(self, client: KafkaClient, appender: Appender, spans: Mapping[int, Span], limit: int) -> None:
+    def __init__(self, client: KafkaClient, appender: _Appends, spans: Mapping[int, Span], limit: int) -> None:
         self.client, self.appender, self.topic = client, appender, client.topic
         self.next = {p: s.start for p, s in spans.items()}  # every partition: what the next commit records
         self.ends = {p: s.end for p, s in spans.items()}
@@ -146,22 +161,93 @@ class _Reader:
         self.flush()
 
 
+class _Collected:
+    """_Reader's appender where a Spark task reads: the rows' sources kept, not committed."""
+
+    def __init__(self) -> None:
+        self.sources: list[RowSource] = []
+
+    def append(self, sources: list[RowSource], metadata: dict[str, str]) -> None:
+        self.sources += sources
+
+
+def read_range(config: SessionsConfig, partition: int, start: int, end: int) -> tuple[list[RowSource], int]:
+    """Offsets [start, end) of one partition, read where a Spark task runs (pipelines.job.ingest_tasks) with the
+    reader and the rules of an ingest here: the messages' sources and the partition's next offset. Raises
+    SourceDataLost (offsets deleted while it read) and SourceUnavailable as an ingest here does."""
+    client = KafkaClient(config)
+    try:
+        collected = _Collected()
+        reader = _Reader(client, collected, {partition: Span(start, end, start)}, limit=end - start + 1)
+        reader.read()
+        return collected.sources, reader.next[partition]
+    finally:
+        client.close()
+
+
 def ingest(config: SessionsConfig, table: DeltaTable | None, appender: Appender, step: int,
            large: LargeFiles = "read") -> Ingested:
     """Every partition from its recorded next offset up to the high watermark seen now, at most
     SESSIONS_KAFKA_COMMIT_MESSAGES messages per commit (`step`, the file sources' files per commit, does not apply).
-    `files` of the result counts the partitions with messages ingested."""
+    `files` of the result counts the partitions with messages ingested.
+
+    A backlog of at least SESSIONS_KAFKA_COMMIT_MESSAGES messages is what `large` says: read here ("read"), left for
+    the session ("defer"), or read by Spark tasks, one per partition and up to SESSIONS_KAFKA_COMMIT_MESSAGES of its
+    messages each, one commit per round of tasks (a SpanParser)."""
     client = KafkaClient(config)
     try:
         recorded = recorded_offsets(table, config.kafka_topic)
         spans = plan(config.kafka_topic, recorded, client.watermarks(recorded))
-        reader = _Reader(client, appender, spans, max(1, config.kafka_commit_messages))
+        limit = max(1, config.kafka_commit_messages)
+        backlog = sum(span.end - span.start for span in spans.values())
+        if large != "read" and backlog >= limit:
+            if isinstance(large, str):
+                return Ingested(0, deferred=sum(1 for span in spans.values() if span.end > span.start))
+            read, next_offsets = _by_tasks(config, appender, spans, large, limit)
+            if read:
+                client.commit_group(next_offsets)
+            return Ingested(len(read), by_tasks=len(read))
+        reader = _Reader(client, appender, spans, limit)
         reader.read()
         if reader.recorded_now:
             client.commit_group(reader.next)
         return Ingested(len(reader.partitions_read))
     finally:
         client.close()
+
+
+def _by_tasks(config: SessionsConfig, appender: Appender, spans: Mapping[int, Span], tasks: SpanParser,
+              limit: int) -> tuple[set[int], dict[int, int]]:
+    """Rounds of one task per partition with messages left, each commit recording every partition's next offset;
+    a partition whose task stopped short of its range (the end as the broker sees it: an open transaction's
+    messages wait) is done for this ingest. The partitions read, and where each goes on."""
+    next_offsets = {p: span.start for p, span in spans.items()}
+    done: set[int] = set()
+    read: set[int] = set()
+    while True:
+        ranges: list[KafkaRange] = []
+        base = 0
+        for partition, span in sorted(spans.items()):
+            start = next_offsets[partition]
+            if start < span.end and partition not in done:
+                end = min(span.end, start + limit)
+                ranges.append(KafkaRange(partition, start, end, base))
+                base += end - start
+        if not ranges:
+            return read, next_offsets
+        parsed = appender.append_by_tasks(partial(tasks.messages, config, ranges),
+                                          partial(_offsets_after, config.kafka_topic, dict(next_offsets)))
+        for kafka_range in ranges:
+            after = parsed.next_offsets.get(kafka_range.partition, kafka_range.start)
+            if after < kafka_range.end:
+                done.add(kafka_range.partition)
+            if after > kafka_range.start:
+                read.add(kafka_range.partition)
+            next_offsets[kafka_range.partition] = max(next_offsets[kafka_range.partition], after)
+
+
+def _offsets_after(topic: str, before: Mapping[int, int], parsed: ParsedSpan) -> dict[str, str]:
+    return offsets_metadata(topic, {**before, **parsed.next_offsets})
 
 
 def kafka_lag(config: SessionsConfig) -> dict[int, dict[str, int]]:

@@ -348,7 +348,7 @@ def _commit_reads(reads: list[FileRead], appender: Appender, step: int, large: L
     for read in reads:
         if read.span is not None and not isinstance(large, str):
             flush()
-            read = _spanned(read, appender.append_span(read.span, large, partial(_span_metadata, read)))
+            read = _spanned(read, appender.append_by_tasks(partial(large, read.span), partial(_span_metadata, read)))
         elif read.lines or read.refused_raw is not None:
             chunk.append(read)
             if len(chunk) == step:

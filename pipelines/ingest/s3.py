@@ -131,8 +131,8 @@ def ingest(config: SessionsConfig, table: DeltaTable | None, appender: Appender,
             if span_from is not None and file.size >= span_from and not isinstance(large, str):
                 commit()
                 metadata = {"ingested_files": json.dumps([file.identity])}
-                appender.append_span(Span(file.name, file.location, 0, file.size, 0, False), large,
-                                     partial(_same_metadata, metadata))
+                appender.append_by_tasks(partial(large, Span(file.name, file.location, 0, file.size, 0, False)),
+                                         partial(_same_metadata, metadata))
                 by_tasks += 1
                 with s3_errors(landing, probe=False):
                     _archive_object(config, file)

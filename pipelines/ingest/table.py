@@ -31,7 +31,7 @@ from pipelines.ingest.erased import ErasedUsers, user_named_by
 from pipelines.ingest.lines import Lines, classify_line
 from pipelines.storage import is_s3, read_rows, storage_options
 
-__all__ = ["CLOCK_KIND", "CLOCK_MAX_IDLE_PERIODS", "HISTORY_PAGE", "RAW_SCHEMA", "TABLE_SCHEMA", "Appender", "IngestClock", "IngestResult", "Ingested", "LargeFiles", "ParsedSpan", "RowSource", "Source", "Span", "SpanParser", "latest_clock", "latest_ingest_seq", "latest_seq", "line_rows", "open_raw_table", "standing_erasure"]
+__all__ = ["CLOCK_KIND", "CLOCK_MAX_IDLE_PERIODS", "HISTORY_PAGE", "RAW_SCHEMA", "TABLE_SCHEMA", "Appender", "IngestClock", "IngestResult", "Ingested", "LargeFiles", "ParsedSpan", "RowSource", "KafkaRange", "Source", "Span", "SpanParser", "TaskParse", "latest_clock", "latest_ingest_seq", "latest_seq", "line_rows", "open_raw_table", "standing_erasure"]
 
 RAW_SCHEMA = pa.schema([
     ("event_id", pa.string()),
@@ -238,18 +238,39 @@ class ParsedSpan:
     rows: int
     rejected: int
     newest_us: int | None       # the newest valid event_time (the ingest clock's)
-    lines: int                  # the file's lines consumed once the span is (FilePosition.lines)
+    lines: int = 0              # the file's lines consumed once the span is (FilePosition.lines)
     dropped: dict[str, int] = field(default_factory=dict)  # the standing erasure's drops: user -> events
     discard: Callable[[], None] = lambda: None  # remove the files: the commit was refused
+    next_offsets: dict[int, int] = field(default_factory=dict)  # Kafka: partition -> next offset after the ranges
+
+
+@dataclass(frozen=True)
+class KafkaRange:
+    """Offsets [start, end) of one partition for one Spark task to read; its rows' line_key is `key_base` plus the
+    row's position (unique in the commit: the ranges' bases are apart by their lengths)."""
+    partition: int
+    start: int
+    end: int
+    key_base: int
+
+
+class TaskParse(Protocol):
+    """What Appender.append_by_tasks calls: Spark tasks parse and write the rows of ingest_seq `seq`."""
+
+    def __call__(self, *, table_uri: str, seq: int, ingested_at: dt.datetime, max_future: dt.timedelta,
+                 erased: ErasedUsers) -> ParsedSpan: ...
 
 
 class SpanParser(Protocol):
-    """Spark tasks that read and parse a Span's lines with the rules of line_rows and write its raw_events files
-    (pipelines.job.ingest_tasks). Used for files with at least `min_bytes` new bytes."""
+    """Spark tasks that read and parse with the rules of line_rows and write raw_events files
+    (pipelines.job.ingest_tasks): a Span's lines (files with at least `min_bytes` new bytes), or Kafka ranges."""
     min_bytes: int
 
     def __call__(self, span: Span, *, table_uri: str, seq: int, ingested_at: dt.datetime,
                  max_future: dt.timedelta, erased: ErasedUsers) -> ParsedSpan: ...
+
+    def messages(self, config: SessionsConfig, ranges: Sequence[KafkaRange], *, table_uri: str, seq: int,
+                 ingested_at: dt.datetime, max_future: dt.timedelta, erased: ErasedUsers) -> ParsedSpan: ...
 
 
 # What ingest does with a file that has at least SESSIONS_INGEST_TASK_MIB new bytes: read it here ("read"), leave
@@ -327,17 +348,17 @@ class Appender:
         self._commit_rows(batch, ingested_at, metadata)
         self._count(batch.num_rows, batch.num_rows - batch["reject_reason"].null_count, dropped)
 
-    def append_span(self, span: Span, parser: SpanParser,
-                    metadata_of: Callable[[ParsedSpan], dict[str, str]]) -> ParsedSpan:
-        """One commit of a Span's lines, parsed and written by Spark tasks (`parser`), with `metadata_of` its result
-        (the file's position after it). The files of a refused commit are removed; after a failure that may have
-        committed (S3 did not answer) they stay, in no version or in this one."""
+    def append_by_tasks(self, parse: TaskParse, metadata_of: Callable[[ParsedSpan], dict[str, str]]) -> ParsedSpan:
+        """One commit of rows that Spark tasks parsed and wrote (`parse`: a Span of a file, or Kafka ranges), with
+        `metadata_of` its result (the file's position after it; the partitions' next offsets). The files of a refused
+        commit are removed; after a failure that may have committed (S3 did not answer) they stay, in no version or
+        in this one."""
         if not DeltaTable.is_deltatable(self.uri, storage_options=self.options):
             # The tasks' files are added to a table: its first commit, empty, holds no ingest_seq.
             write_deltalake(self.uri, TABLE_SCHEMA.empty_table(), mode="append", storage_options=self.options)
         ingested_at = dt.datetime.now(dt.timezone.utc)
-        parsed = parser(span, table_uri=self.uri, seq=self.seq + 1, ingested_at=ingested_at,
-                        max_future=dt.timedelta(milliseconds=self.config.max_future_ms), erased=self.erased)
+        parsed = parse(table_uri=self.uri, seq=self.seq + 1, ingested_at=ingested_at,
+                       max_future=dt.timedelta(milliseconds=self.config.max_future_ms), erased=self.erased)
         clock = self.clock.after_newest(parsed.newest_us, _us(ingested_at))
         kill_point("ingest:files-written")
 

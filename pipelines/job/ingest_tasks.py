@@ -17,7 +17,9 @@ from __future__ import annotations
 import datetime as dt
 import json
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import replace
+from functools import partial
 from typing import Any
 
 import numpy as np
@@ -26,11 +28,12 @@ import pyarrow.compute as pc
 from deltalake.transaction import AddAction
 from pyspark.sql import SparkSession
 
+from pipelines.config import SessionsConfig
 from pipelines.core.state_format import spark_ddl
-from pipelines.errors import ConcurrentIngest, SourceUnavailable
+from pipelines.errors import ConcurrentIngest, SourceDataLost, SourceUnavailable
 from pipelines.ingest.erased import ErasedUsers
 from pipelines.ingest.lines import split_lines
-from pipelines.ingest.table import TABLE_SCHEMA, ParsedSpan, RowSource, Span, line_rows, standing_erasure
+from pipelines.ingest.table import TABLE_SCHEMA, KafkaRange, ParsedSpan, RowSource, Span, line_rows, standing_erasure
 from pipelines.job.task_files import executor_env, remove_files, write_file
 from pipelines.storage import filesystem, is_s3
 
@@ -40,9 +43,11 @@ RANGE_BYTES = 32 * 1024 * 1024  # one task's bytes: parsed in one piece, its mem
 LINE_END_STEP = 1 << 20          # a range's last line is read on past the range in steps of this
 
 _COUNT = pa.schema([("range", pa.int64()), ("lines", pa.int64())])
-_WRITTEN = pa.schema([("range", pa.int64()), ("lines", pa.int64()), ("path", pa.string()), ("size", pa.int64()),
-                      ("rows", pa.int64()), ("stats", pa.string()), ("rejected", pa.int64()),
-                      ("newest_us", pa.int64()), ("dropped", pa.string())])
+_FILE = [("path", pa.string()), ("size", pa.int64()), ("rows", pa.int64()), ("stats", pa.string()),
+         ("rejected", pa.int64()), ("newest_us", pa.int64()), ("dropped", pa.string())]
+_WRITTEN = pa.schema([("range", pa.int64()), ("lines", pa.int64()), *_FILE])
+_KAFKA_WRITTEN = pa.schema([("range", pa.int64()), ("next", pa.int64()), *_FILE, ("error", pa.string()),
+                            ("error_kind", pa.string()), ("lost_first", pa.int64()), ("lost_last", pa.int64())])
 
 
 def _ranges(span: Span, range_bytes: int) -> list[tuple[int, int]]:
@@ -108,22 +113,56 @@ def _parser(span: Span, ranges: list[tuple[int, int]], first_numbers: list[int],
                 else:
                     lines, _, _ = split_lines(data, first_numbers[k] - 1, False)
                 rows = line_rows([RowSource(span.name, lines)], seq, ingested_at, max_future, keyed_by_line_no=True)
-                rows, dropped = standing_erasure(erased, rows)
-                rows = rows.append_column("row_kind", pa.nulls(rows.num_rows, pa.string()))
-                valid = rows.filter(pc.is_null(rows["reject_reason"]))
-                newest = (int(pc.max(valid["event_time"].cast(pa.int64())).as_py()) if valid.num_rows else None)
-                out = {"range": k, "lines": len(lines), "path": None, "size": 0, "rows": rows.num_rows, "stats": None,
-                       "rejected": rows.num_rows - valid.num_rows, "newest_us": newest, "dropped": json.dumps(dropped)}
-                if rows.num_rows:
-                    out.update(write_file(rows, uri=table_uri, schema=TABLE_SCHEMA,
-                                          prefix=f"part-i{seq}-{k:05d}"))
-                yield pa.RecordBatch.from_pylist([out], schema=_WRITTEN)
+                out = _written(rows, erased, table_uri=table_uri, prefix=f"part-i{seq}-{k:05d}")
+                yield pa.RecordBatch.from_pylist([{"range": k, "lines": len(lines), **out}], schema=_WRITTEN)
     return parse
+
+
+def _written(rows: pa.Table, erased: ErasedUsers, *, table_uri: str, prefix: str) -> dict[str, Any]:
+    """A task's rows after the standing erasure, written as one raw_events file (none when no row is left): the
+    file's FILE_ROW fields and the counts the commit needs."""
+    rows, dropped = standing_erasure(erased, rows)
+    rows = rows.append_column("row_kind", pa.nulls(rows.num_rows, pa.string()))
+    valid = rows.filter(pc.is_null(rows["reject_reason"]))
+    newest = int(pc.max(valid["event_time"].cast(pa.int64())).as_py()) if valid.num_rows else None
+    out = {"path": None, "size": 0, "rows": rows.num_rows, "stats": None, "rejected": rows.num_rows - valid.num_rows,
+           "newest_us": newest, "dropped": json.dumps(dropped)}
+    if rows.num_rows:
+        out.update(write_file(rows, uri=table_uri, schema=TABLE_SCHEMA, prefix=prefix))
+    return out
+
+
+def _kafka_reader(config: SessionsConfig, ranges: Sequence[KafkaRange], *, table_uri: str, seq: int,
+                  ingested_at: dt.datetime, max_future: dt.timedelta, erased: ErasedUsers
+                  ) -> Callable[[Iterator[pa.RecordBatch]], Iterator[pa.RecordBatch]]:
+    """Task k reads ranges[k] of its partition (pipelines.ingest.kafka.read_range) into one raw_events file; a loss
+    or an unreachable broker is its row's `error`, for the driver to raise."""
+    from pipelines.ingest.kafka import read_range  # confluent_kafka: only where Kafka is the source
+
+    def read(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
+        for batch in batches:
+            for k in batch.column("id").to_pylist():
+                part = ranges[k]
+                out: dict[str, Any] = {"range": k, "next": part.start}
+                try:
+                    sources, out["next"] = read_range(config, part.partition, part.start, part.end)
+                except SourceDataLost as error:
+                    out.update(error=str(error), error_kind="lost", lost_first=error.first, lost_last=error.last)
+                except SourceUnavailable as error:
+                    out.update(error=str(error), error_kind="unavailable")
+                else:
+                    rows = line_rows(sources, seq, ingested_at, max_future)
+                    rows = rows.set_column(rows.schema.get_field_index("line_key"), "line_key",
+                                           pc.add(rows["line_key"], part.key_base))
+                    out.update(_written(rows, erased, table_uri=table_uri, prefix=f"part-i{seq}-{k:05d}"))
+                yield pa.RecordBatch.from_pylist([out], schema=_KAFKA_WRITTEN)
+    return read
 
 
 class SparkSpans:
     """SpanParser on a Spark session: a landed file of at least `min_bytes` new bytes is read and parsed by its
-    tasks, RANGE_BYTES each (the module docstring)."""
+    tasks, RANGE_BYTES each (the module docstring); Kafka ranges one task each, reading with the ingest's own reader
+    (pipelines.ingest.kafka.read_range)."""
 
     def __init__(self, spark: SparkSession, *, min_bytes: int, range_bytes: int = RANGE_BYTES) -> None:
         self.spark, self.min_bytes, self.range_bytes = spark, min_bytes, range_bytes
@@ -155,25 +194,42 @@ class SparkSpans:
         written = self._run(_parser(span, ranges, first_numbers, table_uri=table_uri, seq=seq,
                                     ingested_at=ingested_at, max_future=max_future, erased=erased),
                             _WRITTEN, len(ranges), uris=(span.uri, table_uri))
-        paths = [str(row["path"]) for row in written if row["path"] is not None]
         found = [int(row["lines"]) for row in written]
         if found != counts:
-            remove_files(table_uri, paths)
+            remove_files(table_uri, [str(row["path"]) for row in written if row["path"] is not None])
             raise ConcurrentIngest(f"landed file {span.name} changed while Spark tasks read it ({sum(found)} lines "
                                    f"where {sum(counts)} were counted): ingest again")
-        now_ms = int(time.time() * 1000)
-        dropped: dict[str, int] = {}
-        for row in written:
-            for user, events in json.loads(str(row["dropped"])).items():
-                dropped[user] = dropped.get(user, 0) + int(events)
-        newest = [int(row["newest_us"]) for row in written if row["newest_us"] is not None]
-        return ParsedSpan(
-            actions=[AddAction(str(row["path"]), int(row["size"]), {}, now_ms, True, str(row["stats"]))
-                     for row in written if row["path"] is not None],
-            rows=sum(int(row["rows"]) for row in written),
-            rejected=sum(int(row["rejected"]) for row in written),
-            newest_us=max(newest) if newest else None,
-            lines=span.first_line + sum(counts) - 1,
-            dropped=dropped,
-            discard=lambda: remove_files(table_uri, paths))
+        return _parsed(written, table_uri, lines=span.first_line + sum(counts) - 1)
 
+    def messages(self, config: SessionsConfig, ranges: Sequence[KafkaRange], *, table_uri: str, seq: int,
+                 ingested_at: dt.datetime, max_future: dt.timedelta, erased: ErasedUsers) -> ParsedSpan:
+        """Kafka ranges, one task each (SpanParser.messages)."""
+        written = self._run(_kafka_reader(config, ranges, table_uri=table_uri, seq=seq, ingested_at=ingested_at,
+                                          max_future=max_future, erased=erased),
+                            _KAFKA_WRITTEN, len(ranges), uris=(table_uri,))
+        failed = next((row for row in written if row["error"] is not None), None)
+        if failed is not None:  # nothing of the round is committed: the next ingest plans again
+            remove_files(table_uri, [str(row["path"]) for row in written if row["path"] is not None])
+            if failed["error_kind"] == "lost":
+                raise SourceDataLost(str(failed["error"]), config.kafka_topic, ranges[int(failed["range"])].partition,
+                                     int(failed["lost_first"]), int(failed["lost_last"]))
+            raise SourceUnavailable(str(failed["error"]))
+        return replace(_parsed(written, table_uri),
+                       next_offsets={ranges[int(row["range"])].partition: int(row["next"]) for row in written})
+
+
+def _parsed(written: list[dict[str, Any]], table_uri: str, *, lines: int = 0) -> ParsedSpan:
+    """The tasks' rows (one per task, _written's fields) as what the ingest commit needs."""
+    paths = [str(row["path"]) for row in written if row["path"] is not None]
+    now_ms = int(time.time() * 1000)
+    dropped: dict[str, int] = {}
+    for row in written:
+        for user, events in json.loads(str(row["dropped"])).items():
+            dropped[user] = dropped.get(user, 0) + int(events)
+    newest = [int(row["newest_us"]) for row in written if row["newest_us"] is not None]
+    return ParsedSpan(
+        actions=[AddAction(str(row["path"]), int(row["size"]), {}, now_ms, True, str(row["stats"]))
+                 for row in written if row["path"] is not None],
+        rows=sum(int(row["rows"]) for row in written), rejected=sum(int(row["rejected"]) for row in written),
+        newest_us=max(newest) if newest else None, lines=lines, dropped=dropped,
+        discard=partial(remove_files, table_uri, paths))
