@@ -70,26 +70,29 @@ def test_lifecycle_on_a_standalone_cluster(tmp_path, spark_cluster, s3_endpoint,
     env = config_env(config, SESSIONS_SPARK_MASTER=spark_cluster["master"], **s3_endpoint["env"], **checkpoint)
     chunks = in_order_chunks(120, seed=21, parts=5)
 
-    def land_part(i: int) -> None:  # an S3 put is atomic: the object appears complete (the contract's rename-in)
-        body = "".join(json.dumps(e) + "\n" for e in chunks[i]).encode()
+    def land_part(i: int, pad: int = 0) -> None:  # an S3 put is atomic: the object appears complete (the rename-in)
+        body = "".join(json.dumps({**e, "props": "x" * pad} if pad else e) + "\n" for e in chunks[i]).encode()
         s3.put_object(Bucket="warehouse", Key=f"{tmp_path.name}/landing/part-{i:04d}.jsonl", Body=body)
 
     _library_on_the_cluster(tmp_path, config, env, chunks)
     # `run` on the cluster: picks up part 4 as it lands, stops cleanly on Ctrl-C; then compaction.
     expected = sorted(expected_closed_sessions([chunks[0] + chunks[1], chunks[2], chunks[3], chunks[4]],
                                                GAP_MIN * 60_000, LATENESS_MIN * 60_000))
-    run = subprocess.Popen([tool("sessionctl"), "run", "--poll-seconds", "1"], env=env,
+    # Part 4 lands padded past SESSIONS_INGEST_TASK_MIB=1 (an extra field, ignored by the line rules): the executors
+    # read it from S3 and write its raw_events files (pipelines.job.ingest_tasks), the run's process commits them.
+    run = subprocess.Popen([tool("sessionctl"), "run", "--poll-seconds", "1"], env={**env, "SESSIONS_INGEST_TASK_MIB": "1"},
                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     try:
-        land_part(4)
+        land_part(4, pad=-(-(1 << 20) // len(chunks[4])) + 100)
         deadline = time.monotonic() + 240
         while read_sessions(config) != expected:  # (a read of the sessions table on S3: milliseconds)
             assert time.monotonic() < deadline and run.poll() is None, "run did not process part 4"
             time.sleep(0.5)
     finally:
         run.send_signal(signal.SIGINT)
-        _, err = run.communicate(timeout=180)
+        out, err = run.communicate(timeout=180)
     assert run.returncode == 0, err[-2000:]
+    assert json.loads(out.strip().splitlines()[-1])["files_read_by_tasks"] == 1
     assert _sessionctl(env, "compact")["dry_run"] is False
 
     listed = [o for o in s3.list_objects_v2(Bucket="warehouse", Prefix=f"{tmp_path.name}/landing/")["Contents"]

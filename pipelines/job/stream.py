@@ -260,7 +260,7 @@ def catch_up(config: SessionsConfig, spark: SparkSession | None = None) -> RunSu
             result = ingest(config, large=large)
         summary.add_ingest(result)
         deferred.append(result.deferred)
-        summary.timed("ingest" if large == "defer" else "ingest_tasks", begun)
+        summary.timed("ingest" if isinstance(large, str) else "ingest_tasks", begun)
 
     with _job(config, "catch-up", spark, meanwhile=ingest_timed) as run:
         if deferred and deferred[-1]:
