@@ -20,7 +20,7 @@ import pytest
 from deltalake import DeltaTable
 
 from pipelines.core.sample_data import generate_events, land
-from pipelines.errors import SourceUnavailable
+from pipelines.errors import SourceUnavailable, StorageUnavailable
 from pipelines.ingest import INGESTED_DIR, ingest
 from pipelines.ingest.erased import ErasedUsers
 from pipelines.ingest.lines import split_lines
@@ -28,7 +28,7 @@ from pipelines.ingest.table import RowSource, Span, line_rows, standing_erasure
 from pipelines.job.ingest_tasks import SparkSpans
 from pipelines.job.stream import catch_up
 from testkit.lifecycle_expectations import expected_closed_sessions
-from tests.conftest import config_env, make_config, read_sessions, tool
+from tests.conftest import config_env, free_port, make_config, read_sessions, tool
 from tests.test_ingest_columnar import RULES
 
 pytestmark = pytest.mark.tier("spark")
@@ -232,3 +232,18 @@ def test_a_landing_the_executors_cannot_see_is_one_line_naming_the_fix(spark, tm
     line = str(raised.value)
     assert "\n" not in line and "gone.jsonl" in line and "SESSIONS_INGEST_BY_TASKS=never" in line
     assert os.listdir(config.raw_events_table) == []
+
+
+def test_s3_refusing_the_tasks_is_storage_unavailable_as_for_an_ingest_here(spark, tmp_path, s3_endpoint,
+                                                                           monkeypatch):
+    """The landing's S3 endpoint refusing connections while the tasks read: StorageUnavailable, one line naming the
+    endpoint -- what `run` rides out, as it does when an ingest here finds S3 down."""
+    config = make_config(tmp_path)
+    os.makedirs(config.raw_events_table)
+    monkeypatch.setenv("AWS_ENDPOINT_URL", f"http://127.0.0.1:{free_port()}")  # nothing listens there
+    span = Span("part.jsonl", "s3://warehouse/nowhere/part.jsonl", 0, 3 << 20, 0, False)
+    with pytest.raises(StorageUnavailable) as raised:
+        _tasks(spark, range_bytes=1 << 20)(span, table_uri=config.raw_events_table, seq=1,
+                                           ingested_at=dt.datetime.now(dt.timezone.utc),
+                                           max_future=dt.timedelta(hours=1), erased=ErasedUsers({}, b""))
+    assert "\n" not in str(raised.value) and os.environ["AWS_ENDPOINT_URL"] in str(raised.value)

@@ -35,7 +35,7 @@ from pipelines.ingest.erased import ErasedUsers
 from pipelines.ingest.lines import split_lines
 from pipelines.ingest.table import TABLE_SCHEMA, KafkaRange, ParsedSpan, RowSource, Span, line_rows, standing_erasure
 from pipelines.job.task_files import executor_env, remove_files, write_file
-from pipelines.storage import filesystem, is_s3
+from pipelines.storage import filesystem, is_s3, object_store_errors
 
 __all__ = ["RANGE_BYTES", "SparkSpans"]
 
@@ -172,8 +172,10 @@ class SparkSpans:
         """`function` in one task per range; its rows in range order. `uris`: what the tasks read and write (an S3 one
         passes this process's AWS_* variables on to them)."""
         frame = self.spark.range(0, tasks, 1, tasks)  # task k handles range k
+        s3_uri = next((uri for uri in uris if is_s3(uri)), "")
         try:
-            with executor_env(self.spark, next((uri for uri in uris if is_s3(uri)), "")):
+            # S3 failing in a task is StorageUnavailable, as it is in an ingest here: `run` rides it out.
+            with executor_env(self.spark, s3_uri), object_store_errors(s3_uri):
                 rows = frame.mapInArrow(function, spark_ddl(schema)).collect()
         except Exception as error:
             if UNREADABLE not in str(error):
