@@ -305,9 +305,10 @@ def run_kill_points(work: Path, provider: str, seed: int, spark: SparkSession | 
     chunks = [events[i * size:(i + 1) * size] for i in range(parts)]
     landed = 0
 
-    def land_next() -> None:
+    def land_next(pad: int = 0) -> None:
         nonlocal landed
-        land(config.landing, f"part-{landed:04d}.jsonl", [json.dumps(e) for e in chunks[landed]])
+        land(config.landing, f"part-{landed:04d}.jsonl",
+             [json.dumps({**e, "props": "x" * pad} if pad else e) for e in chunks[landed]])
         landed += 1
 
     def lease_kill(args: list[str], then_land: int) -> dict[str, Any]:
@@ -341,7 +342,18 @@ def run_kill_points(work: Path, provider: str, seed: int, spark: SparkSession | 
             "incremental_before": sum(1 for r in before if r.get("kind") == "incremental"),
             "restorable": dry.returncode == 0 and bool(json.loads(dry.stdout or "{}").get("restorable"))})
     folded = _step(env, config, spark, "compact", "--keep-last", "1", "--keep-daily-days", "0")["savepoints_folded"]
-    land_next()  # a catch-up killed between its tasks' session files and the sink's commit; the next one redoes it
+    # A part past SESSIONS_INGEST_TASK_MIB (an extra field, ignored by the line rules) and a catch-up whose Spark tasks
+    # read it, killed between their raw_events files and the ingest commit: files in no version, the part unmoved.
+    land_next(pad=-(-(1 << 20) // len(chunks[landed])) + 100)
+    tasks_env = {**env, "SESSIONS_INGEST_BY_TASKS": "always", "SESSIONS_INGEST_TASK_MIB": "1"}
+    killed = _killed_at(tasks_env, "ingest:files-written", ["catch-up"]) == -signal.SIGKILL
+    raw_in_version = {Path(uri).name for uri in open_table(config, config.raw_events_table).file_uris()}
+    ingest_kill = {"point": "ingest:files-written", "killed": killed,
+                   "files_in_no_version": len({p.name for p in Path(config.raw_events_table).glob("*.parquet")}
+                                              - raw_in_version),
+                   "part_still_landed": (config.landing / f"part-{landed - 1:04d}.jsonl").exists()}
+    # The same part, read here this time: a catch-up killed between its tasks' session files and the sink's commit;
+    # the next one redoes it.
     killed = _killed_at(env, "sink:files-written", ["catch-up"]) == -signal.SIGKILL
     in_version = {Path(uri).name for uri in open_table(config, config.sessions_table).file_uris()}
     sink_kill = {"point": "sink:files-written", "killed": killed,
@@ -354,7 +366,8 @@ def run_kill_points(work: Path, provider: str, seed: int, spark: SparkSession | 
     expected = {row[0] for row in expected_closed_sessions(chunks, GAP_MS, LATENESS_MS)}
     got = open_table(config, config.sessions_table).to_pyarrow_table(columns=["session_id"])["session_id"].to_pylist()
     catalog = _catalog(config)
-    return {"provider": provider, "seed": seed, "kill_points": outcomes, "sink_kill": sink_kill, "lease_kills": taken,
+    return {"provider": provider, "seed": seed, "kill_points": outcomes, "ingest_kill": ingest_kill,
+            "sink_kill": sink_kill, "lease_kills": taken,
             "compact_after_kills_folded": folded,
             "chains_whole_at_end": _chains_whole(config, catalog),
             "kinds_at_end": dict(Counter(str(r.get("kind")) for r in catalog if r["status"] == "complete")),

@@ -42,7 +42,8 @@ def test_short_crash_campaign(tmp_path, spark, provider, seed, phases):
 def test_kill_points_inside_savepoints_chains_and_folds(tmp_path, request, spark, storage):
     """SIGKILL at exact moments (pipelines/coordination/__init__.py): a savepoint between its task files and its Delta commit
     and between that commit and its catalog row, inside an incremental chain; a chain fold before and after the
-    folded table's commit; a catch-up between its tasks' session files and the sink's commit; a catch-up and a restore
+    folded table's commit; a catch-up between its Spark tasks' raw_events files and the ingest commit; a catch-up
+    between its tasks' session files and the sink's commit; a catch-up and a restore
     right after taking their lease. Nothing is half-listed as
     complete, every chain stays whole and restorable, a killed lease holder is taken over at once; after a
     compaction, a restore of the newest savepoint and a catch-up: no session lost, none written twice. With the Spark
@@ -56,6 +57,10 @@ def test_kill_points_inside_savepoints_chains_and_folds(tmp_path, request, spark
     # The catch-up killed between its tasks' session files and the commit: the files are on disk in no version (read
     # by nobody); the catch-up after it wrote the batch again, once (the exactly-once check below).
     assert report["sink_kill"]["killed"] and report["sink_kill"]["files_in_no_version"] > 0, report
+    # Likewise a catch-up whose Spark tasks read a large landed part, killed before the ingest commit: their raw_events
+    # files in no version, the part still in landing (its position never committed); read again once, above.
+    ingest_kill = report["ingest_kill"]
+    assert ingest_kill["killed"] and ingest_kill["files_in_no_version"] > 0 and ingest_kill["part_still_landed"], report
     assert report["compact_after_kills_folded"] and report["chains_whole_at_end"], report
     assert (report["lost"], report["duplicated"], report["unexpected"]) == (0, 0, 0), report
     assert report["written"] == report["expected_sessions"] > 0
