@@ -4,7 +4,7 @@
 One gap-only clickstream file (benchmarks/end_to_end.py's generator) is ingested into a fresh home, in alternating
 order (A B A B ...):
 - `here`: `pipelines.ingest.ingest(config)` -- this process reads, parses and commits;
-- `tasks`: `ingest(config, large=SparkSpans(...))` on a warm SparkSession (`--master`, local[2] by default; a
+- `tasks`: `ingest(config, large=SparkIngestTasks(...))` on a warm SparkSession (`--master`, local[2] by default; a
   standalone cluster's URL for its executors) -- the tasks read, parse and write, this process commits.
 Reported per variant: median wall seconds, events/s, and events per CPU-second (the CPU of this process and every
 process it started: the JVM, Python workers; on a cluster, the executors' CPU is not on this host's process tree and
@@ -57,14 +57,14 @@ def _cpu_s(roots: list[int]) -> float:
 def _one(variant: str, landed: Path, work: Path, spark: Any, roots: list[int]) -> dict[str, Any]:
     from pipelines.config import SessionsConfig
     from pipelines.ingest import ingest
-    from pipelines.job.ingest_tasks import SparkSpans
+    from pipelines.job.ingest_tasks import SparkIngestTasks
 
     home = work / f"home-{variant}"
     shutil.rmtree(home, ignore_errors=True)
     config = SessionsConfig.from_env({"SESSIONS_HOME": str(home), "SESSIONS_IDLE_CLOSE_MINUTES": "0"})
     config.landing.mkdir(parents=True)
     os.link(landed, config.landing / "events.jsonl")  # the same bytes, no copy (ingest moves the link)
-    large: Any = "read" if variant == "here" else SparkSpans(spark, min_bytes=1)
+    large: Any = "read" if variant == "here" else SparkIngestTasks(spark, min_bytes=1)
     cpu_before, load = _cpu_s(roots), os.getloadavg()[0]
     started = time.monotonic()
     result = ingest(config, large=large)

@@ -18,7 +18,7 @@ from deltalake import DeltaTable, write_deltalake
 
 from pipelines.core.sample_data import land
 from pipelines.ingest import ingest
-from pipelines.job.ingest_tasks import SparkSpans
+from pipelines.job.ingest_tasks import SparkIngestTasks
 from pipelines.job.runtime import runtime_jars
 from pipelines.job.stream import catch_up
 from state_store.erasure import forget
@@ -56,7 +56,7 @@ def test_delta_spark_and_delta_rs_read_and_append_every_table(spark, tmp_path):
     by_tasks = make_config(tmp_path / "tasks", "rocksdb")
     for k, b in enumerate(batches):
         land(by_tasks.landing, f"part-{k}.jsonl", [line(e) for e in b] + ["not json"])
-    assert ingest(by_tasks, large=SparkSpans(spark, min_bytes=1, range_bytes=4096)).by_tasks == len(batches)
+    assert ingest(by_tasks, large=SparkIngestTasks(spark, min_bytes=1, range_bytes=4096)).by_tasks == len(batches)
     tables = {**_tables(config), "raw_events_by_tasks": by_tasks.raw_events_table}
     copies = {name: str(tmp_path / "copies" / name) for name in tables}
     for name, uri in tables.items():

@@ -25,7 +25,7 @@ from pipelines.ingest import INGESTED_DIR, ingest
 from pipelines.ingest.erased import ErasedUsers
 from pipelines.ingest.lines import split_lines
 from pipelines.ingest.table import RowSource, Span, line_rows, standing_erasure
-from pipelines.job.ingest_tasks import SparkSpans
+from pipelines.job.ingest_tasks import SparkIngestTasks
 from pipelines.job.stream import catch_up
 from testkit.lifecycle_expectations import expected_closed_sessions
 from tests.conftest import config_env, free_port, make_config, read_sessions, tool
@@ -60,9 +60,9 @@ def _rows(config) -> pa.Table:
                                                           ("line_no", "ascending")])
 
 
-def _tasks(spark, range_bytes: int = 64 * 1024) -> SparkSpans:
+def _tasks(spark, range_bytes: int = 64 * 1024) -> SparkIngestTasks:
     # Ranges far smaller than the file: tens of tasks, ranges where no line begins (inside the 200,000-byte lines).
-    return SparkSpans(spark, min_bytes=1, range_bytes=range_bytes)
+    return SparkIngestTasks(spark, min_bytes=1, range_bytes=range_bytes)
 
 
 def _ingest_both(tmp_path, spark, build) -> tuple:

@@ -117,7 +117,7 @@ def test_a_backlog_read_by_spark_tasks_has_the_rows_of_a_read_here_and_the_oracl
     from pipelines.ingest import ingest
     from pipelines.ingest.kafka_offsets import recorded_offsets
     from pipelines.ingest.table import open_raw_table
-    from pipelines.job.ingest_tasks import SparkSpans
+    from pipelines.job.ingest_tasks import SparkIngestTasks
     from pipelines.job.stream import catch_up
     from testkit.lifecycle_expectations import expected_closed_sessions
 
@@ -131,7 +131,7 @@ def test_a_backlog_read_by_spark_tasks_has_the_rows_of_a_read_here_and_the_oracl
     here = kafka_config(tmp_path / "here", kafka_broker, topic, **limit)
     tasks = kafka_config(tmp_path / "tasks", kafka_broker, topic, SESSIONS_INGEST_BY_TASKS="always", **limit)
     read_here = ingest(here)
-    by_tasks = ingest(tasks, large=SparkSpans(spark, min_bytes=1))
+    by_tasks = ingest(tasks, large=SparkIngestTasks(spark, min_bytes=1))
     assert by_tasks.by_tasks == 3 and read_here.by_tasks == 0 and by_tasks.last_seq > 1
     assert (by_tasks.rows, by_tasks.rejected) == (read_here.rows, read_here.rejected) == (half + 2, 2)
 
@@ -142,7 +142,7 @@ def test_a_backlog_read_by_spark_tasks_has_the_rows_of_a_read_here_and_the_oracl
     keys = open_raw_table(tasks).to_pyarrow_table(columns=["ingest_seq", "line_key"]).to_pylist()
     assert len({(r["ingest_seq"], r["line_key"]) for r in keys}) == len(keys)  # the late events' provenance key
     assert recorded_offsets(open_raw_table(tasks), topic) == recorded_offsets(open_raw_table(here), topic)
-    assert ingest(tasks, large=SparkSpans(spark, min_bytes=1)).rows == 0
+    assert ingest(tasks, large=SparkIngestTasks(spark, min_bytes=1)).rows == 0
 
     acked += kafka_broker.produce(topic, as_messages(events[half:]))
     # A home that reads the whole topic in one round of tasks (the limit is per partition): one commit, one

@@ -24,7 +24,7 @@ from pipelines.ingest.table import (
     RAW_SCHEMA,
     Appender,
     IngestResult,
-    LargeFiles,
+    LargeInput,
     Source,
     latest_clock,
     latest_ingest_seq,
@@ -34,7 +34,7 @@ from pipelines.ingest.table import (
 from pipelines.storage import is_s3
 
 __all__ = [
-    "INGESTED_DIR", "RAW_SCHEMA", "REFUSED_DIR", "IngestResult", "LandedFile", "LargeFiles", "classify_line", "ingest",
+    "INGESTED_DIR", "RAW_SCHEMA", "REFUSED_DIR", "IngestResult", "LandedFile", "LargeInput", "classify_line", "ingest",
     "latest_ingest_seq", "parse_event_time", "parse_line",
 ]
 
@@ -55,7 +55,7 @@ def _source(config: SessionsConfig) -> Source:
 
 
 def ingest(config: SessionsConfig, *, files_per_commit: int = 16, fenced_by: Sequence[Lease] = (),
-           now: dt.datetime | None = None, large: LargeFiles = "read") -> IngestResult:
+           now: dt.datetime | None = None, large: LargeInput = "read") -> IngestResult:
     """Append the new complete lines of every landed file to raw_events and move finished files to
     landing/_ingested/<UTC day>/ (see the docstrings of pipelines.ingest.local and pipelines.ingest.s3); or, with
     Kafka configured, the topic's new messages (pipelines.ingest.kafka: offsets in the same Delta commit). Then,
@@ -70,9 +70,9 @@ def ingest(config: SessionsConfig, *, files_per_commit: int = 16, fenced_by: Seq
     `now` is the wall-clock time the idle close judges by (tests of the rule; None: the current time).
 
     `large`: what becomes of a landed file or S3 object with at least SESSIONS_INGEST_TASK_MIB new bytes, or a Kafka
-    backlog of at least SESSIONS_KAFKA_COMMIT_MESSAGES (table.LargeFiles) -- read here, left for later ("defer": no
+    backlog of at least SESSIONS_KAFKA_COMMIT_MESSAGES (table.LargeInput) -- read here, left for later ("defer": no
     later file is read before it either, so ingest order stays file order), or read and parsed by Spark tasks, the
-    tasks writing raw_events' files and this process making the one commit (a SpanParser:
+    tasks writing raw_events' files and this process making the one commit (a IngestTasks:
     pipelines.job.ingest_tasks).
     """
     # Catch-up and run hold the job lease already; this one serialises every writer of raw_events.

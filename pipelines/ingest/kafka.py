@@ -50,11 +50,11 @@ from pipelines.ingest.lines import Lines
 from pipelines.ingest.table import (
     Appender,
     Ingested,
+    IngestTasks,
     KafkaRange,
-    LargeFiles,
+    LargeInput,
     ParsedSpan,
     RowSource,
-    SpanParser,
     open_raw_table,
 )
 
@@ -186,14 +186,14 @@ def read_range(config: SessionsConfig, partition: int, start: int, end: int) -> 
 
 
 def ingest(config: SessionsConfig, table: DeltaTable | None, appender: Appender, step: int,
-           large: LargeFiles = "read") -> Ingested:
+           large: LargeInput = "read") -> Ingested:
     """Every partition from its recorded next offset up to the high watermark seen now, at most
     SESSIONS_KAFKA_COMMIT_MESSAGES messages per commit (`step`, the file sources' files per commit, does not apply).
     `files` of the result counts the partitions with messages ingested.
 
     A backlog of at least SESSIONS_KAFKA_COMMIT_MESSAGES messages is what `large` says: read here ("read"), left for
     the session ("defer"), or read by Spark tasks, one per partition and up to SESSIONS_KAFKA_COMMIT_MESSAGES of its
-    messages each, one commit per round of tasks (a SpanParser)."""
+    messages each, one commit per round of tasks (a IngestTasks)."""
     client = KafkaClient(config)
     try:
         recorded = recorded_offsets(table, config.kafka_topic)
@@ -216,7 +216,7 @@ def ingest(config: SessionsConfig, table: DeltaTable | None, appender: Appender,
         client.close()
 
 
-def _by_tasks(config: SessionsConfig, appender: Appender, spans: Mapping[int, Span], tasks: SpanParser,
+def _by_tasks(config: SessionsConfig, appender: Appender, spans: Mapping[int, Span], tasks: IngestTasks,
               limit: int) -> tuple[set[int], dict[int, int]]:
     """Rounds of one task per partition with messages left, each commit recording every partition's next offset;
     a partition whose task stopped short of its range (the end as the broker sees it: an open transaction's

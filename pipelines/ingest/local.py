@@ -43,7 +43,7 @@ from pipelines.ingest.table import (
     TABLE_SCHEMA,
     Appender,
     Ingested,
-    LargeFiles,
+    LargeInput,
     ParsedSpan,
     RowSource,
     Span,
@@ -253,7 +253,7 @@ def _prune(positions: Positions, landing: Path, now: float, seen: set[int]) -> N
 
 
 def ingest(config: SessionsConfig, table: DeltaTable | None, appender: Appender, step: int,
-           large: LargeFiles = "read") -> Ingested:
+           large: LargeInput = "read") -> Ingested:
     """New complete lines of landed and moved files; refusals; then positions, then moves -- in rounds while a file
     has more than READ_CHUNK_BYTES to read, each round's commits and positions as crash-safe as a whole ingest's.
     A file with at least SESSIONS_INGEST_TASK_MIB new bytes is what `large` says (pipelines.ingest.ingest)."""
@@ -268,7 +268,7 @@ def ingest(config: SessionsConfig, table: DeltaTable | None, appender: Appender,
         table = open_raw_table(config)  # the round committed: its positions are at the table's newest seq
 
 
-def _span_from(config: SessionsConfig, table: DeltaTable | None, large: LargeFiles) -> int | None:
+def _span_from(config: SessionsConfig, table: DeltaTable | None, large: LargeInput) -> int | None:
     """The new bytes from which a file is a Span (None: every file is read here). Spark tasks write files of the
     table's own schema, so a table written before its newest columns (merged in by the next commit made here) is
     read here until then."""
@@ -282,7 +282,7 @@ def _span_from(config: SessionsConfig, table: DeltaTable | None, large: LargeFil
 
 
 def _round(config: SessionsConfig, table: DeltaTable | None, appender: Appender, step: int,
-           read_from: set[int], large: LargeFiles) -> tuple[Ingested, bool]:
+           read_from: set[int], large: LargeInput) -> tuple[Ingested, bool]:
     """One scan of landing: its reads committed, positions saved, finished files moved; whether a read stopped short
     of a file's end (`more`). The inodes of files with lines read are added to `read_from`."""
     positions = load_positions(config, table, appender.seq)
@@ -332,7 +332,7 @@ def _round(config: SessionsConfig, table: DeltaTable | None, appender: Appender,
     return Ingested(len(read_from), refused, waiting, deferred, by_tasks), more
 
 
-def _commit_reads(reads: list[FileRead], appender: Appender, step: int, large: LargeFiles) -> list[FileRead]:
+def _commit_reads(reads: list[FileRead], appender: Appender, step: int, large: LargeInput) -> list[FileRead]:
     """The reads with something to commit, committed in order: up to `step` files read here per commit, a Span in a
     commit of its own (its tasks key its rows by line number, unique in one file only). Returns the reads, a Span's
     position completed by the lines its tasks found."""

@@ -20,7 +20,7 @@ from deltalake import DeltaTable
 from pipelines.config import SessionsConfig
 from pipelines.ingest.lines import split_lines
 from pipelines.ingest.positions import INGESTED_DIR, LandedFile, archive_day
-from pipelines.ingest.table import HISTORY_PAGE, Appender, Ingested, LargeFiles, ParsedSpan, RowSource, Span
+from pipelines.ingest.table import HISTORY_PAGE, Appender, Ingested, LargeInput, ParsedSpan, RowSource, Span
 from pipelines.storage import filesystem, s3_errors, s3_limits
 
 __all__ = ["ingest"]
@@ -88,11 +88,11 @@ def _same_metadata(metadata: dict[str, str], _: ParsedSpan) -> dict[str, str]:
 
 
 def ingest(config: SessionsConfig, table: DeltaTable | None, appender: Appender, step: int,
-           large: LargeFiles = "read") -> Ingested:
+           large: LargeInput = "read") -> Ingested:
     """Every object whole (an object is complete when it appears: its last line needs no newline). Every object
     listed is committed and archived (or this raised): none is refused, none left waiting -- but for an object of
     at least SESSIONS_INGEST_TASK_MIB, which `large` may leave for Spark tasks ("defer", with every later object:
-    ingest order stays landing order) or give to them (a SpanParser: a commit of its own). The landing's failures
+    ingest order stays landing order) or give to them (a IngestTasks: a commit of its own). The landing's failures
     are StorageUnavailable (raw_events' own, in the warehouse, are the appender's)."""
     landing = config.landing_uri
     already = _recent_identities(table)

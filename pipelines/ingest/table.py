@@ -31,7 +31,7 @@ from pipelines.ingest.erased import ErasedUsers, user_named_by
 from pipelines.ingest.lines import Lines, classify_line
 from pipelines.storage import is_s3, read_rows, storage_options
 
-__all__ = ["CLOCK_KIND", "CLOCK_MAX_IDLE_PERIODS", "HISTORY_PAGE", "RAW_SCHEMA", "TABLE_SCHEMA", "Appender", "IngestClock", "IngestResult", "Ingested", "LargeFiles", "ParsedSpan", "RowSource", "KafkaRange", "Source", "Span", "SpanParser", "TaskParse", "latest_clock", "latest_ingest_seq", "latest_seq", "line_rows", "open_raw_table", "standing_erasure"]
+__all__ = ["CLOCK_KIND", "CLOCK_MAX_IDLE_PERIODS", "HISTORY_PAGE", "RAW_SCHEMA", "TABLE_SCHEMA", "Appender", "IngestClock", "IngestResult", "Ingested", "LargeInput", "ParsedSpan", "RowSource", "KafkaRange", "Source", "Span", "IngestTasks", "TaskParse", "latest_clock", "latest_ingest_seq", "latest_seq", "line_rows", "open_raw_table", "standing_erasure"]
 
 RAW_SCHEMA = pa.schema([
     ("event_id", pa.string()),
@@ -215,7 +215,7 @@ def line_rows(sources: Sequence[RowSource], seq: int, ingested_at: dt.datetime, 
 
 @dataclass(frozen=True)
 class Span:
-    """The complete lines of one landed file that Spark tasks read and parse where the file is (a SpanParser), not
+    """The complete lines of one landed file that Spark tasks read and parse where the file is (a IngestTasks), not
     this process: bytes [start, end) of the file at `uri`, numbered on from `lines_before` as split_lines numbers
     them (`open_before`: the line before `start` was taken unterminated, so the first newline closes it)."""
     name: str            # source_file of its rows
@@ -261,7 +261,7 @@ class TaskParse(Protocol):
                  erased: ErasedUsers) -> ParsedSpan: ...
 
 
-class SpanParser(Protocol):
+class IngestTasks(Protocol):
     """Spark tasks that read and parse with the rules of line_rows and write raw_events files
     (pipelines.job.ingest_tasks): a Span's lines (files with at least `min_bytes` new bytes), or Kafka ranges."""
     min_bytes: int
@@ -273,10 +273,10 @@ class SpanParser(Protocol):
                  ingested_at: dt.datetime, max_future: dt.timedelta, erased: ErasedUsers) -> ParsedSpan: ...
 
 
-# What ingest does with a file that has at least SESSIONS_INGEST_TASK_MIB new bytes: read it here ("read"), leave
-# it and every later file for a later ingest ("defer": catch-up's ingest while the JVM starts), or have Spark tasks
-# read it (a SpanParser).
-LargeFiles = Literal["read", "defer"] | SpanParser
+# What ingest does with large input -- a file with at least SESSIONS_INGEST_TASK_MIB new bytes, a Kafka backlog of at
+# least SESSIONS_KAFKA_COMMIT_MESSAGES: read it here ("read"), leave it and everything after it for a later ingest
+# ("defer": catch-up's ingest while the JVM starts), or have Spark tasks read it (IngestTasks).
+LargeInput = Literal["read", "defer"] | IngestTasks
 
 
 def standing_erasure(erased: ErasedUsers, batch: pa.Table) -> tuple[pa.Table, dict[str, int]]:
@@ -459,8 +459,8 @@ class Ingested:
     files: int           # files with lines ingested
     refused: int = 0     # entries refused unread
     waiting: int = 0     # files left in landing for a later ingest
-    deferred: int = 0    # files left for Spark tasks (LargeFiles "defer")
-    by_tasks: int = 0    # files whose lines Spark tasks read (LargeFiles: a SpanParser)
+    deferred: int = 0    # files left for Spark tasks (LargeInput "defer")
+    by_tasks: int = 0    # files whose lines Spark tasks read (LargeInput: a IngestTasks)
 
 
 class Source(Protocol):
@@ -468,7 +468,7 @@ class Source(Protocol):
     per commit, each commit's metadata saying what it holds so that a crash after it neither loses nor repeats."""
 
     def ingest(self, config: SessionsConfig, table: DeltaTable | None, appender: Appender, step: int,
-               large: LargeFiles) -> Ingested: ...
+               large: LargeInput) -> Ingested: ...
 
 
 @dataclass(frozen=True)

@@ -1,5 +1,5 @@
 """A large landed file read and parsed by Spark tasks where the file is: ingest's work costs what the cluster has,
-not what one process has (pipelines.ingest.table.SpanParser).
+not what one process has (pipelines.ingest.table.IngestTasks).
 
 The file's new complete lines (a Span, planned by pipelines.ingest.local from the file's end only) are cut into
 ranges of RANGE_BYTES. A line belongs to the range holding its first byte. Two Spark jobs of one task per range:
@@ -37,7 +37,7 @@ from pipelines.ingest.table import TABLE_SCHEMA, KafkaRange, ParsedSpan, RowSour
 from pipelines.job.task_files import executor_env, remove_files, write_file
 from pipelines.storage import filesystem, is_s3, object_store_errors
 
-__all__ = ["RANGE_BYTES", "SparkSpans"]
+__all__ = ["RANGE_BYTES", "SparkIngestTasks"]
 
 RANGE_BYTES = 32 * 1024 * 1024  # one task's bytes: parsed in one piece, its memory a few times this
 LINE_END_STEP = 1 << 20          # a range's last line is read on past the range in steps of this
@@ -159,8 +159,8 @@ def _kafka_reader(config: SessionsConfig, ranges: Sequence[KafkaRange], *, table
     return read
 
 
-class SparkSpans:
-    """SpanParser on a Spark session: a landed file of at least `min_bytes` new bytes is read and parsed by its
+class SparkIngestTasks:
+    """IngestTasks on a Spark session: a landed file of at least `min_bytes` new bytes is read and parsed by its
     tasks, RANGE_BYTES each (the module docstring); Kafka ranges one task each, reading with the ingest's own reader
     (pipelines.ingest.kafka.read_range)."""
 
@@ -205,7 +205,7 @@ class SparkSpans:
 
     def messages(self, config: SessionsConfig, ranges: Sequence[KafkaRange], *, table_uri: str, seq: int,
                  ingested_at: dt.datetime, max_future: dt.timedelta, erased: ErasedUsers) -> ParsedSpan:
-        """Kafka ranges, one task each (SpanParser.messages)."""
+        """Kafka ranges, one task each (IngestTasks.messages)."""
         written = self._run(_kafka_reader(config, ranges, table_uri=table_uri, seq=seq, ingested_at=ingested_at,
                                           max_future=max_future, erased=erased),
                             _KAFKA_WRITTEN, len(ranges), uris=(table_uri,))

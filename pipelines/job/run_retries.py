@@ -14,7 +14,7 @@ from pipelines.config import SessionsConfig
 from pipelines.coordination.leases import Lease
 from pipelines.coordination.requests import StreamRequest, pending_request
 from pipelines.errors import SourceDataLost, SourceUnavailable, StorageUnavailable
-from pipelines.ingest import IngestResult, LargeFiles, ingest
+from pipelines.ingest import IngestResult, LargeInput, ingest
 from pipelines.storage import S3_ADVICE, object_store_errors
 
 __all__ = ["RetryCounts", "RetryingIngest", "ride_out"]
@@ -55,7 +55,7 @@ class RetryingIngest:
     commits again (`query_progressed`)."""
 
     def __init__(self, config: SessionsConfig, summary: RetryCounts, poll_seconds: float, lease: Lease,
-                 *, large: LargeFiles = "read") -> None:
+                 *, large: LargeInput = "read") -> None:
         self.config, self.summary, self.poll_seconds = config, summary, poll_seconds
         self.large = large  # the run's Spark tasks, for large landed files
         self.lease = lease  # the run's job lease: its ingest commits are fenced by it too

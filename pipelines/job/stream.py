@@ -33,9 +33,9 @@ from pipelines.coordination.requests import (
     withdraw,
 )
 from pipelines.errors import SessionsError, StorageUnavailable
-from pipelines.ingest import IngestResult, LargeFiles, ingest
+from pipelines.ingest import IngestResult, LargeInput, ingest
 from pipelines.job.checkpoint import JobMetadata, batch_source_range, inspect_checkpoint, read_bootstrap
-from pipelines.job.ingest_tasks import SparkSpans
+from pipelines.job.ingest_tasks import SparkIngestTasks
 from pipelines.job.operators.seam import StateOperator, keyed_events
 from pipelines.job.run_retries import RetryingIngest as _RetryingIngest
 from pipelines.job.run_retries import ride_out
@@ -239,12 +239,12 @@ def _log_details(config: SessionsConfig, failure: BaseException) -> None:
             details.write(f"--- {time.strftime('%Y-%m-%dT%H:%M:%S%z')} query failed (storage)\n{failure}\n")
 
 
-def _tasks(config: SessionsConfig, spark: SparkSession) -> LargeFiles:
+def _tasks(config: SessionsConfig, spark: SparkSession) -> LargeInput:
     """Large landed files read by the job's Spark tasks (pipelines.job.ingest_tasks), or here
     (SESSIONS_INGEST_BY_TASKS)."""
     if not config.large_files_by_tasks:
         return "read"
-    return SparkSpans(spark, min_bytes=config.ingest_task_mib * 1024 * 1024)
+    return SparkIngestTasks(spark, min_bytes=config.ingest_task_mib * 1024 * 1024)
 
 
 def catch_up(config: SessionsConfig, spark: SparkSession | None = None) -> RunSummary:
@@ -254,7 +254,7 @@ def catch_up(config: SessionsConfig, spark: SparkSession | None = None) -> RunSu
     (SESSIONS_INGEST_TASK_MIB) and every file after it wait for the session, whose tasks read and parse it."""
     deferred: list[int] = []
 
-    def ingest_timed(summary: RunSummary, large: LargeFiles = "defer" if config.large_files_by_tasks else "read") -> None:
+    def ingest_timed(summary: RunSummary, large: LargeInput = "defer" if config.large_files_by_tasks else "read") -> None:
         begun = time.monotonic()
         with object_store_errors(config.raw_events_table):  # the landing's are StorageUnavailable already
             result = ingest(config, large=large)
