@@ -72,7 +72,7 @@ def ingest(config: SessionsConfig, *, files_per_commit: int = 16, fenced_by: Seq
     `large`: what becomes of a landed file or S3 object with at least SESSIONS_INGEST_TASK_MIB new bytes, or a Kafka
     backlog of at least SESSIONS_KAFKA_COMMIT_MESSAGES (table.LargeInput) -- read here, left for later ("defer": no
     later file is read before it either, so ingest order stays file order), or read and parsed by Spark tasks, the
-    tasks writing raw_events' files and this process making the one commit (a IngestTasks:
+    tasks writing raw_events' files and this process making the one commit (IngestTasks:
     pipelines.job.ingest_tasks).
     """
     # Catch-up and run hold the job lease already; this one serialises every writer of raw_events.

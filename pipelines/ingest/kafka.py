@@ -193,7 +193,7 @@ def ingest(config: SessionsConfig, table: DeltaTable | None, appender: Appender,
 
     A backlog of at least SESSIONS_KAFKA_COMMIT_MESSAGES messages is what `large` says: read here ("read"), left for
     the session ("defer"), or read by Spark tasks, one per partition and up to SESSIONS_KAFKA_COMMIT_MESSAGES of its
-    messages each, one commit per round of tasks (a IngestTasks)."""
+    messages each, one commit per round of tasks (IngestTasks)."""
     client = KafkaClient(config)
     try:
         recorded = recorded_offsets(table, config.kafka_topic)

@@ -92,7 +92,7 @@ def ingest(config: SessionsConfig, table: DeltaTable | None, appender: Appender,
     """Every object whole (an object is complete when it appears: its last line needs no newline). Every object
     listed is committed and archived (or this raised): none is refused, none left waiting -- but for an object of
     at least SESSIONS_INGEST_TASK_MIB, which `large` may leave for Spark tasks ("defer", with every later object:
-    ingest order stays landing order) or give to them (a IngestTasks: a commit of its own). The landing's failures
+    ingest order stays landing order) or give to them (IngestTasks: a commit of its own). The landing's failures
     are StorageUnavailable (raw_events' own, in the warehouse, are the appender's)."""
     landing = config.landing_uri
     already = _recent_identities(table)

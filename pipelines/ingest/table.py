@@ -215,7 +215,7 @@ def line_rows(sources: Sequence[RowSource], seq: int, ingested_at: dt.datetime, 
 
 @dataclass(frozen=True)
 class Span:
-    """The complete lines of one landed file that Spark tasks read and parse where the file is (a IngestTasks), not
+    """The complete lines of one landed file that Spark tasks read and parse where the file is (IngestTasks), not
     this process: bytes [start, end) of the file at `uri`, numbered on from `lines_before` as split_lines numbers
     them (`open_before`: the line before `start` was taken unterminated, so the first newline closes it)."""
     name: str            # source_file of its rows
@@ -460,7 +460,7 @@ class Ingested:
     refused: int = 0     # entries refused unread
     waiting: int = 0     # files left in landing for a later ingest
     deferred: int = 0    # files left for Spark tasks (LargeInput "defer")
-    by_tasks: int = 0    # files whose lines Spark tasks read (LargeInput: a IngestTasks)
+    by_tasks: int = 0    # files whose lines Spark tasks read (LargeInput: IngestTasks)
 
 
 class Source(Protocol):
