@@ -11,6 +11,11 @@ The driver only adds the ranges' counts and the files' rows; the one ingest comm
 Appender's (fenced, idempotent by its ingest_seq, with the file's position in its metadata). A task that finds
 another number of lines than the count (the file was rewritten meanwhile) fails the ingest: its files are removed
 and the next ingest plans again from the recorded position.
+
+A Kafka backlog takes one job: a task per partition range reads it with the ingest's own reader
+(pipelines.ingest.kafka.read_range) and writes its rows the same way; the commit records every partition's next
+offset. On one host the ingesting process is the cheaper reader (benchmarks/README.md): pipelines.job.stream uses
+these tasks as SESSIONS_INGEST_BY_TASKS says.
 """
 from __future__ import annotations
 
