@@ -56,6 +56,7 @@ from pipelines.ingest.table import (
     ParsedSpan,
     RowSource,
     open_raw_table,
+    usable,
 )
 
 __all__ = ["ingest", "kafka_lag", "read_range"]
@@ -200,6 +201,7 @@ def ingest(config: SessionsConfig, table: DeltaTable | None, appender: Appender,
         spans = plan(config.kafka_topic, recorded, client.watermarks(recorded))
         limit = max(1, config.kafka_commit_messages)
         backlog = sum(span.end - span.start for span in spans.values())
+        large = usable(large, table)
         if large != "read" and backlog >= limit:
             if isinstance(large, str):
                 return Ingested(0, deferred=sum(1 for span in spans.values() if span.end > span.start))

@@ -40,7 +40,6 @@ from pipelines.ingest.positions import (
     save_positions,
 )
 from pipelines.ingest.table import (
-    TABLE_SCHEMA,
     Appender,
     Ingested,
     LargeInput,
@@ -48,6 +47,7 @@ from pipelines.ingest.table import (
     RowSource,
     Span,
     open_raw_table,
+    span_from,
 )
 
 __all__ = ["ingest"]
@@ -268,19 +268,6 @@ def ingest(config: SessionsConfig, table: DeltaTable | None, appender: Appender,
         table = open_raw_table(config)  # the round committed: its positions are at the table's newest seq
 
 
-def _span_from(config: SessionsConfig, table: DeltaTable | None, large: LargeInput) -> int | None:
-    """The new bytes from which a file is a Span (None: every file is read here). Spark tasks write files of the
-    table's own schema, so a table written before its newest columns (merged in by the next commit made here) is
-    read here until then."""
-    if large == "read":
-        return None
-    if isinstance(large, str):
-        return config.ingest_task_mib * 1024 * 1024
-    if table is not None and table.schema().to_arrow().names != TABLE_SCHEMA.names:
-        return None
-    return large.min_bytes
-
-
 def _round(config: SessionsConfig, table: DeltaTable | None, appender: Appender, step: int,
            read_from: set[int], large: LargeInput) -> tuple[Ingested, bool]:
     """One scan of landing: its reads committed, positions saved, finished files moved; whether a read stopped short
@@ -288,10 +275,10 @@ def _round(config: SessionsConfig, table: DeltaTable | None, appender: Appender,
     positions = load_positions(config, table, appender.seq)
     loaded = positions.to_json()
     now = time.time()
-    span_from = _span_from(config, table, large)
-    reads = _scan_landing(config, positions, now, span_from)
+    large_from = span_from(config, table, large)
+    reads = _scan_landing(config, positions, now, large_from)
     seen = {read.position.ino for read in reads}
-    reads += _scan_moved(config, positions, now, seen, span_from)
+    reads += _scan_moved(config, positions, now, seen, large_from)
     seen |= {read.position.ino for read in reads}
     reads.sort(key=lambda read: (read.mtime_ns, read.position.name))
     deferred = 0

@@ -20,7 +20,17 @@ from deltalake import DeltaTable
 from pipelines.config import SessionsConfig
 from pipelines.ingest.lines import split_lines
 from pipelines.ingest.positions import INGESTED_DIR, LandedFile, archive_day
-from pipelines.ingest.table import HISTORY_PAGE, Appender, Ingested, LargeInput, ParsedSpan, RowSource, Span
+from pipelines.ingest.table import (
+    HISTORY_PAGE,
+    Appender,
+    Ingested,
+    LargeInput,
+    ParsedSpan,
+    RowSource,
+    Span,
+    span_from,
+    usable,
+)
 from pipelines.storage import filesystem, s3_errors, s3_limits
 
 __all__ = ["ingest"]
@@ -98,7 +108,8 @@ def ingest(config: SessionsConfig, table: DeltaTable | None, appender: Appender,
     already = _recent_identities(table)
     pending = []
     by_tasks = 0
-    span_from = None if large == "read" else config.ingest_task_mib * 1024 * 1024
+    large = usable(large, table)
+    large_from = span_from(config, table, large)
     with s3_limits(config):
         with s3_errors(landing):  # probes the endpoint first: refused connections fail in a second
             listed = landed_objects(config)
@@ -108,10 +119,8 @@ def ingest(config: SessionsConfig, table: DeltaTable | None, appender: Appender,
                     _archive_object(config, file)
             else:
                 pending.append(file)
-        if span_from is not None and not isinstance(large, str):
-            span_from = large.min_bytes
-        if large == "defer" and span_from is not None:
-            cut = next((k for k, f in enumerate(pending) if f.size >= span_from), len(pending))
+        if large == "defer" and large_from is not None:
+            cut = next((k for k, f in enumerate(pending) if f.size >= large_from), len(pending))
             deferred, pending = len(pending) - cut, pending[:cut]
         else:
             deferred = 0
@@ -128,7 +137,7 @@ def ingest(config: SessionsConfig, table: DeltaTable | None, appender: Appender,
                 chunk.clear()
 
         for file in pending:
-            if span_from is not None and file.size >= span_from and not isinstance(large, str):
+            if large_from is not None and file.size >= large_from and not isinstance(large, str):
                 commit()
                 metadata = {"ingested_files": json.dumps([file.identity])}
                 appender.append_by_tasks(partial(large, Span(file.name, file.location, 0, file.size, 0, False)),

@@ -31,7 +31,7 @@ from pipelines.ingest.erased import ErasedUsers, user_named_by
 from pipelines.ingest.lines import Lines, classify_line
 from pipelines.storage import is_s3, read_rows, storage_options
 
-__all__ = ["CLOCK_KIND", "CLOCK_MAX_IDLE_PERIODS", "HISTORY_PAGE", "RAW_SCHEMA", "TABLE_SCHEMA", "Appender", "IngestClock", "IngestResult", "Ingested", "LargeInput", "ParsedSpan", "RowSource", "KafkaRange", "Source", "Span", "IngestTasks", "TaskParse", "latest_clock", "latest_ingest_seq", "latest_seq", "line_rows", "open_raw_table", "standing_erasure"]
+__all__ = ["CLOCK_KIND", "CLOCK_MAX_IDLE_PERIODS", "HISTORY_PAGE", "RAW_SCHEMA", "TABLE_SCHEMA", "Appender", "IngestClock", "IngestResult", "Ingested", "LargeInput", "ParsedSpan", "RowSource", "KafkaRange", "Source", "Span", "IngestTasks", "TaskParse", "latest_clock", "latest_ingest_seq", "latest_seq", "line_rows", "open_raw_table", "span_from", "standing_erasure", "usable"]
 
 RAW_SCHEMA = pa.schema([
     ("event_id", pa.string()),
@@ -277,6 +277,22 @@ class IngestTasks(Protocol):
 # least SESSIONS_KAFKA_COMMIT_MESSAGES: read it here ("read"), leave it and everything after it for a later ingest
 # ("defer": catch-up's ingest while the JVM starts), or have Spark tasks read it (IngestTasks).
 LargeInput = Literal["read", "defer"] | IngestTasks
+
+
+def usable(large: LargeInput, table: DeltaTable | None) -> LargeInput:
+    """`large`, but "read" in place of Spark tasks while raw_events was written before its newest columns: the tasks
+    write files of TABLE_SCHEMA, and the next commit made here merges the columns in."""
+    if not isinstance(large, str) and table is not None and table.schema().to_arrow().names != TABLE_SCHEMA.names:
+        return "read"
+    return large
+
+
+def span_from(config: SessionsConfig, table: DeltaTable | None, large: LargeInput) -> int | None:
+    """The new bytes from which a landed file or object is large input (None: every one is read here)."""
+    large = usable(large, table)
+    if large == "read":
+        return None
+    return config.ingest_task_mib * 1024 * 1024 if isinstance(large, str) else large.min_bytes
 
 
 def standing_erasure(erased: ErasedUsers, batch: pa.Table) -> tuple[pa.Table, dict[str, int]]:
