@@ -30,13 +30,14 @@ from pipelines.job.checkpoint import (
     write_restore_marker,
 )
 from pipelines.job.operators import for_new_checkpoint
-from pipelines.job.runtime import get_spark, stop_state_stores
+from pipelines.job.runtime import error_line, get_spark, stop_state_stores
 from pipelines.job.startup import ensure_tables
 from pipelines.job.stream import start_query
-from pipelines.locations import CheckpointPath, checkpoint_path, move
+from pipelines.locations import CheckpointPath, checkpoint_path, move, remove_tree
 from pipelines.storage import filesystem, storage_options, table_exists
 from state_store.preflight import record_restore, refusals
 from state_store.results import RestoreResult, SavepointInfo
+from state_store.savepoint import native
 from state_store.savepoint.catalog import SavepointStore
 from state_store.savepoint.chain import savepoint_checksum, savepoint_rows
 from state_store.savepoint.checksum import frame_checksum, state_checksum
@@ -108,10 +109,85 @@ def _roll_back_outputs(config: SessionsConfig, saved: SavepointInfo, lease: Leas
     return removed
 
 
+def _native_refusal(config: SessionsConfig, store: SavepointStore, saved: SavepointInfo, *, partitions: int | None,
+                    migrate: bool, canonical: bool) -> str | None:
+    """Why the savepoint's native copy cannot be this restore's (None: it can): only the same provider, partition
+    count, operator layout and settings resume from the checkpoint's own files."""
+    if canonical or not saved.native_checksum:
+        return ""  # not asked for, or none: nothing to say
+    layout = for_new_checkpoint().layout
+    checks = (("--migrate asks for the canonical rows", migrate),
+              (f"--partitions {partitions} (it has {saved.partitions})", partitions not in (None, saved.partitions)),
+              (f"the provider is {config.state_store} (it has {saved.provider})", config.state_store != saved.provider),
+              ("other gap, lateness or bucket settings", (saved.gap_ms, saved.lateness_ms, saved.buckets)
+               != (config.gap_ms, config.lateness_ms, config.state_buckets)),
+              ("an older state schema", saved.state_schema != state_format.SCHEMA_ID))
+    said = next((why for why, refused in checks if refused), None)
+    if said is not None:
+        return said
+    try:
+        copied = native.native_layout(store.uri, saved.savepoint_id, saved.native_checksum)
+    except (SavepointDamaged, OSError) as damage:
+        return f"its native copy cannot be read ({damage})"
+    return None if copied == layout else f"another operator layout ({copied}; this build writes {layout})"
+
+
+def _restore_native(config: SessionsConfig, store: SavepointStore, saved: SavepointInfo, *, partitions: int | None,
+                    spark: SparkSession | None, lease: Lease | None, started: float) -> RestoreResult | str:
+    """The savepoint's native copy put back as the checkpoint (state_store.savepoint.native): the stream resumes at
+    the batch after it, no Spark job here. A copy that turns out damaged while copied leaves everything as it was
+    and returns why (the caller restores the canonical rows instead)."""
+    phases: dict[str, float] = {}
+    last = [started]
+
+    def phase(name: str) -> None:
+        now = time.monotonic()
+        phases[name], last[0] = round(now - last[0], 3), now
+
+    phase("preflight")
+    write_restore_marker(config.checkpoint, saved.savepoint_id, partitions)  # before the first change
+    if spark is not None:
+        stop_state_stores(spark)  # a stopped query's store uploads nothing into the restored checkpoint
+    replaced = _set_aside(config.checkpoint)
+    kill_point("restore:aside")
+    outputs_rolled_back = False
+    try:
+        try:
+            native.copy_in(store.uri, saved.savepoint_id, str(saved.native_checksum), config.checkpoint)
+        except SavepointDamaged as damage:
+            remove_tree(config.checkpoint)
+            if replaced is not None:
+                move(checkpoint_path(replaced, webhdfs=config.webhdfs_address), config.checkpoint)
+            clear_restore_marker(config.checkpoint)
+            return f"its native copy is damaged ({damage})"
+        phase("native_copied")
+        kill_point("restore:native-copied")
+        write_job_metadata(config.checkpoint, JobMetadata.new(
+            config.gap_ms, config.lateness_ms, config.state_buckets, state_layout=for_new_checkpoint().layout,
+            created_from=saved.savepoint_id))  # a new incarnation: the sink's idempotency keys start afresh
+        outputs_rolled_back = True
+        removed = _roll_back_outputs(config, saved, lease)
+        ensure_tables(config)
+        phase("outputs_rolled_back")
+        kill_point("restore:rolled-back")
+    except Exception as error:  # noqa: BLE001 -- whatever broke, leave the operator a known next step
+        raise _failed_restore(config, saved.savepoint_id, replaced, outputs_rolled_back, error) from None
+    clear_restore_marker(config.checkpoint)
+    info = inspect_checkpoint(config.checkpoint)
+    return RestoreResult(
+        savepoint_id=saved.savepoint_id, batch_id=saved.batch_id, rows=saved.rows, checksum=saved.checksum,
+        verified=True, source_seq=saved.source_seq, watermark_ms=saved.watermark_ms, provider=info.provider,
+        partitions=info.partitions, rolled_back=removed, previous_checkpoint=replaced,
+        seconds=round(time.monotonic() - started, 3), phases=phases, method="native",
+    )
+
+
 def restore_unlocked(config: SessionsConfig, savepoint: str, *, partitions: int | None, migrate: bool,
-                     spark: SparkSession | None, lease: Lease | None = None) -> RestoreResult:
+                     spark: SparkSession | None, lease: Lease | None = None, canonical: bool = False
+                     ) -> RestoreResult:
     """The restore, for a caller that holds the job and lifecycle leases (state_store.lifecycle); with `lease` (the
-    job lease) its writes are fenced by it."""
+    job lease) its writes are fenced by it. From the savepoint's native copy when it has one this restore can use
+    and not `canonical`; else from its canonical rows."""
     started = time.monotonic()
     phases: dict[str, float] = {}
     last = [started]  # when the previous phase ended
@@ -125,6 +201,12 @@ def restore_unlocked(config: SessionsConfig, savepoint: str, *, partitions: int 
     refused = refusals(config, saved, partitions=partitions, migrate=migrate, store=store)
     if refused:
         raise refused[0]
+    note = _native_refusal(config, store, saved, partitions=partitions, migrate=migrate, canonical=canonical)
+    if note is None:
+        done = _restore_native(config, store, saved, partitions=partitions, spark=spark, lease=lease, started=started)
+        if isinstance(done, RestoreResult):
+            return done
+        note = done
     target = config.with_(state_partitions=partitions or saved.partitions or config.state_partitions)
     spark = spark or get_spark(target)
     phase("preflight")
@@ -179,13 +261,14 @@ def restore_unlocked(config: SessionsConfig, savepoint: str, *, partitions: int 
         checksum=got[1], verified=True, source_seq=saved.source_seq,
         watermark_ms=saved.watermark_ms, provider=info.provider, partitions=info.partitions,
         rolled_back=removed, previous_checkpoint=replaced, seconds=seconds, phases=phases,
+        note=f"the native copy was not used: {note}" if note else None,
     )
 
 
 def _failed_restore(config: SessionsConfig, savepoint_id: str, replaced: str | None,
                     outputs_rolled_back: bool, error: BaseException) -> RestoreIncomplete:
     """Put things where a rerun (or the old job) can go on, and say which it is."""
-    cause = f"{type(error).__name__}: {str(error).splitlines()[0][:300] if str(error) else ''}"
+    cause = error_line(error)
     if config.checkpoint.exists():
         stamp = dt.datetime.now(dt.timezone.utc).strftime("%Y%m%dT%H%M%S%f")
         move(config.checkpoint, config.checkpoint.with_name(config.checkpoint.name + FAILED_SUFFIX + stamp))

@@ -14,7 +14,7 @@ import pytest
 from pipelines.core.sample_data import land
 from pipelines.errors import SavepointDamaged, StreamFailed
 from pipelines.ingest import ingest
-from pipelines.job.runtime import explain_spark_failure, spark_failures
+from pipelines.job.runtime import error_line, explain_spark_failure, spark_failures
 from pipelines.job.stream import catch_up
 from state_store.history import diff_savepoints
 from state_store.lifecycle import restore, take_savepoint
@@ -174,3 +174,7 @@ def test_a_jvm_call_that_throws_says_the_java_exception_and_its_root_cause(spark
     said = str(explain_spark_failure(thrown.value, config))
     assert said.startswith("Spark failed: join raised java.util.concurrent.CompletionException"), said
     assert "caused by java.io.IOException: the root cause" in said and "\n" not in said, said
+    line = error_line(thrown.value)  # what a failed restore's one line carries
+    assert line.startswith("join raised java.util.concurrent.CompletionException"), line
+    assert line.endswith("caused by java.io.IOException: the root cause"), line
+    assert error_line(OSError("disk full\nmore")) == "OSError: disk full"

@@ -98,7 +98,11 @@ def s3a_conf() -> dict[str, str]:
     """Hadoop's S3A filesystem (a checkpoint on S3) on the endpoint and region of the standard AWS_* variables, as
     every other S3 client here; credentials from the same variables (S3A's default provider chain reads them)."""
     env = os.environ
-    conf = {"spark.hadoop.fs.s3a.endpoint.region": env.get("AWS_REGION") or env.get("AWS_DEFAULT_REGION") or "us-east-1"}
+    conf = {"spark.hadoop.fs.s3a.endpoint.region": env.get("AWS_REGION") or env.get("AWS_DEFAULT_REGION") or "us-east-1",
+            # S3A's classic input stream, not Hadoop 3.5's default "analytics" one: the analytics accelerator gives up
+            # on a block read past its own timeout (the socket closed under it, the read failed, no retry) when the
+            # host is busy -- it failed a restore's read of its own checkpoint; the classic stream reopens and retries.
+            "spark.hadoop.fs.s3a.input.stream.type": "classic"}
     endpoint = env.get("AWS_ENDPOINT_URL")
     if endpoint:  # an S3-compatible endpoint (MinIO, moto, Ceph): path-style requests, TLS as its URL says
         conf.update({"spark.hadoop.fs.s3a.endpoint": endpoint, "spark.hadoop.fs.s3a.path.style.access": "true",
@@ -305,6 +309,13 @@ def explain_spark_failure(error: BaseException, config: SessionsConfig) -> Sessi
     if raised:
         return StreamFailed(f"Spark failed: in an executor: {_python_exception_line(text)} ({log})")
     return StreamFailed(f"Spark failed: {_java_cause(text) or _first_line(text, error)} ({log})")
+
+
+def error_line(error: BaseException) -> str:
+    """One line that says what went wrong: for a Py4JJavaError the Java exception it wraps (and its innermost
+    cause), not "An error occurred while calling oN.load."."""
+    text = str(error)
+    return _java_cause(text) or f"{type(error).__name__}: {_first_line(text, error)}"
 
 
 def _first_line(text: str, error: BaseException) -> str:
