@@ -111,7 +111,7 @@ def cmd_status(config: SessionsConfig, args: argparse.Namespace) -> None:
 def cmd_savepoint(config: SessionsConfig, args: argparse.Namespace) -> None:
     from state_store.lifecycle import take_savepoint
 
-    _print(take_savepoint(config, trigger="manual", full=args.full).to_dict(), args.json)
+    _print(take_savepoint(config, trigger="manual", full=args.full, native_copy=args.native).to_dict(), args.json)
 
 
 def cmd_savepoints(config: SessionsConfig, args: argparse.Namespace) -> None:
@@ -171,7 +171,7 @@ def cmd_restore(config: SessionsConfig, args: argparse.Namespace) -> int | None:
     from state_store.lifecycle import restore
 
     _print(restore(config, args.savepoint, partitions=args.partitions, migrate=args.migrate, online=args.online,
-                   timeout_s=args.timeout).to_dict())
+                   timeout_s=args.timeout, canonical=args.canonical).to_dict())
     return None
 
 
@@ -241,6 +241,8 @@ def build_parser() -> argparse.ArgumentParser:
     save.add_argument("--json", action="store_true")
     save.add_argument("--full", action="store_true", help="a full savepoint even where an incremental one (only the "
                       "users changed since the previous savepoint) would do")
+    save.add_argument("--native", action="store_true", help="also keep the checkpoint's own files of the batch: a "
+                      "restore to the same provider, partitions and operator is then a file copy (no Spark job)")
     save.set_defaults(fn=cmd_savepoint)
     stp = sub.add_parser("stop", help="stop the running stream (any process or host) after its current batch")
     stp.add_argument("--savepoint", action="store_true", help="take the savepoint of its last batch as part of the stop")
@@ -261,6 +263,8 @@ def build_parser() -> argparse.ArgumentParser:
     rs.add_argument("--savepoint", required=True, help="savepoint id or 'latest'")
     rs.add_argument("--partitions", type=PARTITIONS, default=None, help=f"state partitions, 1 to {MAX_PARTITIONS}")
     rs.add_argument("--migrate", action="store_true", help="accept a savepoint made with other gap/lateness settings")
+    rs.add_argument("--canonical", action="store_true", help="load the savepoint's canonical rows even when its "
+                    "native copy could be put back")
     rs.add_argument("--dry-run", action="store_true", help="say whether the current settings can restore it, what "
                     "would be migrated and how long it should take; nothing is stopped, locked or written. Exit 0: "
                     f"restorable; {NOT_SO}: not restorable (the answer still on stdout, the reason on stderr)")

@@ -34,6 +34,7 @@ from pipelines.storage import filesystem, join, read_rows, sql_literal, storage_
 from state_store.audit import mentions, scan, scrub_delta_log
 from state_store.lifecycle import replaced_checkpoints
 from state_store.restore import restore_unlocked
+from state_store.savepoint import native
 from state_store.savepoint.catalog import SavepointStore
 from state_store.savepoint.chain import savepoint_checksum
 from state_store.savepoint.damage import damaged_members, table_damage
@@ -187,6 +188,7 @@ def forget_unlocked(config: SessionsConfig, spark: SparkSession, user_id: str, *
         erased_at = savepoint_last_batch(config, "erasure", spark)
     erased_savepoints, savepoint_tables, damaged_tables = _erase_savepoints(config, spark, user)
     removed.update(erased_savepoints)
+    removed["native_copies"] = _drop_native_copies(config)
     if committed:
         result = restore_unlocked(config, erased_at.savepoint_id, partitions=None, migrate=False, spark=spark, lease=lease)
         if result.previous_checkpoint:  # the replaced checkpoint's state files hold U
@@ -204,6 +206,20 @@ def forget_unlocked(config: SessionsConfig, spark: SparkSession, user_id: str, *
                                         if uri in damaged_tables or table_exists(config, uri))
     log_erasure(config, erasure_id=erasure_id, hashed=hashed, status=COMPLETE, removed=removed)
     return ForgetResult(erasure_id, hashed, removed, purged, round(time.monotonic() - started, 3))
+
+
+def _drop_native_copies(config: SessionsConfig) -> int:
+    """Every savepoint's native copy, dropped: its files are opaque (RocksDB's SSTs may keep a removed user's older
+    values), so they cannot be erased row by row; the savepoints stay restorable from their erased canonical rows.
+    The catalog first: a kill between the two leaves folders no row names, which a rerun or compaction removes."""
+    store = SavepointStore.of(config)
+    columns = ("native_files", "native_bytes", "native_checksum")
+    store.update_rows([{"savepoint_id": s.savepoint_id, **dict.fromkeys(columns)}
+                       for s in store.list() if s.native_checksum], columns)
+    found = native.folders(store.uri)
+    for savepoint_id in found:
+        native.drop(store.uri, savepoint_id)
+    return len(found)
 
 
 def _remove_set_aside(config: SessionsConfig) -> int:

@@ -63,20 +63,23 @@ def _spark(config: SessionsConfig, spark: SparkSession | None) -> SparkSession:
 
 # ---- savepoint ---------------------------------------------------------------------------------
 
-def _take_savepoint(config: SessionsConfig, trigger: str, spark: SparkSession | None, full: bool = False
-                    ) -> SavepointInfo:
+def _take_savepoint(config: SessionsConfig, trigger: str, spark: SparkSession | None, full: bool = False,
+                    native_copy: bool = False) -> SavepointInfo:
     """The savepoint of the last committed batch (state_store.savepoint.take: written and verified by the executors;
-    incremental where state_store.savepoint.policy allows and not `full`)."""
-    return savepoint_last_batch(config, trigger, _spark(config, spark), full=full)
+    incremental where state_store.savepoint.policy allows and not `full`; with the checkpoint's own files beside it
+    when `native_copy`)."""
+    return savepoint_last_batch(config, trigger, _spark(config, spark), full=full, native_copy=native_copy)
 
 
 def take_savepoint(config: SessionsConfig, *, trigger: str = "manual", spark: SparkSession | None = None,
-                   full: bool = False) -> SavepointInfo:
+                   full: bool = False, native_copy: bool = False) -> SavepointInfo:
     """Savepoint at the last committed batch, of a stopped job or beside the running stream (which keeps
     committing): state + source position + watermark + output table versions, all of that one batch. Incremental
-    (only the users changed since the previous savepoint of the lineage) unless `full` or the policy says full."""
+    (only the users changed since the previous savepoint of the lineage) unless `full` or the policy says full. With
+    `native_copy`, also the checkpoint's own files of that batch (state_store.savepoint.native): a restore to the same
+    provider, partitions and operator is then a file copy."""
     with job_lock(config, "savepoint", name=LIFECYCLE), spark_failures(config):
-        return _take_savepoint(config, trigger, spark, full)
+        return _take_savepoint(config, trigger, spark, full, native_copy)
 
 
 # ---- validate / restore ------------------------------------------------------------------------
@@ -105,18 +108,20 @@ def _check_partitions(partitions: int, operator: StateOperator, buckets: int) ->
 
 def restore(config: SessionsConfig, savepoint: str = "latest", *, partitions: int | None = None,
             migrate: bool = False, spark: SparkSession | None = None, online: bool = False,
-            timeout_s: float | None = None) -> RestoreResult:
-    """Put state, source position and outputs back to a savepoint, into a fresh checkpoint built from
-    the canonical Delta form alone (the old checkpoint is kept aside, not deleted). With `online`, a running stream
-    (any host) is asked to do it between two batches and goes on from the savepoint (`timeout_s`: how long to wait
-    for its answer); without, a running stream is a refusal (JobRunning)."""
+            timeout_s: float | None = None, canonical: bool = False) -> RestoreResult:
+    """Put state, source position and outputs back to a savepoint, into a fresh checkpoint (the old checkpoint is
+    kept aside, not deleted): the savepoint's native copy when it has one this restore can use and not `canonical`
+    (same provider, partitions and operator: a file copy), else built from the canonical Delta form. With `online`,
+    a running stream (any host) is asked to do it between two batches and goes on from the savepoint (`timeout_s`:
+    how long to wait for its answer); without, a running stream is a refusal (JobRunning)."""
     if partitions is not None:
         _check_partitions(partitions, for_new_checkpoint(), config.state_buckets)
     stream = running_stream(config) if online else None
     if stream is not None and stream.what == "run":
         return _restore_running(config, savepoint, partitions, migrate, stream, timeout_s)
     with lifecycle_locks(config, "restore") as held, spark_failures(config):
-        return restore_unlocked(config, savepoint, partitions=partitions, migrate=migrate, spark=spark, lease=held)
+        return restore_unlocked(config, savepoint, partitions=partitions, migrate=migrate, spark=spark, lease=held,
+                                canonical=canonical)
 
 
 def _restore_running(config: SessionsConfig, savepoint: str, partitions: int | None, migrate: bool,

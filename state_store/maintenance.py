@@ -18,6 +18,7 @@ from pipelines.storage import is_s3, join, open_table, storage_options, table_ex
 from state_store.erasure import erasures_recorded
 from state_store.lifecycle import replaced_checkpoints
 from state_store.results import CompactionResult, MaintenanceDue, SavepointInfo
+from state_store.savepoint import native
 from state_store.savepoint.catalog import SavepointStore
 from state_store.savepoint.damage import damaged_members, table_damage
 from state_store.savepoint.fold import fold, fold_plan, needed, sweep_unreferenced
@@ -123,6 +124,7 @@ def _state_folders(config: SessionsConfig, store: SavepointStore) -> set[str]:
 
 
 def _delete_savepoint(config: SessionsConfig, store: SavepointStore, saved: SavepointInfo) -> None:
+    native.drop(store.uri, saved.savepoint_id)
     _delete_state(config, store.state_uri(saved.savepoint_id))  # this store's table, never a recorded location
     store.forget(saved.savepoint_id)
 
@@ -156,9 +158,15 @@ def compact(config: SessionsConfig, dry_run: bool = False) -> CompactionResult:
         # State tables no catalog row names: savepoints killed before they were recorded. No savepoint can be
         # in flight now (it would hold the lifecycle lease this holds), so every such folder is an orphan.
         orphans = sorted(_state_folders(config, store) - {s.savepoint_id for s in catalog})
+        # Native copies no kept complete row names: a savepoint that failed or was killed after its copy.
+        named = {s.savepoint_id for s in catalog if s.status == "complete" and s.native_checksum
+                 and s.savepoint_id not in deleted}
+        native_orphans = sorted(native.folders(store.uri) - named)
         if not dry_run:
             for savepoint_id in orphans:
                 _delete_state(config, store.state_uri(savepoint_id))
+            for savepoint_id in native_orphans:
+                native.drop(store.uri, savepoint_id)
         old_checkpoints = replaced_checkpoints(config)
         checkpoint_bytes = sum(directory_size(p)[1] for p in old_checkpoints)
         if not dry_run:
@@ -202,6 +210,7 @@ def compact(config: SessionsConfig, dry_run: bool = False) -> CompactionResult:
             seconds=round(time.monotonic() - started, 3),
             savepoints_folded=folded,
             savepoints_damaged=damaged,
+            orphan_native_removed=native_orphans,
         )
 
 

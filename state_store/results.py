@@ -12,6 +12,7 @@ from pipelines.errors import Result
 
 __all__ = ["CompactionResult", "MaintenanceDue", "RescaleMethod", "RescaleResult", "RestoreResult", "SavepointInfo", "StatusReport", "StopResult", "TableFacts"]
 
+RestoreMethod = Literal["canonical", "native"]
 Trigger = Literal["manual", "scheduled", "sensor", "pre-rescale", "pre-restore", "stop"]  # what asked for a savepoint
 SavepointStatus = Literal["complete", "failed"]
 RescaleMethod = Literal["none", "repartition", "savepoint-restore"]
@@ -49,10 +50,16 @@ class SavepointInfo(Result):
     base_id: str | None = None    # an incremental one's full savepoint
     chain: tuple[str, ...] | None = None  # ids base..this (a full one: its own id)
     table_rows: int | None = None
+    # A native copy beside the canonical rows (state_store.savepoint.native): its files' count and bytes, and the
+    # SHA-256 of its manifest; None: canonical only (not asked for, dropped by an erasure, or not possible).
+    native_files: int | None = None
+    native_bytes: int | None = None
+    native_checksum: str | None = None
     # take_savepoint's result only (not in the catalog): why it is full though an increment was asked for (a damaged
     # chain, state_store.savepoint.policy)
     note: str | None = None
-    _omit_if_none: ClassVar[tuple[str, ...]] = ("error", "verified", "kind", "base_id", "chain", "table_rows", "note")
+    _omit_if_none: ClassVar[tuple[str, ...]] = ("error", "verified", "kind", "base_id", "chain", "table_rows",
+                                                "native_files", "native_bytes", "native_checksum", "note")
 
     @property
     def uri(self) -> str:
@@ -112,12 +119,16 @@ class RestoreResult(Result):
     seconds: float
     # where the time went: pre-flight, savepoint verified, outputs rolled back, bootstrap batch, restored state checked
     phases: dict[str, float] = field(default_factory=dict)
+    # "native": the savepoint's native copy put back as the checkpoint (no Spark job); "canonical": its rows loaded
+    # by a bootstrap batch and read back.
+    method: RestoreMethod = "canonical"
+    note: str | None = None  # why a savepoint's native copy was not used (it had one)
     # A running stream's restore (`restore --online`: done by the stream between two batches): its downtime, as for a
     # rescale (RescaleResult), and the stream that did it.
     downtime_seconds: float | None = None
     resumed_seconds: float | None = None
     stream: str | None = None
-    _omit_if_none: ClassVar[tuple[str, ...]] = ("downtime_seconds", "resumed_seconds", "stream")
+    _omit_if_none: ClassVar[tuple[str, ...]] = ("note", "downtime_seconds", "resumed_seconds", "stream")
 
 
 @dataclass(frozen=True)
@@ -156,6 +167,8 @@ class CompactionResult(Result):
     savepoints_folded: list[str] = field(default_factory=list)  # incremental savepoints made full (their chains')
     # kept savepoints whose table cannot be read (state_store.savepoint.damage): not optimized, vacuumed or folded
     savepoints_damaged: list[str] = field(default_factory=list)
+    # native/<id>/ folders no kept complete savepoint names (state_store.savepoint.native)
+    orphan_native_removed: list[str] = field(default_factory=list)
 
 
 @dataclass(frozen=True)

@@ -14,7 +14,9 @@ new epoch record written, nothing done under it yet: the next command must take 
 `rescale:saved` (a rescale's pre-rescale savepoint taken, the state not moved yet), `rescale:moved` (the state
 repartitioned or restored, the stream not running again yet: the requester not answered), `restore:aside` (a restore's
 marker written and the old checkpoint set aside, nothing else changed) and `restore:rolled-back` (the outputs rolled
-back to the savepoint, the new checkpoint's bootstrap batch not run)."""
+back to the savepoint, the new checkpoint's bootstrap batch not run); `savepoint:native-copied` (a savepoint's native copy
+written, its catalog row not recorded) and `restore:native-copied` (a native copy put back as the checkpoint, its job
+metadata not written and the outputs not rolled back)."""
 from __future__ import annotations
 
 import os
@@ -24,7 +26,8 @@ __all__ = ["kill_point"]
 
 ENV = "SESSIONS_KILL_AT"
 POINTS = ("savepoint:files-written", "savepoint:committed", "fold:written", "fold:committed", "sink:files-written",
-          "ingest:files-written", "lease:taken", "rescale:saved", "rescale:moved", "restore:aside", "restore:rolled-back")
+          "ingest:files-written", "lease:taken", "rescale:saved", "rescale:moved", "restore:aside", "restore:rolled-back",
+          "savepoint:native-copied", "restore:native-copied")
 
 
 def kill_point(name: str) -> None:

@@ -14,7 +14,7 @@ from typing import Any
 from pipelines.errors import CheckpointDamaged, NoCommittedBatch
 from pipelines.locations import CheckpointPath
 
-__all__ = ["BOOTSTRAP_FILE", "PROVIDER_CLASSES", "CheckpointInfo", "CommittedBatch", "JobMetadata", "batch_source_range", "clear_restore_marker", "committed_checkpoint", "directory_size", "inspect_checkpoint", "last_commit_age_seconds", "read_bootstrap", "read_job_metadata", "read_restore_marker", "rescale_command", "restore_marker", "write_job_metadata", "write_restore_marker"]
+__all__ = ["BOOTSTRAP_FILE", "PROVIDER_CLASSES", "CheckpointInfo", "CommittedBatch", "JOB_FILE", "JobMetadata", "batch_source_range", "clear_restore_marker", "committed_checkpoint", "directory_size", "inspect_checkpoint", "last_commit_age_seconds", "read_bootstrap", "read_job_metadata", "read_restore_marker", "rescale_command", "restore_marker", "write_job_metadata", "write_restore_marker"]
 
 PROVIDER_CLASSES = {
     "rocksdb": "org.apache.spark.sql.execution.streaming.state.RocksDBStateStoreProvider",

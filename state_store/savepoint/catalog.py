@@ -58,6 +58,8 @@ CATALOG_COLUMNS = (
     "quarantine_version", "incarnation", "state_uri", "bytes", "seconds", "error",
     # Incremental savepoints (added later: a row without them is a full savepoint, its own chain)
     "kind", "base_id", "chain", "table_rows",
+    # Native copies (added later: a row without them has none)
+    "native_files", "native_bytes", "native_checksum",
 )
 
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import datetime as dt
 import time
+from contextlib import suppress
 from dataclasses import replace
 from typing import Any
 
@@ -17,11 +18,12 @@ from pipelines.config import SessionsConfig
 from pipelines.coordination import kill_point
 from pipelines.core import state_format
 from pipelines.errors import SavepointDamaged, SavepointFailed, unreadable_savepoint_file
-from pipelines.job.checkpoint import committed_checkpoint, inspect_checkpoint
+from pipelines.job.checkpoint import CommittedBatch, committed_checkpoint, inspect_checkpoint
 from pipelines.job.runtime import log_traceback
 from pipelines.job.sink import version_after_batch
 from pipelines.storage import filesystem, storage_options
 from state_store.results import SavepointInfo
+from state_store.savepoint import native
 from state_store.savepoint.catalog import (
     FULL,
     INCREMENT_SCHEMA,
@@ -107,11 +109,25 @@ def _retention_lost(config: SessionsConfig, batch_id: int, newest: int) -> str:
             f"savepoint again, and raise that setting if the stream commits batches faster than a savepoint reads")
 
 
-def savepoint_last_batch(config: SessionsConfig, trigger: str, spark: SparkSession, *, full: bool = False
-                         ) -> SavepointInfo:
+def _native_copy(config: SessionsConfig, store: SavepointStore, savepoint_id: str, committed: CommittedBatch
+                 ) -> tuple[dict[str, Any], str | None]:
+    """The catalog columns of the batch's native copy (state_store.savepoint.native), or why there is none."""
+    info = committed.info
+    try:
+        copy = native.copy_out(config.checkpoint, committed.batch_id, partitions=int(info.partitions or 0),
+                               provider=str(info.provider), store_uri=store.uri, savepoint_id=savepoint_id)
+    except native.NativeUnavailable as why:
+        return {}, f"no native copy: {why}"
+    kill_point("savepoint:native-copied")
+    return {"native_files": len(copy.files), "native_bytes": copy.bytes, "native_checksum": copy.checksum}, None
+
+
+def savepoint_last_batch(config: SessionsConfig, trigger: str, spark: SparkSession, *, full: bool = False,
+                         native_copy: bool = False) -> SavepointInfo:
     """The savepoint of the last committed batch, full or incremental (state_store.savepoint.policy; `full` forces
     full). The state is written, checksummed and verified by the executors (state_store.savepoint.files); this process
     commits the files' metadata in one Delta transaction and records the catalog row -- it never holds the state.
+    With `native_copy`, the checkpoint's own files for the batch are copied beside it (state_store.savepoint.native).
     The caller holds the lifecycle lease."""
     started = time.monotonic()
     committed = committed_checkpoint(config.checkpoint, "nothing to savepoint")
@@ -156,6 +172,10 @@ def savepoint_last_batch(config: SessionsConfig, trigger: str, spark: SparkSessi
             plan = damaged_chain((str(damage.savepoint_id), "a data file cannot be read"))
             written = _write_batch_state(config, spark, store, savepoint_id, batch_id)
             files = _commit_and_verify(spark, store, savepoint_id, plan, written, row)
+        native_note = None
+        if native_copy:
+            columns, native_note = _native_copy(config, store, savepoint_id, committed)
+            row.update(columns)
         row.update(status="complete", bytes=files.bytes, seconds=round(time.monotonic() - started, 3))
         store.record(row)
     except Exception as error:  # noqa: BLE001 -- any failure must leave no complete row behind
@@ -163,6 +183,8 @@ def savepoint_last_batch(config: SessionsConfig, trigger: str, spark: SparkSessi
         if executor:
             log_traceback(config)
         said = _python_error(str(error)) if executor else f"{type(error).__name__}: {error}"
+        with suppress(Exception):  # a native copy no complete row names is an orphan (compaction removes it too)
+            native.drop(store.uri, savepoint_id)
         row.update(status="failed", error=said[:500], seconds=round(time.monotonic() - started, 3))
         try:
             store.record(row)
@@ -175,7 +197,8 @@ def savepoint_last_batch(config: SessionsConfig, trigger: str, spark: SparkSessi
         cause = said if executor else str(error).splitlines()[0][:300] if str(error) else type(error).__name__
         raise SavepointFailed(f"savepoint {savepoint_id} failed and is not listed as complete ({recorded}): "
                               f"{cause}") from None
-    return replace(SavepointInfo.from_row(row), note=plan.note)
+    note = "; ".join(n for n in (plan.note, native_note) if n) or None
+    return replace(SavepointInfo.from_row(row), note=note)
 
 
 def _commit_and_verify(spark: SparkSession, store: SavepointStore, savepoint_id: str, plan: SavepointPlan,

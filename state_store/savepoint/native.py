@@ -1,0 +1,234 @@
+"""Native savepoints: the checkpoint's own files for a savepoint's batch, kept beside its canonical rows.
+
+A canonical savepoint (state_store.savepoint.take) is portable -- another provider, partition count or operator --,
+queryable, diffable and erasable, and costs a read of the whole state and a bootstrap batch to restore. A native copy
+(`sessionctl savepoint --native`) also keeps the files Spark itself would load to resume at batch N: the offset and
+commit logs up to N, the query's metadata and sources, the state operator's metadata and schema, and per state
+partition the version chain of state version N+1 (the HDFS-backed provider's newest `.snapshot` at or below it and
+the `.delta` files after it; RocksDB's newest `.zip` at or below it, the SST files it names and the `.changelog`
+files after it). A restore to the same provider, partition count and operator layout (state_store.restore) copies
+them into a fresh checkpoint and the stream resumes at N+1 -- no Spark job at all; any other restore uses the
+canonical rows.
+
+Layout under SESSIONS_SAVEPOINT_URI: `native/<savepoint id>/` holds the files at their paths relative to the
+checkpoint, and `_native.json` their manifest (path, size, SHA-256 of each). The catalog row records the manifest's
+own SHA-256, the files' count and bytes: a copy is trusted only when its manifest hashes to the catalog's value and
+every file to the manifest's, checked while it is copied back. The copy streams through this process (local, HDFS
+through WebHDFS, S3 through pyarrow).
+
+Erasure: a native copy is opaque (RocksDB's SST files may keep a removed user's older values until a compaction),
+so `forget` drops every native copy and the savepoints stay restorable from their erased canonical rows."""
+from __future__ import annotations
+
+import hashlib
+import json
+import re
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+from pipelines.errors import SavepointDamaged
+from pipelines.job.checkpoint import JOB_FILE, JobMetadata
+from pipelines.locations import CheckpointPath, RemotePath, checkpoint_path, remove_tree
+from pipelines.storage import join
+
+if TYPE_CHECKING:
+    from fsspec import AbstractFileSystem
+
+__all__ = ["NativeCopy", "NativeUnavailable", "copy_in", "copy_out", "drop", "folders", "native_layout", "native_uri"]
+
+NATIVE_DIR = "native"
+MANIFEST = "_native.json"
+_CHUNK = 8 << 20
+_VERSIONED = re.compile(r"^(\d+)\.(delta|snapshot|zip|changelog)$")
+
+
+class NativeUnavailable(Exception):
+    """The checkpoint's files cannot make a native copy of this batch (say why); the savepoint stays canonical."""
+
+
+@dataclass(frozen=True)
+class NativeFile:
+    path: str  # relative to the checkpoint
+    size: int
+    sha256: str
+
+
+@dataclass(frozen=True)
+class NativeCopy:
+    """A native copy as written: where, its files, and the SHA-256 of its manifest (the catalog's native_checksum)."""
+    uri: str
+    files: tuple[NativeFile, ...]
+    checksum: str
+
+    @property
+    def bytes(self) -> int:
+        return sum(f.size for f in self.files)
+
+
+def native_uri(store_uri: str, savepoint_id: str) -> str:
+    return join(store_uri, NATIVE_DIR, savepoint_id)
+
+
+def _fs(path: CheckpointPath) -> tuple[AbstractFileSystem, str]:
+    if isinstance(path, RemotePath):
+        return path.fs, path.key
+    from fsspec.implementations.local import LocalFileSystem
+
+    return LocalFileSystem(), str(path)
+
+
+def _relative(root: str, found: list[str]) -> list[str]:
+    prefix = root.rstrip("/") + "/"
+    return sorted(p.removeprefix(prefix) if p.startswith(prefix) else p.split(prefix.lstrip("/"), 1)[-1]
+                  for p in (str(f) for f in found))
+
+
+def _chain(names: list[str], version: int, snapshot_ext: str, delta_ext: str) -> list[str]:
+    """The files that load state version `version` of one partition: the newest snapshot at or below it and every
+    delta after it (NativeUnavailable when one is missing)."""
+    by_kind: dict[str, set[int]] = {snapshot_ext: set(), delta_ext: set()}
+    for name in names:
+        match = _VERSIONED.match(name)
+        if match and match.group(2) in by_kind:
+            by_kind[match.group(2)].add(int(match.group(1)))
+    base = max((v for v in by_kind[snapshot_ext] if v <= version), default=0)
+    missing = [v for v in range(base + 1, version + 1) if v not in by_kind[delta_ext]]
+    if missing:
+        raise NativeUnavailable(f"state version {version} needs {missing[0]}.{delta_ext}, which is gone")
+    return ([f"{base}.{snapshot_ext}"] if base else []) + [f"{v}.{delta_ext}" for v in range(base + 1, version + 1)]
+
+
+def _checkpoint_files(checkpoint: CheckpointPath, batch_id: int, partitions: int, provider: str) -> list[str]:
+    """What Spark loads to resume after batch `batch_id`, relative to the checkpoint."""
+    fs, root = _fs(checkpoint)
+    every = [p for p in _relative(root, fs.find(root)) if not p.rsplit("/", 1)[-1].startswith(".")]  # no .crc
+    chosen = [p for p in every if p in ("metadata", JOB_FILE) or p.startswith("sources/")]
+    for log in ("offsets", "commits"):
+        chosen += [p for p in every if p.startswith(f"{log}/") and p.split("/")[1].isdigit()
+                   and int(p.split("/")[1]) <= batch_id]
+    if not any(p == f"commits/{batch_id}" for p in chosen):
+        raise NativeUnavailable(f"batch {batch_id} has no commit in the checkpoint")
+    operators = sorted({p.split("/")[1] for p in every if p.startswith("state/") and p.count("/") >= 2})
+    version = batch_id + 1  # the state version batch N commits
+    snapshot_ext, delta_ext = ("zip", "changelog") if provider == "rocksdb" else ("snapshot", "delta")
+    for op in operators:
+        base = f"state/{op}/"
+        # The operator's metadata and schemas (`_metadata/`, `_stateSchema/`, a partition's `_metadata/`).
+        chosen += [p for p in every if p.startswith(base) and any(part.startswith("_") for part in p.split("/")[2:-1])
+                   and (p.split("/")[2].startswith("_") or int(p.split("/")[2]) < partitions)]
+        for partition in range(partitions):
+            folder = f"{base}{partition}/"
+            names = [p.removeprefix(folder) for p in every if p.startswith(folder) and "/" not in p.removeprefix(folder)]
+            if any("_" in name for name in names if name[:1].isdigit()):
+                raise NativeUnavailable("the state store writes checkpoint format v2 (unique ids): not copied natively")
+            files = _chain(names, version, snapshot_ext, delta_ext)
+            chosen += [folder + name for name in files]
+            if provider == "rocksdb" and files and files[0].endswith(".zip"):
+                chosen += [f"{folder}SSTs/{sst}" for sst in _referenced_ssts(fs, f"{root}/{folder}{files[0]}")]
+    return sorted(set(chosen))
+
+
+def _referenced_ssts(fs: AbstractFileSystem, zip_path: str) -> list[str]:
+    """The SST files (their names under SSTs/) a RocksDB snapshot zip's `metadata` names."""
+    import io
+    import zipfile
+
+    with fs.open(zip_path, "rb") as handle, zipfile.ZipFile(io.BytesIO(handle.read())) as archive:
+        text = archive.read("metadata").decode()
+    metadata = json.loads(text.split("\n", 1)[1])  # "v1\n{json}"
+    return [str(sst["dfsSstFileName"]) for sst in metadata.get("sstFiles", [])]
+
+
+def _copy(source: AbstractFileSystem, source_path: str, target: AbstractFileSystem, target_path: str) -> tuple[int, str]:
+    """One file copied through this process; (bytes, SHA-256)."""
+    digest, size = hashlib.sha256(), 0
+    parent = target_path.rsplit("/", 1)[0]
+    if parent:
+        target.makedirs(parent, exist_ok=True)
+    with source.open(source_path, "rb") as reader, target.open(target_path, "wb") as writer:
+        while chunk := reader.read(_CHUNK):
+            digest.update(chunk)
+            writer.write(chunk)
+            size += len(chunk)
+    return size, digest.hexdigest()
+
+
+def copy_out(checkpoint: CheckpointPath, batch_id: int, *, partitions: int, provider: str, store_uri: str,
+             savepoint_id: str) -> NativeCopy:
+    """The checkpoint's files for batch `batch_id` copied under the store's native/<savepoint id>/, with their
+    manifest (NativeUnavailable when the checkpoint cannot give them; nothing left behind on any failure)."""
+    uri = native_uri(store_uri, savepoint_id)
+    target = checkpoint_path(uri)
+    source_fs, source_root = _fs(checkpoint)
+    target_fs, target_root = _fs(target)
+    try:
+        written = []
+        for path in _checkpoint_files(checkpoint, batch_id, partitions, provider):
+            size, sha = _copy(source_fs, f"{source_root}/{path}", target_fs, f"{target_root}/{path}")
+            written.append(NativeFile(path, size, sha))
+        manifest = json.dumps({"batch_id": batch_id, "provider": provider, "partitions": partitions,
+                               "files": [f.__dict__ for f in written]}, sort_keys=True).encode()
+        target_fs.pipe_file(f"{target_root}/{MANIFEST}", manifest)
+    except BaseException:
+        remove_tree(target)
+        raise
+    return NativeCopy(uri, tuple(written), hashlib.sha256(manifest).hexdigest())
+
+
+def _manifest(store_uri: str, savepoint_id: str, checksum: str) -> dict[str, Any]:
+    target = checkpoint_path(native_uri(store_uri, savepoint_id))
+    fs, root = _fs(target)
+    try:
+        data = bytes(fs.cat_file(f"{root}/{MANIFEST}"))
+    except FileNotFoundError:
+        raise SavepointDamaged(f"savepoint {savepoint_id}'s native copy has no manifest",
+                               savepoint_id=savepoint_id) from None
+    if hashlib.sha256(data).hexdigest() != checksum:
+        raise SavepointDamaged(f"savepoint {savepoint_id}'s native manifest does not hash to the catalog's value",
+                               savepoint_id=savepoint_id)
+    return dict(json.loads(data))
+
+
+def native_layout(store_uri: str, savepoint_id: str, checksum: str) -> str | None:
+    """The operator layout of the checkpoint a native copy came from (its job metadata), the manifest verified."""
+    manifest = _manifest(store_uri, savepoint_id, checksum)
+    if not any(f["path"] == JOB_FILE for f in manifest["files"]):
+        return None
+    fs, root = _fs(checkpoint_path(native_uri(store_uri, savepoint_id)))
+    return JobMetadata(**json.loads(bytes(fs.cat_file(f"{root}/{JOB_FILE}")))).state_layout
+
+
+def copy_in(store_uri: str, savepoint_id: str, checksum: str, checkpoint: CheckpointPath) -> int:
+    """A native copy's files into `checkpoint` (an empty or absent directory), each checked against its manifest
+    while copied (SavepointDamaged on the first that differs; the caller discards the checkpoint). The job metadata
+    is not copied: the restored checkpoint gets its own incarnation. Returns the bytes copied."""
+    manifest = _manifest(store_uri, savepoint_id, checksum)
+    source_fs, source_root = _fs(checkpoint_path(native_uri(store_uri, savepoint_id)))
+    target_fs, target_root = _fs(checkpoint)
+    total = 0
+    for entry in manifest["files"]:
+        if entry["path"] == JOB_FILE:
+            continue
+        try:
+            size, sha = _copy(source_fs, f"{source_root}/{entry['path']}", target_fs, f"{target_root}/{entry['path']}")
+        except FileNotFoundError:
+            size, sha = -1, ""
+        if (size, sha) != (entry["size"], entry["sha256"]):
+            raise SavepointDamaged(f"savepoint {savepoint_id}'s native file {entry['path']} is "
+                                   f"{'gone' if size < 0 else 'not the one copied'}", savepoint_id=savepoint_id)
+        total += size
+    return total
+
+
+def folders(store_uri: str) -> set[str]:
+    """Savepoint ids with a folder under native/ (complete copies or orphans)."""
+    fs, root = _fs(checkpoint_path(join(store_uri, NATIVE_DIR)))
+    try:
+        return {str(p).rstrip("/").rsplit("/", 1)[-1] for p in fs.ls(root, detail=False)}
+    except FileNotFoundError:
+        return set()
+
+
+def drop(store_uri: str, savepoint_id: str) -> None:
+    """A savepoint's native copy, gone (nothing when there is none)."""
+    remove_tree(checkpoint_path(native_uri(store_uri, savepoint_id)))

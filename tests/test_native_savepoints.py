@@ -1,0 +1,160 @@
+"""Native savepoints (state_store.savepoint.native): the checkpoint's own files of a savepoint's batch, kept beside its
+canonical rows and put back by a restore to the same provider, partitions and operator -- checked against the
+oracle (state, sessions table, the replay after it: exactly once), against a copy that was tampered with (the
+canonical rows instead, said in the answer), and through compaction and erasure (no native copy survives a forget)."""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from pipelines.job.checkpoint import read_job_metadata
+from pipelines.job.stream import catch_up
+from state_store.erasure import forget, verify
+from state_store.lifecycle import restore, take_savepoint
+from state_store.maintenance import compact
+from state_store.savepoint.catalog import SavepointStore
+from state_store.savepoint.native import MANIFEST, native_uri
+from tests.conftest import read_open_sessions, read_sessions
+from tests.savepoint_expectations import oracle_of
+from tests.test_lifecycle import GAP_MIN, LATENESS_MIN, _chunks, _config, _expected, _land_and_ingest
+
+pytestmark = pytest.mark.tier("spark")
+
+
+@pytest.mark.tier("pure")
+def test_the_files_copied_are_the_chain_that_loads_the_batch(tmp_path):
+    """Per partition: the newest snapshot at or below version N+1 and every delta after it (RocksDB: and the SST files
+    its zip names); the logs up to N; the metadata -- and nothing the batch does not need."""
+    import zipfile
+
+    from state_store.savepoint.native import NativeUnavailable, _checkpoint_files
+
+    root = tmp_path / "checkpoint"
+    names = ["metadata", "_job.json", "sources/0/0", "state/0/_metadata/metadata", "state/0/0/_metadata/schema",
+             *(f"offsets/{b}" for b in range(8)), *(f"commits/{b}" for b in range(7)), "offsets/.6.crc",
+             *(f"state/0/0/{v}.changelog" for v in range(1, 9)), "state/0/0/SSTs/a-1.sst", "state/0/0/SSTs/b-2.sst",
+             "state/0/0/SSTs/c-3.sst", *(f"state/0/1/{v}.changelog" for v in range(1, 9)),
+             "state/0/2/7.changelog"]  # a partition beyond the count (a repartition's leftover)
+    for name in names:
+        (root / name).parent.mkdir(parents=True, exist_ok=True)
+        (root / name).write_text(name)
+    for version, ssts in ((3, ["a-1.sst"]), (6, ["a-1.sst", "b-2.sst"])):
+        with zipfile.ZipFile(root / f"state/0/0/{version}.zip", "w") as archive:
+            archive.writestr("metadata", "v1\n" + json.dumps({"sstFiles": [{"dfsSstFileName": s} for s in ssts]}))
+    chosen = _checkpoint_files(root, 6, partitions=2, provider="rocksdb")  # batch 6: state version 7
+    assert chosen == sorted(["metadata", "_job.json", "sources/0/0", "state/0/_metadata/metadata",
+                             "state/0/0/_metadata/schema", *(f"offsets/{b}" for b in range(7)),
+                             *(f"commits/{b}" for b in range(7)), "state/0/0/6.zip", "state/0/0/7.changelog",
+                             "state/0/0/SSTs/a-1.sst", "state/0/0/SSTs/b-2.sst",
+                             *(f"state/0/1/{v}.changelog" for v in range(1, 8))])
+    (root / "state/0/1/4.changelog").unlink()
+    with pytest.raises(NativeUnavailable, match="4.changelog"):
+        _checkpoint_files(root, 6, partitions=2, provider="rocksdb")
+    with pytest.raises(NativeUnavailable, match="no commit"):
+        _checkpoint_files(root, 7, partitions=2, provider="rocksdb")
+
+GAP_MS, LATENESS_MS = GAP_MIN * 60_000, LATENESS_MIN * 60_000
+
+
+def _native_dir(config, savepoint_id: str) -> Path:
+    return Path(native_uri(config.savepoint_uri, savepoint_id))
+
+
+@pytest.mark.parametrize("provider", ["rocksdb", "hdfs"])
+def test_a_native_restore_resumes_from_the_checkpoint_files_exactly_once(tmp_path, spark, provider):
+    config = _config(tmp_path, provider)
+    chunks = _chunks(seed=21)
+    _land_and_ingest(config, chunks[:3], 0)
+    catch_up(config, spark)
+    before = read_job_metadata(config.checkpoint)
+    saved = take_savepoint(config, spark=spark, native_copy=True)
+    assert saved.native_files and saved.native_bytes and saved.native_checksum, saved
+    listed = SavepointStore.of(config).get(saved.savepoint_id)
+    assert (listed.native_files, listed.native_checksum) == (saved.native_files, saved.native_checksum)
+    manifest = json.loads((_native_dir(config, saved.savepoint_id) / MANIFEST).read_text())
+    paths = {entry["path"] for entry in manifest["files"]}
+    assert f"commits/{saved.batch_id}" in paths and f"commits/{saved.batch_id + 1}" not in paths
+    version = saved.batch_id + 1  # the state version batch N commits, in every partition
+    ends = {"rocksdb": (f"/{version}.changelog", f"/{version}.zip"), "hdfs": (f"/{version}.delta", f"/{version}.snapshot")}
+    for partition in range(int(saved.partitions or 0)):
+        assert any(p.startswith(f"state/0/{partition}/") and p.endswith(ends[provider]) for p in paths), sorted(paths)
+
+    _land_and_ingest(config, chunks[3:5], 3)
+    catch_up(config, spark)  # sessions these batches close must be rolled back, then written once by the replay
+    restored = restore(config, "latest", spark=spark)
+    assert restored.method == "native" and restored.verified and "bootstrap_batch" not in restored.phases, restored
+    at_savepoint = oracle_of(chunks[:3], GAP_MS, LATENESS_MS)
+    assert read_open_sessions(spark, config) == sorted(at_savepoint.open_sessions)
+    assert read_sessions(config) == sorted(at_savepoint.closed)
+    assert restored.rolled_back["sessions"] == \
+        len(oracle_of(chunks[:5], GAP_MS, LATENESS_MS).closed) - len(at_savepoint.closed) > 0
+    after = read_job_metadata(config.checkpoint)
+    assert after is not None and before is not None
+    assert after.created_from == saved.savepoint_id and after.incarnation != before.incarnation
+
+    _land_and_ingest(config, chunks[5:], 5)
+    catch_up(config, spark)  # the replay of every event after the savepoint, and the rest
+    got = read_sessions(config)
+    assert len({row[0] for row in got}) == len(got), "a session was written twice"
+    assert got == _expected(chunks)
+
+
+def test_a_native_copy_not_fit_for_the_restore_falls_back_to_the_canonical_rows(tmp_path, spark):
+    config = _config(tmp_path, "hdfs")
+    chunks = _chunks(seed=23, parts=4)
+    _land_and_ingest(config, chunks[:2], 0)
+    catch_up(config, spark)
+    saved = take_savepoint(config, spark=spark, native_copy=True)
+    at_savepoint = oracle_of(chunks[:2], GAP_MS, LATENESS_MS)
+
+    other = restore(config, saved.savepoint_id, partitions=3, spark=spark)  # another partition count
+    assert other.method == "canonical" and "--partitions 3" in str(other.note), other
+    assert read_open_sessions(spark, config) == sorted(at_savepoint.open_sessions)
+
+    # One byte of one state file changed in the native copy: found while copying back, the checkpoint left as it
+    # was, the canonical rows restored instead, and the answer says why.
+    manifest = json.loads((_native_dir(config, saved.savepoint_id) / MANIFEST).read_text())
+    state_file = next(e["path"] for e in manifest["files"] if e["path"].endswith((".delta", ".snapshot")))
+    damaged = _native_dir(config, saved.savepoint_id) / state_file
+    data = bytearray(damaged.read_bytes())
+    data[-1] ^= 0xFF
+    damaged.write_bytes(bytes(data))
+    fallback = restore(config, saved.savepoint_id, spark=spark)
+    assert fallback.method == "canonical" and "damaged" in str(fallback.note), fallback
+    assert read_open_sessions(spark, config) == sorted(at_savepoint.open_sessions)
+    assert read_sessions(config) == sorted(at_savepoint.closed)
+    assert restore(config, saved.savepoint_id, spark=spark, canonical=True).note is None  # asked: nothing to say
+
+    _land_and_ingest(config, chunks[2:], 2)
+    catch_up(config, spark)
+    assert read_sessions(config) == _expected(chunks)
+
+
+def test_compaction_and_erasure_remove_native_copies(tmp_path, spark):
+    config = _config(tmp_path, "rocksdb", SESSIONS_KEEP_SAVEPOINTS="1", SESSIONS_KEEP_DAILY_DAYS="0")
+    chunks = _chunks(seed=25, parts=3)
+    _land_and_ingest(config, chunks[:1], 0)
+    catch_up(config, spark)
+    first = take_savepoint(config, spark=spark, native_copy=True, full=True)
+    _land_and_ingest(config, chunks[1:2], 1)
+    catch_up(config, spark)
+    second = take_savepoint(config, spark=spark, native_copy=True, full=True)
+    orphan = _native_dir(config, "sp-killed-after-its-copy")
+    orphan.mkdir(parents=True)
+    (orphan / MANIFEST).write_text("{}")
+
+    report = compact(config)
+    assert first.savepoint_id in report.savepoints_deleted and report.orphan_native_removed == [orphan.name]
+    assert not _native_dir(config, first.savepoint_id).exists() and not orphan.exists()
+    assert _native_dir(config, second.savepoint_id).exists()
+
+    user = chunks[0][0]["user_id"]
+    forgotten = forget(config, user, spark=spark)
+    assert forgotten.removed["native_copies"] == 1
+    assert not _native_dir(config, second.savepoint_id).exists()
+    assert SavepointStore.of(config).get(second.savepoint_id).native_checksum is None
+    assert verify(config, user, spark=spark).clean
+    restored = restore(config, second.savepoint_id, spark=spark)  # still restorable: from its erased rows
+    assert restored.method == "canonical" and restored.note is None
