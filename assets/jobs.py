@@ -103,13 +103,16 @@ def session_stream() -> None:
 class SavepointConfig(Config):
     trigger: str = Field(default="manual", description=(
         "Why the savepoint is taken, kept in the catalog: manual, scheduled or sensor."))
+    native: bool = Field(default=False, description=(
+        "Also keep the checkpoint's own files of the batch (a native copy): a restore to the same provider, "
+        "partitions and operator is then a file copy instead of a bootstrap batch."))
 
 
 @op(tags=LIFECYCLE_TAGS)
 def savepoint_op(context: OpExecutionContext, sessions: SessionsResource, pyspark: SessionsSpark,
                  config: SavepointConfig) -> SavepointInfo:
     saved = expected_errors(lifecycle.take_savepoint, sessions.config(), trigger=config.trigger,
-                            spark=pyspark.spark_session)
+                            spark=pyspark.spark_session, native_copy=config.native)
     context.log_event(AssetObservation(asset_key=STATE, metadata=_savepoint_metadata(saved)))
     return saved
 
@@ -117,7 +120,7 @@ def savepoint_op(context: OpExecutionContext, sessions: SessionsResource, pyspar
 def _savepoint_metadata(saved: SavepointInfo) -> dict[str, Any]:
     return {"savepoint_id": saved.savepoint_id, "batch_id": saved.batch_id, "rows": saved.rows,
             "bytes": saved.bytes or 0, "seconds": saved.seconds or 0.0, "uri": saved.uri, "checksum": saved.checksum,
-            "trigger": saved.trigger}
+            "trigger": saved.trigger, "native_bytes": saved.native_bytes or 0}
 
 
 @job(tags=LIFECYCLE_TAGS, description="Savepoint at the last committed batch; the stream may keep running.")
@@ -128,13 +131,16 @@ def savepoint() -> None:
 class StopConfig(Config):
     savepoint: bool = Field(default=True, description=(
         "Take the savepoint of the stream's last batch as part of the stop (stop-with-savepoint)."))
+    native: bool = Field(default=False, description=(
+        "With savepoint: keep its native copy too (the checkpoint's own files of the batch)."))
 
 
 @op
 def stop_stream_op(context: OpExecutionContext, sessions: SessionsResource, config: StopConfig) -> dict[str, Any]:
     """Asks the running stream (a session_stream run or `sessionctl run`, any host) to stop after its current batch
     and, when asked, to take the savepoint of that batch before it lets go of the job lease; waits for the answer."""
-    result = expected_errors(stream_control.stop_stream, sessions.config(), savepoint=config.savepoint)
+    result = expected_errors(stream_control.stop_stream, sessions.config(), savepoint=config.savepoint,
+                             native_copy=config.native)
     context.log.info(f"stopped {result.stream} at batch {result.last_committed_batch}")
     if result.savepoint is not None:
         context.log_event(AssetObservation(asset_key=STATE, metadata=_savepoint_metadata(result.savepoint)))

@@ -47,6 +47,9 @@ class RestoreConfig(Config):
         "Only check that the savepoint restores with these settings and estimate how long it takes; nothing is "
         "stopped or changed. Set false for a real restore: it replaces the job's state and rolls the sessions "
         "table back to the savepoint."))
+    canonical: bool = Field(default=False, description=(
+        "Load the savepoint's canonical rows even when its native copy could be put back (a native copy is used "
+        "only for the same provider, partitions and operator)."))
     online: bool = Field(default=True, description=(
         "A running session_stream restores the savepoint itself between two batches and goes on: no cancel, no "
         "relaunch; the run reports the stream's downtime. false: the stream is stopped first (stop_stream)."))
@@ -73,6 +76,7 @@ class RestorePlan:
     stop_with_savepoint: bool = False
     expected_seconds: float = 0.0  # the pre-flight's estimate of the restore
     online: bool = False
+    canonical: bool = False
 
 
 @dataclass(frozen=True)
@@ -101,7 +105,7 @@ def validate_savepoint_op(context: OpExecutionContext, sessions: SessionsResourc
     plan = RestorePlan(savepoint=saved, partitions=config.partitions or None, migrate=config.migrate,
                        dry_run=config.dry_run, stop_stream=config.stop_stream, resume_stream=config.resume_stream,
                        stop_with_savepoint=config.stop_with_savepoint, expected_seconds=preflight.expected_seconds,
-                       online=config.online)
+                       online=config.online, canonical=config.canonical)
     yield Output(plan, output_name="dry_run" if config.dry_run else "restore", metadata={
         "savepoint_id": saved.savepoint_id, "rows": saved.rows, "batch_id": saved.batch_id, "checksum": saved.checksum,
         "migrations": preflight.migrations, "expected_seconds": preflight.expected_seconds})
@@ -184,7 +188,7 @@ def restore_op(context: OpExecutionContext, sessions: SessionsResource, pyspark:
     in_place = stream is not None and stream.what == "run"
     result = expected_errors(lifecycle.restore, config, saved.savepoint_id, partitions=plan.partitions,
                              migrate=plan.migrate, spark=None if in_place else pyspark.spark_session,
-                             online=plan.online)
+                             online=plan.online, canonical=plan.canonical)
     if result.stream is not None:
         context.instance.add_run_tags(context.run_id, {IN_PLACE_TAG: "true"})
         context.log.info(f"{result.stream} restored {result.savepoint_id} between two batches and went on; "

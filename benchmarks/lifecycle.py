@@ -20,7 +20,9 @@ events), then measure in one run:
 Results: benchmarks/results/lifecycle.json and lifecycle.md. Usage:
   .venv/bin/python benchmarks/lifecycle.py [--sizes 10000,100000] [--provider rocksdb|hdfs|both] [--large]
                                            [--savepoint-only] [--scale [--master spark://127.0.0.1:7077]]
-                                           [--running-rescale] [--running-restore]
+                                           [--running-rescale] [--running-restore] [--native]
+  native         (--native) only native vs canonical: a full savepoint with and without its native copy, then
+                 `sessionctl restore` as whole commands (native, --canonical, native) and the first catch-up after each
   running rescale (--running-rescale) only a rescale 4 -> 8 of a running `sessionctl run`, files landing: the
                  downtime the stream reports and the one its checkpoint's commit times show
   running restore (--running-restore) only `restore --online` of a running `sessionctl run`, files landing, to a
@@ -55,7 +57,7 @@ sys.path.insert(0, str(REPO))
 
 from pipelines.config import SessionsConfig  # noqa: E402
 from pipelines.core.sample_data import land  # noqa: E402
-from pipelines.job.runtime import get_spark  # noqa: E402
+from pipelines.job.runtime import get_spark, stop_state_stores  # noqa: E402
 from pipelines.job.stream import catch_up  # noqa: E402
 from state_store.lifecycle import rescale, restore, take_savepoint  # noqa: E402
 from state_store.savepoint import catalog as sp  # noqa: E402
@@ -318,25 +320,81 @@ def measure_running_restore(provider: str, users: int, spark, work: Path, quiet_
     began = time.monotonic()
     build_state(config, users, spark)
     build_s = time.monotonic() - began
+    restores = []
     with running_stream(config, users):
         time.sleep(quiet_s)
-        saved = take_savepoint(config, spark=spark)  # beside the stream, as an operator would
+        # beside the stream, as an operator would; with its native copy, which the first restore below skips
+        saved = take_savepoint(config, spark=spark, native_copy=True)
+        for canonical in (True, False):
+            time.sleep(quiet_s)
+            asked = time.time()
+            result = restore(config, saved.savepoint_id, online=True, canonical=canonical)
+            answered = time.time()
+            restores.append({"method": result.method, "restore_s": result.seconds, "restore_phases": result.phases,
+                             "rolled_back": result.rolled_back, "downtime_s": result.downtime_seconds,
+                             "resumed_s": result.resumed_seconds, "request_to_answer_s": round(answered - asked, 3),
+                             "load_avg_1m": round(os.getloadavg()[0], 2)})
         time.sleep(quiet_s)
-        asked = time.time()
-        result = restore(config, saved.savepoint_id, online=True)
-        answered = time.time()
-        time.sleep(quiet_s)
-    return {"provider": provider, "users": users, "build_s": round(build_s, 1), "state_rows": result.rows,
-            "restore_s": result.seconds, "restore_phases": result.phases, "rolled_back": result.rolled_back,
-            "downtime_s": result.downtime_seconds, "resumed_s": result.resumed_seconds,
-            "request_to_answer_s": round(answered - asked, 3), "load_avg_1m": round(os.getloadavg()[0], 2),
-            "load_end": _load()}
+    return {"provider": provider, "users": users, "build_s": round(build_s, 1), "state_rows": saved.rows,
+            "restores": restores, "load_end": _load()}
+
+
+def _env(home: Path, provider: str, master: str | None) -> dict[str, str]:
+    env = {"SESSIONS_HOME": str(home), "SESSIONS_STATE_STORE": provider, "SESSIONS_STATE_PARTITIONS": "4",
+           "SESSIONS_SAVEPOINT_FULL_EVERY": "10"}  # incremental savepoints, whatever the default
+    return {**env, **({"SESSIONS_SPARK_MASTER": master} if master else {})}
 
 
 def _config(home: Path, provider: str, master: str | None) -> SessionsConfig:
-    env = {"SESSIONS_HOME": str(home), "SESSIONS_STATE_STORE": provider, "SESSIONS_STATE_PARTITIONS": "4",
-           "SESSIONS_SAVEPOINT_FULL_EVERY": "10"}  # incremental savepoints, whatever the default
-    return SessionsConfig.from_env({**env, **({"SESSIONS_SPARK_MASTER": master} if master else {})})
+    return SessionsConfig.from_env(_env(home, provider, master))
+
+
+def _sessionctl(home: Path, provider: str, *args: str) -> tuple[float, dict]:
+    """A whole `sessionctl` command, as an operator waits for it: (wall seconds, its JSON answer)."""
+    began = time.monotonic()
+    done = subprocess.run([str(REPO / ".venv" / "bin" / "sessionctl"), *args], capture_output=True, text=True,
+                          env={**os.environ, **_env(home, provider, None)}, timeout=1800, check=True)
+    return round(time.monotonic() - began, 3), json.loads(done.stdout.strip().splitlines()[-1])
+
+
+def measure_native(provider: str, users: int, spark, work: Path) -> dict:
+    """Native vs canonical, same state, same run: a full savepoint with and without the native copy (and the copy
+    alone), then `sessionctl restore` of it as a whole command, native, canonical, native again (each restore's own
+    seconds and the command's wall time), and the catch-up of one small file after each (the first batch loads the
+    restored state)."""
+    from state_store.savepoint import native
+
+    home = work / f"native-{provider}-{users}"
+    config = _config(home, provider, None)
+    began = time.monotonic()
+    build_state(config, users, spark)
+    build_s = time.monotonic() - began
+    load_start = _load()
+    canonical = take_savepoint(config, spark=spark, full=True)
+    with_native = take_savepoint(config, spark=spark, full=True, native_copy=True)
+    began = time.monotonic()
+    native.copy_out(config.checkpoint, with_native.batch_id, partitions=int(with_native.partitions or 0),
+                    provider=provider, store_uri=str(work / f"scratch-{provider}-{users}"), savepoint_id="copy")
+    copy_s = round(time.monotonic() - began, 3)
+    touch_users(config, users, spark)
+    restores = []
+    for kind in ("native", "canonical", "native"):
+        args = ["restore", "--savepoint", with_native.savepoint_id] + (["--canonical"] if kind == "canonical" else [])
+        stop_state_stores(spark)  # this process's stores of the checkpoint: nothing uploaded into the restored one
+        wall, answer = _sessionctl(home, provider, *args)
+        assert answer["method"] == kind, answer
+        land(config.landing, f"after-{len(restores)}.jsonl", [json.dumps(
+            {"event_id": f"a{len(restores)}", "user_id": "u0000001", "event_type": "page_view", "page": "/",
+             "event_time": "2026-11-01T10:09:00Z"})])
+        began = time.monotonic()
+        catch_up(config, spark)
+        restores.append({"method": kind, "command_s": wall, "restore_s": answer["seconds"],
+                         "phases": answer["phases"], "first_catch_up_s": round(time.monotonic() - began, 3)})
+    return {"provider": provider, "users": users, "build_s": round(build_s, 1), "state_rows": canonical.rows,
+            "canonical_savepoint_s": canonical.seconds, "savepoint_native_s": with_native.seconds,
+            "native_copy_s": copy_s, "native_files": with_native.native_files,
+            "native_mb": round((with_native.native_bytes or 0) / 1e6, 1), "restores": restores,
+            "load_start": load_start, "load_end": _load()}
 
 
 def measure_scale(provider: str, users: int, spark, work: Path, master: str | None) -> dict:
@@ -511,6 +569,9 @@ def main() -> None:
     parser.add_argument("--running-restore", action="store_true",
                         help="only `restore --online` of a running `sessionctl run` and its downtime; results in "
                              "lifecycle-running-restore.json/.md")
+    parser.add_argument("--native", action="store_true",
+                        help="only native vs canonical savepoints and restores (whole commands); results in "
+                             "lifecycle-native.json/.md")
     parser.add_argument("--master", default=None,
                         help="a Spark master, e.g. spark://127.0.0.1:7077 (deploy/local-cluster start); local[2] if unset")
     parser.add_argument("--scale-step", choices=("build", "measure"), help=argparse.SUPPRESS)
@@ -536,6 +597,7 @@ def main() -> None:
             result = (scale_run(provider, users, work, args.master) if args.scale else
                       measure_running_rescale(provider, users, spark, work) if args.running_rescale else
                       measure_running_restore(provider, users, spark, work) if args.running_restore else
+                      measure_native(provider, users, spark, work) if args.native else
                       measure(provider, users, spark, work, online=args.online, savepoint_only=args.savepoint_only))
             print(json.dumps(result), flush=True)
             results.append(result)
@@ -544,7 +606,8 @@ def main() -> None:
     out.mkdir(parents=True, exist_ok=True)
     name = ("lifecycle-scale" if args.scale else "lifecycle-savepoint" if args.savepoint_only else
             "lifecycle-running-rescale" if args.running_rescale else
-            "lifecycle-running-restore" if args.running_restore else "lifecycle")
+            "lifecycle-running-restore" if args.running_restore else "lifecycle-native" if args.native else
+            "lifecycle")
     meta = {"date": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"), "nproc": os.cpu_count(),
             "note": args.note}
     (out / f"{name}.json").write_text(json.dumps({"meta": meta, "results": results}, indent=2))
@@ -563,16 +626,33 @@ def main() -> None:
                   f"{r['request_to_answer_s']} | {r['load_avg_1m']} |" for r in results]
     elif args.running_restore:
         lines += ["`restore --online` of a running `sessionctl run` (its own JVM, a file of touched users every 2 s) to "
-                  "a savepoint taken beside it 10 s earlier: the stream stops its query between two batches, restores "
-                  "the savepoint (verified, outputs rolled back, bootstrap batch, state checked) and starts the query "
-                  "again, which replays the events since. Downtime as the stream reports it (Spark's progress: the end "
-                  "of its last batch before to the end of its first after).", "",
-                  "| provider | users | state rows | restore s | its phases (s) | downtime s (stream) | query running "
-                  "again after s | request to answer s | load (1 min) |", "|---|---:|---:|---:|---|---:|---:|---:|---:|"]
-        lines += [f"| {r['provider']} | {r['users']:,} | {r['state_rows']:,} | {r['restore_s']} | "
-                  + ", ".join(f"{k} {v}" for k, v in r["restore_phases"].items())
-                  + f" | {r['downtime_s']} | {r['resumed_s']} | {r['request_to_answer_s']} | {r['load_avg_1m']} |"
-                  for r in results]
+                  "a savepoint (with its native copy) taken beside it 10 s earlier, twice in the same run: first "
+                  "`--canonical` (verified, outputs rolled back, bootstrap batch, state checked), then from the native "
+                  "copy (files copied back, outputs rolled back). Each time the stream stops its query between two "
+                  "batches, restores, and starts the query again, which replays the events since. Downtime as the "
+                  "stream reports it (Spark's progress: the end of its last batch before to the end of its first "
+                  "after).", "",
+                  "| provider | users | state rows | method | restore s | its phases (s) | downtime s (stream) | query "
+                  "running again after s | request to answer s | load (1 min) |",
+                  "|---|---:|---:|---|---:|---|---:|---:|---:|---:|"]
+        lines += [f"| {r['provider']} | {r['users']:,} | {r['state_rows']:,} | {x['method']} | {x['restore_s']} | "
+                  + ", ".join(f"{k} {v}" for k, v in x["restore_phases"].items())
+                  + f" | {x['downtime_s']} | {x['resumed_s']} | {x['request_to_answer_s']} | {x['load_avg_1m']} |"
+                  for r in results for x in r["restores"]]
+    elif args.native:
+        lines += ["Native vs canonical, same state, same run (RocksDB or HDFS-backed, 4 partitions, local[2]): a full "
+                  "savepoint without and with the native copy (the checkpoint's own files of the batch), the copy "
+                  "alone, then `sessionctl restore` of that savepoint as whole commands -- native, `--canonical`, "
+                  "native again -- each followed by the catch-up of one small file (its first batch loads the "
+                  "restored state).", "",
+                  "| provider | users | state rows | savepoint s | with native s | native copy s | native files / MB "
+                  "| restore: command s (own s) | first catch-up after s | load start -> end |",
+                  "|---|---:|---:|---:|---:|---:|---:|---|---|---|"]
+        lines += [f"| {r['provider']} | {r['users']:,} | {r['state_rows']:,} | {r['canonical_savepoint_s']} | "
+                  f"{r['savepoint_native_s']} | {r['native_copy_s']} | {r['native_files']} / {r['native_mb']} | "
+                  + ", ".join(f"{x['method']} {x['command_s']} ({x['restore_s']})" for x in r["restores"]) + " | "
+                  + ", ".join(f"{x['method']} {x['first_catch_up_s']}" for x in r["restores"])
+                  + f" | {r['load_start'][0]} -> {r['load_end'][0]} |" for r in results]
     elif not (args.savepoint_only or args.scale):
         lines += ["Savepoint = the executors read the state through Spark's state data source and write the Delta "
                   "table's files, the driver commits their metadata, the executors re-read the files and verify the "

@@ -94,7 +94,10 @@ def cmd_accept_loss(config: SessionsConfig, args: argparse.Namespace) -> None:
 def cmd_stop(config: SessionsConfig, args: argparse.Namespace) -> None:
     from state_store.stream_control import stop_stream
 
-    _print(stop_stream(config, savepoint=args.savepoint, timeout_s=args.timeout).to_dict(), args.json)
+    if args.native and not args.savepoint:
+        raise SessionsError("--native is the savepoint's: `sessionctl stop --savepoint --native`")
+    _print(stop_stream(config, savepoint=args.savepoint, timeout_s=args.timeout, native_copy=args.native).to_dict(),
+           args.json)
 
 
 def cmd_status(config: SessionsConfig, args: argparse.Namespace) -> None:
@@ -151,13 +154,17 @@ def cmd_restore(config: SessionsConfig, args: argparse.Namespace) -> int | None:
     if args.dry_run:  # nothing stopped, locked or written; no JVM
         from state_store.preflight import plan_restore
 
-        plan = plan_restore(config, args.savepoint, partitions=args.partitions, migrate=args.migrate)
+        plan = plan_restore(config, args.savepoint, partitions=args.partitions, migrate=args.migrate,
+                            canonical=args.canonical)
         if args.json:
             _print(plan.to_dict())
         else:
             verdict = "restorable" if plan.restorable else "NOT restorable"
             print(f"savepoint {plan.savepoint_id} (batch {plan.batch_id}, {plan.rows} state rows): {verdict} with the "
-                  f"current settings; expected about {plan.expected_seconds:g} s ({plan.rate_source})")
+                  f"current settings, from its {plan.method} form; expected about {plan.expected_seconds:g} s "
+                  f"({plan.rate_source})")
+            if plan.native_note:
+                print(f"  its native copy would not be used: {plan.native_note}")
             for reason in plan.reasons:
                 print(f"  refused: {reason}")
             for migration in plan.migrations:
@@ -246,6 +253,7 @@ def build_parser() -> argparse.ArgumentParser:
     save.set_defaults(fn=cmd_savepoint)
     stp = sub.add_parser("stop", help="stop the running stream (any process or host) after its current batch")
     stp.add_argument("--savepoint", action="store_true", help="take the savepoint of its last batch as part of the stop")
+    stp.add_argument("--native", action="store_true", help="with --savepoint: keep its native copy too")
     stp.add_argument("--timeout", type=SECONDS, default=None, help="seconds to wait (default 2x SESSIONS_STOP_TIMEOUT_S)")
     stp.add_argument("--json", action="store_true")
     stp.set_defaults(fn=cmd_stop)

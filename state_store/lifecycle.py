@@ -118,14 +118,14 @@ def restore(config: SessionsConfig, savepoint: str = "latest", *, partitions: in
         _check_partitions(partitions, for_new_checkpoint(), config.state_buckets)
     stream = running_stream(config) if online else None
     if stream is not None and stream.what == "run":
-        return _restore_running(config, savepoint, partitions, migrate, stream, timeout_s)
+        return _restore_running(config, savepoint, partitions, migrate, stream, timeout_s, canonical)
     with lifecycle_locks(config, "restore") as held, spark_failures(config):
         return restore_unlocked(config, savepoint, partitions=partitions, migrate=migrate, spark=spark, lease=held,
                                 canonical=canonical)
 
 
 def _restore_running(config: SessionsConfig, savepoint: str, partitions: int | None, migrate: bool,
-                     stream: LeaseInfo, timeout_s: float | None) -> RestoreResult:
+                     stream: LeaseInfo, timeout_s: float | None, canonical: bool) -> RestoreResult:
     store = SavepointStore.of(config)
     saved = store.get(savepoint)  # `latest` resolved here: the stream restores the savepoint the operator saw
     refused = refusals(config, saved, partitions=partitions, migrate=migrate, store=store)
@@ -133,7 +133,7 @@ def _restore_running(config: SessionsConfig, savepoint: str, partitions: int | N
         raise refused[0]
     again = f"sessionctl restore --online --savepoint {saved.savepoint_id}"
     request = request_restore(config, stream=stream, savepoint=saved.savepoint_id, partitions=partitions,
-                              migrate=migrate)
+                              migrate=migrate, canonical=canonical)
     done, answer = _await_change(config, request, stream, timeout_s, "restore", again)
     return RestoreResult(**{**done, "phases": done.get("phases", {}), "downtime_seconds": answer.downtime_s,
                             "resumed_seconds": answer.resumed_s, "stream": stream.describe()})

@@ -26,11 +26,12 @@ from pipelines.errors import (
 )
 from pipelines.job.operators import for_new_checkpoint
 from pipelines.storage import open_table, s3_errors, table_exists
-from state_store.results import SavepointInfo
+from state_store.results import RestoreMethod, SavepointInfo
 from state_store.savepoint.catalog import SavepointStore
 from state_store.savepoint.damage import savepoint_damage
+from state_store.savepoint.native import native_layout
 
-__all__ = ["RestorePlan", "migrations", "plan_restore", "record_restore", "refusals"]
+__all__ = ["RestorePlan", "migrations", "native_refusal", "plan_restore", "record_restore", "refusals"]
 
 READABLE_SCHEMAS = (state_format.SCHEMA_ID, state_format.V1_SCHEMA_ID)
 # Without a restore of its own on record, the rate of the reference run (benchmarks/results/lifecycle.json: RocksDB,
@@ -40,6 +41,11 @@ REFERENCE_ROWS_PER_S = 85_000.0
 # outputs' rollback -- without a restore of its own on record: a 5,936-row restore from the Dagster runbook took
 # ~17 s on 2 cores (2026-11-27), almost all of it this part. Without it, a small savepoint's estimate said 0 s.
 REFERENCE_FIXED_S = 17.0
+# A restore from a native copy (state_store.savepoint.native): the catalog, the set-aside, the job metadata and the
+# outputs' rollback (~0.1 s), then its bytes copied and hashed (benchmarks/results/lifecycle-native.json: RocksDB,
+# 1M open users, 37.4 MB copied back in 0.28-0.29 s on 2 cores).
+NATIVE_FIXED_S = 0.2
+NATIVE_BYTES_PER_S = 125e6
 HISTORY_FILE = "restore-history.jsonl"  # under SESSIONS_HOME: rows and seconds of each restore done here
 _ROLLBACK = re.compile(r"written_version > (\d+)")
 
@@ -60,6 +66,10 @@ class RestorePlan(Result):
     rate_source: str         # "this home's restores (median of N)" or the reference run
     fixed_seconds: float = REFERENCE_FIXED_S  # the part of a restore that does not grow with its rows
     job_running: str | None = None  # the holder of the job lease, which a restore needs stopped (also in reasons)
+    # "native": the savepoint's native copy would be put back (a file copy; expected_seconds is then its estimate);
+    # native_note: why a native copy the savepoint has would not be used
+    method: RestoreMethod = "canonical"
+    native_note: str | None = None
 
     @property
     def savepoint_reasons(self) -> list[str]:
@@ -179,8 +189,31 @@ def record_restore(home: Path, rows: int, seconds: float) -> None:
         pass
 
 
+def native_refusal(config: SessionsConfig, store: SavepointStore, saved: SavepointInfo, *, partitions: int | None,
+                    migrate: bool, canonical: bool) -> str | None:
+    """Why the savepoint's native copy cannot be this restore's (None: it can): only the same provider, partition
+    count, operator layout and settings resume from the checkpoint's own files."""
+    if canonical or not saved.native_checksum:
+        return ""  # not asked for, or none: nothing to say
+    layout = for_new_checkpoint().layout
+    checks = (("--migrate asks for the canonical rows", migrate),
+              (f"--partitions {partitions} (it has {saved.partitions})", partitions not in (None, saved.partitions)),
+              (f"the provider is {config.state_store} (it has {saved.provider})", config.state_store != saved.provider),
+              ("other gap, lateness or bucket settings", (saved.gap_ms, saved.lateness_ms, saved.buckets)
+               != (config.gap_ms, config.lateness_ms, config.state_buckets)),
+              ("an older state schema", saved.state_schema != state_format.SCHEMA_ID))
+    said = next((why for why, refused in checks if refused), None)
+    if said is not None:
+        return said
+    try:
+        copied = native_layout(store.uri, saved.savepoint_id, saved.native_checksum)
+    except (SavepointDamaged, OSError) as damage:
+        return f"its native copy cannot be read ({damage})"
+    return None if copied == layout else f"another operator layout ({copied}; this build writes {layout})"
+
+
 def plan_restore(config: SessionsConfig, savepoint: str = "latest", *, partitions: int | None = None,
-                 migrate: bool = False) -> RestorePlan:
+                 migrate: bool = False, canonical: bool = False) -> RestorePlan:
     """The pre-flight: reads the catalog, the savepoint's Delta log and the sessions table's history; nothing else."""
     store = SavepointStore.of(config)
     saved = store.get(savepoint)
@@ -191,9 +224,15 @@ def plan_restore(config: SessionsConfig, savepoint: str = "latest", *, partition
         reasons.append(str(JobRunning(f"the job is running: {stream.describe()} holds the job lease; restore needs "
                                       f"it stopped: stop it with `sessionctl stop`", stream.describe(), "")))
     fixed, rate, source = _estimate(config)
+    expected = fixed + saved.rows / rate
+    note = native_refusal(config, store, saved, partitions=partitions, migrate=migrate, canonical=canonical)
+    if note is None:  # a file copy: its bytes at the reference rate, not the rows
+        fixed, source = NATIVE_FIXED_S, "a native copy: its bytes at the reference run's copy rate"
+        expected = fixed + (saved.native_bytes or 0) / NATIVE_BYTES_PER_S
     return RestorePlan(
         savepoint_id=saved.savepoint_id, batch_id=saved.batch_id, rows=saved.rows, restorable=not reasons,
         reasons=reasons, migrations=migrations(config, saved, partitions), provider=config.state_store,
         partitions=partitions or saved.partitions or config.state_partitions,
-        expected_seconds=round(fixed + saved.rows / rate, 1), rate_rows_per_s=round(rate), rate_source=source,
-        fixed_seconds=round(fixed, 1), job_running=holder)
+        expected_seconds=round(expected, 1), rate_rows_per_s=round(rate), rate_source=source,
+        fixed_seconds=round(fixed, 1), job_running=holder, method="native" if note is None else "canonical",
+        native_note=note or None)

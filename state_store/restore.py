@@ -35,7 +35,7 @@ from pipelines.job.startup import ensure_tables
 from pipelines.job.stream import start_query
 from pipelines.locations import CheckpointPath, checkpoint_path, move, remove_tree
 from pipelines.storage import filesystem, storage_options, table_exists
-from state_store.preflight import record_restore, refusals
+from state_store.preflight import native_refusal, record_restore, refusals
 from state_store.results import RestoreResult, SavepointInfo
 from state_store.savepoint import native
 from state_store.savepoint.catalog import SavepointStore
@@ -109,29 +109,6 @@ def _roll_back_outputs(config: SessionsConfig, saved: SavepointInfo, lease: Leas
     return removed
 
 
-def _native_refusal(config: SessionsConfig, store: SavepointStore, saved: SavepointInfo, *, partitions: int | None,
-                    migrate: bool, canonical: bool) -> str | None:
-    """Why the savepoint's native copy cannot be this restore's (None: it can): only the same provider, partition
-    count, operator layout and settings resume from the checkpoint's own files."""
-    if canonical or not saved.native_checksum:
-        return ""  # not asked for, or none: nothing to say
-    layout = for_new_checkpoint().layout
-    checks = (("--migrate asks for the canonical rows", migrate),
-              (f"--partitions {partitions} (it has {saved.partitions})", partitions not in (None, saved.partitions)),
-              (f"the provider is {config.state_store} (it has {saved.provider})", config.state_store != saved.provider),
-              ("other gap, lateness or bucket settings", (saved.gap_ms, saved.lateness_ms, saved.buckets)
-               != (config.gap_ms, config.lateness_ms, config.state_buckets)),
-              ("an older state schema", saved.state_schema != state_format.SCHEMA_ID))
-    said = next((why for why, refused in checks if refused), None)
-    if said is not None:
-        return said
-    try:
-        copied = native.native_layout(store.uri, saved.savepoint_id, saved.native_checksum)
-    except (SavepointDamaged, OSError) as damage:
-        return f"its native copy cannot be read ({damage})"
-    return None if copied == layout else f"another operator layout ({copied}; this build writes {layout})"
-
-
 def _restore_native(config: SessionsConfig, store: SavepointStore, saved: SavepointInfo, *, partitions: int | None,
                     spark: SparkSession | None, lease: Lease | None, started: float) -> RestoreResult | str:
     """The savepoint's native copy put back as the checkpoint (state_store.savepoint.native): the stream resumes at
@@ -201,7 +178,7 @@ def restore_unlocked(config: SessionsConfig, savepoint: str, *, partitions: int 
     refused = refusals(config, saved, partitions=partitions, migrate=migrate, store=store)
     if refused:
         raise refused[0]
-    note = _native_refusal(config, store, saved, partitions=partitions, migrate=migrate, canonical=canonical)
+    note = native_refusal(config, store, saved, partitions=partitions, migrate=migrate, canonical=canonical)
     if note is None:
         done = _restore_native(config, store, saved, partitions=partitions, spark=spark, lease=lease, started=started)
         if isinstance(done, RestoreResult):

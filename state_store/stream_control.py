@@ -43,7 +43,7 @@ def run_stream(config: SessionsConfig, *, spark: SparkSession | None = None, sto
         # A compaction or another savepoint may hold the lifecycle lease: wait for it rather than fail the stop.
         with job_lock(config, "stop --savepoint", name=LIFECYCLE, wait_s=config.stop_timeout_s), \
                 spark_failures(config):
-            return savepoint_last_batch(config, "stop", running).to_dict()
+            return savepoint_last_batch(config, "stop", running, native_copy=request.native).to_dict()
 
     def erase_between_batches(request: ErasureRequest, running: SparkSession, lease: Lease) -> dict[str, Any]:
         from state_store.erasure import forget_unlocked
@@ -60,16 +60,19 @@ def run_stream(config: SessionsConfig, *, spark: SparkSession | None = None, sto
             if isinstance(request, RescaleRequest):
                 return rescale_unlocked(config, request.partitions, spark=running, lease=lease).to_dict()
             return restore_unlocked(config, request.savepoint, partitions=request.partitions,
-                                    migrate=request.migrate, spark=running, lease=lease).to_dict()
+                                    migrate=request.migrate, spark=running, lease=lease,
+                                    canonical=request.canonical).to_dict()
 
     return run_continuously(config, spark=spark, stop=stop, poll_seconds=poll_seconds, on_progress=on_progress,
                             on_stop_request=savepoint_at_stop, on_erasure=erase_between_batches,
                             on_state_change=change_between_batches)
 
 
-def stop_stream(config: SessionsConfig, *, savepoint: bool = False, timeout_s: float | None = None) -> StopResult:
+def stop_stream(config: SessionsConfig, *, savepoint: bool = False, timeout_s: float | None = None,
+                native_copy: bool = False) -> StopResult:
     """Stop the running stream (this or another process, any host sharing the checkpoint path) after its current
-    batch; with `savepoint`, the savepoint of that last batch is taken as part of the stop. Waits for the answer."""
+    batch; with `savepoint`, the savepoint of that last batch is taken as part of the stop (with its native copy when
+    `native_copy`). Waits for the answer."""
     started = time.monotonic()
     stream = running_stream(config)
     if stream is None:
@@ -78,7 +81,7 @@ def stop_stream(config: SessionsConfig, *, savepoint: bool = False, timeout_s: f
     if stream.what != "run":
         raise JobRunning(f"{stream.describe()} holds the job lease and is not a stream: it stops by itself; wait for "
                          f"it", stream.describe(), str(config.lease_dir / "job.lease"))
-    request = request_stop(config, stream=stream, savepoint=savepoint)
+    request = request_stop(config, stream=stream, savepoint=savepoint, native=savepoint and native_copy)
     patience = timeout_s if timeout_s is not None else config.stop_timeout_s * 2
     answer = await_answer(config, stream=stream, request=request, patience_s=patience, withdraw_on_timeout=False)
     if answer is None:  # the stream went away without answering

@@ -203,7 +203,7 @@ def test_an_online_restore_is_asked_of_the_running_stream_after_its_preflight(tm
     savepoint_id = a_savepoint(config.home)
     done = {"savepoint_id": savepoint_id, "batch_id": 0, "rows": 0, "checksum": "c", "verified": True,
             "source_seq": 0, "watermark_ms": 0, "provider": "rocksdb", "partitions": 2, "rolled_back": {},
-            "previous_checkpoint": None, "seconds": 3.5, "phases": {"bootstrap": 1.0}}
+            "previous_checkpoint": None, "seconds": 3.5, "phases": {"bootstrap": 1.0}, "method": "native"}
     asked: list[RestoreRequest] = []
 
     with job_lock(config, "run") as held:
@@ -216,7 +216,8 @@ def test_an_online_restore_is_asked_of_the_running_stream_after_its_preflight(tm
         thread.start()
         result = restore(config, "latest", online=True, timeout_s=30)
         thread.join()
-        assert (asked[0].savepoint, asked[0].partitions, asked[0].migrate) == (savepoint_id, None, False)
+        assert (asked[0].savepoint, asked[0].partitions, asked[0].migrate, asked[0].canonical) == \
+            (savepoint_id, None, False, False)
         said = result.to_dict()
         assert said.pop("stream").startswith("run"), said
         assert said == {**done, "downtime_seconds": 4.0, "resumed_seconds": 3.0}

@@ -158,3 +158,47 @@ def test_compaction_and_erasure_remove_native_copies(tmp_path, spark):
     assert verify(config, user, spark=spark).clean
     restored = restore(config, second.savepoint_id, spark=spark)  # still restorable: from its erased rows
     assert restored.method == "canonical" and restored.note is None
+
+
+@pytest.mark.tier("subprocess")
+def test_kills_inside_a_native_savepoint_and_a_native_restore_lose_nothing(tmp_path, spark):
+    """SIGKILL right after a savepoint's native copy (no catalog row yet: an orphan compaction removes), and right
+    after a restore put the native files back (no job metadata, outputs not rolled back): `catch-up` refuses, the same
+    restore run again finishes it, and the sessions are the oracle's, each once."""
+    import subprocess
+
+    from pipelines.errors import RestoreIncomplete
+    from pipelines.job.runtime import stop_state_stores
+    from tests.conftest import config_env, tool
+
+    config = _config(tmp_path, "rocksdb")
+    chunks = _chunks(seed=27, parts=4)
+    _land_and_ingest(config, chunks[:2], 0)
+    catch_up(config, spark)
+    stop_state_stores(spark)  # the subprocesses below work on this checkpoint; nothing of this JVM's may write to it
+    killed = subprocess.run([tool("sessionctl"), "savepoint", "--native"], capture_output=True, text=True,
+                            env={**config_env(config), "SESSIONS_KILL_AT": "savepoint:native-copied"}, timeout=300)
+    assert killed.returncode == -9, killed.stderr[-2000:]
+    store = SavepointStore.of(config)
+    orphans = [p.name for p in Path(native_uri(config.savepoint_uri, "x")).parent.iterdir()]
+    assert len(orphans) == 1 and store.find(orphans[0]) is None
+    assert compact(config).orphan_native_removed == orphans
+
+    saved = take_savepoint(config, spark=spark, native_copy=True)
+    _land_and_ingest(config, chunks[2:3], 2)
+    catch_up(config, spark)
+    stop_state_stores(spark)
+    restore_args = [tool("sessionctl"), "restore", "--savepoint", saved.savepoint_id]
+    killed = subprocess.run(restore_args, capture_output=True, text=True, timeout=300,
+                            env={**config_env(config), "SESSIONS_KILL_AT": "restore:native-copied"})
+    assert killed.returncode == -9, killed.stderr[-2000:]
+    with pytest.raises(RestoreIncomplete, match=f"sessionctl restore --savepoint {saved.savepoint_id}"):
+        catch_up(config, spark)
+    again = subprocess.run(restore_args, capture_output=True, text=True, timeout=300, env=config_env(config))
+    assert again.returncode == 0, again.stderr[-2000:]
+    assert json.loads(again.stdout.strip().splitlines()[-1])["method"] == "native"
+    assert read_sessions(config) == sorted(oracle_of(chunks[:2], GAP_MS, LATENESS_MS).closed)
+
+    _land_and_ingest(config, chunks[3:], 3)
+    catch_up(config, spark)
+    assert read_sessions(config) == _expected(chunks)

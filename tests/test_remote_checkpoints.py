@@ -62,7 +62,9 @@ def test_checkpoint_on_s3_catch_up_savepoint_restore_exactly_once(spark, s3_endp
 
     land_batches(config, batches[:3])
     catch_up(config, spark)
-    saved = take_savepoint(config, spark=spark)
+    native = provider == "hdfs"  # the HDFS-backed provider's savepoint keeps a native copy: its restore copies it back
+    saved = take_savepoint(config, spark=spark, native_copy=native)
+    assert bool(saved.native_checksum) == native
     land_batches(config, batches[3:], start=3)
     catch_up(config, spark)
     assert rescale(config, 3, spark=spark).partitions_after == 3
@@ -70,6 +72,7 @@ def test_checkpoint_on_s3_catch_up_savepoint_restore_exactly_once(spark, s3_endp
 
     restored = restore(config, saved.savepoint_id, spark=spark)
     assert restored.verified and restored.rows == saved.rows
+    assert restored.method == ("native" if native else "canonical")
     assert restored.previous_checkpoint and restored.previous_checkpoint.startswith(f"s3a://{bucket}/job/sessions.replaced-")
     catch_up(config, spark)  # replays what came after the savepoint
     _assert_exactly_once(config, batches)
@@ -113,7 +116,8 @@ def test_checkpoint_on_hdfs_every_lifecycle_operation_exactly_once(spark, hdfs, 
 
     land_batches(config, batches[:3])
     catch_up(config, spark)
-    saved = take_savepoint(config, spark=spark)
+    native = provider == "rocksdb"  # RocksDB's savepoint keeps a native copy: its restore copies it back from HDFS
+    saved = take_savepoint(config, spark=spark, native_copy=native)
     land_batches(config, batches[3:5], start=3)
     catch_up(config, spark)
     assert rescale(config, 3, spark=spark).partitions_after == 3
@@ -125,6 +129,7 @@ def test_checkpoint_on_hdfs_every_lifecycle_operation_exactly_once(spark, hdfs, 
 
     restored = restore(config, saved.savepoint_id, spark=spark)
     assert restored.verified and restored.rows == saved.rows
+    assert restored.method == ("native" if native else "canonical")
     assert restored.previous_checkpoint and restored.previous_checkpoint.startswith(f"{config.checkpoint}.replaced-")
     catch_up(config, spark)  # the replay after the savepoint, exactly once again
     _assert_exactly_once(config, batches)

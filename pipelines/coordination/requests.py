@@ -40,6 +40,7 @@ class StopRequest:
     savepoint: bool
     requested_by: str
     requested_at: str
+    native: bool = False  # the savepoint with its native copy (state_store.savepoint.native)
 
     @property
     def response_name(self) -> str:
@@ -85,6 +86,7 @@ class RestoreRequest:
     migrate: bool
     requested_by: str
     requested_at: str
+    canonical: bool = False  # the canonical rows even where the savepoint's native copy would do
 
     @property
     def response_name(self) -> str:
@@ -185,9 +187,10 @@ def _ask(config: SessionsConfig, kind: RequestKind, stream: LeaseInfo | Lease, j
     return request
 
 
-def request_stop(config: SessionsConfig, *, stream: LeaseInfo | Lease, savepoint: bool) -> StopRequest:
+def request_stop(config: SessionsConfig, *, stream: LeaseInfo | Lease, savepoint: bool,
+                 native: bool = False) -> StopRequest:
     """Ask the stream holding `stream` to stop; a request already made for it is joined, not repeated."""
-    request: StopRequest = _ask(config, StopRequest, stream, (), savepoint=savepoint)
+    request: StopRequest = _ask(config, StopRequest, stream, (), savepoint=savepoint, native=native)
     return request
 
 
@@ -204,10 +207,10 @@ def request_rescale(config: SessionsConfig, *, stream: LeaseInfo | Lease, partit
 
 
 def request_restore(config: SessionsConfig, *, stream: LeaseInfo | Lease, savepoint: str, partitions: int | None,
-                    migrate: bool) -> RestoreRequest:
+                    migrate: bool, canonical: bool = False) -> RestoreRequest:
     """Ask the stream holding `stream` to restore `savepoint` (an id) between two batches (one at a time)."""
-    request: RestoreRequest = _ask(config, RestoreRequest, stream, ("savepoint", "partitions", "migrate"),
-                                   savepoint=savepoint, partitions=partitions, migrate=migrate)
+    request: RestoreRequest = _ask(config, RestoreRequest, stream, ("savepoint", "partitions", "migrate", "canonical"),
+                                   savepoint=savepoint, partitions=partitions, migrate=migrate, canonical=canonical)
     return request
 
 
