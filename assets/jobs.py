@@ -103,9 +103,9 @@ def session_stream() -> None:
 class SavepointConfig(Config):
     trigger: str = Field(default="manual", description=(
         "Why the savepoint is taken, kept in the catalog: manual, scheduled or sensor."))
-    native: bool = Field(default=False, description=(
+    native: bool | None = Field(default=None, description=(
         "Also keep the checkpoint's own files of the batch (a native copy): a restore to the same provider, "
-        "partitions and operator is then a file copy instead of a bootstrap batch."))
+        "partitions and operator is then a file copy instead of a bootstrap batch. Unset: SESSIONS_SAVEPOINT_NATIVE."))
 
 
 @op(tags=LIFECYCLE_TAGS)
@@ -131,8 +131,9 @@ def savepoint() -> None:
 class StopConfig(Config):
     savepoint: bool = Field(default=True, description=(
         "Take the savepoint of the stream's last batch as part of the stop (stop-with-savepoint)."))
-    native: bool = Field(default=False, description=(
-        "With savepoint: keep its native copy too (the checkpoint's own files of the batch)."))
+    native: bool | None = Field(default=None, description=(
+        "With savepoint: keep its native copy too (the checkpoint's own files of the batch). Unset: "
+        "SESSIONS_SAVEPOINT_NATIVE."))
 
 
 @op

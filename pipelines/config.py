@@ -174,6 +174,8 @@ class SessionsConfig:
                                          "they can be (1: always full)")
     savepoint_chain_share: float = _setting(0.5, "a savepoint is full once its chain's increments would hold more rows "
                                             "than this share of the chain's full one", minimum=0)
+    savepoint_native: bool = _setting(False, "every savepoint also keeps a native copy (the checkpoint's own files of "
+                                      "its batch; sessionctl savepoint --native asks for one)")
     # Operations (Dagster runbook, checks and sensors).
     stop_timeout_s: float = _setting(180.0, "how long stopping the query may take; sessionctl stop waits twice this "
                                      "for the answer", minimum=0)

@@ -96,8 +96,8 @@ def cmd_stop(config: SessionsConfig, args: argparse.Namespace) -> None:
 
     if args.native and not args.savepoint:
         raise SessionsError("--native is the savepoint's: `sessionctl stop --savepoint --native`")
-    _print(stop_stream(config, savepoint=args.savepoint, timeout_s=args.timeout, native_copy=args.native).to_dict(),
-           args.json)
+    _print(stop_stream(config, savepoint=args.savepoint, timeout_s=args.timeout,
+                       native_copy=args.native or None).to_dict(), args.json)
 
 
 def cmd_status(config: SessionsConfig, args: argparse.Namespace) -> None:
@@ -114,7 +114,8 @@ def cmd_status(config: SessionsConfig, args: argparse.Namespace) -> None:
 def cmd_savepoint(config: SessionsConfig, args: argparse.Namespace) -> None:
     from state_store.lifecycle import take_savepoint
 
-    _print(take_savepoint(config, trigger="manual", full=args.full, native_copy=args.native).to_dict(), args.json)
+    _print(take_savepoint(config, trigger="manual", full=args.full, native_copy=args.native or None).to_dict(),
+           args.json)
 
 
 def cmd_savepoints(config: SessionsConfig, args: argparse.Namespace) -> None:

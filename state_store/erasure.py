@@ -185,7 +185,7 @@ def forget_unlocked(config: SessionsConfig, spark: SparkSession, user_id: str, *
     # The live checkpoint is rebuilt whether or not U is in its current state: the versions it retains (RocksDB
     # changelogs and snapshots, the HDFS provider's delta files) may hold U from earlier batches.
     if committed:
-        erased_at = savepoint_last_batch(config, "erasure", spark)
+        erased_at = savepoint_last_batch(config, "erasure", spark, native_copy=False)  # every native copy goes below
     erased_savepoints, savepoint_tables, damaged_tables = _erase_savepoints(config, spark, user)
     removed.update(erased_savepoints)
     removed["native_copies"] = _drop_native_copies(config)

@@ -64,7 +64,7 @@ def _spark(config: SessionsConfig, spark: SparkSession | None) -> SparkSession:
 # ---- savepoint ---------------------------------------------------------------------------------
 
 def _take_savepoint(config: SessionsConfig, trigger: str, spark: SparkSession | None, full: bool = False,
-                    native_copy: bool = False) -> SavepointInfo:
+                    native_copy: bool | None = None) -> SavepointInfo:
     """The savepoint of the last committed batch (state_store.savepoint.take: written and verified by the executors;
     incremental where state_store.savepoint.policy allows and not `full`; with the checkpoint's own files beside it
     when `native_copy`)."""
@@ -72,11 +72,11 @@ def _take_savepoint(config: SessionsConfig, trigger: str, spark: SparkSession | 
 
 
 def take_savepoint(config: SessionsConfig, *, trigger: str = "manual", spark: SparkSession | None = None,
-                   full: bool = False, native_copy: bool = False) -> SavepointInfo:
+                   full: bool = False, native_copy: bool | None = None) -> SavepointInfo:
     """Savepoint at the last committed batch, of a stopped job or beside the running stream (which keeps
     committing): state + source position + watermark + output table versions, all of that one batch. Incremental
     (only the users changed since the previous savepoint of the lineage) unless `full` or the policy says full. With
-    `native_copy`, also the checkpoint's own files of that batch (state_store.savepoint.native): a restore to the same
+    `native_copy` (None: SESSIONS_SAVEPOINT_NATIVE), also the checkpoint's own files of that batch (state_store.savepoint.native): a restore to the same
     provider, partitions and operator is then a file copy."""
     with job_lock(config, "savepoint", name=LIFECYCLE), spark_failures(config):
         return _take_savepoint(config, trigger, spark, full, native_copy)

@@ -69,7 +69,7 @@ def run_stream(config: SessionsConfig, *, spark: SparkSession | None = None, sto
 
 
 def stop_stream(config: SessionsConfig, *, savepoint: bool = False, timeout_s: float | None = None,
-                native_copy: bool = False) -> StopResult:
+                native_copy: bool | None = None) -> StopResult:
     """Stop the running stream (this or another process, any host sharing the checkpoint path) after its current
     batch; with `savepoint`, the savepoint of that last batch is taken as part of the stop (with its native copy when
     `native_copy`). Waits for the answer."""
@@ -81,7 +81,8 @@ def stop_stream(config: SessionsConfig, *, savepoint: bool = False, timeout_s: f
     if stream.what != "run":
         raise JobRunning(f"{stream.describe()} holds the job lease and is not a stream: it stops by itself; wait for "
                          f"it", stream.describe(), str(config.lease_dir / "job.lease"))
-    request = request_stop(config, stream=stream, savepoint=savepoint, native=savepoint and native_copy)
+    native = config.savepoint_native if native_copy is None else native_copy
+    request = request_stop(config, stream=stream, savepoint=savepoint, native=savepoint and native)
     patience = timeout_s if timeout_s is not None else config.stop_timeout_s * 2
     answer = await_answer(config, stream=stream, request=request, patience_s=patience, withdraw_on_timeout=False)
     if answer is None:  # the stream went away without answering

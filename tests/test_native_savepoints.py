@@ -133,14 +133,17 @@ def test_a_native_copy_not_fit_for_the_restore_falls_back_to_the_canonical_rows(
 
 
 def test_compaction_and_erasure_remove_native_copies(tmp_path, spark):
-    config = _config(tmp_path, "rocksdb", SESSIONS_KEEP_SAVEPOINTS="1", SESSIONS_KEEP_DAILY_DAYS="0")
+    # Every savepoint keeps a native copy by the setting (the erasure's own savepoint does not: forget drops them all).
+    config = _config(tmp_path, "rocksdb", SESSIONS_KEEP_SAVEPOINTS="1", SESSIONS_KEEP_DAILY_DAYS="0",
+                     SESSIONS_SAVEPOINT_NATIVE="true")
     chunks = _chunks(seed=25, parts=3)
     _land_and_ingest(config, chunks[:1], 0)
     catch_up(config, spark)
-    first = take_savepoint(config, spark=spark, native_copy=True, full=True)
+    first = take_savepoint(config, spark=spark, full=True)
     _land_and_ingest(config, chunks[1:2], 1)
     catch_up(config, spark)
-    second = take_savepoint(config, spark=spark, native_copy=True, full=True)
+    second = take_savepoint(config, spark=spark, full=True)
+    assert first.native_checksum and second.native_checksum
     orphan = _native_dir(config, "sp-killed-after-its-copy")
     orphan.mkdir(parents=True)
     (orphan / MANIFEST).write_text("{}")

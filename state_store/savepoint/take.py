@@ -123,11 +123,12 @@ def _native_copy(config: SessionsConfig, store: SavepointStore, savepoint_id: st
 
 
 def savepoint_last_batch(config: SessionsConfig, trigger: str, spark: SparkSession, *, full: bool = False,
-                         native_copy: bool = False) -> SavepointInfo:
+                         native_copy: bool | None = None) -> SavepointInfo:
     """The savepoint of the last committed batch, full or incremental (state_store.savepoint.policy; `full` forces
     full). The state is written, checksummed and verified by the executors (state_store.savepoint.files); this process
     commits the files' metadata in one Delta transaction and records the catalog row -- it never holds the state.
-    With `native_copy`, the checkpoint's own files for the batch are copied beside it (state_store.savepoint.native).
+    With `native_copy` (None: SESSIONS_SAVEPOINT_NATIVE), the checkpoint's own files for the batch are copied beside
+    it (state_store.savepoint.native).
     The caller holds the lifecycle lease."""
     started = time.monotonic()
     committed = committed_checkpoint(config.checkpoint, "nothing to savepoint")
@@ -173,7 +174,7 @@ def savepoint_last_batch(config: SessionsConfig, trigger: str, spark: SparkSessi
             written = _write_batch_state(config, spark, store, savepoint_id, batch_id)
             files = _commit_and_verify(spark, store, savepoint_id, plan, written, row)
         native_note = None
-        if native_copy:
+        if config.savepoint_native if native_copy is None else native_copy:
             columns, native_note = _native_copy(config, store, savepoint_id, committed)
             row.update(columns)
         row.update(status="complete", bytes=files.bytes, seconds=round(time.monotonic() - started, 3))
