@@ -159,6 +159,39 @@ def test_a_backlog_read_by_spark_tasks_has_the_rows_of_a_read_here_and_the_oracl
     assert read_sessions(stream) == expected_closed_sessions([events], GAP_MS, LATENESS_MS)
 
 
+@pytest.mark.tier("subprocess")
+def test_a_catch_up_killed_between_the_kafka_tasks_files_and_the_ingest_commit_loses_and_repeats_nothing(
+        kafka_broker, tmp_path):
+    """`sessionctl catch-up` with a backlog read by Spark tasks, SIGKILLed at ingest:files-written: the tasks'
+    raw_events files are on disk in no table version and no offset is recorded; the next catch-up reads the same
+    messages again, and every message is in raw_events once and every session the oracle's, once."""
+    from deltalake import DeltaTable
+
+    from pipelines.core.sample_data import arrival_order, generate_events
+    from testkit.lifecycle_expectations import expected_closed_sessions
+
+    topic = "clicks-tasks-kill"
+    kafka_broker.create_topic(topic, 3)
+    events = arrival_order(generate_events(60, 3, seed=29), seed=29)
+    acked = kafka_broker.produce(topic, as_messages(events))
+    per_partition = max(Counter(p for p, _, _ in acked).values())  # one round of tasks: one commit, one batch
+    config = kafka_config(tmp_path, kafka_broker, topic)
+    env = config_env(config, SESSIONS_KAFKA_BOOTSTRAP=kafka_broker.bootstrap, SESSIONS_KAFKA_TOPIC=topic,
+                     SESSIONS_INGEST_BY_TASKS="always", SESSIONS_KAFKA_COMMIT_MESSAGES=per_partition)
+    killed = subprocess.run([tool("sessionctl"), "catch-up"], env={**env, "SESSIONS_KILL_AT": "ingest:files-written"},
+                            capture_output=True, text=True, timeout=600, start_new_session=True)
+    assert killed.returncode == -signal.SIGKILL, killed.stderr[-2000:]
+    raw = Path(config.raw_events_table)
+    on_disk = {str(p) for p in raw.glob("*.parquet")}
+    assert on_disk and not set(DeltaTable(str(raw)).file_uris()) & on_disk  # written, committed nowhere
+
+    resumed = subprocess.run([tool("sessionctl"), "catch-up"], env=env, capture_output=True, text=True, timeout=600)
+    assert resumed.returncode == 0, resumed.stderr[-2000:]
+    assert json.loads(resumed.stdout.strip().splitlines()[-1])["files_read_by_tasks"] == 3
+    assert_each_message_once(config, topic, acked)
+    assert read_sessions(config) == expected_closed_sessions([events], GAP_MS, LATENESS_MS)
+
+
 # --- (b) kill -9 inside ingest, before and after the Delta commit ------------------------------------------------
 
 CHILD = r"""
