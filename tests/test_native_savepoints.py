@@ -11,6 +11,7 @@ import pytest
 
 from pipelines.job.checkpoint import read_job_metadata
 from pipelines.job.stream import catch_up
+from pipelines.locations import checkpoint_path
 from state_store.erasure import forget, verify
 from state_store.lifecycle import restore, take_savepoint
 from state_store.maintenance import compact
@@ -62,9 +63,10 @@ def _native_dir(config, savepoint_id: str) -> Path:
     return Path(native_uri(config.savepoint_uri, savepoint_id))
 
 
-@pytest.mark.parametrize("provider", ["rocksdb", "hdfs"])
-def test_a_native_restore_resumes_from_the_checkpoint_files_exactly_once(tmp_path, spark, provider):
-    config = _config(tmp_path, provider)
+@pytest.mark.parametrize("provider,store", [("rocksdb", "local"), ("hdfs", "s3")])
+def test_a_native_restore_resumes_from_the_checkpoint_files_exactly_once(tmp_path, spark, s3_endpoint, provider,
+                                                                          store):
+    config = _config(tmp_path, provider, f"s3://savepoints/{tmp_path.name}" if store == "s3" else None)
     chunks = _chunks(seed=21)
     _land_and_ingest(config, chunks[:3], 0)
     catch_up(config, spark)
@@ -73,7 +75,7 @@ def test_a_native_restore_resumes_from_the_checkpoint_files_exactly_once(tmp_pat
     assert saved.native_files and saved.native_bytes and saved.native_checksum, saved
     listed = SavepointStore.of(config).get(saved.savepoint_id)
     assert (listed.native_files, listed.native_checksum) == (saved.native_files, saved.native_checksum)
-    manifest = json.loads((_native_dir(config, saved.savepoint_id) / MANIFEST).read_text())
+    manifest = json.loads((checkpoint_path(native_uri(config.savepoint_uri, saved.savepoint_id)) / MANIFEST).read_text())
     paths = {entry["path"] for entry in manifest["files"]}
     assert f"commits/{saved.batch_id}" in paths and f"commits/{saved.batch_id + 1}" not in paths
     version = saved.batch_id + 1  # the state version batch N commits, in every partition
