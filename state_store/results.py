@@ -118,6 +118,7 @@ class RestoreResult(Result):
     previous_checkpoint: str | None  # where the replaced checkpoint was set aside
     seconds: float
     # where the time went: pre-flight, savepoint verified, outputs rolled back, bootstrap batch, restored state checked
+    # (from a native copy: pre-flight, native files copied back, outputs rolled back)
     phases: dict[str, float] = field(default_factory=dict)
     # "native": the savepoint's native copy put back as the checkpoint (no Spark job); "canonical": its rows loaded
     # by a bootstrap batch and read back.
