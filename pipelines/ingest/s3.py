@@ -29,7 +29,6 @@ from pipelines.ingest.table import (
     RowSource,
     Span,
     span_from,
-    usable,
 )
 from pipelines.storage import filesystem, s3_errors, s3_limits
 
@@ -108,8 +107,7 @@ def ingest(config: SessionsConfig, table: DeltaTable | None, appender: Appender,
     already = _recent_identities(table)
     pending = []
     by_tasks = 0
-    large = usable(large, table)
-    large_from = span_from(config, table, large)
+    large_from = span_from(config, table, large)  # None also while the tasks cannot write this table (usable)
     with s3_limits(config):
         with s3_errors(landing):  # probes the endpoint first: refused connections fail in a second
             listed = landed_objects(config)
