@@ -252,7 +252,7 @@ def forget_user_op(context: OpExecutionContext, sessions: SessionsResource, pysp
         runs = erasure_runs.runs_naming(context.instance, config.user_id, besides=context.run_id)
         context.add_output_metadata({"clean": found.clean and not runs,
                                      **{f"found_{k}": v for k, v in found.found.items()},
-                                     "found_dagster_runs": len(runs)})
+                                     "found_dagster_runs": len(runs), "unreadable_files": len(found.unreadable)})
         return
     result = expected_errors(erasure.forget, sessions.config(), config.user_id, spark=spark)
     deleted, unfinished = erasure_runs.delete_runs_naming(context.instance, config.user_id, besides=context.run_id)

@@ -228,7 +228,11 @@ def cmd_forget(config: SessionsConfig, args: argparse.Namespace) -> int | None:
         _print(verification.to_dict(), args.json)
         if not verification.clean:
             places = ", ".join(f"{place} ({n})" for place, n in verification.found.items() if n)
-            return _answer_no(command=args.command, reason=f"the user still appears in {places or 'some place'}")
+            if places:
+                return _answer_no(command=args.command, reason=f"the user still appears in {places}")
+            first, why = next(iter(verification.unreadable.items()))
+            return _answer_no(command=args.command, reason=f"{len(verification.unreadable)} file(s) could not be read, "
+                                                           f"so may still name the user: {first} ({why})")
         return None
     _print(forget(config, args.user).to_dict(), args.json)
     return None

@@ -3,8 +3,9 @@ spelling of the user id -- and the Delta logs rewritten so that they spell it no
 
 Reading (`scan`): Parquet files are decoded (every string value, nested ones too: a Delta checkpoint's statistics);
 JSON documents and Delta commits line by line, decoded (a DELETE's predicate, statistics, a raw line's escapes);
-landed `*.jsonl` lines by their decoded user_id; anything else (state store files, leases, logs) as bytes
-(pipelines.ingest.erased.UserSpelling says what counts as a mention).
+landed `*.jsonl` lines by their decoded user_id; Spark's state store files decompressed first (StoreFiles: their raw
+bytes hide most ids); anything else (leases, logs, offsets) as bytes (pipelines.ingest.erased.UserSpelling says what
+counts as a mention). A file that cannot be read is named as unreadable, never passed as clean.
 
 Rewriting (`scrub_delta_log`): a Delta DELETE records its predicate, and every add action the min/max statistics of
 its file, in the table's log, which VACUUM never touches. Commits and checkpoints that name the user are rewritten in
@@ -14,11 +15,15 @@ positions kept in commit metadata and both Delta engines read the table as befor
 """
 from __future__ import annotations
 
+import io
 import json
 import os
+import re
 import uuid
+import zipfile
 from collections.abc import Iterator
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 import pyarrow as pa
 import pyarrow.compute as pc
@@ -28,15 +33,52 @@ import pyarrow.parquet as pq
 from pipelines.ingest.erased import UserSpelling
 from pipelines.storage import filesystem, is_s3
 
-__all__ = ["Findings", "scan", "scrub_delta_log"]
+if TYPE_CHECKING:
+    from pyspark.sql import SparkSession
+
+__all__ = ["Findings", "StoreFiles", "Unreadable", "scan", "scrub_delta_log"]
 
 LOG_DIR = "_delta_log"
+# Spark's state store files, version first (`12.delta`; checkpoint format v2 adds `_<unique id>`): the HDFS-backed
+# provider's deltas and snapshots and RocksDB's changelogs (a compression codec's stream), RocksDB's snapshot zips
+# (metadata and RocksDB's own small files) and its SST files (RocksDB's block format).
+_STATE_STREAM = re.compile(r"^\d+(_[0-9a-f-]+)?\.(delta|snapshot|changelog)$")
+_STATE_ZIP = re.compile(r"^\d+(_[0-9a-f-]+)?\.zip$")
+
+
+class Unreadable(Exception):
+    """A file an audit cannot read (so cannot say is free of the user)."""
+
+
+class StoreFiles:
+    """Spark's state store files as plain bytes, decoded by the libraries that wrote them, in the driver's JVM
+    (sessions.StoreFileText: Spark's compression codec by the stream's magic bytes, RocksDB's SST reader)."""
+
+    def __init__(self, spark: SparkSession | None) -> None:
+        self._spark = spark
+
+    def plain(self, name: str, data: bytes) -> bytes:
+        if self._spark is None:
+            raise Unreadable("a state store file is read through Spark, which this audit has not started")
+        jvm = self._spark.sparkContext._jvm
+        assert jvm is not None
+        try:
+            text = jvm.sessions.StoreFileText
+            if name.endswith(".sst"):
+                return bytes(text.sst(bytearray(data)))
+            return bytes(text.stream(bytearray(data), self._spark.sparkContext._jsc.sc().conf()))
+        except Exception as error:  # py4j's error, or the class missing (the operator's jar not built)
+            from pipelines.job.runtime import error_line
+
+            raise Unreadable(error_line(error)) from None
 
 
 @dataclass
 class Findings:
-    """Mentions of the user per file (relative to the scanned root), by kind of file."""
+    """Mentions of the user per file (relative to the scanned root), by kind of file, and the files that could not
+    be read (relative path -> why)."""
     files: dict[str, int] = field(default_factory=dict)
+    unreadable: dict[str, str] = field(default_factory=dict)
 
     def add(self, path: str, count: int) -> None:
         if count:
@@ -92,9 +134,19 @@ def _json_lines_mentions(data: bytes, user: UserSpelling) -> int:
     return found
 
 
-def mentions(path: str, data: bytes, user: UserSpelling) -> int:
-    """How often one file (its path and bytes) names the user, read as its kind of file is read."""
+def mentions(path: str, data: bytes, user: UserSpelling, *, store_files: StoreFiles | None = None) -> int:
+    """How often one file (its path and bytes) names the user, read as its kind of file is read (Unreadable: a state
+    store file that cannot be decoded)."""
     name = path.rsplit("/", 1)[-1]
+    if _STATE_STREAM.match(name) or name.endswith(".sst"):
+        return user.in_bytes((store_files or StoreFiles(None)).plain(name, data))
+    if _STATE_ZIP.match(name):
+        try:
+            with zipfile.ZipFile(io.BytesIO(data)) as archive:
+                members = [(member, archive.read(member)) for member in archive.namelist()]
+        except (zipfile.BadZipFile, OSError) as error:
+            raise Unreadable(f"not a readable zip: {error}") from None
+        return sum(mentions(f"{path}/{member}", content, user, store_files=store_files) for member, content in members)
     if name.endswith(".parquet"):
         return _parquet_mentions(data, user, nested=f"/{LOG_DIR}/" in path)
     if name.endswith(".jsonl"):
@@ -106,8 +158,10 @@ def mentions(path: str, data: bytes, user: UserSpelling) -> int:
     return user.in_bytes(data)
 
 
-def scan(uri: str, user: UserSpelling, *, seen: set[str] | None = None) -> Findings:
-    """Every file under `uri`, read for the user (`seen`: paths read already under another root, skipped)."""
+def scan(uri: str, user: UserSpelling, *, seen: set[str] | None = None, store_files: StoreFiles | None = None
+         ) -> Findings:
+    """Every file under `uri`, read for the user (`seen`: paths read already under another root, skipped;
+    `store_files`: how Spark's state store files are decoded -- without it they are unreadable)."""
     findings = Findings()
     _, root = filesystem(uri)
     for fs, path in _files(uri):
@@ -115,8 +169,11 @@ def scan(uri: str, user: UserSpelling, *, seen: set[str] | None = None) -> Findi
             if path in seen:
                 continue
             seen.add(path)
-        findings.add(os.path.relpath(path, root) if not is_s3(uri) else path[len(root):].lstrip("/"),
-                      mentions(path, _read(fs, path), user))
+        relative = os.path.relpath(path, root) if not is_s3(uri) else path[len(root):].lstrip("/")
+        try:
+            findings.add(relative, mentions(path, _read(fs, path), user, store_files=store_files))
+        except Unreadable as why:
+            findings.unreadable[relative] = str(why)
     return findings
 
 

@@ -31,7 +31,7 @@ from pipelines.ingest.erased import COMPLETE, LOG_TABLE, UserSpelling, log_erasu
 from pipelines.job.checkpoint import inspect_checkpoint, read_restore_marker
 from pipelines.locations import checkpoint_path, remove_tree
 from pipelines.storage import filesystem, join, read_rows, sql_literal, storage_options, table_exists
-from state_store.audit import mentions, scan, scrub_delta_log
+from state_store.audit import StoreFiles, mentions, scan, scrub_delta_log
 from state_store.lifecycle import replaced_checkpoints
 from state_store.restore import restore_unlocked
 from state_store.savepoint import native
@@ -61,6 +61,7 @@ class ForgetVerification(Result):
     clean: bool
     found: dict[str, int]
     files: dict[str, int] = field(default_factory=dict)  # location/relative path -> mentions, where found
+    unreadable: dict[str, str] = field(default_factory=dict)  # location/relative path -> why: never clean while any
 
 
 def _erase_rows(config: SessionsConfig, uri: str, user: UserSpelling, *, has_raw: bool, leases: list[Lease]) -> int:
@@ -246,18 +247,20 @@ def verify_forgotten(config: SessionsConfig, spark: SparkSession, user_id: str) 
     user = UserSpelling(user_id)
     found: dict[str, int] = {}
     files: dict[str, int] = {}
+    unreadable: dict[str, str] = {}
     seen: set[str] = set()
-    for place, uri in _places(config):
-        findings = scan(uri, user, seen=seen)
-        found[place] = found.get(place, 0) + findings.total()
-        files.update({f"{place}:{path}": count for path, count in findings.files.items()})
+    store_files = StoreFiles(spark)  # state store files are compressed: read decoded, or named as unreadable
     # Checkpoints restores set aside live beside the checkpoint (outside it when the home is elsewhere).
-    for path in replaced_checkpoints(config):
-        findings = scan(str(path), user, seen=seen)
-        found["set_aside_checkpoints"] = found.get("set_aside_checkpoints", 0) + findings.total()
-        files.update({f"set_aside:{path.name}/{p}": c for p, c in findings.files.items()})
+    places = [*_places(config), *(("set_aside_checkpoints", str(path)) for path in replaced_checkpoints(config))]
+    for place, uri in places:
+        findings = scan(uri, user, seen=seen, store_files=store_files)
+        label = f"set_aside:{uri.rstrip('/').rsplit('/', 1)[-1]}/" if place == "set_aside_checkpoints" else f"{place}:"
+        found[place] = found.get(place, 0) + findings.total()
+        files.update({f"{label}{path}": count for path, count in findings.files.items()})
+        unreadable.update({f"{label}{path}": why for path, why in findings.unreadable.items()})
     found["live_state_events"] = _live_rows(spark, config, user_id)
-    return ForgetVerification(user_hash(config, user_id), not any(found.values()), found, files)
+    clean = not any(found.values()) and not unreadable
+    return ForgetVerification(user_hash(config, user_id), clean, found, files, unreadable)
 
 
 def forget(config: SessionsConfig, user_id: str, *, spark: SparkSession | None = None,

@@ -6,15 +6,20 @@ escapes or as integers in landed lines, a file still being written, and the user
 (a late producer, a backlog), which must not bring the user back."""
 from __future__ import annotations
 
+import io
 import json
 import os
 import re
+import struct
+import zipfile
 from pathlib import Path
 
+import lz4.block
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 from deltalake import DeltaTable
+from pyspark.sql import SparkSession
 
 from pipelines.job.stream import catch_up
 from state_store.erasure import forget, verify_forgotten
@@ -31,9 +36,52 @@ OPEN_USER = "auditee-7q"     # seed 7's u4 renamed: closed sessions, late events
 CLOSED_USER = "closedonly-7"  # closed sessions only: not in the live state when it is forgotten
 
 
+def _lz4_blocks(data: bytes) -> bytes:
+    """lz4-java's LZ4BlockOutputStream (Spark's default state codec): 'LZ4Block', a token, compressed and plain
+    lengths and a checksum (little-endian ints), then the block, raw (token 0x1_) or LZ4 (0x2_)."""
+    out, i = bytearray(), 0
+    while i < len(data):
+        assert data[i:i + 8] == b"LZ4Block", data[i:i + 8]
+        token = data[i + 8]
+        compressed, plain, _ = struct.unpack_from("<iii", data, i + 9)
+        block, i = data[i + 21:i + 21 + compressed], i + 21 + compressed
+        if plain:
+            out += block if token & 0xF0 == 0x10 else lz4.block.decompress(block, uncompressed_size=plain)
+    return bytes(out)
+
+
+def _sst_entries(path: Path) -> bytes:
+    """Every key and value of a RocksDB SST file, read one by one with rocksdbjni through py4j."""
+    jvm = SparkSession.getActiveSession().sparkContext._jvm
+    jvm.org.rocksdb.RocksDB.loadLibrary()
+    reader = jvm.org.rocksdb.SstFileReader(jvm.org.rocksdb.Options())
+    reader.open(str(path))
+    entries = reader.newIterator(jvm.org.rocksdb.ReadOptions())
+    out = bytearray()
+    entries.seekToFirst()
+    while entries.isValid():
+        out += bytes(entries.key()) + b"\x00" + bytes(entries.value()) + b"\x00"
+        entries.next()
+    reader.close()
+    return bytes(out)
+
+
+def _plain(path: Path, data: bytes) -> bytes:
+    """A file's bytes as an auditor reads them: Spark's state store files decompressed, snapshot zips unpacked."""
+    if path.suffix == ".sst":
+        return _sst_entries(path)
+    if data[:8] == b"LZ4Block":
+        return _lz4_blocks(data)
+    if path.suffix == ".zip" and data[:2] == b"PK":
+        with zipfile.ZipFile(io.BytesIO(data)) as archive:
+            return b"\x00".join(archive.read(member) for member in archive.namelist())
+    return data
+
+
 def auditor_grep(root: Path, user_id: str) -> dict[str, int]:
     """Files under `root` that spell `user_id`: its UTF-8 bytes, JSON-escaped or SQL-quoted, with no identifier
-    character on either side; Parquet files also decoded (every value of every column, nested ones too)."""
+    character on either side; Parquet files also decoded (every value of every column, nested ones too), state store
+    files decompressed."""
     forms = {user_id, json.dumps(user_id)[1:-1], user_id.replace("'", "''")}
     forms |= {json.dumps(form)[1:-1] for form in set(forms)}
     pattern = re.compile(b"|".join(rb"(?<![0-9A-Za-z_.\-])" + re.escape(f.encode()) + rb"(?![0-9A-Za-z_.\-])"
@@ -42,7 +90,7 @@ def auditor_grep(root: Path, user_id: str) -> dict[str, int]:
     for path in root.rglob("*"):
         if not path.is_file():
             continue
-        data = path.read_bytes()
+        data = _plain(path, path.read_bytes())
         hits = len(pattern.findall(data))
         if path.suffix == ".parquet":
             try:
@@ -114,6 +162,44 @@ def test_no_byte_of_an_erased_user_is_left_in_the_home(spark, tmp_path, provider
     land_files(config, [[line(e) for e in b] for b in _without(batches[CUT:], OPEN_USER, CLOSED_USER)], start=CUT)
     catch_up(config, spark)
     _assert_oracle_without(spark, config, batches, OPEN_USER, CLOSED_USER)
+
+
+@pytest.mark.parametrize("provider, changelog", [("hdfs", "true"), ("rocksdb", "true"), ("rocksdb", "false")],
+                         ids=["hdfs", "rocksdb-changelogs", "rocksdb-ssts"])
+def test_verify_reads_the_compressed_state_files(spark, tmp_path, provider, changelog):
+    """Users with sequential ids, all open in the state. Spark compresses its state files (LZ4 deltas and changelogs;
+    RocksDB's SST blocks), whose raw bytes hide most ids (an earlier id's prefix becomes a back-reference). `forget
+    --verify` finds each sampled user in the checkpoint's state files, where the oracle keeps it open; after a forget
+    it says clean as the auditor does; a state file it cannot decode keeps it from saying clean, named."""
+    config = make_config(tmp_path, provider, SESSIONS_ROCKSDB_CHANGELOG=changelog)
+    users = [f"user-{i}" for i in range(300)]
+    events = [make_event(u, f"{u}-e{k}", BASE_MS + k * 60_000 + n, "page_view")
+              for n, u in enumerate(users) for k in range(2)]
+    land_files(config, [[line(e) for e in events]])
+    catch_up(config, spark)
+    assert {s[1] for s in run_oracle([events], GAP_MS, LATENESS_MS).open_sessions} == set(users)
+
+    kind = {"hdfs": ".delta", "true": ".changelog", "false": ".sst"}["hdfs" if provider == "hdfs" else changelog]
+    state_files = [p for p in Path(config.home).rglob(f"*{kind}") if "state" in p.parts]
+    assert state_files
+    sample = users[::25]
+    hidden = 0
+    for user in sample:
+        check = verify_forgotten(config, spark, user)
+        assert any(f.startswith("checkpoint:state/") and f.endswith(kind) for f in check.files), (user, check.files)
+        assert not check.clean and check.unreadable == {}
+        spelled = re.compile(re.escape(user.encode()) + rb"(?![0-9])")
+        hidden += not any(spelled.search(p.read_bytes()) for p in state_files)
+    assert hidden > len(sample) // 2, "the raw bytes alone would have shown most users: the case is not exercised"
+
+    forget(config, sample[1], spark=spark)
+    assert verify_forgotten(config, spark, sample[1]).clean
+    assert auditor_grep(Path(config.home), sample[1]) == {}
+    stray = Path(config.home) / "copied" / "state" / "0" / "0" / "7.delta"
+    stray.parent.mkdir(parents=True)
+    stray.write_bytes(b"LZ4Block" + bytes(40))  # a truncated or foreign file where a state file would be
+    check = verify_forgotten(config, spark, sample[1])
+    assert not check.clean and list(check.unreadable) == ["home:copied/state/0/0/7.delta"], check.unreadable
 
 
 SPELLINGS = [
