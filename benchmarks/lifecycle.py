@@ -397,6 +397,45 @@ def measure_native(provider: str, users: int, spark, work: Path) -> dict:
             "load_start": load_start, "load_end": _load()}
 
 
+def measure_online_priority(provider: str, users: int, spark, work: Path, quiet_s: float = 20.0) -> dict:
+    """`sessionctl savepoint --full` beside a running `sessionctl run` (both processes on this host, files landing),
+    four times, alternating SESSIONS_BESIDE_STREAM_NICE=0 and the default 10: each savepoint's wall time and the
+    stream's batch latency during it, against its batches during none."""
+    home = work / f"priority-{provider}-{users}"
+    config = _config(home, provider, None)
+    began = time.monotonic()
+    build_state(config, users, spark)
+    build_s = time.monotonic() - began
+    stop_state_stores(spark)
+    load_start = _load()
+    rounds = []
+    with running_stream(config, users) as sampled:
+        time.sleep(quiet_s)
+        for nice in (0, 10, 0, 10):
+            started_wall = time.time()
+            done = subprocess.run([str(REPO / ".venv" / "bin" / "sessionctl"), "savepoint", "--full", "--json"],
+                                  capture_output=True, text=True, timeout=1800, check=True,
+                                  env={**os.environ, **_env(home, provider, None),
+                                       "SESSIONS_BESIDE_STREAM_NICE": str(nice)})
+            rounds.append({"nice": nice, "started": started_wall, "ended": time.time(),
+                           "savepoint_s": json.loads(done.stdout)["seconds"], "load_avg_1m": round(os.getloadavg()[0], 2)})
+            time.sleep(quiet_s)
+        spans = sampled.new()
+
+    def overlaps(span: tuple[float, float], r: dict) -> bool:
+        return span[0] < r["ended"] and span[1] > r["started"]
+
+    without = [end - start for start, end in spans if not any(overlaps((start, end), r) for r in rounds)]
+    for r in rounds:
+        during = [end - start for start, end in spans if overlaps((start, end), r)]
+        r.update(command_s=round(r.pop("ended") - r.pop("started"), 2), batches_during=len(during),
+                 batch_s_during_median=round(statistics.median(during), 3) if during else None)
+    return {"provider": provider, "users": users, "build_s": round(build_s, 1), "rounds": rounds,
+            "batches_without": len(without),
+            "batch_s_without_median": round(statistics.median(without), 3) if without else None,
+            "load_start": load_start, "load_end": _load()}
+
+
 def measure_scale(provider: str, users: int, spark, work: Path, master: str | None) -> dict:
     """The scale proof, in this process: a full savepoint of the state `--scale-step build` made in another process
     (so this driver never ingested it), then its restore, each with the peak memory of the driver's Python process,
@@ -572,6 +611,9 @@ def main() -> None:
     parser.add_argument("--native", action="store_true",
                         help="only native vs canonical savepoints and restores (whole commands); results in "
                              "lifecycle-native.json/.md")
+    parser.add_argument("--online-priority", action="store_true",
+                        help="only `sessionctl savepoint` beside a running `sessionctl run`, at nice 0 and at the "
+                             "default nice, alternating; results in lifecycle-online-priority.json/.md")
     parser.add_argument("--master", default=None,
                         help="a Spark master, e.g. spark://127.0.0.1:7077 (deploy/local-cluster start); local[2] if unset")
     parser.add_argument("--scale-step", choices=("build", "measure"), help=argparse.SUPPRESS)
@@ -598,6 +640,7 @@ def main() -> None:
                       measure_running_rescale(provider, users, spark, work) if args.running_rescale else
                       measure_running_restore(provider, users, spark, work) if args.running_restore else
                       measure_native(provider, users, spark, work) if args.native else
+                      measure_online_priority(provider, users, spark, work) if args.online_priority else
                       measure(provider, users, spark, work, online=args.online, savepoint_only=args.savepoint_only))
             print(json.dumps(result), flush=True)
             results.append(result)
@@ -607,12 +650,26 @@ def main() -> None:
     name = ("lifecycle-scale" if args.scale else "lifecycle-savepoint" if args.savepoint_only else
             "lifecycle-running-rescale" if args.running_rescale else
             "lifecycle-running-restore" if args.running_restore else "lifecycle-native" if args.native else
-            "lifecycle")
+            "lifecycle-online-priority" if args.online_priority else "lifecycle")
     meta = {"date": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"), "nproc": os.cpu_count(),
             "note": args.note}
     (out / f"{name}.json").write_text(json.dumps({"meta": meta, "results": results}, indent=2))
     lines = [f"# State lifecycle cost as state grows ({meta['date']}, {meta['nproc']} cores) {args.note}", ""]
-    if args.running_rescale:
+    if args.online_priority:
+        lines += ["`sessionctl savepoint --full` beside a running `sessionctl run` (its own JVM, a file of touched "
+                  "users every 2 s), both on this host, alternating SESSIONS_BESIDE_STREAM_NICE=0 and 10 (the "
+                  "default): the savepoint command's wall time and the stream's batch latency during it (median) "
+                  "against its batches during no savepoint.", "",
+                  "| provider | users | nice | savepoint command s | its own s | batches during | batch s during "
+                  "(median) | batch s without (median, all rounds) | during / without | load (1 min) |",
+                  "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
+        for r in results:
+            base = r["batch_s_without_median"]
+            lines += [f"| {r['provider']} | {r['users']:,} | {x['nice']} | {x['command_s']} | {x['savepoint_s']} | "
+                      f"{x['batches_during']} | {x['batch_s_during_median']} | {base} ({r['batches_without']}) | "
+                      f"{round(x['batch_s_during_median'] / base, 2) if base and x['batch_s_during_median'] else '-'}x"
+                      f" | {x['load_avg_1m']} |" for x in r["rounds"]]
+    elif args.running_rescale:
         lines += ["`rescale` of a running `sessionctl run` (its own JVM, a file of touched users every 2 s), 4 -> 8 "
                   "state partitions: the stream stops its query between two batches, takes the pre-rescale savepoint, "
                   "repartitions (RocksDB) or restores it (HDFS), and starts the query again. Downtime as the stream "

@@ -176,6 +176,11 @@ class SessionsConfig:
                                             "than this share of the chain's full one", minimum=0)
     savepoint_native: bool = _setting(False, "every savepoint also keeps a native copy (the checkpoint's own files of "
                                       "its batch; sessionctl savepoint --native asks for one)")
+    # On one host the stream and a savepoint beside it share the cores; a nice value makes the savepoint give way.
+    beside_stream_nice: int = _setting(10, "the CPU priority (nice, 0-19) that a savepoint or compaction started "
+                                       "beside a stream running on the same host lowers itself to before its JVM "
+                                       "starts, so that the stream's batches keep their pace; 0: none",
+                                       minimum=0, maximum=19)
     # Operations (Dagster runbook, checks and sensors).
     stop_timeout_s: float = _setting(180.0, "how long stopping the query may take; sessionctl stop waits twice this "
                                      "for the answer", minimum=0)

@@ -14,6 +14,7 @@ from pipelines.config import SessionsConfig
 from pipelines.coordination import kill_point
 from pipelines.coordination.job_leases import JOB, LIFECYCLE, job_lock, running_stream
 from pipelines.coordination.leases import Lease, LeaseInfo
+from pipelines.coordination.liveness import identity
 from pipelines.coordination.requests import (
     ResumedAnswer,
     StateChange,
@@ -33,7 +34,7 @@ from pipelines.job.checkpoint import (
 )
 from pipelines.job.operators import for_layout, for_new_checkpoint
 from pipelines.job.operators.seam import StateOperator
-from pipelines.job.runtime import get_spark, spark_failures, stop_state_stores
+from pipelines.job.runtime import get_spark, spark_failures, stop_state_stores, yield_cpu
 from pipelines.locations import CheckpointPath
 from state_store.preflight import refusals
 from state_store.restore import FAILED_SUFFIX, REPLACED_SUFFIX, restore_unlocked, verified_savepoint
@@ -43,8 +44,8 @@ from state_store.savepoint.checksum import frame_checksum
 from state_store.savepoint.take import savepoint_last_batch
 from state_store.state import read_state, repartition_state
 
-__all__ = ["lifecycle_locks", "replaced_checkpoints", "rescale", "rescale_unlocked", "restore", "take_savepoint",
-           "validate_savepoint"]
+__all__ = ["give_way_to_stream", "lifecycle_locks", "replaced_checkpoints", "rescale", "rescale_unlocked", "restore",
+           "take_savepoint", "validate_savepoint"]
 
 RUNNING_CHANGE_WAIT_S = 3600.0  # how long a rescale or restore waits, beyond the stop timeout, for a running stream
 
@@ -59,6 +60,16 @@ def lifecycle_locks(config: SessionsConfig, what: str) -> Iterator[Lease]:
 
 def _spark(config: SessionsConfig, spark: SparkSession | None) -> SparkSession:
     return spark or get_spark(config)
+
+
+def give_way_to_stream(config: SessionsConfig) -> bool:
+    """Beside a stream running on this host, this process lowers its CPU priority before its JVM starts
+    (SESSIONS_BESIDE_STREAM_NICE): its work takes longer when the cores are short, the stream's batches keep their
+    pace. Whether it did (not when the stream runs elsewhere, or this process's JVM is already up)."""
+    stream = running_stream(config)
+    if stream is None or stream.what != "run" or stream.host != identity().host:
+        return False
+    return yield_cpu(config.beside_stream_nice)
 
 
 # ---- savepoint ---------------------------------------------------------------------------------
@@ -79,6 +90,8 @@ def take_savepoint(config: SessionsConfig, *, trigger: str = "manual", spark: Sp
     `native_copy` (None: SESSIONS_SAVEPOINT_NATIVE), also the checkpoint's own files of that batch (state_store.savepoint.native): a restore to the same
     provider, partitions and operator is then a file copy."""
     with job_lock(config, "savepoint", name=LIFECYCLE), spark_failures(config):
+        if spark is None:
+            give_way_to_stream(config)
         return _take_savepoint(config, trigger, spark, full, native_copy)
 
 

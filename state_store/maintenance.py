@@ -16,7 +16,7 @@ from pipelines.job.checkpoint import directory_size
 from pipelines.locations import checkpoint_path, remove_tree
 from pipelines.storage import is_s3, join, open_table, storage_options, table_exists
 from state_store.erasure import erasures_recorded
-from state_store.lifecycle import replaced_checkpoints
+from state_store.lifecycle import give_way_to_stream, replaced_checkpoints
 from state_store.results import CompactionResult, MaintenanceDue, SavepointInfo
 from state_store.savepoint import native
 from state_store.savepoint.catalog import SavepointStore
@@ -102,6 +102,7 @@ def _chain_retention(config: SessionsConfig, store: SavepointStore, catalog: lis
         from pipelines.job.runtime import get_spark, spark_failures
 
         with spark_failures(config):
+            give_way_to_stream(config)
             spark = get_spark(config)
             # A chain with a damaged savepoint cannot be resolved: left unfolded (the chains read back below keep it
             # whole), the rest of compaction goes on.

@@ -562,3 +562,36 @@ def test_job_lock_and_stop_requests_live_at_the_lease_uri(lease_location, tmp_pa
         assert take_answer(config, request) == StopAnswer(last_committed_batch=3)
         assert take_answer(config, request) is None
     assert running_stream(config) is None
+
+
+@pytest.mark.tier("subprocess")
+def test_work_beside_a_stream_on_this_host_gives_way_and_its_children_inherit_it(tmp_path):
+    """With a `run` holding the job lease here, a process about to start its JVM for a savepoint lowers its CPU
+    priority to SESSIONS_BESIDE_STREAM_NICE, and the processes it starts (the JVM, its Python workers) run at it;
+    with no stream, or a stream on another host, or 0, nothing changes."""
+    config = make_config(tmp_path)
+    probe = ("import os, subprocess, sys\n"
+             "from pipelines.config import SessionsConfig\n"
+             "from state_store.lifecycle import give_way_to_stream\n"
+             "gave = give_way_to_stream(SessionsConfig.from_env())\n"
+             "child = subprocess.run([sys.executable, '-c', 'import os; print(os.getpriority(os.PRIO_PROCESS, 0))'],"
+             " capture_output=True, text=True, check=True).stdout.strip()\n"
+             "print(gave, child)\n")
+
+    def beside(**env: str) -> str:
+        done = subprocess.run([sys.executable, "-c", probe], env={**os.environ, **config_env(config), **env},
+                              capture_output=True, text=True, timeout=120)
+        assert done.returncode == 0, done.stderr
+        return done.stdout.strip()
+
+    base = os.getpriority(os.PRIO_PROCESS, 0)
+    assert base < 7, "the test runs at nice 7 or above: nothing to lower"
+    assert beside() == f"False {base}"  # no stream
+    with job_lock(config, "run"):
+        assert beside() == "True 10"  # the default
+        assert beside(SESSIONS_BESIDE_STREAM_NICE="7") == "True 7"
+        assert beside(SESSIONS_BESIDE_STREAM_NICE="0") == f"False {base}"
+    with job_lock(config, "savepoint"):  # not a stream: nothing to give way to
+        assert beside() == f"False {base}"
+    _plant(config.lease_dir, "job", what="run")  # a stream on another host: its cores are not ours to free
+    assert beside() == f"False {base}"

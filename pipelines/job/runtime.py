@@ -31,7 +31,7 @@ from pipelines.job.operators.jvm import JVM_JAR
 from pipelines.job.shipping import cluster_conf
 from pipelines.job.source import RawEventsSource
 
-__all__ = ["CLASS_ARCHIVE", "ERRORS_LOG", "JVM_STDERR_LOG", "LOCAL_FS_NO_FORK", "explain_spark_failure", "get_spark", "log_traceback", "prepare_session", "rescale_incomplete", "runtime_jars", "spark_conf", "spark_failures", "stop_spark", "stop_state_stores"]
+__all__ = ["CLASS_ARCHIVE", "ERRORS_LOG", "JVM_STDERR_LOG", "LOCAL_FS_NO_FORK", "error_line", "explain_spark_failure", "get_spark", "log_traceback", "prepare_session", "rescale_incomplete", "runtime_jars", "spark_conf", "spark_failures", "stop_spark", "stop_state_stores", "yield_cpu"]
 
 LOG4J2 = Path(__file__).resolve().parent / "log4j2.properties"
 ERRORS_LOG = "errors.log"  # Python tracebacks of Spark failures, beside Spark's own spark.log
@@ -168,6 +168,19 @@ def _stderr_to(path: Path) -> Iterator[None]:
         os.dup2(saved, 2)
         os.close(saved)
         os.close(target)
+
+
+def yield_cpu(nice: int) -> bool:
+    """Lower this process's CPU priority to `nice` before it starts its JVM, which inherits it with its Python
+    workers (the thread that starts them does: Linux keeps nice per thread). False where nothing changed: `nice` 0,
+    already that low, or a JVM already running here (it would not inherit it)."""
+    from pyspark import SparkContext
+
+    current = os.getpriority(os.PRIO_PROCESS, 0)
+    if nice <= current or SparkContext._active_spark_context is not None:
+        return False
+    os.setpriority(os.PRIO_PROCESS, 0, nice)
+    return True
 
 
 def get_spark(config: SessionsConfig, class_archive_dump: Path | None = None) -> SparkSession:
