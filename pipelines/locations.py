@@ -31,7 +31,8 @@ if TYPE_CHECKING:  # fsspec and pyarrow are imported only where they are used: `
     import pyarrow.fs as pafs
     from fsspec import AbstractFileSystem
 
-__all__ = ["HADOOP_SCHEMES", "S3_LIMITS", "CheckpointPath", "RemotePath", "checkpoint_path", "hdfs_outage", "is_remote", "move", "remove_tree", "s3_filesystem"]
+__all__ = ["HADOOP_SCHEMES", "S3_LIMITS", "CheckpointPath", "RemotePath", "checkpoint_path", "hdfs_outage", "is_remote", "move", "remove_tree", "s3_client",
+           "s3_filesystem"]
 
 HADOOP_SCHEMES = ("hdfs", "s3a", "s3")
 WEBHDFS_PORT = 9870  # the NameNode's HTTP port by default (Hadoop 3: dfs.namenode.http-address)
@@ -81,6 +82,19 @@ def s3_filesystem() -> pafs.S3FileSystem:
         region=env.get("AWS_REGION") or env.get("AWS_DEFAULT_REGION") or "us-east-1",
         endpoint_override=host or None, scheme=scheme, connect_timeout=5, request_timeout=request_timeout_s,
         **retries)
+
+
+def s3_client(*, read_timeout_s: float = 60.0, attempts: int = 3) -> Any:
+    """A boto3 S3 client from the same standard AWS_* variables, for what pyarrow's filesystem does not do
+    (conditional writes, server-side copies)."""
+    import boto3
+    from botocore.config import Config
+
+    env = os.environ
+    return boto3.client("s3", endpoint_url=env.get("AWS_ENDPOINT_URL") or None,
+                        region_name=env.get("AWS_REGION") or env.get("AWS_DEFAULT_REGION") or "us-east-1",
+                        config=Config(connect_timeout=5, read_timeout=read_timeout_s,
+                                      retries={"max_attempts": attempts, "mode": "standard"}))
 
 
 @dataclass(frozen=True)

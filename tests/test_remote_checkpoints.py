@@ -8,6 +8,7 @@ suite's shared session is started as one (tests/conftest.py), and one test runs 
 product's own JVM gets them."""
 from __future__ import annotations
 
+import hashlib
 import json
 import subprocess
 
@@ -55,16 +56,20 @@ def test_checkpoint_on_s3_catch_up_savepoint_restore_exactly_once(spark, s3_endp
 
     s3a_session(spark, s3_endpoint)
     bucket = _s3_bucket(s3_endpoint, f"checkpoints-{provider}")
-    config = make_config(tmp_path, provider, SESSIONS_CHECKPOINT_URI=f"s3://{bucket}/job")
+    native = provider == "hdfs"  # the HDFS-backed provider's savepoint keeps a native copy: its restore copies it back
+    # ... with the savepoints on S3 too: each native file copied by S3 itself, both ways
+    store = {"SESSIONS_SAVEPOINT_URI": f"s3://{_s3_bucket(s3_endpoint, 'savepoints-s3')}/sp"} if native else {}
+    config = make_config(tmp_path, provider, SESSIONS_CHECKPOINT_URI=f"s3://{bucket}/job", **store)
     assert str(config.checkpoint) == f"s3a://{bucket}/job/sessions"  # s3:// is taken as Hadoop's s3a://
     assert config.lease_uri == f"s3://{bucket}/job/_leases"  # the leases beside it, with S3's conditional writes
     batches = stream_scenario(7, 6, False, GAP_MS, LATENESS_MS)
 
     land_batches(config, batches[:3])
     catch_up(config, spark)
-    native = provider == "hdfs"  # the HDFS-backed provider's savepoint keeps a native copy: its restore copies it back
     saved = take_savepoint(config, spark=spark, native_copy=native)
     assert bool(saved.native_checksum) == native
+    if native:
+        _assert_copied_by_s3(s3_endpoint, config, saved)
     land_batches(config, batches[3:], start=3)
     catch_up(config, spark)
     assert rescale(config, 3, spark=spark).partitions_after == 3
@@ -80,6 +85,23 @@ def test_checkpoint_on_s3_catch_up_savepoint_restore_exactly_once(spark, s3_endp
     assert isinstance(config.checkpoint, RemotePath) and info.provider == provider
     assert info.last_committed_batch is not None and info.source_offset and info.source_offset["seq"] == len(batches)
     assert status(config, spark=spark, with_state=True).state_files > 0  # listed on S3 through pyarrow
+
+
+def _assert_copied_by_s3(s3_endpoint, config, saved) -> None:
+    """Every file of the native copy was copied by S3 (CopyObject with a SHA-256 it computed; a file streamed by a
+    client carries none), and each file's bytes, read back, hash to its manifest's value."""
+    import boto3
+
+    client = boto3.client("s3", endpoint_url=s3_endpoint["env"]["AWS_ENDPOINT_URL"])
+    bucket, _, prefix = config.savepoint_uri.removeprefix("s3://").partition("/")
+    folder = f"{prefix}/native/{saved.savepoint_id}"
+    manifest = json.loads(client.get_object(Bucket=bucket, Key=f"{folder}/_native.json")["Body"].read())
+    assert len(manifest["files"]) == saved.native_files > 0
+    for entry in manifest["files"]:
+        head = client.head_object(Bucket=bucket, Key=f"{folder}/{entry['path']}", ChecksumMode="ENABLED")
+        assert head.get("ChecksumSHA256"), entry["path"]
+        data = client.get_object(Bucket=bucket, Key=f"{folder}/{entry['path']}")["Body"].read()
+        assert (len(data), hashlib.sha256(data).hexdigest()) == (entry["size"], entry["sha256"]), entry["path"]
 
 
 def test_a_sessionctl_process_runs_a_checkpoint_on_s3(s3_endpoint, tmp_path):

@@ -172,15 +172,11 @@ class S3Store:
     the standard AWS_* variables, as everywhere else."""
 
     def __init__(self, uri: str) -> None:
-        import boto3
-        from botocore.config import Config
+        from pipelines.locations import s3_client
 
         bucket, _, prefix = uri.removeprefix("s3://").partition("/")
         self.uri, self.bucket, self.prefix = uri.rstrip("/"), bucket, prefix.strip("/")
-        self.client: Any = boto3.client(
-            "s3", endpoint_url=os.environ.get("AWS_ENDPOINT_URL") or None,
-            region_name=os.environ.get("AWS_REGION") or os.environ.get("AWS_DEFAULT_REGION") or "us-east-1",
-            config=Config(connect_timeout=5, read_timeout=15, retries={"max_attempts": 3, "mode": "standard"}))
+        self.client: Any = s3_client(read_timeout_s=15)
 
     def _key(self, name: str) -> str:
         return f"{self.prefix}/{name}" if self.prefix else name

@@ -13,16 +13,21 @@ canonical rows.
 Layout under SESSIONS_SAVEPOINT_URI: `native/<savepoint id>/` holds the files at their paths relative to the
 checkpoint, and `_native.json` their manifest (path, size, SHA-256 of each). The catalog row records the manifest's
 own SHA-256, the files' count and bytes: a copy is trusted only when its manifest hashes to the catalog's value and
-every file to the manifest's, checked while it is copied back. The copy streams through this process (local, HDFS
-through WebHDFS, S3 through pyarrow).
+every file to the manifest's, checked while it is copied back. With the checkpoint and the savepoints both on S3 each
+file is copied by S3 itself (CopyObject, which also computes the copy's SHA-256: no byte through this process);
+otherwise it streams through this process (local, HDFS through WebHDFS, S3 through pyarrow). Either way several
+files at a time.
 
 Erasure: a native copy is opaque (RocksDB's SST files may keep a removed user's older values until a compaction),
 so `forget` drops every native copy and the savepoints stay restorable from their erased canonical rows."""
 from __future__ import annotations
 
+import base64
 import hashlib
 import json
 import re
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -39,6 +44,8 @@ __all__ = ["NativeCopy", "NativeUnavailable", "copy_in", "copy_out", "drop", "fo
 NATIVE_DIR = "native"
 MANIFEST = "_native.json"
 _CHUNK = 8 << 20
+_PARALLEL = 8  # files copied at a time: the copies wait on storage, not on this process
+_SERVER_SIDE_MAX = 5 << 30  # S3's limit for one CopyObject; a larger file streams
 _VERSIONED = re.compile(r"^(\d+)\.(delta|snapshot|zip|changelog)$")
 
 
@@ -153,19 +160,71 @@ def _copy(source: AbstractFileSystem, source_path: str, target: AbstractFileSyst
     return size, digest.hexdigest()
 
 
+def _s3_object(path: CheckpointPath) -> tuple[str, str] | None:
+    """(bucket, key) of a path on S3; None elsewhere."""
+    if isinstance(path, RemotePath) and str(path).startswith("s3a://"):
+        bucket, _, key = path.key.partition("/")
+        return bucket, key
+    return None
+
+
+def _copier(source: CheckpointPath, target: CheckpointPath) -> Callable[[str], tuple[int, str]]:
+    """How one file (its path relative to both roots) is copied: (bytes, SHA-256 of what was written); raises
+    FileNotFoundError when the source file is gone."""
+    source_fs, source_root = _fs(source)
+    target_fs, target_root = _fs(target)
+    source_s3, target_s3 = _s3_object(source), _s3_object(target)
+    if source_s3 is None or target_s3 is None:
+        return lambda path: _copy(source_fs, f"{source_root}/{path}", target_fs, f"{target_root}/{path}")
+    from botocore.exceptions import ClientError
+
+    from pipelines.locations import s3_client
+
+    client = s3_client()
+
+    def server_side(path: str) -> tuple[int, str]:
+        bucket, key = source_s3[0], f"{source_s3[1]}/{path}"
+        try:
+            size = int(client.head_object(Bucket=bucket, Key=key)["ContentLength"])
+            if size > _SERVER_SIDE_MAX:
+                return _copy(source_fs, f"{source_root}/{path}", target_fs, f"{target_root}/{path}")
+            copied = client.copy_object(Bucket=target_s3[0], Key=f"{target_s3[1]}/{path}", ChecksumAlgorithm="SHA256",
+                                        CopySource={"Bucket": bucket, "Key": key})
+        except ClientError as error:
+            if error.response.get("Error", {}).get("Code") in ("404", "NoSuchKey"):
+                raise FileNotFoundError(key) from None
+            raise
+        return size, base64.b64decode(copied["CopyObjectResult"]["ChecksumSHA256"]).hex()
+
+    return server_side
+
+
+def _copy_all(copy: Callable[[str], tuple[int, str]], paths: list[str]) -> list[tuple[int, str]]:
+    """Every file copied, several at a time; (bytes, SHA-256) in the order of `paths` ((-1, "") for one gone)."""
+    def one(path: str) -> tuple[int, str]:
+        try:
+            return copy(path)
+        except FileNotFoundError:
+            return -1, ""
+
+    with ThreadPoolExecutor(max_workers=_PARALLEL) as pool:
+        return list(pool.map(one, paths))
+
+
 def copy_out(checkpoint: CheckpointPath, batch_id: int, *, partitions: int, provider: str, store_uri: str,
              savepoint_id: str) -> NativeCopy:
     """The checkpoint's files for batch `batch_id` copied under the store's native/<savepoint id>/, with their
     manifest (NativeUnavailable when the checkpoint cannot give them; nothing left behind on any failure)."""
     uri = native_uri(store_uri, savepoint_id)
     target = checkpoint_path(uri)
-    source_fs, source_root = _fs(checkpoint)
     target_fs, target_root = _fs(target)
     try:
-        written = []
-        for path in _checkpoint_files(checkpoint, batch_id, partitions, provider):
-            size, sha = _copy(source_fs, f"{source_root}/{path}", target_fs, f"{target_root}/{path}")
-            written.append(NativeFile(path, size, sha))
+        paths = _checkpoint_files(checkpoint, batch_id, partitions, provider)
+        copied = _copy_all(_copier(checkpoint, target), paths)
+        gone = [path for path, (size, _) in zip(paths, copied) if size < 0]
+        if gone:  # Spark's maintenance removed it between the listing and the copy
+            raise NativeUnavailable(f"{gone[0]} was removed while it was copied")
+        written = [NativeFile(path, size, sha) for path, (size, sha) in zip(paths, copied)]
         manifest = json.dumps({"batch_id": batch_id, "provider": provider, "partitions": partitions,
                                "files": [f.__dict__ for f in written]}, sort_keys=True).encode()
         target_fs.pipe_file(f"{target_root}/{MANIFEST}", manifest)
@@ -203,21 +262,14 @@ def copy_in(store_uri: str, savepoint_id: str, checksum: str, checkpoint: Checkp
     while copied (SavepointDamaged on the first that differs; the caller discards the checkpoint). The job metadata
     is not copied: the restored checkpoint gets its own incarnation. Returns the bytes copied."""
     manifest = _manifest(store_uri, savepoint_id, checksum)
-    source_fs, source_root = _fs(checkpoint_path(native_uri(store_uri, savepoint_id)))
-    target_fs, target_root = _fs(checkpoint)
-    total = 0
-    for entry in manifest["files"]:
-        if entry["path"] == JOB_FILE:
-            continue
-        try:
-            size, sha = _copy(source_fs, f"{source_root}/{entry['path']}", target_fs, f"{target_root}/{entry['path']}")
-        except FileNotFoundError:
-            size, sha = -1, ""
+    entries = [entry for entry in manifest["files"] if entry["path"] != JOB_FILE]
+    copied = _copy_all(_copier(checkpoint_path(native_uri(store_uri, savepoint_id)), checkpoint),
+                       [entry["path"] for entry in entries])
+    for entry, (size, sha) in zip(entries, copied):
         if (size, sha) != (entry["size"], entry["sha256"]):
             raise SavepointDamaged(f"savepoint {savepoint_id}'s native file {entry['path']} is "
                                    f"{'gone' if size < 0 else 'not the one copied'}", savepoint_id=savepoint_id)
-        total += size
-    return total
+    return sum(size for size, _ in copied)
 
 
 def folders(store_uri: str) -> set[str]:
