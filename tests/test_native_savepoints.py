@@ -156,6 +156,8 @@ def test_compaction_and_erasure_remove_native_copies(tmp_path, spark):
     assert _native_dir(config, second.savepoint_id).exists()
 
     user = chunks[0][0]["user_id"]
+    found = verify(config, user, spark=spark).files  # the native copy's state files, decoded, name the user
+    assert any(f.startswith(f"savepoints:native/{second.savepoint_id}/state/") for f in found), found
     forgotten = forget(config, user, spark=spark)
     assert forgotten.removed["native_copies"] == 1
     assert not _native_dir(config, second.savepoint_id).exists()
