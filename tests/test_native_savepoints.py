@@ -5,6 +5,7 @@ canonical rows instead, said in the answer), and through compaction and erasure 
 from __future__ import annotations
 
 import json
+import shutil
 from pathlib import Path
 
 import pytest
@@ -128,6 +129,17 @@ def test_a_native_copy_not_fit_for_the_restore_falls_back_to_the_canonical_rows(
     assert read_open_sessions(spark, config) == sorted(at_savepoint.open_sessions)
     assert read_sessions(config) == sorted(at_savepoint.closed)
     assert restore(config, saved.savepoint_id, spark=spark, canonical=True).note is None  # asked: nothing to say
+
+    # The copy itself fails (here: where the copy goes cannot be written): the savepoint is complete, canonical,
+    # and says why; nothing is left under native/ for it.
+    blocked = _native_dir(config, "x").parent
+    shutil.move(blocked, tmp_path / "native-aside")
+    blocked.write_text("not a folder")
+    unwritable = take_savepoint(config, spark=spark, native_copy=True)
+    assert unwritable.native_checksum is None and "no native copy: the copy failed" in str(unwritable.note), unwritable
+    assert SavepointStore.of(config).get(unwritable.savepoint_id).status == "complete"
+    blocked.unlink()
+    shutil.move(tmp_path / "native-aside", blocked)
 
     _land_and_ingest(config, chunks[2:], 2)
     catch_up(config, spark)

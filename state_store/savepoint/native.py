@@ -28,6 +28,7 @@ import json
 import re
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
+from contextlib import suppress
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -228,8 +229,14 @@ def copy_out(checkpoint: CheckpointPath, batch_id: int, *, partitions: int, prov
         manifest = json.dumps({"batch_id": batch_id, "provider": provider, "partitions": partitions,
                                "files": [f.__dict__ for f in written]}, sort_keys=True).encode()
         target_fs.pipe_file(f"{target_root}/{MANIFEST}", manifest)
-    except BaseException:
-        remove_tree(target)
+    except BaseException as error:
+        with suppress(Exception):  # a folder left behind is an orphan: compaction removes it
+            remove_tree(target)
+        from botocore.exceptions import BotoCoreError, ClientError
+
+        if isinstance(error, (OSError, BotoCoreError, ClientError)):  # storage, not the savepoint: it stays canonical
+            raise NativeUnavailable(f"the copy failed ({type(error).__name__}: "
+                                    f"{' '.join(str(error).split())[:200]})") from None
         raise
     return NativeCopy(uri, tuple(written), hashlib.sha256(manifest).hexdigest())
 
