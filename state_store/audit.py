@@ -138,6 +138,8 @@ def mentions(path: str, data: bytes, user: UserSpelling, *, store_files: StoreFi
     """How often one file (its path and bytes) names the user, read as its kind of file is read (Unreadable: a state
     store file that cannot be decoded)."""
     name = path.rsplit("/", 1)[-1]
+    if not data:
+        return 0
     if _STATE_STREAM.match(name) or name.endswith(".sst"):
         return user.in_bytes((store_files or StoreFiles(None)).plain(name, data))
     if _STATE_ZIP.match(name):
