@@ -111,8 +111,9 @@ class SavepointConfig(Config):
 @op(tags=LIFECYCLE_TAGS)
 def savepoint_op(context: OpExecutionContext, sessions: SessionsResource, pyspark: SessionsSpark,
                  config: SavepointConfig) -> SavepointInfo:
-    expected_errors(lifecycle.give_way_to_stream, sessions.config())  # before the session starts: its JVM inherits it
-    saved = expected_errors(lifecycle.take_savepoint, sessions.config(), trigger=config.trigger,
+    settings = sessions.config()
+    expected_errors(lifecycle.give_way_to_stream, settings)  # before the session starts: its JVM inherits the priority
+    saved = expected_errors(lifecycle.take_savepoint, settings, trigger=config.trigger,
                             spark=pyspark.spark_session, native_copy=config.native)
     context.log_event(AssetObservation(asset_key=STATE, metadata=_savepoint_metadata(saved)))
     return saved

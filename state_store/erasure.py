@@ -251,10 +251,10 @@ def verify_forgotten(config: SessionsConfig, spark: SparkSession, user_id: str) 
     seen: set[str] = set()
     store_files = StoreFiles(spark)  # state store files are compressed: read decoded, or named as unreadable
     # Checkpoints restores set aside live beside the checkpoint (outside it when the home is elsewhere).
-    places = [*_places(config), *(("set_aside_checkpoints", str(path)) for path in replaced_checkpoints(config))]
-    for place, uri in places:
+    places = [(place, uri, f"{place}:") for place, uri in _places(config)]
+    places += [("set_aside_checkpoints", str(path), f"set_aside:{path.name}/") for path in replaced_checkpoints(config)]
+    for place, uri, label in places:
         findings = scan(uri, user, seen=seen, store_files=store_files)
-        label = f"set_aside:{uri.rstrip('/').rsplit('/', 1)[-1]}/" if place == "set_aside_checkpoints" else f"{place}:"
         found[place] = found.get(place, 0) + findings.total()
         files.update({f"{label}{path}": count for path, count in findings.files.items()})
         unreadable.update({f"{label}{path}": why for path, why in findings.unreadable.items()})

@@ -585,7 +585,8 @@ def test_work_beside_a_stream_on_this_host_gives_way_and_its_children_inherit_it
         return done.stdout.strip()
 
     base = os.getpriority(os.PRIO_PROCESS, 0)
-    assert base < 7, "the test runs at nice 7 or above: nothing to lower"
+    if base >= 7:
+        pytest.skip(f"the suite runs at nice {base}: there is nothing to lower to 7 or 10")
     assert beside() == f"False {base}"  # no stream
     with job_lock(config, "run"):
         assert beside() == "True 10"  # the default

@@ -85,10 +85,11 @@ def _fs(path: CheckpointPath) -> tuple[AbstractFileSystem, str]:
     return LocalFileSystem(), str(path)
 
 
-def _relative(root: str, found: list[str]) -> list[str]:
+def _relative(root: str, found: dict[str, Any]) -> dict[str, int]:
+    """fsspec's `find(detail=True)` as relative path -> size."""
     prefix = root.rstrip("/") + "/"
-    return sorted(p.removeprefix(prefix) if p.startswith(prefix) else p.split(prefix.lstrip("/"), 1)[-1]
-                  for p in (str(f) for f in found))
+    return {(p.removeprefix(prefix) if p.startswith(prefix) else p.split(prefix.lstrip("/"), 1)[-1]): int(info["size"])
+            for p, info in ((str(f), i) for f, i in found.items())}
 
 
 def _chain(names: list[str], version: int, snapshot_ext: str, delta_ext: str) -> list[str]:
@@ -106,10 +107,12 @@ def _chain(names: list[str], version: int, snapshot_ext: str, delta_ext: str) ->
     return ([f"{base}.{snapshot_ext}"] if base else []) + [f"{v}.{delta_ext}" for v in range(base + 1, version + 1)]
 
 
-def _checkpoint_files(checkpoint: CheckpointPath, batch_id: int, partitions: int, provider: str) -> list[str]:
-    """What Spark loads to resume after batch `batch_id`, relative to the checkpoint."""
+def _checkpoint_files(checkpoint: CheckpointPath, batch_id: int, partitions: int, provider: str) -> dict[str, int]:
+    """What Spark loads to resume after batch `batch_id`, relative to the checkpoint, with each file's size as
+    listed."""
     fs, root = _fs(checkpoint)
-    every = [p for p in _relative(root, fs.find(root)) if not p.rsplit("/", 1)[-1].startswith(".")]  # no .crc
+    sizes = _relative(root, fs.find(root, detail=True))
+    every = sorted(p for p in sizes if not p.rsplit("/", 1)[-1].startswith("."))  # no .crc
     chosen = [p for p in every if p in ("metadata", JOB_FILE) or p.startswith("sources/")]
     for log in ("offsets", "commits"):
         chosen += [p for p in every if p.startswith(f"{log}/") and p.split("/")[1].isdigit()
@@ -133,7 +136,7 @@ def _checkpoint_files(checkpoint: CheckpointPath, batch_id: int, partitions: int
             chosen += [folder + name for name in files]
             if provider == "rocksdb" and files and files[0].endswith(".zip"):
                 chosen += [f"{folder}SSTs/{sst}" for sst in _referenced_ssts(fs, f"{root}/{folder}{files[0]}")]
-    return sorted(set(chosen))
+    return {path: sizes.get(path, -1) for path in sorted(set(chosen))}  # -1: named by a zip, not listed: gone
 
 
 def _referenced_ssts(fs: AbstractFileSystem, zip_path: str) -> list[str]:
@@ -169,26 +172,30 @@ def _s3_object(path: CheckpointPath) -> tuple[str, str] | None:
     return None
 
 
-def _copier(source: CheckpointPath, target: CheckpointPath) -> Callable[[str], tuple[int, str]]:
-    """How one file (its path relative to both roots) is copied: (bytes, SHA-256 of what was written); raises
-    FileNotFoundError when the source file is gone."""
+Copy = Callable[[str, int], tuple[int, str]]
+
+
+def _copier(source: CheckpointPath, target: CheckpointPath) -> Copy:
+    """How one file (its path relative to both roots, its size as listed or recorded) is copied: (bytes, SHA-256 of
+    what was written); raises FileNotFoundError when the source file is gone."""
     source_fs, source_root = _fs(source)
     target_fs, target_root = _fs(target)
     source_s3, target_s3 = _s3_object(source), _s3_object(target)
     if source_s3 is None or target_s3 is None:
-        return lambda path: _copy(source_fs, f"{source_root}/{path}", target_fs, f"{target_root}/{path}")
+        return lambda path, _: _copy(source_fs, f"{source_root}/{path}", target_fs, f"{target_root}/{path}")
     from botocore.exceptions import ClientError
 
     from pipelines.locations import s3_client
 
     client = s3_client()
 
-    def server_side(path: str) -> tuple[int, str]:
+    def server_side(path: str, size: int) -> tuple[int, str]:
+        # The size comes from the listing (copy_out) or the manifest (copy_in, where the SHA-256 S3 computes is
+        # what tells a changed file).
+        if size < 0 or size > _SERVER_SIDE_MAX:
+            return _copy(source_fs, f"{source_root}/{path}", target_fs, f"{target_root}/{path}")
         bucket, key = source_s3[0], f"{source_s3[1]}/{path}"
         try:
-            size = int(client.head_object(Bucket=bucket, Key=key)["ContentLength"])
-            if size > _SERVER_SIDE_MAX:
-                return _copy(source_fs, f"{source_root}/{path}", target_fs, f"{target_root}/{path}")
             copied = client.copy_object(Bucket=target_s3[0], Key=f"{target_s3[1]}/{path}", ChecksumAlgorithm="SHA256",
                                         CopySource={"Bucket": bucket, "Key": key})
         except ClientError as error:
@@ -200,16 +207,17 @@ def _copier(source: CheckpointPath, target: CheckpointPath) -> Callable[[str], t
     return server_side
 
 
-def _copy_all(copy: Callable[[str], tuple[int, str]], paths: list[str]) -> list[tuple[int, str]]:
-    """Every file copied, several at a time; (bytes, SHA-256) in the order of `paths` ((-1, "") for one gone)."""
-    def one(path: str) -> tuple[int, str]:
+def _copy_all(copy: Copy, files: dict[str, int]) -> list[tuple[int, str]]:
+    """Every file (path -> size) copied, several at a time; (bytes, SHA-256) in the order of `files` ((-1, "") for
+    one gone)."""
+    def one(item: tuple[str, int]) -> tuple[int, str]:
         try:
-            return copy(path)
+            return copy(*item)
         except FileNotFoundError:
             return -1, ""
 
     with ThreadPoolExecutor(max_workers=_PARALLEL) as pool:
-        return list(pool.map(one, paths))
+        return list(pool.map(one, files.items()))
 
 
 def copy_out(checkpoint: CheckpointPath, batch_id: int, *, partitions: int, provider: str, store_uri: str,
@@ -221,7 +229,7 @@ def copy_out(checkpoint: CheckpointPath, batch_id: int, *, partitions: int, prov
     target_fs, target_root = _fs(target)
     try:
         paths = _checkpoint_files(checkpoint, batch_id, partitions, provider)
-        copied = _copy_all(_copier(checkpoint, target), paths)
+        copied = _copy_all(_copier(checkpoint, target), paths)  # in the order of `paths`
         gone = [path for path, (size, _) in zip(paths, copied) if size < 0]
         if gone:  # Spark's maintenance removed it between the listing and the copy
             raise NativeUnavailable(f"{gone[0]} was removed while it was copied")
@@ -271,7 +279,7 @@ def copy_in(store_uri: str, savepoint_id: str, checksum: str, checkpoint: Checkp
     manifest = _manifest(store_uri, savepoint_id, checksum)
     entries = [entry for entry in manifest["files"] if entry["path"] != JOB_FILE]
     copied = _copy_all(_copier(checkpoint_path(native_uri(store_uri, savepoint_id)), checkpoint),
-                       [entry["path"] for entry in entries])
+                       {entry["path"]: int(entry["size"]) for entry in entries})
     for entry, (size, sha) in zip(entries, copied):
         if (size, sha) != (entry["size"], entry["sha256"]):
             raise SavepointDamaged(f"savepoint {savepoint_id}'s native file {entry['path']} is "
