@@ -23,8 +23,8 @@ from assets.tables import LIFECYCLE_TAGS, SESSIONS, STATE, STREAM_TAGS, only_new
 from pipelines.config_checks import positive_seconds
 from pipelines.coordination.job_leases import running_stream
 from pipelines.job import stream
+from pipelines.job.run_summary import RunSummary
 from pipelines.job.sink import MicroBatchSink
-from pipelines.job.stream import RunSummary
 from state_store import erasure, lifecycle, maintenance, state, stream_control
 from state_store.results import SavepointInfo
 from state_store.status import status

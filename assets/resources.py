@@ -13,9 +13,10 @@ from dagster_pyspark import LazyPySparkResource
 from dagster_pyspark.resources import spark_session_from_config
 from pydantic import Field, PrivateAttr, create_model
 
-from pipelines.config import PATH_SETTINGS, SETTINGS, SessionsConfig, env_name
+from pipelines.config import PATH_SETTINGS, SETTINGS, SessionsConfig
 from pipelines.errors import ConfigError, NextStepError, SessionsError
 from pipelines.job.runtime import spark_conf
+from pipelines.settings import env_name
 
 __all__ = ["SessionsResource", "SessionsSpark", "expected_errors", "pyspark_resource"]
 

@@ -43,8 +43,7 @@ if str(REPO) not in sys.path:
 
 from pipelines.config import SessionsConfig  # noqa: E402
 from pipelines.core.sample_data import arrival_order, generate_events  # noqa: E402
-from pipelines.ingest import columnar, ingest  # noqa: E402
-from pipelines.ingest import table as ingest_table  # noqa: E402
+from pipelines.ingest import appender, columnar, ingest  # noqa: E402
 from pipelines.ingest.lines import Lines, classify_line, split_lines  # noqa: E402
 from pipelines.ingest.table import RowSource, line_rows  # noqa: E402
 
@@ -190,7 +189,7 @@ def rows_benchmark(lines: list[bytes], fractions: list[float], rounds: int) -> l
 
 
 def _per_line_rows(sources: Any, seq: int, ingested_at: Any, max_future: Any) -> Any:
-    """ingest_table.line_rows on its per-line path (the specification), patched in for the per_line variant."""
+    """line_rows on its per-line path (the specification), patched in for the per_line variant."""
     return line_rows(sources, seq, ingested_at, max_future, per_line=True)
 
 
@@ -205,8 +204,8 @@ def ingest_benchmark(lines: list[bytes], rounds: int, work: Path) -> dict[str, A
             tmp = config.landing / ".clicks.jsonl.tmp"
             tmp.write_bytes(data)
             os.replace(tmp, config.landing / "clicks.jsonl")
-            patch = (mock.patch.object(ingest_table, "line_rows", _per_line_rows) if variant == "per_line"
-                     else mock.patch.object(ingest_table, "line_rows", line_rows))
+            patch = (mock.patch.object(appender, "line_rows", _per_line_rows) if variant == "per_line"
+                     else mock.patch.object(appender, "line_rows", line_rows))
             before = _load()
             with patch:
                 started = time.perf_counter()

@@ -1,19 +1,17 @@
 """The one configuration object, read from the environment: every setting declared once, beside its field --
 variable (SESSIONS_<NAME>), default, one-line description. The Dagster resource (assets/resources.py) and README.md's
-table ("Configuration", pipelines/settings_table.py) are made from these declarations. Reading and checking a value:
-pipelines/config_checks.py."""
+table ("Configuration", pipelines/settings_table.py) are made from these declarations. What one declaration holds:
+pipelines/settings.py. Reading and checking a value: pipelines/config_checks.py."""
 from __future__ import annotations
 
 import math
 import os
 from collections.abc import Mapping
-from dataclasses import MISSING, dataclass, field, fields, replace
+from dataclasses import MISSING, dataclass, fields, replace
 from pathlib import Path
 from typing import Any, Literal
 
 from pipelines.config_checks import (
-    MAX_FLOAT,
-    MAX_INT,
     check_directories,
     check_driver_memory,
     check_duration,
@@ -28,11 +26,12 @@ from pipelines.config_checks import (
 from pipelines.errors import ConfigError
 from pipelines.kafka_conf import check_kafka_settings, kafka_settings
 from pipelines.locations import CheckpointPath, checkpoint_path
+from pipelines.settings import Setting, env_name, setting_field
 
 __all__ = ["ALLOW_SHORT_RETENTION", "DEFAULT_OPERATOR", "ENV_ONLY_SETTINGS", "MAX_LEASE_TTL_S", "MAX_PARTITIONS",
            "MIN_LEASE_TTL_S", "MIN_VACUUM_RETENTION_HOURS", "OPERATORS", "PATH_SETTINGS", "PROVIDERS", "REPO_ROOT",
-           "SETTINGS", "URI_SETTINGS", "ConfigError", "Provider", "SessionsConfig", "Setting", "check_setting",
-           "env_name", "kafka_settings"]  # ConfigError lives with the other errors; importable from here too
+           "SETTINGS", "URI_SETTINGS", "ConfigError", "Provider", "SessionsConfig", "check_setting",
+           "kafka_settings"]  # ConfigError lives with the other errors; importable from here too
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 Provider = Literal["rocksdb", "hdfs"]  # the state store providers (SESSIONS_STATE_STORE)
@@ -55,62 +54,6 @@ MIN_VACUUM_RETENTION_HOURS = 24
 ALLOW_SHORT_RETENTION = "SESSIONS_ALLOW_SHORT_RETENTION"
 
 
-def env_name(setting: str) -> str:
-    """A setting's variable: SESSIONS_ and its name in capitals (the one rule; no setting names its own)."""
-    return "SESSIONS_" + setting.upper()
-
-
-@dataclass(frozen=True)
-class Setting:
-    """A setting as its SessionsConfig field declares it (SETTINGS holds them all, in the fields' order)."""
-
-    name: str      # the field, the Dagster resource's field and, in capitals after SESSIONS_, the variable (env)
-    default: Any   # the field's default; MISSING for home, which from_env always derives
-    about: str     # one line: what it does (Dagster's field description, README's table)
-    shown: str     # the default as an operator reads it ("$SESSIONS_HOME/savepoints", "60")
-    kind: type     # how the variable's text is read: int, float, bool or str
-    minimum: float  # numbers: at least (a float: more than, unless inclusive)
-    maximum: float
-    inclusive: bool
-    secret: bool    # may hold credentials: out of the repr, never Dagster run config (run storage keeps it)
-    env_only: bool  # never Dagster run config, for another reason (ENV_ONLY_SETTINGS)
-
-    @property
-    def env(self) -> str:
-        return env_name(self.name)
-
-    @property
-    def in_run_config(self) -> bool:
-        """A field of the Dagster resource (SessionsResource), so a launchpad may set it."""
-        return not (self.secret or self.env_only)
-
-    @property
-    def description(self) -> str:
-        return f"{self.env}: {self.about} (default: {self.shown})"
-
-
-def _shown(default: Any) -> str:
-    if isinstance(default, bool):
-        return str(default).lower()  # as the variable takes it
-    if isinstance(default, float):
-        return f"{default:g}"
-    return str(default) if default not in ("", None) else "unset"
-
-
-def _setting(default: Any, about: str, *, shown: str | None = None, minimum: float = 1, kind: type | None = None,
-             secret: bool = False, inclusive: bool = False, maximum: float | None = None,
-             env_only: bool = False) -> Any:
-    """The field of a setting read from SESSIONS_<NAME> (env_name): its default, what it does (`about`, one line) and,
-    where the default is not the value an operator sees, `shown`. `minimum` and `maximum` bound numbers (a float must
-    exceed the minimum unless `inclusive`; the maximum defaults to MAX_INT or MAX_FLOAT); a `secret` one (it may hold
-    credentials) stays out of the config's repr; neither it nor an `env_only` one is Dagster run config."""
-    kind = kind or type(default)
-    spec = {"about": about, "shown": shown or _shown(default), "kind": kind, "minimum": minimum,
-            "maximum": maximum if maximum is not None else MAX_FLOAT if kind is float else MAX_INT,
-            "inclusive": inclusive, "secret": secret, "env_only": env_only}
-    return field(default=default, repr=not secret, metadata=spec)  # Setting(name, default, **metadata)
-
-
 # Settings that take a local path or s3://bucket/prefix (the checkpoint's is checked on its own: no s3 there).
 URI_SETTINGS = ("savepoint_uri", "warehouse_uri", "landing_uri", "lease_uri")
 # The data locations (SESSIONS_HOME first): a local one must be a directory, or not exist yet under one.
@@ -121,122 +64,122 @@ PATH_SETTINGS = ("home", "savepoint_uri", "warehouse_uri", "landing_uri", "check
 class SessionsConfig:
     """Every setting of the product; `from_env` reads each from SESSIONS_<NAME> (README.md, "Configuration")."""
 
-    home: Path = _setting(MISSING, "the data root: the data locations default to directories in it; set but "
-                          "empty is refused", shown="the repo's .data", kind=str)
-    state_store: str = _setting("rocksdb", "the state store provider: rocksdb or hdfs")
-    state_partitions: int = _setting(4, "state store partitions of a new checkpoint")
-    gap_minutes: int = _setting(30, "inactivity that ends a session")
-    lateness_minutes: int = _setting(10, "how far behind the newest event the watermark trails", minimum=0)
-    savepoint_uri: str = _setting("", "where savepoints live: a path or s3://bucket/prefix",
-                                  shown="$SESSIONS_HOME/savepoints")
-    warehouse_uri: str = _setting("", "where the Delta tables live: a path or s3://bucket/prefix",
-                                  shown="$SESSIONS_HOME/warehouse")
-    landing_uri: str = _setting("", "where event files land: a path or s3://bucket/prefix",
-                                shown="$SESSIONS_HOME/landing")
+    home: Path = setting_field(MISSING, "the data root: the data locations default to directories in it; set but "
+                               "empty is refused", shown="the repo's .data", kind=str)
+    state_store: str = setting_field("rocksdb", "the state store provider: rocksdb or hdfs")
+    state_partitions: int = setting_field(4, "state store partitions of a new checkpoint")
+    gap_minutes: int = setting_field(30, "inactivity that ends a session")
+    lateness_minutes: int = setting_field(10, "how far behind the newest event the watermark trails", minimum=0)
+    savepoint_uri: str = setting_field("", "where savepoints live: a path or s3://bucket/prefix",
+                                       shown="$SESSIONS_HOME/savepoints")
+    warehouse_uri: str = setting_field("", "where the Delta tables live: a path or s3://bucket/prefix",
+                                       shown="$SESSIONS_HOME/warehouse")
+    landing_uri: str = setting_field("", "where event files land: a path or s3://bucket/prefix",
+                                     shown="$SESSIONS_HOME/landing")
     # One filesystem for every host that runs the job; the driver reads the checkpoint's logs itself
     # (pipelines.locations: HDFS through WebHDFS, S3 through pyarrow).
-    checkpoint_uri: str = _setting("", "the Spark checkpoint's parent (the leases' too, but for HDFS): a local or "
-                                   "mounted path every host shares, hdfs://namenode:port/path or s3a://bucket/prefix",
-                                   shown="$SESSIONS_HOME/checkpoints")
-    webhdfs_address: str = _setting("", "the NameNode's HTTP address (host:port) for an hdfs:// checkpoint: the "
-                                    "driver reads the checkpoint's logs through WebHDFS",
-                                    shown="the NameNode's host, port 9870")
+    checkpoint_uri: str = setting_field("", "the Spark checkpoint's parent (the leases' too, but for HDFS): a local or "
+                                        "mounted path every host shares, hdfs://namenode:port/path or s3a://bucket/prefix",
+                                        shown="$SESSIONS_HOME/checkpoints")
+    webhdfs_address: str = setting_field("", "the NameNode's HTTP address (host:port) for an hdfs:// checkpoint: the "
+                                         "driver reads the checkpoint's logs through WebHDFS",
+                                         shown="the NameNode's host, port 9870")
     # Leases (pipelines/coordination/leases.py): a holder that lost its lease is fenced from then on.
-    lease_ttl_s: float = _setting(60.0, f"a lease not renewed for this long may be taken over: {MIN_LEASE_TTL_S:g} s "
-                                  f"to {MAX_LEASE_TTL_S:g} s, a day (holders renew every TTL/3)", minimum=0, maximum=math.inf)  # MIN_/MAX_LEASE_TTL_S: from_env
-    lease_uri: str = _setting("", "where the leases and stop and erasure requests live: a shared path or "
-                              "s3://bucket/prefix", shown="_leases beside the checkpoint")
-    lease_wait_s: float = _setting(300.0, "the longest ingest waits for the ingest lease", minimum=0, inclusive=True)
+    lease_ttl_s: float = setting_field(60.0, f"a lease not renewed for this long may be taken over: {MIN_LEASE_TTL_S:g} s "
+                                       f"to {MAX_LEASE_TTL_S:g} s, a day (holders renew every TTL/3)", minimum=0, maximum=math.inf)  # MIN_/MAX_LEASE_TTL_S: from_env
+    lease_uri: str = setting_field("", "where the leases and stop and erasure requests live: a shared path or "
+                                   "s3://bucket/prefix", shown="_leases beside the checkpoint")
+    lease_wait_s: float = setting_field(300.0, "the longest ingest waits for the ingest lease", minimum=0, inclusive=True)
     # Only the retired Python operator's state was keyed by hash buckets of user_id (pipelines.job.operators.buckets).
-    state_buckets: int = _setting(64, "recorded in a new checkpoint's metadata; only the retired Python operator's "
-                                  "checkpoints are keyed by hash buckets (read with the count they recorded)")
+    state_buckets: int = setting_field(64, "recorded in a new checkpoint's metadata; only the retired Python operator's "
+                                       "checkpoints are keyed by hash buckets (read with the count they recorded)")
     # The JVM operator: jvm/src/sessions/SessionsOperator.java (flatMapGroupsWithState, per-user state).
-    operator: str = _setting("", "the stateful operator: jvm, the only one (python is refused in one line: that "
-                             "operator is retired; its checkpoints move over with a savepoint and a restore)",
-                             shown="unset (jvm)")
-    max_versions_per_batch: int | None = _setting(None, "raw_events commits per micro-batch at most",
-                                                  shown="all available", kind=int)
+    operator: str = setting_field("", "the stateful operator: jvm, the only one (python is refused in one line: that "
+                                  "operator is retired; its checkpoints move over with a savepoint and a restore)",
+                                  shown="unset (jvm)")
+    max_versions_per_batch: int | None = setting_field(None, "raw_events commits per micro-batch at most",
+                                                       shown="all available", kind=int)
     # Spark (the CLI's session and Dagster's PySparkResource share them); the master: ENV_ONLY_SETTINGS says why.
-    spark_master: str = _setting("local[2]", "the Spark master: local, local[N], local[*], local[N,F], "
-                                 "spark://host:port[,host:port], k8s://https://host:port or yarn; it receives the "
-                                 "executors' AWS credentials", env_only=True)
-    spark_driver_memory: str = _setting("4g", "the Spark driver's memory as the JVM's -Xmx takes it: a number and k, "
-                                        "m, g or t, from 512m (Spark's floor) to 64t")
-    spark_ui: bool = _setting(False, "Spark's web UI on")
+    spark_master: str = setting_field("local[2]", "the Spark master: local, local[N], local[*], local[N,F], "
+                                      "spark://host:port[,host:port], k8s://https://host:port or yarn; it receives the "
+                                      "executors' AWS credentials", env_only=True)
+    spark_driver_memory: str = setting_field("4g", "the Spark driver's memory as the JVM's -Xmx takes it: a number and k, "
+                                             "m, g or t, from 512m (Spark's floor) to 64t")
+    spark_ui: bool = setting_field(False, "Spark's web UI on")
     # Changelog: the commit's fixed cost per batch (benchmarks/README.md); snapshots are uploaded in the background.
-    rocksdb_changelog: bool = _setting(True, "RocksDB changelog checkpointing (Spark's default is off); switching "
-                                       "either way keeps the state")
+    rocksdb_changelog: bool = setting_field(True, "RocksDB changelog checkpointing (Spark's default is off); switching "
+                                            "either way keeps the state")
     # Savepoints are the long-term recovery points; the checkpoint keeps a short tail of versions.
-    min_batches_to_retain: int = _setting(20, "checkpoint versions Spark keeps; a savepoint beside the stream must "
-                                          "finish within this many batches")
+    min_batches_to_retain: int = setting_field(20, "checkpoint versions Spark keeps; a savepoint beside the stream must "
+                                               "finish within this many batches")
     # Incremental savepoints: state_store/savepoint/policy.py.
-    savepoint_full_every: int = _setting(10, "every Nth savepoint of a lineage is full, the others incremental where "
-                                         "they can be (1: always full)")
-    savepoint_chain_share: float = _setting(0.5, "a savepoint is full once its chain's increments would hold more rows "
-                                            "than this share of the chain's full one", minimum=0)
-    savepoint_native: bool = _setting(False, "every savepoint also keeps a native copy (the checkpoint's own files of "
-                                      "its batch; sessionctl savepoint --native asks for one)")
+    savepoint_full_every: int = setting_field(10, "every Nth savepoint of a lineage is full, the others incremental where "
+                                              "they can be (1: always full)")
+    savepoint_chain_share: float = setting_field(0.5, "a savepoint is full once its chain's increments would hold more rows "
+                                                 "than this share of the chain's full one", minimum=0)
+    savepoint_native: bool = setting_field(False, "every savepoint also keeps a native copy (the checkpoint's own files of "
+                                           "its batch; sessionctl savepoint --native asks for one)")
     # On one host the stream and a savepoint beside it share the cores; a nice value makes the savepoint give way.
-    beside_stream_nice: int = _setting(10, "the CPU priority (nice, 0-19) that a savepoint or compaction started "
-                                       "beside a stream running on the same host lowers itself to before its JVM "
-                                       "starts, so that the stream's batches keep their pace; 0: none",
-                                       minimum=0, maximum=19)
+    beside_stream_nice: int = setting_field(10, "the CPU priority (nice, 0-19) that a savepoint or compaction started "
+                                            "beside a stream running on the same host lowers itself to before its JVM "
+                                            "starts, so that the stream's batches keep their pace; 0: none",
+                                            minimum=0, maximum=19)
     # Operations (Dagster runbook, checks and sensors).
-    stop_timeout_s: float = _setting(180.0, "how long stopping the query may take; sessionctl stop waits twice this "
-                                     "for the answer", minimum=0)
-    state_max_age_minutes: float = _setting(60.0, "the state_is_fresh check's limit", minimum=0)
-    savepoint_max_age_hours: float = _setting(6.0, "the savepoint policy: the maintenance sensor asks for a savepoint "
-                                              "when the newest is older", minimum=0)
-    compact_files: int = _setting(200, "a table with more data files is due for compaction")
-    state_files: int = _setting(2000, "a checkpoint with more state files is due for compaction")
-    auto_restore: bool = _setting(False, "the stream failure sensor starts the restore runbook")
-    observe_state_minutes: float = _setting(5.0, "at most one Spark pass over the state (an observe_state run) per "
-                                            "this", minimum=0)
+    stop_timeout_s: float = setting_field(180.0, "how long stopping the query may take; sessionctl stop waits twice this "
+                                          "for the answer", minimum=0)
+    state_max_age_minutes: float = setting_field(60.0, "the state_is_fresh check's limit", minimum=0)
+    savepoint_max_age_hours: float = setting_field(6.0, "the savepoint policy: the maintenance sensor asks for a savepoint "
+                                                   "when the newest is older", minimum=0)
+    compact_files: int = setting_field(200, "a table with more data files is due for compaction")
+    state_files: int = setting_field(2000, "a checkpoint with more state files is due for compaction")
+    auto_restore: bool = setting_field(False, "the stream failure sensor starts the restore runbook")
+    observe_state_minutes: float = setting_field(5.0, "at most one Spark pass over the state (an observe_state run) per "
+                                                 "this", minimum=0)
     # Retention (sessionctl compact, the Dagster compaction job and its schedule share them).
-    keep_savepoints: int = _setting(5, "newest complete savepoints compaction keeps (sessionctl compact --keep-last "
-                                    "overrides it)")
-    keep_daily_days: int = _setting(7, "plus the newest savepoint of each of these days (sessionctl compact "
-                                    "--keep-daily-days overrides it)", minimum=0, maximum=36_500)
-    vacuum_retention_hours: int = _setting(168, f"Delta VACUUM horizon of the tables: at least "
-                                           f"{MIN_VACUUM_RETENTION_HOURS} unless {ALLOW_SHORT_RETENTION}=true (an "
-                                           "environment variable only)", minimum=0)
+    keep_savepoints: int = setting_field(5, "newest complete savepoints compaction keeps (sessionctl compact --keep-last "
+                                         "overrides it)")
+    keep_daily_days: int = setting_field(7, "plus the newest savepoint of each of these days (sessionctl compact "
+                                         "--keep-daily-days overrides it)", minimum=0, maximum=36_500)
+    vacuum_retention_hours: int = setting_field(168, f"Delta VACUUM horizon of the tables: at least "
+                                                f"{MIN_VACUUM_RETENTION_HOURS} unless {ALLOW_SHORT_RETENTION}=true (an "
+                                                "environment variable only)", minimum=0)
     # Forget purges what is older; compaction then vacuums with at most this horizon while erasures are recorded.
-    erasure_deadline_hours: float = _setting(0.0, "sessionctl forget: older table versions holding an erased user are "
-                                             "purged within this many hours (0: at once)", minimum=0, inclusive=True)
+    erasure_deadline_hours: float = setting_field(0.0, "sessionctl forget: older table versions holding an erased user are "
+                                                  "purged within this many hours (0: at once)", minimum=0, inclusive=True)
     # A secret: from the environment or a secret store, never run config.
-    erasure_key: str = _setting("", "the key of the erasure log's keyed hash of user ids (HMAC-SHA256)",
-                                shown="a key generated once in $SESSIONS_HOME/erasure.key", secret=True)
+    erasure_key: str = setting_field("", "the key of the erasure log's keyed hash of user ids (HMAC-SHA256)",
+                                     shown="a key generated once in $SESSIONS_HOME/erasure.key", secret=True)
     # Unset, an erased user's events newer than the erasure are new data (the user came back); set, a user who asked
     # never to be tracked again stays untracked. Events at or before the erasure are dropped either way.
-    erasure_drops_newer: bool = _setting(False, "the standing erasure also drops an erased user's events newer than "
-                                         "the erasure (unset: those are kept as new data)")
+    erasure_drops_newer: bool = setting_field(False, "the standing erasure also drops an erased user's events newer than "
+                                              "the erasure (unset: those are kept as new data)")
     # Hostile input (contract).
-    max_future_minutes: int = _setting(60, "an event this far ahead of its ingest time is quarantined", minimum=0)
+    max_future_minutes: int = setting_field(60, "an event this far ahead of its ingest time is quarantined", minimum=0)
     # A last line that parses as a JSON object counts at once; see pipelines/ingest/local.py.
-    ingest_settle_seconds: int = _setting(60, "a landed file's unfinished last line counts once the file has not "
-                                          "changed for this long", minimum=0)
+    ingest_settle_seconds: int = setting_field(60, "a landed file's unfinished last line counts once the file has not "
+                                               "changed for this long", minimum=0)
     # Large landed files are read by Spark tasks where the Spark job runs (pipelines/job/ingest_tasks.py).
-    ingest_task_mib: int = _setting(64, "a landed file with at least this many new MiB is read and parsed by Spark "
-                                    "tasks (catch-up and run; see SESSIONS_INGEST_BY_TASKS)", minimum=1)
-    ingest_by_tasks: str = _setting("cluster", "when Spark tasks read large landed files: cluster (a master that is "
-                                    "not local), always, or never")
+    ingest_task_mib: int = setting_field(64, "a landed file with at least this many new MiB is read and parsed by Spark "
+                                         "tasks (catch-up and run; see SESSIONS_INGEST_BY_TASKS)", minimum=1)
+    ingest_by_tasks: str = setting_field("cluster", "when Spark tasks read large landed files: cluster (a master that is "
+                                         "not local), always, or never")
     # S3 (delta-rs/object_store): fail in seconds, not after the default 10 retries over 3 minutes.
-    s3_max_retries: int = _setting(3, "S3 retries of a request", minimum=0)
-    s3_retry_timeout: str = _setting("15s", "S3 retries give up after this (a duration: 30s, 500ms, 2min, 1h)")
-    s3_timeout: str = _setting("30s", "one S3 request gives up after this (a duration)")
+    s3_max_retries: int = setting_field(3, "S3 retries of a request", minimum=0)
+    s3_retry_timeout: str = setting_field("15s", "S3 retries give up after this (a duration: 30s, 500ms, 2min, 1h)")
+    s3_timeout: str = setting_field("30s", "one S3 request gives up after this (a duration)")
     # Kafka as the source instead of landing files (pipelines/ingest/kafka.py).
-    kafka_bootstrap: str = _setting("", "host:port,... of the Kafka brokers to ingest from; with SESSIONS_KAFKA_TOPIC, "
-                                    "both or neither", shown="unset (landing files)")
-    kafka_topic: str = _setting("", "the Kafka topic to ingest from; with SESSIONS_KAFKA_BOOTSTRAP")
-    kafka_conf: str = _setting("", "librdkafka consumer settings (security.protocol, the sasl and ssl ones, "
-                               "group.id, ...), key=value,... or a JSON object, on an allowlist: nothing that loads "
-                               "code or runs a command", shown="none", secret=True)
-    kafka_commit_messages: int = _setting(100_000, "messages per ingest commit at most (read by Spark tasks: per partition)")
+    kafka_bootstrap: str = setting_field("", "host:port,... of the Kafka brokers to ingest from; with SESSIONS_KAFKA_TOPIC, "
+                                         "both or neither", shown="unset (landing files)")
+    kafka_topic: str = setting_field("", "the Kafka topic to ingest from; with SESSIONS_KAFKA_BOOTSTRAP")
+    kafka_conf: str = setting_field("", "librdkafka consumer settings (security.protocol, the sasl and ssl ones, "
+                                    "group.id, ...), key=value,... or a JSON object, on an allowlist: nothing that loads "
+                                    "code or runs a command", shown="none", secret=True)
+    kafka_commit_messages: int = setting_field(100_000, "messages per ingest commit at most (read by Spark tasks: per partition)")
     # Idle close (README "Idle close"): the lateness is the longest that never makes an event late (idle_close_ms).
-    idle_close_minutes: float | None = _setting(None, "wall-clock minutes without an event before ingest appends a "
-                                                "clock row to raw_events; 0 turns it off; fractions allowed",
-                                                shown="the lateness (the gap when the lateness is 0)", minimum=0,
-                                                kind=float, inclusive=True)
+    idle_close_minutes: float | None = setting_field(None, "wall-clock minutes without an event before ingest appends a "
+                                                     "clock row to raw_events; 0 turns it off; fractions allowed",
+                                                     shown="the lateness (the gap when the lateness is 0)", minimum=0,
+                                                     kind=float, inclusive=True)
 
     @classmethod
     def from_env(cls, env: Mapping[str, str] | None = None) -> SessionsConfig:

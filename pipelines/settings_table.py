@@ -8,8 +8,9 @@ import sys
 from dataclasses import MISSING
 from pathlib import Path
 
-from pipelines.config import PATH_SETTINGS, SETTINGS, Setting
+from pipelines.config import PATH_SETTINGS, SETTINGS
 from pipelines.errors import ConfigError
+from pipelines.settings import Setting
 
 __all__ = ["TABLE_END", "TABLE_START", "readme_with_table", "settings_table"]
 

@@ -13,9 +13,10 @@ from contextlib import suppress
 from pathlib import Path
 from typing import Any, NoReturn
 
-from pipelines.config import MAX_PARTITIONS, PATH_SETTINGS, SessionsConfig, env_name
+from pipelines.config import MAX_PARTITIONS, PATH_SETTINGS, SessionsConfig
 from pipelines.config_checks import MAX_INT, positive_seconds
 from pipelines.errors import ConfigError, HomeNotWritable, SessionsError
+from pipelines.settings import env_name
 
 __all__ = ["PARTITIONS", "SECONDS", "LogFile", "Parser", "check_writable", "checked", "count", "object_store_failure",
            "unwritable_location", "user_id"]

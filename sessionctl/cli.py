@@ -27,8 +27,8 @@ from sessionctl.checks import (
 # Each command imports what it runs, in its own function: `--help`, `savepoints` and the other commands that start no
 # JVM never import pyspark (about a second of such a command's own time, `python -X importtime`).
 if TYPE_CHECKING:
+    from pipelines.job.run_summary import RunSummary
     from pipelines.job.sink import MicroBatchSink
-    from pipelines.job.stream import RunSummary
 
 
 # The exit code of a check that ran and answered "no" (`restore --dry-run`: not restorable; `forget --verify`: not

@@ -4,7 +4,7 @@ Kafka ingest (pipelines.ingest.kafka) never skips lost messages silently: a reco
 topic raises SourceDataLost. Accepting the loss records each gap for good -- a `lost_in_source` row of raw_events, so
 of quarantine -- and moves the partition past it in the same commit's `kafka_offsets`. The mechanisms are the
 pipelines': the recorded offsets and the losses (pipelines.ingest.kafka_offsets), the watermarks asked now
-(pipelines.ingest.kafka_client), the raw_events commit (pipelines.ingest.table.Appender) and the ingest lease.
+(pipelines.ingest.kafka_client), the raw_events commit (pipelines.ingest.appender.Appender) and the ingest lease.
 """
 from __future__ import annotations
 
@@ -16,9 +16,10 @@ from typing import Any
 from pipelines.config import SessionsConfig
 from pipelines.coordination.leases import waiting_lease
 from pipelines.errors import ConfigError, Result
+from pipelines.ingest.appender import Appender
 from pipelines.ingest.kafka_client import losses_now
 from pipelines.ingest.kafka_offsets import LOST_REASON, offsets_metadata, recorded_offsets, source_name
-from pipelines.ingest.table import Appender, latest_clock, latest_seq, open_raw_table
+from pipelines.ingest.table import latest_clock, latest_seq, open_raw_table
 
 __all__ = ["accept_loss"]
 

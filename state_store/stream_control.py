@@ -24,9 +24,10 @@ from pipelines.coordination.requests import (
 )
 from pipelines.errors import JobRunning, NotRunning, StopIncomplete
 from pipelines.job.checkpoint import inspect_checkpoint
+from pipelines.job.run_summary import RunSummary
 from pipelines.job.runtime import spark_failures
 from pipelines.job.sink import MicroBatchSink
-from pipelines.job.stream import RunSummary, run_continuously
+from pipelines.job.stream import run_continuously
 from state_store.results import SavepointInfo, StopResult
 from state_store.savepoint.take import savepoint_last_batch
 

@@ -159,8 +159,9 @@ def test_a_commit_that_loses_the_race_for_its_version_is_tried_again_not_rebased
 STALE_INGESTER = """
 import sys
 from pipelines.errors import LeaseLost
+from pipelines.ingest.appender import Appender
 from pipelines.ingest.lines import split_lines
-from pipelines.ingest.table import Appender, RowSource, latest_clock, latest_seq, open_raw_table
+from pipelines.ingest.table import RowSource, latest_clock, latest_seq, open_raw_table
 from pipelines.coordination.leases import waiting_lease
 from tests.conftest import make_config
 skewed = sys.argv[2] == "skewed"

@@ -19,7 +19,8 @@ from deltalake import DeltaTable, write_deltalake
 from pipelines.config import ConfigError
 from pipelines.core.sample_data import land
 from pipelines.ingest import ingest, latest_seq, open_raw_table
-from pipelines.ingest.table import CLOCK_KIND, CLOCK_MAX_IDLE_PERIODS, RAW_SCHEMA, Appender, IngestClock, latest_clock
+from pipelines.ingest.appender import Appender
+from pipelines.ingest.table import CLOCK_KIND, CLOCK_MAX_IDLE_PERIODS, RAW_SCHEMA, IngestClock, latest_clock
 from pipelines.job.checkpoint import inspect_checkpoint
 from pipelines.job.stream import catch_up
 from state_store.lifecycle import restore, take_savepoint

@@ -197,11 +197,11 @@ def test_a_catch_up_killed_between_the_kafka_tasks_files_and_the_ingest_commit_l
 CHILD = r"""
 import os, sys
 from pipelines.config import SessionsConfig
-from pipelines.ingest import ingest, kafka_client, table
+from pipelines.ingest import appender, ingest, kafka_client
 
 point, n = sys.argv[1], int(sys.argv[2])
 calls = 0
-append = table.Appender.append
+append = appender.Appender.append
 
 def killing_append(self, sources, metadata):  # test-only: SIGKILL right before/after the n-th Delta commit
     global calls
@@ -212,7 +212,7 @@ def killing_append(self, sources, metadata):  # test-only: SIGKILL right before/
     if point == "after" and calls == n:
         os.kill(os.getpid(), 9)
 
-table.Appender.append = killing_append
+appender.Appender.append = killing_append
 if point == "group":  # after the last Delta commit, before the consumer group commit
     kafka_client.KafkaClient.commit_group = lambda self, offsets: os.kill(os.getpid(), 9)
 ingest(SessionsConfig.from_env())

@@ -235,7 +235,7 @@ def test_run_summary_counts_each_batch_that_ran_once_in_constant_memory():
     counted from its own progress, and an idle trigger's report (the id of a batch that did not run) is not."""
     from types import SimpleNamespace
 
-    from pipelines.job.stream import RunSummary
+    from pipelines.job.run_summary import RunSummary
 
     def progress(batch: int, rows: int, ran: bool = True, at: int = 0) -> SimpleNamespace:
         phases = {"addBatch": 5, "triggerExecution": 9} if ran else {"latestOffset": 1, "triggerExecution": 1}

@@ -5,10 +5,10 @@ its raw text and a reason), so the stream's exactly-once sink is the single writ
 table and a replay from any source position reproduces it. Each ingest commit carries a monotone
 `ingest_seq`, the stream's offsets (see pipelines.ingest.table).
 
-One module per concern: lines (the pure rules for one line), table (the raw_events append every source
-shares), landing (the landing layout), positions (how far local files were read), and one module per
-source -- local (a landing directory, tail-read), s3 (landing objects) and kafka (a topic, offsets in the Delta
-log) -- each a `table.Source`.
+One module per concern: lines (the pure rules for one line), table (the raw_events table every source
+shares), appender (its commits), landing (the landing layout), positions (how far local files were read), and one
+module per source -- local (a landing directory, tail-read), s3 (landing objects) and kafka (a topic, offsets in the
+Delta log) -- each an `appender.Source`.
 """
 from __future__ import annotations
 
@@ -17,15 +17,14 @@ from collections.abc import Sequence
 
 from pipelines.config import SessionsConfig
 from pipelines.coordination.leases import Lease, waiting_lease
+from pipelines.ingest.appender import Appender, Source
 from pipelines.ingest.lines import classify_line, parse_event_time, parse_line
 from pipelines.ingest.positions import INGESTED_DIR, REFUSED_DIR, LandedFile
 from pipelines.ingest.table import (
     HISTORY_PAGE,
     RAW_SCHEMA,
-    Appender,
     IngestResult,
     LargeInput,
-    Source,
     latest_clock,
     latest_ingest_seq,
     latest_seq,

@@ -29,7 +29,7 @@ partition or topic that is gone raises SourceDataLost naming the topic, the part
 next step: `sessionctl accept-loss` (state_store.kafka_loss.accept_loss) records each gap as a `lost_in_source` row
 of raw_events (and so of quarantine, forever) and moves the partition past it in the same commit's `kafka_offsets`.
 
-This module is the source itself (`ingest`, a `table.Source`: the read loop) and `kafka_lag`; the consumer and its
+This module is the source itself (`ingest`, an `appender.Source`: the read loop) and `kafka_lag`; the consumer and its
 settings are pipelines.ingest.kafka_client's, the recorded offsets and the losses pipelines.ingest.kafka_offsets'.
 """
 from __future__ import annotations
@@ -44,12 +44,11 @@ from deltalake import DeltaTable
 
 from pipelines.config import SessionsConfig
 from pipelines.errors import ConfigError, SourceDataLost
+from pipelines.ingest.appender import Appender, Ingested
 from pipelines.ingest.kafka_client import TIMEOUT_S, KafkaClient, first_line
 from pipelines.ingest.kafka_offsets import Span, lost, offsets_metadata, plan, recorded_offsets, source_name
 from pipelines.ingest.lines import Lines
 from pipelines.ingest.table import (
-    Appender,
-    Ingested,
     IngestTasks,
     KafkaRange,
     LargeInput,

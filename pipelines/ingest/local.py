@@ -26,6 +26,7 @@ from typing import BinaryIO
 from deltalake import DeltaTable
 
 from pipelines.config import SessionsConfig
+from pipelines.ingest.appender import Appender, Ingested
 from pipelines.ingest.lines import Lines, is_json_object, split_lines
 from pipelines.ingest.positions import (
     HEAD_BYTES,
@@ -40,8 +41,6 @@ from pipelines.ingest.positions import (
     save_positions,
 )
 from pipelines.ingest.table import (
-    Appender,
-    Ingested,
     LargeInput,
     ParsedSpan,
     RowSource,

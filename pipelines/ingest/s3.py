@@ -18,12 +18,11 @@ import pyarrow.fs as pafs
 from deltalake import DeltaTable
 
 from pipelines.config import SessionsConfig
+from pipelines.ingest.appender import Appender, Ingested
 from pipelines.ingest.lines import split_lines
 from pipelines.ingest.positions import INGESTED_DIR, LandedFile, archive_day
 from pipelines.ingest.table import (
     HISTORY_PAGE,
-    Appender,
-    Ingested,
     LargeInput,
     ParsedSpan,
     RowSource,

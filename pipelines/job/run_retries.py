@@ -35,8 +35,8 @@ def _first_line(error: BaseException) -> str:
 
 
 class RetryCounts(Protocol):
-    """What RetryingIngest counts in: the run's summary (pipelines.job.stream.RunSummary). Declared here, not
-    imported, because stream imports this module: one import direction between the two."""
+    """What RetryingIngest counts in: the run's summary (pipelines.job.run_summary.RunSummary), of which it needs
+    only these."""
 
     source_errors: int
     last_source_error: str | None

@@ -1,15 +1,15 @@
 """The streaming query and its two run loops: `catch_up` (availableNow, then stop) and `run_continuously` (until
-stopped: by the caller's event, Ctrl-C, or a stop request from `sessionctl stop` on any host)."""
+stopped: by the caller's event, Ctrl-C, or a stop request from `sessionctl stop` on any host). What a loop did is a
+RunSummary (pipelines.job.run_summary); a rescale or a restore between two batches, pipelines.job.state_changes."""
 from __future__ import annotations
 
-import datetime as dt
 import logging
 import threading
 import time
 from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager, suppress
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 from pyspark.sql import DataFrame, SparkSession
@@ -23,8 +23,6 @@ from pipelines.coordination.requests import (
     ErasureRequest,
     RescaleRequest,
     RestoreRequest,
-    ResumedAnswer,
-    StateChange,
     StopAnswer,
     StopRequest,
     StreamRequest,
@@ -33,20 +31,22 @@ from pipelines.coordination.requests import (
     withdraw,
 )
 from pipelines.errors import SessionsError, StorageUnavailable
-from pipelines.ingest import IngestResult, LargeInput, ingest
+from pipelines.ingest import LargeInput, ingest
 from pipelines.job.checkpoint import JobMetadata, batch_source_range, inspect_checkpoint, read_bootstrap
 from pipelines.job.ingest_tasks import SparkIngestTasks
 from pipelines.job.operators.seam import StateOperator, keyed_events
 from pipelines.job.run_retries import RetryingIngest as _RetryingIngest
 from pipelines.job.run_retries import ride_out
+from pipelines.job.run_summary import RunSummary
 from pipelines.job.runtime import ERRORS_LOG, explain_spark_failure, get_spark, prepare_session, spark_failures
 from pipelines.job.sink import MicroBatchSink
 from pipelines.job.source import SOURCE_NAME
 from pipelines.job.startup import checkpoint_metadata, ensure_tables
+from pipelines.job.state_changes import OnStateChange, Resumed, batch_end, change_state, first_line
 from pipelines.locations import CheckpointPath, hdfs_outage
 from pipelines.storage import is_object_store_failure, is_s3, object_store_errors, s3_failure, storage_options
 
-__all__ = ["RunSummary", "catch_up", "raw_events_stream", "run_continuously", "start_query"]
+__all__ = ["catch_up", "raw_events_stream", "run_continuously", "start_query"]
 
 log = logging.getLogger(__name__)
 
@@ -84,84 +84,6 @@ def start_query(spark: SparkSession, config: SessionsConfig, meta: JobMetadata, 
              .foreachBatch(sink)
              .start())
     return query, sink
-
-
-@dataclass
-class RunSummary:
-    """What a catch-up or a run did (the CLI prints it as one JSON line)."""
-    ingested_files: int = 0
-    ingested_rows: int = 0
-    rejected_lines: int = 0
-    batches: int = 0
-    input_rows: int = 0
-    sessions_written: int = 0
-    quarantined: int = 0
-    last_committed_batch: int | None = None
-    seconds: float = 0.0
-    refused_files: int = 0  # symlinks and special files moved to landing/_refused/ (a quarantine row each)
-    waiting_files: int = 0  # files left in landing at the last ingest: still being written
-    files_read_by_tasks: int = 0  # large landed files whose lines Spark tasks read and parsed where they are
-    stopped_by: str | None = None  # run only: "caller" (event, Ctrl-C) or "stop request" (sessionctl stop)
-    lease_epoch: int | None = None  # the epoch of the job lease it ran under (its commits record it)
-    savepoint: dict[str, Any] | None = None  # the savepoint a stop request asked for, when taken
-    clock_rows: int = 0     # idle-close clock rows ingest appended (README "Idle close")
-    last_clock: str | None = None  # the newest one's event time
-    source_errors: int = 0  # run only: ingests that failed because the source could not be read (then retried)
-    last_source_error: str | None = None  # the newest one's line
-    # run only: queries that failed because the warehouse's object store (S3) did not answer, each then restarted
-    # from the checkpoint once it waited (exactly once: the sink's appends are idempotent per batch id)
-    storage_errors: int = 0
-    last_storage_error: str | None = None  # the newest one's line
-    # Where the seconds went, for the operator who asks why a catch-up took long: `spark` (the JVM start, ~0 when
-    # attached to a running session), `ingest` (catch-up's, beside the JVM start: the two overlap), `query_start`
-    # (the source, the plan, the query), `stream` (its batches, until it stopped).
-    phase_seconds: dict[str, float] = field(default_factory=dict)
-
-    def __post_init__(self) -> None:
-        # What absorb_progress has counted (not fields: not part of the result), in constant memory however long the
-        # run: the query run it last read, the newest batch id of that run it counted, and its newest progress's time.
-        self._query_run: str | None = None
-        self._counted_batch = -1
-        self._last_report: str | None = None
-
-    def to_dict(self) -> dict[str, Any]:
-        return asdict(self)
-
-    def timed(self, phase: str, started: float) -> None:
-        """Record `phase` as lasting from `started` (time.monotonic) until now."""
-        self.phase_seconds[phase] = round(time.monotonic() - started, 3)
-
-    def add_ingest(self, result: IngestResult) -> None:
-        self.ingested_files += result.files
-        self.ingested_rows += result.rows
-        self.rejected_lines += result.rejected
-        self.refused_files += result.refused
-        self.waiting_files = result.waiting
-        self.files_read_by_tasks += result.by_tasks
-        if result.clock is not None:
-            self.clock_rows += 1
-            self.last_clock = result.clock
-
-    def absorb_progress(self, query: StreamingQuery) -> bool:
-        """Count the batches the query ran since the last call; True when there were new ones.
-
-        Within one run of a query its batch ids grow, so one high-water mark per run is all it keeps (a restarted
-        query starts a new run: a batch that failed is counted when it runs again). Only progress of a batch that ran
-        counts: an idle trigger reports the id of the batch it did not run, without an `addBatch` phase."""
-        last = query.lastProgress
-        if last is None or (last.timestamp == self._last_report and str(query.runId) == self._query_run):
-            return False  # nothing reported since: Spark's recent progress (its last 100) not read again
-        if str(query.runId) != self._query_run:
-            self._query_run, self._counted_batch = str(query.runId), -1
-        self._last_report = last.timestamp
-        new = False
-        for progress in query.recentProgress:
-            if progress.batchId > self._counted_batch and "addBatch" in (progress.durationMs or {}):
-                self._counted_batch = progress.batchId
-                self.batches += 1
-                self.input_rows += int(progress.numInputRows)
-                new = True
-        return new
 
 
 @dataclass
@@ -316,7 +238,7 @@ def run_continuously(config: SessionsConfig, *, spark: SparkSession | None = Non
     with _job(config, "run", spark) as run:
         summary = run.summary
         request: StreamRequest | None = None
-        resumed: _Resumed | None = None  # a state change done, answered once the first batch after it ran
+        resumed: Resumed | None = None  # a state change done, answered once the first batch after it ran
         ingest_now = _RetryingIngest(config, summary, poll_seconds, run.lease, large=_tasks(config, run.spark))
         wait = 0.0 if stop.is_set() else ingest_now()
         try:
@@ -334,7 +256,13 @@ def run_continuously(config: SessionsConfig, *, spark: SparkSession | None = Non
                 elif isinstance(request, (RescaleRequest, RestoreRequest)):
                     if resumed is not None:  # a second change before the first one's batch after: answer the first
                         resumed.answer(config, None)
-                    resumed = _change_state(config, run, request, on_state_change, poll_seconds)
+                    withdraw(config, request)  # taken: answered later (after the first batch), never taken twice
+                    try:
+                        changed = change_state(config, request, on_state_change, spark=run.spark, lease=run.lease,
+                                               before_end=run.last_batch_end, poll_seconds=poll_seconds)
+                    finally:
+                        run.meta, run.operator = checkpoint_metadata(config)  # the rescaled (or restored) checkpoint
+                    resumed = changed  # only once that read: a checkpoint the query cannot run on is not resumed
                 else:
                     break
                 request, wait = None, 0.0
@@ -350,7 +278,7 @@ def run_continuously(config: SessionsConfig, *, spark: SparkSession | None = Non
 def _run_query(config: SessionsConfig, run: _Run, stop: threading.Event, tick: float, poll_seconds: float,
                ingest_now: _RetryingIngest, wait: float,
                on_progress: Callable[[RunSummary, MicroBatchSink], None] | None,
-               resumed: _Resumed | None = None) -> StreamRequest | None:
+               resumed: Resumed | None = None) -> StreamRequest | None:
     """One query of the run, until the caller stops it or a request (stop, erasure, rescale, restore) arrives;
     drained and closed. `resumed`: a state change to answer once this query's first batch ran."""
     summary, request = run.summary, None
@@ -390,89 +318,16 @@ def _run_query(config: SessionsConfig, run: _Run, stop: threading.Event, tick: f
     finally:
         _drain(query, config.stop_timeout_s)
         summary.timed("stream", begun)
-        run.last_batch_end = _batch_end(query) or run.last_batch_end
+        run.last_batch_end = batch_end(query) or run.last_batch_end
     if summary.absorb_progress(query):  # batches since the last poll (a stop right after one): the warehouse answered
         ingest_now.query_progressed()
     _close(run, query, sink, config)
     return request
 
 
-def _batch_end(query: StreamingQuery) -> float | None:
-    """When the newest batch the query ran ended (epoch s, from Spark's progress: its start plus triggerExecution);
-    None before it ran one. An idle trigger reports no addBatch and is no batch."""
-    for progress in reversed(query.recentProgress):
-        durations = progress.durationMs or {}
-        if "addBatch" in durations:
-            begun = dt.datetime.fromisoformat(progress.timestamp.replace("Z", "+00:00")).timestamp()
-            return begun + durations.get("triggerExecution", 0) / 1000
-    return None
-
-
-# Called by the run loop for a rescale or a restore request, with the query stopped and the job lease held; returns
-# the change's result. The state layer rescales and restores (state_store.lifecycle); this layer does not know how.
-OnStateChange = Callable[[StateChange, SparkSession, Lease], "dict[str, Any]"]
-
-
-@dataclass
-class _Resumed:
-    """A state change done between two batches, answered once the first batch after it ran -- or, with no new
-    events, `wait_s` after the query started again, with the downtime unknown and `started` (when the query ran
-    again) said instead."""
-    request: StateChange
-    result: dict[str, Any]
-    before_end: float | None  # epoch s: the end of the last batch before the change
-    wait_s: float
-    started: float | None = None  # epoch s
-    deadline: float = float("inf")  # monotonic
-    answered: bool = False
-
-    def resume(self) -> None:
-        self.started, self.deadline = time.time(), time.monotonic() + self.wait_s
-
-    def check(self, config: SessionsConfig, query: StreamingQuery) -> None:
-        end = _batch_end(query)
-        if end is not None and (self.before_end is None or end > self.before_end):
-            self.answer(config, end)
-        elif time.monotonic() > self.deadline:
-            self.answer(config, None)
-
-    def answer(self, config: SessionsConfig, first_end: float | None) -> None:
-        def since_before(moment: float | None) -> float | None:
-            return round(moment - self.before_end, 3) if moment is not None and self.before_end is not None else None
-        answer_request(config, self.request, ResumedAnswer(result=self.result, downtime_s=since_before(first_end),
-                                                           resumed_s=since_before(self.started)))
-        self.answered = True
-
-
-def _change_state(config: SessionsConfig, run: _Run, request: StateChange, on_change: OnStateChange | None,
-                  poll_seconds: float) -> _Resumed | None:
-    """The rescale or restore between two batches; a failure is answered at once (the stream goes on from the
-    checkpoint as it is: a rescale Spark did not finish, or a restore that set the old checkpoint aside and did not
-    finish, makes the query fail with the one line that finishes it)."""
-    withdraw(config, request)  # taken: answered later (after the first batch), never taken twice
-    try:
-        if on_change is None:
-            raise SessionsError("this stream cannot rescale or restore (no handler): stop it and run the command")
-        result = on_change(request, run.spark, run.lease)
-    except Exception as error:  # noqa: BLE001 -- the requester is told either way; an unexpected one is raised too
-        answer_request(config, request, ResumedAnswer(error=_first_line(error)))
-        if not isinstance(error, SessionsError):
-            raise
-        return None
-    finally:
-        run.meta, run.operator = checkpoint_metadata(config)  # the rescaled (or restored) checkpoint
-    # The first batch after runs at the query's first trigger when events are waiting; two polls and the stop
-    # timeout bound the wait for one.
-    return _Resumed(request, result, run.last_batch_end, wait_s=2 * poll_seconds + config.stop_timeout_s)
-
-
 # Called by the run loop for an erasure request, with the query stopped and the job lease held; returns the answer
 # (the erasure's result). The state layer does the erasure (state_store.erasure); this layer does not know how.
 OnErase = Callable[[ErasureRequest, SparkSession, Lease], "dict[str, Any]"]
-
-
-def _first_line(error: BaseException) -> str:
-    return str(error).splitlines()[0] if str(error) else type(error).__name__
 
 
 def _answer_erasure(config: SessionsConfig, run: _Run, request: ErasureRequest, on_erase: OnErase | None) -> None:
@@ -482,7 +337,7 @@ def _answer_erasure(config: SessionsConfig, run: _Run, request: ErasureRequest, 
             raise SessionsError("this stream cannot apply erasures (no erasure handler): stop it and run forget")
         answer = ErasureAnswer(erased=on_erase(request, run.spark, run.lease))
     except SessionsError as error:
-        answer = ErasureAnswer(error=_first_line(error))
+        answer = ErasureAnswer(error=first_line(error))
     finally:
         answer_request(config, request, answer)
     run.meta, run.operator = checkpoint_metadata(config)  # the erasure may have restored the checkpoint
@@ -496,7 +351,7 @@ def _answer(config: SessionsConfig, run: _Run, request: StopRequest, on_stop: On
                 raise SessionsError("this stream cannot take savepoints (no savepoint handler)")
             run.summary.savepoint = on_stop(request, run.spark)
         except Exception as error:  # noqa: BLE001 -- the stopper is told either way; an unexpected one is raised too
-            answer_request(config, request, StopAnswer(last_committed_batch=last, error=_first_line(error)))
+            answer_request(config, request, StopAnswer(last_committed_batch=last, error=first_line(error)))
             if not isinstance(error, SessionsError):
                 raise
             return

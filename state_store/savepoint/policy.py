@@ -22,12 +22,13 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass
 
-from pipelines.config import SessionsConfig, env_name
+from pipelines.config import SessionsConfig
 from pipelines.core import state_format
 from pipelines.errors import SavepointDamaged
 from pipelines.job.checkpoint import CommittedBatch, inspect_checkpoint
 from pipelines.job.operators.jvm import STATE_LAYOUT
 from pipelines.locations import CheckpointPath
+from pipelines.settings import env_name
 from state_store.results import SavepointInfo
 from state_store.savepoint.catalog import FULL, INCREMENTAL, SavepointStore
 from state_store.savepoint.damage import damaged_members
