@@ -170,7 +170,8 @@ def rescale_op(context: OpExecutionContext, sessions: SessionsResource, pyspark:
     spark = None if stream is not None and stream.what == "run" else pyspark.spark_session
     result = expected_errors(lifecycle.rescale, settings, config.partitions, spark=spark)
     context.log_event(AssetObservation(asset_key=STATE, metadata={
-        k: v for k, v in result.to_dict().items() if isinstance(v, (int, float, str)) and v is not None}))
+        **{k: v for k, v in result.to_dict().items() if isinstance(v, (int, float, str)) and v is not None},
+        **({"phases": MetadataValue.json(result.phases)} if result.phases else {})}))
 
 
 @job(tags=LIFECYCLE_TAGS, description="Change the state partitions, keeping all state (a running stream does it "

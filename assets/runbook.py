@@ -14,6 +14,7 @@ from dagster import (
     DagsterRun,
     DagsterRunStatus,
     Failure,
+    MetadataValue,
     OpExecutionContext,
     Out,
     Output,
@@ -193,7 +194,8 @@ def restore_op(context: OpExecutionContext, sessions: SessionsResource, pyspark:
         context.instance.add_run_tags(context.run_id, {IN_PLACE_TAG: "true"})
         context.log.info(f"{result.stream} restored {result.savepoint_id} between two batches and went on; "
                          f"downtime {result.downtime_seconds} s")
-    context.add_output_metadata({k: v for k, v in result.to_dict().items() if isinstance(v, (int, float, str, bool))})
+    context.add_output_metadata({**{k: v for k, v in result.to_dict().items() if isinstance(v, (int, float, str, bool))},
+                                 **({"phases": MetadataValue.json(result.phases)} if result.phases else {})})
     return RestoreOutcome(plan, result)
 
 

@@ -1,4 +1,4 @@
-"""What the standing erasure costs ingest: the rows of one ingest commit built by the columnar path (`_rows`, as
+"""What the standing erasure costs ingest: the rows of one ingest commit built by the columnar path (`line_rows`, as
 ingest builds them) against the erased-user filter run on those rows (`ErasedUsers.drop_mask`), side by side in one
 run, with 0, 1 and 100 erasures in the log. Prints one JSON line per case, with the machine's load.
 
@@ -20,7 +20,7 @@ import pyarrow.compute as pc
 from pipelines.config import SessionsConfig
 from pipelines.ingest.erased import COMPLETE, ErasedUsers, log_erasure, user_hash
 from pipelines.ingest.lines import Lines
-from pipelines.ingest.table import RowSource, _rows
+from pipelines.ingest.table import RowSource, line_rows
 
 
 def main() -> None:
@@ -47,7 +47,7 @@ def main() -> None:
         rows_s, mask_s = [], []
         for _ in range(args.rounds):  # in turns: rows, then the filter on them
             began = time.perf_counter()
-            rows = _rows([source], 1, now, dt.timedelta(hours=1))
+            rows = line_rows([source], 1, now, dt.timedelta(hours=1))
             rows_s.append(time.perf_counter() - began)
             began = time.perf_counter()
             mask = ErasedUsers.load(config).drop_mask(rows["user_id"], rows["event_time"].cast("int64"), rows["raw"])

@@ -198,7 +198,7 @@ def _rescale_running(config: SessionsConfig, partitions: int, stream: LeaseInfo,
                                  f"sessionctl rescale --partitions {partitions}")
     return RescaleResult(partitions_before=done["partitions_before"], partitions_after=done["partitions_after"],
                          method=done["method"], savepoint_id=done["savepoint_id"], rows=done.get("rows"),
-                         seconds=done["seconds"], downtime_seconds=answer.downtime_s,
+                         seconds=done["seconds"], phases=done.get("phases", {}), downtime_seconds=answer.downtime_s,
                          resumed_seconds=answer.resumed_s, stream=stream.describe())
 
 
@@ -221,27 +221,38 @@ def rescale_unlocked(config: SessionsConfig, partitions: int, *, spark: SparkSes
                              method="none" if before == partitions else "repartition",
                              savepoint_id=None, rows=None, seconds=0.0)
     spark = _spark(config, spark)
+    phases: dict[str, float] = {}
+    mark = [time.monotonic()]
+
+    def phase(name: str) -> None:
+        now = time.monotonic()
+        phases[name], mark[0] = round(now - mark[0], 3), now
+
     saved = _take_savepoint(config, "pre-rescale", spark)
+    phase("pre_rescale_savepoint")
     kill_point("rescale:saved")
     method: RescaleMethod = "savepoint-restore"
     if info.provider == "rocksdb":
         stop_state_stores(spark)  # a running stream's stopped query: its stores upload nothing during the repartition
         repartition_state(spark, config.checkpoint, partitions)
+        phase("repartition")
         method = "repartition"
         after = inspect_checkpoint(config.checkpoint)
         state = frame_checksum(read_state(spark, config.checkpoint, batch_id=after.last_committed_batch))
+        phase("state_checked")
         if state != (saved.rows, saved.checksum):
             raise StateMismatch(f"repartitioned state does not match the pre-rescale savepoint "
                                 f"{saved.savepoint_id}; restore it with `sessionctl restore --savepoint "
                                 f"{saved.savepoint_id} --partitions {partitions}`")
     else:
-        restore_unlocked(config.with_(state_store=info.provider), saved.savepoint_id, partitions=partitions,
-                         migrate=False, spark=spark, lease=lease)
+        restored = restore_unlocked(config.with_(state_store=info.provider), saved.savepoint_id,
+                                    partitions=partitions, migrate=False, spark=spark, lease=lease)
+        phases.update({f"restore_{name}": seconds for name, seconds in restored.phases.items()})
     kill_point("rescale:moved")
     return RescaleResult(partitions_before=before,
                          partitions_after=inspect_checkpoint(config.checkpoint).partitions,
                          method=method, savepoint_id=saved.savepoint_id, rows=saved.rows,
-                         seconds=round(time.monotonic() - started, 3))
+                         seconds=round(time.monotonic() - started, 3), phases=phases)
 
 
 def replaced_checkpoints(config: SessionsConfig) -> list[CheckpointPath]:

@@ -140,6 +140,9 @@ class RescaleResult(Result):
     savepoint_id: str | None  # the pre-rescale savepoint
     rows: int | None
     seconds: float
+    # where the time went: the pre-rescale savepoint, then Spark's repartition and the repartitioned state checked
+    # against that savepoint (RocksDB), or the savepoint's restore at the new count (HDFS-backed: its own phases)
+    phases: dict[str, float] = field(default_factory=dict)
     # A running stream's rescale (done by the stream between two batches): its downtime, from the end of its last
     # batch before to the end of its first batch after; `resumed_seconds` from that last batch to the query running
     # again (what is known when no batch ran after within the wait: no new events).

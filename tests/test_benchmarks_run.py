@@ -61,3 +61,12 @@ def test_state_scaling_benchmark_holds_every_open_user_in_both_operators(tmp_pat
         for pair in run["repeats"]:
             assert pair["job"]["state"]["open_users"] == pair["job"]["state"]["open_sessions"] == open_users
             assert pair["native"]["state_rows_total_at_end"] == open_users
+
+
+@pytest.mark.parametrize("script", sorted(path.name for path in (REPO / "benchmarks").glob("*.py")))
+def test_every_benchmark_script_starts(script):
+    """Each script's imports still name the product's modules (a module split once left one importing a name that
+    had gone): `--help` imports the script and everything it imports, and starts no JVM."""
+    done = subprocess.run([sys.executable, str(REPO / "benchmarks" / script), "--help"], cwd=REPO,
+                          capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0 and "usage" in done.stdout, done.stderr[-3000:]

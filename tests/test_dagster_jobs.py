@@ -113,6 +113,9 @@ def test_jobs_catch_up_savepoint_restore_runbook(resources, spark):
     assert read_open_sessions(spark, config) == sorted(expected.open_sessions)
     assert read_sessions(config) == sorted(expected.closed)
     assert restored.output_for_node("restore_op").result.partitions == 2
+    (restore_output,) = [e.event_specific_data.metadata for e in restored.all_events
+                         if e.event_type_value == "STEP_OUTPUT" and e.step_key == "restore_op"]
+    assert {"savepoint_verified", "bootstrap_batch"} <= set(restore_output["phases"].value), restore_output
     assert DeltaTable(config.sessions_table).to_pandas()["session_id"].sort_values().tolist() == sessions_before
 
     missing = defs.resolve_job_def("restore_from_snapshot").execute_in_process(

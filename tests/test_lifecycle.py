@@ -108,6 +108,13 @@ def test_savepoint_restore_rescale_is_exactly_once(tmp_path, spark, s3_endpoint,
     assert scaled.partitions_after == 3
     assert scaled.method == ("repartition" if provider == "rocksdb" else "savepoint-restore")
     assert sp.SavepointStore.of(config).list()[0].trigger == "pre-rescale"
+    # Where its time went, each step once, together no more than the whole rescale.
+    assert list(scaled.phases)[:1] == ["pre_rescale_savepoint"], scaled.phases
+    assert (["repartition", "state_checked"] if provider == "rocksdb" else
+            ["restore_savepoint_verified", "restore_bootstrap_batch"]) == [
+        name for name in scaled.phases if name in ("repartition", "state_checked", "restore_savepoint_verified",
+                                                   "restore_bootstrap_batch")], scaled.phases
+    assert 0 < sum(scaled.phases.values()) <= scaled.seconds + 0.01, (scaled.phases, scaled.seconds)
 
     _land_and_ingest(config, chunks[4:], 4)
     catch_up(config, spark)

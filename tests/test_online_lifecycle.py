@@ -276,6 +276,7 @@ def test_rescale_of_a_running_stream_between_two_batches(tmp_path, spark, provid
     assert (answer["partitions_before"], answer["partitions_after"], answer["method"]) == (2, 3, method), answer
     assert inspect_checkpoint(config.checkpoint).partitions == 3
     assert answer["stream"].startswith("run"), answer
+    assert "pre_rescale_savepoint" in answer["phases"] and sum(answer["phases"].values()) <= answer["seconds"] + 0.01
     # A batch was waiting (the feeder lands a file a second): the first one after the rescale ran within the wait.
     assert answer.get("downtime_seconds") is not None and 0 < answer["resumed_seconds"] <= answer["downtime_seconds"], json.dumps(answer)
     print("rescale of a running stream:", answer)  # (shown with -rP: the downtime on this machine)
