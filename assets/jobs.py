@@ -165,10 +165,12 @@ class RescaleConfig(Config):
 def rescale_op(context: OpExecutionContext, sessions: SessionsResource, pyspark: SessionsSpark,
                config: RescaleConfig) -> None:
     settings = sessions.config()
-    # A running stream rescales in its own session: this run only asks and waits, and starts no JVM.
+    # Beside a running stream this run prepares the rescale (a savepoint and a side checkpoint, in its own session,
+    # at the lower priority: before the session starts, its JVM inherits it); the stream swaps it in.
     stream = running_stream(settings)
-    spark = None if stream is not None and stream.what == "run" else pyspark.spark_session
-    result = expected_errors(lifecycle.rescale, settings, config.partitions, spark=spark)
+    if stream is not None and stream.what == "run":
+        expected_errors(lifecycle.give_way_to_stream, settings)
+    result = expected_errors(lifecycle.rescale, settings, config.partitions, spark=pyspark.spark_session)
     context.log_event(AssetObservation(asset_key=STATE, metadata={
         **{k: v for k, v in result.to_dict().items() if isinstance(v, (int, float, str)) and v is not None},
         **({"phases": MetadataValue.json(result.phases)} if result.phases else {})}))

@@ -3,6 +3,8 @@ stream; state_store.savepoint.take), restore (state_store.restore, after state_s
 (of the stopped job, or by the running stream between two batches). Running and stopping the stream: state_store.stream_control."""
 from __future__ import annotations
 
+import logging
+import os
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -31,12 +33,14 @@ from pipelines.errors import (
 from pipelines.job.checkpoint import (
     inspect_checkpoint,
     read_job_metadata,
+    read_restore_marker,
 )
 from pipelines.job.operators import for_layout, for_new_checkpoint
 from pipelines.job.operators.seam import StateOperator
 from pipelines.job.runtime import get_spark, spark_failures, stop_state_stores, yield_cpu
 from pipelines.locations import CheckpointPath
 from state_store.preflight import refusals
+from state_store.prepared_rescale import RescaleNotPrepared, prepare_rescale
 from state_store.restore import FAILED_SUFFIX, REPLACED_SUFFIX, restore_unlocked, verified_savepoint
 from state_store.results import RescaleMethod, RescaleResult, RestoreResult, SavepointInfo
 from state_store.savepoint.catalog import SavepointStore
@@ -46,6 +50,8 @@ from state_store.state import read_state, repartition_state
 
 __all__ = ["give_way_to_stream", "lifecycle_locks", "replaced_checkpoints", "rescale", "rescale_unlocked", "restore",
            "take_savepoint", "validate_savepoint"]
+
+log = logging.getLogger(__name__)
 
 RUNNING_CHANGE_WAIT_S = 3600.0  # how long a rescale or restore waits, beyond the stop timeout, for a running stream
 
@@ -178,7 +184,7 @@ def rescale(config: SessionsConfig, partitions: int, *, spark: SparkSession | No
     _check_rescale(config, partitions)
     stream = running_stream(config)
     if stream is not None and stream.what == "run":
-        return _rescale_running(config, partitions, stream, timeout_s)
+        return _rescale_running(config, partitions, stream, timeout_s, spark)
     with lifecycle_locks(config, "rescale") as held, spark_failures(config):
         return rescale_unlocked(config, partitions, spark=spark, lease=held)
 
@@ -191,8 +197,44 @@ def _check_rescale(config: SessionsConfig, partitions: int) -> None:
         _check_partitions(partitions, for_new_checkpoint(), config.state_buckets)
 
 
-def _rescale_running(config: SessionsConfig, partitions: int, stream: LeaseInfo,
-                     timeout_s: float | None) -> RescaleResult:
+def _rescale_running(config: SessionsConfig, partitions: int, stream: LeaseInfo, timeout_s: float | None,
+                     spark: SparkSession | None) -> RescaleResult:
+    """Prepared beside the stream (state_store.prepared_rescale), then swapped in by the stream between two batches
+    as a restore of the pre-rescale savepoint from its native copy at the new count. Where no native copy can be
+    kept (the storage refused it), the stream does the whole rescale between two batches."""
+    started = time.monotonic()
+    if inspect_checkpoint(config.checkpoint).partitions == partitions:
+        return RescaleResult(partitions_before=partitions, partitions_after=partitions, method="none",
+                             savepoint_id=None, rows=None, seconds=0.0, stream=stream.describe())
+    here = identity()
+    if (stream.host, stream.pid, stream.pid_ns) == (here.host, os.getpid(), here.pid_ns):
+        # The stream runs in this process (a Dagster run beside it in process): its JVM is this one, whose state
+        # stores a side checkpoint's restore would stop under it. The stream does it between two batches.
+        return _rescale_between_batches(config, partitions, stream, timeout_s)
+    if spark is None:
+        give_way_to_stream(config)
+    try:
+        prepared = prepare_rescale(config, partitions, spark=_spark(config, spark))
+    except RescaleNotPrepared as why:
+        log.warning("%s: the stream rescales between two batches instead", why)
+        return _rescale_between_batches(config, partitions, stream, timeout_s)
+    saved = prepared.savepoint
+    request = request_restore(config, stream=stream, savepoint=saved.savepoint_id, partitions=partitions,
+                              migrate=False, canonical=False)
+    # Killed inside the swap, the stream leaves a restore half done: the rescale run again here finishes it.
+    done, answer = _await_change(config, request, stream, timeout_s, "rescale",
+                                 f"sessionctl rescale --partitions {partitions}")
+    swapped = {f"swap_{name}": seconds for name, seconds in done.get("phases", {}).items()}
+    return RescaleResult(partitions_before=prepared.partitions_before, partitions_after=done["partitions"],
+                         method="prepared" if done.get("method") == "native" else "savepoint-restore",
+                         savepoint_id=saved.savepoint_id, rows=saved.rows,
+                         seconds=round(time.monotonic() - started, 3), phases={**prepared.phases, **swapped},
+                         downtime_seconds=answer.downtime_s, resumed_seconds=answer.resumed_s,
+                         stream=stream.describe())
+
+
+def _rescale_between_batches(config: SessionsConfig, partitions: int, stream: LeaseInfo,
+                             timeout_s: float | None) -> RescaleResult:
     request = request_rescale(config, stream=stream, partitions=partitions)
     done, answer = _await_change(config, request, stream, timeout_s, "rescale",
                                  f"sessionctl rescale --partitions {partitions}")
@@ -208,9 +250,22 @@ def rescale_unlocked(config: SessionsConfig, partitions: int, *, spark: SparkSes
     lease, the query stopped."""
     started = time.monotonic()
     info = inspect_checkpoint(config.checkpoint)
+    before = info.partitions
+    marker = read_restore_marker(config.checkpoint)
+    if marker is not None:
+        # A restore left half done (a running stream's rescale killed inside its swap): the checkpoint is unusable
+        # until it is finished, so it is finished first, at the count it was asked for; then on to the count asked.
+        finished = restore_unlocked(config, marker["savepoint_id"], partitions=_marker_partitions(marker),
+                                    migrate=False, spark=spark, lease=lease)
+        if finished.partitions == partitions:
+            return RescaleResult(partitions_before=before, partitions_after=partitions,
+                                 method="prepared" if finished.method == "native" else "savepoint-restore",
+                                 savepoint_id=finished.savepoint_id, rows=finished.rows,
+                                 seconds=round(time.monotonic() - started, 3),
+                                 phases={f"restore_{k}": v for k, v in finished.phases.items()})
+        info = inspect_checkpoint(config.checkpoint)
     if info.last_committed_batch is None:
         raise NoCommittedBatch(f"nothing to rescale: no committed batch in {config.checkpoint}")
-    before = info.partitions
     if info.unfinished_rescale is not None:
         # Spark repartitions only to the interrupted attempt's count until that one is finished: finish it
         # (the state it starts from is the last committed batch's, untouched), then go on to the count asked.
@@ -253,6 +308,12 @@ def rescale_unlocked(config: SessionsConfig, partitions: int, *, spark: SparkSes
                          partitions_after=inspect_checkpoint(config.checkpoint).partitions,
                          method=method, savepoint_id=saved.savepoint_id, rows=saved.rows,
                          seconds=round(time.monotonic() - started, 3), phases=phases)
+
+
+def _marker_partitions(marker: dict[str, str]) -> int | None:
+    """The partition count a half-done restore was asked for, from its marker's command."""
+    words = marker.get("command", "").split()
+    return int(words[words.index("--partitions") + 1]) if "--partitions" in words else None
 
 
 def replaced_checkpoints(config: SessionsConfig) -> list[CheckpointPath]:

@@ -29,7 +29,7 @@ from pipelines.storage import open_table, s3_errors, table_exists
 from state_store.results import RestoreMethod, SavepointInfo
 from state_store.savepoint.catalog import SavepointStore
 from state_store.savepoint.damage import savepoint_damage
-from state_store.savepoint.native import native_layout
+from state_store.savepoint.native import native_shape
 
 __all__ = ["RestorePlan", "migrations", "native_refusal", "plan_restore", "record_restore", "refusals"]
 
@@ -197,7 +197,6 @@ def native_refusal(config: SessionsConfig, store: SavepointStore, saved: Savepoi
         return ""  # not asked for, or none: nothing to say
     layout = for_new_checkpoint().layout
     checks = (("--migrate asks for the canonical rows", migrate),
-              (f"--partitions {partitions} (it has {saved.partitions})", partitions not in (None, saved.partitions)),
               (f"the provider is {config.state_store} (it has {saved.provider})", config.state_store != saved.provider),
               ("other gap, lateness or bucket settings", (saved.gap_ms, saved.lateness_ms, saved.buckets)
                != (config.gap_ms, config.lateness_ms, config.state_buckets)),
@@ -206,10 +205,14 @@ def native_refusal(config: SessionsConfig, store: SavepointStore, saved: Savepoi
     if said is not None:
         return said
     try:
-        copied = native_layout(store.uri, saved.savepoint_id, saved.native_checksum)
+        shape = native_shape(store.uri, saved.savepoint_id, saved.native_checksum)
     except (SavepointDamaged, OSError) as damage:
         return f"its native copy cannot be read ({damage})"
-    return None if copied == layout else f"another operator layout ({copied}; this build writes {layout})"
+    wanted = partitions or saved.partitions  # a copy prepared for a rescale has the new count (its manifest says)
+    if wanted != shape.partitions:
+        asked = f"--partitions {partitions}" if partitions else f"the savepoint's {wanted} partitions"
+        return f"{asked} (its native copy has {shape.partitions})"
+    return None if shape.layout == layout else f"another operator layout ({shape.layout}; this build writes {layout})"
 
 
 def plan_restore(config: SessionsConfig, savepoint: str = "latest", *, partitions: int | None = None,

@@ -160,11 +160,12 @@ def _restore_native(config: SessionsConfig, store: SavepointStore, saved: Savepo
 
 
 def restore_unlocked(config: SessionsConfig, savepoint: str, *, partitions: int | None, migrate: bool,
-                     spark: SparkSession | None, lease: Lease | None = None, canonical: bool = False
-                     ) -> RestoreResult:
+                     spark: SparkSession | None, lease: Lease | None = None, canonical: bool = False,
+                     roll_back_outputs: bool = True) -> RestoreResult:
     """The restore, for a caller that holds the job and lifecycle leases (state_store.lifecycle); with `lease` (the
     job lease) its writes are fenced by it. From the savepoint's native copy when it has one this restore can use
-    and not `canonical`; else from its canonical rows."""
+    and not `canonical`; else from its canonical rows. Without `roll_back_outputs` (a checkpoint prepared beside a
+    running stream, never resumed as it is: state_store.prepared_rescale) the output tables stay as they are."""
     started = time.monotonic()
     phases: dict[str, float] = {}
     last = [started]  # when the previous phase ended
@@ -206,8 +207,8 @@ def restore_unlocked(config: SessionsConfig, savepoint: str, *, partitions: int 
             "savepoint_id": saved.savepoint_id, "source_seq": saved.source_seq,
             "watermark_ms": saved.watermark_ms, "lateness_ms": config.lateness_ms,
         }))
-        outputs_rolled_back = True  # from here the tables may differ from what the old checkpoint wrote
-        removed = _roll_back_outputs(config, saved, lease)
+        outputs_rolled_back = roll_back_outputs  # from here the tables may differ from what the old checkpoint wrote
+        removed = _roll_back_outputs(config, saved, lease) if roll_back_outputs else {}
         ensure_tables(config)
         phase("outputs_rolled_back")
         kill_point("restore:rolled-back")

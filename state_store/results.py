@@ -15,7 +15,7 @@ __all__ = ["CompactionResult", "MaintenanceDue", "RescaleMethod", "RescaleResult
 RestoreMethod = Literal["canonical", "native"]
 Trigger = Literal["manual", "scheduled", "sensor", "pre-rescale", "pre-restore", "stop"]  # what asked for a savepoint
 SavepointStatus = Literal["complete", "failed"]
-RescaleMethod = Literal["none", "repartition", "savepoint-restore"]
+RescaleMethod = Literal["none", "repartition", "savepoint-restore", "prepared"]
 
 
 @dataclass(frozen=True)

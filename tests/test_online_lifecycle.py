@@ -246,14 +246,17 @@ def test_ctrl_c_at_random_moments_is_one_line_or_the_summary(tmp_path, spark, pr
     assert got == sorted(expected_closed_sessions(chunks, GAP_MS, LATENESS_MS))
 
 
-@pytest.mark.parametrize("provider,method", [("rocksdb", "repartition"), ("hdfs", "savepoint-restore")])
-def test_rescale_of_a_running_stream_between_two_batches(tmp_path, spark, provider, method):
-    """`sessionctl rescale` beside a running `sessionctl run` (files landing all the while): the stream rescales
-    between two batches and goes on without a restart; the answer gives its downtime, measured from Spark's progress
-    (the end of the last batch before to the end of the first after). Then every session exactly once against the
-    oracle, the open ones in the rescaled state."""
+@pytest.mark.parametrize("provider", ["rocksdb", "hdfs"])
+def test_rescale_of_a_running_stream_between_two_batches(tmp_path, spark, provider):
+    """`sessionctl rescale` beside a running `sessionctl run` (files landing all the while): prepared beside the
+    stream (the pre-rescale savepoint, restored at the new count into a side checkpoint kept as its native copy), then
+    swapped in by the stream between two batches, which goes on without a restart (where no native copy can be kept,
+    the stream does the whole rescale between two batches: test_a_running_stream_killed_inside_its_rescale_...). The
+    answer gives the downtime, measured from Spark's progress (the end of the last batch before to the end of the
+    first after). Then every session exactly once against the oracle, the open ones in the rescaled state."""
     config = make_config(tmp_path, provider, SESSIONS_STATE_PARTITIONS=2)
-    chunks = in_order_chunks(users=60, seed=41, parts=10)
+    # Files land a second apart for longer than the rescale takes beside the stream: one is waiting after it.
+    chunks = in_order_chunks(users=60, seed=41, parts=60)
     run = _start_run(config)
     Feeder(config.landing, chunks[:4], every=1.0, prefix="early").start()
     try:
@@ -273,10 +276,15 @@ def test_rescale_of_a_running_stream_between_two_batches(tmp_path, spark, provid
             run.kill()
             run.communicate()
     _assert_clean_exit(run, out, err)
-    assert (answer["partitions_before"], answer["partitions_after"], answer["method"]) == (2, 3, method), answer
+    assert (answer["partitions_before"], answer["partitions_after"], answer["method"]) == (2, 3, "prepared"), answer
     assert inspect_checkpoint(config.checkpoint).partitions == 3
     assert answer["stream"].startswith("run"), answer
     assert "pre_rescale_savepoint" in answer["phases"] and sum(answer["phases"].values()) <= answer["seconds"] + 0.01
+    # The stream's part: the native files copied in and its outputs rolled back.
+    assert list(answer["phases"]) == ["pre_rescale_savepoint", "side_checkpoint_built", "native_copied",
+                                      "swap_preflight", "swap_native_copied", "swap_outputs_rolled_back"], \
+        answer["phases"]
+    assert not [p for p in config.checkpoint.parent.iterdir() if "prepared" in p.name], "the side checkpoint is gone"
     # A batch was waiting (the feeder lands a file a second): the first one after the rescale ran within the wait.
     assert answer.get("downtime_seconds") is not None and 0 < answer["resumed_seconds"] <= answer["downtime_seconds"], json.dumps(answer)
     print("rescale of a running stream:", answer)  # (shown with -rP: the downtime on this machine)
@@ -379,17 +387,27 @@ def _all_processed(config) -> bool:
     return not list(config.landing.glob("*.jsonl")) and stream_caught_up(config)
 
 
-@pytest.mark.parametrize("point,partitions_after_kill,method_after", [("rescale:saved", 2, "repartition"),
-                                                                      ("rescale:moved", 3, "none")])
+@pytest.mark.parametrize("point,partitions_after_kill,method_after", [
+    ("restore:aside", None, "prepared"), ("restore:rolled-back", None, "prepared"),
+    ("rescale:saved", 2, "repartition"), ("rescale:moved", 3, "none")])
 def test_a_running_stream_killed_inside_its_rescale_loses_nothing(tmp_path, spark, point, partitions_after_kill,
                                                                   method_after):
-    """`sessionctl run` SIGKILLed inside the rescale it was asked for: after its pre-rescale savepoint (the state not
-    moved yet), or after Spark's repartition (before it runs again). The requester says in one line that the stream
-    went away and to run the same rescale again; that rescale (the stream stopped, so here) finishes the job, and
-    the catch-up after it writes every session exactly once against the oracle."""
+    """`sessionctl run` SIGKILLed inside the rescale it was asked for. Prepared beside it, the stream's part is a
+    restore of the pre-rescale savepoint from its native copy: killed with the old checkpoint set aside, or with its
+    outputs rolled back (the restore half done). Done by the stream between two batches (no native copy can be kept:
+    the savepoints' native/ folder is a file): after its pre-rescale savepoint (the state not moved yet), or after
+    Spark's repartition (before it runs again). The requester says in one line that the stream went away and to run
+    the same rescale again; that rescale (the stream stopped, so here) finishes the job, and the catch-up after it
+    writes every session exactly once against the oracle."""
+    from pipelines.job.checkpoint import read_restore_marker
+
     config = make_config(tmp_path, "rocksdb", SESSIONS_STATE_PARTITIONS=2)
     chunks = in_order_chunks(users=60, seed=43, parts=6)
     env = config_env(config)
+    if point.startswith("rescale:"):
+        blocked = Path(config.savepoint_uri) / "native"
+        blocked.parent.mkdir(parents=True, exist_ok=True)
+        blocked.write_text("not a folder")
     feeder = Feeder(config.landing, chunks[:3], every=1.0, prefix="early")
     with _run_killed_at(config, point) as run:
         feeder.start()
@@ -398,7 +416,10 @@ def test_a_running_stream_killed_inside_its_rescale_loses_nothing(tmp_path, spar
         asked = subprocess.run([tool("sessionctl"), "rescale", "--partitions", "3"], env=env, capture_output=True,
                                text=True, timeout=600)
     _assert_went_away(asked, "rescale")
-    assert inspect_checkpoint(config.checkpoint).partitions == partitions_after_kill
+    if partitions_after_kill is None:  # the restore is half done: the marker names it
+        assert read_restore_marker(config.checkpoint)["command"].endswith("--partitions 3")
+    else:
+        assert inspect_checkpoint(config.checkpoint).partitions == partitions_after_kill
     again = subprocess.run([tool("sessionctl"), "rescale", "--partitions", "3"], env=env, capture_output=True,
                            text=True, timeout=600)
     assert again.returncode == 0, again.stderr[-3000:]

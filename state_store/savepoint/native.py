@@ -40,7 +40,7 @@ from pipelines.storage import join
 if TYPE_CHECKING:
     from fsspec import AbstractFileSystem
 
-__all__ = ["NativeCopy", "NativeUnavailable", "copy_in", "copy_out", "drop", "folders", "native_layout", "native_uri"]
+__all__ = ["NativeCopy", "NativeUnavailable", "copy_in", "copy_out", "drop", "folders", "NativeShape", "native_shape", "native_uri"]
 
 NATIVE_DIR = "native"
 MANIFEST = "_native.json"
@@ -263,13 +263,24 @@ def _manifest(store_uri: str, savepoint_id: str, checksum: str) -> dict[str, Any
     return dict(json.loads(data))
 
 
-def native_layout(store_uri: str, savepoint_id: str, checksum: str) -> str | None:
-    """The operator layout of the checkpoint a native copy came from (its job metadata), the manifest verified."""
+@dataclass(frozen=True)
+class NativeShape:
+    """What a native copy fits: the operator layout of the checkpoint it came from (its job metadata; None when it
+    has none), its state partitions and provider (the manifest's: a copy prepared for a rescale has the new count,
+    not the savepoint's)."""
+    layout: str | None
+    partitions: int
+    provider: str
+
+
+def native_shape(store_uri: str, savepoint_id: str, checksum: str) -> NativeShape:
+    """The shape of a savepoint's native copy, its manifest verified against the catalog's hash."""
     manifest = _manifest(store_uri, savepoint_id, checksum)
-    if not any(f["path"] == JOB_FILE for f in manifest["files"]):
-        return None
-    fs, root = _fs(checkpoint_path(native_uri(store_uri, savepoint_id)))
-    return JobMetadata(**json.loads(bytes(fs.cat_file(f"{root}/{JOB_FILE}")))).state_layout
+    layout = None
+    if any(f["path"] == JOB_FILE for f in manifest["files"]):
+        fs, root = _fs(checkpoint_path(native_uri(store_uri, savepoint_id)))
+        layout = JobMetadata(**json.loads(bytes(fs.cat_file(f"{root}/{JOB_FILE}")))).state_layout
+    return NativeShape(layout, int(manifest["partitions"]), str(manifest["provider"]))
 
 
 def copy_in(store_uri: str, savepoint_id: str, checksum: str, checkpoint: CheckpointPath) -> int:
