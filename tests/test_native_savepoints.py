@@ -18,7 +18,7 @@ from state_store.lifecycle import restore, take_savepoint
 from state_store.maintenance import compact
 from state_store.savepoint.catalog import SavepointStore
 from state_store.savepoint.native import MANIFEST, native_uri
-from tests.conftest import read_open_sessions, read_sessions
+from tests.conftest import make_config, read_open_sessions, read_sessions
 from tests.savepoint_expectations import oracle_of
 from tests.test_lifecycle import GAP_MIN, LATENESS_MIN, _chunks, _config, _expected, _land_and_ingest
 
@@ -222,3 +222,26 @@ def test_kills_inside_a_native_savepoint_and_a_native_restore_lose_nothing(tmp_p
     _land_and_ingest(config, chunks[3:], 3)
     catch_up(config, spark)
     assert read_sessions(config) == _expected(chunks)
+
+
+@pytest.mark.tier("pure")
+@pytest.mark.parametrize("checkpoint_uri", ["{home}/checkpoints", "hdfs://127.0.0.1:9000/sessions-home/checkpoints",
+                                            "s3a://bucket/sessions-home/checkpoints"])
+def test_a_prepared_rescale_builds_its_side_checkpoint_beside_the_checkpoint(tmp_path, checkpoint_uri):
+    """The side checkpoint of a running stream's rescale (state_store.prepared_rescale) sits beside the checkpoint on
+    the same file system, named as a failed restore's (so one a killed preparation leaves is listed with them), in a
+    folder of its own that is deleted whole; RocksDB writes it without changelogs (a snapshot the stream loads as is)."""
+    from state_store.lifecycle import replaced_checkpoints
+    from state_store.prepared_rescale import side_config
+
+    config = make_config(tmp_path, "rocksdb", SESSIONS_CHECKPOINT_URI=checkpoint_uri.format(home=tmp_path / "home"),
+                         SESSIONS_LEASE_URI=str(tmp_path / "leases"))
+    side = side_config(config, "20261129T000000")
+    assert str(side.checkpoint.parent.parent) == str(config.checkpoint.parent)
+    assert side.checkpoint.parent.name == "sessions.failed-restore-prepared-20261129T000000"
+    assert side.checkpoint.name == config.checkpoint.name and not side.rocksdb_changelog and config.rocksdb_changelog
+    assert (side.sessions_table, side.savepoint_uri, side.lease_uri) == \
+        (config.sessions_table, config.savepoint_uri, config.lease_uri)
+    if checkpoint_uri.startswith("{home}"):  # left behind by a killed preparation: listed with the failed restores
+        (side.checkpoint / "offsets").mkdir(parents=True)
+        assert [p.name for p in replaced_checkpoints(config)] == [side.checkpoint.parent.name]
