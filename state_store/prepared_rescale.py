@@ -5,7 +5,8 @@ or a restore, a check: tens of seconds at a million open users). Done between tw
 Prepared here instead, while the stream goes on: the pre-rescale savepoint of its last committed batch; that
 savepoint restored at the new partition count into a side checkpoint and checked there against it; the side
 checkpoint's files kept as the savepoint's native copy (state_store.savepoint.native; its manifest says the new
-count). The stream is then asked to restore that savepoint at the new count between two batches: a file copy, the
+count). The side checkpoint writes nothing to the output tables: its query stops after the bootstrap batch, which
+closes no session, so a session the savepoint holds as due is closed by the stream's first batch after the swap. The stream is then asked to restore that savepoint at the new count between two batches: a file copy, the
 outputs it wrote since the savepoint rolled back, and its first batch after replays the events since -- exactly once,
 as any restore. The side checkpoint is deleted; one left by a killed preparation is a failed restore's
 (state_store.lifecycle.replaced_checkpoints).
@@ -77,7 +78,7 @@ def prepare_rescale(config: SessionsConfig, partitions: int, *, spark: SparkSess
         side = side_config(config, dt.datetime.now(dt.timezone.utc).strftime("%Y%m%dT%H%M%S%f"))
         try:
             restore_unlocked(side, saved.savepoint_id, partitions=partitions, migrate=False, spark=spark,
-                             canonical=True, roll_back_outputs=False)
+                             canonical=True, side=True)
             stop_state_stores(spark)  # its stores upload nothing more into the side checkpoint
             phase("side_checkpoint_built")  # the savepoint verified, the bootstrap batch, the state checked
             info = inspect_checkpoint(side.checkpoint)

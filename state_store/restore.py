@@ -7,7 +7,8 @@ from __future__ import annotations
 import datetime as dt
 import json
 import time
-from contextlib import suppress
+from collections.abc import Iterator
+from contextlib import contextmanager, suppress
 from dataclasses import replace
 
 import pyarrow as pa
@@ -45,6 +46,7 @@ from state_store.savepoint.checksum import frame_checksum, state_checksum
 __all__ = ["FAILED_SUFFIX", "REPLACED_SUFFIX", "restore_unlocked", "verified_savepoint"]
 
 REPLACED_SUFFIX = ".replaced-"
+NO_DATA_BATCHES = "spark.sql.streaming.noDataMicroBatches.enabled"
 FAILED_SUFFIX = ".failed-restore-"  # a half-built checkpoint, kept for a post-mortem
 
 
@@ -161,11 +163,13 @@ def _restore_native(config: SessionsConfig, store: SavepointStore, saved: Savepo
 
 def restore_unlocked(config: SessionsConfig, savepoint: str, *, partitions: int | None, migrate: bool,
                      spark: SparkSession | None, lease: Lease | None = None, canonical: bool = False,
-                     roll_back_outputs: bool = True) -> RestoreResult:
+                     side: bool = False) -> RestoreResult:
     """The restore, for a caller that holds the job and lifecycle leases (state_store.lifecycle); with `lease` (the
     job lease) its writes are fenced by it. From the savepoint's native copy when it has one this restore can use
-    and not `canonical`; else from its canonical rows. Without `roll_back_outputs` (a checkpoint prepared beside a
-    running stream, never resumed as it is: state_store.prepared_rescale) the output tables stay as they are."""
+    and not `canonical`; else from its canonical rows. A `side` checkpoint (built beside a running stream to become
+    the savepoint's native copy: state_store.prepared_rescale) writes nothing to the output tables: they are not
+    rolled back, and its query stops after the bootstrap batch, which closes no session (its watermark is not yet
+    the savepoint's) -- the stream that resumes from it closes them in its first batch, after its own rollback."""
     started = time.monotonic()
     phases: dict[str, float] = {}
     last = [started]  # when the previous phase ended
@@ -207,15 +211,17 @@ def restore_unlocked(config: SessionsConfig, savepoint: str, *, partitions: int 
             "savepoint_id": saved.savepoint_id, "source_seq": saved.source_seq,
             "watermark_ms": saved.watermark_ms, "lateness_ms": config.lateness_ms,
         }))
-        outputs_rolled_back = roll_back_outputs  # from here the tables may differ from what the old checkpoint wrote
-        removed = _roll_back_outputs(config, saved, lease) if roll_back_outputs else {}
+        outputs_rolled_back = not side  # from here the tables may differ from what the old checkpoint wrote
+        removed = {} if side else _roll_back_outputs(config, saved, lease)
         ensure_tables(config)
         phase("outputs_rolled_back")
         kill_point("restore:rolled-back")
         # Only the bootstrap batch (and the empty batch after it): events after the savepoint are the next
         # catch-up's or run's to process.
-        query, _ = start_query(spark, target, meta, operator, trigger={"availableNow": True},
-                               source_options={"targetSeq": saved.source_seq}, initial_rows=initial, lease=lease)
+        with _no_batch_after_the_marker(spark, side):
+            query, _ = start_query(spark, target, meta, operator, trigger={"availableNow": True},
+                                   source_options={"targetSeq": saved.source_seq, "settle": str(not side).lower()},
+                                   initial_rows=initial, lease=lease)
         query.awaitTermination()
         failure = query.exception()
         if failure is not None:
@@ -241,6 +247,25 @@ def restore_unlocked(config: SessionsConfig, savepoint: str, *, partitions: int 
         rolled_back=removed, previous_checkpoint=replaced, seconds=seconds, phases=phases,
         note=f"the native copy was not used: {note}" if note else None,
     )
+
+
+@contextmanager
+def _no_batch_after_the_marker(spark: SparkSession, side: bool) -> Iterator[None]:
+    """For a side checkpoint's query (read when it starts): no batch of Spark's own after the marker batch (a no-data
+    batch runs when the watermark moved, and would close the sessions the savepoint holds as due). Not a setting
+    the checkpoint records: the stream that resumes from it runs them as usual."""
+    if not side:
+        yield
+        return
+    before = spark.conf.get(NO_DATA_BATCHES, None)
+    spark.conf.set(NO_DATA_BATCHES, "false")
+    try:
+        yield
+    finally:
+        if before is None:
+            spark.conf.unset(NO_DATA_BATCHES)
+        else:
+            spark.conf.set(NO_DATA_BATCHES, before)
 
 
 def _failed_restore(config: SessionsConfig, savepoint_id: str, replaced: str | None,

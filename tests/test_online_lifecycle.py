@@ -25,6 +25,7 @@ from pipelines.job.checkpoint import inspect_checkpoint
 from pipelines.job.stream import catch_up
 from state_store.lifecycle import restore, take_savepoint, validate_savepoint
 from state_store.savepoint.catalog import SavepointStore
+from state_store.savepoint.native import MANIFEST, native_uri
 from testkit.lifecycle_expectations import expected_closed_sessions
 from testkit.oracle import run_oracle
 from tests.conftest import config_env, make_config, read_open_sessions, read_sessions, tool
@@ -285,6 +286,13 @@ def test_rescale_of_a_running_stream_between_two_batches(tmp_path, spark, provid
                                       "swap_preflight", "swap_native_copied", "swap_outputs_rolled_back"], \
         answer["phases"]
     assert not [p for p in config.checkpoint.parent.iterdir() if "prepared" in p.name], "the side checkpoint is gone"
+    # The side checkpoint stopped after its bootstrap (marker) batch and wrote no output: the sessions its savepoint
+    # held as due are closed by the stream's first batch after the swap, after its rollback (else they are lost).
+    copy = Path(native_uri(config.savepoint_uri, answer["savepoint_id"]))
+    side = json.loads((copy / "_job.json").read_text())["incarnation"]
+    assert json.loads((copy / MANIFEST).read_text())["batch_id"] == 0
+    assert side not in set(DeltaTable(config.sessions_table).to_pyarrow_table(columns=["incarnation"])
+                           ["incarnation"].to_pylist())
     # A batch was waiting (the feeder lands a file a second): the first one after the rescale ran within the wait.
     assert answer.get("downtime_seconds") is not None and 0 < answer["resumed_seconds"] <= answer["downtime_seconds"], json.dumps(answer)
     print("rescale of a running stream:", answer)  # (shown with -rP: the downtime on this machine)

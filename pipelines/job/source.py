@@ -120,6 +120,9 @@ class RawEventsStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow)
         self.max_versions = int(max_versions) if max_versions else None
         # Trigger.AvailableNow sets it; a restore caps it at the savepoint (its marker-only first batch).
         self.target_seq: int | None = int(options["targetSeq"]) if options.get("targetSeq") else None
+        # "false": no empty batch after data (a restore's side checkpoint stops after its marker batch, which closes
+        # nothing: the stream that resumes from it runs the next batch with the savepoint's watermark).
+        self.settle = options.get("settle", "true") != "false"
 
     def _bootstrap(self) -> dict[str, Any] | None:
         return dict(json.loads(self.bootstrap)) if self.bootstrap else None
@@ -150,7 +153,7 @@ class RawEventsStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow)
             latest = min(latest, start["seq"] + limit.max_files)
         if latest > start["seq"]:
             return {"seq": latest, "boot": True, "settled": False}
-        if not start.get("settled", True):
+        if not start.get("settled", True) and self.settle:
             # One empty batch after data: it runs with the watermark the data advanced, so sessions
             # it closes are written now, not when the next event happens to arrive.
             return {"seq": start["seq"], "boot": True, "settled": True}
