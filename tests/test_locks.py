@@ -144,9 +144,10 @@ def test_stop_request_is_answered_and_a_joined_stop_without_savepoint_says_so(tm
 
 
 def test_a_rescale_beside_a_running_stream_is_asked_of_it_and_says_its_answer(tmp_path):
-    """The rescale protocol without Spark: with a `run` holding the job lease, `rescale` makes a request and returns
-    the stream's answer (its result and downtime); a failed one is one line with the next step, and so is a stream
-    that goes away without answering."""
+    """The rescale protocol without Spark: with a `run` holding the job lease (in this process, so the rescale is
+    not prepared here: the stream does it between two batches), `rescale` makes a request and returns the stream's
+    answer (its result and downtime); a failed one is one line with the next step, and so is a stream that goes away
+    without answering."""
     from pipelines.coordination.requests import RescaleRequest, ResumedAnswer, answer_request, pending_request
     from pipelines.errors import StopIncomplete
     from state_store.lifecycle import rescale
@@ -170,7 +171,7 @@ def test_a_rescale_beside_a_running_stream_is_asked_of_it_and_says_its_answer(tm
         thread.join()
         said = result.to_dict()
         assert said.pop("stream").startswith("run"), result  # the stream that did it: its lease holder
-        assert said == {**done, "downtime_seconds": 2.25, "resumed_seconds": 1.5}
+        assert said == {**done, "phases": {}, "downtime_seconds": 2.25, "resumed_seconds": 1.5}
         thread = answer_with(ResumedAnswer(error="the lifecycle lease is held by compact"), held)
         with pytest.raises(StopIncomplete, match="could not rescale .the lifecycle lease is held by compact.") as failed:
             rescale(config, 3, timeout_s=30)
