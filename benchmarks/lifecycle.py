@@ -230,7 +230,6 @@ def running_stream(config: SessionsConfig, users: int) -> Iterator[BatchSpans]:
     env = {**{k: v for k, v in os.environ.items() if not k.startswith("SESSIONS_")},
            "SESSIONS_HOME": str(config.home), "SESSIONS_STATE_STORE": config.state_store,
            "SESSIONS_STATE_PARTITIONS": str(config.state_partitions), "PYSPARK_PYTHON": sys.executable,
-           "SESSIONS_ROCKSDB_CHANGELOG": str(config.rocksdb_changelog).lower(),
            "PYTHONPATH": str(REPO)}
     # The producer is its own process: in this one, the savepoint's Python work would starve a feeder thread of the
     # GIL, and a stream with no new file makes no batch to measure.
@@ -343,14 +342,9 @@ def measure_running_restore(provider: str, users: int, spark, work: Path, quiet_
             "restores": restores, "load_end": _load()}
 
 
-# --rocksdb-changelog: RocksDB's changelog checkpointing (the product's default: on) or a snapshot upload every batch
-ROCKSDB_CHANGELOG = {"value": "true"}
-
-
 def _env(home: Path, provider: str, master: str | None) -> dict[str, str]:
     env = {"SESSIONS_HOME": str(home), "SESSIONS_STATE_STORE": provider, "SESSIONS_STATE_PARTITIONS": "4",
-           "SESSIONS_SAVEPOINT_FULL_EVERY": "10",  # incremental savepoints, whatever the default
-           "SESSIONS_ROCKSDB_CHANGELOG": ROCKSDB_CHANGELOG["value"]}
+           "SESSIONS_SAVEPOINT_FULL_EVERY": "10"}  # incremental savepoints, whatever the default
     return {**env, **({"SESSIONS_SPARK_MASTER": master} if master else {})}
 
 
@@ -628,11 +622,8 @@ def main() -> None:
     parser.add_argument("--scale-step", choices=("build", "measure"), help=argparse.SUPPRESS)
     parser.add_argument("--work-dir", help=argparse.SUPPRESS)
     parser.add_argument("--results-dir", default=str(REPO / "benchmarks" / "results"))
-    parser.add_argument("--rocksdb-changelog", choices=("on", "off"), default="on",
-                        help="RocksDB's changelog checkpointing (SESSIONS_ROCKSDB_CHANGELOG) in every process measured")
     parser.add_argument("--note", default="")
     args = parser.parse_args()
-    ROCKSDB_CHANGELOG["value"] = "true" if args.rocksdb_changelog == "on" else "false"
     sizes = [int(s) for s in args.sizes.split(",")] + ([1_000_000] if args.large else [])
     providers = ["rocksdb", "hdfs"] if args.provider == "both" else [args.provider]
     if args.scale_step:  # one process of scale_run: one provider, one size

@@ -255,7 +255,8 @@ def rescale_unlocked(config: SessionsConfig, partitions: int, *, spark: SparkSes
     if marker is not None:
         # A restore left half done (a running stream's rescale killed inside its swap): the checkpoint is unusable
         # until it is finished, so it is finished first, at the count it was asked for; then on to the count asked.
-        finished = restore_unlocked(config, marker["savepoint_id"], partitions=_marker_partitions(marker),
+        # (A marker written before it recorded its count restores at the savepoint's; the rescale goes on from there.)
+        finished = restore_unlocked(config, str(marker["savepoint_id"]), partitions=marker.get("partitions"),  # an int or None
                                     migrate=False, spark=spark, lease=lease)
         if finished.partitions == partitions:
             return RescaleResult(partitions_before=before, partitions_after=partitions,
@@ -308,12 +309,6 @@ def rescale_unlocked(config: SessionsConfig, partitions: int, *, spark: SparkSes
                          partitions_after=inspect_checkpoint(config.checkpoint).partitions,
                          method=method, savepoint_id=saved.savepoint_id, rows=saved.rows,
                          seconds=round(time.monotonic() - started, 3), phases=phases)
-
-
-def _marker_partitions(marker: dict[str, str]) -> int | None:
-    """The partition count a half-done restore was asked for, from its marker's command."""
-    words = marker.get("command", "").split()
-    return int(words[words.index("--partitions") + 1]) if "--partitions" in words else None
 
 
 def replaced_checkpoints(config: SessionsConfig) -> list[CheckpointPath]:

@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import datetime as dt
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from pyspark.sql import SparkSession
 
@@ -84,15 +84,15 @@ def prepare_rescale(config: SessionsConfig, partitions: int, *, spark: SparkSess
             info = inspect_checkpoint(side.checkpoint)
             copy = native.copy_out(side.checkpoint, int(info.last_committed_batch or 0), partitions=partitions,
                                    provider=str(info.provider), store_uri=store.uri, savepoint_id=saved.savepoint_id)
-            row = {"savepoint_id": saved.savepoint_id, "native_files": len(copy.files), "native_bytes": copy.bytes,
-                   "native_checksum": copy.checksum}
-            store.update_rows([row], NATIVE_COLUMNS)
+            saved = replace(saved, native_files=len(copy.files), native_bytes=copy.bytes,
+                            native_checksum=copy.checksum)
+            store.update_rows([{name: getattr(saved, name) for name in ("savepoint_id", *NATIVE_COLUMNS)}],
+                              NATIVE_COLUMNS)
             phase("native_copied")
         except (SessionsError, native.NativeUnavailable) as error:
             raise RescaleNotPrepared(f"the rescale could not be prepared beside the stream ({error_line(error)}); "
                                      f"the stream goes on as it was") from None
-        finally:
-            stop_state_stores(spark)
+        finally:  # (a failed restore stopped its stores itself)
             remove_tree(side.checkpoint.parent)
         kill_point("rescale:prepared")
-    return PreparedRescale(store.get(saved.savepoint_id), before, phases)
+    return PreparedRescale(saved, before, phases)

@@ -249,10 +249,11 @@ def restore_marker(checkpoint: CheckpointPath) -> CheckpointPath:
 def write_restore_marker(checkpoint: CheckpointPath, savepoint_id: str, partitions: int | None) -> None:
     command = f"sessionctl restore --savepoint {savepoint_id}" + (f" --partitions {partitions}" if partitions else "")
     _write_whole(restore_marker(checkpoint), json.dumps({
-        "savepoint_id": savepoint_id, "command": command, "started_at": dt.datetime.now(dt.timezone.utc).isoformat()}))
+        "savepoint_id": savepoint_id, "partitions": partitions, "command": command,
+        "started_at": dt.datetime.now(dt.timezone.utc).isoformat()}))
 
 
-def read_restore_marker(checkpoint: CheckpointPath) -> dict[str, str] | None:
+def read_restore_marker(checkpoint: CheckpointPath) -> dict[str, Any] | None:
     try:
         return dict(json.loads(restore_marker(checkpoint).read_text()))
     except FileNotFoundError:

@@ -40,7 +40,8 @@ from pipelines.storage import join
 if TYPE_CHECKING:
     from fsspec import AbstractFileSystem
 
-__all__ = ["NativeCopy", "NativeUnavailable", "copy_in", "copy_out", "drop", "folders", "NativeShape", "native_shape", "native_uri"]
+__all__ = ["NativeCopy", "NativeShape", "NativeUnavailable", "copy_in", "copy_out", "drop", "folders", "native_shape",
+           "native_uri"]
 
 NATIVE_DIR = "native"
 MANIFEST = "_native.json"
