@@ -3,7 +3,7 @@ VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: setup check-mvn system-deps demo test test-fast lint bench clean-data check-java check-javac peers
+.PHONY: setup check-mvn system-deps demo test test-long test-fast lint bench clean-data check-java check-javac peers
 
 check-java:
 	@command -v java >/dev/null 2>&1 || { echo "Java 17+ is required by Spark and was not found on PATH. Install it (Debian: apt-get install -y openjdk-17-jre-headless) and run make again." >&2; exit 1; }
@@ -114,18 +114,25 @@ lint: setup
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/mypy
 
-# Every tier (pyproject [tool.pytest.ini_options] markers; the table in tests/conftest.py): what CI runs.
-# TEST_WORKERS pytest processes (pytest-xdist), a whole module per worker at a time (module fixtures: the Dagster
-# stack, the cluster); each worker has its own SparkSession, PostgreSQL and S3 endpoint. TEST_WORKERS=0: one process.
+# The per-commit suite: every test but the long depth (pyproject [tool.pytest.ini_options] markers; the depths in
+# tests/conftest.py), under 15 minutes on 2 cores. TEST_WORKERS pytest processes (pytest-xdist), a whole module per
+# worker at a time (module fixtures); each worker has its own SparkSession. TEST_WORKERS=0: one process.
 # The 30 slowest tests are listed at the end: where the suite's time goes.
 TEST_WORKERS ?= 2
+XDIST = $(if $(filter 0,$(TEST_WORKERS)),,-n $(TEST_WORKERS) --dist $(1))
 test: setup system-deps lint
-	$(PY) -m pytest -q --durations=30 $(if $(filter 0,$(TEST_WORKERS)),,-n $(TEST_WORKERS) --dist loadfile) tests
+	$(PY) -m pytest -q --durations=30 $(call XDIST,loadfile) -m "not long" tests
 
-# The pure and in-process Spark tiers: no sessionctl subprocesses, servers, cluster or crash campaign. No module
-# fixtures there, so tests are spread one by one (an idle worker takes queued tests from the busy one).
+# The long depth, which CI runs after `make test`: the storage matrix on the local HDFS and S3 (moto), the crash
+# campaigns, the standalone cluster, Apache Kafka's broker, the Dagster stack with PostgreSQL and a browser, and the
+# kills inside a running stream's recovery. Each worker starts its servers once.
+test-long: setup system-deps
+	$(PY) -m pytest -q --durations=30 $(call XDIST,loadfile) -m long tests
+
+# The pure tier and the core scenarios in-process against the oracle, under 3 minutes. No module fixtures there, so
+# tests are spread one by one (an idle worker takes queued tests from the busy one).
 test-fast: setup
-	$(PY) -m pytest -q $(if $(filter 0,$(TEST_WORKERS)),,-n $(TEST_WORKERS) --dist worksteal) -m "pure or spark" tests
+	$(PY) -m pytest -q $(call XDIST,worksteal) -m fast tests
 
 bench: setup
 	$(PY) benchmarks/throughput.py

@@ -354,7 +354,7 @@ def postgres_server() -> Iterator[PostgresServer]:
 
 
 # --- Test tiers: every test is pure, spark, subprocess or e2e ----------------------------------------------------
-# Markers registered in pyproject.toml; `make test-fast` runs `-m "pure or spark"`, `make test` everything.
+# Markers registered in pyproject.toml; which make target runs which tests: the depth, below.
 #   pure        no JVM: the pure core, config, locks, oracle
 #   spark       Spark in-process, through the session-scoped `spark` fixture
 #   subprocess  its own JVM/Python through `sessionctl` or other subprocesses (kill -9, Ctrl-C, one-line CLI errors)
@@ -383,8 +383,50 @@ def _tier_of(item: pytest.Item) -> str | None:
     return tier
 
 
+# --- Depth: which make target runs a test -------------------------------------------------------------------------
+#   fast   `make test-fast` (under 3 min): the pure tier and FAST_MODULES' in-process cases -- the core scenarios
+#          against the oracle on a local checkpoint
+#   long   `make test-long` (CI runs it after `make test`): every e2e test -- the storage matrix on HDFS and S3, the
+#          crash campaigns, the standalone cluster, Kafka's broker, the Dagster stack and the browser -- and LONG's
+#          process tests: kills inside a running stream's recovery, the benchmarks' smoke runs
+#   `make test` (under 15 min) runs every test that is not long.
+FAST_MODULES = frozenset({"test_stream_vs_oracle", "test_bad_input", "test_hostile_input", "test_savepoint_io",
+                          "test_ingest_tasks", "test_preflight", "test_local_fs", "test_jvm_operator"})
+LONG = {  # module -> its test functions in the long depth (every case of each)
+    "test_online_lifecycle": frozenset({
+        "test_rescale_of_a_running_stream_between_two_batches", "test_restore_of_a_running_stream_between_two_batches",
+        "test_a_running_stream_killed_inside_its_rescale_loses_nothing",
+        "test_a_running_stream_killed_inside_its_restore_loses_nothing",
+        "test_savepoints_of_a_running_stream_and_stop_with_savepoint_restore_exactly_once",
+        "test_ctrl_c_at_random_moments_is_one_line_or_the_summary"}),
+    "test_erasure": frozenset({"test_a_forget_killed_midway_is_finished_by_running_it_again"}),
+    "test_crash_restart": frozenset({"test_sigkill_mid_run_then_restart_is_exactly_once"}),
+    "test_benchmarks_run": frozenset({"test_state_scaling_benchmark_holds_every_open_user_in_both_operators",
+                                      "test_throughput_benchmark_measures_both_queries_on_the_same_batches"}),
+    "test_compact_while_running": frozenset({"test_compaction_beside_a_running_stream_is_exactly_once"}),
+    "test_class_archive": frozenset({"test_an_archive_that_does_not_fit_is_skipped_and_said_in_the_log"}),
+    "test_dagster_dev": frozenset({"test_dagster_dev_stops_within_ten_seconds_on_ctrl_c"}),
+    "test_ingest_tasks": frozenset({
+        "test_a_catch_up_killed_between_the_tasks_files_and_the_ingest_commit_loses_and_repeats_nothing"}),
+    "test_restore_marker": frozenset({"test_a_killed_restore_is_reported_and_finished_by_its_command"}),
+    "test_interrupted_rescale": frozenset({
+        "test_a_rescale_killed_inside_the_repartition_is_finished_by_the_next_rescale"}),
+    "test_native_savepoints": frozenset({"test_kills_inside_a_native_savepoint_and_a_native_restore_lose_nothing"}),
+    "test_read_only_home": frozenset({"test_reads_work_on_a_read_only_home"}),
+}
+
+
+def _depth_of(item: pytest.Item, tier: str) -> str | None:
+    module = item.path.stem
+    if tier == "e2e" or getattr(item, "originalname", item.name) in LONG.get(module, ()):
+        return "long"
+    if tier == "pure" or (tier == "spark" and module in FAST_MODULES):
+        return "fast"
+    return None
+
+
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    """Marks every test with its tier (the module's `tier` mark, a test's own, or TIER_OF_CASE)."""
+    """Marks every test with its tier (the module's `tier` mark, a test's own, or TIER_OF_CASE) and its depth."""
     for item in items:
         tier = _tier_of(item)
         if tier not in TIERS:
@@ -392,6 +434,9 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
                                     f"module `pytestmark = pytest.mark.tier(...)` with one of {', '.join(TIERS)} "
                                     f"(see the comment above TIERS in tests/conftest.py)")
         item.add_marker(getattr(pytest.mark, tier))
+        depth = _depth_of(item, tier)
+        if depth:
+            item.add_marker(getattr(pytest.mark, depth))
 
 
 @pytest.hookimpl(wrapper=True)
