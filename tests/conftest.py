@@ -437,6 +437,14 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
         depth = _depth_of(item, tier)
         if depth:
             item.add_marker(getattr(pytest.mark, depth))
+    # A name in LONG that its module (when collected) no longer has: a renamed test would land in `make test` unseen.
+    found: dict[str, set[str]] = {}
+    for item in items:
+        found.setdefault(item.path.stem, set()).add(getattr(item, "originalname", item.name))
+    stale = sorted(f"{module}::{name}" for module, names in LONG.items() if module in found
+                   for name in names - found[module])
+    if stale:
+        raise pytest.UsageError(f"tests/conftest.py LONG names tests that do not exist: {', '.join(stale)}")
 
 
 @pytest.hookimpl(wrapper=True)
