@@ -352,23 +352,25 @@ def _config(home: Path, provider: str, master: str | None) -> SessionsConfig:
     return SessionsConfig.from_env(_env(home, provider, master))
 
 
-def _sessionctl(home: Path, provider: str, *args: str) -> tuple[float, dict]:
+def _sessionctl(home: Path, provider: str, *args: str, master: str | None = None) -> tuple[float, dict]:
     """A whole `sessionctl` command, as an operator waits for it: (wall seconds, its JSON answer)."""
     began = time.monotonic()
     done = subprocess.run([str(REPO / ".venv" / "bin" / "sessionctl"), *args], capture_output=True, text=True,
-                          env={**os.environ, **_env(home, provider, None)}, timeout=1800, check=True)
+                          env={**os.environ, **_env(home, provider, master)}, timeout=1800, check=True)
     return round(time.monotonic() - began, 3), json.loads(done.stdout.strip().splitlines()[-1])
 
 
-def measure_native(provider: str, users: int, spark, work: Path) -> dict:
+def measure_native(provider: str, users: int, spark, work: Path, master: str | None = None) -> dict:
     """Native vs canonical, same state, same run: a full savepoint with and without the native copy (and the copy
     alone), then `sessionctl restore` of it as a whole command, native, canonical, native again (each restore's own
     seconds and the command's wall time), and the catch-up of one small file after each (the first batch loads the
-    restored state)."""
+    restored state). With a cluster's `master`, this process's application gives its executors back while a
+    restore command runs (a standalone master gives a second application no cores while the first holds them)."""
     from state_store.savepoint import native
 
     home = work / f"native-{provider}-{users}"
-    config = _config(home, provider, None)
+    config = _config(home, provider, master)
+    spark = get_spark(config) if master else spark  # the caller's, or a new one if an earlier run stopped it
     began = time.monotonic()
     build_state(config, users, spark)
     build_s = time.monotonic() - began
@@ -384,7 +386,11 @@ def measure_native(provider: str, users: int, spark, work: Path) -> dict:
     for kind in ("native", "canonical", "native"):
         args = ["restore", "--savepoint", with_native.savepoint_id] + (["--canonical"] if kind == "canonical" else [])
         stop_state_stores(spark)  # this process's stores of the checkpoint: nothing uploaded into the restored one
-        wall, answer = _sessionctl(home, provider, *args)
+        if master:
+            spark.stop()
+        wall, answer = _sessionctl(home, provider, *args, master=master)
+        if master:
+            spark = get_spark(config)
         assert answer["method"] == kind, answer
         land(config.landing, f"after-{len(restores)}.jsonl", [json.dumps(
             {"event_id": f"a{len(restores)}", "user_id": "u0000001", "event_type": "page_view", "page": "/",
@@ -397,7 +403,7 @@ def measure_native(provider: str, users: int, spark, work: Path) -> dict:
             "canonical_savepoint_s": canonical.seconds, "savepoint_native_s": with_native.seconds,
             "native_copy_s": copy_s, "native_files": with_native.native_files,
             "native_mb": round((with_native.native_bytes or 0) / 1e6, 1), "restores": restores,
-            "load_start": load_start, "load_end": _load()}
+            "master": master or "local[2]", "load_start": load_start, "load_end": _load()}
 
 
 def measure_online_priority(provider: str, users: int, spark, work: Path, quiet_s: float = 20.0) -> dict:
@@ -642,7 +648,7 @@ def main() -> None:
             result = (scale_run(provider, users, work, args.master) if args.scale else
                       measure_running_rescale(provider, users, spark, work) if args.running_rescale else
                       measure_running_restore(provider, users, spark, work) if args.running_restore else
-                      measure_native(provider, users, spark, work) if args.native else
+                      measure_native(provider, users, spark, work, args.master) if args.native else
                       measure_online_priority(provider, users, spark, work) if args.online_priority else
                       measure(provider, users, spark, work, online=args.online, savepoint_only=args.savepoint_only))
             print(json.dumps(result), flush=True)
@@ -703,7 +709,8 @@ def main() -> None:
                   + f" | {x['downtime_s']} | {x['resumed_s']} | {x['request_to_answer_s']} | {x['load_avg_1m']} |"
                   for r in results for x in r["restores"]]
     elif args.native:
-        lines += ["Native vs canonical, same state, same run (RocksDB or HDFS-backed, 4 partitions, local[2]): a full "
+        lines += [f"Native vs canonical, same state, same run (RocksDB or HDFS-backed, 4 partitions, "
+                  f"{args.master or 'local[2]'}): a full "
                   "savepoint without and with the native copy (the checkpoint's own files of the batch), the copy "
                   "alone, then `sessionctl restore` of that savepoint as whole commands -- native, `--canonical`, "
                   "native again -- each followed by the catch-up of one small file (its first batch loads the "

@@ -11,8 +11,8 @@ outputs it wrote since the savepoint rolled back, and its first batch after repl
 as any restore. The side checkpoint is deleted; one left by a killed preparation is a failed restore's
 (state_store.lifecycle.replaced_checkpoints).
 
-RocksDB's side checkpoint is written without changelog checkpointing, so its files hold a snapshot the stream loads as
-it is instead of replaying every key from a changelog in its first batch after."""
+RocksDB's side checkpoint holds a snapshot (a canonical restore commits its bootstrap batch as one: state_store.restore),
+which the stream loads as it is instead of replaying every key from a changelog in its first batch after."""
 from __future__ import annotations
 
 import datetime as dt
@@ -52,10 +52,9 @@ class PreparedRescale:
 
 def side_config(config: SessionsConfig, stamp: str) -> SessionsConfig:
     """Where the side checkpoint is built: beside the checkpoint, named as a failed restore's until it is deleted (a
-    killed preparation leaves one a later `compact` or an operator finds). RocksDB writes it without changelogs."""
+    killed preparation leaves one a later `compact` or an operator finds)."""
     parent = config.checkpoint.parent
-    return config.with_(checkpoint_uri=str(parent / f"{config.checkpoint.name}{FAILED_SUFFIX}prepared-{stamp}"),
-                        rocksdb_changelog=False)
+    return config.with_(checkpoint_uri=str(parent / f"{config.checkpoint.name}{FAILED_SUFFIX}prepared-{stamp}"))
 
 
 def prepare_rescale(config: SessionsConfig, partitions: int, *, spark: SparkSession) -> PreparedRescale:

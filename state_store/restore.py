@@ -189,7 +189,11 @@ def restore_unlocked(config: SessionsConfig, savepoint: str, *, partitions: int 
         if isinstance(done, RestoreResult):
             return done
         note = done
-    target = config.with_(state_partitions=partitions or saved.partitions or config.state_partitions)
+    # RocksDB commits the bootstrap batch as a snapshot, not as a changelog of every key: the read-back below and the
+    # stream's first batch after load its files as they are instead of replaying every put (the stream goes on with
+    # its own setting: switching keeps the state).
+    target = config.with_(state_partitions=partitions or saved.partitions or config.state_partitions,
+                          rocksdb_changelog=False)
     spark = spark or get_spark(target)
     phase("preflight")
     saved = verified_savepoint(config, spark, savepoint=saved.savepoint_id)

@@ -45,7 +45,23 @@ def test_changelog_on_off_on_keeps_state_and_lifecycle_reads_it(tmp_path, spark)
     written, open_now = read_sessions(on), read_open_sessions(spark, on)
     assert len(set(written)) == len(written)
     assert sorted(written) == expected
-    # And back to the savepoint: the same sessions once more, each once.
-    restore(on, saved.savepoint_id, spark=spark)
+    # And back to the savepoint, from its rows: the same sessions once more, each once.
+    restored = restore(on, saved.savepoint_id, spark=spark, canonical=True)
+    assert restored.method == "canonical"
+    # Its bootstrap batch (version 1, and the empty batch after it) was committed as a snapshot of every key, not as
+    # a changelog of them; the stream's next batch goes on with changelogs, as the setting says.
+    versions = _state_files(on.checkpoint)
+    assert 1 in versions["zip"] and versions["changelog"] == set()
     catch_up(on, spark)
     assert sorted(read_sessions(on)) == expected and read_open_sessions(spark, on) == open_now
+    assert min(_state_files(on.checkpoint)["changelog"]) == max(versions["zip"]) + 1
+
+
+def _state_files(checkpoint: Path) -> dict[str, set[int]]:
+    """The versions of the operator's RocksDB snapshot zips and changelogs, by kind."""
+    found: dict[str, set[int]] = {"zip": set(), "changelog": set()}
+    for path in (checkpoint / "state").rglob("*"):
+        stem, _, kind = path.name.partition(".")
+        if kind in found and stem.split("_")[0].isdigit():
+            found[kind].add(int(stem.split("_")[0]))
+    return found

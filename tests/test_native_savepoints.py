@@ -230,7 +230,7 @@ def test_kills_inside_a_native_savepoint_and_a_native_restore_lose_nothing(tmp_p
 def test_a_prepared_rescale_builds_its_side_checkpoint_beside_the_checkpoint(tmp_path, checkpoint_uri):
     """The side checkpoint of a running stream's rescale (state_store.prepared_rescale) sits beside the checkpoint on
     the same file system, named as a failed restore's (so one a killed preparation leaves is listed with them), in a
-    folder of its own that is deleted whole; RocksDB writes it without changelogs (a snapshot the stream loads as is)."""
+    folder of its own that is deleted whole."""
     from state_store.lifecycle import replaced_checkpoints
     from state_store.prepared_rescale import side_config
 
@@ -239,7 +239,7 @@ def test_a_prepared_rescale_builds_its_side_checkpoint_beside_the_checkpoint(tmp
     side = side_config(config, "20261129T000000")
     assert str(side.checkpoint.parent.parent) == str(config.checkpoint.parent)
     assert side.checkpoint.parent.name == "sessions.failed-restore-prepared-20261129T000000"
-    assert side.checkpoint.name == config.checkpoint.name and not side.rocksdb_changelog and config.rocksdb_changelog
+    assert side.checkpoint.name == config.checkpoint.name
     assert (side.sessions_table, side.savepoint_uri, side.lease_uri) == \
         (config.sessions_table, config.savepoint_uri, config.lease_uri)
     if checkpoint_uri.startswith("{home}"):  # left behind by a killed preparation: listed with the failed restores
