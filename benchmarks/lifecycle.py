@@ -229,8 +229,8 @@ def running_stream(config: SessionsConfig, users: int) -> Iterator[BatchSpans]:
     the stream committed 3 batches, stops it (Ctrl-C) afterwards."""
     env = {**{k: v for k, v in os.environ.items() if not k.startswith("SESSIONS_")},
            "SESSIONS_HOME": str(config.home), "SESSIONS_STATE_STORE": config.state_store,
-           "SESSIONS_STATE_PARTITIONS": str(config.state_partitions), "PYSPARK_PYTHON": sys.executable,
-           "PYTHONPATH": str(REPO)}
+           "SESSIONS_STATE_PARTITIONS": str(config.state_partitions), "SESSIONS_SPARK_MASTER": config.spark_master,
+           "PYSPARK_PYTHON": sys.executable, "PYTHONPATH": str(REPO)}
     # The producer is its own process: in this one, the savepoint's Python work would starve a feeder thread of the
     # GIL, and a stream with no new file makes no batch to measure.
     feeder_code = (
@@ -285,11 +285,13 @@ def measure_online(config: SessionsConfig, users: int, spark, quiet_s: float = 2
                                              for start, end in spans]}
 
 
-def measure_running_rescale(provider: str, users: int, spark, work: Path, quiet_s: float = 10.0) -> dict:
+def measure_running_rescale(provider: str, users: int, spark, work: Path, quiet_s: float = 10.0,
+                            master: str | None = None) -> dict:
     """`rescale` (4 -> 8 partitions) of a running `sessionctl run`, files landing: the downtime the stream reports
     (Spark's progress times) beside the one its checkpoint shows (the commit-log file times: the last batch before
-    the request's answer and the first after)."""
-    config = _config(work / f"running-rescale-{provider}-{users}", provider, None)
+    the request's answer and the first after). On a cluster's `master` the stream and this process are two
+    applications: each needs `spark.cores.max` below the cluster's cores (PYSPARK_SUBMIT_ARGS) to get executors."""
+    config = _config(work / f"running-rescale-{provider}-{users}", provider, master)
     began = time.monotonic()
     build_state(config, users, spark)
     build_s = time.monotonic() - began
@@ -313,7 +315,7 @@ def measure_running_rescale(provider: str, users: int, spark, work: Path, quiet_
             "rescale_phases": result.phases,
             "downtime_s": result.downtime_seconds, "resumed_s": result.resumed_seconds,
             "checkpoint_downtime_s": checkpoint_downtime, "request_to_answer_s": round(answered - asked, 3),
-            "load_avg_1m": round(os.getloadavg()[0], 2), "load_end": _load()}
+            "master": config.spark_master, "load_avg_1m": round(os.getloadavg()[0], 2), "load_end": _load()}
 
 
 def measure_running_restore(provider: str, users: int, spark, work: Path, quiet_s: float = 10.0) -> dict:
@@ -646,7 +648,8 @@ def main() -> None:
     for provider in providers:
         for users in sizes:
             result = (scale_run(provider, users, work, args.master) if args.scale else
-                      measure_running_rescale(provider, users, spark, work) if args.running_rescale else
+                      measure_running_rescale(provider, users, spark, work, master=args.master)
+                      if args.running_rescale else
                       measure_running_restore(provider, users, spark, work) if args.running_restore else
                       measure_native(provider, users, spark, work, args.master) if args.native else
                       measure_online_priority(provider, users, spark, work) if args.online_priority else
@@ -679,7 +682,8 @@ def main() -> None:
                       f"{round(x['batch_s_during_median'] / base, 2) if base and x['batch_s_during_median'] else '-'}x"
                       f" | {x['load_avg_1m']} |" for x in r["rounds"]]
     elif args.running_rescale:
-        lines += ["`rescale` of a running `sessionctl run` (its own JVM, a file of touched users every 2 s), 4 -> 8 "
+        lines += [f"On {args.master or 'local[2]'}: "
+                  "`rescale` of a running `sessionctl run` (its own JVM, a file of touched users every 2 s), 4 -> 8 "
                   "state partitions, from the benchmark's process: prepared beside the stream (the pre-rescale "
                   "savepoint, restored at 8 partitions into a side checkpoint kept as its native copy), then the "
                   "stream stops its query between two batches, copies the native files in, rolls its outputs back to "
