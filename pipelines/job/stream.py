@@ -38,14 +38,7 @@ from pipelines.job.operators.seam import StateOperator, keyed_events
 from pipelines.job.run_retries import RetryingIngest as _RetryingIngest
 from pipelines.job.run_retries import ride_out
 from pipelines.job.run_summary import RunSummary
-from pipelines.job.runtime import (
-    ERRORS_LOG,
-    explain_spark_failure,
-    get_spark,
-    prepare_session,
-    spark_failures,
-    stop_state_stores,
-)
+from pipelines.job.runtime import ERRORS_LOG, explain_spark_failure, get_spark, prepare_session, spark_failures
 from pipelines.job.sink import MicroBatchSink
 from pipelines.job.source import SOURCE_NAME
 from pipelines.job.startup import checkpoint_metadata, ensure_tables
@@ -137,11 +130,6 @@ def _job(config: SessionsConfig, what: str, spark: SparkSession | None,
             if held.lost is not None:  # whatever it failed of (the query, a commit), it is the lost lease to report
                 raise held.lost from None
             raise
-        finally:
-            # Before the lease is free: a stopped query's stores would still upload (RocksDB's maintenance) into the
-            # checkpoint's directory, which a restore taking the lease next may already have given to a new checkpoint.
-            with suppress(Exception):
-                stop_state_stores(spark)
         run.summary.last_committed_batch = inspect_checkpoint(config.checkpoint).last_committed_batch
         run.summary.seconds = round(time.monotonic() - started, 3)
 
