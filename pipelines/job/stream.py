@@ -38,7 +38,14 @@ from pipelines.job.operators.seam import StateOperator, keyed_events
 from pipelines.job.run_retries import RetryingIngest as _RetryingIngest
 from pipelines.job.run_retries import ride_out
 from pipelines.job.run_summary import RunSummary
-from pipelines.job.runtime import ERRORS_LOG, explain_spark_failure, get_spark, prepare_session, spark_failures
+from pipelines.job.runtime import (
+    ERRORS_LOG,
+    explain_spark_failure,
+    get_spark,
+    prepare_session,
+    spark_failures,
+    stop_state_stores,
+)
 from pipelines.job.sink import MicroBatchSink
 from pipelines.job.source import SOURCE_NAME
 from pipelines.job.startup import checkpoint_metadata, ensure_tables
@@ -269,6 +276,11 @@ def run_continuously(config: SessionsConfig, *, spark: SparkSession | None = Non
         finally:
             if resumed is not None and not resumed.answered:  # stopped before a batch ran after the change
                 resumed.answer(config, None)
+        # The query has stopped; its stores stop too before anyone is answered or the lease is free: RocksDB's
+        # maintenance would still upload into the checkpoint's directory, which a restore taking the lease next gives
+        # to a new checkpoint. Spark stops them JVM-wide, so not while another query of this JVM runs.
+        if not run.spark.streams.active:
+            stop_state_stores(run.spark)
         summary.stopped_by = "stop request" if isinstance(request, StopRequest) else "caller"
         if isinstance(request, StopRequest):
             _answer(config, run, request, on_stop_request)
