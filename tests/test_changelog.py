@@ -63,10 +63,11 @@ def _state_files(checkpoint: Path) -> dict[str, set[int]]:
     return found
 
 
-def test_a_stopped_run_leaves_no_state_store_writing_into_its_checkpoint(tmp_path, spark):
-    """`run` answers a stop and gives its job lease back only once this JVM's state stores are stopped: a stopped
-    query's RocksDB store still uploads in the background (Spark's maintenance thread) into the directory it was
-    loaded from, which a restore taking the lease next gives to a new checkpoint (seen as Spark's
+@pytest.mark.parametrize("job", ["run", "catch-up"])
+def test_a_finished_job_leaves_no_state_store_writing_into_its_checkpoint(tmp_path, spark, job):
+    """`run` and `catch-up` give their job lease back (and `run` answers a stop) only once this JVM's state stores are
+    stopped: a stopped query's RocksDB store still uploads in the background (Spark's maintenance thread) into the
+    directory it was loaded from, which a restore taking the lease next gives to a new checkpoint (seen as Spark's
     STATE_STORE_CHECKPOINT_LOCATION_NOT_EMPTY at the restore's first batch)."""
     import threading
 
@@ -74,14 +75,17 @@ def test_a_stopped_run_leaves_no_state_store_writing_into_its_checkpoint(tmp_pat
 
     config = make_config(tmp_path, "rocksdb")
     land_batches(config, in_order_chunks(10, seed=3, parts=1))
-    stop = threading.Event()
-    deadline = threading.Timer(120, stop.set)  # a run that never made progress still ends (and fails below)
-    deadline.start()
-    try:
-        summary = run_continuously(config, spark=spark, stop=stop, poll_seconds=1,
-                                   on_progress=lambda summary, sink: stop.set())
-    finally:
-        deadline.cancel()
+    if job == "catch-up":
+        summary = catch_up(config, spark)
+    else:
+        stop = threading.Event()
+        deadline = threading.Timer(120, stop.set)  # a run that never made progress still ends (and fails below)
+        deadline.start()
+        try:
+            summary = run_continuously(config, spark=spark, stop=stop, poll_seconds=1,
+                                       on_progress=lambda summary, sink: stop.set())
+        finally:
+            deadline.cancel()
     assert summary.batches > 0
     store = spark.sparkContext._jvm.java.lang.Class.forName(
         "org.apache.spark.sql.execution.streaming.state.StateStore$").getField("MODULE$").get(None)

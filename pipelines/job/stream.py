@@ -201,10 +201,21 @@ def catch_up(config: SessionsConfig, spark: SparkSession | None = None) -> RunSu
                                       lease=run.lease)
             run.summary.timed("query_start", begun)
             begun = time.monotonic()
-            query.awaitTermination()
-            run.summary.timed("stream", begun)
+            try:
+                query.awaitTermination()
+                run.summary.timed("stream", begun)
+            finally:
+                _stop_idle_state_stores(run.spark)  # before the lease is free
         _close(run, query, sink, config)
     return run.summary
+
+
+def _stop_idle_state_stores(spark: SparkSession) -> None:
+    """A stopped query's stores stopped too: RocksDB's maintenance would still upload into the checkpoint's directory,
+    which a restore taking the job lease next gives to a new checkpoint (STATE_STORE_CHECKPOINT_LOCATION_NOT_EMPTY at
+    its first batch). Spark stops them JVM-wide, so not while another query of this JVM runs."""
+    if not spark.streams.active:
+        stop_state_stores(spark)
 
 
 # Called by the run loop when a stop request asked for a savepoint: the query is stopped, the job lease still held.
@@ -276,11 +287,7 @@ def run_continuously(config: SessionsConfig, *, spark: SparkSession | None = Non
         finally:
             if resumed is not None and not resumed.answered:  # stopped before a batch ran after the change
                 resumed.answer(config, None)
-        # The query has stopped; its stores stop too before anyone is answered or the lease is free: RocksDB's
-        # maintenance would still upload into the checkpoint's directory, which a restore taking the lease next gives
-        # to a new checkpoint. Spark stops them JVM-wide, so not while another query of this JVM runs.
-        if not run.spark.streams.active:
-            stop_state_stores(run.spark)
+        _stop_idle_state_stores(run.spark)  # before a stop request is answered or the lease is free
         summary.stopped_by = "stop request" if isinstance(request, StopRequest) else "caller"
         if isinstance(request, StopRequest):
             _answer(config, run, request, on_stop_request)
