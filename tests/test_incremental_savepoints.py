@@ -251,3 +251,32 @@ def test_erasure_rewrites_every_table_of_a_chain(tmp_path, spark):
         for member in saved.chain_ids:
             users = store.read_table(store.state_uri(member))["user_id"].to_pylist()
             assert "steady-1" not in users and "leaving-2" not in users
+
+
+@pytest.mark.parametrize("canonical", [True, False], ids=["canonical", "native"])
+def test_a_chain_that_starts_at_a_restored_rocksdb_checkpoint(tmp_path, spark, canonical):
+    """A full savepoint taken right after a restore, before the stream ran a batch of its own: the restored
+    checkpoint's versions are snapshots (a canonical restore's bootstrap) or a copy (a native one), without the
+    changelogs a change feed reads. The increments after it read only the stream's own batches, and each savepoint
+    holds the live state at its batch and the oracle's."""
+    config = make_config(tmp_path, "rocksdb", SESSIONS_SAVEPOINT_CHAIN_SHARE=100)
+    chunks = _scenario(5)
+    taken = _chain(config, spark, chunks[:2])
+    restore(config, taken[-1].savepoint_id, spark=spark, canonical=canonical)
+    at_restore = take_savepoint(config, spark=spark)  # a new lineage, at the restore's own batch
+    assert at_restore.kind == "full" and at_restore.rows == taken[-1].rows
+    after = []
+    for k in (2, 3, 4):
+        _land(config, [chunks[k]], k)
+        catch_up(config, spark)
+        saved = take_savepoint(config, spark=spark)
+        live = live_state(spark, config.checkpoint, batch_id=saved.batch_id)
+        resolved = savepoint_rows(spark, SavepointStore.of(config), saved.savepoint_id).toArrow()
+        assert (saved.rows, saved.checksum) == (live.num_rows, state_checksum(live)) == \
+            (resolved.num_rows, state_checksum(resolved)), (k, saved.kind)
+        assert open_sessions_of(resolved.to_pylist()) == _oracle_open(chunks[:k + 1]), k
+        after.append(saved.kind)
+    assert after == ["incremental"] * 3  # the change feed starts after the restore's versions: changelogs only
+    restore(config, "latest", spark=spark)
+    assert read_open_sessions(spark, config) == _oracle_open(chunks)
+    assert read_sessions(config) == sorted(oracle_of(chunks, GAP_MS, LATENESS_MS).closed)
