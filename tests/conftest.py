@@ -413,6 +413,7 @@ LONG = {  # module -> its test functions in the long depth (every case of each)
         "test_a_rescale_killed_inside_the_repartition_is_finished_by_the_next_rescale"}),
     "test_native_savepoints": frozenset({"test_kills_inside_a_native_savepoint_and_a_native_restore_lose_nothing"}),
     "test_read_only_home": frozenset({"test_reads_work_on_a_read_only_home"}),
+    "test_incremental_savepoints": frozenset({"test_a_chain_that_starts_at_a_restored_rocksdb_checkpoint"}),
 }
 
 
