@@ -14,6 +14,7 @@ from botocore.exceptions import BotoCoreError, ClientError
 from deltalake import DeltaTable, QueryBuilder
 from deltalake.exceptions import DeltaError
 
+from pipelines.arrow_types import plain_field
 from pipelines.config import SessionsConfig
 from pipelines.errors import StorageUnavailable
 from pipelines.locations import S3_LIMITS, RemotePath, s3_filesystem
@@ -117,7 +118,7 @@ def read_rows(table: DeltaTable, *, columns: Sequence[str] | None = None, where:
     # The result's Arrow stream, read straight into pyarrow: `pa.table()` of it would first ask whether it is a pandas
     # DataFrame, which imports pandas (about half of `sessionctl savepoints`' CPU, tests/test_clean_exit.py).
     read = pa.RecordBatchReader.from_stream(QueryBuilder().register("rows", table).execute(query)).read_all()
-    return read.select(names).cast(pa.schema([schema.field(name) for name in names]))
+    return read.select(names).cast(pa.schema([plain_field(schema.field(name)) for name in names]))
 
 
 def s3_endpoint() -> str:

@@ -10,6 +10,7 @@ import pyarrow.compute as pc
 from pyspark.sql import SparkSession
 
 from pipelines.config import SessionsConfig
+from pipelines.data_files import row_count
 from pipelines.errors import SessionsError
 from pipelines.ingest.kafka import kafka_lag
 from pipelines.job.checkpoint import (
@@ -72,7 +73,7 @@ def _facts(config: SessionsConfig, uri: str) -> TableFacts | None:
         return None
     table = open_table(config, uri)
     adds = pa.table(table.get_add_actions(flatten=True))
-    return TableFacts(uri=uri, version=table.version(), rows=int(pc.sum(adds["num_records"]).as_py() or 0),
+    return TableFacts(uri=uri, version=table.version(), rows=row_count(table),
                       data_files=adds.num_rows, bytes=int(pc.sum(adds["size_bytes"]).as_py() or 0))
 
 

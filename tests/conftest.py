@@ -147,9 +147,10 @@ def _ms(column) -> list:
 
 
 def read_sessions(config) -> list[tuple]:
-    from pipelines.storage import open_table
+    from pipelines.storage import open_table, read_rows
 
-    table = open_table(config, config.sessions_table).to_pyarrow_table()
+    # read_rows: as the Delta log says, deletion vectors included (a table Delta Spark rewrote).
+    table = read_rows(open_table(config, config.sessions_table))
     rows = zip(table["session_id"].to_pylist(), table["user_id"].to_pylist(), _ms(table["session_start"]),
                _ms(table["session_end"]), table["event_count"].to_pylist(), table["page_views"].to_pylist(),
                table["end_reason"].to_pylist())
@@ -158,9 +159,10 @@ def read_sessions(config) -> list[tuple]:
 
 def read_quarantine(config):
     import pyarrow as pa
-    from deltalake import DeltaTable
 
-    table = DeltaTable(config.quarantine_table).to_pyarrow_table()
+    from pipelines.storage import open_table, read_rows
+
+    table = read_rows(open_table(config, config.quarantine_table))
     frame = table.drop_columns(["event_time", "quarantined_at"]).to_pandas()
     frame["event_time_ms"] = pa.array(_ms(table["event_time"]), pa.int64()).to_pandas(integer_object_nulls=True)
     return frame

@@ -309,7 +309,10 @@ def latest_ingest_seq(table_uri: str, storage_options: dict[str, str] | None = N
 def latest_seq(table: DeltaTable, history: list[dict[str, Any]] | None = None) -> int:
     """latest_ingest_seq of an open table (`history`: its newest HISTORY_PAGE commits, if already read)."""
     adds = pa.table(table.get_add_actions(flatten=True))
-    seq = int(pc.max(adds["max.ingest_seq"]).as_py() or 0) if adds.num_rows else 0
+    # A file written without statistics (a writer configured to collect none) has no max: the commits' metadata and
+    # the other files still tell.
+    seq = (int(pc.max(adds["max.ingest_seq"]).as_py() or 0)
+           if adds.num_rows and "max.ingest_seq" in adds.column_names else 0)
     for commit in history if history is not None else table.history(limit=HISTORY_PAGE):
         if "ingest_seq" in commit:
             seq = max(seq, int(commit["ingest_seq"]))

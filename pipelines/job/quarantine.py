@@ -10,19 +10,18 @@ from __future__ import annotations
 
 import datetime as dt
 import json
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 
 import pyarrow as pa
 import pyarrow.compute as pc
-import pyarrow.parquet as pq
 from deltalake import DeltaTable
 from pyspark.sql import DataFrame
 from pyspark.sql import functions as F
 from pyspark.sql.window import Window
 
 from pipelines.core.state_format import ms_to_ts, spark_ddl
-from pipelines.storage import filesystem
+from pipelines.data_files import DataFile, data_files, read_data_file
 
 __all__ = ["QUARANTINE_SCHEMA", "LateRows", "late_key", "quarantine_frame", "quarantine_rows"]
 
@@ -56,41 +55,33 @@ def late_key(raw: pa.Table) -> pa.ChunkedArray:
     return pc.coalesce(raw["line_key"], fallback) if "line_key" in raw.column_names else fallback
 
 
-def _raw_files(table: DeltaTable, low: int, high: int, *, rejected: bool) -> list[str]:
+def _raw_files(table: DeltaTable, low: int, high: int, *, rejected: bool) -> list[DataFile]:
     """The raw_events data files that may hold rows with ingest_seq in (low, high] (and, with `rejected`, a rejected
     one): from the Delta log's statistics, on the driver."""
-    adds = pa.table(table.get_add_actions(flatten=True))
-    if adds.num_rows == 0:
-        return []
-    root = table.table_uri.rstrip("/")
-    lows, highs = adds["min.ingest_seq"].to_pylist(), adds["max.ingest_seq"].to_pylist()
-    counts = adds["num_records"].to_pylist()
-    nulls = (adds["null_count.reject_reason"].to_pylist() if "null_count.reject_reason" in adds.column_names
-             else [None] * adds.num_rows)
     files = []
-    for path, lo, hi, rows, valid in zip(adds["path"].to_pylist(), lows, highs, counts, nulls):
-        if lo is not None and hi is not None and not (hi > low and lo <= high):
+    for file in data_files(table):
+        if not file.may_hold("ingest_seq", low, high):
             continue
+        rows, valid = file.rows, file.nulls("reject_reason")
         if rejected and rows is not None and valid is not None and valid >= rows:
             continue  # every row of it valid: no rejected line there
-        files.append(f"{root}/{path}")
+        files.append(file)
     return files
 
 
-def _file_reader(low: int, high: int, *, rejected: bool) -> Callable[[Iterator[pa.RecordBatch]], Iterator[pa.RecordBatch]]:
-    """The tasks' read of raw_events files (rows of URIs): their rejected lines, or the valid lines' provenance, with
-    ingest_seq in (low, high]."""
+def _file_reader(files: Sequence[DataFile], low: int, high: int, *,
+                 rejected: bool) -> Callable[[Iterator[pa.RecordBatch]], Iterator[pa.RecordBatch]]:
+    """The tasks' read of raw_events files (rows of URIs, among `files`): their rejected lines, or the valid lines'
+    provenance, with ingest_seq in (low, high]."""
+    # Only the files a deletion vector cuts travel with the function: the others are their URI.
+    cut = {file.uri: file for file in files if file.deleted is not None}
+    wanted = (("reject_reason", "raw", *LINE_COLUMNS[2:]) if rejected
+              else ("ingest_seq", "line_key", "line_no", "source_file", "page", "event_id", "user_id", "reject_reason"))
+
     def read(uris: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
         for batch in uris:
             for uri in batch.column("uri").to_pylist():
-                fs, path = filesystem(uri)
-                with fs.open_input_file(path) as handle:
-                    data = pq.ParquetFile(handle)
-                    names = data.schema_arrow.names
-                    wanted = (["reject_reason", "raw", *LINE_COLUMNS[2:]] if rejected
-                              else [c for c in ("ingest_seq", "line_key", "line_no", "source_file", "page", "event_id",
-                                                "user_id", "reject_reason") if c in names])
-                    rows = data.read(columns=[c for c in wanted if c in names])
+                rows = read_data_file(cut.get(uri) or DataFile(uri), columns=wanted)
                 seq = rows["ingest_seq"]
                 keep = pc.and_(pc.greater(seq, low), pc.less_equal(seq, high))
                 reason = pc.is_valid(rows["reject_reason"]) if rejected else pc.is_null(rows["reject_reason"])
@@ -154,7 +145,7 @@ def quarantine_frame(batch: DataFrame, *, raw_uri: str, storage_options: dict[st
     parts = []
     raw: list[DeltaTable] = []  # raw_events, loaded once for both reads (and not at all when neither needs it)
 
-    def raw_files(seq_low: int, seq_high: int, *, rejected: bool) -> list[str]:
+    def raw_files(seq_low: int, seq_high: int, *, rejected: bool) -> list[DataFile]:
         if not raw:
             raw.append(DeltaTable(raw_uri, storage_options=storage_options))
         return _raw_files(raw[0], seq_low, seq_high, rejected=rejected)
@@ -162,15 +153,15 @@ def quarantine_frame(batch: DataFrame, *, raw_uri: str, storage_options: dict[st
     if high > low:
         files = raw_files(low, high, rejected=True)
         if files:
-            uris = spark.createDataFrame([(uri,) for uri in files], "uri string").repartition(len(files))
-            parts.append(uris.mapInArrow(_file_reader(low, high, rejected=True), spark_ddl(_LINES)))
+            uris = spark.createDataFrame([(f.uri,) for f in files], "uri string").repartition(len(files))
+            parts.append(uris.mapInArrow(_file_reader(files, low, high, rejected=True), spark_ddl(_LINES)))
     if late.count:
         # The lines of the late events (their ingest_seq is in the batch's range; the bounds are widened to theirs
         # all the same).
         seq_low, seq_high = min(low, late.low - 1), max(high, late.high)
         files = raw_files(seq_low, seq_high, rejected=False)
-        uris = spark.createDataFrame([(uri,) for uri in files], "uri string").repartition(max(1, len(files)))
-        provenance = uris.mapInArrow(_file_reader(seq_low, seq_high, rejected=False), spark_ddl(_PROVENANCE))
+        uris = spark.createDataFrame([(f.uri,) for f in files], "uri string").repartition(max(1, len(files)))
+        provenance = uris.mapInArrow(_file_reader(files, seq_low, seq_high, rejected=False), spark_ddl(_PROVENANCE))
         events = batch.where("kind = 'late'").select("ingest_seq", "line_key", "event_id", "user_id", "event_time_ms",
                                                      "event_type")
         parts.append(_late_frame(events, provenance))

@@ -87,11 +87,22 @@ def spark_conf(config: SessionsConfig, class_archive_dump: Path | None = None) -
         **cluster_conf(config.spark_master),
         **jvm_jar_conf(config.spark_master, s3a=config.checkpoint_uri.startswith("s3a://")),
         **s3a_conf(),
+        **delta_sql_conf(),
         # A client of a NameNode without HA retries a call when the NameNode restarts (Hadoop's default for such a
         # client: fail at once): 1 s apart for 30 s, then 10 s apart for 5 min more.
         "spark.hadoop.dfs.client.retry.policy.enabled": "true",
         "spark.hadoop.dfs.client.retry.policy.spec": "1000,30,10000,30",
     }
+
+
+def delta_sql_conf() -> dict[str, str]:
+    """Delta Spark's SQL in the job's session -- OPTIMIZE, DELETE, UPDATE, ZORDER BY, VACUUM on `delta.`<uri>`` -- as
+    Delta documents it, so that users (and Dagster assets sharing the session) run Delta's commands on the product's
+    tables where the product runs. Nothing without the Delta Spark jar `make setup` fetches."""
+    if not any("delta-spark" in jar.name for jar in runtime_jars()):
+        return {}
+    return {"spark.sql.extensions": "io.delta.sql.DeltaSparkSessionExtension",
+            "spark.sql.catalog.spark_catalog": "org.apache.spark.sql.delta.catalog.DeltaCatalog"}
 
 
 def s3a_conf() -> dict[str, str]:

@@ -16,6 +16,7 @@ from pipelines.coordination import kill_point
 from pipelines.coordination.fencing import committing, fence
 from pipelines.coordination.leases import Lease
 from pipelines.core.state_format import ms_to_ts, spark_ddl
+from pipelines.data_files import row_count
 from pipelines.errors import LeaseLost, StorageUnavailable
 from pipelines.job.quarantine import QUARANTINE_SCHEMA, LateRows, quarantine_frame, quarantine_rows
 from pipelines.job.task_files import FILE_ROW, TaskFile, commit_task_files, task_file, write_file, write_task_files
@@ -46,7 +47,7 @@ def ensure_table(uri: str, schema: pa.Schema, storage_options: dict[str, str] | 
 def table_rows(uri: str, storage_options: dict[str, str] | None = None) -> int:
     if not DeltaTable.is_deltatable(uri, storage_options=storage_options):
         return 0
-    return int(DeltaTable(uri, storage_options=storage_options).count())
+    return row_count(DeltaTable(uri, storage_options=storage_options))
 
 
 def version_after_batch(uri: str, incarnation: str, batch_id: int,

@@ -21,6 +21,7 @@ from deltalake import DeltaTable
 from pyspark.sql.datasource import DataSource, DataSourceStreamReader, InputPartition
 from pyspark.sql.streaming.datasource import ReadAllAvailable, ReadLimit, ReadMaxFiles, SupportsTriggerAvailableNow
 
+from pipelines.data_files import DataFile, data_files, read_data_file
 from pipelines.ingest import latest_ingest_seq
 from pipelines.ingest.table import CLOCK_KIND
 from pipelines.storage import filesystem, s3_options
@@ -50,10 +51,12 @@ class _Range(InputPartition):
     `row_groups`) with ingest_seq in (low, high], or a restore's watermark `marker` (`payload` = the bootstrap
     JSON)."""
 
-    def __init__(self, kind: str, payload: str, low: int = 0, high: int = 0, row_groups: list[int] | None = None):
+    def __init__(self, kind: str, payload: str, low: int = 0, high: int = 0, row_groups: list[int] | None = None,
+                 file: DataFile | None = None):
         super().__init__(kind)
         self.kind, self.payload, self.low, self.high = kind, payload, low, high
         self.row_groups = row_groups  # events: these row groups of the file only (None: the whole file)
+        self.file = file  # events: the data file (with the rows a deletion vector removes)
 
 
 def _arrow_schema() -> pa.Schema:
@@ -166,32 +169,25 @@ class RawEventsStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow)
         if end["seq"] <= start["seq"]:
             return []
         table = DeltaTable(self.table, storage_options=s3_options(self.table))
-        adds = pa.table(table.get_add_actions(flatten=True))
         low, high = start["seq"], end["seq"]
-        root = table.table_uri.rstrip("/")
         ranges: list[InputPartition] = []
-        for path, lo, hi, rows in zip(adds["path"].to_pylist(), adds["min.ingest_seq"].to_pylist(),
-                                      adds["max.ingest_seq"].to_pylist(), adds["num_records"].to_pylist()):
-            if lo is not None and hi is not None and not (hi > low and lo <= high):
+        for file in data_files(table):
+            if not file.may_hold("ingest_seq", low, high):
                 continue
-            uri = f"{root}/{path}"
-            if rows is not None and rows > SPLIT_FILE_ROWS:
-                ranges += [_Range("events", uri, low, high, [group]) for group in _row_groups(uri, low, high)]
+            if file.rows is not None and file.rows > SPLIT_FILE_ROWS:
+                ranges += [_Range("events", file.uri, low, high, [group], file)
+                           for group in _row_groups(file.uri, low, high)]
             else:
-                ranges.append(_Range("events", uri, low, high))
+                ranges.append(_Range("events", file.uri, low, high, None, file))
         return ranges
 
     def read(self, partition: InputPartition) -> Iterator[pa.RecordBatch]:
         assert isinstance(partition, _Range)  # partitions() makes no other kind
         if partition.kind == "events":
-            # On the executor, straight from the table's storage (S3 credentials from its AWS_* variables).
-            fs, path = filesystem(partition.payload)
-            with fs.open_input_file(path) as handle:
-                data = pq.ParquetFile(handle)
-                # Files written before line_key or row_kind existed lack them: _with_origin fills nulls.
-                columns = [name for name in READ_COLUMNS if name in data.schema_arrow.names]
-                table = (data.read(columns=columns) if partition.row_groups is None
-                         else data.read_row_groups(partition.row_groups, columns=columns))
+            # On the executor, straight from the table's storage (S3 credentials from its AWS_* variables). Files
+            # written before line_key or row_kind existed lack them: _with_origin fills nulls.
+            table = read_data_file(partition.file or DataFile(partition.payload), columns=READ_COLUMNS,
+                                   row_groups=partition.row_groups)
             seq = table["ingest_seq"]
             in_range = pc.and_(pc.greater(seq, partition.low), pc.less_equal(seq, partition.high))
             table = table.filter(pc.and_(in_range, pc.is_null(table["reject_reason"])))

@@ -30,6 +30,7 @@ from deltalake.transaction import AddAction, CommitProperties, create_table_with
 from pyspark import TaskContext
 from pyspark.sql import DataFrame, SparkSession
 
+from pipelines.arrow_types import plain_types
 from pipelines.core import state_format
 from pipelines.errors import UNREADABLE_SAVEPOINT_FILE, SavepointDamaged
 from pipelines.job.task_files import executor_env
@@ -170,15 +171,13 @@ def _write_partition(table_uri: str, file_rows: int, group_rows: int, schema: pa
 
 def _conform(batch: pa.RecordBatch, columns: tuple[str, ...]) -> pa.Table:
     """A batch read back from a data file, as the Delta reader presents it: the table's columns in its schema's order,
-    timestamps in microseconds (the unit the checksum hashes)."""
-    table = pa.Table.from_batches([batch]).select(list(columns))
+    timestamps in microseconds (the unit the checksum hashes), other types plain (files delta-rs rewrote -- a DELETE:
+    `sessionctl forget` -- hold string views)."""
+    table = plain_types(pa.Table.from_batches([batch]).select(list(columns)))
     for index, column_field in enumerate(table.schema):
         if pa.types.is_timestamp(column_field.type) and column_field.type.unit != "us":
             table = table.set_column(index, column_field.name,
                                      pc.cast(table[column_field.name], pa.timestamp("us", tz="UTC")))
-        elif pa.types.is_string_view(column_field.type) or pa.types.is_large_string(column_field.type):
-            # files delta-rs rewrote (a DELETE: `sessionctl forget`) may hold string views
-            table = table.set_column(index, column_field.name, pc.cast(table[column_field.name], pa.string()))
     return table
 
 

@@ -1,0 +1,124 @@
+"""The product's tables rewritten by Delta Spark while the stream is stopped -- OPTIMIZE, ZORDER BY, UPDATE, DELETE with
+deletion vectors on, VACUUM -- and then every command that reads them: catch-up with more data, savepoint, restore
+(canonical and native) of a savepoint taken before the rewrite, status, `state --user`, forget. Each result is the
+oracle's on the stream as the rewrite left it: the deleted user never was, everyone else exactly once.
+
+The rewrite runs in the job's own session (Delta's SQL extension is part of it: pipelines.job.runtime.delta_sql_conf).
+"""
+from __future__ import annotations
+
+import pytest
+
+from pipelines.data_files import data_files
+from pipelines.job.stream import catch_up
+from pipelines.storage import open_table, read_rows
+from state_store.erasure import forget, verify_forgotten
+from state_store.lifecycle import restore, take_savepoint
+from state_store.state import lookup_user
+from state_store.status import status
+from testkit.oracle import run_oracle
+from tests.conftest import assert_late_keys, make_config, read_open_sessions, read_sessions
+from tests.datagen import land_batches, land_files, line, make_event, stream_scenario
+
+pytestmark = pytest.mark.tier("spark")
+
+GAP_MS, LATENESS_MS = 30 * 60_000, 10 * 60_000
+SEED = 7
+DELETED = "x-deleted"   # a user an operator deletes with Delta Spark (rows of every table, deletion vectors)
+FORGOTTEN = "u4"        # a user `forget` erases afterwards
+
+
+def _scenario() -> list[list[dict]]:
+    """stream_scenario's batches, with DELETED's session in batch 2: on time, and closed (logout) by batch 2's own
+    watermark, so that once its rows are deleted from every table no state or output holds it."""
+    batches = stream_scenario(SEED, 6, True, GAP_MS, LATENESS_MS)
+    before = max(e["event_time_ms"] for b in batches[:2] for e in b)
+    through = max(e["event_time_ms"] for b in batches[:3] for e in b)
+    logout = through - LATENESS_MS - 60_000
+    assert logout - 60_000 > before, "batch 2 must move the watermark past DELETED's session"
+    batches[2] = [*batches[2], make_event(DELETED, "del-1", logout - 60_000, "page_view"),
+                  make_event(DELETED, "del-2", logout, "logout")]
+    return batches
+
+
+def _without(batches: list[list[dict]], *users: str) -> list[list[dict]]:
+    return [[e for e in batch if e["user_id"] not in users] for batch in batches]
+
+
+def _assert_oracle(spark, config, batches: list[list[dict]]) -> None:
+    expected = run_oracle(batches, GAP_MS, LATENESS_MS)
+    assert read_sessions(config) == sorted(expected.closed)
+    assert read_open_sessions(spark, config) == sorted(expected.open_sessions)
+    assert_late_keys(config, expected)
+
+
+def _rewrite_with_delta_spark(spark, config) -> None:
+    """What a user runs on the tables with Delta Spark: compaction, Z-order, an UPDATE that rewrites rows (to the
+    same values), DELETE of a user and of the rejected lines with deletion vectors on, VACUUM of every old file."""
+    spark.conf.set("spark.databricks.delta.retentionDurationCheck.enabled", "false")
+    for uri in (config.raw_events_table, config.sessions_table, config.quarantine_table):
+        table = f"delta.`{uri}`"
+        spark.sql(f"ALTER TABLE {table} SET TBLPROPERTIES ('delta.enableDeletionVectors' = 'true')")
+        spark.sql(f"OPTIMIZE {table}")
+        spark.sql(f"OPTIMIZE {table} ZORDER BY (user_id)")
+        spark.sql(f"UPDATE {table} SET user_id = user_id WHERE user_id = 'u1'")
+        spark.sql(f"DELETE FROM {table} WHERE user_id = '{DELETED}'")
+        spark.sql(f"VACUUM {table} RETAIN 0 HOURS")
+    # The junk lines too: gone from raw_events and from the quarantine (a replay must not bring them back).
+    spark.sql(f"DELETE FROM delta.`{config.raw_events_table}` WHERE reject_reason IS NOT NULL")
+    spark.sql(f"DELETE FROM delta.`{config.quarantine_table}` WHERE reason <> 'late'")
+
+
+def _deletion_vectors(config, uri: str) -> bool:
+    table = open_table(config, uri)
+    return "deletionVectors" in (table.protocol().reader_features or []) and \
+        read_rows(table, columns=["user_id"]).num_rows < sum(f.rows or 0 for f in data_files(table))
+
+
+@pytest.mark.parametrize("provider", ["rocksdb", "hdfs"])
+def test_every_command_after_delta_spark_rewrote_the_tables(spark, tmp_path, provider):
+    config = make_config(tmp_path, provider)
+    batches = _scenario()
+    land_files(config, [[line(e) for e in batches[0]] + ["not json"], *[[line(e) for e in b] for b in batches[1:2]]])
+    catch_up(config, spark)
+    before = take_savepoint(config, spark=spark, full=True, native_copy=True)  # before the rewrite and batch 2
+    land_batches(config, batches[2:3], start=2)
+    catch_up(config, spark)
+    assert any(s[1] == DELETED for s in read_sessions(config))
+
+    _rewrite_with_delta_spark(spark, config)
+    assert _deletion_vectors(config, config.raw_events_table), "the DELETE left deletion vectors in raw_events"
+    expected = _without(batches, DELETED)
+
+    # status and state --user read the rewritten tables and the state.
+    report = status(config, spark=spark)
+    assert report.sessions_rows == len(read_sessions(config))
+    _assert_oracle(spark, config, expected[:3])
+    open_user = run_oracle(expected[:3], GAP_MS, LATENESS_MS).open_sessions[0]
+    looked_up = lookup_user(spark, config, open_user[1])
+    assert len(looked_up["open_sessions"]) == sum(1 for s in run_oracle(expected[:3], GAP_MS, LATENESS_MS)
+                                                  .open_sessions if s[1] == open_user[1])
+
+    # More data, exactly once, then a savepoint of the rewritten job.
+    land_batches(config, expected[3:4], start=3)
+    catch_up(config, spark)
+    _assert_oracle(spark, config, expected[:4])
+    after = take_savepoint(config, spark=spark, full=True)
+    assert after.rows > 0
+
+    # A savepoint taken before the rewrite: its replay reads the files Delta Spark rewrote (deleted rows included in
+    # them, cut by deletion vectors). Canonical, then native; more data after each.
+    restore(config, before.savepoint_id, spark=spark, canonical=True)
+    catch_up(config, spark)
+    _assert_oracle(spark, config, expected[:4])
+    restore(config, before.savepoint_id, spark=spark)
+    land_batches(config, expected[4:5], start=4)
+    catch_up(config, spark)
+    _assert_oracle(spark, config, expected[:5])
+
+    # forget on tables with deletion vectors.
+    forget(config, FORGOTTEN, spark=spark)
+    assert verify_forgotten(config, spark, FORGOTTEN).clean
+    land_batches(config, _without(expected[5:], FORGOTTEN), start=5)
+    catch_up(config, spark)
+    _assert_oracle(spark, config, _without(expected, FORGOTTEN))
