@@ -99,11 +99,11 @@ def read_data_file(file: DataFile, *, columns: Sequence[str], row_groups: Sequen
     with fs.open_input_file(path) as handle:
         data = pq.ParquetFile(handle)
         present = [name for name in columns if name in data.schema_arrow.names]
-        rows = (data.read(columns=present) if row_groups is None
-                else data.read_row_groups(list(row_groups), columns=present))
+        rows = plain_types(data.read(columns=present) if row_groups is None
+                           else data.read_row_groups(list(row_groups), columns=present))
         if file.deleted is not None and len(file.deleted):
             rows = rows.filter(_kept(data.metadata, row_groups, rows.num_rows, file.deleted))
-    return plain_types(rows)
+    return rows
 
 
 def _kept(meta: pq.FileMetaData, row_groups: Sequence[int] | None, count: int, deleted: pa.Array) -> pa.Array:

@@ -1,7 +1,8 @@
 """Both Delta engines on every table the product writes: raw_events (also with files Spark tasks wrote), sessions, quarantine, a savepoint's state table
 and the catalog, and the erasure log are read by Delta Spark (the jars `make setup` fetched with Maven, in a session
 configured with Delta's extension and catalog: tests/delta_spark_peer.py, its own process) and by delta-rs with the
-same rows -- now and at version 0 --, after an erasure has scrubbed their logs; then each engine appends to a copy of
+same rows -- now and at version 0 --, after an erasure has scrubbed their logs and compaction (delta-rs's OPTIMIZE
+and VACUUM) rewrote them; then each engine appends to a copy of
 each table and the other reads the appended row."""
 from __future__ import annotations
 
@@ -23,6 +24,7 @@ from pipelines.job.runtime import runtime_jars
 from pipelines.job.stream import catch_up
 from state_store.erasure import forget
 from state_store.lifecycle import take_savepoint
+from state_store.maintenance import compact
 from state_store.savepoint.catalog import SavepointStore
 from tests.conftest import make_config
 from tests.datagen import land_files, line, stream_scenario
@@ -51,6 +53,7 @@ def test_delta_spark_and_delta_rs_read_and_append_every_table(spark, tmp_path):
     forget(config, "u4", spark=spark)  # scrubbed logs, the erasure log, a restored checkpoint
     land_files(config, [[line(e) for e in b if e["user_id"] != "u4"] for b in batches[3:]], start=3)
     catch_up(config, spark)
+    compact(config)  # delta-rs's OPTIMIZE and VACUUM rewrote them too
 
     # raw_events whose files Spark tasks wrote (a large landed file: pipelines.job.ingest_tasks), committed by delta-rs.
     by_tasks = make_config(tmp_path / "tasks", "rocksdb")
