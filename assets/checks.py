@@ -9,7 +9,7 @@ from assets.resources import SessionsResource
 from assets.tables import SESSIONS, STATE
 from pipelines.errors import SavepointNotFound, SessionsError
 from pipelines.job.checkpoint import inspect_checkpoint, last_commit_age_seconds, read_restore_marker, rescale_command
-from pipelines.storage import open_table
+from pipelines.storage import open_table, read_rows
 from state_store import lifecycle
 from state_store.preflight import plan_restore
 
@@ -17,7 +17,7 @@ from state_store.preflight import plan_restore
 @asset_check(asset=SESSIONS, description="Every session_id appears once.")
 def sessions_have_unique_ids(sessions: SessionsResource) -> AssetCheckResult:
     config = sessions.config()
-    ids = open_table(config, config.sessions_table).to_pyarrow_table(columns=["session_id"])["session_id"]
+    ids = read_rows(open_table(config, config.sessions_table), columns=["session_id"])["session_id"]
     duplicates = len(ids) - len(ids.unique())
     return AssetCheckResult(passed=duplicates == 0, metadata={"rows": len(ids), "duplicates": duplicates})
 

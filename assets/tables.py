@@ -22,7 +22,7 @@ from assets.resources import SessionsResource
 from pipelines.config import SessionsConfig
 from pipelines.job.checkpoint import read_job_metadata
 from pipelines.job.metrics import daily_metrics, metrics_table
-from pipelines.storage import open_table
+from pipelines.storage import open_table, read_rows
 from state_store.results import StatusReport, TableFacts
 from state_store.status import table_facts
 
@@ -197,7 +197,7 @@ def bar_table(title: str, values: dict[str, float], width: int = 30) -> str:
 def daily_session_metrics(context: AssetExecutionContext, sessions: SessionsResource) -> MaterializeResult[Any]:
     config = sessions.config()
     row = daily_metrics(config, context.partition_key)
-    days = open_table(config, metrics_table(config)).to_pyarrow_table(columns=["day", "sessions"]).sort_by("day")
+    days = read_rows(open_table(config, metrics_table(config)), columns=["day", "sessions"]).sort_by("day")
     days = days.slice(max(0, days.num_rows - 31))  # the last month of computed days
     plot = series_table("Sessions written per day", days["day"].to_pylist(),
                         {"sessions": days["sessions"].to_pylist()})

@@ -21,7 +21,7 @@ from typing import TYPE_CHECKING, Any
 from pipelines.config import SessionsConfig
 from pipelines.coordination.job_leases import running_stream
 from pipelines.core.sample_data import arrival_order, generate_events, land
-from pipelines.storage import open_table, table_exists
+from pipelines.storage import open_table, read_rows, table_exists
 from testkit.lifecycle_expectations import expected_closed_sessions
 
 if TYPE_CHECKING:
@@ -222,7 +222,7 @@ def run_campaign(work: Path, provider: str, seed: int, kill_points: int,
     expected = expected_closed_sessions(chunks, GAP_MS, LATENESS_MS)
     got = []
     if table_exists(config, config.sessions_table):
-        table = open_table(config, config.sessions_table).to_pyarrow_table(columns=["session_id"])
+        table = read_rows(open_table(config, config.sessions_table), columns=["session_id"])
         got = table["session_id"].to_pylist()
     expected_ids = {row[0] for row in expected}
     return {"provider": provider, "seed": seed, "kill_points": kill_points, "by_phase": dict(sorted(by_phase.items())),
@@ -364,7 +364,7 @@ def run_kill_points(work: Path, provider: str, seed: int, spark: SparkSession | 
     taken.append(lease_kill(["restore", "--savepoint", "latest"], then_land=len(chunks) - landed))  # the final catch-up
     recoveries = [] if taken[-1]["next_command_exit"] == 0 else _final_catch_up(env)
     expected = {row[0] for row in expected_closed_sessions(chunks, GAP_MS, LATENESS_MS)}
-    got = open_table(config, config.sessions_table).to_pyarrow_table(columns=["session_id"])["session_id"].to_pylist()
+    got = read_rows(open_table(config, config.sessions_table), columns=["session_id"])["session_id"].to_pylist()
     catalog = _catalog(config)
     return {"provider": provider, "seed": seed, "kill_points": outcomes, "ingest_kill": ingest_kill,
             "sink_kill": sink_kill, "lease_kills": taken,
