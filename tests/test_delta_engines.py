@@ -1,16 +1,12 @@
-"""Both Delta engines on every table the product writes: raw_events (also with files Spark tasks wrote), sessions, quarantine, a savepoint's state table
-and the catalog, and the erasure log are read by Delta Spark (the jars `make setup` fetched with Maven, in a session
-configured with Delta's extension and catalog: tests/delta_spark_peer.py, its own process) and by delta-rs with the
-same rows -- now and at version 0 --, after an erasure has scrubbed their logs and compaction (delta-rs's OPTIMIZE
+"""Both Delta engines on every table the product writes: raw_events (also with files Spark tasks wrote), sessions,
+quarantine, a savepoint's state table and the catalog, and the erasure log are read by Delta Spark (the jars `make
+setup` fetched with Maven, in the job's own session, which carries Delta's extension and catalog) and by delta-rs with
+the same rows -- now and at version 0 --, after an erasure has scrubbed their logs and compaction (delta-rs's OPTIMIZE
 and VACUUM) rewrote them; then each engine appends to a copy of
 each table and the other reads the appended row."""
 from __future__ import annotations
 
-import json
 import shutil
-import subprocess
-import sys
-from pathlib import Path
 
 import pyarrow as pa
 import pyarrow.compute as pc
@@ -42,6 +38,24 @@ def _tables(config) -> dict[str, str]:
             "savepoint_catalog": store.catalog_uri, "savepoint_state": store.state_uri(newest.savepoint_id)}
 
 
+def _read_and_append_by_delta_spark(spark, tables: dict[str, tuple[str, str]]) -> dict[str, dict]:
+    """Delta Spark in the job's own session (its SQL extension and catalog: pipelines.job.runtime.delta_sql_conf):
+    each table's rows, rows at version 0 and columns; one of its rows appended to the copy, and the copy's rows."""
+    # Tables of a few hundred rows: 2 partitions for Delta's log replay, not 50 tasks per stage.
+    spark.conf.set("spark.databricks.delta.snapshotPartitions", "2")
+    try:
+        answers = {}
+        for name, (uri, copy) in tables.items():
+            frame = spark.read.format("delta").load(uri)
+            answers[name] = {"rows": frame.count(), "columns": sorted(frame.columns),
+                             "rows_v0": spark.read.format("delta").option("versionAsOf", 0).load(uri).count()}
+            frame.limit(1).write.format("delta").mode("append").save(copy)
+            answers[name]["copy_rows_after_append"] = spark.read.format("delta").load(copy).count()
+        return answers
+    finally:
+        spark.conf.unset("spark.databricks.delta.snapshotPartitions")
+
+
 def test_delta_spark_and_delta_rs_read_and_append_every_table(spark, tmp_path):
     if not any("delta-spark" in jar.name for jar in runtime_jars()):
         pytest.fail("build/jars holds no delta-spark jar: run `make setup` (it fetches jvm/deps/pom.xml's artifacts)")
@@ -64,11 +78,7 @@ def test_delta_spark_and_delta_rs_read_and_append_every_table(spark, tmp_path):
     copies = {name: str(tmp_path / "copies" / name) for name in tables}
     for name, uri in tables.items():
         shutil.copytree(uri, copies[name])
-    done = subprocess.run([sys.executable, str(Path(__file__).with_name("delta_spark_peer.py")),
-                           json.dumps({name: [uri, copies[name]] for name, uri in tables.items()})],
-                          capture_output=True, text=True, timeout=600, cwd=Path(__file__).parent.parent)
-    assert done.returncode == 0, done.stderr[-3000:]
-    by_spark = json.loads(done.stdout.strip().splitlines()[-1])
+    by_spark = _read_and_append_by_delta_spark(spark, {name: (uri, copies[name]) for name, uri in tables.items()})
     for name, uri in tables.items():
         by_rs = DeltaTable(uri).to_pyarrow_table()
         assert by_rs.num_rows > 0, name
