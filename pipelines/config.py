@@ -8,6 +8,7 @@ import math
 import os
 from collections.abc import Mapping
 from dataclasses import MISSING, dataclass, fields, replace
+from functools import cached_property
 from pathlib import Path
 from typing import Any, Literal
 
@@ -23,10 +24,12 @@ from pipelines.config_checks import (
     read_int,
     resolved_lease_uri,
 )
+from pipelines.core.spec import SessionSpec
 from pipelines.errors import ConfigError
 from pipelines.kafka_conf import check_kafka_settings, kafka_settings
 from pipelines.locations import CheckpointPath, checkpoint_path
 from pipelines.settings import Setting, env_name, setting_field
+from pipelines.spec_file import read_spec
 
 __all__ = ["ALLOW_SHORT_RETENTION", "DEFAULT_OPERATOR", "ENV_ONLY_SETTINGS", "MAX_LEASE_TTL_S", "MAX_PARTITIONS",
            "MIN_LEASE_TTL_S", "MIN_VACUUM_RETENTION_HOURS", "OPERATORS", "PATH_SETTINGS", "PROVIDERS", "REPO_ROOT",
@@ -180,6 +183,12 @@ class SessionsConfig:
                                                      "clock row to raw_events; 0 turns it off; fractions allowed",
                                                      shown="the lateness (the gap when the lateness is 0)", minimum=0,
                                                      kind=float, inclusive=True)
+    # The session spec (pipelines/core/spec.py, docs/session-spec.md): read and checked once, by from_env.
+    spec: str = setting_field("", "the session spec: a YAML or JSON file (a path or s3://bucket/key) saying where "
+                              "event_id, user_id, event_time, event_type and typed extra fields are in each event, and "
+                              "the sessions' attributes (validated; the columns they describe are not computed yet: "
+                              "docs/session-spec.md)", shown="unset (the contract's five fields, no attributes)")
+
 
     @classmethod
     def from_env(cls, env: Mapping[str, str] | None = None) -> SessionsConfig:
@@ -248,7 +257,9 @@ class SessionsConfig:
             raise ConfigError(f"{given} is set but {missing} is not: set both to ingest from Kafka, or neither to "
                               "ingest landing files")
         check_kafka_settings(kafka_settings(values["kafka_conf"]))  # refused now, in one line, not at the first ingest
-        return cls(home=home, **values)
+        config = cls(home=home, **values)
+        _ = config.session_spec  # the spec file is read and checked now: a bad one is refused in one line
+        return config
 
     def with_(self, **changes: Any) -> SessionsConfig:
         return replace(self, **changes)
@@ -324,6 +335,11 @@ class SessionsConfig:
     def uses_kafka(self) -> bool:
         """Ingest reads the Kafka topic (SESSIONS_KAFKA_BOOTSTRAP and SESSIONS_KAFKA_TOPIC), not landing files."""
         return bool(self.kafka_bootstrap and self.kafka_topic)
+
+    @cached_property
+    def session_spec(self) -> SessionSpec:
+        """SESSIONS_SPEC's spec, read once per configuration (the default spec when unset)."""
+        return read_spec(self.spec)
 
     @property
     def kafka_consumer_settings(self) -> dict[str, str]:

@@ -36,6 +36,7 @@ from pipelines.ingest.table import (
     latest_seq,
     line_rows,
     standing_erasure,
+    table_schema,
 )
 from pipelines.storage import is_s3, storage_options
 
@@ -70,11 +71,12 @@ class Appender:
         self.clock_rows: list[dt.datetime] = []  # event times of the clock rows this appender wrote
         self.erased = ErasedUsers.load(config)
         self.dropped: dict[str, int] = {}  # erased users whose late events this appender dropped -> events
+        self.spec = config.session_spec.input  # where each line's fields are (SESSIONS_SPEC), read once
 
     def append(self, sources: list[RowSource], metadata: dict[str, str]) -> None:
         ingested_at = dt.datetime.now(dt.timezone.utc)
         batch, dropped = standing_erasure(self.erased, line_rows(
-            sources, self.seq + 1, ingested_at, dt.timedelta(milliseconds=self.config.max_future_ms)))
+            sources, self.seq + 1, ingested_at, dt.timedelta(milliseconds=self.config.max_future_ms), spec=self.spec))
         self._commit_rows(batch, ingested_at, metadata)
         self._count(batch.num_rows, batch.num_rows - batch["reject_reason"].null_count, dropped)
 
@@ -85,17 +87,20 @@ class Appender:
         in this one."""
         if not DeltaTable.is_deltatable(self.uri, storage_options=self.options):
             # The tasks' files are added to a table: its first commit, empty, holds no ingest_seq.
-            write_deltalake(self.uri, TABLE_SCHEMA.empty_table(), mode="append", storage_options=self.options)
+            write_deltalake(self.uri, table_schema(self.spec).empty_table(), mode="append",
+                            storage_options=self.options)
         ingested_at = dt.datetime.now(dt.timezone.utc)
         parsed = parse(table_uri=self.uri, seq=self.seq + 1, ingested_at=ingested_at,
-                       max_future=dt.timedelta(milliseconds=self.config.max_future_ms), erased=self.erased)
+                       max_future=dt.timedelta(milliseconds=self.config.max_future_ms), erased=self.erased,
+                       spec=self.spec)
         clock = self.clock.after_newest(parsed.newest_us, _us(ingested_at))
         kill_point("ingest:files-written")
 
         def write(table: DeltaTable | None, properties: CommitProperties) -> None:
             if table is None:  # created above
                 raise ConcurrentIngest(f"raw_events at {self.uri} is gone: ingest again")
-            table.create_write_transaction(list[AddAction | RemoveAction](parsed.actions), "append", TABLE_SCHEMA, commit_properties=properties)
+            table.create_write_transaction(list[AddAction | RemoveAction](parsed.actions), "append",
+                                           table_schema(self.spec), commit_properties=properties)
         try:
             self._commit(clock, metadata_of(parsed), write)
         except (LeaseLost, ConcurrentIngest, CommitFailedError):
@@ -133,12 +138,15 @@ class Appender:
 
     def _commit_rows(self, batch: pa.Table, ingested_at: dt.datetime, metadata: dict[str, str]) -> None:
         if "row_kind" not in batch.column_names:  # line rows (line_rows) carry no kind: null
-            batch = batch.append_column("row_kind", pa.nulls(batch.num_rows, pa.string()))
+            # In the table's order: row_kind, then the spec's field_<name> columns (table_schema).
+            batch = batch.add_column(len(RAW_SCHEMA), "row_kind", pa.nulls(batch.num_rows, pa.string()))
 
         def write(table: DeltaTable | None, properties: CommitProperties) -> None:
             write_deltalake(table if table is not None else self.uri, batch, mode="append",
                             storage_options=self.options,
-                            schema_mode="merge",  # tables written before line_key, ingested_at and row_kind get them
+                            # Tables written before line_key, ingested_at and row_kind get them; a field the session
+                            # spec gained becomes a column (null in the rows before).
+                            schema_mode="merge",
                             commit_properties=properties)
         self._commit(self.clock.after(batch, _us(ingested_at)), metadata, write)
 

@@ -52,6 +52,8 @@ import re
 import sys
 from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from functools import lru_cache, partial
 from typing import Any, Protocol
 
 import numpy as np
@@ -59,10 +61,12 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.json as pj
 
-from pipelines.ingest.lines import Lines, classify_line
+from pipelines.core.spec import DEFAULT_INPUT, FieldType, InputSpec, split_path
+from pipelines.ingest.lines import EPOCH_UNIT_US, Lines, classify_line
 from pipelines.ingest.timestamps import EPOCH, TIME_TYPE, US, parse_times
 
-__all__ = ["FAST_MAX_LINE", "GROUP_BYTES", "MAX_BRACKETS", "MIN_FAST_LINES", "fast_max_line", "fast_rows", "paused_gc", "row_columns"]
+__all__ = ["FAST_MAX_LINE", "FIELD_ARROW_TYPES", "GROUP_BYTES", "MAX_BRACKETS", "MIN_FAST_LINES", "fast_max_line",
+           "fast_rows", "field_schema", "paused_gc", "row_columns"]
 
 Classified = tuple[dict[str, Any], str | None, str] | None
 Classifier = Callable[[bytes, dt.datetime | None], Classified]
@@ -101,6 +105,71 @@ _BIG_EXPONENT = re.compile(rb"[0-9.][eE][+-]?[0-9]{3}")
 _BAD_TYPE = re.compile(rb'"(?:event_id|user_id|event_time)" *: *[^" ]|"(?:event_type|page)" *: *[^"n ]')
 _KEYS = [(name, f'"{name}"'.encode()) for name in FIELDS]
 
+# A spec that maps the fields elsewhere (SESSIONS_SPEC): steps 1 and 2 without the five names' own screens (pyarrow
+# refuses a name twice in an object it reads, and any value not of the schema's type: the line goes per-line).
+_MAPPED_FLAG = "|".join([
+    r"[\x00-\x09\x0b\x0c\x0e-\x1f\x80-\xff\\]",
+    r"\r[^\n]",
+    rf"\n{_ANY}",
+    r".[\[{]",
+    r"Inf|NaN",
+    r"[0-9.][eE][+-]?[0-9]{3}",
+])
+FIELD_ARROW_TYPES: dict[FieldType, pa.DataType] = {"string": pa.string(), "long": pa.int64(), "double": pa.float64(),
+                                                   "boolean": pa.bool_()}
+_TIME_MIN_US = (dt.datetime(2, 1, 1, tzinfo=dt.timezone.utc) - EPOCH) // US   # the ISO path's years, 2..9998
+_TIME_MAX_US = (dt.datetime(9999, 1, 1, tzinfo=dt.timezone.utc) - EPOCH) // US
+_EXACT = float(1 << 53)  # below this a double holds every integer: an epoch number read as one is exact
+
+
+def field_schema(spec: InputSpec) -> list[pa.Field]:
+    """raw_events' columns of the spec's typed fields: `field_<name>`, nullable, of the field's Arrow type."""
+    return [pa.field(f.column, FIELD_ARROW_TYPES[f.type]) for f in spec.fields]
+
+
+@dataclass(frozen=True)
+class _Plan:
+    """How the fast path reads one spec: pyarrow's options, the line screen and the checks of steps 2 and 4."""
+    parse: pj.ParseOptions
+    flag: str
+    keys: tuple[bytes, ...]         # named twice: per-line (pyarrow would refuse the line, at two reads' cost)
+    bad_type: re.Pattern[bytes] | None
+    spec: InputSpec | None          # None: the default spec (the five top-level fields)
+
+
+_DEFAULT_PLAN = _Plan(_PARSE, _FLAG, tuple(key for _, key in _KEYS), _BAD_TYPE, None)
+
+
+@lru_cache(maxsize=16)
+def _plan(spec: InputSpec) -> _Plan | None:
+    """The plan of a mapped spec: an explicit schema of nested structs holding every path it reads (plus the
+    top-level `page`), each leaf of the type the per-line rules accept; None when no schema can (a path through a
+    leaf another path reads, a key that is not plain ASCII): every line then takes the per-line path."""
+    time_type = pa.string() if spec.event_time.format == "iso8601" else pa.float64()
+    leaves: list[tuple[tuple[str, ...], pa.DataType]] = [(("page",), pa.string())]
+    leaves += [(split_path(p), pa.string()) for p in (*spec.event_id, *spec.user_id, *spec.event_type)]
+    leaves += [(split_path(p), time_type) for p in spec.event_time.paths]
+    leaves += [(split_path(f.path), FIELD_ARROW_TYPES[f.type]) for f in spec.fields]
+    tree: dict[str, Any] = {}
+    for steps, kind in leaves:
+        if not all(step.isascii() and '"' not in step for step in steps):
+            return None  # an escaped spelling of such a key would be another key to pyarrow than to json.loads
+        node = tree
+        for step in steps[:-1]:
+            node = node.setdefault(step, {})
+            if not isinstance(node, dict):
+                return None
+        if node.get(steps[-1], kind) != kind:
+            return None  # read as a leaf of two types, or as a leaf and an object
+        node[steps[-1]] = kind
+
+    def fields_of(node: dict[str, Any]) -> list[pa.Field]:
+        return [pa.field(k, pa.struct(fields_of(v)) if isinstance(v, dict) else v) for k, v in node.items()]
+
+    schema = pa.schema(fields_of(tree))
+    return _Plan(pj.ParseOptions(explicit_schema=schema, unexpected_field_behavior="ignore"), _MAPPED_FLAG, (), None,
+                 spec)
+
 
 class LineSource(Protocol):
     """What table.RowSource holds: one landed file's (or Kafka partition's) lines, or one refused file."""
@@ -122,7 +191,7 @@ def fast_max_line() -> int:
     return FAST_MAX_LINE if digits == 0 else min(FAST_MAX_LINE, digits)
 
 
-def eligible(raw: bytes, max_line: int | None = None) -> bool:
+def eligible(raw: bytes, max_line: int | None = None, plan: _Plan = _DEFAULT_PLAN) -> bool:
     """Whether a line may go to pyarrow's reader (step 2 of the module docstring): this and the value checks of
     step 4 are what make its row equal the per-line path's."""
     line = raw.rstrip(b"\r")
@@ -141,11 +210,11 @@ def eligible(raw: bytes, max_line: int | None = None) -> bool:
         return False
     if line.count(b"{") + line.count(b"[") > MAX_BRACKETS or (line.count(b"{") > 1 and _TWO_OBJECTS.search(line)):
         return False
-    if any(line.count(key) > 1 for _, key in _KEYS):
+    if any(line.count(key) > 1 for key in plan.keys):
         return False
     if (b"e" in line or b"E" in line) and _BIG_EXPONENT.search(line):  # 1e999: json.loads takes inf, RapidJSON fails
         return False
-    return not _BAD_TYPE.search(line)
+    return plan.bad_type is None or not plan.bad_type.search(line)
 
 
 def _printable_start(strings: pa.Array) -> np.ndarray:
@@ -163,14 +232,14 @@ def _printable_start(strings: pa.Array) -> np.ndarray:
     return valid & nonempty & (first >= 0x21) & (first <= 0x7E)
 
 
-def _read(buffer: pa.Buffer) -> pa.Table:
+def _read(buffer: pa.Buffer, parse: pj.ParseOptions = _PARSE) -> pa.Table:
     reader = pa.BufferReader(buffer)
     return pj.read_json(reader, read_options=pj.ReadOptions(use_threads=False, block_size=buffer.size + 1),
-                        parse_options=_PARSE)
+                        parse_options=parse)
 
 
 def _parse_group(buffer: pa.Buffer, starts: np.ndarray, ends: np.ndarray, lo: int,
-                 hi: int) -> tuple[list[tuple[int, pa.Table]], list[int]]:
+                 hi: int, parse: pj.ParseOptions = _PARSE) -> tuple[list[tuple[int, pa.Table]], list[int]]:
     """Lines lo..hi of the buffer (line k = bytes starts[k]..ends[k], newline included; what lies between lines is
     blanks, which the reader skips) -> (parsed pieces as (first line, table), lines pyarrow refused). A failing read
     names its bad row: the lines before it are read again, the line goes to the refused, the rest goes on; a read
@@ -184,7 +253,7 @@ def _parse_group(buffer: pa.Buffer, starts: np.ndarray, ends: np.ndarray, lo: in
             continue
         start = int(starts[a])
         try:
-            table = _read(buffer.slice(start, int(ends[b - 1]) - start))
+            table = _read(buffer.slice(start, int(ends[b - 1]) - start), parse)
         except pa.ArrowException as error:
             found = _ERROR_ROW.search(str(error))
             row = int(found.group(1)) if found else -1
@@ -213,13 +282,17 @@ def _groups(starts: np.ndarray, group_bytes: int) -> list[tuple[int, int]]:
     return [(a, b) for a, b in itertools.pairwise(cuts) if a < b]
 
 
-def fast_rows(lines: Lines, future_limit: dt.datetime) -> tuple[np.ndarray, dict[str, pa.Array]]:
+def fast_rows(lines: Lines, future_limit: dt.datetime,
+              spec: InputSpec = DEFAULT_INPUT) -> tuple[np.ndarray, dict[str, pa.Array]]:
     """The lines proven valid events -> (their indices into lines, ascending; their event_id, user_id, event_time,
-    event_type and page columns). Every other line is left to the per-line path. Every line must be followed by its
-    newline (`Lines.concat` makes sure of it)."""
+    event_type and page columns, and the spec's `field_<name>` columns). Every other line is left to the per-line
+    path. Every line must be followed by its newline (`Lines.concat` makes sure of it)."""
     n = len(lines)
     empty = np.zeros(0, np.int64)
     if n == 0:
+        return empty, {}
+    plan = _DEFAULT_PLAN if spec == DEFAULT_INPUT else _plan(spec)
+    if plan is None:
         return empty, {}
     max_line = fast_max_line()
     starts, ends = lines.starts, lines.ends
@@ -231,10 +304,10 @@ def fast_rows(lines: Lines, future_limit: dt.datetime) -> tuple[np.ndarray, dict
     shaped = (lengths >= 2) & (lengths <= max_line) & (data[starts] == ord("{"))
     shaped &= (last == ord("}")) | ((last == ord("\r")) & (before_last == ord("}")))
     values = pa.Array.from_buffers(pa.large_binary(), n, [None, pa.py_buffer(offsets), pa.py_buffer(joined)])
-    flagged = _match(values, _FLAG) & shaped
+    flagged = _match(values, plan.flag) & shaped
     ok = shaped & ~flagged
     for k in np.flatnonzero(flagged).tolist():
-        ok[k] = eligible(lines.line(k), max_line)
+        ok[k] = eligible(lines.line(k), max_line, plan)
     chosen = np.flatnonzero(ok)
     if len(chosen) == 0:
         return empty, {}
@@ -245,12 +318,16 @@ def fast_rows(lines: Lines, future_limit: dt.datetime) -> tuple[np.ndarray, dict
     groups = _groups(chosen_starts, GROUP_BYTES)
     workers = max(1, min(len(groups), os.cpu_count() or 1))
     with ThreadPoolExecutor(workers) as pool:  # pyarrow releases the GIL while it parses
-        results = list(pool.map(lambda g: _parse_group(buffer, chosen_starts, chosen_ends, g[0], g[1]), groups))
+        results = list(pool.map(lambda g: _parse_group(buffer, chosen_starts, chosen_ends, g[0], g[1], plan.parse),
+                                groups))
     pieces = sorted((piece for found, _ in results for piece in found), key=lambda piece: piece[0])
     if not pieces:
         return empty, {}
     parsed = np.concatenate([np.arange(first, first + t.num_rows) for first, t in pieces])
     table = pa.concat_tables([t for _, t in pieces]).combine_chunks()
+    if plan.spec is not None:
+        valid, out = _mapped_values(table, plan.spec, future_limit)
+        return chosen[parsed[valid]], out
     columns = {name: table.column(name).chunk(0) if table.column(name).num_chunks else pa.array([], pa.string())
                for name in FIELDS}
     limit_us = (future_limit - EPOCH) // US
@@ -261,6 +338,55 @@ def fast_rows(lines: Lines, future_limit: dt.datetime) -> tuple[np.ndarray, dict
     out = {name: columns[name].filter(keep) for name in ("event_id", "user_id", "event_type", "page")}
     out["event_time"] = pa.array(micros[valid], TIME_TYPE)
     return chosen[parsed[valid]], out
+
+
+def _leaf(table: pa.Table, path: str) -> pa.Array:
+    """A dotted path's values (null where an object on the way is null or absent)."""
+    steps = split_path(path)
+    column = table.column(steps[0])
+    array = column.chunk(0) if column.num_chunks else pa.array([], column.type)
+    return pc.struct_field(array, list(steps[1:])) if len(steps) > 1 else array
+
+
+def _first_of(table: pa.Table, paths: tuple[str, ...]) -> pa.Array:
+    """The first of the paths' values that is not null (the per-line rules' "first present and not null")."""
+    arrays = [_leaf(table, path) for path in paths]
+    return arrays[0] if len(arrays) == 1 else pc.coalesce(*arrays)
+
+
+def _epoch_times(values: pa.Array, unit_us: int) -> tuple[np.ndarray, np.ndarray]:
+    """(ok, UTC microseconds truncated to the millisecond) of epoch numbers read as doubles: ok where the number is
+    whole and its microseconds below 2**53 (then the double is the number json.loads read, int or float, and both
+    rules compute the same exact product) and in the ISO path's years; every other number is left per-line."""
+    numbers = pc.fill_null(values, np.nan).to_numpy(zero_copy_only=False)
+    with np.errstate(invalid="ignore"):
+        ok = np.isfinite(numbers) & (np.floor(numbers) == numbers) & (np.abs(numbers) * unit_us < _EXACT)
+    micros = np.where(ok, numbers, 0).astype(np.int64) * unit_us // 1000 * 1000
+    ok &= (micros >= _TIME_MIN_US) & (micros < _TIME_MAX_US)
+    return ok, micros
+
+
+def _mapped_values(table: pa.Table, spec: InputSpec, future_limit: dt.datetime) -> tuple[np.ndarray, dict[str, pa.Array]]:
+    """Step 4 for a mapped spec: (rows that are valid events, their columns)."""
+    event_id, user_id = _first_of(table, spec.event_id), _first_of(table, spec.user_id)
+    times = _first_of(table, spec.event_time.paths)
+    if spec.event_time.format == "iso8601":
+        time_ok, micros = parse_times(times)
+    else:
+        time_ok, micros = _epoch_times(times, EPOCH_UNIT_US[spec.event_time.format])
+    valid = _printable_start(event_id) & _printable_start(user_id) & time_ok
+    valid &= micros <= (future_limit - EPOCH) // US
+    columns = {f.column: _leaf(table, f.path) for f in spec.fields}
+    for f in spec.fields:
+        if f.type == "double":  # 2e308 reads as inf; json.loads' inf is no double of the per-line rules
+            column = columns[f.column]
+            valid &= pc.fill_null(pc.is_finite(column), True).to_numpy(zero_copy_only=False)
+    keep = pa.array(valid)
+    out = {"event_id": event_id.filter(keep), "user_id": user_id.filter(keep),
+           "event_type": _first_of(table, spec.event_type).filter(keep), "page": _leaf(table, "page").filter(keep),
+           "event_time": pa.array(micros[valid], TIME_TYPE)}
+    out.update({name: column.filter(keep) for name, column in columns.items()})
+    return valid, out
 
 
 def _match(lines: pa.Array, pattern: str) -> np.ndarray:
@@ -289,29 +415,34 @@ def paused_gc() -> Iterator[None]:
 
 
 def row_columns(sources: Sequence[LineSource], future_limit: dt.datetime,
-                classify: Classifier = classify_line) -> dict[str, pa.Array]:
-    """The raw_events columns of COLUMNS for the sources' lines (and refused files), in the per-line path's row
-    order: each source's refused row, then its lines; blank lines dropped. line_key, ingest_seq and ingested_at are
-    the caller's."""
+                classify: Classifier | None = None, *, spec: InputSpec = DEFAULT_INPUT) -> dict[str, pa.Array]:
+    """The raw_events columns of COLUMNS, then the spec's `field_<name>` columns, for the sources' lines (and refused
+    files), in the per-line path's row order: each source's refused row, then its lines; blank lines dropped.
+    line_key, ingest_seq and ingested_at are the caller's. `classify`: the per-line rules (classify_line with the
+    spec)."""
+    if classify is None:
+        classify = classify_line if spec == DEFAULT_INPUT else partial(classify_line, spec=spec)
+    extra = field_schema(spec)
+    fields_read = FIELDS + tuple(f.name for f in extra)
     names = [source.name for source in sources]
     counts = [len(source.lines) for source in sources]
     lines = Lines.concat([source.lines for source in sources])
     line_nos = lines.numbers
     line_source = np.repeat(np.arange(len(sources), dtype=np.int64), counts)
     if len(lines) >= MIN_FAST_LINES:
-        fast, fast_columns = fast_rows(lines, future_limit)
+        fast, fast_columns = fast_rows(lines, future_limit, spec)
     else:
         fast, fast_columns = np.zeros(0, np.int64), {}
     slow_mask = np.ones(len(lines), bool)
     slow_mask[fast] = False
     # The per-line path for everything else; each source's refused row comes before its first line.
-    slow: dict[str, list[Any]] = {name: [] for name in COLUMNS}
+    slow: dict[str, list[Any]] = {name: [] for name in COLUMNS + tuple(f.name for f in extra)}
     slow_keys: list[int] = []
     slow_source: list[int] = []
     first_line = np.concatenate([[0], np.cumsum(counts)]).astype(np.int64)
     for s, source in enumerate(sources):
         if source.refused is not None:
-            for name in FIELDS:
+            for name in fields_read:
                 slow[name].append(None)
             slow["line_no"].append(0)
             slow["reject_reason"].append(source.refused)
@@ -324,7 +455,7 @@ def row_columns(sources: Sequence[LineSource], future_limit: dt.datetime,
             if classified is None:  # blank lines carry nothing to keep (they keep their numbers)
                 continue
             fields_, reason, text = classified
-            for name in FIELDS:
+            for name in fields_read:
                 slow[name].append(fields_.get(name))
             slow["line_no"].append(int(line_nos[k]))
             slow["reject_reason"].append(reason)
@@ -349,4 +480,6 @@ def row_columns(sources: Sequence[LineSource], future_limit: dt.datetime,
     rows_order = order if n_slow else np.arange(n_fast + n_slow)
     out["source_file"] = pa.array(names, pa.string()).take(pa.array(sources_of_rows[rows_order]))
     out["line_no"] = pa.array(line_no[rows_order], pa.int64())
-    return {name: out[name] for name in COLUMNS}
+    for f in extra:
+        out[f.name] = column(f.name, f.type, fast_columns.get(f.name) if n_fast else None)
+    return {name: out[name] for name in COLUMNS + tuple(f.name for f in extra)}

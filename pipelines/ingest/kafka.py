@@ -200,7 +200,7 @@ def ingest(config: SessionsConfig, table: DeltaTable | None, appender: Appender,
         spans = plan(config.kafka_topic, recorded, client.watermarks(recorded))
         limit = max(1, config.kafka_commit_messages)
         backlog = sum(span.end - span.start for span in spans.values())
-        large = usable(large, table)
+        large = usable(large, table, config.session_spec.input)
         if large != "read" and backlog >= limit:
             if isinstance(large, str):
                 return Ingested(0, deferred=sum(1 for span in spans.values() if span.end > span.start))

@@ -5,12 +5,16 @@ from __future__ import annotations
 import datetime as dt
 import itertools
 import json
+import math
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from typing import Any
 
 import numpy as np
 
-__all__ = ["BOM", "Lines", "classify_line", "is_json_object", "parse_event_time", "parse_line", "split_lines"]
+from pipelines.core.spec import DEFAULT_INPUT, FieldSpec, InputSpec, TimeFormat, split_path
+
+__all__ = ["BOM", "EPOCH_UNIT_US", "Lines", "classify_line", "epoch_micros", "field_value", "is_json_object",
+           "parse_event_time", "parse_line", "path_value", "split_lines"]
 
 MAX_LINE_BYTES = 1 << 20        # longer lines are quarantined (line_too_long) with a preview, not parsed
 RAW_PREVIEW_BYTES = 4096
@@ -29,7 +33,10 @@ def _storable(text: str) -> bool:
 def _identifier(record: Mapping[str, Any], name: str) -> tuple[str | None, str | None]:
     """(value, reject_reason): absent, null or blank is `missing_<name>`; anything but a string or an integer
     (679.5, true, a list) is `invalid_<name>`. Integers are kept as their decimal text."""
-    value = record.get(name)
+    return _identifier_value(record.get(name), name)
+
+
+def _identifier_value(value: object, name: str) -> tuple[str | None, str | None]:
     if value is None or (isinstance(value, str) and not value.strip()):
         return None, f"missing_{name}"
     if isinstance(value, bool) or not isinstance(value, (str, int)):
@@ -52,16 +59,20 @@ def parse_event_time(value: object) -> dt.datetime | None:
     return parsed.replace(microsecond=parsed.microsecond // 1000 * 1000)
 
 
-def parse_line(line: str, future_limit: dt.datetime | None = None) -> tuple[dict[str, Any], str | None]:
+def parse_line(line: str, future_limit: dt.datetime | None = None,
+               spec: InputSpec = DEFAULT_INPUT) -> tuple[dict[str, Any], str | None]:
     """Return (fields, reject_reason). reject_reason is None for a valid event; a rejected line keeps the fields
     read before the reason was found (for the quarantine row). An event_time after future_limit is
-    `future_event_time`."""
+    `future_event_time`. With a spec other than the default the fields are read where it maps them, and its typed
+    fields are `field_<name>` (SESSIONS_SPEC)."""
     try:
         record = json.loads(line)
     except (ValueError, RecursionError):  # RecursionError: thousands of nested brackets
         return {}, "malformed_json"
     if not isinstance(record, dict):
         return {}, "not_an_object"
+    if spec is not DEFAULT_INPUT and spec != DEFAULT_INPUT:
+        return _parse_mapped(record, spec, future_limit)
     event_id, reason = _identifier(record, "event_id")
     if reason:
         return {}, reason
@@ -88,7 +99,128 @@ def parse_line(line: str, future_limit: dt.datetime | None = None) -> tuple[dict
     return fields_, None
 
 
-def classify_line(raw: bytes, future_limit: dt.datetime | None = None) -> tuple[dict[str, Any], str | None, str] | None:
+# Microseconds per unit of an epoch event_time (SESSIONS_SPEC input.event_time.format).
+EPOCH_UNIT_US: dict[TimeFormat, int] = {"epoch_s": 1_000_000, "epoch_ms": 1_000, "epoch_us": 1}
+_EPOCH_UNIT_FLOAT = {name: float(unit) for name, unit in EPOCH_UNIT_US.items()}
+_EPOCH = dt.datetime(1970, 1, 1, tzinfo=dt.timezone.utc)
+
+
+def path_value(record: Mapping[str, Any], steps: tuple[str, ...]) -> Any:
+    """The value at a dotted path's keys in nested objects; None when a key is absent or a step is no object."""
+    value: Any = record
+    for step in steps:
+        if not isinstance(value, dict):
+            return None
+        value = value.get(step)
+    return value
+
+
+def _first(record: Mapping[str, Any], paths: tuple[tuple[str, ...], ...]) -> Any:
+    """The first of the paths' values that is present and not null."""
+    for steps in paths:
+        value = path_value(record, steps)
+        if value is not None:
+            return value
+    return None
+
+
+def epoch_micros(value: object, time_format: TimeFormat) -> int | None:
+    """An epoch number (int or float; not a boolean, not a string) -> UTC microseconds truncated to the millisecond
+    as parse_event_time truncates, or None when it is no number or no time a datetime holds. An integer is exact;
+    a float is multiplied out in floating point (the columnar path does the same)."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        return None
+    if isinstance(value, float):
+        if not math.isfinite(value):
+            return None
+        micros = math.floor(value * _EPOCH_UNIT_FLOAT[time_format])
+    else:
+        micros = value * EPOCH_UNIT_US[time_format]
+    micros = micros // 1000 * 1000
+    try:
+        _EPOCH + dt.timedelta(microseconds=micros)
+    except OverflowError:
+        return None
+    return micros
+
+
+def field_value(value: object, spec: FieldSpec) -> tuple[Any, bool]:
+    """(the value as its declared type, ok): None is a missing field (ok); a value of another type is not ok. An
+    integer is a double too; a float is no long (3.0 included: the producer said double); a long is 64 bits."""
+    if value is None:
+        return None, True
+    kind = spec.type
+    if kind == "string":
+        return (value, True) if isinstance(value, str) else (None, False)
+    if kind == "boolean":
+        return (value, True) if isinstance(value, bool) else (None, False)
+    if isinstance(value, bool):
+        return None, False
+    if kind == "long":
+        return (value, True) if isinstance(value, int) and -(1 << 63) <= value < (1 << 63) else (None, False)
+    if isinstance(value, int):
+        try:
+            return float(value), True
+        except OverflowError:
+            return None, False
+    return (value, True) if isinstance(value, float) and math.isfinite(value) else (None, False)
+
+
+def _parse_mapped(record: dict[str, Any], spec: InputSpec,
+                  future_limit: dt.datetime | None) -> tuple[dict[str, Any], str | None]:
+    """parse_line's rules with the fields where the spec maps them (`_paths` of InputSpec), in the same order of
+    reasons; then the typed fields (`invalid_field:<name>`)."""
+    event_id, reason = _identifier_value(_first(record, _steps(spec.event_id)), "event_id")
+    if reason:
+        return {}, reason
+    user_id, reason = _identifier_value(_first(record, _steps(spec.user_id)), "user_id")
+    if reason:
+        return {"event_id": event_id}, reason
+    fields_: dict[str, Any] = {"event_id": event_id, "user_id": user_id}
+    raw_time = _first(record, _steps(spec.event_time.paths))
+    if raw_time in (None, ""):
+        return fields_, "missing_event_time"
+    if spec.event_time.format == "iso8601":
+        event_time = parse_event_time(raw_time)
+    else:
+        micros = epoch_micros(raw_time, spec.event_time.format)
+        event_time = None if micros is None else _EPOCH + dt.timedelta(microseconds=micros)
+    if event_time is None:
+        return fields_, "unparseable_event_time"
+    fields_["event_time"] = event_time
+    event_type, page = _first(record, _steps(spec.event_type)), record.get("page")
+    if event_type is not None and not isinstance(event_type, str):
+        return fields_, "invalid_event_type"
+    if page is not None and not isinstance(page, str):
+        page = json.dumps(page, separators=(",", ":"))
+    if not _storable(event_type or "") or not _storable(page or ""):
+        return fields_, "invalid_utf8"
+    fields_.update(event_type=event_type, page=page)
+    for field_spec in spec.fields:
+        value, ok = field_value(path_value(record, split_path(field_spec.path)), field_spec)
+        if not ok:
+            return fields_, f"invalid_field:{field_spec.name}"
+        if isinstance(value, str) and not _storable(value):
+            return fields_, "invalid_utf8"
+        fields_[field_spec.column] = value
+    if future_limit is not None and event_time > future_limit:
+        return fields_, "future_event_time"
+    return fields_, None
+
+
+_STEPS: dict[tuple[str, ...], tuple[tuple[str, ...], ...]] = {}
+
+
+def _steps(paths: tuple[str, ...]) -> tuple[tuple[str, ...], ...]:
+    """The paths' keys, split once per process (a spec has a handful of paths)."""
+    found = _STEPS.get(paths)
+    if found is None:
+        found = _STEPS[paths] = tuple(split_path(path) for path in paths)
+    return found
+
+
+def classify_line(raw: bytes, future_limit: dt.datetime | None = None,
+                  spec: InputSpec = DEFAULT_INPUT) -> tuple[dict[str, Any], str | None, str] | None:
     """One landed line (without its newline) -> (fields, reject_reason, text), or None for a blank line."""
     line = raw.rstrip(b"\r")
     if line.startswith(BOM):  # a BOM opens files written by some Windows tools (and lines of concatenated ones)
@@ -103,7 +235,7 @@ def classify_line(raw: bytes, future_limit: dt.datetime | None = None) -> tuple[
     except UnicodeDecodeError:
         # Never guess: the bytes stay readable as backslash escapes (b"\xff" -> "\\xff").
         return {}, "invalid_utf8", line.decode("utf-8", errors="backslashreplace")
-    fields_, reason = parse_line(text, future_limit)
+    fields_, reason = parse_line(text, future_limit, spec)
     return fields_, reason, text
 
 

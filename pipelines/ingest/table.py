@@ -21,13 +21,14 @@ from deltalake import DeltaTable
 from deltalake.transaction import AddAction
 
 from pipelines.config import SessionsConfig
+from pipelines.core.spec import DEFAULT_INPUT, InputSpec
 from pipelines.errors import Result
 from pipelines.ingest import columnar
 from pipelines.ingest.erased import ErasedUsers, user_named_by
 from pipelines.ingest.lines import Lines, classify_line
 from pipelines.storage import read_rows, storage_options
 
-__all__ = ["CLOCK_KEY", "CLOCK_KIND", "CLOCK_MAX_IDLE_PERIODS", "CLOCK_SOURCE", "HISTORY_PAGE", "RAW_SCHEMA", "TABLE_SCHEMA", "IngestClock", "IngestResult", "LargeInput", "ParsedSpan", "RowSource", "KafkaRange", "Span", "IngestTasks", "TaskParse", "latest_clock", "latest_ingest_seq", "latest_seq", "line_rows", "open_raw_table", "span_from", "standing_erasure", "usable"]
+__all__ = ["CLOCK_KEY", "CLOCK_KIND", "CLOCK_MAX_IDLE_PERIODS", "CLOCK_SOURCE", "HISTORY_PAGE", "RAW_SCHEMA", "TABLE_SCHEMA", "IngestClock", "IngestResult", "LargeInput", "ParsedSpan", "RowSource", "KafkaRange", "Span", "IngestTasks", "TaskParse", "latest_clock", "latest_ingest_seq", "latest_seq", "line_rows", "open_raw_table", "raw_schema", "span_from", "standing_erasure", "table_schema", "usable"]
 
 RAW_SCHEMA = pa.schema([
     ("event_id", pa.string()),
@@ -54,6 +55,18 @@ CLOCK_SOURCE = "_clock"         # source_file of a clock row (line_no 0)
 CLOCK_KEY = "ingest_clock"      # commit metadata: the IngestClock after this commit
 # A clock row moves event time at most this many idle periods past the newest event or clock row (IngestClock.due).
 CLOCK_MAX_IDLE_PERIODS = 2
+
+
+def raw_schema(spec: InputSpec = DEFAULT_INPUT) -> pa.Schema:
+    """The rows of one commit (line_rows): RAW_SCHEMA, then one nullable `field_<name>` column per typed field of the
+    session spec (SESSIONS_SPEC), so that a replay sees the values ingest read."""
+    return pa.schema([*RAW_SCHEMA, *columnar.field_schema(spec)]) if spec.fields else RAW_SCHEMA
+
+
+def table_schema(spec: InputSpec = DEFAULT_INPUT) -> pa.Schema:
+    """The table's columns as this spec's ingest writes them: TABLE_SCHEMA, then the fields' columns (a field new to
+    the table is added by schema evolution: the Appender's merge)."""
+    return pa.schema([*TABLE_SCHEMA, *columnar.field_schema(spec)]) if spec.fields else TABLE_SCHEMA
 
 def _iso(us: int) -> str:
     try:
@@ -161,26 +174,31 @@ class RowSource:
 
 
 def line_rows(sources: Sequence[RowSource], seq: int, ingested_at: dt.datetime, max_future: dt.timedelta,
-              *, per_line: bool = False, keyed_by_line_no: bool = False) -> pa.Table:
+              *, per_line: bool = False, keyed_by_line_no: bool = False, spec: InputSpec = DEFAULT_INPUT) -> pa.Table:
     """The raw_events rows of one commit. The columnar path (pipelines/ingest/columnar.py: pyarrow's JSON reader for
     the lines it proves valid, classify_line for the rest) gives the same rows as the per-line loop below, which
     stays the specification (`per_line=True`; tests/test_ingest_columnar.py compares the two).
 
     line_key is the row's position in the commit, or with `keyed_by_line_no` its line number: a commit of one file
-    whose lines Spark tasks parse apart (Span), where no task knows how many rows the others made."""
+    whose lines Spark tasks parse apart (Span), where no task knows how many rows the others made.
+
+    `spec`: where the fields are in each line and which typed fields it reads (SESSIONS_SPEC); the rows then have
+    raw_schema(spec)'s columns."""
     future_limit = ingested_at + max_future
+    schema = raw_schema(spec)
     if not per_line:
-        lines = columnar.row_columns(sources, future_limit)
+        lines = columnar.row_columns(sources, future_limit, spec=spec)
         n = len(lines["line_no"])
         keys = lines["line_no"] if keyed_by_line_no else pa.array(np.arange(1, n + 1, dtype=np.int64))
         return pa.table({**lines, "line_key": keys,
                          "ingest_seq": pa.nulls(n, pa.int64()).fill_null(seq),
                          "ingested_at": pa.nulls(n, RAW_SCHEMA.field("ingested_at").type).fill_null(ingested_at)},
-                        schema=RAW_SCHEMA)
-    columns: dict[str, list[Any]] = {f.name: [] for f in RAW_SCHEMA}
+                        schema=schema)
+    columns: dict[str, list[Any]] = {f.name: [] for f in schema}
+    read = ("event_id", "user_id", "event_time", "event_type", "page", *(f.column for f in spec.fields))
 
     def add(fields_: Mapping[str, Any], source_file: str, line_no: int, reason: str | None, raw: str | None) -> None:
-        for name in ("event_id", "user_id", "event_time", "event_type", "page"):
+        for name in read:
             columns[name].append(fields_.get(name))
         columns["source_file"].append(source_file)
         columns["line_no"].append(line_no)
@@ -192,14 +210,14 @@ def line_rows(sources: Sequence[RowSource], seq: int, ingested_at: dt.datetime, 
         if source.refused is not None:
             add({}, source.name, 0, source.refused, source.refused_raw)
         for line_no, raw_bytes in source.lines:
-            classified = classify_line(raw_bytes, future_limit)
+            classified = classify_line(raw_bytes, future_limit, spec)
             if classified is not None:  # blank lines carry nothing to keep (they keep their numbers)
                 fields_, reason, text = classified
                 add(fields_, source.name, line_no, reason, text if reason else None)
     n = len(columns["line_key"])
     columns["ingest_seq"] = [seq] * n
     columns["ingested_at"] = [ingested_at] * n
-    return pa.table(columns, schema=RAW_SCHEMA)
+    return pa.table(columns, schema=schema)
 
 
 @dataclass(frozen=True)
@@ -247,7 +265,7 @@ class TaskParse(Protocol):
     """What Appender.append_by_tasks calls: Spark tasks parse and write the rows of ingest_seq `seq`."""
 
     def __call__(self, *, table_uri: str, seq: int, ingested_at: dt.datetime, max_future: dt.timedelta,
-                 erased: ErasedUsers) -> ParsedSpan: ...
+                 erased: ErasedUsers, spec: InputSpec = DEFAULT_INPUT) -> ParsedSpan: ...
 
 
 class IngestTasks(Protocol):
@@ -256,10 +274,11 @@ class IngestTasks(Protocol):
     min_bytes: int
 
     def __call__(self, span: Span, *, table_uri: str, seq: int, ingested_at: dt.datetime,
-                 max_future: dt.timedelta, erased: ErasedUsers) -> ParsedSpan: ...
+                 max_future: dt.timedelta, erased: ErasedUsers, spec: InputSpec = DEFAULT_INPUT) -> ParsedSpan: ...
 
     def messages(self, config: SessionsConfig, ranges: Sequence[KafkaRange], *, table_uri: str, seq: int,
-                 ingested_at: dt.datetime, max_future: dt.timedelta, erased: ErasedUsers) -> ParsedSpan: ...
+                 ingested_at: dt.datetime, max_future: dt.timedelta, erased: ErasedUsers,
+                 spec: InputSpec = DEFAULT_INPUT) -> ParsedSpan: ...
 
 
 # What ingest does with large input -- a file with at least SESSIONS_INGEST_TASK_MIB new bytes, a Kafka backlog of at
@@ -268,17 +287,19 @@ class IngestTasks(Protocol):
 LargeInput = Literal["read", "defer"] | IngestTasks
 
 
-def usable(large: LargeInput, table: DeltaTable | None) -> LargeInput:
-    """`large`, but "read" in place of Spark tasks while raw_events was written before its newest columns: the tasks
-    write files of TABLE_SCHEMA, and the next commit made here merges the columns in."""
-    if not isinstance(large, str) and table is not None and table.schema().to_arrow().names != TABLE_SCHEMA.names:
+def usable(large: LargeInput, table: DeltaTable | None, spec: InputSpec = DEFAULT_INPUT) -> LargeInput:
+    """`large`, but "read" in place of Spark tasks while raw_events' columns are not those the tasks write
+    (table_schema(spec)): written before its newest columns, or before a field the spec gained (the next commit made
+    here merges them in), or with a field the spec no longer has."""
+    if not isinstance(large, str) and table is not None and (
+            table.schema().to_arrow().names != table_schema(spec).names):
         return "read"
     return large
 
 
 def span_from(config: SessionsConfig, table: DeltaTable | None, large: LargeInput) -> int | None:
     """The new bytes from which a landed file or object is large input (None: every one is read here)."""
-    large = usable(large, table)
+    large = usable(large, table, config.session_spec.input)
     if large == "read":
         return None
     return config.ingest_task_mib * 1024 * 1024 if isinstance(large, str) else large.min_bytes

@@ -34,11 +34,21 @@ from deltalake.transaction import AddAction
 from pyspark.sql import SparkSession
 
 from pipelines.config import SessionsConfig
+from pipelines.core.spec import DEFAULT_INPUT, InputSpec
 from pipelines.core.state_format import spark_ddl
 from pipelines.errors import ConcurrentIngest, SourceDataLost, SourceUnavailable
 from pipelines.ingest.erased import ErasedUsers
 from pipelines.ingest.lines import split_lines
-from pipelines.ingest.table import TABLE_SCHEMA, KafkaRange, ParsedSpan, RowSource, Span, line_rows, standing_erasure
+from pipelines.ingest.table import (
+    RAW_SCHEMA,
+    KafkaRange,
+    ParsedSpan,
+    RowSource,
+    Span,
+    line_rows,
+    standing_erasure,
+    table_schema,
+)
 from pipelines.job.task_files import executor_env, remove_files, write_file
 from pipelines.storage import filesystem, is_s3, object_store_errors
 
@@ -106,7 +116,7 @@ def _range_lines(span: Span, ranges: list[tuple[int, int]], k: int) -> tuple[byt
 
 
 def _parser(span: Span, ranges: list[tuple[int, int]], first_numbers: list[int], *, table_uri: str, seq: int,
-            ingested_at: dt.datetime, max_future: dt.timedelta, erased: ErasedUsers
+            ingested_at: dt.datetime, max_future: dt.timedelta, erased: ErasedUsers, spec: InputSpec
             ) -> Callable[[Iterator[pa.RecordBatch]], Iterator[pa.RecordBatch]]:
     """Task k parses the lines that begin in its range, numbered from first_numbers[k], into one raw_events file."""
     def parse(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
@@ -117,28 +127,29 @@ def _parser(span: Span, ranges: list[tuple[int, int]], first_numbers: list[int],
                     lines, _, _ = split_lines(data, span.lines_before, span.open_before)
                 else:
                     lines, _, _ = split_lines(data, first_numbers[k] - 1, False)
-                rows = line_rows([RowSource(span.name, lines)], seq, ingested_at, max_future, keyed_by_line_no=True)
-                out = _written(rows, erased, table_uri=table_uri, prefix=f"part-i{seq}-{k:05d}")
+                rows = line_rows([RowSource(span.name, lines)], seq, ingested_at, max_future, keyed_by_line_no=True,
+                                 spec=spec)
+                out = _written(rows, erased, table_uri=table_uri, prefix=f"part-i{seq}-{k:05d}", spec=spec)
                 yield pa.RecordBatch.from_pylist([{"range": k, "lines": len(lines), **out}], schema=_WRITTEN)
     return parse
 
 
-def _written(rows: pa.Table, erased: ErasedUsers, *, table_uri: str, prefix: str) -> dict[str, Any]:
+def _written(rows: pa.Table, erased: ErasedUsers, *, table_uri: str, prefix: str, spec: InputSpec) -> dict[str, Any]:
     """A task's rows after the standing erasure, written as one raw_events file (none when no row is left): the
     file's FILE_ROW fields and the counts the commit needs."""
     rows, dropped = standing_erasure(erased, rows)
-    rows = rows.append_column("row_kind", pa.nulls(rows.num_rows, pa.string()))
+    rows = rows.add_column(len(RAW_SCHEMA), "row_kind", pa.nulls(rows.num_rows, pa.string()))  # table_schema's order
     valid = rows.filter(pc.is_null(rows["reject_reason"]))
     newest = int(pc.max(valid["event_time"].cast(pa.int64())).as_py()) if valid.num_rows else None
     out = {"path": None, "size": 0, "rows": rows.num_rows, "stats": None, "rejected": rows.num_rows - valid.num_rows,
            "newest_us": newest, "dropped": json.dumps(dropped)}
     if rows.num_rows:
-        out.update(write_file(rows, uri=table_uri, schema=TABLE_SCHEMA, prefix=prefix))
+        out.update(write_file(rows, uri=table_uri, schema=table_schema(spec), prefix=prefix))
     return out
 
 
 def _kafka_reader(config: SessionsConfig, ranges: Sequence[KafkaRange], *, table_uri: str, seq: int,
-                  ingested_at: dt.datetime, max_future: dt.timedelta, erased: ErasedUsers
+                  ingested_at: dt.datetime, max_future: dt.timedelta, erased: ErasedUsers, spec: InputSpec
                   ) -> Callable[[Iterator[pa.RecordBatch]], Iterator[pa.RecordBatch]]:
     """Task k reads ranges[k] of its partition (pipelines.ingest.kafka.read_range) into one raw_events file; a loss
     or an unreachable broker is its row's `error`, for the driver to raise."""
@@ -156,10 +167,10 @@ def _kafka_reader(config: SessionsConfig, ranges: Sequence[KafkaRange], *, table
                 except SourceUnavailable as error:
                     out.update(error=str(error), error_kind="unavailable")
                 else:
-                    rows = line_rows(sources, seq, ingested_at, max_future)
+                    rows = line_rows(sources, seq, ingested_at, max_future, spec=spec)
                     rows = rows.set_column(rows.schema.get_field_index("line_key"), "line_key",
                                            pc.add(rows["line_key"], part.key_base))
-                    out.update(_written(rows, erased, table_uri=table_uri, prefix=f"part-i{seq}-{k:05d}"))
+                    out.update(_written(rows, erased, table_uri=table_uri, prefix=f"part-i{seq}-{k:05d}", spec=spec))
                 yield pa.RecordBatch.from_pylist([out], schema=_KAFKA_WRITTEN)
     return read
 
@@ -192,14 +203,14 @@ class SparkIngestTasks:
         return sorted((row.asDict() for row in rows), key=lambda row: int(row["range"]))
 
     def __call__(self, span: Span, *, table_uri: str, seq: int, ingested_at: dt.datetime,
-                 max_future: dt.timedelta, erased: ErasedUsers) -> ParsedSpan:
+                 max_future: dt.timedelta, erased: ErasedUsers, spec: InputSpec = DEFAULT_INPUT) -> ParsedSpan:
         ranges = _ranges(span, self.range_bytes)
         counts = [int(row["lines"]) for row in self._run(_counter(span, ranges), _COUNT, len(ranges),
                                                                  uris=(span.uri,))]
         counts[0] += 1  # the span's first line
         first_numbers = (span.first_line + np.concatenate([[0], np.cumsum(counts)[:-1]])).tolist()
         written = self._run(_parser(span, ranges, first_numbers, table_uri=table_uri, seq=seq,
-                                    ingested_at=ingested_at, max_future=max_future, erased=erased),
+                                    ingested_at=ingested_at, max_future=max_future, erased=erased, spec=spec),
                             _WRITTEN, len(ranges), uris=(span.uri, table_uri))
         found = [int(row["lines"]) for row in written]
         if found != counts:
@@ -209,10 +220,11 @@ class SparkIngestTasks:
         return _parsed(written, table_uri, lines=span.first_line + sum(counts) - 1)
 
     def messages(self, config: SessionsConfig, ranges: Sequence[KafkaRange], *, table_uri: str, seq: int,
-                 ingested_at: dt.datetime, max_future: dt.timedelta, erased: ErasedUsers) -> ParsedSpan:
+                 ingested_at: dt.datetime, max_future: dt.timedelta, erased: ErasedUsers,
+                 spec: InputSpec = DEFAULT_INPUT) -> ParsedSpan:
         """Kafka ranges, one task each (IngestTasks.messages)."""
         written = self._run(_kafka_reader(config, ranges, table_uri=table_uri, seq=seq, ingested_at=ingested_at,
-                                          max_future=max_future, erased=erased),
+                                          max_future=max_future, erased=erased, spec=spec),
                             _KAFKA_WRITTEN, len(ranges), uris=(table_uri,))
         failed = next((row for row in written if row["error"] is not None), None)
         if failed is not None:  # nothing of the round is committed: the next ingest plans again
