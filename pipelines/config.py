@@ -27,7 +27,7 @@ from pipelines.config_checks import (
 from pipelines.core.spec import SessionSpec
 from pipelines.errors import ConfigError
 from pipelines.kafka_conf import check_kafka_settings, kafka_settings
-from pipelines.locations import CheckpointPath, checkpoint_path
+from pipelines.locations import CheckpointPath, checkpoint_path, name_hdfs_location
 from pipelines.settings import Setting, env_name, setting_field
 from pipelines.spec_file import read_spec
 
@@ -81,17 +81,18 @@ class SessionsConfig:
                                      shown="$SESSIONS_HOME/landing")
     # One filesystem for every host that runs the job; the driver reads the checkpoint's logs itself
     # (pipelines.locations: HDFS through WebHDFS, S3 through pyarrow).
-    checkpoint_uri: str = setting_field("", "the Spark checkpoint's parent (the leases' too, but for HDFS): a local or "
-                                        "mounted path every host shares, hdfs://namenode:port/path or s3a://bucket/prefix",
+    checkpoint_uri: str = setting_field("", "the Spark checkpoint's parent (the leases' too): a local or mounted path "
+                                        "every host shares, hdfs://namenode:port/path or s3a://bucket/prefix",
                                         shown="$SESSIONS_HOME/checkpoints")
-    webhdfs_address: str = setting_field("", "the NameNode's HTTP address (host:port) for an hdfs:// checkpoint: the "
-                                         "driver reads the checkpoint's logs through WebHDFS",
+    webhdfs_address: str = setting_field("", "the NameNode's HTTP address (host:port) for an hdfs:// checkpoint or "
+                                         "lease location: the driver reads the checkpoint's logs and keeps the leases "
+                                         "through WebHDFS; needed when that port is not 9870",
                                          shown="the NameNode's host, port 9870")
     # Leases (pipelines/coordination/leases.py): a holder that lost its lease is fenced from then on.
     lease_ttl_s: float = setting_field(60.0, f"a lease not renewed for this long may be taken over: {MIN_LEASE_TTL_S:g} s "
                                        f"to {MAX_LEASE_TTL_S:g} s, a day (holders renew every TTL/3)", minimum=0, maximum=math.inf)  # MIN_/MAX_LEASE_TTL_S: from_env
-    lease_uri: str = setting_field("", "where the leases and stop and erasure requests live: a shared path or "
-                                   "s3://bucket/prefix", shown="_leases beside the checkpoint")
+    lease_uri: str = setting_field("", "where the leases and stop and erasure requests live: a shared path, "
+                                   "s3://bucket/prefix or hdfs://namenode:port/path", shown="_leases beside the checkpoint")
     lease_wait_s: float = setting_field(300.0, "the longest ingest waits for the ingest lease", minimum=0, inclusive=True)
     # Only the retired Python operator's state was keyed by hash buckets of user_id (pipelines.job.operators.buckets).
     state_buckets: int = setting_field(64, "recorded in a new checkpoint's metadata; only the retired Python operator's "
@@ -189,7 +190,6 @@ class SessionsConfig:
                               "the sessions' attributes (validated; the columns they describe are not computed yet: "
                               "docs/session-spec.md)", shown="unset (the contract's five fields, no attributes)")
 
-
     @classmethod
     def from_env(cls, env: Mapping[str, str] | None = None) -> SessionsConfig:
         env = dict(os.environ if env is None else env)
@@ -226,7 +226,7 @@ class SessionsConfig:
         if values["operator"] and values["operator"] not in OPERATORS:
             raise ConfigError(f"SESSIONS_OPERATOR={values['operator']!r}: expected one of {', '.join(OPERATORS)}")
         for setting_name in URI_SETTINGS:  # as given: before a default or resolved_lease_uri's clean-up changes it
-            check_uri(name=env_name(setting_name), raw=values[setting_name])
+            check_uri(name=env_name(setting_name), raw=values[setting_name], hdfs=setting_name == "lease_uri")
         values["savepoint_uri"] = values["savepoint_uri"] or str(home / "savepoints")
         values["warehouse_uri"] = (values["warehouse_uri"] or str(home / "warehouse")).rstrip("/")
         values["landing_uri"] = (values["landing_uri"] or str(home / "landing")).rstrip("/")
@@ -238,7 +238,16 @@ class SessionsConfig:
             raise ConfigError(f"SESSIONS_LEASE_TTL_S={values['lease_ttl_s']:g} is too short: at least "
                               f"{MIN_LEASE_TTL_S:g} s (a holder renews every TTL/3; shorter, any pause or slow write "
                               "loses the lease)")
+        lease_given = bool(values["lease_uri"])
         values["lease_uri"] = resolved_lease_uri(values["lease_uri"], values["checkpoint_uri"])
+        # HDFS's failures name the setting of the location they hit; SESSIONS_WEBHDFS_ADDRESS is the checkpoint's
+        # NameNode's (the leases' when only they are on HDFS).
+        webhdfs = values["webhdfs_address"]
+        if values["checkpoint_uri"].startswith("hdfs://"):
+            name_hdfs_location(values["checkpoint_uri"], setting="SESSIONS_CHECKPOINT_URI", webhdfs=webhdfs)
+            webhdfs = ""
+        if values["lease_uri"].startswith("hdfs://") and lease_given:
+            name_hdfs_location(values["lease_uri"], setting="SESSIONS_LEASE_URI", webhdfs=webhdfs)
         check_directories(env=env, locations={env_name(name): str(home if name == "home" else values[name])
                                               for name in PATH_SETTINGS})
         check_spark_master(values["spark_master"])
@@ -283,7 +292,7 @@ class SessionsConfig:
     @property
     def lease_dir(self) -> Path:
         """Where leases live when lease_uri is a path (beside the checkpoint by default, on the filesystem every host
-        shares); for an s3:// lease_uri, pass lease_uri itself to pipelines.coordination.leases."""
+        shares); for an s3:// or hdfs:// lease_uri, pass lease_uri itself to pipelines.coordination.leases."""
         return Path(self.lease_uri)
 
     def table_uri(self, name: str) -> str:

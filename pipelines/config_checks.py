@@ -90,46 +90,53 @@ def checked_checkpoint_uri(raw: str, *, home: Path) -> str:
 
 
 def resolved_lease_uri(raw: str, checkpoint_uri: str) -> str:
-    """SESSIONS_LEASE_URI: s3://bucket/prefix or a path (made absolute); default `_leases` beside the checkpoint (on S3
-    for an s3a:// checkpoint; an hdfs:// checkpoint needs it set: HDFS has no compare-and-swap for a lease's renewal)."""
+    """SESSIONS_LEASE_URI: s3://bucket/prefix, hdfs://namenode:port/path or a path (made absolute); default `_leases`
+    beside the checkpoint, on the checkpoint's own store (S3 for an s3a:// checkpoint, HDFS for an hdfs:// one:
+    pipelines.coordination.lease_stores)."""
     uri = raw.strip().removeprefix("file://").rstrip("/")
-    if not uri and checkpoint_uri.startswith("hdfs://"):
-        raise ConfigError(f"SESSIONS_CHECKPOINT_URI={checkpoint_uri!r} is on HDFS: set SESSIONS_LEASE_URI to "
-                          "s3://bucket/prefix or a path every host shares (leases need a compare-and-swap HDFS does "
-                          "not offer)")
     if not uri and checkpoint_uri.startswith("s3a://"):
         return "s3://" + checkpoint_uri.removeprefix("s3a://") + "/_leases"
+    if not uri and checkpoint_uri.startswith("hdfs://"):
+        return checkpoint_uri + "/_leases"
     if not uri:
         return str(Path(checkpoint_uri) / "_leases")
     if uri.startswith("s3://"):
         if not uri[len("s3://"):].split("/", 1)[0]:
             raise ConfigError(f"SESSIONS_LEASE_URI={raw!r}: expected s3://bucket/prefix")
         return uri
+    if uri.startswith("hdfs://"):
+        host, _, path = uri[len("hdfs://"):].partition("/")
+        if not host or not path:
+            raise ConfigError(f"SESSIONS_LEASE_URI={raw!r}: expected hdfs://namenode:port/path (a host, then a path)")
+        return uri
     if "://" in uri:
-        raise ConfigError(f"SESSIONS_LEASE_URI={raw!r}: expected a shared path or s3://bucket/prefix")
+        raise ConfigError(f"SESSIONS_LEASE_URI={raw!r}: expected a shared path, s3://bucket/prefix or "
+                          "hdfs://namenode:port/path")
     return str(Path(uri).resolve())
 
 
 _SCHEME_ONLY = re.compile(r"[A-Za-z][A-Za-z0-9+.-]*:/*")  # "s3:", "s3:/", "s3://": a scheme, nothing after it
 
 
-def check_uri(*, name: str, raw: str) -> None:
-    """A data location given as a URI: file://, or s3:// with a bucket; a ConfigError naming `name` otherwise. Without
-    this, `s3://` loses its slashes on the way and becomes the relative path `./s3:` in the working directory, and an
-    unsupported scheme (gs://, hdfs://) a local directory of that name."""
+def check_uri(*, name: str, raw: str, hdfs: bool = False) -> None:
+    """A data location given as a URI: file://, or s3:// with a bucket (with `hdfs`, hdfs:// too: resolved_lease_uri
+    checks its form); a ConfigError naming `name` otherwise. Without this, `s3://` loses its slashes on the way and
+    becomes the relative path `./s3:` in the working directory, and an unsupported scheme (gs://, hdfs://) a local
+    directory of that name."""
     text = raw.strip()
     scheme, separator, rest = text.partition("://")
     if not separator and not _SCHEME_ONLY.fullmatch(text):
         return  # a path
     scheme = scheme.rstrip(":/")
-    if scheme == "file":
+    if scheme == "file" or (hdfs and scheme == "hdfs"):
         return
     if scheme == "s3":
         if not rest.split("/", 1)[0]:
             raise ConfigError(f"{name}={raw!r} names no bucket: expected s3://bucket/prefix")
         return
-    raise ConfigError(f"{name}={raw!r}: the scheme {scheme}:// is not supported; expected a local path or "
-                      "s3://bucket/prefix (s3 in lower case)")
+    expected = "a local path, s3://bucket/prefix or hdfs://namenode:port/path (schemes in lower case)" if hdfs else \
+        "a local path or s3://bucket/prefix (s3 in lower case)"
+    raise ConfigError(f"{name}={raw!r}: the scheme {scheme}:// is not supported; expected {expected}")
 
 
 # A duration as object_store (delta-rs's S3 client) reads it: "30s", "500ms", "2min", "1h 30m" (humantime's units).

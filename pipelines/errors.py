@@ -11,7 +11,7 @@ import re
 from dataclasses import asdict
 from typing import Any, ClassVar
 
-__all__ = ["UNREADABLE_SAVEPOINT_FILE", "Result", "CheckpointDamaged", "CheckpointMismatch", "CheckpointMissing", "ConcurrentIngest", "ConfigError", "HomeNotWritable", "JobRunning", "LeaseLost", "LeaseWaitTimedOut", "LifecycleBusy", "NextStepError", "NoCommittedBatch", "NotRunning", "RescaleIncomplete", "RescaleRefused", "RestoreIncomplete", "SavepointDamaged", "SavepointFailed", "SavepointIncompatible", "SavepointNotFound", "SessionsError", "SourceDataLost", "SourceUnavailable", "StateMismatch", "StopIncomplete", "StorageUnavailable", "StreamFailed", "savepoint_way_out", "unreadable_savepoint_file"]
+__all__ = ["UNREADABLE_SAVEPOINT_FILE", "Result", "CheckpointDamaged", "CheckpointMismatch", "CheckpointMissing", "ConcurrentIngest", "ConfigError", "HomeNotWritable", "JobRunning", "LeaseLost", "LeaseWaitTimedOut", "LifecycleBusy", "NextStepError", "NoCommittedBatch", "NotRunning", "RescaleIncomplete", "RescaleRefused", "RestoreIncomplete", "SavepointDamaged", "SavepointFailed", "SavepointIncompatible", "SavepointNotFound", "SessionsError", "SourceDataLost", "SourceUnavailable", "StateMismatch", "StopIncomplete", "StorageAccessDenied", "StorageUnavailable", "StreamFailed", "savepoint_way_out", "unreadable_savepoint_file"]
 
 
 class SessionsError(RuntimeError):
@@ -144,7 +144,13 @@ class StreamFailed(SessionsError):
 
 
 class StorageUnavailable(SessionsError):
-    """An object store (S3) did not answer or refused: the message names the endpoint, the URI and the cause."""
+    """An object store (S3) or HDFS did not answer or refused: the message names the endpoint (or the setting and the
+    address it tried), the URI and the cause."""
+
+
+class StorageAccessDenied(SessionsError):
+    """HDFS refused this process's user a location (its permissions): the message names the setting, the user, the
+    path and HDFS's reason. Not retried: permissions do not come back by themselves."""
 
 
 class SourceUnavailable(SessionsError):

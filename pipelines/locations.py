@@ -7,6 +7,11 @@ S3 filesystem (the AWS_* variables, as everywhere). A `RemotePath` offers the fe
 readers use, so they take a local `Path` or a `RemotePath` alike. pyarrow's S3 filesystem of this process (its
 credentials and request limits) is made here too, for every S3 reader (pipelines.storage).
 
+HDFS is reached through pipelines.webhdfs only, whose failures are typed one-line errors. Before the first WebHDFS
+call to a NameNode, this process also checks that its RPC address (the hdfs:// host and port, which Spark's Hadoop
+client uses) takes connections: a wrong port there would otherwise surface only in Spark, after its client retried
+for minutes. Messages name the setting an hdfs:// location came from (`name_hdfs_location`, SessionsConfig's).
+
 What each store promises a checkpoint. HDFS: create-if-absent and rename are atomic on the NameNode, as on a local
 disk. S3: writes are atomic and read-after-write consistent, but a rename is a copy and a delete -- Spark's
 checkpoint file manager for object stores writes each log file in place instead (see pipelines.job.runtime), and a
@@ -19,6 +24,7 @@ import datetime as dt
 import getpass
 import os
 import shutil
+import socket
 from collections.abc import Iterator
 from contextvars import ContextVar
 from dataclasses import dataclass
@@ -27,15 +33,19 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 from urllib.parse import urlparse
 
+from pipelines.errors import StorageUnavailable
+
 if TYPE_CHECKING:  # fsspec and pyarrow are imported only where they are used: `sessionctl --help` stays light
     import pyarrow.fs as pafs
     from fsspec import AbstractFileSystem
 
-__all__ = ["HADOOP_SCHEMES", "S3_LIMITS", "CheckpointPath", "RemotePath", "checkpoint_path", "hdfs_outage", "is_remote", "move", "remove_tree", "s3_client",
-           "s3_filesystem"]
+__all__ = ["HADOOP_SCHEMES", "S3_LIMITS", "CheckpointPath", "NameNode", "RemotePath", "checkpoint_path", "hdfs_outage",
+           "hdfs_setting", "is_remote", "move", "name_hdfs_location", "remove_tree", "s3_client", "s3_filesystem"]
 
 HADOOP_SCHEMES = ("hdfs", "s3a", "s3")
 WEBHDFS_PORT = 9870  # the NameNode's HTTP port by default (Hadoop 3: dfs.namenode.http-address)
+NAMENODE_RPC_PORT = 8020  # the NameNode's RPC port when hdfs:// names none (Hadoop 3: fs.defaultFS)
+RPC_CHECK_TIMEOUT_S = 10.0
 
 
 def is_remote(uri: str) -> bool:
@@ -43,15 +53,63 @@ def is_remote(uri: str) -> bool:
 
 
 # The WebHDFS address each NameNode (host:port of hdfs://) was given with, in this process: a checkpoint's URI handed
-# on as text (a set-aside checkpoint, an erasure's scan) reaches the same NameNode's HTTP API.
+# on as text (a set-aside checkpoint, an erasure's scan, the lease store) reaches the same NameNode's HTTP API.
 _WEBHDFS_OF: dict[str, str] = {}
+# The setting each hdfs:// location came from (its URI without a trailing slash), for messages.
+_HDFS_SETTINGS: dict[str, str] = {}
+# The NameNodes (RPC host:port) that took a connection in this process: checked once.
+_RPC_ANSWERED: set[str] = set()
+
+
+@dataclass(frozen=True)
+class NameNode:
+    """An HDFS NameNode as this process reaches it: `rpc`, the host:port of hdfs:// (Spark's Hadoop client's); `http`,
+    the host:port of its HTTP server (WebHDFS); `http_given`: SESSIONS_WEBHDFS_ADDRESS named it (else the default)."""
+    rpc: str
+    http: str
+    http_given: bool = False
+
+
+def name_hdfs_location(uri: str, *, setting: str, webhdfs: str = "") -> None:
+    """Remember that the hdfs:// location `uri` is `setting`'s (its failures name it) and, when given, the HTTP address
+    (WebHDFS) of its NameNode."""
+    _HDFS_SETTINGS[uri.rstrip("/")] = setting
+    if webhdfs:
+        _WEBHDFS_OF[urlparse(uri).netloc] = webhdfs
+
+
+def hdfs_setting(uri: str) -> str:
+    """`SETTING=location` for the named hdfs:// location `uri` lies in (the closest), else `uri` itself."""
+    found = [(location, setting) for location, setting in _HDFS_SETTINGS.items()
+             if uri == location or uri.startswith(location + "/")]
+    if not found:
+        return uri
+    location, setting = max(found, key=lambda item: len(item[0]))
+    return f"{setting}={location}"
+
+
+def _check_rpc(netloc: str, uri: str) -> None:
+    """StorageUnavailable unless the NameNode's RPC address takes a TCP connection (once per process and NameNode)."""
+    if netloc in _RPC_ANSWERED:
+        return
+    host, _, port = netloc.rpartition(":") if ":" in netloc else (netloc, "", str(NAMENODE_RPC_PORT))
+    try:
+        socket.create_connection((host, int(port)), timeout=RPC_CHECK_TIMEOUT_S).close()
+    except (OSError, ValueError) as error:
+        cause = ("connection refused" if isinstance(error, ConnectionRefusedError) else
+                 "timed out" if isinstance(error, TimeoutError) else
+                 "not a port number" if isinstance(error, ValueError) else error.strerror or str(error))
+        raise StorageUnavailable(f"{hdfs_setting(uri)}: the NameNode's RPC address {host}:{port} does not answer "
+                                 f"({cause}): check the host and port there (the NameNode's fs.defaultFS, port "
+                                 f"{NAMENODE_RPC_PORT} by default) and that the NameNode runs") from None
+    _RPC_ANSWERED.add(netloc)
 
 
 @cache
-def _webhdfs(host: str, port: int, user: str) -> AbstractFileSystem:
-    from fsspec.implementations.webhdfs import WebHDFS
+def _webhdfs(namenode: NameNode, user: str) -> AbstractFileSystem:
+    from pipelines.webhdfs import WebHdfs  # fsspec and requests: only where HDFS is used
 
-    return WebHDFS(host, port=port, user=user)
+    return WebHdfs(namenode, user=user)
 
 
 def _s3() -> AbstractFileSystem:
@@ -113,10 +171,10 @@ class RemotePath:
     def fs(self) -> AbstractFileSystem:
         scheme, netloc, _ = self._parts
         if scheme == "hdfs":
-            address = (self.webhdfs or _WEBHDFS_OF.get(netloc) or os.environ.get("SESSIONS_WEBHDFS_ADDRESS")
-                       or f"{netloc.split(':')[0]}:{WEBHDFS_PORT}")
-            host, _, port = address.rpartition(":")
-            return _webhdfs(host, int(port), os.environ.get("HADOOP_USER_NAME") or getpass.getuser())
+            given = self.webhdfs or _WEBHDFS_OF.get(netloc) or os.environ.get("SESSIONS_WEBHDFS_ADDRESS") or ""
+            _check_rpc(netloc, str(self))
+            namenode = NameNode(netloc, given or f"{netloc.split(':')[0]}:{WEBHDFS_PORT}", bool(given))
+            return _webhdfs(namenode, os.environ.get("HADOOP_USER_NAME") or getpass.getuser())
         return _s3()
 
     @property
@@ -176,8 +234,7 @@ class RemotePath:
         """HDFS: one atomic rename on the NameNode (refused when `target` exists). S3: a copy of every object, then
         their deletion -- not atomic (see the module's docstring)."""
         if self._parts[0] == "hdfs":
-            answer = self.fs._call("RENAME", method="put", path=self.key, destination=target.key)  # noqa: SLF001
-            if not answer.json().get("boolean"):
+            if not self.fs.rename_new(self.key, target.key):  # pipelines.webhdfs
                 raise OSError(f"HDFS refused to rename {self} to {target} (the target exists or the source is gone)")
         else:
             self.fs.copy(self.key, target.key, recursive=True)
@@ -249,6 +306,7 @@ def hdfs_outage(checkpoint: CheckpointPath, error: BaseException | str) -> str |
     text = str(error)
     for marker, cause in _HDFS_OUTAGE:
         if marker in text:
-            return (f"HDFS at {urlparse(str(checkpoint)).netloc} failed for the checkpoint {checkpoint} ({cause}): "
-                    "bring the NameNode and DataNodes back, then run the command again")
+            return (f"{hdfs_setting(str(checkpoint))}: HDFS at {urlparse(str(checkpoint)).netloc} failed for the "
+                    f"checkpoint {checkpoint} ({cause}): bring the NameNode and DataNodes back, then run the command "
+                    "again")
     return None

@@ -13,6 +13,7 @@ from pyspark.sql import SparkSession
 
 from pipelines.config import SessionsConfig
 from pipelines.coordination.job_leases import LIFECYCLE, job_lock, running_stream
+from pipelines.coordination.lease_stores import store_for
 from pipelines.coordination.leases import Lease
 from pipelines.coordination.requests import (
     ErasureRequest,
@@ -76,12 +77,13 @@ def stop_stream(config: SessionsConfig, *, savepoint: bool = False, timeout_s: f
     `native_copy`). Waits for the answer."""
     started = time.monotonic()
     stream = running_stream(config)
+    job_lease = store_for(config.lease_uri).where("job.lease")  # a path, s3:// or hdfs:// as given
     if stream is None:
-        raise NotRunning(f"no stream is running: nothing holds {config.lease_dir / 'job.lease'}"
+        raise NotRunning(f"no stream is running: nothing holds {job_lease}"
                          + ("; `sessionctl savepoint` takes a savepoint of the stopped job" if savepoint else ""))
     if stream.what != "run":
         raise JobRunning(f"{stream.describe()} holds the job lease and is not a stream: it stops by itself; wait for "
-                         f"it", stream.describe(), str(config.lease_dir / "job.lease"))
+                         f"it", stream.describe(), job_lease)
     native = config.savepoint_native if native_copy is None else native_copy
     request = request_stop(config, stream=stream, savepoint=savepoint, native=savepoint and native)
     patience = timeout_s if timeout_s is not None else config.stop_timeout_s * 2

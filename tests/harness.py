@@ -107,11 +107,10 @@ def checkpoint_env(request, spark, storage: str, tmp_path) -> dict[str, str]:
         from pipelines.job.runtime import stop_state_stores
 
         request.addfinalizer(lambda: stop_state_stores(spark))
-    if storage == "hdfs":
+    if storage == "hdfs":  # the leases beside the checkpoint, on HDFS (no SESSIONS_LEASE_URI)
         hdfs = request.getfixturevalue("hdfs")
         return {"SESSIONS_CHECKPOINT_URI": f"{hdfs.uri}/oracle/{tmp_path.name}",
-                "SESSIONS_WEBHDFS_ADDRESS": hdfs.webhdfs.removeprefix("http://"),
-                "SESSIONS_LEASE_URI": str(tmp_path / "leases")}
+                "SESSIONS_WEBHDFS_ADDRESS": hdfs.webhdfs.removeprefix("http://")}
     if storage == "s3":
         import boto3
 

@@ -7,7 +7,9 @@ JVM (``arrow_filesystem()``). ``restart_namenode()``, ``stop_datanode(i)`` and `
 the cluster is in that state. The JVM ends on ``stop()``, and by itself when this process dies (EOF on its stdin).
 
 The ``hdfs`` fixture (session scope) is one such cluster for the whole test run (one per pytest-xdist worker). A test
-that stops a DataNode restarts it before it ends: later tests share the cluster.
+that stops a DataNode restarts it before it ends: later tests share the cluster. Permissions are checked, but this
+process's user and ``sessions`` are superusers and / is world-writable: only another user name (HADOOP_USER_NAME)
+meets a directory it may not write (tests/test_hdfs_errors.py).
 """
 from __future__ import annotations
 

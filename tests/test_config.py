@@ -64,7 +64,8 @@ def test_the_jvm_jar_and_the_no_fork_file_system_by_master(tmp_path, master, in_
     # Locations: `s3://` once became the relative path ./s3: (and any other scheme a directory of its name)
     ("SESSIONS_LEASE_URI", "s3://", "names no bucket: expected s3://bucket/prefix"),
     ("SESSIONS_LEASE_URI", "s3:", "names no bucket"),
-    ("SESSIONS_LEASE_URI", "hdfs://nn/leases", "the scheme hdfs:// is not supported"),
+    ("SESSIONS_LEASE_URI", "hdfs:///leases", "expected hdfs://namenode:port/path"),
+    ("SESSIONS_LEASE_URI", "gs://b/leases", "expected a local path, s3://bucket/prefix or hdfs://namenode:port/path"),
     ("SESSIONS_SAVEPOINT_URI", "s3:///prefix", "names no bucket"),
     ("SESSIONS_WAREHOUSE_URI", "gs://bucket/w", "the scheme gs:// is not supported"),
     ("SESSIONS_LANDING_URI", "S3://bucket/l", "the scheme S3:// is not supported"),
@@ -97,6 +98,7 @@ def test_bad_values_are_refused_by_name(tmp_path, name, value, says):
     ("SESSIONS_SPARK_DRIVER_MEMORY", "512m"), ("SESSIONS_SPARK_DRIVER_MEMORY", "2g"),
     ("SESSIONS_SPARK_DRIVER_MEMORY", "4G"), ("SESSIONS_SPARK_DRIVER_MEMORY", "1048576k"),
     ("SESSIONS_LEASE_TTL_S", "1.0"), ("SESSIONS_LEASE_URI", "s3://bucket"), ("SESSIONS_LEASE_URI", "file:///shared/l"),
+    ("SESSIONS_LEASE_URI", "hdfs://nn:8020/leases"),
     ("SESSIONS_SAVEPOINT_URI", "s3://bucket/prefix"),
 ])
 def test_good_values_are_taken(tmp_path, name, value):

@@ -47,7 +47,7 @@ def test_kill_points_inside_savepoints_chains_and_folds(tmp_path, request, spark
     right after taking their lease. Nothing is half-listed as
     complete, every chain stays whole and restorable, a killed lease holder is taken over at once; after a
     compaction, a restore of the newest savepoint and a catch-up: no session lost, none written twice. With the Spark
-    checkpoint on a local path, on the real HDFS, or on S3 (the leases then beside it on S3)."""
+    checkpoint on a local path, on the real HDFS, or on S3 (the leases beside it, on the same store)."""
     settings = checkpoint_env(request, spark, storage, tmp_path)
     report = run_kill_points(tmp_path, "rocksdb", seed=7, spark=None if ALL_CLI else spark, settings=settings)
     assert all(o["killed"] for o in report["kill_points"]), report
@@ -69,8 +69,8 @@ def test_kill_points_inside_savepoints_chains_and_folds(tmp_path, request, spark
 @pytest.mark.parametrize("storage", ["hdfs", "s3"])
 def test_short_crash_campaign_with_a_remote_checkpoint(tmp_path, request, spark, storage):
     """The first campaign above (its seed kills a savepoint, a rescale and a restore) with the Spark checkpoint on the
-    real HDFS (tests/hdfs_cluster.py; the leases on a local path) or on S3 (Hadoop's S3A; the leases beside it): the
-    same recoveries, nothing lost or doubled."""
+    real HDFS (tests/hdfs_cluster.py) or on S3 (Hadoop's S3A), the leases beside it on the same store: the same
+    recoveries, nothing lost or doubled."""
     provider, seed, phases = CAMPAIGNS[0]
     settings = checkpoint_env(request, spark, storage, tmp_path)
     report = run_campaign(tmp_path, provider, seed, kill_points=3, spark=None if ALL_CLI else spark, settings=settings)

@@ -219,7 +219,7 @@ def _any_session(config) -> bool:
 
 def _frozen_past_the_ttl(config) -> None:
     """Wait until the frozen run's job lease expired (the point of the test: nothing renews it while stopped)."""
-    wait_until(lambda: live_holder(config.lease_dir, "job") is None, timeout_s=60, interval_s=0.2,
+    wait_until(lambda: live_holder(config.lease_uri, "job") is None, timeout_s=60, interval_s=0.2,
                what="the frozen run's job lease to expire")
 
 
@@ -243,16 +243,17 @@ def test_a_frozen_run_is_fenced_after_another_process_caught_up(tmp_path, reques
     """The operator's scenario, catch-up variant: `sessionctl run` frozen (SIGSTOP of its process group) past a short
     TTL, another process takes the job lease and runs `sessionctl catch-up`, then the run resumes (SIGCONT) and is
     stopped with Ctrl-C: it commits nothing more and exits non-zero with one line naming the lost lease; the
-    sessions table holds every expected session exactly once. With the checkpoint on the real HDFS too (the leases
-    at SESSIONS_LEASE_URI: HDFS has no compare-and-swap for a renewal)."""
+    sessions table holds every expected session exactly once. With the checkpoint on the real HDFS too, and the
+    leases with it (no SESSIONS_LEASE_URI: `_leases` beside the checkpoint, on HDFS)."""
     ttl = "6"
     remote: dict[str, str] = {}
     if checkpoint == "hdfs":
         hdfs = request.getfixturevalue("hdfs")
         remote = {"SESSIONS_CHECKPOINT_URI": f"{hdfs.uri}/fencing/{tmp_path.name}",
-                  "SESSIONS_WEBHDFS_ADDRESS": hdfs.webhdfs.removeprefix("http://"),
-                  "SESSIONS_LEASE_URI": str(tmp_path / "leases")}
+                  "SESSIONS_WEBHDFS_ADDRESS": hdfs.webhdfs.removeprefix("http://")}
     config = make_config(tmp_path, SESSIONS_LEASE_TTL_S=ttl, **remote)
+    if checkpoint == "hdfs":
+        assert config.lease_uri == f"{remote['SESSIONS_CHECKPOINT_URI']}/_leases"
     env = config_env(config, SESSIONS_LEASE_TTL_S=ttl, **remote)
     events = arrival_order(generate_events(40, 3, seed=21), seed=21, jitter_seconds=120)
     first, second = events[: len(events) // 2], events[len(events) // 2:]

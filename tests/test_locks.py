@@ -35,6 +35,17 @@ TIER_OF_CASE = {
     "test_a_pid_is_judged_only_in_its_own_host_boot_and_pid_namespace[s3]": "e2e",
     "test_old_epoch_records_are_collected_and_a_hand_emptied_store_starts_a_new_series[s3]": "e2e",
     "test_job_lock_and_stop_requests_live_at_the_lease_uri[s3]": "e2e",
+    # On the suite's HDFS (a session fixture started on first use): every case of the lease store's contract.
+    **{f"{test}[hdfs]": "e2e" for test in (
+        "test_processes_racing_for_an_expired_lease_exactly_one_wins",
+        "test_a_holder_paused_past_the_ttl_is_fenced_and_never_touches_the_newer_holder",
+        "test_renewals_lapsed_past_the_ttl_fence_the_holder_even_when_nobody_took_over",
+        "test_a_swap_replaces_only_the_version_it_read", "test_a_renewal_never_overwrites_a_write_made_after_its_read",
+        "test_an_empty_lease_record_is_recovered_after_the_ttl",
+        "test_waiting_for_a_lease_has_a_deadline_that_names_the_holder",
+        "test_a_pid_is_judged_only_in_its_own_host_boot_and_pid_namespace",
+        "test_old_epoch_records_are_collected_and_a_hand_emptied_store_starts_a_new_series",
+        "test_job_lock_and_stop_requests_live_at_the_lease_uri")},
 }
 
 
@@ -231,15 +242,21 @@ def test_an_online_restore_is_asked_of_the_running_stream_after_its_preflight(tm
             restore(config, savepoint_id, timeout_s=30)
 
 
-# ---- leases with epochs, on both stores (a shared directory, S3 with conditional writes) ----------------------
+# ---- leases with epochs, on every store (a shared directory, S3 with conditional writes, HDFS by WebHDFS) --------
 
-@pytest.fixture(params=["local", "s3"])
-def lease_location(request, tmp_path):
-    """Where the leases live: a directory, or a prefix on the test S3 server (moto, real HTTP on loopback)."""
+@pytest.fixture(params=["local", "s3", "hdfs"])
+def lease_location(request, tmp_path, monkeypatch):
+    """Where the leases live: a directory, a prefix on the test S3 server (moto, real HTTP on loopback), or a directory
+    on the suite's HDFS (a NameNode and a DataNode on loopback)."""
     if request.param == "local":
         return tmp_path / "leases"
-    request.getfixturevalue("s3_endpoint")
-    return f"s3://warehouse/leases-{uuid.uuid4().hex[:8]}"
+    if request.param == "s3":
+        request.getfixturevalue("s3_endpoint")
+        return f"s3://warehouse/leases-{uuid.uuid4().hex[:8]}"
+    hdfs = request.getfixturevalue("hdfs")
+    # Its HTTP port is not WebHDFS's default: for this process and the racing ones it starts.
+    monkeypatch.setenv("SESSIONS_WEBHDFS_ADDRESS", hdfs.webhdfs.removeprefix("http://"))
+    return f"{hdfs.uri}/leases-{uuid.uuid4().hex[:8]}"
 
 
 def _record(location, name: str, epoch: int, **fields) -> None:
@@ -543,7 +560,8 @@ def test_a_huge_ttl_is_refused_in_one_line_and_a_long_one_renews_without_overflo
 
 
 def test_job_lock_and_stop_requests_live_at_the_lease_uri(lease_location, tmp_path):
-    """SESSIONS_LEASE_URI: a path, or S3 alone (no shared filesystem): the job lease and the stop protocol there."""
+    """SESSIONS_LEASE_URI: a path, or S3 or HDFS alone (no shared filesystem): the job lease and the stop protocol
+    there."""
     from pipelines.coordination.job_leases import running_stream
     from pipelines.coordination.requests import StopAnswer, answer_request, pending_request, request_stop, take_answer
 

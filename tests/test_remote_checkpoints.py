@@ -120,9 +120,16 @@ def test_a_sessionctl_process_runs_a_checkpoint_on_s3(s3_endpoint, tmp_path):
     _assert_exactly_once(config, batches)
 
 
+def _hdfs_env(hdfs, name: str) -> dict[str, str]:
+    """The checkpoint on HDFS, and with it the leases (no SESSIONS_LEASE_URI: `_leases` beside the checkpoint)."""
+    return {"SESSIONS_CHECKPOINT_URI": f"{hdfs.uri}/jobs/{name}",
+            "SESSIONS_WEBHDFS_ADDRESS": hdfs.webhdfs.removeprefix("http://")}
+
+
 def _hdfs_config(tmp_path, hdfs, provider: str, name: str):
-    return make_config(tmp_path, provider, SESSIONS_CHECKPOINT_URI=f"{hdfs.uri}/jobs/{name}",
-                       SESSIONS_WEBHDFS_ADDRESS=hdfs.webhdfs.removeprefix("http://"), SESSIONS_LEASE_URI=str(tmp_path / "leases"))
+    config = make_config(tmp_path, provider, **_hdfs_env(hdfs, name))
+    assert config.lease_uri == f"{hdfs.uri}/jobs/{name}/_leases"
+    return config
 
 
 @pytest.mark.parametrize("provider", ["rocksdb", "hdfs"])
@@ -164,6 +171,34 @@ def test_checkpoint_on_hdfs_every_lifecycle_operation_exactly_once(spark, hdfs, 
     assert replaced_checkpoints(config) == []  # removed from HDFS by compaction
 
 
+@pytest.mark.parametrize("provider", ["rocksdb", "hdfs"])
+def test_sessionctl_catch_up_keeps_its_leases_beside_an_hdfs_checkpoint(hdfs, tmp_path, provider):
+    """`sessionctl catch-up` with the checkpoint on HDFS and no SESSIONS_LEASE_URI: the job and ingest leases live in
+    `_leases` beside the checkpoint, on HDFS (pipelines.coordination.lease_stores.HdfsStore), and are released at its
+    end; the sessions are the oracle's, each once."""
+    from pipelines.coordination.lease_stores import HdfsStore, store_for
+    from pipelines.coordination.leases import LeaseInfo, live_holder
+
+    env = _hdfs_env(hdfs, f"catch-up-{provider}-{tmp_path.name}")
+    config = _hdfs_config(tmp_path, hdfs, provider, f"catch-up-{provider}-{tmp_path.name}")
+    batches = stream_scenario(4, 3, False, GAP_MS, LATENESS_MS)
+    land_batches(config, batches)
+    caught_up = _sessionctl(config, "catch-up", env=env)
+    assert caught_up["batches"] == len(batches) + 1 and caught_up["lease_epoch"] == 1
+    _assert_exactly_once(config, batches)
+    store = store_for(config.lease_uri)
+    assert isinstance(store, HdfsStore)
+    records = sorted(store.names(""))  # one job lease epoch; an ingest lease epoch per ingest
+    assert records[-1] == "job.lease.epoch-000000000001" and records[0] == "ingest.lease.epoch-000000000001", records
+    for record_name in (records[-1], records[-2]):  # the newest of each
+        record = store.read(record_name)
+        info = LeaseInfo.parse(record.data) if record else None
+        assert info is not None and info.released and info.what in ("catch-up", "ingest"), info
+    assert live_holder(config.lease_uri, "job") is None and live_holder(config.lease_uri, "ingest") is None
+    report = _sessionctl(config, "status", "--no-state", "--json", env=env)
+    assert report["last_committed_batch"] == caught_up["last_committed_batch"] == len(batches)
+
+
 def test_checkpoint_on_hdfs_rides_out_a_datanode_restart(spark, hdfs, tmp_path):
     from pipelines.job.stream import catch_up
 
@@ -178,11 +213,18 @@ def test_checkpoint_on_hdfs_rides_out_a_datanode_restart(spark, hdfs, tmp_path):
     _assert_exactly_once(config, batches)
 
 
-def test_an_hdfs_checkpoint_without_a_lease_location_is_one_line(tmp_path):
+@pytest.mark.tier("pure")
+def test_an_hdfs_checkpoint_keeps_its_leases_beside_it_on_hdfs(tmp_path):
+    from pipelines.coordination.lease_stores import HdfsStore, store_for
     from pipelines.errors import ConfigError
 
-    with pytest.raises(ConfigError, match="SESSIONS_CHECKPOINT_URI='hdfs://nn:8020/x' is on HDFS: set SESSIONS_LEASE_URI"):
-        make_config(tmp_path, SESSIONS_CHECKPOINT_URI="hdfs://nn:8020/x")
+    config = make_config(tmp_path, SESSIONS_CHECKPOINT_URI="hdfs://nn:8020/x")
+    assert config.lease_uri == "hdfs://nn:8020/x/_leases" and isinstance(store_for(config.lease_uri), HdfsStore)
+    assert store_for(config.lease_dir).where("job.lease") == "hdfs://nn:8020/x/_leases/job.lease"  # Path() ate a slash
+    # SESSIONS_LEASE_URI still decides: a shared path, or another HDFS directory.
+    assert make_config(tmp_path, SESSIONS_CHECKPOINT_URI="hdfs://nn:8020/x",
+                       SESSIONS_LEASE_URI=str(tmp_path / "leases")).lease_uri == str(tmp_path / "leases")
+    assert make_config(tmp_path, SESSIONS_LEASE_URI="hdfs://nn:8020/l/").lease_uri == "hdfs://nn:8020/l"
     with pytest.raises(ConfigError, match="expected hdfs://namenode:port/path"):
         make_config(tmp_path, SESSIONS_CHECKPOINT_URI="hdfs:///x", SESSIONS_LEASE_URI=str(tmp_path))
 
@@ -205,6 +247,8 @@ def test_a_running_stream_rides_out_a_namenode_restart_and_a_datanode_outage(hdf
     def ingested(config) -> int:  # landed files ingested so far (one ingest commit each)
         return latest_ingest_seq(config.raw_events_table) if table_exists(config, config.raw_events_table) else 0
 
+    # The leases on a local path: with them on this HDFS, a DataNode outage longer than the lease TTL would (rightly)
+    # fence the stream, which could renew its lease nowhere.
     env = {"SESSIONS_CHECKPOINT_URI": f"{hdfs.uri}/running", "SESSIONS_LEASE_URI": str(tmp_path / "leases"),
            "SESSIONS_WEBHDFS_ADDRESS": hdfs.webhdfs.removeprefix("http://")}
     config = make_config(tmp_path, "rocksdb", **env)

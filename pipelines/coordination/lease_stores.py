@@ -1,4 +1,5 @@
-"""Where leases (and stop requests) are kept: a directory on a filesystem every host shares, or an S3 prefix.
+"""Where leases (and stop requests) are kept: a directory on a filesystem every host shares, an S3 prefix, or a
+directory on HDFS.
 
 A store is a flat namespace of small objects with the few operations pipelines.coordination.leases needs: put-if-absent
 (`create`), compare-and-swap (`swap`: replace an object only if it is still the version read), an atomic
@@ -8,38 +9,51 @@ O_CREAT | O_EXCL where the filesystem has no hard links), `replace` a rename, `s
 directory's lock file (POSIX record locks, `fcntl.lockf`: NFS v4 carries them; the version is the bytes' SHA-256).
 S3: `create` is a conditional PUT (`If-None-Match: *`), `swap` a conditional PUT on the ETag read (`If-Match`),
 `replace` a plain PUT (S3 writes are atomic and read-after-write consistent).
+HDFS (through WebHDFS, pipelines.webhdfs: no JVM): the NameNode renames a file only onto a name that does not exist,
+atomically, and that is all this store builds on. An object `name` is a series of version files `name.v<N>` (N
+zero-padded); its value is the highest one's bytes, its version `N:<that file's modification time, ms>`. Every write
+goes whole into a temporary file nobody reads, then is renamed onto its version file -- refused when that exists, so
+of writers racing for one version exactly one wins. `create` writes version 1 of a name without versions; `replace`
+the version after the highest it lists (again when it loses); `swap` from version N writes N+1, then holds only if
+version N is still there as read (same modification time): a write removes the versions below its own oldest first,
+and `delete` removes all of them oldest first, so version N still there means nobody wrote N+1 before and nobody
+deleted the object; otherwise the swap removes what it wrote (never the highest then) and says False. A read lists
+the directory and reads the highest version (listed again when a newer write removed it meanwhile).
 
 What a store must give. A shared path: an atomic create that fails when the name exists (a hard link of a fully
 written temporary file; O_CREAT | O_EXCL where the filesystem has no hard links), an atomic rename over an existing
 file, POSIX record locks that hold between hosts, and listings that show another host's new file within a small part
 of the TTL (NFS: no long attribute or directory caching). S3: conditional PUTs (`If-None-Match: *`, `If-Match`) and
-strong read-after-write consistency for PUT and LIST. Both: host clocks that agree to well within the TTL (expiry is
-a wall-clock time written by the holder)."""
+strong read-after-write consistency for PUT and LIST. HDFS: a NameNode (its RPC and HTTP addresses) every host
+reaches; its rename never overwrites and its listings are consistent (both are the NameNode's own). All: host clocks
+that agree to well within the TTL (expiry is a wall-clock time written by the holder)."""
 from __future__ import annotations
 
 import errno
 import fcntl
 import hashlib
 import os
+import re
 import threading
 import time
 import uuid
 from collections.abc import Iterator
-from contextlib import contextmanager
+from contextlib import contextmanager, suppress
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol
 
 from pipelines.errors import StorageUnavailable
+from pipelines.locations import RemotePath
 
-__all__ = ["LeaseStore", "Record", "store_for"]
+__all__ = ["HdfsStore", "LeaseStore", "Record", "store_for"]
 
 
 @dataclass(frozen=True)
 class Record:
     data: bytes
     mtime: float  # when it was last written (epoch seconds): an unreadable lease expires a TTL after it
-    version: str = ""  # what `swap` compares: the S3 ETag, a local file's SHA-256
+    version: str = ""  # what `swap` compares: the S3 ETag, a local file's SHA-256, HDFS's version number and mtime
 
 
 class LeaseStore(Protocol):
@@ -267,17 +281,136 @@ class S3Store:
         return f"{self.uri}/{name}"
 
 
+_VERSION_FILE = re.compile(r"(?P<name>.+)\.v(?P<n>\d{12})")
+_ATTEMPTS = 20              # listings a read, replace or delete makes while other writers keep changing the object
+_STALE_TEMPORARY_S = 600.0  # a temporary file this old was left by a writer that died before its rename
+
+
+@dataclass(frozen=True)
+class _Version:
+    n: int
+    mtime_ms: int  # the NameNode's modification time of the version file
+
+
+class HdfsStore:
+    """A directory on HDFS, reached through WebHDFS (pipelines.webhdfs; its failures are typed one-line errors). The
+    version files and how they make `create` and `swap` atomic: the module's docstring."""
+
+    def __init__(self, uri: str) -> None:
+        self.uri = uri.rstrip("/")
+        self.directory = RemotePath(self.uri)
+
+    def _file(self, file: str) -> str:
+        return f"{self.directory.key}/{file}"
+
+    def _versions(self) -> tuple[dict[str, list[_Version]], list[tuple[str, float]]]:
+        """Every object's versions, oldest first, and the temporary files with their ages (s), in one listing."""
+        try:
+            entries = self.directory.fs.ls(self.directory.key, detail=True)
+        except FileNotFoundError:
+            return {}, []
+        objects: dict[str, list[_Version]] = {}
+        temporary: list[tuple[str, float]] = []
+        for entry in entries:
+            file, mtime_ms = str(entry["pathSuffix"]), int(entry["modificationTime"])
+            found = _VERSION_FILE.fullmatch(file)
+            if found and entry["type"] == "file":
+                objects.setdefault(found["name"], []).append(_Version(int(found["n"]), mtime_ms))
+            elif ".tmp-" in file:
+                temporary.append((file, time.time() - mtime_ms / 1000))
+        return {name: sorted(found, key=lambda v: v.n) for name, found in objects.items()}, temporary
+
+    def _of(self, name: str) -> list[_Version]:
+        return self._versions()[0].get(name, [])
+
+    def _publish(self, name: str, n: int, data: bytes) -> bool:
+        """Version n of `name`, written whole and renamed into place: False when version n exists."""
+        temporary = self._file(f".{name}.tmp-{uuid.uuid4().hex[:12]}")
+        try:
+            self.directory.fs.write_new(temporary, data)
+            renamed = bool(self.directory.fs.rename_new(temporary, self._file(f"{name}.v{n:012d}")))
+        except BaseException:
+            with suppress(Exception):  # the failure itself is what to report; `delete` sweeps what stays behind
+                self.directory.fs.remove(temporary)
+            raise
+        if not renamed:
+            self.directory.fs.remove(temporary)
+        return renamed
+
+    def _remove(self, name: str, versions: list[_Version]) -> None:
+        for version in versions:  # oldest first: see the module's docstring
+            self.directory.fs.remove(self._file(f"{name}.v{version.n:012d}"))
+
+    def create(self, name: str, data: bytes) -> bool:
+        return not self._of(name) and self._publish(name, 1, data)
+
+    def replace(self, name: str, data: bytes) -> None:
+        for _ in range(_ATTEMPTS):
+            before = self._of(name)
+            n = before[-1].n + 1 if before else 1
+            if self._publish(name, n, data):
+                self._remove(name, before)
+                return
+        raise StorageUnavailable(f"the lease object {self.where(name)} kept changing while {_ATTEMPTS} writes tried to "
+                                 "replace it: run the command again")
+
+    def swap(self, name: str, data: bytes, version: str) -> bool:
+        n, _, mtime_ms = version.partition(":")
+        if not (n.isdigit() and mtime_ms.isdigit()) or not self._publish(name, int(n) + 1, data):
+            return False
+        read = _Version(int(n), int(mtime_ms))
+        below = [v for v in self._of(name) if v.n <= read.n]
+        if read not in below:  # removed, or rewritten since it was read: this write is no swap (and not the highest)
+            self.directory.fs.remove(self._file(f"{name}.v{read.n + 1:012d}"))
+            return False
+        self._remove(name, below)
+        return True
+
+    def read(self, name: str) -> Record | None:
+        for _ in range(_ATTEMPTS):
+            versions = self._of(name)
+            if not versions:
+                return None
+            top = versions[-1]
+            try:
+                data = self.directory.fs.read_bytes(self._file(f"{name}.v{top.n:012d}"))
+            except FileNotFoundError:
+                continue  # a newer write removed it meanwhile
+            return Record(data, top.mtime_ms / 1000, f"{top.n}:{top.mtime_ms}")
+        raise StorageUnavailable(f"the lease object {self.where(name)} kept changing while {_ATTEMPTS} reads tried to "
+                                 "read it: run the command again")
+
+    def names(self, prefix: str) -> list[str]:
+        return [name for name in self._versions()[0] if name.startswith(prefix)]
+
+    def delete(self, name: str) -> None:
+        for _ in range(_ATTEMPTS):  # a write that landed meanwhile is removed too (or finds its version gone)
+            objects, temporary = self._versions()
+            for file, age_s in temporary:
+                if file.startswith(f".{name}.tmp-") and age_s > _STALE_TEMPORARY_S:
+                    self.directory.fs.remove(self._file(file))
+            if not objects.get(name):
+                return
+            self._remove(name, objects[name])
+
+    def where(self, name: str) -> str:
+        return f"{self.uri}/{name}"
+
+
 _S3_STORES: dict[tuple[str, ...], tuple[float, S3Store]] = {}
 _S3_CLIENT_MAX_AGE_S = 600.0
 
 
 def store_for(location: LeaseStore | Path | str) -> LeaseStore:
-    """The store at `location`: s3://bucket/prefix, or a local (shared) directory."""
+    """The store at `location`: s3://bucket/prefix, hdfs://namenode:port/path, or a local (shared) directory."""
     if not isinstance(location, (str, Path)):
         return location
     text = str(location)
-    if text.startswith("s3:/") and not text.startswith("s3://"):
-        text = "s3://" + text[len("s3:/"):]  # Path(config.lease_uri) of an s3:// lease URI (config.lease_dir)
+    for scheme in ("s3", "hdfs"):  # Path(config.lease_uri) of such a lease URI (config.lease_dir) lost a slash
+        if text.startswith(f"{scheme}:/") and not text.startswith(f"{scheme}://"):
+            text = f"{scheme}://" + text[len(f"{scheme}:/"):]
+    if text.startswith("hdfs://"):
+        return HdfsStore(text)
     if not text.startswith("s3://"):
         return LocalStore(Path(text.removeprefix("file://")))
     key = (text, *(os.environ.get(k, "") for k in ("AWS_ENDPOINT_URL", "AWS_ACCESS_KEY_ID", "AWS_PROFILE")))

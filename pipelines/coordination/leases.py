@@ -2,8 +2,8 @@
 a holder that lost its lease finds out before it writes.
 
 A lease `<name>` is a series of epoch records `<name>.lease.epoch-<N>` (N zero-padded) in a lease store
-(pipelines.coordination.lease_stores: a directory every host shares, by default `_leases` beside the checkpoint, or an S3 prefix,
-SESSIONS_LEASE_URI). The holder is the highest epoch. Acquiring creates epoch N+1, put-if-absent, once epoch N is
+(pipelines.coordination.lease_stores: by default `_leases` beside the checkpoint, on its store -- a directory every host
+shares, an S3 prefix or an HDFS directory -- or where SESSIONS_LEASE_URI says). The holder is the highest epoch. Acquiring creates epoch N+1, put-if-absent, once epoch N is
 released or expired (of two contenders for N+1 exactly one wins); each record names its holder (operation, host,
 pid, and the host's boot id and PID namespace) and an expiry the holder's thread renews every TTL/3 by a
 compare-and-swap of its own record (anyone else's write in between fences it, never overwritten). Renewing, and

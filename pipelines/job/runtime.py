@@ -23,6 +23,7 @@ from pipelines.errors import (
     CheckpointDamaged,
     RescaleIncomplete,
     SessionsError,
+    StorageUnavailable,
     StreamFailed,
     unreadable_savepoint_file,
 )
@@ -30,6 +31,7 @@ from pipelines.job.checkpoint import PROVIDER_CLASSES, inspect_checkpoint, resca
 from pipelines.job.operators.jvm import JVM_JAR
 from pipelines.job.shipping import cluster_conf
 from pipelines.job.source import RawEventsSource
+from pipelines.locations import hdfs_outage
 
 __all__ = ["CLASS_ARCHIVE", "ERRORS_LOG", "JVM_STDERR_LOG", "LOCAL_FS_NO_FORK", "error_line", "explain_spark_failure", "get_spark", "log_traceback", "prepare_session", "rescale_incomplete", "runtime_jars", "spark_conf", "spark_failures", "stop_spark", "stop_state_stores", "yield_cpu"]
 
@@ -332,6 +334,9 @@ def explain_spark_failure(error: BaseException, config: SessionsConfig) -> Sessi
                             f"the command again; nothing was committed by the failed step ({log})")
     if raised:
         return StreamFailed(f"Spark failed: in an executor: {_python_exception_line(text)} ({log})")
+    outage = hdfs_outage(config.checkpoint, text)  # Hadoop's client gave up on the checkpoint's NameNode or DataNodes
+    if outage is not None:
+        return StorageUnavailable(f"{outage} ({log})")
     return StreamFailed(f"Spark failed: {_java_cause(text) or _first_line(text, error)} ({log})")
 
 

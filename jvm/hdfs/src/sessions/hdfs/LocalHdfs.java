@@ -12,11 +12,14 @@ import java.nio.charset.StandardCharsets;
 import java.util.concurrent.atomic.AtomicBoolean;
 
 import org.apache.hadoop.conf.Configuration;
+import org.apache.hadoop.fs.Path;
+import org.apache.hadoop.fs.permission.FsPermission;
 import org.apache.hadoop.hdfs.HdfsConfiguration;
 import org.apache.hadoop.hdfs.MiniDFSCluster;
 import org.apache.hadoop.hdfs.protocol.DatanodeID;
 import org.apache.hadoop.hdfs.server.datanode.DataNode;
 import org.apache.hadoop.hdfs.server.datanode.DataNodeTestUtils;
+import org.apache.hadoop.security.UserGroupInformation;
 
 /**
  * A real HDFS on 127.0.0.1 in one JVM (Hadoop's MiniDFSCluster: a NameNode and N DataNodes speaking the real RPC,
@@ -102,7 +105,12 @@ public final class LocalHdfs {
 
         Configuration conf = new HdfsConfiguration();
         conf.set(MiniDFSCluster.HDFS_MINIDFS_BASEDIR, new File(dir).getAbsolutePath());
-        conf.setBoolean("dfs.permissions.enabled", false); // any local user (root, CI, a developer) may write
+        // Permissions on, as on a real cluster, yet out of the way: this JVM's own user (the one that runs Spark and
+        // the product here) and `sessions` (tests/hdfs_cluster.py's WebHDFS user) are superusers, and / is
+        // world-writable. Any other user name is checked: a directory it may not write is a real AccessControlException.
+        conf.setBoolean("dfs.permissions.enabled", true);
+        conf.set("hadoop.user.group.static.mapping.overrides", "dr.who=;sessions=supergroup");
+        UserGroupInformation.setConfiguration(conf); // the JVM's one group mapping, made from this conf
         conf.setBoolean("dfs.webhdfs.enabled", true);       // Python reaches it over HTTP, without a JVM
         // Heartbeats every second, a DataNode stale after 3 s and dead after ~12 s (2 x recheck + 10 x heartbeat)
         // instead of 10 min; DataNodes reconnect to a restarted NameNode every 100 ms instead of every second.
@@ -126,6 +134,7 @@ public final class LocalHdfs {
         LocalHdfs hdfs = new LocalHdfs(cluster);
         Runtime.getRuntime().addShutdownHook(new Thread(hdfs::shutdown, "local-hdfs-shutdown")); // SIGTERM
         cluster.waitActive();
+        cluster.getFileSystem().setPermission(new Path("/"), new FsPermission((short) 0777));
         return hdfs;
     }
 
