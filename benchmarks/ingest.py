@@ -188,9 +188,9 @@ def rows_benchmark(lines: list[bytes], fractions: list[float], rounds: int) -> l
     return out
 
 
-def _per_line_rows(sources: Any, seq: int, ingested_at: Any, max_future: Any) -> Any:
+def _per_line_rows(sources: Any, seq: int, ingested_at: Any, max_future: Any, **options: Any) -> Any:
     """line_rows on its per-line path (the specification), patched in for the per_line variant."""
-    return line_rows(sources, seq, ingested_at, max_future, per_line=True)
+    return line_rows(sources, seq, ingested_at, max_future, per_line=True, **options)
 
 
 def ingest_benchmark(lines: list[bytes], rounds: int, work: Path) -> dict[str, Any]:
