@@ -22,10 +22,17 @@ when there is no current one, the previous event was a logout, or it is >= gap a
 A session is closed when the watermark reaches session_end + gap, or, when it ends with a logout, that
 logout's event_time. (Once closed, no later non-late event can join it, so the final walk over all accepted
 events gives exactly the sessions the stream writes.)
+Attributes (the contract's "Session spec"), when asked for in its own words -- ``{"landing_page": {"first": "page"},
+"purchases": {"count_if": {"event_type": ["purchase"]}}, "revenue": {"sum": "revenue"}}`` -- are computed per
+session over its events in the order above (duplicates and late events excluded), from each event dict's
+``fields`` (name -> value, typed already): ``first``/``last`` the first/last non-null value (null if none),
+``count_if`` how many events have one of the types, ``sum``/``min``/``max`` over the non-null values (null if none;
+a sum is the exact sum rounded once, so it does not depend on the order of addition).
 """
 from __future__ import annotations
 
 import hashlib
+import math
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
@@ -58,6 +65,8 @@ class OracleResult:
     watermarks: list[int] = field(default_factory=list)  # the watermark each batch ran with, then the final one
     final_watermark_ms: int = 0
     open_sessions: list[SessionRow] = field(default_factory=list)  # same shape as closed, the sessions still open
+    # with attributes asked for: session_id -> attribute name -> value, for closed and open sessions alike
+    attributes: dict[str, dict[str, Any]] = field(default_factory=dict)
 
     def as_tuple(self) -> tuple[set[SessionRow], set[tuple[str, str]], list[Any]]:
         return self.closed, self.open_events, self.late
@@ -86,14 +95,44 @@ def session_row(user_id: str, session: list[Event]) -> SessionRow:
             sum(1 for e in session if e[2] == PAGE_VIEW), "logout" if ends_in_logout else "inactivity")
 
 
+def session_attributes(values: list[tuple[str | None, dict[str, Any]]],
+                       attributes: dict[str, dict[str, Any]]) -> dict[str, Any]:
+    """A session's attributes from its events' (event_type, fields), in the session's order, by the contract's words."""
+    out: dict[str, Any] = {}
+    for name, definition in attributes.items():
+        ((kind, argument),) = definition.items()
+        if kind == "count_if":
+            types = argument["event_type"]
+            types = [types] if isinstance(types, str) else types
+            out[name] = sum(1 for event_type, _ in values if event_type in types)
+            continue
+        present = [fields[argument] for _, fields in values if fields.get(argument) is not None]
+        if not present:
+            out[name] = None
+        elif kind == "first":
+            out[name] = present[0]
+        elif kind == "last":
+            out[name] = present[-1]
+        elif kind == "sum":  # the exact sum, rounded once (a double's; a long's is exact anyway)
+            out[name] = math.fsum(present) if isinstance(present[0], float) else sum(present)
+        elif kind == "min":
+            out[name] = min(present)
+        else:
+            assert kind == "max", kind
+            out[name] = max(present)
+    return out
+
+
 def close_time(session: list[Event], gap_ms: int) -> int:
     last_time, _, last_type = session[-1]
     return last_time if last_type == LOGOUT else last_time + gap_ms
 
 
-def run_oracle(batches: list[list[dict[str, Any]]], gap_ms: int, lateness_ms: int) -> OracleResult:
+def run_oracle(batches: list[list[dict[str, Any]]], gap_ms: int, lateness_ms: int,
+               attributes: dict[str, dict[str, Any]] | None = None) -> OracleResult:
     result = OracleResult()
     accepted: dict[str, dict[str, Event]] = {}  # user -> event_id -> (time, event_id, type)
+    fields_of: dict[tuple[str, str], dict[str, Any]] = {}  # (user, event_id) -> the accepted copy's fields
     watermark = 0
     max_time: int | None = None
     previous_watermark = None
@@ -114,6 +153,7 @@ def run_oracle(batches: list[list[dict[str, Any]]], gap_ms: int, lateness_ms: in
                 result.duplicates += 1
             else:
                 accepted.setdefault(user, {})[event_id] = (t, event_id, event.get("event_type"))
+                fields_of[(user, event_id)] = dict(event.get("fields") or {})
             max_time = t if max_time is None else max(max_time, t)
         previous_watermark = watermark
         if max_time is not None:
@@ -123,6 +163,9 @@ def run_oracle(batches: list[list[dict[str, Any]]], gap_ms: int, lateness_ms: in
     for user, events in accepted.items():
         result.accepted += len(events)
         for session in sessionize_user(list(events.values()), gap_ms):
+            if attributes:
+                result.attributes[oracle_session_id(user, session[0][0])] = session_attributes(
+                    [(e[2], fields_of[(user, e[1])]) for e in session], attributes)
             if close_time(session, gap_ms) <= watermark:
                 result.closed.add(session_row(user, session))
             else:

@@ -99,6 +99,7 @@ class Attribute:
     aggregate: Aggregate
     field: str | None = None                 # first, last, sum, min, max: the input field it reads
     event_types: tuple[str, ...] = ()        # count_if: the event types it counts
+    field_type: FieldType | None = None      # the field's declared type (input.fields; not part of the canonical form)
 
     def to_dict(self) -> dict[str, Any]:
         if self.aggregate == "count_if":
@@ -286,4 +287,4 @@ def _attribute(name: str, aggregate: Aggregate, argument: object, spec_input: In
         raise _fail(key, f"{aggregate} needs a field of input.fields, got {argument!r} (fields: {known})")
     if aggregate in ("sum", "min", "max") and source.type not in _NUMERIC:
         raise _fail(key, f"{aggregate} needs a field of type long or double, got {source.type}")
-    return Attribute(name, aggregate, field=argument)
+    return Attribute(name, aggregate, field=argument, field_type=source.type)

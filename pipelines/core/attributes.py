@@ -1,0 +1,112 @@
+"""A session's attributes (the session spec's `attributes`) as partial aggregates that merge in walk order.
+
+Why partials: a session's events at or below the watermark are folded into one frozen prefix row and dropped one by
+one (pipelines.core.sessionize), so an attribute cannot be recomputed from the session's events when it closes. Each
+open row -- an event, or a frozen prefix -- carries one partial per attribute; a session's attribute is the merge of
+its rows' partials in walk order (event_time, event_id). `merge` is associative, so the result is the same however
+the walk was cut into prefixes: it does not depend on arrival order or micro-batch split.
+
+The partials (`None` is "no non-null value yet" wherever the contract says "null if none"):
+- `first` / `last`: the field's first / last non-null value;
+- `count_if`: how many events have one of its event types (an int, never None);
+- `sum` / `min` / `max`: over the non-null values (`sum` of a long field stays an int). A sum of doubles is kept
+  exact -- the non-overlapping components of Shewchuk's summation (what `math.fsum` keeps), a few floats -- and
+  rounded once when the session closes: a float sum rounded along the way would depend on where the walk was cut.
+`UNKNOWN` is the partial of a row stored before the attribute was added to a running job: a session holding such a
+row closes with null for it (the contract: a session already open when an attribute was added carries null).
+
+Pure: no Spark, no I/O. The JVM operator implements the same merge (a test holds the two together).
+"""
+from __future__ import annotations
+
+import math
+from collections.abc import Iterable, Mapping
+from typing import Any, Final
+
+from pipelines.core.spec import Attribute
+
+__all__ = ["UNKNOWN", "event_partial", "fold", "merge", "result"]
+
+
+class _Unknown:
+    """The partial of a row stored before its attribute existed (a singleton)."""
+
+    _instance: _Unknown | None = None
+
+    def __new__(cls) -> _Unknown:
+        if cls._instance is None:
+            cls._instance = super().__new__(cls)
+        return cls._instance
+
+    def __repr__(self) -> str:
+        return "UNKNOWN"
+
+
+UNKNOWN: Final = _Unknown()
+
+
+def event_partial(attribute: Attribute, *, event_type: str | None, fields: Mapping[str, Any]) -> Any:
+    """One event's partial: its field's value (None when absent or null), or 1/0 for count_if."""
+    if attribute.aggregate == "count_if":
+        return int(event_type is not None and event_type in attribute.event_types)
+    assert attribute.field is not None  # every aggregate but count_if reads a field (spec validation)
+    value = fields.get(attribute.field)
+    if value is not None and attribute.aggregate == "sum" and attribute.field_type == "double":
+        return (float(value),)
+    return value
+
+
+def _exact_sum(components: tuple[float, ...], more: tuple[float, ...]) -> tuple[float, ...]:
+    """Non-overlapping components whose exact sum is that of both (Shewchuk; the recipe behind `math.fsum`)."""
+    out = list(components)
+    for x in more:
+        kept = []
+        for y in out:
+            if abs(x) < abs(y):
+                x, y = y, x
+            high = x + y
+            low = y - (high - x)
+            if low:
+                kept.append(low)
+            x = high
+        kept.append(x)
+        out = kept
+    return tuple(out)
+
+
+def merge(attribute: Attribute, earlier: Any, later: Any) -> Any:
+    """The partial of two runs of a session's rows, `earlier` before `later` in walk order."""
+    if earlier is UNKNOWN or later is UNKNOWN:
+        return UNKNOWN
+    kind = attribute.aggregate
+    if kind == "count_if":
+        return earlier + later
+    if earlier is None:
+        return later
+    if later is None:
+        return earlier
+    if kind == "first":
+        return earlier
+    if kind == "last":
+        return later
+    if kind == "sum":
+        return _exact_sum(earlier, later) if isinstance(earlier, tuple) else earlier + later
+    if kind == "min":
+        return min(earlier, later)
+    return max(earlier, later)  # max
+
+
+def fold(attribute: Attribute, partials: Iterable[Any]) -> Any:
+    """The partials of consecutive rows (walk order) merged into one; the empty run's partial is the identity."""
+    folded: Any = 0 if attribute.aggregate == "count_if" else None
+    for partial in partials:
+        folded = merge(attribute, folded, partial)
+    return folded
+
+
+def result(partial: Any) -> Any:
+    """A closed session's column value: null when the attribute is unknown to part of the session; a double sum
+    rounded once."""
+    if partial is UNKNOWN:
+        return None
+    return math.fsum(partial) if isinstance(partial, tuple) else partial
