@@ -15,20 +15,21 @@ pytestmark = pytest.mark.tier("pure")
 ROOT = Path(__file__).resolve().parent.parent
 PROJECT = ("pipelines", "state_store", "sessionctl", "assets")
 
-# A wing may import itself and what is listed: the floor (settings, errors, results, storage URIs) at the bottom,
-# the pure core beside it, coordination, ingest, the Spark job, the lifecycle library, and the two surfaces on top.
+# A wing may import itself and what is listed: the typed errors (stdlib only) under everything, the pure core (the
+# session rules: the sessionizer, the state format, the session spec) beside the floor (settings, results, storage
+# URIs), which holds the parsed spec in its settings, then coordination, ingest, the Spark job, the lifecycle library,
+# and the two surfaces on top.
+_BELOW_ALL = {"pipelines.errors", "pipelines.floor", "pipelines.core"}
 ALLOWED: dict[str, set[str]] = {
-    "pipelines.floor": set(),
-    "pipelines.core": set(),
-    "pipelines.coordination": {"pipelines.floor"},
-    "pipelines.ingest": {"pipelines.floor", "pipelines.coordination"},
-    "pipelines.job": {"pipelines.floor", "pipelines.core", "pipelines.coordination", "pipelines.ingest"},
-    "state_store": {"pipelines.floor", "pipelines.core", "pipelines.coordination", "pipelines.ingest",
-                    "pipelines.job"},
-    "sessionctl": {"pipelines.floor", "pipelines.core", "pipelines.coordination", "pipelines.ingest",
-                   "pipelines.job", "state_store"},
-    "assets": {"pipelines.floor", "pipelines.core", "pipelines.coordination", "pipelines.ingest",
-               "pipelines.job", "state_store"},
+    "pipelines.errors": set(),
+    "pipelines.core": {"pipelines.errors"},
+    "pipelines.floor": {"pipelines.errors", "pipelines.core"},
+    "pipelines.coordination": _BELOW_ALL,
+    "pipelines.ingest": _BELOW_ALL | {"pipelines.coordination"},
+    "pipelines.job": _BELOW_ALL | {"pipelines.coordination", "pipelines.ingest"},
+    "state_store": _BELOW_ALL | {"pipelines.coordination", "pipelines.ingest", "pipelines.job"},
+    "sessionctl": _BELOW_ALL | {"pipelines.coordination", "pipelines.ingest", "pipelines.job", "state_store"},
+    "assets": _BELOW_ALL | {"pipelines.coordination", "pipelines.ingest", "pipelines.job", "state_store"},
 }
 
 
@@ -36,7 +37,7 @@ def _wing(module: str) -> str:
     parts = module.split(".")
     if parts[0] != "pipelines":
         return parts[0]
-    if len(parts) > 1 and parts[1] in ("core", "coordination", "ingest", "job"):
+    if len(parts) > 1 and parts[1] in ("core", "coordination", "ingest", "job", "errors"):
         return f"pipelines.{parts[1]}"
     return "pipelines.floor"
 
