@@ -416,6 +416,10 @@ LONG = {  # module -> its test functions in the long depth (every case of each)
     "test_native_savepoints": frozenset({"test_kills_inside_a_native_savepoint_and_a_native_restore_lose_nothing"}),
     "test_read_only_home": frozenset({"test_reads_work_on_a_read_only_home"}),
     "test_incremental_savepoints": frozenset({"test_a_chain_that_starts_at_a_restored_rocksdb_checkpoint"}),
+    # Delta Spark on the product's tables: every rewrite, then every command (make test keeps the readers' own tests:
+    # test_data_files, and test_erasure's restore over files delta-rs rewrote)
+    "test_rewritten_tables": frozenset({"test_every_command_after_delta_spark_rewrote_the_tables"}),
+    "test_delta_engines": frozenset({"test_delta_spark_and_delta_rs_read_and_append_every_table"}),
 }
 
 

@@ -24,9 +24,7 @@ from tests.conftest import assert_late_keys, config_env, make_config, read_open_
 from tests.datagen import land_batches, land_files, line, make_event, stream_scenario
 from tests.harness import s3a_session
 
-pytestmark = pytest.mark.tier("spark")
-# The HDFS-backed provider in the long depth.
-TIER_OF_CASE = {"test_every_command_after_delta_spark_rewrote_the_tables[hdfs]": "e2e"}
+pytestmark = pytest.mark.tier("spark")  # in the long depth (tests/conftest.py LONG)
 
 GAP_MS, LATENESS_MS = 30 * 60_000, 10 * 60_000
 SEED = 7
