@@ -415,7 +415,10 @@ LONG = {  # module -> its test functions in the long depth (every case of each)
         "test_a_rescale_killed_inside_the_repartition_is_finished_by_the_next_rescale"}),
     "test_native_savepoints": frozenset({"test_kills_inside_a_native_savepoint_and_a_native_restore_lose_nothing"}),
     "test_read_only_home": frozenset({"test_reads_work_on_a_read_only_home"}),
-    "test_incremental_savepoints": frozenset({"test_a_chain_that_starts_at_a_restored_rocksdb_checkpoint"}),
+    "test_incremental_savepoints": frozenset({"test_a_chain_that_starts_at_a_restored_rocksdb_checkpoint",
+                                              "test_compact_folds_a_chain_and_keeps_what_kept_savepoints_need",
+                                              "test_erasure_rewrites_every_table_of_a_chain",
+                                              "test_policy_full_every_k_forced_full_new_lineage_and_chain_share"}),
     # Delta Spark on the product's tables: every rewrite, then every command (make test keeps the readers' own tests:
     # test_data_files, and test_erasure's restore over files delta-rs rewrote)
     "test_rewritten_tables": frozenset({"test_every_command_after_delta_spark_rewrote_the_tables"}),
