@@ -57,14 +57,15 @@ class DataFile:
         return None if value is None else int(value)
 
 
-def data_files(table: DeltaTable) -> list[DataFile]:
-    """The loaded version's data files, with statistics and deletion vectors (read only when the table has the
-    feature: a table without it pays nothing)."""
+def data_files(table: DeltaTable, *, stats_of: Sequence[str] = ()) -> list[DataFile]:
+    """The loaded version's data files, with their row counts and the statistics of the columns `stats_of` (only
+    those: the stream's source lists the files every micro-batch and ships each one's to its read task), and their
+    deletion vectors (read only when the table has the feature: a table without it pays nothing)."""
     adds = pa.table(table.get_add_actions(flatten=True))
     root = table.table_uri.rstrip("/")
     deleted = _deleted_rows(table)
-    names = [n for n in adds.column_names if n not in ("path", "size_bytes", "modification_time")]
-    columns = {name: adds[name].to_pylist() for name in names}
+    wanted = ["num_records", *(f"{kind}.{column}" for column in stats_of for kind in ("min", "max", "null_count"))]
+    columns = {name: adds[name].to_pylist() for name in wanted if name in adds.column_names}
     files = []
     for index, path in enumerate(adds["path"].to_pylist()):
         uri = f"{root}/{path}"
@@ -83,9 +84,10 @@ def _deleted_rows(table: DeltaTable) -> dict[str, pa.Array]:
         return {}
     vectors = pa.table(table.deletion_vectors())
     found = {}
-    for uri, keep in zip(vectors["filepath"].to_pylist(), vectors["selection_vector"].to_pylist()):
-        # The keep mask may be shorter than the file: rows past its end are kept.
-        positions = np.flatnonzero(~np.asarray(keep, dtype=bool))
+    masks = vectors["selection_vector"].combine_chunks()
+    for index, uri in enumerate(vectors["filepath"].to_pylist()):
+        # The keep mask (Arrow booleans, no Python list per row) may be shorter than the file: rows past it are kept.
+        positions = np.flatnonzero(~masks[index].values.to_numpy(zero_copy_only=False))
         if len(positions):
             found[_canonical(uri)] = pa.array(positions, pa.int64())
     return found

@@ -59,7 +59,7 @@ def _raw_files(table: DeltaTable, low: int, high: int, *, rejected: bool) -> lis
     """The raw_events data files that may hold rows with ingest_seq in (low, high] (and, with `rejected`, a rejected
     one): from the Delta log's statistics, on the driver."""
     files = []
-    for file in data_files(table):
+    for file in data_files(table, stats_of=("ingest_seq", "reject_reason")):
         if not file.may_hold("ingest_seq", low, high):
             continue
         rows, valid = file.rows, file.nulls("reject_reason")

@@ -171,7 +171,7 @@ class RawEventsStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow)
         table = DeltaTable(self.table, storage_options=s3_options(self.table))
         low, high = start["seq"], end["seq"]
         ranges: list[InputPartition] = []
-        for file in data_files(table):
+        for file in data_files(table, stats_of=("ingest_seq",)):
             if not file.may_hold("ingest_seq", low, high):
                 continue
             if file.rows is not None and file.rows > SPLIT_FILE_ROWS:
