@@ -19,13 +19,14 @@ Pure: no Spark, no I/O. The JVM operator implements the same merge (a test holds
 """
 from __future__ import annotations
 
+import json
 import math
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from typing import Any, Final
 
 from pipelines.core.spec import Attribute
 
-__all__ = ["UNKNOWN", "event_partial", "fold", "merge", "result"]
+__all__ = ["UNKNOWN", "event_partial", "fold", "merge", "partials_from_json", "partials_to_json", "result"]
 
 
 class _Unknown:
@@ -110,3 +111,31 @@ def result(partial: Any) -> Any:
     if partial is UNKNOWN:
         return None
     return math.fsum(partial) if isinstance(partial, tuple) else partial
+
+
+# ---- the partials of one stored row as text (canonical state rows' `attributes` column) -------------------------
+# A JSON object keyed by Attribute.key: the partial's value (null: no non-null value yet), a double sum as the list of
+# its exact components. A key that is absent is UNKNOWN: the row was stored before that attribute existed. The JVM
+# operator writes and reads the same text (StateCodec's partials, DecodeState); a row of a job without attributes
+# has no text at all (null), so the default spec's canonical rows are today's.
+
+def partials_to_json(attributes: Sequence[Attribute], partials: Sequence[Any]) -> str | None:
+    """One row's partials (in `attributes` order) as text; None when there are no attributes."""
+    if not attributes:
+        return None
+    return json.dumps({a.key: list(p) if isinstance(p, tuple) else p
+                       for a, p in zip(attributes, partials) if p is not UNKNOWN},
+                      sort_keys=True, separators=(",", ":"), ensure_ascii=False)
+
+
+def partials_from_json(attributes: Sequence[Attribute], text: str | None) -> list[Any]:
+    """A row's text -> its partials in `attributes` order (UNKNOWN for a key it does not hold)."""
+    stored = json.loads(text) if text else {}
+    out: list[Any] = []
+    for attribute in attributes:
+        if attribute.key not in stored:
+            out.append(UNKNOWN)
+            continue
+        value = stored[attribute.key]
+        out.append(tuple(float(x) for x in value) if isinstance(value, list) else value)
+    return out

@@ -106,6 +106,14 @@ class Attribute:
             return {"count_if": {"event_type": list(self.event_types)}}
         return {self.aggregate: self.field}
 
+    @property
+    def key(self) -> str:
+        """The attribute's identity in stored state: its name, its definition and its field's type. A changed
+        definition is another key (the contract: a different attribute), so a partial is never merged with one of
+        another meaning; a row without the key was stored before the attribute existed (attributes.UNKNOWN)."""
+        definition = json.dumps(self.to_dict(), sort_keys=True, separators=(",", ":"), ensure_ascii=False)
+        return f"{self.name}={definition}:{self.field_type or 'long'}"
+
 
 @dataclass(frozen=True)
 class SessionSpec:
