@@ -107,6 +107,19 @@ class Attribute:
         return {self.aggregate: self.field}
 
     @property
+    def result_type(self) -> FieldType:
+        """The type of its sessions column: a count is a long, a sum keeps its field's type, the rest are the field's."""
+        if self.aggregate == "count_if":
+            return "long"
+        assert self.field_type is not None  # parse_spec sets it for every aggregate that reads a field
+        return self.field_type
+
+    @property
+    def column(self) -> str:
+        """Its column in the operator's output (the sessions table's column is `name`)."""
+        return f"attr_{self.name}"
+
+    @property
     def key(self) -> str:
         """The attribute's identity in stored state: its name, its definition and its field's type. A changed
         definition is another key (the contract: a different attribute), so a partial is never merged with one of
@@ -123,6 +136,12 @@ class SessionSpec:
     @property
     def is_default(self) -> bool:
         return self == DEFAULT_SPEC
+
+    @property
+    def operator_fields(self) -> tuple[FieldSpec, ...]:
+        """The input fields the attributes read: the stream carries these raw_events columns to the operator."""
+        used = {a.field for a in self.attributes}
+        return tuple(f for f in self.input.fields if f.name in used)
 
     def to_dict(self) -> dict[str, Any]:
         return {"input": self.input.to_dict(), "attributes": {a.name: a.to_dict() for a in self.attributes}}

@@ -10,11 +10,14 @@ from typing import Any
 import pyarrow as pa
 import pyarrow.compute as pc
 from deltalake import CommitProperties, DeltaTable, Transaction, write_deltalake
+from deltalake.schema import Field, PrimitiveType
 from pyspark.sql import DataFrame
 
+from pipelines.arrow_types import plain_types
 from pipelines.coordination import kill_point
 from pipelines.coordination.fencing import committing, fence
 from pipelines.coordination.leases import Lease
+from pipelines.core.spec import Attribute
 from pipelines.core.state_format import ms_to_ts, spark_ddl
 from pipelines.data_files import row_count
 from pipelines.errors import LeaseLost, StorageUnavailable
@@ -22,7 +25,7 @@ from pipelines.job.quarantine import QUARANTINE_SCHEMA, LateRows, quarantine_fra
 from pipelines.job.task_files import FILE_ROW, TaskFile, commit_task_files, task_file, write_file, write_task_files
 from pipelines.storage import is_object_store_failure, is_s3, read_rows, s3_failure, sql_literal
 
-__all__ = ["QUARANTINE_SCHEMA", "SESSIONS_SCHEMA", "MicroBatchSink", "ensure_table", "idempotent_append", "table_rows", "version_after_batch"]
+__all__ = ["QUARANTINE_SCHEMA", "SESSIONS_SCHEMA", "MicroBatchSink", "add_attribute_columns", "sessions_schema", "ensure_table", "idempotent_append", "table_rows", "version_after_batch"]
 
 SESSIONS_SCHEMA = pa.schema([
     ("session_id", pa.string()),
@@ -37,6 +40,27 @@ SESSIONS_SCHEMA = pa.schema([
     # Predicted table version of the write: monotone, so a restore can remove what came after a savepoint.
     ("written_version", pa.int64()),
 ])
+
+
+_DELTA_TYPES = {"string": "string", "long": "long", "double": "double", "boolean": "boolean"}
+
+
+def add_attribute_columns(uri: str, attributes: Sequence[Attribute], storage_options: dict[str, str] | None = None
+                          ) -> None:
+    """The sessions table gets a nullable column per attribute it does not have yet (Delta schema evolution, one
+    commit; rows written before read null there). A removed attribute's column stays: later rows carry null."""
+    table = DeltaTable(uri, storage_options=storage_options)
+    present = {name.lower() for name in pa.schema(table.schema().to_arrow()).names}
+    missing = [a for a in attributes if a.name.lower() not in present]
+    if missing:
+        table.alter.add_columns([Field(a.name, PrimitiveType(_DELTA_TYPES[a.result_type]), nullable=True)
+                                 for a in missing])
+
+
+def sessions_schema(uri: str, storage_options: dict[str, str] | None = None) -> pa.Schema:
+    """The sessions table's columns now: SESSIONS_SCHEMA, then its attribute columns (plain Arrow types)."""
+    table = DeltaTable(uri, storage_options=storage_options)
+    return plain_types(pa.schema(table.schema().to_arrow()))
 
 
 def ensure_table(uri: str, schema: pa.Schema, storage_options: dict[str, str] | None = None) -> None:
@@ -101,8 +125,13 @@ class MicroBatchSink:
 
     def __init__(self, sessions_uri: str, quarantine_uri: str, raw_uri: str, incarnation: str,
                  seq_range: Callable[[int], tuple[int, int]],
-                 storage_options: dict[str, str] | None = None, lease: Lease | None = None):
+                 storage_options: dict[str, str] | None = None, lease: Lease | None = None,
+                 attributes: Sequence[Attribute] = ()):
         self.sessions_uri, self.quarantine_uri, self.raw_uri = sessions_uri, quarantine_uri, raw_uri
+        # The operator's attribute columns (Attribute.column) -> the table's (Attribute.name); the table's schema as
+        # the stream starts (startup added the spec's columns): a removed attribute's column is written null.
+        self.attributes = tuple(attributes)
+        self.sessions_schema = sessions_schema(sessions_uri, storage_options) if attributes else SESSIONS_SCHEMA
         self.storage_options = storage_options  # the warehouse's (all three tables live there)
         self.incarnation, self.seq_range = incarnation, seq_range
         self.leases: tuple[Lease, ...] = (lease,) if lease is not None else ()
@@ -159,11 +188,14 @@ class MicroBatchSink:
         commit is there already), in the job that also counts its late rows; the late rows' tally."""
         write, version = self._pending(self.sessions_uri, "sessions", batch_id)
         self._at = self.raw_uri  # the tasks read the batch (the source's files)
-        results = batch_df.mapInArrow(_output_writer(self.sessions_uri, write=write, prefix=f"part-b{batch_id}", shape=partial(
-            session_rows, batch_id=batch_id, incarnation=self.incarnation, written_version=version)),
+        results = batch_df.mapInArrow(_output_writer(
+            self.sessions_uri, write=write, prefix=f"part-b{batch_id}", schema=self.sessions_schema,
+            columns=(*_SESSION_COLUMNS, *(a.column for a in self.attributes)),
+            shape=partial(session_rows, batch_id=batch_id, incarnation=self.incarnation, written_version=version,
+                          schema=self.sessions_schema, attributes=self.attributes)),
             spark_ddl(_OUTPUT_ROW)).collect()
         files = [task_file(row) for row in results if row["path"] is not None]
-        self.sessions_written += self._commit(self.sessions_uri, files, schema=SESSIONS_SCHEMA, app="sessions",
+        self.sessions_written += self._commit(self.sessions_uri, files, schema=self.sessions_schema, app="sessions",
                                               batch_id=batch_id)
         late = [row for row in results if row["late"]]
         return LateRows(count=sum(row["late"] for row in late), low=min((row["late_low"] for row in late), default=0),
@@ -192,7 +224,8 @@ class MicroBatchSink:
 _OUTPUT_ROW = pa.schema([*FILE_ROW, ("late", pa.int64()), ("late_low", pa.int64()), ("late_high", pa.int64())])
 
 
-def _output_writer(uri: str, *, write: bool, prefix: str, shape: Callable[[pa.Table], pa.Table]
+def _output_writer(uri: str, *, write: bool, prefix: str, shape: Callable[[pa.Table], pa.Table],
+                   schema: pa.Schema = SESSIONS_SCHEMA, columns: Sequence[str] = ()
                    ) -> Callable[[Iterator[pa.RecordBatch]], Iterator[pa.RecordBatch]]:
     """The function each task of the sessions' job runs (mapInArrow over the operator's output): its closed sessions
     as one file of the sessions table (when `write`), and the count and ingest_seq bounds of its late rows."""
@@ -203,7 +236,7 @@ def _output_writer(uri: str, *, write: bool, prefix: str, shape: Callable[[pa.Ta
             if write:
                 closed = batch.filter(pc.equal(kind, "session"))
                 if closed.num_rows:
-                    sessions.append(shape(pa.Table.from_batches([closed]).select(list(_SESSION_COLUMNS))))
+                    sessions.append(shape(pa.Table.from_batches([closed]).select(list(columns or _SESSION_COLUMNS))))
             seqs = batch.column("ingest_seq").filter(pc.equal(kind, "late"))
             if len(seqs):
                 late += len(seqs)
@@ -212,7 +245,7 @@ def _output_writer(uri: str, *, write: bool, prefix: str, shape: Callable[[pa.Ta
                 high = hi.as_py() if high is None else max(high, hi.as_py())
         row: dict[str, Any] = {"path": None, "size": None, "rows": None, "stats": None}
         if sessions:
-            row = write_file(pa.concat_tables(sessions), uri=uri, schema=SESSIONS_SCHEMA, prefix=prefix)
+            row = write_file(pa.concat_tables(sessions), uri=uri, schema=schema, prefix=prefix)
         if sessions or late:
             yield pa.RecordBatch.from_pylist([{**row, "late": late, "late_low": low, "late_high": high}],
                                              schema=_OUTPUT_ROW)
@@ -223,11 +256,13 @@ _SESSION_COLUMNS = ("session_id", "user_id", "session_start_ms", "session_end_ms
                     "end_reason")
 
 
-def session_rows(sessions: pa.Table, *, batch_id: int, incarnation: str, written_version: int) -> pa.Table:
+def session_rows(sessions: pa.Table, *, batch_id: int, incarnation: str, written_version: int,
+                 schema: pa.Schema = SESSIONS_SCHEMA, attributes: Sequence[Attribute] = ()) -> pa.Table:
     """Operator rows of closed sessions -> sessions table rows (in the tasks; written_version: the table version the
-    commit is predicted at -- at most the one it lands on, so still monotone in batch order)."""
+    commit is predicted at -- at most the one it lands on, so still monotone in batch order). With attributes, the
+    table's `schema`: each attribute's value under its name, every other attribute column of the table null."""
     n = sessions.num_rows
-    return pa.table({
+    rows = pa.table({
         "session_id": sessions["session_id"], "user_id": sessions["user_id"],
         "session_start": ms_to_ts(sessions["session_start_ms"]),
         "session_end": ms_to_ts(sessions["session_end_ms"]),
@@ -237,3 +272,11 @@ def session_rows(sessions: pa.Table, *, batch_id: int, incarnation: str, written
         "incarnation": pa.array([incarnation] * n, pa.string()),
         "written_version": pa.array([written_version] * n, pa.int64()),
     }, schema=SESSIONS_SCHEMA)
+    if schema is SESSIONS_SCHEMA:
+        return rows
+    values = {a.name.lower(): sessions[a.column] for a in attributes}
+    for field in schema:
+        if field.name not in rows.column_names:
+            value = values.get(field.name.lower())
+            rows = rows.append_column(field, pa.nulls(n, field.type) if value is None else value.cast(field.type))
+    return rows

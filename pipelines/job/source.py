@@ -11,7 +11,7 @@ An idle-close clock row of raw_events is read as a marker too (README "Idle clos
 from __future__ import annotations
 
 import json
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterator, Mapping, Sequence
 from typing import Any
 
 import pyarrow as pa
@@ -21,12 +21,13 @@ from deltalake import DeltaTable
 from pyspark.sql.datasource import DataSource, DataSourceStreamReader, InputPartition
 from pyspark.sql.streaming.datasource import ReadAllAvailable, ReadLimit, ReadMaxFiles, SupportsTriggerAvailableNow
 
+from pipelines.core.spec import FieldSpec
 from pipelines.data_files import DataFile, data_files, read_data_file
 from pipelines.ingest import latest_ingest_seq
 from pipelines.ingest.table import CLOCK_KIND
 from pipelines.storage import filesystem, s3_options
 
-__all__ = ["SOURCE_NAME", "SPLIT_FILE_ROWS", "RawEventsSource", "RawEventsStreamReader"]
+__all__ = ["SOURCE_NAME", "SPLIT_FILE_ROWS", "fields_option", "RawEventsSource", "RawEventsStreamReader"]
 
 SOURCE_NAME = "sessions_raw"
 SOURCE_SCHEMA = (
@@ -59,15 +60,34 @@ class _Range(InputPartition):
         self.file = file  # events: the data file (with the rows a deletion vector removes)
 
 
-def _arrow_schema() -> pa.Schema:
-    types = {"string": pa.string(), "long": pa.int64(), "timestamp": pa.timestamp("us", tz="UTC")}
-    return pa.schema([(name, types[kind]) for name, kind in
-                      (field.strip().split(" ") for field in SOURCE_SCHEMA.split(","))])
+_TYPES = {"string": pa.string(), "long": pa.int64(), "double": pa.float64(), "boolean": pa.bool_(),
+          "timestamp": pa.timestamp("us", tz="UTC")}
 
 
-def _with_origin(batch: pa.RecordBatch, origin: str | pa.Array) -> pa.RecordBatch:
-    """Conform a batch to the source schema: missing columns become nulls, origin is set."""
-    schema = _arrow_schema()
+def fields_option(fields: Sequence[FieldSpec]) -> str:
+    """The `fields` option: the typed input fields (raw_events' field_<name> columns) the stream carries to the
+    operator, for the session spec's attributes; empty: none (the default spec)."""
+    return json.dumps([[f.column, f.type] for f in fields]) if fields else ""
+
+
+def _field_columns(option: str | None) -> list[tuple[str, str]]:
+    return [(str(name), str(kind)) for name, kind in json.loads(option)] if option else []
+
+
+def _schema_text(fields: Sequence[tuple[str, str]]) -> str:
+    return SOURCE_SCHEMA + "".join(f", {name} {kind}" for name, kind in fields)
+
+
+def _arrow_schema(fields: Sequence[tuple[str, str]] = ()) -> pa.Schema:
+    return pa.schema([(name, _TYPES[kind]) for name, kind in
+                      (field.strip().split(" ") for field in _schema_text(fields).split(","))])
+
+
+def _with_origin(batch: pa.RecordBatch, origin: str | pa.Array,
+                 fields: Sequence[tuple[str, str]] = ()) -> pa.RecordBatch:
+    """Conform a batch to the source schema: missing columns become nulls (a field's column in files written before
+    the field was declared), origin is set."""
+    schema = _arrow_schema(fields)
     arrays = []
     for field in schema:
         if field.name == "origin":
@@ -126,6 +146,7 @@ class RawEventsStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow)
         # "false": no empty batch after data (a restore's side checkpoint stops after its marker batch, which closes
         # nothing: the stream that resumes from it runs the next batch with the savepoint's watermark).
         self.settle = options.get("settle", "true") != "false"
+        self.fields = _field_columns(options.get("fields"))
 
     def _bootstrap(self) -> dict[str, Any] | None:
         return dict(json.loads(self.bootstrap)) if self.bootstrap else None
@@ -186,19 +207,20 @@ class RawEventsStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow)
         if partition.kind == "events":
             # On the executor, straight from the table's storage (S3 credentials from its AWS_* variables). Files
             # written before line_key or row_kind existed lack them: _with_origin fills nulls.
-            table = read_data_file(partition.file or DataFile(partition.payload), columns=READ_COLUMNS,
+            wanted = (*READ_COLUMNS, *(name for name, _ in self.fields))
+            table = read_data_file(partition.file or DataFile(partition.payload), columns=wanted,
                                    row_groups=partition.row_groups)
             seq = table["ingest_seq"]
             in_range = pc.and_(pc.greater(seq, partition.low), pc.less_equal(seq, partition.high))
             table = table.filter(pc.and_(in_range, pc.is_null(table["reject_reason"])))
             for batch in _with_line_key(table).to_batches(max_chunksize=ARROW_BATCH_ROWS):
-                yield _with_origin(batch, _event_origins(batch))
+                yield _with_origin(batch, _event_origins(batch), self.fields)
         elif partition.kind == "marker":
             # Carries the savepoint's max event time so the restored watermark equals the original.
             boot = json.loads(partition.payload)
             marker_us = (int(boot["watermark_ms"]) + int(boot["lateness_ms"])) * 1000
             yield _with_origin(pa.RecordBatch.from_pydict(
-                {"event_time": pa.array([marker_us], pa.timestamp("us", tz="UTC"))}), "marker")
+                {"event_time": pa.array([marker_us], pa.timestamp("us", tz="UTC"))}), "marker", self.fields)
 
     def commit(self, end: dict[str, Any]) -> None:
         pass
@@ -210,7 +232,7 @@ class RawEventsSource(DataSource):
         return SOURCE_NAME
 
     def schema(self) -> str:
-        return SOURCE_SCHEMA
+        return _schema_text(_field_columns(self.options.get("fields")))
 
     def streamReader(self, schema: Any) -> DataSourceStreamReader:
         return RawEventsStreamReader(self.options)

@@ -21,7 +21,7 @@ from pipelines.job.checkpoint import (
 from pipelines.job.operators import for_layout, for_new_checkpoint
 from pipelines.job.operators.seam import StateOperator
 from pipelines.job.runtime import rescale_incomplete
-from pipelines.job.sink import QUARANTINE_SCHEMA, SESSIONS_SCHEMA, ensure_table, table_rows
+from pipelines.job.sink import QUARANTINE_SCHEMA, SESSIONS_SCHEMA, add_attribute_columns, ensure_table, table_rows
 from pipelines.storage import is_s3, storage_options
 
 __all__ = ["checkpoint_metadata", "ensure_tables"]
@@ -32,6 +32,7 @@ def ensure_tables(config: SessionsConfig) -> None:
         Path(config.warehouse_uri).mkdir(parents=True, exist_ok=True)
     options = storage_options(config, config.warehouse_uri)
     ensure_table(config.sessions_table, SESSIONS_SCHEMA, options)
+    add_attribute_columns(config.sessions_table, config.session_spec.attributes, options)
     ensure_table(config.quarantine_table, QUARANTINE_SCHEMA, options)
 
 

@@ -47,7 +47,7 @@ from pipelines.job.runtime import (
     stop_state_stores,
 )
 from pipelines.job.sink import MicroBatchSink
-from pipelines.job.source import SOURCE_NAME
+from pipelines.job.source import SOURCE_NAME, fields_option
 from pipelines.job.startup import checkpoint_metadata, ensure_tables
 from pipelines.job.state_changes import OnStateChange, Resumed, batch_end, change_state, first_line
 from pipelines.locations import CheckpointPath, hdfs_outage
@@ -64,7 +64,8 @@ def raw_events_stream(spark: SparkSession, config: SessionsConfig, checkpoint: C
     prepare_session(spark, config)
     reader = (spark.readStream.format(SOURCE_NAME)
               .option("path", config.raw_events_table)
-              .option("bootstrap", read_bootstrap(checkpoint) or ""))
+              .option("bootstrap", read_bootstrap(checkpoint) or "")
+              .option("fields", fields_option(config.session_spec.operator_fields)))
     if config.max_versions_per_batch:
         reader = reader.option("maxVersionsPerTrigger", str(config.max_versions_per_batch))
     for key, value in (source_options or {}).items():
@@ -79,12 +80,15 @@ def start_query(spark: SparkSession, config: SessionsConfig, meta: JobMetadata, 
     """The query of the checkpoint `meta` describes, run by `operator`; `initial_rows` (canonical) are a restored
     checkpoint's state, loaded in its first batch (the restore's bootstrap). With `lease` (the job lease this process
     holds) the sink checks it before every batch and fences every commit by it (pipelines.coordination.fencing)."""
-    events = keyed_events(raw_events_stream(spark, config, config.checkpoint, source_options=source_options), meta.lateness_ms)
-    output = operator.apply(events, meta.gap_ms, initial_rows)
+    spec = config.session_spec
+    events = keyed_events(raw_events_stream(spark, config, config.checkpoint, source_options=source_options),
+                          meta.lateness_ms, fields=spec.operator_fields)
+    output = operator.apply(events, meta.gap_ms, initial_rows, attributes=spec.attributes)
     checkpoint = config.checkpoint
     sink = MicroBatchSink(config.sessions_table, config.quarantine_table, config.raw_events_table, meta.incarnation,
                           seq_range=lambda batch_id: batch_source_range(checkpoint, batch_id),
-                          storage_options=storage_options(config, config.warehouse_uri), lease=lease)
+                          storage_options=storage_options(config, config.warehouse_uri), lease=lease,
+                          attributes=spec.attributes)
     query = (output.writeStream.queryName("sessions")
              .option("checkpointLocation", str(config.checkpoint))
              .trigger(**trigger)

@@ -3,7 +3,8 @@ rules as the pure core (pipelines.core.sessionize; tests hold the two together).
 in StateCodec's format, which Python reads only through the `DecodeState` SQL function, never byte by byte."""
 from __future__ import annotations
 
-from collections.abc import Iterator
+import json
+from collections.abc import Iterator, Sequence
 
 import pyarrow as pa
 import pyarrow.compute as pc
@@ -12,8 +13,9 @@ from pyspark.sql import functions as F
 
 from pipelines.config import REPO_ROOT
 from pipelines.core import state_format
+from pipelines.core.spec import FIELD_COLUMN_PREFIX, Attribute
 from pipelines.errors import ConfigError
-from pipelines.job.operators.seam import OUTPUT_SCHEMA, StateOperator, StoredChunk, state_reader
+from pipelines.job.operators.seam import StateOperator, StoredChunk, output_schema, state_reader
 from pipelines.locations import CheckpointPath
 
 __all__ = ["JVM_JAR", "STATE_LAYOUT", "JvmOperator"]
@@ -35,6 +37,14 @@ def _jvm(spark: SparkSession) -> object:
     return jvm
 
 
+def attributes_json(attributes: Sequence[Attribute]) -> str:
+    """The attributes as the JVM operator takes them (SessionsOperator.Attr): in output order, each with its stored
+    identity, aggregate, field type, the keyed column it reads and the event types it counts."""
+    return json.dumps([{"key": a.key, "aggregate": a.aggregate, "type": a.result_type,
+                        "column": None if a.field is None else f"{FIELD_COLUMN_PREFIX}{a.field}",
+                        "event_types": list(a.event_types)} for a in attributes])
+
+
 def _in_ms(canonical: DataFrame) -> DataFrame:
     return canonical.select("user_id", F.unix_millis("session_start").alias("session_start_ms"), "event_id",
                             F.unix_millis("event_time").alias("event_time_ms"), "event_type", "event_count",
@@ -45,11 +55,13 @@ class JvmOperator(StateOperator):
     name = "jvm"
     layout = STATE_LAYOUT
 
-    def apply(self, keyed: DataFrame, gap_ms: int, initial_rows: DataFrame | None) -> DataFrame:
+    def apply(self, keyed: DataFrame, gap_ms: int, initial_rows: DataFrame | None, *,
+              attributes: Sequence[Attribute] = ()) -> DataFrame:
         spark = keyed.sparkSession
         operator = _jvm(spark).sessions.SessionsOperator  # type: ignore[attr-defined]
         initial = None if initial_rows is None else _in_ms(initial_rows)._jdf
-        return DataFrame(operator.sessionize(keyed._jdf, gap_ms, OUTPUT_SCHEMA, initial), spark)
+        return DataFrame(operator.sessionize(keyed._jdf, gap_ms, output_schema(attributes), initial,
+                                             attributes_json(attributes)), spark)
 
     def stored_values(self, spark: SparkSession, checkpoint: CheckpointPath, batch_id: int | None) -> DataFrame:
         """One row per user: `user_id`, `rows` (array of its open rows, decoded by StateCodec through DecodeState)

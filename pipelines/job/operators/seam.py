@@ -13,7 +13,7 @@ the retired Python operator: readable, so that a savepoint moves it to the JVM o
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 
 import pyarrow as pa
@@ -21,10 +21,11 @@ from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 
 from pipelines.config import MAX_PARTITIONS
+from pipelines.core.spec import Attribute, FieldSpec
 from pipelines.core.state_format import CANONICAL_DDL
 from pipelines.locations import CheckpointPath
 
-__all__ = ["OUTPUT_COLUMNS", "OUTPUT_SCHEMA", "StateOperator", "StoredChunk", "keyed_events", "register_coordinator", "state_reader"]
+__all__ = ["OUTPUT_COLUMNS", "OUTPUT_SCHEMA", "StateOperator", "StoredChunk", "keyed_events", "output_schema", "register_coordinator", "state_reader"]
 
 # The operator's output, defined once: the JVM operator takes this schema from here (and checks the column order it
 # builds rows in); the sink reads these columns by name.
@@ -36,6 +37,11 @@ OUTPUT_COLUMNS = [
     ("ingest_seq", "long"), ("line_key", "long"),
 ]
 OUTPUT_SCHEMA = ", ".join(f"{name} {kind}" for name, kind in OUTPUT_COLUMNS)
+
+
+def output_schema(attributes: Sequence[Attribute]) -> str:
+    """OUTPUT_SCHEMA, then a closed session's value of each attribute (Attribute.column, in `attributes` order)."""
+    return OUTPUT_SCHEMA + "".join(f", {a.column} {a.result_type}" for a in attributes)
 
 
 
@@ -57,9 +63,11 @@ class StateOperator(ABC):
 
     # ---- running ----------------------------------------------------------------------------------------------
     @abstractmethod
-    def apply(self, keyed: DataFrame, gap_ms: int, initial_rows: DataFrame | None) -> DataFrame:
-        """`keyed` (see `keyed_events`) -> rows of OUTPUT_SCHEMA: kind `session` (closed) or `late`. `initial_rows`
-        (canonical, a restored checkpoint's first run only) are loaded as the state before its first batch."""
+    def apply(self, keyed: DataFrame, gap_ms: int, initial_rows: DataFrame | None, *,
+              attributes: Sequence[Attribute] = ()) -> DataFrame:
+        """`keyed` (see `keyed_events`, with the fields `attributes` read) -> rows of `output_schema(attributes)`:
+        kind `session` (closed, with its attributes' values) or `late`. `initial_rows` (canonical, a restored
+        checkpoint's first run only) are loaded as the state before its first batch."""
 
     def max_partitions(self, buckets: int) -> int | None:
         """The most state partitions that can hold anything, for a checkpoint that recorded `buckets` (None: no
@@ -111,7 +119,7 @@ def state_reader(spark: SparkSession, checkpoint: CheckpointPath, batch_id: int 
     return reader.load(str(checkpoint))
 
 
-def keyed_events(events: DataFrame, lateness_ms: int) -> DataFrame:
+def keyed_events(events: DataFrame, lateness_ms: int, *, fields: Sequence[FieldSpec] = ()) -> DataFrame:
     """Source rows -> what an operator takes: valid events (and watermark markers, which stop at the watermark node),
     event time in ms. The source never hands over a rejected line (pipelines.job.source), so a quarantined far-future
     event cannot move the watermark."""
@@ -127,5 +135,5 @@ def keyed_events(events: DataFrame, lateness_ms: int) -> DataFrame:
         # watermark before the operator sees them -- those late events would vanish instead of reaching quarantine.
         # A null timestamp carrying the mark gives the one without the other.
         F.lit(None).cast("timestamp").alias("event_time", metadata={"spark.watermarkDelayMs": lateness_ms}),
-        "event_type", "ingest_seq", "line_key",
+        "event_type", "ingest_seq", "line_key", *(f.column for f in fields),
     )
