@@ -62,15 +62,24 @@ $(KAFKA_JARS): jvm/kafka/pom.xml
 	touch $@
 
 # The JVM operator (the default; SESSIONS_OPERATOR), compiled against the pyspark wheel's own Spark jars and
-# loaded with spark.jars (pipelines/job/runtime.py).
+# loaded with spark.jars (pipelines/job/runtime.py). jvm/operator/src/main/java: the product jar; src/test/java: the
+# tests jar (CoreHarness, the py4j harness of tests/test_jvm_operator.py), on the class path only of the test suite's
+# sessions (SESSIONS_TEST_JARS, set by tests/conftest.py).
 JVM_JAR := build/jvm/sessions-operator.jar
-JVM_SRC := $(wildcard jvm/src/sessions/*.java)
+JVM_TESTS_JAR := build/jvm/sessions-operator-tests.jar
+JVM_SRC := $(wildcard jvm/operator/src/main/java/sessions/*.java)
+JVM_TEST_SRC := $(wildcard jvm/operator/src/test/java/sessions/*.java)
+PYSPARK_JARS = $$($(PY) -c 'import os, pyspark; print(os.path.join(os.path.dirname(pyspark.__file__), "jars"))')/*
 $(JVM_JAR): $(JVM_SRC) $(STAMP)
 	@$(MAKE) -s check-javac
 	rm -rf build/jvm/classes
-	javac -Xlint:all,-path -Werror --release 17 -d build/jvm/classes \
-	  -cp "$$($(PY) -c 'import os, pyspark; print(os.path.join(os.path.dirname(pyspark.__file__), "jars"))')/*" $(JVM_SRC)
+	javac -Xlint:all,-path -Werror --release 17 -d build/jvm/classes -cp "$(PYSPARK_JARS)" $(JVM_SRC)
 	jar cf $@ -C build/jvm/classes .
+
+$(JVM_TESTS_JAR): $(JVM_TEST_SRC) $(JVM_JAR)
+	rm -rf build/jvm/test-classes
+	javac -Xlint:all,-path -Werror --release 17 -d build/jvm/test-classes -cp "$(JVM_JAR):$(PYSPARK_JARS)" $(JVM_TEST_SRC)
+	jar cf $@ -C build/jvm/test-classes .
 
 # A real HDFS on loopback for tests and local runs (deploy/local-hdfs, tests/hdfs_cluster.py): Hadoop's MiniDFSCluster
 # (hadoop-client-minicluster, pinned in jvm/hdfs/pom.xml at pyspark's Hadoop version) fetched into build/hdfs/, and
@@ -104,7 +113,7 @@ CLASS_ARCHIVE := build/jvm/spark-classes.jsa
 $(CLASS_ARCHIVE): $(JVM_JAR) $(RUNTIME_JARS) $(STAMP) pipelines/job/class_archive.py
 	$(PY) -m pipelines.job.class_archive $@
 
-setup: check-java $(STAMP) $(RUNTIME_JARS) $(S3A_JARS) $(KAFKA_JARS) $(JVM_JAR) $(CLASS_ARCHIVE) $(HDFS_JARS) $(HDFS_JAR)
+setup: check-java $(STAMP) $(RUNTIME_JARS) $(S3A_JARS) $(KAFKA_JARS) $(JVM_JAR) $(JVM_TESTS_JAR) $(CLASS_ARCHIVE) $(HDFS_JARS) $(HDFS_JAR)
 
 demo: setup
 	$(PY) -m sessionctl.demo

@@ -58,6 +58,10 @@ os.environ.setdefault("PYSPARK_DRIVER_PYTHON", sys.executable)
 os.environ.setdefault("SPARK_SUBMIT_OPTS", "-XX:TieredStopAtLevel=1")
 
 REPO = Path(__file__).resolve().parent.parent
+# The JVM operator's tests jar (jvm/operator/src/test/java, built by `make setup`: CoreHarness, the py4j harness of
+# tests/test_jvm_operator.py) on the class path of this process's Spark sessions (pipelines.job.runtime.jvm_jar_conf),
+# never in the product's jar. sessionctl subprocesses get no SESSIONS_* variable of this process (config_env).
+os.environ.setdefault("SESSIONS_TEST_JARS", str(REPO / "build" / "jvm" / "sessions-operator-tests.jar"))
 VENV_BIN = Path(sys.executable).parent  # the venv running the tests, wherever it is
 
 
