@@ -63,18 +63,29 @@ public final class SessionsOperator {
     /** `keyed` grouped by user through the operator; called from Python through py4j. The key is (xxhash64(user_id),
      * user_id): Spark sorts a batch by the key before the call, and the hash first makes that sort decide on the
      * long prefix instead of comparing ids that often share their first bytes. `initialRows` (null: none) are a
-     * restored checkpoint's open rows (STATE_ROW plus user_id), loaded by Spark in the first batch only. */
-    public static Dataset<Row> sessionize(Dataset<Row> keyed, long gapMs, String outputDdl, Dataset<Row> initialRows) {
+     * restored checkpoint's open rows (STATE_ROW plus user_id), loaded by Spark in the first batch only.
+     * `attributesJson` (pipelines.job.operators.jvm.attributes_json; empty: none) are the session spec's attributes:
+     * their partials live in each stored row, and a closed session's values follow OUTPUT_NAMES in the output. */
+    public static Dataset<Row> sessionize(Dataset<Row> keyed, long gapMs, String outputDdl, Dataset<Row> initialRows,
+                                          String attributesJson) {
+        List<Attributes.Attr> attrs = Attributes.parse(attributesJson);
         StructType output = StructType.fromDDL(outputDdl);
-        if (!java.util.Arrays.equals(output.fieldNames(), OUTPUT_NAMES)) {
+        String[] names = output.fieldNames();
+        if (names.length != OUTPUT_NAMES.length + attrs.size()
+                || !java.util.Arrays.equals(java.util.Arrays.copyOf(names, OUTPUT_NAMES.length), OUTPUT_NAMES)) {
             throw new IllegalArgumentException("output schema " + output.simpleString() + " does not list the columns "
-                + String.join(",", OUTPUT_NAMES) + " in this order");
+                + String.join(",", OUTPUT_NAMES) + " in this order, then one per attribute");
         }
         Dataset<Row> hashed = keyed.withColumn("user_hash", functions.xxhash64(keyed.col("user_id")));
         StructType schema = hashed.schema();
+        int[] columns = new int[attrs.size()];
+        for (int k = 0; k < columns.length; k++) {
+            String column = attrs.get(k).column();
+            columns[k] = column == null ? -1 : schema.fieldIndex(column);
+        }
         Fn fn = new Fn(gapMs, new int[] {
             schema.fieldIndex("event_id"), schema.fieldIndex("event_time_ms"), schema.fieldIndex("event_type"),
-            schema.fieldIndex("ingest_seq"), schema.fieldIndex("line_key")});
+            schema.fieldIndex("ingest_seq"), schema.fieldIndex("line_key")}, attrs, columns);
         // groupBy(columns).as(...): Spark groups on the columns themselves (no per-row key function, AppendColumns)
         KeyValueGroupedDataset<Tuple2<Long, String>, Row> grouped = hashed
             .groupBy(hashed.col("user_hash"), hashed.col("user_id"))
@@ -84,13 +95,14 @@ public final class SessionsOperator {
                                                   GroupStateTimeout.EventTimeTimeout());
         }
         return grouped.flatMapGroupsWithState(fn, OutputMode.Append(), Encoders.BINARY(), Encoders.row(output),
-                                              GroupStateTimeout.EventTimeTimeout(), initialState(initialRows));
+                                              GroupStateTimeout.EventTimeTimeout(), initialState(initialRows, attrs));
     }
 
     /** Open rows (user_id + STATE_ROW's columns, any order) -> one encoded state value per user, keyed as the
      * stream's groups are. Spark calls the function for every such key in the first batch (watermark 0: nothing
      * closes), which sets its timer. */
-    static KeyValueGroupedDataset<Tuple2<Long, String>, byte[]> initialState(Dataset<Row> rows) {
+    static KeyValueGroupedDataset<Tuple2<Long, String>, byte[]> initialState(Dataset<Row> rows,
+                                                                       List<Attributes.Attr> attrs) {
         Dataset<Row> hashed = rows.withColumn("user_hash", functions.xxhash64(rows.col("user_id")));
         StructType schema = hashed.schema();
         int[] ix = new int[STATE_ROW.size()];
@@ -105,33 +117,49 @@ public final class SessionsOperator {
                 List<R> open = new ArrayList<>();
                 while (it.hasNext()) {
                     Row r = it.next();
+                    // Canonical rows do not carry partials yet: a restored session's attributes are unknown (null).
                     open.add(new R(r.getLong(ix[0]), r.isNullAt(ix[1]) ? null : r.getString(ix[1]), r.getLong(ix[2]),
                                    r.isNullAt(ix[3]) ? null : r.getString(ix[3]), r.getLong(ix[4]), r.getLong(ix[5]),
-                                   0));
+                                   0, Attributes.unknown(attrs.size())));
                 }
                 open.sort(WALK_ORDER);  // a deterministic value whatever order the rows were read in
-                return RowFactory.create(key._1(), key._2(), StateCodec.encode(open));
+                return RowFactory.create(key._1(), key._2(), StateCodec.encode(open, attrs));
             }, Encoders.row(valueSchema));
         return values.groupBy(values.col("user_hash"), values.col("user_id"))
             .as(KEY, Encoders.row(valueSchema))
             .mapValues((MapFunction<Row, byte[]>) r -> (byte[]) r.get(2), Encoders.BINARY());
     }
 
-    /** One open row of a user (a state row or a fresh event). */
+    /** One open row of a user (a state row or a fresh event); immutable. */
     static final class R {
-        long start;
-        String id;       // null: a frozen prefix
-        long time;
-        String type;
-        long count;
-        long views;
-        final int seq;   // arrival order: the first of two rows with one event_id wins, ties keep it
+        final long start;
+        final String id;       // null: a frozen prefix
+        final long time;
+        final String type;
+        final long count;
+        final long views;
+        final int seq;         // arrival order: the first of two rows with one event_id wins, ties keep it
+        final Object[] parts;  // one partial per attribute (Attributes), in the operator's attribute order
 
         R(long start, String id, long time, String type, long count, long views, int seq) {
+            this(start, id, time, type, count, views, seq, NO_PARTS);
+        }
+
+        R(long start, String id, long time, String type, long count, long views, int seq, Object[] parts) {
             this.start = start; this.id = id; this.time = time; this.type = type;
-            this.count = count; this.views = views; this.seq = seq;
+            this.count = count; this.views = views; this.seq = seq; this.parts = parts;
+        }
+
+        R withSeq(int order) {
+            return new R(start, id, time, type, count, views, order, parts);
         }
     }
+
+    static final Object[] NO_PARTS = new Object[0];
+
+    /** What one user's walk leaves: the rows that stay open, the closed sessions' output rows, and the earliest due
+     * (when a session closes or a row can be frozen; Long.MAX_VALUE if nothing is open). */
+    record Walk(List<R> open, List<Row> closed, long due) {}
 
     // By time, then event_id as Python orders str (by code point; String.compareTo's UTF-16 order differs past
     // U+FFFF), then arrival: the Python core's walk order.
@@ -156,24 +184,25 @@ public final class SessionsOperator {
     }
 
     /** The core's rule for one user (pipelines.core.sessionize.advance): `rows` (stored, then a restore's) and `fresh`
-     * (new events above the watermark, in arrival order) -> closed sessions appended to `out`, open rows to `kept`;
-     * returns the earliest due (when a session closes or a row can be frozen), Long.MAX_VALUE if nothing is open. */
-    static long advance(String user, List<R> rows, List<R> fresh, long watermark, long gapMs, List<R> kept,
-                        List<Row> out) {
+     * (new events above the watermark, in arrival order), each with its partials of `attrs` -> the walk's result. */
+    static Walk advance(String user, List<R> rows, List<R> fresh, long watermark, long gapMs,
+                        List<Attributes.Attr> attrs) {
         // State rows first, then fresh events in arrival order: the first row of an event_id wins.
         List<R> walk = new ArrayList<>(rows.size() + fresh.size());
         Set<String> seen = new HashSet<>();
         int seq = 0;
         for (R r : rows) {
             if (r.id == null || seen.add(r.id)) {
-                walk.add(new R(r.start, r.id, r.time, r.type, r.count, r.views, seq++));
+                walk.add(r.withSeq(seq++));
             }
         }
         for (R r : fresh) {
             if (seen.add(r.id)) {
-                walk.add(new R(r.start, r.id, r.time, r.type, r.count, r.views, seq++));
+                walk.add(r.withSeq(seq++));
             }
         }
+        List<R> kept = new ArrayList<>();
+        List<Row> out = new ArrayList<>();
         walk.sort(WALK_ORDER);
         long due = Long.MAX_VALUE;
         int n = walk.size();
@@ -196,62 +225,87 @@ public final class SessionsOperator {
                     count += walk.get(i).count;
                     views += walk.get(i).views;
                 }
-                out.add(RowFactory.create("session", sessionId(user, start), user, start, tail.time, count,
-                    views, logout ? "logout" : "inactivity", null, null, null, null, null));
+                Object[] row = new Object[OUTPUT_NAMES.length + attrs.size()];
+                Object[] fixed = {"session", sessionId(user, start), user, start, tail.time, count, views,
+                    logout ? "logout" : "inactivity"};
+                System.arraycopy(fixed, 0, row, 0, fixed.length);  // event_id .. line_key: null for a session
+                if (!attrs.isEmpty()) {
+                    Object[] folded = Attributes.fold(attrs, walk, first, last);
+                    for (int k = 0; k < folded.length; k++) {
+                        row[OUTPUT_NAMES.length + k] = Attributes.result(folded[k]);
+                    }
+                }
+                out.add(RowFactory.create(row));
             } else {
-                due = Math.min(due, freeze(walk, first, last, start, closeAt, watermark, kept));
+                due = Math.min(due, freeze(walk, first, last, start, closeAt, watermark, attrs, kept));
             }
             first = last + 1;
         }
-        return due;
+        return new Walk(kept, out, due);
     }
 
-    /** An open session's rows into `kept`, those at or below the watermark collapsed into one frozen
-     * prefix; returns the session's due: when it closes or its next row can be frozen. */
-    static long freeze(List<R> walk, int first, int last, long start, long closeAt, long watermark,
-                       List<R> kept) {
+    /** An open session's rows added to `kept` (the walk's own list, being built), those at or below the watermark
+     * collapsed into one frozen prefix whose partials are theirs merged; returns the session's due: when it closes
+     * or its next row can be frozen. */
+    private static long freeze(List<R> walk, int first, int last, long start, long closeAt, long watermark,
+                               List<Attributes.Attr> attrs, List<R> kept) {
         long due = closeAt;
         long count = 0;
         long views = 0;
+        int frozenFrom = -1;
         R frozen = null;
         for (int i = first; i <= last; i++) {
             R r = walk.get(i);
             if (r.time <= watermark) {
                 count += r.count;
                 views += r.views;
+                if (frozen == null) {
+                    frozenFrom = i;
+                }
                 frozen = r;
                 continue;
             }
             if (frozen != null) {
-                kept.add(new R(start, null, frozen.time, frozen.type, count, views, 0));
+                kept.add(prefix(walk, frozenFrom, i - 1, start, frozen, count, views, attrs));
                 frozen = null;
             }
-            kept.add(new R(start, r.id, r.time, r.type, r.count, r.views, 0));
+            kept.add(new R(start, r.id, r.time, r.type, r.count, r.views, 0, r.parts));
             if (r.id != null) {  // a prefix restored under a lower watermark is still frozen
                 due = Math.min(due, r.time);
             }
         }
         if (frozen != null) {
-            kept.add(new R(start, null, frozen.time, frozen.type, count, views, 0));
+            kept.add(prefix(walk, frozenFrom, last, start, frozen, count, views, attrs));
         }
         return due;
+    }
+
+    /** The frozen prefix of walk rows [from, to]: its last event's time and type, their counts, their partials. */
+    private static R prefix(List<R> walk, int from, int to, long start, R lastRow, long count, long views,
+                            List<Attributes.Attr> attrs) {
+        Object[] parts = attrs.isEmpty() ? NO_PARTS : Attributes.fold(attrs, walk, from, to);
+        return new R(start, null, lastRow.time, lastRow.type, count, views, 0, parts);
     }
 
     static final class Fn implements FlatMapGroupsWithStateFunction<Tuple2<Long, String>, Row, byte[], Row> {
         private static final long serialVersionUID = 1L;
         private final long gapMs;
         private final int[] ix;  // event_id, event_time_ms, event_type, ingest_seq, line_key
+        private final List<Attributes.Attr> attrs;
+        private final int[] columns;  // per attribute: the keyed column it reads (-1: none, count_if)
 
-        Fn(long gapMs, int[] ix) {
+        Fn(long gapMs, int[] ix, List<Attributes.Attr> attrs, int[] columns) {
             this.gapMs = gapMs;
             this.ix = ix;
+            this.attrs = attrs;
+            this.columns = columns;
         }
 
         @Override
         public Iterator<Row> call(Tuple2<Long, String> key, Iterator<Row> events, GroupState<byte[]> state) {
             String user = key._2();
             long watermark = state.getCurrentWatermarkMs();
-            List<R> rows = state.exists() ? StateCodec.decode(state.get()) : new ArrayList<>();
+            List<R> rows = state.exists() ? StateCodec.decode(state.get(), attrs) : new ArrayList<>();
             List<Row> out = new ArrayList<>();
             List<R> fresh = new ArrayList<>();
             if (!state.hasTimedOut()) {
@@ -261,22 +315,26 @@ public final class SessionsOperator {
                     long time = e.getLong(ix[1]);
                     String type = e.isNullAt(ix[2]) ? null : e.getString(ix[2]);
                     if (time <= watermark) {
-                        out.add(RowFactory.create("late", null, user, null, null, null, null, null, id, time, type,
-                            e.isNullAt(ix[3]) ? null : e.getLong(ix[3]), e.isNullAt(ix[4]) ? null : e.getLong(ix[4])));
+                        Object[] late = new Object[OUTPUT_NAMES.length + attrs.size()];
+                        Object[] fixed = {"late", null, user, null, null, null, null, null, id, time, type,
+                            e.isNullAt(ix[3]) ? null : e.getLong(ix[3]), e.isNullAt(ix[4]) ? null : e.getLong(ix[4])};
+                        System.arraycopy(fixed, 0, late, 0, fixed.length);
+                        out.add(RowFactory.create(late));
                     } else {
-                        fresh.add(new R(time, id, time, type, 1, PAGE_VIEW.equals(type) ? 1 : 0, 0));
+                        Object[] parts = attrs.isEmpty() ? NO_PARTS : Attributes.eventPartials(attrs, type, e, columns);
+                        fresh.add(new R(time, id, time, type, 1, PAGE_VIEW.equals(type) ? 1 : 0, 0, parts));
                     }
                 }
             }
-            List<R> kept = new ArrayList<>();
-            long due = advance(user, rows, fresh, watermark, gapMs, kept, out);
-            if (kept.isEmpty()) {
+            Walk walk = advance(user, rows, fresh, watermark, gapMs, attrs);
+            out.addAll(walk.closed());
+            if (walk.open().isEmpty()) {
                 if (state.exists()) {
                     state.remove();
                 }
             } else {
-                state.update(StateCodec.encode(kept));
-                state.setTimeoutTimestamp(due - 1);  // Spark fires when timeout < watermark
+                state.update(StateCodec.encode(walk.open(), attrs));
+                state.setTimeoutTimestamp(walk.due() - 1);  // Spark fires when timeout < watermark
             }
             return out.iterator();
         }

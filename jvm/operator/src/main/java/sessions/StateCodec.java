@@ -15,6 +15,13 @@ import java.util.List;
  *     UUID as 16 bytes, else 2 + the suffix's UTF-8 length, the length of the prefix it shares with the previous
  *     non-UUID id's UTF-8 bytes, the suffix; event_type: 0 = null, 1 = page_view, 2 = logout, 3 = a new type (UTF-8
  *     length, bytes; it joins the value's dictionary), 4 + k = the k-th type of that dictionary.</li>
+ * <li>v3 (written when the session spec has attributes; a job without them writes v2): the v2 layout, with after
+ *     the row count a header -- the attribute count, then per attribute its 4-byte fingerprint (Attributes.Attr) and
+ *     its partial's encoding byte -- and after each row's v2 fields one partial per header attribute: 0 = null (no
+ *     non-null value yet), 2 = unknown (stored before the attribute existed), 1 + the value: count and long as
+ *     zig-zag varints, a double as 8 bytes, a double sum as its component count and 8 bytes each, a string as UTF-8
+ *     length and bytes, a boolean as one byte. A value is read under the current attributes by fingerprint: one it
+ *     lacks is unknown, one the spec no longer has is skipped (the encoding byte says how).</li>
  * <li>v1 (read, never written since v2): event_time_ms zig-zag, the start delta, event_count, page_views, event_id
  *     (0 = null, else 1 + UTF-8 length, bytes), event_type (0 = null, 1 = page_view, 2 = logout, else 3 + UTF-8
  *     length, bytes).</li>
@@ -27,16 +34,31 @@ import java.util.List;
 public final class StateCodec {
     public static final String VALUE_FORMAT = "open_sessions_by_user/jvm-v2:varint rows of "
         + "(event_time_ms delta, start delta, event_count, page_views, event_id front-coded or UUID, event_type "
-        + "dictionary); reads jvm-v1";
+        + "dictionary); jvm-v3: v2 with attribute partials; reads jvm-v1";
     static final byte VERSION_1 = 1;  // read only: tests/test_jvm_operator.py writes v1 values by the spec above
     static final byte VERSION = 2;
+    static final byte VERSION_3 = 3;
 
     private StateCodec() {}
 
     public static byte[] encode(List<SessionsOperator.R> rows) {
-        Out out = new Out(16 + rows.size() * 24);
-        out.buf[out.len++] = VERSION;
+        return encode(rows, List.of());
+    }
+
+    /** Rows whose partials are of `attrs` (in that order): v2 when there are none, else v3. */
+    public static byte[] encode(List<SessionsOperator.R> rows, List<Attributes.Attr> attrs) {
+        Out out = new Out(16 + rows.size() * (24 + 8 * attrs.size()));
+        out.buf[out.len++] = attrs.isEmpty() ? VERSION : VERSION_3;
         out.varint(rows.size());
+        byte[] encodings = new byte[attrs.size()];
+        if (!attrs.isEmpty()) {
+            out.varint(attrs.size());
+            for (int k = 0; k < encodings.length; k++) {
+                encodings[k] = attrs.get(k).encoding();
+                out.fixedInt(attrs.get(k).fingerprint());
+                out.buf[out.len++] = encodings[k];
+            }
+        }
         long previousTime = 0;
         byte[] previousId = new byte[0];
         List<String> types = new ArrayList<>(2);
@@ -82,6 +104,9 @@ public final class StateCodec {
                     types.add(r.type);
                 }
             }
+            for (int k = 0; k < encodings.length; k++) {
+                out.partial(encodings[k], r.parts[k]);
+            }
         }
         byte[] value = new byte[out.len];
         System.arraycopy(out.buf, 0, value, 0, out.len);
@@ -89,21 +114,57 @@ public final class StateCodec {
     }
 
     public static List<SessionsOperator.R> decode(byte[] value) {
+        return decode(value, List.of());
+    }
+
+    /** A stored value's rows with their partials of `attrs` (in that order): unknown for an attribute the value does
+     * not hold (every attribute, for a v1 or v2 value). */
+    public static List<SessionsOperator.R> decode(byte[] value, List<Attributes.Attr> attrs) {
         In in = new In(value);
         byte version = value.length == 0 ? 0 : value[in.pos++];
-        if (version == VERSION) {
-            return decodeV2(in);
+        if (version == VERSION || version == VERSION_3) {
+            return decodeV2(in, version == VERSION_3, attrs);
         }
         if (version == VERSION_1) {
-            return decodeV1(in);
+            return withUnknown(decodeV1(in), attrs);
         }
         throw new IllegalStateException("state value of an unknown layout (version byte "
             + (value.length == 0 ? "missing" : Byte.toString(version)) + "; this build reads " + VALUE_FORMAT + ")");
     }
 
-    private static List<SessionsOperator.R> decodeV2(In in) {
+    private static List<SessionsOperator.R> withUnknown(List<SessionsOperator.R> rows, List<Attributes.Attr> attrs) {
+        if (attrs.isEmpty()) {
+            return rows;
+        }
+        List<SessionsOperator.R> out = new ArrayList<>(rows.size() + 8);
+        for (SessionsOperator.R r : rows) {
+            out.add(new SessionsOperator.R(r.start, r.id, r.time, r.type, r.count, r.views, r.seq,
+                                           Attributes.unknown(attrs.size())));
+        }
+        return out;
+    }
+
+    private static List<SessionsOperator.R> decodeV2(In in, boolean withPartials, List<Attributes.Attr> attrs) {
         int n = (int) in.varint();
         List<SessionsOperator.R> rows = new ArrayList<>(n + 8);
+        // v3: the value's attributes (fingerprint, encoding) and where each lands among `attrs` (-1: not there)
+        byte[] encodings = new byte[0];
+        int[] target = new int[0];
+        if (withPartials) {
+            int stored = (int) in.varint();
+            encodings = new byte[stored];
+            target = new int[stored];
+            for (int h = 0; h < stored; h++) {
+                int fingerprint = in.fixedInt();
+                encodings[h] = in.buf[in.pos++];
+                target[h] = -1;
+                for (int k = 0; k < attrs.size(); k++) {
+                    if (attrs.get(k).fingerprint() == fingerprint && attrs.get(k).encoding() == encodings[h]) {
+                        target[h] = k;
+                    }
+                }
+            }
+        }
         long time = 0;
         byte[] previousId = new byte[0];
         List<String> types = new ArrayList<>(2);
@@ -143,7 +204,14 @@ public final class StateCodec {
             } else {
                 type = types.get((int) typeTag - 4);
             }
-            rows.add(new SessionsOperator.R(start, id, time, type, count, views, i));
+            Object[] parts = attrs.isEmpty() ? SessionsOperator.NO_PARTS : Attributes.unknown(attrs.size());
+            for (int h = 0; h < encodings.length; h++) {
+                Object partial = in.partial(encodings[h]);
+                if (target[h] >= 0) {
+                    parts[target[h]] = partial;
+                }
+            }
+            rows.add(new SessionsOperator.R(start, id, time, type, count, views, i, parts));
         }
         return rows;
     }
@@ -212,6 +280,57 @@ public final class StateCodec {
             buf[len++] = (byte) v;
         }
 
+        void zigzag(long v) {
+            varint((v << 1) ^ (v >> 63));
+        }
+
+        void fixedInt(int v) {
+            room(4);
+            buf[len++] = (byte) (v >>> 24);
+            buf[len++] = (byte) (v >>> 16);
+            buf[len++] = (byte) (v >>> 8);
+            buf[len++] = (byte) v;
+        }
+
+        void fixedDouble(double d) {
+            long v = Double.doubleToRawLongBits(d);
+            fixedInt((int) (v >>> 32));
+            fixedInt((int) v);
+        }
+
+        void partial(byte encoding, Object p) {
+            if (p == null) {
+                varint(0);
+                return;
+            }
+            if (p == Attributes.UNKNOWN) {
+                varint(2);
+                return;
+            }
+            varint(1);
+            switch (encoding) {
+                case Attributes.COUNT, Attributes.LONG -> zigzag((Long) p);
+                case Attributes.DOUBLE -> fixedDouble((Double) p);
+                case Attributes.DOUBLE_SUM -> {
+                    double[] parts = (double[]) p;
+                    varint(parts.length);
+                    for (double d : parts) {
+                        fixedDouble(d);
+                    }
+                }
+                case Attributes.STRING -> {
+                    byte[] text = ((String) p).getBytes(StandardCharsets.UTF_8);
+                    varint(text.length);
+                    bytes(text, 0, text.length);
+                }
+                case Attributes.BOOLEAN -> {
+                    room(1);
+                    buf[len++] = (byte) ((Boolean) p ? 1 : 0);
+                }
+                default -> throw new IllegalStateException("no partial encoding " + encoding);
+            }
+        }
+
         void bytes(byte[] b, int offset, int n) {
             room(n);
             System.arraycopy(b, offset, buf, len, n);
@@ -249,6 +368,47 @@ public final class StateCodec {
                 }
                 shift += 7;
             }
+        }
+
+        int fixedInt() {
+            int v = ((buf[pos] & 0xFF) << 24) | ((buf[pos + 1] & 0xFF) << 16) | ((buf[pos + 2] & 0xFF) << 8)
+                | (buf[pos + 3] & 0xFF);
+            pos += 4;
+            return v;
+        }
+
+        double fixedDouble() {
+            long high = fixedInt() & 0xFFFFFFFFL;
+            long low = fixedInt() & 0xFFFFFFFFL;
+            return Double.longBitsToDouble((high << 32) | low);
+        }
+
+        Object partial(byte encoding) {
+            long tag = varint();
+            if (tag == 0) {
+                return null;
+            }
+            if (tag == 2) {
+                return Attributes.UNKNOWN;
+            }
+            return switch (encoding) {
+                case Attributes.COUNT, Attributes.LONG -> {
+                    long zig = varint();
+                    yield (zig >>> 1) ^ -(zig & 1);
+                }
+                case Attributes.DOUBLE -> fixedDouble();
+                case Attributes.DOUBLE_SUM -> {
+                    double[] parts = new double[(int) varint()];
+                    for (int i = 0; i < parts.length; i++) {
+                        parts[i] = fixedDouble();
+                    }
+                    yield parts;
+                }
+                case Attributes.STRING -> string((int) varint());
+                case Attributes.BOOLEAN -> buf[pos++] != 0;
+                default -> throw new IllegalStateException("state value with an unknown partial encoding "
+                    + encoding + " (this build reads " + VALUE_FORMAT + ")");
+            };
         }
 
         String string(int n) {

@@ -46,9 +46,10 @@ public final class CoreHarness {
             }
             index++;
         }
-        List<SessionsOperator.R> kept = new ArrayList<>();
-        List<Row> sessions = new ArrayList<>();
-        long due = SessionsOperator.advance(user, rows, fresh, watermark, in.get("gap").asLong(), kept, sessions);
+        SessionsOperator.Walk walk = SessionsOperator.advance(user, rows, fresh, watermark, in.get("gap").asLong(), List.of());
+        List<SessionsOperator.R> kept = walk.open();
+        List<Row> sessions = walk.closed();
+        long due = walk.due();
         ArrayNode closed = out.putArray("closed");
         for (Row s : sessions) {
             closed.addArray().add(s.getString(1)).add(s.getLong(3)).add(s.getLong(4)).add(s.getLong(5))
