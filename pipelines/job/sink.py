@@ -13,7 +13,7 @@ from deltalake import CommitProperties, DeltaTable, Transaction, write_deltalake
 from deltalake.schema import Field, PrimitiveType
 from pyspark.sql import DataFrame
 
-from pipelines.arrow_types import plain_types
+from pipelines.arrow_types import plain_field
 from pipelines.coordination import kill_point
 from pipelines.coordination.fencing import committing, fence
 from pipelines.coordination.leases import Lease
@@ -60,7 +60,7 @@ def add_attribute_columns(uri: str, attributes: Sequence[Attribute], storage_opt
 def sessions_schema(uri: str, storage_options: dict[str, str] | None = None) -> pa.Schema:
     """The sessions table's columns now: SESSIONS_SCHEMA, then its attribute columns (plain Arrow types)."""
     table = DeltaTable(uri, storage_options=storage_options)
-    return plain_types(pa.schema(table.schema().to_arrow()))
+    return pa.schema([plain_field(f) for f in pa.schema(table.schema().to_arrow())])
 
 
 def ensure_table(uri: str, schema: pa.Schema, storage_options: dict[str, str] | None = None) -> None:
