@@ -97,7 +97,7 @@ class SessionsConfig:
     # Only the retired Python operator's state was keyed by hash buckets of user_id (pipelines.job.operators.buckets).
     state_buckets: int = setting_field(64, "recorded in a new checkpoint's metadata; only the retired Python operator's "
                                        "checkpoints are keyed by hash buckets (read with the count they recorded)")
-    # The JVM operator: jvm/src/sessions/SessionsOperator.java (flatMapGroupsWithState, per-user state).
+    # The JVM operator: jvm/operator/src/main/java/sessions/SessionsOperator.java (flatMapGroupsWithState, per user).
     operator: str = setting_field("", "the stateful operator: jvm, the only one (python is refused in one line: that "
                                   "operator is retired; its checkpoints move over with a savepoint and a restore)",
                                   shown="unset (jvm)")

@@ -143,7 +143,7 @@ def _restore_native(config: SessionsConfig, store: SavepointStore, saved: Savepo
         kill_point("restore:native-copied")
         write_job_metadata(config.checkpoint, JobMetadata.new(
             config.gap_ms, config.lateness_ms, config.state_buckets, state_layout=for_new_checkpoint().layout,
-            created_from=saved.savepoint_id))  # a new incarnation: the sink's idempotency keys start afresh
+            created_from=saved.savepoint_id, spec=config.session_spec))  # a new incarnation: fresh idempotency keys
         outputs_rolled_back = True
         removed = _roll_back_outputs(config, saved, lease)
         ensure_tables(config)
@@ -206,7 +206,7 @@ def restore_unlocked(config: SessionsConfig, savepoint: str, *, partitions: int 
     try:
         operator = for_new_checkpoint()
         meta = JobMetadata.new(config.gap_ms, config.lateness_ms, config.state_buckets, state_layout=operator.layout,
-                               created_from=saved.savepoint_id)
+                               created_from=saved.savepoint_id, spec=config.session_spec)
         write_job_metadata(config.checkpoint, meta)
         initial, expected = _bootstrap_rows(config, spark, store, saved)
         # The source's first batch carries the savepoint's watermark (a marker); the operator loads the rows as

@@ -55,11 +55,14 @@ class SavepointInfo(Result):
     native_files: int | None = None
     native_bytes: int | None = None
     native_checksum: str | None = None
+    # The session spec the state was made under (pipelines.core.spec.SessionSpec.to_json); None: the default spec
+    # (and every savepoint taken before specs existed). A restore compares it with the current one.
+    spec: str | None = None
     # take_savepoint's result only (not in the catalog): why it is full though an increment was asked for (a damaged
     # chain, state_store.savepoint.policy)
     note: str | None = None
     _omit_if_none: ClassVar[tuple[str, ...]] = ("error", "verified", "kind", "base_id", "chain", "table_rows",
-                                                "native_files", "native_bytes", "native_checksum", "note")
+                                                "native_files", "native_bytes", "native_checksum", "spec", "note")
 
     @property
     def uri(self) -> str:

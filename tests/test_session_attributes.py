@@ -217,3 +217,28 @@ def test_an_attribute_added_between_two_runs(spark: Any, tmp_path: Path) -> None
     later = [sid for sid in want if sid not in closed_before and sid not in open_at_change]
     assert any(want[sid]["low_order"] is not None for sid in later)
     assert any(sid in open_at_change for sid in want)  # a session open at the change closed after it
+
+    # A changed definition is a different attribute: the run refuses it in one line; a savepoint taken under the
+    # spec restores under another by the same rules, and the dry run says what differs.
+    from pipelines.errors import ConfigError
+    from state_store.lifecycle import take_savepoint
+    from state_store.preflight import plan_restore
+
+    saved = take_savepoint(config, spark=spark)
+    assert json.loads(saved.spec or "{}") == json.loads(parse_spec(ADDED).to_json())
+    changed = ADDED.replace("low_order: {min: revenue}", "low_order: {max: revenue}").replace(
+        "  referrer: {first: referrer}\n", "")
+    spec_path.write_text(changed)
+    config = make_config(tmp_path, "rocksdb", SESSIONS_SPEC=str(spec_path), SESSIONS_MAX_VERSIONS_PER_BATCH=1)
+    with pytest.raises(ConfigError) as refused:
+        catch_up(config, spark)
+    assert str(refused.value).startswith("SESSIONS_SPEC attributes.low_order: its definition changed from "
+                                         '{"min": "revenue"} (double) to {"max": "revenue"} (double)')
+    assert "\n" not in str(refused.value)
+    plan = plan_restore(config, saved.savepoint_id)
+    assert not plan.restorable and any("attributes.low_order" in reason and "--migrate" in reason
+                                       for reason in plan.reasons)
+    plan = plan_restore(config, saved.savepoint_id, migrate=True)
+    assert plan.restorable, plan.reasons
+    assert {"session spec: attribute low_order changed its definition",
+            "session spec: attribute referrer removed: its column is no longer filled"} <= set(plan.migrations)

@@ -424,3 +424,22 @@ def test_a_segment_stream_is_the_oracles(spark: Any, tmp_path: Path) -> None:
     land_files(config, [[_segment_line(e, next(numbering)) for e in batch] for batch in batches])
     catch_up(config, spark)
     assert read_sessions(config) == sorted(expected.closed)
+
+
+def test_spec_changes_are_compared_in_one_place() -> None:
+    from pipelines.core.spec import DEFAULT_SPEC, spec_changes
+
+    example = parse_spec(EXAMPLE)
+    assert spec_changes(example, example).none
+    assert spec_changes(DEFAULT_SPEC, example) == spec_changes(DEFAULT_SPEC, example)
+    grown = parse_spec(EXAMPLE.replace("  top_order: {max: revenue}\n", "  top_order: {max: revenue}\n"
+                                       "  low: {min: revenue}\n").replace("  referrer: {first: referrer}\n", ""))
+    changes = spec_changes(example, grown)
+    assert (changes.added, changes.removed, changes.changed, changes.input_changed) == (("low",), ("referrer",), (), False)
+    retyped = parse_spec(EXAMPLE.replace("revenue: {path: properties.revenue, type: double}",
+                                         "revenue: {path: properties.revenue, type: long}"))
+    changes = spec_changes(example, retyped)  # a sum of longs is not a sum of doubles
+    assert changes.changed == ("revenue", "top_order") and changes.input_changed
+    counted = parse_spec(EXAMPLE.replace("[purchase, order_completed]", "[purchase]"))
+    assert spec_changes(example, counted).changed == ("purchases",)
+    assert [a.key for a in parse_spec(example.to_json()).attributes] == [a.key for a in example.attributes]

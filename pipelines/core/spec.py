@@ -15,13 +15,14 @@ import json
 import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field
+from functools import cached_property
 from typing import Any, Literal, cast, get_args
 
 import yaml
 
 from pipelines.errors import ConfigError
 
-__all__ = ["AGGREGATES", "DEFAULT_INPUT", "DEFAULT_SPEC", "FIELD_COLUMN_PREFIX", "FIELD_TYPES", "SESSION_COLUMNS",
+__all__ = ["SpecChanges", "changed_refusal", "spec_changes", "AGGREGATES", "DEFAULT_INPUT", "DEFAULT_SPEC", "FIELD_COLUMN_PREFIX", "FIELD_TYPES", "SESSION_COLUMNS",
            "TIME_FORMATS", "Aggregate", "Attribute", "EventTime", "FieldSpec", "FieldType", "InputSpec",
            "SessionSpec", "TimeFormat", "parse_spec", "split_path"]
 
@@ -119,7 +120,7 @@ class Attribute:
         """Its column in the operator's output (the sessions table's column is `name`)."""
         return f"attr_{self.name}"
 
-    @property
+    @cached_property  # read per stored row (partials' JSON): computed once
     def key(self) -> str:
         """The attribute's identity in stored state: its name, its definition and its field's type. A changed
         definition is another key (the contract: a different attribute), so a partial is never merged with one of
@@ -157,6 +158,47 @@ class SessionSpec:
 
 DEFAULT_INPUT = InputSpec()
 DEFAULT_SPEC = SessionSpec()
+
+
+@dataclass(frozen=True)
+class SpecChanges:
+    """What differs from the spec a checkpoint (or a savepoint) was made with to the one now: the one comparison of
+    two specs. Adding and removing attributes and any change of the input part are allowed on a running job; a
+    changed attribute (same name, another definition) is a different attribute, refused unless migrated."""
+    added: tuple[str, ...] = ()      # attribute names
+    removed: tuple[str, ...] = ()
+    changed: tuple[str, ...] = ()    # same name, another definition or field type
+    input_changed: bool = False
+
+    @property
+    def none(self) -> bool:
+        return not (self.added or self.removed or self.changed or self.input_changed)
+
+    def lines(self) -> list[str]:
+        """Each difference as an operator reads it (restore --dry-run's `migrations`, the run's log)."""
+        out = [f"attribute {name} added: sessions open now carry null for it" for name in self.added]
+        out += [f"attribute {name} removed: its column is no longer filled" for name in self.removed]
+        out += [f"attribute {name} changed its definition" for name in self.changed]
+        if self.input_changed:
+            out.append("the input mapping changed: it applies to lines ingested from now on")
+        return out
+
+
+def spec_changes(before: SessionSpec, after: SessionSpec) -> SpecChanges:
+    old = {a.name: a for a in before.attributes}
+    new = {a.name: a for a in after.attributes}
+    return SpecChanges(added=tuple(sorted(set(new) - set(old))), removed=tuple(sorted(set(old) - set(new))),
+                       changed=tuple(sorted(n for n in set(old) & set(new) if old[n].key != new[n].key)),
+                       input_changed=before.input != after.input)
+
+
+def changed_refusal(before: SessionSpec, after: SessionSpec, name: str, *, how: str) -> str:
+    """The one line refusing a changed attribute `name`: both definitions, and the way out (`how`)."""
+    old = next(a for a in before.attributes if a.name == name)
+    new = next(a for a in after.attributes if a.name == name)
+    return (f"SESSIONS_SPEC attributes.{name}: its definition changed from {json.dumps(old.to_dict())} "
+            f"({old.field_type or 'long'}) to {json.dumps(new.to_dict())} ({new.field_type or 'long'}); a changed "
+            f"attribute is a different one: give it a new name, or {how}")
 
 
 def parse_spec(text: str, *, source: str = "") -> SessionSpec:

@@ -7,10 +7,11 @@ import json
 import os
 import time
 import uuid
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Any
 
+from pipelines.core.spec import DEFAULT_SPEC, SessionSpec, parse_spec
 from pipelines.errors import CheckpointDamaged, NoCommittedBatch
 from pipelines.locations import CheckpointPath
 
@@ -43,11 +44,25 @@ class JobMetadata:
     # Layout of the operator's state (pipelines.job.operators.seam: StateOperator.layout); None: the JSON layout of
     # builds before open_sessions/v2, which this build cannot run on.
     state_layout: str | None = None
+    # The session spec the job last ran with (SessionSpec.to_json); None: the default spec (checkpoints made before
+    # specs existed, or without one). A run compares it with the current one (pipelines.core.spec.spec_changes).
+    spec: str | None = None
 
     @classmethod
     def new(cls, gap_ms: int, lateness_ms: int, buckets: int, state_layout: str,
-            created_from: str | None = None) -> JobMetadata:
-        return cls(uuid.uuid4().hex, gap_ms, lateness_ms, buckets, created_from, state_layout)
+            created_from: str | None = None, spec: SessionSpec = DEFAULT_SPEC) -> JobMetadata:
+        return cls(uuid.uuid4().hex, gap_ms, lateness_ms, buckets, created_from, state_layout, _spec_text(spec))
+
+    @property
+    def session_spec(self) -> SessionSpec:
+        return parse_spec(self.spec) if self.spec else DEFAULT_SPEC
+
+    def with_spec(self, spec: SessionSpec) -> JobMetadata:
+        return replace(self, spec=_spec_text(spec))
+
+
+def _spec_text(spec: SessionSpec) -> str | None:
+    return None if spec.is_default else spec.to_json()
 
 
 def read_job_metadata(checkpoint: CheckpointPath) -> JobMetadata | None:

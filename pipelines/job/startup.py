@@ -2,12 +2,15 @@
 restores and rescales, settings that fit it) and the output tables."""
 from __future__ import annotations
 
+import logging
 from pathlib import Path
 
 from pipelines.config import SessionsConfig
+from pipelines.core.spec import changed_refusal, spec_changes
 from pipelines.errors import (
     CheckpointMismatch,
     CheckpointMissing,
+    ConfigError,
     RestoreIncomplete,
 )
 from pipelines.job.checkpoint import (
@@ -25,6 +28,8 @@ from pipelines.job.sink import QUARANTINE_SCHEMA, SESSIONS_SCHEMA, add_attribute
 from pipelines.storage import is_s3, storage_options
 
 __all__ = ["checkpoint_metadata", "ensure_tables"]
+
+log = logging.getLogger(__name__)
 
 
 def ensure_tables(config: SessionsConfig) -> None:
@@ -54,7 +59,8 @@ def checkpoint_metadata(config: SessionsConfig) -> tuple[JobMetadata, StateOpera
                 f"no checkpoint at {config.checkpoint} but the sessions table already has rows: "
                 "restore one with `sessionctl restore --savepoint latest` (a fresh start would write them again)")
         operator = for_new_checkpoint()
-        meta = JobMetadata.new(config.gap_ms, config.lateness_ms, config.state_buckets, state_layout=operator.layout)
+        meta = JobMetadata.new(config.gap_ms, config.lateness_ms, config.state_buckets, state_layout=operator.layout,
+                               spec=config.session_spec)
         write_job_metadata(config.checkpoint, meta)
         return meta, operator
     operator = for_layout(meta.state_layout)  # one line for a layout this build cannot read
@@ -65,4 +71,21 @@ def checkpoint_metadata(config: SessionsConfig) -> tuple[JobMetadata, StateOpera
             f"the checkpoint was made with gap {meta.gap_ms // 60000} min and lateness {meta.lateness_ms // 60000} "
             f"min; the settings say gap {config.gap_minutes} and lateness {config.lateness_minutes}: restore a "
             f"savepoint with --migrate to change them")
-    return meta, operator
+    return _spec_recorded(config, meta), operator
+
+
+def _spec_recorded(config: SessionsConfig, meta: JobMetadata) -> JobMetadata:
+    """The checkpoint's metadata with the spec this run uses: added and removed attributes and a changed input part
+    are taken as they are (the contract); a changed attribute is refused in one line."""
+    before, now = meta.session_spec, config.session_spec
+    changes = spec_changes(before, now)
+    if changes.changed:
+        raise ConfigError(changed_refusal(before, now, changes.changed[0],
+                                          how="restore a savepoint with `sessionctl restore --migrate`"))
+    if changes.none:
+        return meta
+    for line in changes.lines():
+        log.info("session spec: %s", line)
+    meta = meta.with_spec(now)
+    write_job_metadata(config.checkpoint, meta)
+    return meta

@@ -60,6 +60,8 @@ CATALOG_COLUMNS = (
     "kind", "base_id", "chain", "table_rows",
     # Native copies (added later: a row without them has none)
     "native_files", "native_bytes", "native_checksum",
+    # The session spec (added later: a row without it was taken under the default spec)
+    "spec",
 )
 
 

@@ -146,7 +146,7 @@ def savepoint_last_batch(config: SessionsConfig, trigger: str, spark: SparkSessi
         "sessions_version": version_after_batch(config.sessions_table, meta.incarnation, batch_id, options),
         "quarantine_version": version_after_batch(config.quarantine_table, meta.incarnation, batch_id, options),
         # The result's state_uri is this store's table; the catalog records it relative (SavepointStore._append).
-        "incarnation": meta.incarnation, "state_uri": store.state_uri(savepoint_id),
+        "incarnation": meta.incarnation, "state_uri": store.state_uri(savepoint_id), "spec": meta.spec,
     }
     try:
         if store.exists(savepoint_id):  # also: the store answers, before any executor writes to it

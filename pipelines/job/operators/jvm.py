@@ -1,6 +1,7 @@
-"""The JVM operator (jvm/src/sessions/SessionsOperator.java): Spark's flatMapGroupsWithState keyed by user, the same
-rules as the pure core (pipelines.core.sessionize; tests hold the two together). A user's state value is their open rows
-in StateCodec's format, which Python reads only through the `DecodeState` SQL function, never byte by byte."""
+"""The JVM operator (jvm/operator/src/main/java/sessions/SessionsOperator.java, a Maven module: jvm/operator/pom.xml):
+Spark's flatMapGroupsWithState keyed by user, the same rules as the pure core (pipelines.core.sessionize; tests hold the
+two together). A user's state value is their open rows in StateCodec's format, which Python reads only through the
+`DecodeState` SQL function, never byte by byte."""
 from __future__ import annotations
 
 import json
