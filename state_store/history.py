@@ -56,7 +56,7 @@ def _per_user(gap_ms: int) -> Any:
         tables = [pa.Table.from_batches([b]) for b in batches if b.num_rows]
         if not tables:
             return
-        rows = pa.concat_tables(tables).select(state_format.CANONICAL_SCHEMA.names)
+        rows = state_format.conform(pa.concat_tables(tables))
         frame = pd.DataFrame({"user_id": rows["user_id"].to_numpy(zero_copy_only=False),
                               "hash": row_hashes(rows).astype(np.uint64)})
         sums = frame.groupby("user_id", sort=False)["hash"].agg(lambda h: int(h.to_numpy().sum(dtype=np.uint64)))
@@ -146,7 +146,7 @@ def user_history(config: SessionsConfig, spark: SparkSession, user_id: str) -> l
                         "damaged": damaged[saved.savepoint_id], "sessions": []})
             continue
         rows = found.filter(pc.equal(found["savepoint_id"], saved.savepoint_id))
-        rows = rows.select(state_format.CANONICAL_SCHEMA.names).cast(state_format.CANONICAL_SCHEMA)
+        rows = state_format.conform(rows)
         sessions = open_sessions(state_format.canonical_rows_ms(rows), saved.gap_ms).to_dict("records")
         out.append({"savepoint_id": saved.savepoint_id, "batch_id": saved.batch_id, "created_at": saved.created_at,
                     "watermark_ms": saved.watermark_ms,

@@ -7,9 +7,10 @@ from __future__ import annotations
 import datetime as dt
 import json
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from contextlib import contextmanager, suppress
 from dataclasses import replace
+from functools import partial
 
 import pyarrow as pa
 import pyarrow.parquet as pq
@@ -20,7 +21,9 @@ from pipelines.coordination import kill_point
 from pipelines.coordination.fencing import fenced_delete
 from pipelines.coordination.leases import Lease
 from pipelines.core import state_format
+from pipelines.core.attributes import partials_from_json, partials_to_json
 from pipelines.core.sessionize import rewalk, rows_table
+from pipelines.core.spec import Attribute
 from pipelines.errors import RestoreIncomplete, SavepointDamaged, StateMismatch, savepoint_way_out
 from pipelines.job.checkpoint import (
     BOOTSTRAP_FILE,
@@ -36,12 +39,13 @@ from pipelines.job.startup import ensure_tables
 from pipelines.job.stream import start_query
 from pipelines.locations import CheckpointPath, checkpoint_path, move, remove_tree
 from pipelines.storage import filesystem, storage_options, table_exists
-from state_store.preflight import native_refusal, record_restore, refusals
+from state_store.preflight import native_refusal, record_restore, refusals, saved_spec
 from state_store.results import RestoreResult, SavepointInfo
 from state_store.savepoint import native
 from state_store.savepoint.catalog import SavepointStore
 from state_store.savepoint.chain import savepoint_checksum, savepoint_rows
 from state_store.savepoint.checksum import frame_checksum, state_checksum
+from state_store.savepoint.files import CANONICAL_DDL
 
 __all__ = ["FAILED_SUFFIX", "REPLACED_SUFFIX", "restore_unlocked", "verified_savepoint"]
 
@@ -63,11 +67,20 @@ def verified_savepoint(config: SessionsConfig, spark: SparkSession, *, savepoint
     return replace(saved, verified=True)
 
 
-def expected_restored_state(state: pa.Table, gap_ms: int) -> pa.Table:
+def expected_restored_state(state: pa.Table, gap_ms: int, attributes: Sequence[Attribute] = ()) -> pa.Table:
     """What the restore's bootstrap batch must leave in the store, by the pure core: the rows walked once (watermark
     0, so nothing closes or freezes). Equal to the savepoint's rows for a v2 savepoint under its own gap; for a v1
-    savepoint or a new gap it settles each row's session_start."""
-    return state_format.to_canonical(rows_table(rewalk(state_format.canonical_rows_ms(state), 0, gap_ms)))
+    savepoint or a new gap it settles each row's session_start. With `attributes` (the restore's spec), each row keeps
+    its partials of those (an attribute the savepoint lacks is unknown, one the spec no longer has is dropped)."""
+    rows = state_format.canonical_rows_ms(state)
+    if not attributes:
+        return state_format.to_canonical(rows_table(rewalk(rows, 0, gap_ms)))
+    texts = state_format.conform(state)["attributes"].to_pylist()
+    walked = rewalk({**rows, "partials": [partials_from_json(attributes, text) for text in texts]}, 0, gap_ms,
+                    attributes=attributes)
+    out = state_format.to_canonical(rows_table(walked))
+    return out.set_column(out.schema.get_field_index("attributes"), "attributes", pa.array(
+        [partials_to_json(attributes, partials) for partials in walked["partials"]], pa.string()))
 
 
 def _bootstrap_rows(config: SessionsConfig, spark: SparkSession, store: SavepointStore, saved: SavepointInfo
@@ -78,16 +91,31 @@ def _bootstrap_rows(config: SessionsConfig, spark: SparkSession, store: Savepoin
     watermark 0 changes nothing, so the expectation is the catalog's. A v1 savepoint or a new gap (--migrate) is
     upgraded and re-walked by the pure core here, on the driver, and staged next to the checkpoint."""
     if saved.state_schema == state_format.SCHEMA_ID and saved.gap_ms == config.gap_ms:
-        return savepoint_rows(spark, store, saved.savepoint_id), (saved.rows, saved.checksum)
+        rows = savepoint_rows(spark, store, saved.savepoint_id)
+        kept = {a.key for a in config.session_spec.attributes}
+        if {a.key for a in saved_spec(saved).attributes} <= kept:
+            return rows, (saved.rows, saved.checksum)
+        # The spec dropped or changed an attribute: the restored rows hold the partials of the others only.
+        return rows, frame_checksum(rows.mapInArrow(partial(_keep_partials, keys=frozenset(kept)), CANONICAL_DDL))
     state = store.read_state(saved.savepoint_id)
     if saved.state_schema == state_format.V1_SCHEMA_ID:
         state = state_format.upgrade_v1(state)
-    state = state.select(state_format.CANONICAL_SCHEMA.names).cast(state_format.CANONICAL_SCHEMA)
+    state = state_format.conform(state)
     staged = config.checkpoint / "bootstrap-state.parquet"  # not "_...": Spark's file reader skips such names
     fs, path = filesystem(str(staged))
     pq.write_table(state, path, filesystem=fs)
-    expected = expected_restored_state(state, config.gap_ms)
+    expected = expected_restored_state(state, config.gap_ms, config.session_spec.attributes)
     return spark.read.parquet(str(staged)), (expected.num_rows, state_checksum(expected))
+
+
+def _keep_partials(batches: Iterator[pa.RecordBatch], *, keys: frozenset[str]) -> Iterator[pa.RecordBatch]:
+    """mapInArrow function: canonical rows with only the partials of attributes `keys` in their `attributes`."""
+    for batch in batches:
+        table = state_format.conform(batch)
+        texts = [None if text is None else json.dumps({k: v for k, v in json.loads(text).items() if k in keys})
+                 for text in table["attributes"].to_pylist()]
+        yield from table.set_column(table.schema.get_field_index("attributes"), "attributes",
+                                    pa.array(texts, pa.string())).to_batches()
 
 
 def _set_aside(checkpoint: CheckpointPath) -> str | None:

@@ -13,6 +13,7 @@ from pyspark.sql import functions as F
 
 from pipelines.config import SessionsConfig
 from pipelines.core import state_format
+from pipelines.core.attributes import partials_from_json
 from pipelines.core.sessionize import open_sessions
 from pipelines.errors import NoCommittedBatch
 from pipelines.job.checkpoint import CheckpointInfo, JobMetadata, inspect_checkpoint, read_job_metadata
@@ -90,6 +91,11 @@ def session_json(row: dict[str, Any], watermark_ms: int | None) -> dict[str, Any
             "closes_in_watermark_ms": None if watermark_ms is None else int(row["closes_at_ms"]) - watermark_ms}
 
 
+def _plain(value: Any) -> Any:
+    """A value out of pandas as JSON takes it (numpy scalars as Python's)."""
+    return value.item() if hasattr(value, "item") else value
+
+
 def _job(config: SessionsConfig) -> tuple[CheckpointInfo, JobMetadata, int | None]:
     info = inspect_checkpoint(config.checkpoint)
     meta = read_job_metadata(config.checkpoint)
@@ -107,9 +113,19 @@ def lookup_user(spark: SparkSession, config: SessionsConfig, user_id: str) -> di
     chunks = [chunk.rows for batch in found.to_batches() for chunk in op.decode(batch)]
     rows = pa.concat_tables(chunks) if chunks else state_format.empty_store()
     rows = rows.filter(pc.equal(rows["user_id"], user_id))
-    sessions = open_sessions(rows, meta.gap_ms).to_dict("records")
+    attributes = meta.session_spec.attributes
+    if not attributes:
+        sessions = open_sessions(rows, meta.gap_ms).to_dict("records")
+        return {"user_id": user_id, "batch_id": info.last_committed_batch, "watermark": _iso(watermark),
+                "open_sessions": [session_json(s, watermark) for s in sessions]}
+    # The spec's attributes as they stand now: each open session's partials merged in walk order.
+    texts = rows["attributes"].to_pylist() if "attributes" in rows.column_names else [None] * rows.num_rows
+    columns = {name: rows[name] for name in state_format.ROW_FIELDS}
+    found = open_sessions({**columns, "partials": [partials_from_json(attributes, t) for t in texts]}, meta.gap_ms,
+                          attributes=attributes).to_dict("records")
     return {"user_id": user_id, "batch_id": info.last_committed_batch, "watermark": _iso(watermark),
-            "open_sessions": [session_json(s, watermark) for s in sessions]}
+            "open_sessions": [{**session_json(s, watermark), "attributes": {a.name: _plain(s[a.name]) for a in attributes}}
+                              for s in found]}
 
 
 def top_sessions(spark: SparkSession, config: SessionsConfig, n: int) -> dict[str, Any]:

@@ -242,3 +242,44 @@ def test_an_attribute_added_between_two_runs(spark: Any, tmp_path: Path) -> None
     assert plan.restorable, plan.reasons
     assert {"session spec: attribute low_order changed its definition",
             "session spec: attribute referrer removed: its column is no longer filled"} <= set(plan.migrations)
+
+
+@pytest.mark.parametrize("provider", ["rocksdb", "hdfs"])
+def test_attributes_survive_a_canonical_savepoint_and_its_restore(spark: Any, tmp_path: Path, provider: str) -> None:
+    """Open sessions' partials travel in the canonical rows (`attributes`): a session open at the savepoint closes
+    after a canonical restore with the oracle's values, and `state --user` shows an open session's values now."""
+    from pipelines.job.stream import catch_up
+    from state_store.lifecycle import restore, take_savepoint
+    from state_store.state import lookup_user
+
+    batches = _shaped(stream_scenario(5, 5))
+    cut = 3
+    attributes = _attribute_map(EXAMPLE)
+    spec_path = tmp_path / "spec.yaml"
+    spec_path.write_text(EXAMPLE)
+    config = make_config(tmp_path, provider, SESSIONS_SPEC=str(spec_path), SESSIONS_MAX_VERSIONS_PER_BATCH=1)
+    numbering = iter(range(1, 1 + sum(len(batch) for batch in batches)))
+    land_files(config, [[segment_line(e, next(numbering)) for e in batch] for batch in batches[:cut]])
+    catch_up(config, spark)
+    before = run_oracle(batches[:cut], GAP_MS, LATENESS_MS, attributes=attributes)
+    assert before.open_sessions
+    shown = 0
+    for row in before.open_sessions:
+        found = lookup_user(spark, config, row[1])["open_sessions"]
+        mine = [s["attributes"] for s in found if s["session_id"] == row[0]]
+        assert mine == [before.attributes[row[0]]], row
+        shown += any(v is not None for v in mine[0].values())
+    assert shown
+
+    saved = take_savepoint(config, spark=spark, full=True)
+    land_files(config, [[segment_line(e, next(numbering)) for e in batch] for batch in batches[cut:]], start=cut)
+    catch_up(config, spark)
+    restored = restore(config, saved.savepoint_id, spark=spark, canonical=True)
+    assert restored.method == "canonical"
+    catch_up(config, spark)
+    expected = run_oracle(batches, GAP_MS, LATENESS_MS, attributes=attributes)
+    assert read_sessions(config) == sorted(expected.closed)
+    names = list(attributes)
+    assert read_attributes(config, names) == _expected(expected, expected.closed, names)
+    open_at_savepoint = {row[0] for row in before.open_sessions}
+    assert open_at_savepoint & {row[0] for row in expected.closed}

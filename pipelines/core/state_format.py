@@ -25,7 +25,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-__all__ = ["CANONICAL_DDL", "CANONICAL_SCHEMA", "CANONICAL_SORT", "LOGOUT", "PAGE_VIEW", "ROW_FIELDS", "SCHEMA_ID", "STORE_SCHEMA", "V1_SCHEMA", "V1_SCHEMA_ID", "canonical", "canonical_rows_ms", "empty_store", "ms_to_ts", "spark_ddl", "to_canonical", "upgrade_v1"]
+__all__ = ["CANONICAL_DDL", "CANONICAL_SCHEMA", "CANONICAL_SORT", "LOGOUT", "PAGE_VIEW", "ROW_FIELDS", "SCHEMA_ID", "STORE_SCHEMA", "V1_SCHEMA", "V1_SCHEMA_ID", "canonical", "canonical_rows_ms", "conform", "empty_store", "ms_to_ts", "spark_ddl", "to_canonical", "upgrade_v1"]
 
 LOGOUT = "logout"
 PAGE_VIEW = "page_view"
@@ -51,6 +51,10 @@ CANONICAL_SCHEMA = pa.schema([
     ("event_type", pa.string()),
     ("event_count", pa.int64()),
     ("page_views", pa.int64()),
+    # The session spec's attributes: the row's partials as JSON (pipelines.core.attributes.partials_to_json), null
+    # for a job without attributes. Optional: a table written before it existed reads null here (`conform`), and the
+    # checksum skips a null one, so SCHEMA_ID names the same form with or without it.
+    ("attributes", pa.string()),
 ])
 SCHEMA_ID = ("open_sessions/v2:user_id string,session_start timestamp,event_id string (null = frozen prefix),"
              "event_time timestamp,event_type string,event_count long,page_views long")
@@ -93,12 +97,28 @@ def _ts_to_ms(column: Any) -> pa.ChunkedArray:
 
 
 def to_canonical(store: pa.Table) -> pa.Table:
-    """Stored rows -> canonical rows (timestamps, no due_ms)."""
+    """Stored rows -> canonical rows (timestamps, no due_ms; `attributes` when the rows carry it)."""
     return pa.table({
         "user_id": store["user_id"], "session_start": ms_to_ts(store["session_start_ms"]),
         "event_id": store["event_id"], "event_time": ms_to_ts(store["event_time_ms"]),
         "event_type": store["event_type"], "event_count": store["event_count"], "page_views": store["page_views"],
+        "attributes": _attributes(store),
     }, schema=CANONICAL_SCHEMA)
+
+
+def _attributes(rows: pa.Table) -> pa.Array | pa.ChunkedArray:
+    if "attributes" in rows.column_names:
+        return rows["attributes"]
+    return pa.nulls(rows.num_rows, pa.string())
+
+
+def conform(rows: pa.Table | pa.RecordBatch, schema: pa.Schema = CANONICAL_SCHEMA) -> pa.Table:
+    """Canonical rows (or rows of a schema that extends them) as read from a table of any age: `schema`'s columns in
+    order and type, `attributes` null where the table has none."""
+    table = rows if isinstance(rows, pa.Table) else pa.Table.from_batches([rows])
+    if "attributes" not in table.column_names:
+        table = table.append_column("attributes", pa.nulls(table.num_rows, pa.string()))
+    return table.select(schema.names).cast(schema)
 
 
 def canonical_rows_ms(canonical: pa.Table) -> dict[str, np.ndarray]:
@@ -107,13 +127,13 @@ def canonical_rows_ms(canonical: pa.Table) -> dict[str, np.ndarray]:
         "user_id": canonical["user_id"], "session_start_ms": _ts_to_ms(canonical["session_start"]),
         "event_id": canonical["event_id"], "event_time_ms": _ts_to_ms(canonical["event_time"]),
         "event_type": canonical["event_type"], "event_count": canonical["event_count"],
-        "page_views": canonical["page_views"],
+        "page_views": canonical["page_views"], "attributes": _attributes(canonical),
     }
 
 
 def canonical(table: pa.Table) -> pa.Table:
     """Canonical form: schema pinned, rows sorted (user, session, time, event id)."""
-    return table.select(CANONICAL_SCHEMA.names).cast(CANONICAL_SCHEMA).sort_by(CANONICAL_SORT)
+    return conform(table).sort_by(CANONICAL_SORT)
 
 
 def upgrade_v1(rows: pa.Table) -> pa.Table:
@@ -125,4 +145,5 @@ def upgrade_v1(rows: pa.Table) -> pa.Table:
         "event_time": rows["event_time"], "event_type": rows["event_type"],
         "event_count": pa.array([1] * rows.num_rows, pa.int64()),
         "page_views": pc.cast(pc.fill_null(pc.equal(rows["event_type"], PAGE_VIEW), False), pa.int64()),
+        "attributes": pa.nulls(rows.num_rows, pa.string()),
     }, schema=CANONICAL_SCHEMA)

@@ -187,7 +187,7 @@ class SavepointStore:
     def write_state(self, savepoint_id: str, table: pa.Table) -> str:
         """Write canonical rows (state_format.canonical: sorted once by the caller, schema pinned here)."""
         target = self.state_uri(savepoint_id)
-        rows = table.select(state_format.CANONICAL_SCHEMA.names).cast(state_format.CANONICAL_SCHEMA)
+        rows = state_format.conform(table)
         with s3_errors(target):
             write_deltalake(target, rows, mode="error", storage_options=self.options)
         return target
@@ -210,7 +210,7 @@ class SavepointStore:
             fresh = table.filter(pc.invert(pc.is_in(table["user_id"], value_set=seen)))
             if DELETED in table.column_names:
                 fresh = fresh.filter(pc.invert(pc.fill_null(fresh[DELETED], False)))
-            parts.append(fresh.select(state_format.CANONICAL_SCHEMA.names).cast(state_format.CANONICAL_SCHEMA))
+            parts.append(state_format.conform(fresh))
             seen = pa.concat_arrays([seen, pc.unique(table["user_id"]).cast(pa.string())])
         return pa.concat_tables(parts)
 

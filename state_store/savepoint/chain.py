@@ -32,7 +32,7 @@ from pyspark.sql import functions as F
 
 from pipelines.core import state_format
 from pipelines.errors import SavepointDamaged
-from pipelines.job.operators.jvm import _DECODE_STATE, _ROWS_DDL
+from pipelines.job.operators.jvm import _ROWS_DDL, register_decoder
 from pipelines.job.operators.seam import register_coordinator
 from pipelines.job.task_files import executor_env
 from pipelines.locations import CheckpointPath
@@ -74,7 +74,8 @@ def latest_per_user(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatc
     lists = live["rows"].combine_chunks()
     flat = pc.list_flatten(lists)
     stored = pa.table({"user_id": pc.take(live["user_id"], pc.list_parent_indices(lists)),
-                       **{name: flat.field(name) for name in state_format.ROW_FIELDS[1:]}})
+                       **{name: flat.field(name) for name in state_format.ROW_FIELDS[1:]},
+                       "attributes": flat.field("attributes")})
     rows = state_format.to_canonical(stored)
     rows = rows.append_column(DELETED, pa.array([False] * rows.num_rows, pa.bool_()))
     yield from pa.concat_tables([rows, _tombstones(gone["user_id"])]).to_batches()
@@ -87,11 +88,11 @@ def change_feed(spark: SparkSession, checkpoint: CheckpointPath, after_batch: in
     if batch_id <= after_batch:
         return spark.createDataFrame([], f"user_id string, change_type string, rows {_ROWS_DDL}")
     register_coordinator(spark)
-    spark.udf.registerJavaFunction(_DECODE_STATE, "sessions.DecodeState", _ROWS_DDL)
+    decode = register_decoder(spark, checkpoint)
     feed = (spark.read.format("statestore").option("readChangeFeed", "true")
             .option("changeStartBatchId", after_batch + 1).option("changeEndBatchId", batch_id).load(str(checkpoint)))
     return feed.select(F.col("key.user_id").alias("user_id"), "change_type",
-                       F.call_function(_DECODE_STATE, F.col("value.groupState.value")).alias("rows"))
+                       F.call_function(decode, F.col("value.groupState.value")).alias("rows"))
 
 
 # ---- resolution -----------------------------------------------------------------------------------------------------
@@ -114,8 +115,7 @@ def _read_positioned(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBat
     for batch in batches:
         for uri, pos, increment in zip(*(batch.column(i).to_pylist() for i in range(3))):
             for part in file_batches(uri, _columns(increment)):
-                part = part.select(list(_columns(increment))).cast(
-                    INCREMENT_SCHEMA if increment else state_format.CANONICAL_SCHEMA)
+                part = state_format.conform(part, INCREMENT_SCHEMA if increment else state_format.CANONICAL_SCHEMA)
                 if not increment:
                     part = part.append_column(DELETED, pa.array([False] * part.num_rows, pa.bool_()))
                 yield from part.append_column("pos", pa.array([pos] * part.num_rows, pa.int32())).to_batches()

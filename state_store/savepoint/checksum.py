@@ -8,9 +8,12 @@ Exactly what is hashed -- enough to recompute a checksum without this module; ca
 never changes:
 
   * A row's text: its fields in the rows' column order, each as text, joined by U+001F (nothing is escaped).
+    `attributes` (JSON) as its JSON re-written with sorted keys, no blanks and Python's spelling of numbers, and an
+    empty object as null.
     A string as it is; an integer, boolean or timestamp as the decimal text of its int64 value (a timestamp: its
     count of the column's unit since the epoch -- microseconds in the savepoint schemas, negative before 1970; a
-    boolean "0"/"1"); a null as "", except a null `event_type` as U+0000.
+    boolean "0"/"1"); a null as "", except a null `event_type` as U+0000, and a null `attributes` (the last column,
+    added later) not at all: neither it nor its separator.
   * A row's hash: SipHash-2-4 (the reference algorithm, its 8 output bytes read as a little-endian uint64) of the
     text's UTF-8 bytes, keyed with the 16 ASCII bytes "0123456789123456", then mixed by the splitmix64 finalizer
     (all modulo 2^64): h ^= h >> 30; h *= 0xBF58476D1CE4E5B9; h ^= h >> 27; h *= 0x94D049BB133111EB; h ^= h >> 31.
@@ -19,6 +22,7 @@ never changes:
     16 lower-case hex digits; no rows: "siphash64:0:0000000000000000"."""
 from __future__ import annotations
 
+import json
 from collections.abc import Iterable, Iterator
 
 import numpy as np
@@ -31,10 +35,28 @@ __all__ = ["CHECKSUM_ALGORITHM", "MOD64", "checksum_parts", "combine_checksum", 
            "row_hashes", "signed", "state_checksum"]
 
 _NULL_TOKEN = {"event_type": "\x00"}  # v1 checksums used "" for other nulls; kept so v1 savepoints verify
+# The canonical rows' `attributes` (a session spec's partials, pipelines.core.state_format): hashed only when set, so
+# a row without attributes hashes as rows did before the column existed and older savepoints still verify.
+_OPTIONAL = "attributes"
 
 
 CHECKSUM_ALGORITHM = "siphash64"
 MOD64 = 1 << 64  # checksums are sums of 64-bit hashes, wrapping
+
+
+def _attributes_text(column: pa.Array | pa.ChunkedArray) -> pa.Array:
+    """The partials' text as hashed: its JSON re-written with sorted keys and no blanks (the JVM and Python spell a
+    double differently), and null for no partials at all (null, or an empty object: a row whose attributes are all
+    unknown hashes as a row without attributes)."""
+    def text(value: str | None) -> str | None:
+        if value is None:
+            return None
+        parsed = json.loads(value)
+        return json.dumps(parsed, sort_keys=True, separators=(",", ":"), ensure_ascii=False) if parsed else None
+
+    if column.null_count == len(column):  # a job without attributes: nothing to parse
+        return pa.nulls(len(column), pa.string())
+    return pa.array([text(value) for value in column.to_pylist()], pa.string())
 
 
 def row_hashes(rows: pa.Table | pa.RecordBatch) -> np.ndarray:
@@ -48,8 +70,11 @@ def row_hashes(rows: pa.Table | pa.RecordBatch) -> np.ndarray:
         if pa.types.is_timestamp(column_field.type) or pa.types.is_integer(column_field.type) or \
                 pa.types.is_boolean(column_field.type):  # (a boolean: "0" / "1")
             column = pc.cast(pc.cast(column, pa.int64()), pa.string())
-        parts.append(pc.fill_null(column, _NULL_TOKEN.get(column_field.name, "")))
-    keys = pc.binary_join_element_wise(*parts, "\x1f")
+        if column_field.name == _OPTIONAL:
+            parts.append(_attributes_text(column))  # null: nothing joined, not even the separator
+        else:
+            parts.append(pc.fill_null(column, _NULL_TOKEN.get(column_field.name, "")))
+    keys = pc.binary_join_element_wise(*parts, "\x1f", null_handling="skip")
     return pd.util.hash_array(keys.to_numpy(zero_copy_only=False), categorize=False)
 
 

@@ -188,8 +188,12 @@ def file_batches(uri: str, columns: tuple[str, ...]) -> Iterator[pa.Table]:
     fs, path = filesystem(uri)
     try:
         with fs.open_input_file(path) as handle:
-            for batch in pq.ParquetFile(handle).iter_batches(batch_size=READ_BATCH_ROWS, columns=list(columns)):
-                yield _conform(batch, columns)
+            data = pq.ParquetFile(handle)
+            # A table written before an optional column existed (the canonical rows' `attributes`) lacks it here:
+            # the readers above fill it (pipelines.core.state_format.conform).
+            present = tuple(name for name in columns if name in data.schema_arrow.names)
+            for batch in data.iter_batches(batch_size=READ_BATCH_ROWS, columns=list(present)):
+                yield _conform(batch, present)
     except (OSError, pa.ArrowException) as error:
         if is_object_store_failure(error):
             raise
@@ -221,8 +225,7 @@ def _read_files(columns: tuple[str, ...]) -> Callable[[Iterator[pa.RecordBatch]]
         for batch in batches:
             for uri in batch.column(0).to_pylist():
                 for part in file_batches(uri, columns):
-                    rows = state_format.upgrade_v1(part) if v1 else part.select(state_format.CANONICAL_SCHEMA.names).cast(
-                        state_format.CANONICAL_SCHEMA)
+                    rows = state_format.upgrade_v1(part) if v1 else state_format.conform(part)
                     yield from rows.to_batches()
 
     return read

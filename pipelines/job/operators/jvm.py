@@ -16,10 +16,11 @@ from pipelines.config import REPO_ROOT
 from pipelines.core import state_format
 from pipelines.core.spec import FIELD_COLUMN_PREFIX, Attribute
 from pipelines.errors import ConfigError
+from pipelines.job.checkpoint import read_job_metadata
 from pipelines.job.operators.seam import StateOperator, StoredChunk, output_schema, state_reader
 from pipelines.locations import CheckpointPath
 
-__all__ = ["JVM_JAR", "STATE_LAYOUT", "JvmOperator"]
+__all__ = ["JVM_JAR", "STATE_LAYOUT", "JvmOperator", "register_decoder"]
 
 JVM_JAR = REPO_ROOT / "build" / "jvm" / "sessions-operator.jar"  # built by `make setup` (the Makefile's jvm target)
 # One key per user; each value carries its own format version byte (StateCodec.VALUE_FORMAT: v2 written, v1 read),
@@ -27,7 +28,18 @@ JVM_JAR = REPO_ROOT / "build" / "jvm" / "sessions-operator.jar"  # built by `mak
 STATE_LAYOUT = "open_sessions_by_user/jvm-v1"
 _DECODE_STATE = "sessions_jvm_state_rows"
 _ROWS_DDL = ("array<struct<session_start_ms: bigint, event_id: string, event_time_ms: bigint, event_type: string, "
-             "event_count: bigint, page_views: bigint>>")
+             "event_count: bigint, page_views: bigint, attributes: string>>")
+
+
+def register_decoder(spark: SparkSession, checkpoint: CheckpointPath) -> str:
+    """Registers DecodeState (as the SQL function whose name it returns) for the attributes the checkpoint's job last
+    ran with (its metadata's spec): their partials come out as each row's `attributes` text; a partial of an
+    attribute the spec no longer has is left out, as the stream leaves it out on its next write."""
+    meta = read_job_metadata(checkpoint)
+    attributes = meta.session_spec.attributes if meta is not None else ()
+    _jvm(spark).sessions.DecodeState.register(  # type: ignore[attr-defined]
+        spark._jsparkSession, _DECODE_STATE, attributes_json(attributes))
+    return _DECODE_STATE
 
 
 def _jvm(spark: SparkSession) -> object:
@@ -47,9 +59,10 @@ def attributes_json(attributes: Sequence[Attribute]) -> str:
 
 
 def _in_ms(canonical: DataFrame) -> DataFrame:
+    attributes = ["attributes"] if "attributes" in canonical.columns else []
     return canonical.select("user_id", F.unix_millis("session_start").alias("session_start_ms"), "event_id",
                             F.unix_millis("event_time").alias("event_time_ms"), "event_type", "event_count",
-                            "page_views")
+                            "page_views", *attributes)
 
 
 class JvmOperator(StateOperator):
@@ -67,10 +80,10 @@ class JvmOperator(StateOperator):
     def stored_values(self, spark: SparkSession, checkpoint: CheckpointPath, batch_id: int | None) -> DataFrame:
         """One row per user: `user_id`, `rows` (array of its open rows, decoded by StateCodec through DecodeState)
         and `bytes` (its stored value's size)."""
-        spark.udf.registerJavaFunction(_DECODE_STATE, "sessions.DecodeState", _ROWS_DDL)
+        decode = register_decoder(spark, checkpoint)
         return state_reader(spark, checkpoint, batch_id).select(
             F.col("key.user_id").alias("user_id"),
-            F.call_function(_DECODE_STATE, F.col("value.groupState.value")).alias("rows"),
+            F.call_function(decode, F.col("value.groupState.value")).alias("rows"),
             F.length("value.groupState.value").alias("bytes"))
 
     @staticmethod
@@ -78,7 +91,8 @@ class JvmOperator(StateOperator):
         rows = batch.column(1)
         flat = pc.list_flatten(rows)
         users = pc.take(batch.column(0), pc.list_parent_indices(rows))
-        table = pa.table({"user_id": users, **{name: flat.field(name) for name in state_format.ROW_FIELDS[1:]}})
+        table = pa.table({"user_id": users, **{name: flat.field(name) for name in state_format.ROW_FIELDS[1:]},
+                          "attributes": flat.field("attributes")})
         yield StoredChunk(table, batch.num_rows, int(pc.sum(batch.column(2)).as_py() or 0))
 
     def user_values(self, spark: SparkSession, checkpoint: CheckpointPath, batch_id: int | None, user_id: str,
@@ -91,5 +105,5 @@ class JvmOperator(StateOperator):
         return self.stored_values(spark, checkpoint, batch_id).select("user_id", row).select(
             "user_id", F.timestamp_millis("r.session_start_ms").alias("session_start"), "r.event_id",
             F.timestamp_millis("r.event_time_ms").alias("event_time"), "r.event_type", "r.event_count",
-            "r.page_views")
+            "r.page_views", "r.attributes")
 

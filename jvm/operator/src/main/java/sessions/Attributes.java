@@ -121,6 +121,59 @@ public final class Attributes {
         };
     }
 
+    /** One row's partials as text (pipelines.core.attributes.partials_to_json: keyed by Attr.key, an unknown one
+     * left out, a double sum as its components); null when there are no attributes. */
+    static String toJson(List<Attr> attrs, Object[] parts) {
+        if (attrs.isEmpty()) {
+            return null;
+        }
+        java.util.TreeMap<String, Object> sorted = new java.util.TreeMap<>();
+        for (int k = 0; k < parts.length; k++) {
+            if (parts[k] != UNKNOWN) {
+                sorted.put(attrs.get(k).key(), parts[k]);
+            }
+        }
+        try {
+            return JSON.writeValueAsString(sorted);
+        } catch (com.fasterxml.jackson.core.JsonProcessingException e) {
+            throw new IllegalStateException(e);
+        }
+    }
+
+    /** A row's text (toJson's, or Python's) -> its partials in `attrs` order (unknown where the text has no key). */
+    static Object[] fromJson(List<Attr> attrs, String text) {
+        Object[] parts = unknown(attrs.size());
+        if (text == null || text.isEmpty() || attrs.isEmpty()) {
+            return parts;
+        }
+        try {
+            JsonNode stored = JSON.readTree(text);
+            for (int k = 0; k < parts.length; k++) {
+                JsonNode v = stored.get(attrs.get(k).key());
+                if (v == null) {
+                    continue;
+                }
+                parts[k] = v.isNull() ? null : switch (attrs.get(k).encoding()) {
+                    case COUNT, LONG -> (Object) v.asLong();
+                    case DOUBLE -> v.asDouble();
+                    case DOUBLE_SUM -> {
+                        double[] sum = new double[v.size()];
+                        for (int i = 0; i < sum.length; i++) {
+                            sum[i] = v.get(i).asDouble();
+                        }
+                        yield sum;
+                    }
+                    case STRING -> v.asText();
+                    case BOOLEAN -> v.asBoolean();
+                    default -> throw new IllegalStateException("no partial encoding");
+                };
+            }
+            return parts;
+        } catch (java.io.IOException e) {
+            throw new IllegalArgumentException("a state row's attributes are not JSON: " + text, e);
+        }
+    }
+
     /** The partials of one event, in `attrs` order. */
     static Object[] eventPartials(List<Attr> attrs, String eventType, Row event, int[] columns) {
         Object[] parts = new Object[attrs.size()];

@@ -5,22 +5,41 @@ import java.util.List;
 
 import org.apache.spark.sql.Row;
 import org.apache.spark.sql.RowFactory;
+import org.apache.spark.sql.SparkSession;
 import org.apache.spark.sql.api.java.UDF1;
+import org.apache.spark.sql.types.DataTypes;
 
-/** SQL function over a state value of the JVM operator: its rows as array<SessionsOperator.STATE_ROW>
- * (registered by state_store/state.py as `sessions_jvm_state_rows`; the savepoint, status and lookups read it). */
+/** SQL function over a state value of the JVM operator: its rows as array<SessionsOperator.STATE_ROW>, each with its
+ * partials of the checkpoint's attributes as text (registered by pipelines/job/operators/jvm.py `register_decoder` as
+ * `sessions_jvm_state_rows`; the savepoint, status and lookups read it). */
 public final class DecodeState implements UDF1<byte[], List<Row>> {
     private static final long serialVersionUID = 1L;
+    private final List<Attributes.Attr> attrs;
+
+    public DecodeState() {
+        this(List.of());
+    }
+
+    DecodeState(List<Attributes.Attr> attrs) {
+        this.attrs = attrs;
+    }
+
+    /** Registers the function as `name` for the attributes in `attributesJson` (empty: none). */
+    public static void register(SparkSession spark, String name, String attributesJson) {
+        spark.udf().register(name, new DecodeState(Attributes.parse(attributesJson)),
+                             DataTypes.createArrayType(SessionsOperator.STATE_ROW));
+    }
 
     @Override
     public List<Row> call(byte[] value) {
         if (value == null) {
             return null;
         }
-        List<SessionsOperator.R> rows = StateCodec.decode(value);
+        List<SessionsOperator.R> rows = StateCodec.decode(value, attrs);
         List<Row> out = new ArrayList<>(rows.size());
         for (SessionsOperator.R r : rows) {
-            out.add(RowFactory.create(r.start, r.id, r.time, r.type, r.count, r.views));
+            out.add(RowFactory.create(r.start, r.id, r.time, r.type, r.count, r.views,
+                                      Attributes.toJson(attrs, r.parts)));
         }
         return out;
     }

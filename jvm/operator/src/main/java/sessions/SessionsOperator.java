@@ -51,7 +51,8 @@ public final class SessionsOperator {
         .add("event_time_ms", DataTypes.LongType, false)
         .add("event_type", DataTypes.StringType, true)
         .add("event_count", DataTypes.LongType, false)
-        .add("page_views", DataTypes.LongType, false);
+        .add("page_views", DataTypes.LongType, false)
+        .add("attributes", DataTypes.StringType, true);  // the row's partials as text (Attributes.toJson)
     /** The output columns in the order rows are built below; the types come from Python's OUTPUT_SCHEMA. */
     public static final String[] OUTPUT_NAMES = {"kind", "session_id", "user_id", "session_start_ms",
         "session_end_ms", "event_count", "page_views", "end_reason", "event_id", "event_time_ms", "event_type",
@@ -106,8 +107,9 @@ public final class SessionsOperator {
         Dataset<Row> hashed = rows.withColumn("user_hash", functions.xxhash64(rows.col("user_id")));
         StructType schema = hashed.schema();
         int[] ix = new int[STATE_ROW.size()];
-        for (int i = 0; i < ix.length; i++) {
-            ix[i] = schema.fieldIndex(STATE_ROW.fieldNames()[i]);
+        for (int i = 0; i < ix.length; i++) {  // attributes: optional (-1: the rows carry none)
+            String name = STATE_ROW.fieldNames()[i];
+            ix[i] = java.util.Arrays.asList(schema.fieldNames()).contains(name) ? schema.fieldIndex(name) : -1;
         }
         StructType valueSchema = new StructType().add("user_hash", DataTypes.LongType, false)
             .add("user_id", DataTypes.StringType, false).add("value", DataTypes.BinaryType, false);
@@ -117,10 +119,10 @@ public final class SessionsOperator {
                 List<R> open = new ArrayList<>();
                 while (it.hasNext()) {
                     Row r = it.next();
-                    // Canonical rows do not carry partials yet: a restored session's attributes are unknown (null).
+                    String text = ix[6] < 0 || r.isNullAt(ix[6]) ? null : r.getString(ix[6]);
                     open.add(new R(r.getLong(ix[0]), r.isNullAt(ix[1]) ? null : r.getString(ix[1]), r.getLong(ix[2]),
                                    r.isNullAt(ix[3]) ? null : r.getString(ix[3]), r.getLong(ix[4]), r.getLong(ix[5]),
-                                   0, Attributes.unknown(attrs.size())));
+                                   0, attrs.isEmpty() ? NO_PARTS : Attributes.fromJson(attrs, text)));
                 }
                 open.sort(WALK_ORDER);  // a deterministic value whatever order the rows were read in
                 return RowFactory.create(key._1(), key._2(), StateCodec.encode(open, attrs));
