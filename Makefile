@@ -3,14 +3,15 @@ VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: setup check-mvn system-deps demo test test-long test-fast lint bench clean-data check-java check-javac peers
+.PHONY: setup check-mvn system-deps demo test test-long test-fast lint bench clean-data check-java check-javac peers \
+  check-spark-version junit
 
 check-java:
 	@command -v java >/dev/null 2>&1 || { echo "Java 17+ is required by Spark and was not found on PATH. Install it (Debian: apt-get install -y openjdk-17-jre-headless) and run make again." >&2; exit 1; }
 	@java -version 2>&1 | head -1 | grep -Eq '"(1[7-9]|2[0-9])' || { echo "Spark 4.2 needs Java 17 or newer; found: $$(java -version 2>&1 | head -1)" >&2; exit 1; }
 
 check-mvn:
-	@command -v mvn >/dev/null 2>&1 || { echo "Maven (mvn) fetches the pinned JVM artifacts (jvm/deps/pom.xml, jvm/kafka/pom.xml) and was not found on PATH. Install it (Debian: apt-get install -y maven) and run make again." >&2; exit 1; }
+	@command -v mvn >/dev/null 2>&1 || { echo "Maven (mvn) builds the JVM operator (jvm/operator/pom.xml) and fetches the pinned JVM artifacts (jvm/deps/pom.xml, jvm/kafka/pom.xml) and was not found on PATH. Install it (Debian: apt-get install -y maven) and run make again." >&2; exit 1; }
 
 check-javac:
 	@command -v javac >/dev/null 2>&1 || { echo "javac (JDK 17+) is required to build the JVM operator (SESSIONS_OPERATOR=jvm) and was not found on PATH. Install it (Debian: apt-get install -y openjdk-17-jdk-headless) and run make again." >&2; exit 1; }
@@ -61,25 +62,37 @@ $(KAFKA_JARS): jvm/kafka/pom.xml
 	  -DoutputDirectory=$(CURDIR)/build/kafka
 	touch $@
 
-# The JVM operator (the default; SESSIONS_OPERATOR), compiled against the pyspark wheel's own Spark jars and
-# loaded with spark.jars (pipelines/job/runtime.py). jvm/operator/src/main/java: the product jar; src/test/java: the
-# tests jar (CoreHarness, the py4j harness of tests/test_jvm_operator.py), on the class path only of the test suite's
-# sessions (SESSIONS_TEST_JARS, set by tests/conftest.py).
+# The JVM operator (the default; SESSIONS_OPERATOR), a Maven module (jvm/operator/pom.xml) built against Spark at the
+# pyspark wheel's version (check-spark-version) and loaded with spark.jars (pipelines/job/runtime.py). Maven builds
+# in build/jvm/operator/; its two jars are copied to build/jvm/: sessions-operator.jar (src/main/java, the product)
+# and sessions-operator-tests.jar (src/test/java but the JUnit tests: CoreHarness, the py4j harness of
+# tests/test_jvm_operator.py), on the class path of the test suite's Spark JVMs only (SPARK_DIST_CLASSPATH, set by
+# tests/conftest.py). A jar is copied only when its bytes changed (the build is reproducible): a rebuild that changes
+# nothing in the product's jar leaves it, and the class archive made against it, as they are.
+JVM_POM := jvm/operator/pom.xml
+JVM_BUILD := build/jvm/operator
 JVM_JAR := build/jvm/sessions-operator.jar
 JVM_TESTS_JAR := build/jvm/sessions-operator-tests.jar
-JVM_SRC := $(wildcard jvm/operator/src/main/java/sessions/*.java)
-JVM_TEST_SRC := $(wildcard jvm/operator/src/test/java/sessions/*.java)
-PYSPARK_JARS = $$($(PY) -c 'import os, pyspark; print(os.path.join(os.path.dirname(pyspark.__file__), "jars"))')/*
-$(JVM_JAR): $(JVM_SRC) $(STAMP)
-	@$(MAKE) -s check-javac
-	rm -rf build/jvm/classes
-	javac -Xlint:all,-path -Werror --release 17 -d build/jvm/classes -cp "$(PYSPARK_JARS)" $(JVM_SRC)
-	jar cf $@ -C build/jvm/classes .
+JVM_SRC := $(shell find jvm/operator/src -name '*.java')
+$(JVM_BUILD)/.packaged: $(JVM_SRC) $(JVM_POM) $(STAMP)
+	@$(MAKE) -s check-mvn check-javac check-spark-version
+	mvn -q -B -f $(JVM_POM) -DskipTests package
+	touch $@
 
-$(JVM_TESTS_JAR): $(JVM_TEST_SRC) $(JVM_JAR)
-	rm -rf build/jvm/test-classes
-	javac -Xlint:all,-path -Werror --release 17 -d build/jvm/test-classes -cp "$(JVM_JAR):$(PYSPARK_JARS)" $(JVM_TEST_SRC)
-	jar cf $@ -C build/jvm/test-classes .
+$(JVM_JAR) $(JVM_TESTS_JAR): build/jvm/%.jar: $(JVM_BUILD)/.packaged
+	@cmp -s $(JVM_BUILD)/$*.jar $@ || cp $(JVM_BUILD)/$*.jar $@
+
+# spark-sql is `provided` in jvm/operator/pom.xml: the pyspark wheel's own jars run the operator, so the two versions
+# must be one.
+check-spark-version:
+	@pom=$$(sed -n 's:.*<spark.version>\(.*\)</spark.version>.*:\1:p' $(JVM_POM)); \
+	  wheel=$$($(PY) -c 'import pyspark; print(pyspark.__version__)'); \
+	  [ "$$pom" = "$$wheel" ] || { echo "$(JVM_POM) builds the JVM operator against Spark $$pom but the pyspark wheel is $$wheel: set its <spark.version> to $$wheel" >&2; exit 1; }
+
+# The JVM operator's JUnit tests (jvm/operator/src/test/java/sessions/*Test.java), run by `make test`: seconds.
+junit: check-mvn check-javac $(STAMP)
+	@$(MAKE) -s check-spark-version
+	mvn -q -B -f $(JVM_POM) test
 
 # A real HDFS on loopback for tests and local runs (deploy/local-hdfs, tests/hdfs_cluster.py): Hadoop's MiniDFSCluster
 # (hadoop-client-minicluster, pinned in jvm/hdfs/pom.xml at pyspark's Hadoop version) fetched into build/hdfs/, and
@@ -126,10 +139,10 @@ lint: setup
 # The per-commit suite: every test but the long depth (pyproject [tool.pytest.ini_options] markers; the depths in
 # tests/conftest.py), under 15 minutes on 2 cores. TEST_WORKERS pytest processes (pytest-xdist), a whole module per
 # worker at a time (module fixtures); each worker has its own SparkSession. TEST_WORKERS=0: one process.
-# The 30 slowest tests are listed at the end: where the suite's time goes.
+# The 30 slowest tests are listed at the end: where the suite's time goes. The JVM operator's JUnit tests (junit) first.
 TEST_WORKERS ?= 2
 XDIST = $(if $(filter 0,$(TEST_WORKERS)),,-n $(TEST_WORKERS) --dist $(1))
-test: setup system-deps lint
+test: setup system-deps lint junit
 	$(PY) -m pytest -q --durations=30 $(call XDIST,loadfile) -m "not long" tests
 
 # The long depth, which CI runs after `make test`: the storage matrix on the local HDFS and S3 (moto), the crash

@@ -5,7 +5,8 @@ with exactly one ingest commit per micro-batch, and then runs, one after the oth
 
   job     pipelines.job.stream.start_query: the "sessions_raw" source -> the stateful operator a new checkpoint
           gets (by default the JVM operator: flatMapGroupsWithState keyed by user,
-          jvm/src/sessions/SessionsOperator.java) -> foreachBatch MicroBatchSink (exactly-once Delta append)
+          jvm/operator/src/main/java/sessions/SessionsOperator.java) -> foreachBatch MicroBatchSink (exactly-once
+          Delta append)
   native  the same "sessions_raw" source -> withWatermark (same lateness) ->
           groupBy(session_window(event_time, gap), user_id) counting events and page views,
           append mode -> foreachBatch Delta append through the same idempotent_append

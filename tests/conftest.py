@@ -58,10 +58,18 @@ os.environ.setdefault("PYSPARK_DRIVER_PYTHON", sys.executable)
 os.environ.setdefault("SPARK_SUBMIT_OPTS", "-XX:TieredStopAtLevel=1")
 
 REPO = Path(__file__).resolve().parent.parent
-# The JVM operator's tests jar (jvm/operator/src/test/java, built by `make setup`: CoreHarness, the py4j harness of
-# tests/test_jvm_operator.py) on the class path of this process's Spark sessions (pipelines.job.runtime.jvm_jar_conf),
-# never in the product's jar. sessionctl subprocesses get no SESSIONS_* variable of this process (config_env).
-os.environ.setdefault("SESSIONS_TEST_JARS", str(REPO / "build" / "jvm" / "sessions-operator-tests.jar"))
+# The JVM operator's tests jar (jvm/operator/src/test/java but the JUnit tests, built by `make setup`: CoreHarness,
+# the py4j harness of tests/test_jvm_operator.py), never in the product's jar nor on a product run's class path, on
+# that of the suite's Spark JVMs (this process's and those it starts: the environment). Spark's launcher puts
+# SPARK_DIST_CLASSPATH last, after the pyspark wheel's jars: the class archive `make setup` made for the product's class
+# path is still mapped (spark.driver.extraClassPath comes before those jars, and a JVM whose class path differs from
+# the archive's before its end does not map it). Not spark.jars: that class loader is not the product jar's, and
+# CoreHarness calls package-private code of the operator.
+TESTS_JAR = REPO / "build" / "jvm" / "sessions-operator-tests.jar"
+_dist_class_path = [path for path in os.environ.get("SPARK_DIST_CLASSPATH", "").split(os.pathsep) if path]
+if str(TESTS_JAR) not in _dist_class_path:  # pytest-xdist's workers inherit the controller's
+    os.environ["SPARK_DIST_CLASSPATH"] = os.pathsep.join([*_dist_class_path, str(TESTS_JAR)])
+
 VENV_BIN = Path(sys.executable).parent  # the venv running the tests, wherever it is
 
 

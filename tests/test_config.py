@@ -36,14 +36,13 @@ def test_settings_reach_spark_and_operations(tmp_path):
 
 @pytest.mark.parametrize("master,in_process", [("local", True), ("local[2]", True), ("local[*]", True),
                                                ("local-cluster[2,1,1024]", False), ("spark://127.0.0.1:7077", False)])
-def test_the_jvm_jar_and_the_no_fork_file_system_by_master(tmp_path, monkeypatch, master, in_process):
+def test_the_jvm_jar_and_the_no_fork_file_system_by_master(tmp_path, master, in_process):
     """In-process executors (local, local[n]) find the operator on the driver's class path and get the local file
     system without forks (tests/test_local_fs.py); executors in other JVMs (local-cluster, a cluster) get the jar
     shipped and Hadoop's own file system."""
-    from pipelines.job.runtime import JVM_JAR, LOCAL_FS_NO_FORK, TEST_JARS_VARIABLE, runtime_jars
+    from pipelines.job.runtime import JVM_JAR, LOCAL_FS_NO_FORK, runtime_jars
 
     assert JVM_JAR.exists(), "make setup builds it"
-    monkeypatch.delenv(TEST_JARS_VARIABLE, raising=False)  # the suite's tests jar (tests/conftest.py)
     conf = spark_conf(SessionsConfig.from_env({"SESSIONS_HOME": str(tmp_path), "SESSIONS_SPARK_MASTER": master}))
     # The operator's jar first, then the JVM artifacts make setup fetched (Delta Spark).
     assert conf["spark.driver.extraClassPath"].split(":") == [str(JVM_JAR), *map(str, runtime_jars())]

@@ -1,4 +1,5 @@
-"""The JVM operator (the default for a new checkpoint, jvm/src/sessions/SessionsOperator.java) against the oracle.
+"""The JVM operator (the default for a new checkpoint, jvm/operator/src/main/java/sessions/SessionsOperator.java)
+against the oracle.
 
 Its rule for one user against the Python core (the specification) on generated inputs, through py4j (the stream
 against the oracle: tests/test_stream_vs_oracle.py, which runs it); a checkpoint of the retired Python
@@ -159,7 +160,7 @@ def test_the_java_rule_equals_the_python_core(spark, first, second, steps, gap):
         state = state_after
 
 
-# ---- the stored form (jvm/src/sessions/StateCodec.java): v2 written, v1 still read -------------------------------
+# ---- the stored form (jvm/operator/src/main/java/sessions/StateCodec.java): v2 written, v1 still read -------------
 
 def _varint(value: int) -> bytes:
     value &= (1 << 64) - 1  # Java's long, as the encoder sees it

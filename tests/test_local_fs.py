@@ -1,7 +1,8 @@
-"""Hadoop's local file system without child processes (jvm/src/sessions/LocalFileSystemNoFork.java, set for local
-masters by pipelines.job.runtime): file:// paths go through it, and it does what Hadoop's own does -- the same permission
-bits as `chmod`, the same statuses for files, directories, missing paths and symlinks. That it forks nothing during a
-real job is checked in tests/test_class_archive.py, whose subprocess JVM can be given a PATH that logs every command.
+"""Hadoop's local file system without child processes (jvm/operator/src/main/java/sessions/LocalFileSystemNoFork.java,
+set for local masters by pipelines.job.runtime): file:// paths go through it, and it does what Hadoop's own does -- the
+same permission bits as `chmod`, the same statuses for files, directories, missing paths and symlinks. That it forks
+nothing during a real job is checked in tests/test_class_archive.py, whose subprocess JVM can be given a PATH that logs
+every command.
 (The stream, state and lifecycle tests all run on it: it is the session's file system.)"""
 from __future__ import annotations
 

@@ -33,7 +33,7 @@ from pipelines.job.shipping import cluster_conf
 from pipelines.job.source import RawEventsSource
 from pipelines.locations import hdfs_outage
 
-__all__ = ["CLASS_ARCHIVE", "ERRORS_LOG", "JVM_STDERR_LOG", "LOCAL_FS_NO_FORK", "TEST_JARS_VARIABLE", "error_line", "explain_spark_failure", "get_spark", "log_traceback", "prepare_session", "rescale_incomplete", "runtime_jars", "spark_conf", "spark_failures", "stop_spark", "stop_state_stores", "yield_cpu"]
+__all__ = ["CLASS_ARCHIVE", "ERRORS_LOG", "JVM_STDERR_LOG", "LOCAL_FS_NO_FORK", "error_line", "explain_spark_failure", "get_spark", "log_traceback", "prepare_session", "rescale_incomplete", "runtime_jars", "spark_conf", "spark_failures", "stop_spark", "stop_state_stores", "yield_cpu"]
 
 LOG4J2 = Path(__file__).resolve().parent / "log4j2.properties"
 ERRORS_LOG = "errors.log"  # Python tracebacks of Spark failures, beside Spark's own spark.log
@@ -129,26 +129,19 @@ def s3a_conf() -> dict[str, str]:
     return conf
 
 
-# Jars of the test suite only (os.pathsep-separated), never of a product run: tests/conftest.py sets it to
-# build/jvm/sessions-operator-tests.jar (jvm/operator/src/test/java: the py4j harness of tests/test_jvm_operator.py).
-TEST_JARS_VARIABLE = "SESSIONS_TEST_JARS"
-
-
 def jvm_jar_conf(master: str, *, s3a: bool = False) -> dict[str, str]:
     """The JVM operator's jar (the default operator; SESSIONS_OPERATOR) on the driver's class path from its start --
     in local mode the executors are the driver, and the local file system below must be loadable before Spark reads
     any path --; on a cluster Spark also ships it to the executors (spark.jars). With `s3a`, Hadoop's S3A filesystem
-    too (a checkpoint on S3). The test suite's jars (TEST_JARS_VARIABLE, set by tests/conftest.py: the operator's tests
-    jar) come last on the driver's class path only -- appended, so the class archive still fits --, never shipped."""
+    too (a checkpoint on S3)."""
     jars = ([JVM_JAR] if JVM_JAR.exists() else []) + runtime_jars() + (sorted(S3A_JARS_DIR.glob("*.jar")) if s3a else [])
-    test_jars = [jar for jar in os.environ.get(TEST_JARS_VARIABLE, "").split(os.pathsep) if jar]
-    if not jars and not test_jars:
+    if not jars:
         return {}
-    class_path = ":".join([*map(str, jars), *test_jars])
+    class_path = ":".join(str(jar) for jar in jars)
     local_fs = LOCAL_FS_NO_FORK if JVM_JAR.exists() else {}
     if master == "local" or master.startswith("local["):  # not local-cluster[...]: its executors are other JVMs
         return {"spark.driver.extraClassPath": class_path, **local_fs}
-    return {"spark.driver.extraClassPath": class_path, **({"spark.jars": ",".join(map(str, jars))} if jars else {})}
+    return {"spark.driver.extraClassPath": class_path, "spark.jars": ",".join(str(jar) for jar in jars)}
 
 
 def runtime_jars() -> list[Path]:
