@@ -23,7 +23,7 @@ from state_store.savepoint.catalog import SavepointStore
 from state_store.savepoint.chain import savepoint_rows
 from state_store.savepoint.checksum import row_hashes, signed
 from state_store.savepoint.damage import check_readable, savepoint_damage
-from state_store.state import session_json
+from state_store.state import open_sessions_json
 
 __all__ = ["diff_savepoints", "user_history"]
 
@@ -147,8 +147,8 @@ def user_history(config: SessionsConfig, spark: SparkSession, user_id: str) -> l
             continue
         rows = found.filter(pc.equal(found["savepoint_id"], saved.savepoint_id))
         rows = state_format.conform(rows)
-        sessions = open_sessions(state_format.canonical_rows_ms(rows), saved.gap_ms).to_dict("records")
+        sessions = open_sessions_json(state_format.canonical_rows_ms(rows), saved.gap_ms,
+                                      saved.session_spec.attributes, saved.watermark_ms)
         out.append({"savepoint_id": saved.savepoint_id, "batch_id": saved.batch_id, "created_at": saved.created_at,
-                    "watermark_ms": saved.watermark_ms,
-                    "sessions": [session_json(s, saved.watermark_ms) for s in sessions]})
+                    "watermark_ms": saved.watermark_ms, "sessions": sessions})
     return out

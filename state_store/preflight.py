@@ -15,7 +15,7 @@ import pyarrow.compute as pc
 from pipelines.config import SessionsConfig
 from pipelines.coordination.job_leases import running_stream
 from pipelines.core import state_format
-from pipelines.core.spec import DEFAULT_SPEC, SessionSpec, changed_refusal, parse_spec, spec_changes
+from pipelines.core.spec import changed_refusal, spec_changes
 from pipelines.errors import (
     JobRunning,
     RescaleRefused,
@@ -32,7 +32,7 @@ from state_store.savepoint.catalog import SavepointStore
 from state_store.savepoint.damage import savepoint_damage
 from state_store.savepoint.native import native_shape
 
-__all__ = ["saved_spec", "RestorePlan", "migrations", "native_refusal", "plan_restore", "record_restore", "refusals"]
+__all__ = ["RestorePlan", "migrations", "native_refusal", "plan_restore", "record_restore", "refusals"]
 
 READABLE_SCHEMAS = (state_format.SCHEMA_ID, state_format.V1_SCHEMA_ID)
 # Without a restore of its own on record, the rate of the reference run (benchmarks/results/lifecycle.json: RocksDB,
@@ -131,7 +131,7 @@ def refusals(config: SessionsConfig, saved: SavepointInfo, *, partitions: int | 
             f"savepoint {saved.savepoint_id} was taken with gap {saved.gap_ms // 60000} min and lateness "
             f"{saved.lateness_ms // 60000} min; the job is set to {config.gap_minutes} and "
             f"{config.lateness_minutes}: pass --migrate to restore it under the new settings"))
-    before = saved_spec(saved)
+    before = saved.session_spec
     changed = spec_changes(before, config.session_spec).changed
     if changed and not migrate:
         found.append(SavepointIncompatible(changed_refusal(
@@ -151,11 +151,6 @@ def refusals(config: SessionsConfig, saved: SavepointInfo, *, partitions: int | 
     return found
 
 
-def saved_spec(saved: SavepointInfo) -> SessionSpec:
-    """The session spec a savepoint was taken under (the default one for a savepoint from before specs)."""
-    return parse_spec(saved.spec) if saved.spec else DEFAULT_SPEC
-
-
 def migrations(config: SessionsConfig, saved: SavepointInfo, partitions: int | None) -> list[str]:
     out = []
     if saved.state_schema == state_format.V1_SCHEMA_ID:
@@ -165,7 +160,7 @@ def migrations(config: SessionsConfig, saved: SavepointInfo, partitions: int | N
                    f"{saved.lateness_ms // 60000} -> {config.lateness_minutes:g} min (open sessions re-walked)")
     if saved.provider and saved.provider != config.state_store:
         out.append(f"state store provider {saved.provider} -> {config.state_store}")
-    out += [f"session spec: {line}" for line in spec_changes(saved_spec(saved), config.session_spec).lines()]
+    out += [f"session spec: {line}" for line in spec_changes(saved.session_spec, config.session_spec).lines()]
     target = partitions or saved.partitions or config.state_partitions
     if saved.partitions and target != saved.partitions:
         out.append(f"state partitions {saved.partitions} -> {target}")

@@ -39,13 +39,12 @@ from pipelines.job.startup import ensure_tables
 from pipelines.job.stream import start_query
 from pipelines.locations import CheckpointPath, checkpoint_path, move, remove_tree
 from pipelines.storage import filesystem, storage_options, table_exists
-from state_store.preflight import native_refusal, record_restore, refusals, saved_spec
+from state_store.preflight import native_refusal, record_restore, refusals
 from state_store.results import RestoreResult, SavepointInfo
 from state_store.savepoint import native
 from state_store.savepoint.catalog import SavepointStore
 from state_store.savepoint.chain import savepoint_checksum, savepoint_rows
 from state_store.savepoint.checksum import frame_checksum, state_checksum
-from state_store.savepoint.files import CANONICAL_DDL
 
 __all__ = ["FAILED_SUFFIX", "REPLACED_SUFFIX", "restore_unlocked", "verified_savepoint"]
 
@@ -75,7 +74,7 @@ def expected_restored_state(state: pa.Table, gap_ms: int, attributes: Sequence[A
     rows = state_format.canonical_rows_ms(state)
     if not attributes:
         return state_format.to_canonical(rows_table(rewalk(rows, 0, gap_ms)))
-    texts = state_format.conform(state)["attributes"].to_pylist()
+    texts = state_format.conform(state, state_format.SAVED_SCHEMA)["attributes"].to_pylist()
     walked = rewalk({**rows, "partials": [partials_from_json(attributes, text) for text in texts]}, 0, gap_ms,
                     attributes=attributes)
     out = state_format.to_canonical(rows_table(walked))
@@ -93,10 +92,10 @@ def _bootstrap_rows(config: SessionsConfig, spark: SparkSession, store: Savepoin
     if saved.state_schema == state_format.SCHEMA_ID and saved.gap_ms == config.gap_ms:
         rows = savepoint_rows(spark, store, saved.savepoint_id)
         kept = {a.key for a in config.session_spec.attributes}
-        if {a.key for a in saved_spec(saved).attributes} <= kept:
+        if {a.key for a in saved.session_spec.attributes} <= kept:
             return rows, (saved.rows, saved.checksum)
         # The spec dropped or changed an attribute: the restored rows hold the partials of the others only.
-        return rows, frame_checksum(rows.mapInArrow(partial(_keep_partials, keys=frozenset(kept)), CANONICAL_DDL))
+        return rows, frame_checksum(rows.mapInArrow(partial(_keep_partials, keys=frozenset(kept)), state_format.SAVED_DDL))
     state = store.read_state(saved.savepoint_id)
     if saved.state_schema == state_format.V1_SCHEMA_ID:
         state = state_format.upgrade_v1(state)
@@ -111,7 +110,7 @@ def _bootstrap_rows(config: SessionsConfig, spark: SparkSession, store: Savepoin
 def _keep_partials(batches: Iterator[pa.RecordBatch], *, keys: frozenset[str]) -> Iterator[pa.RecordBatch]:
     """mapInArrow function: canonical rows with only the partials of attributes `keys` in their `attributes`."""
     for batch in batches:
-        table = state_format.conform(batch)
+        table = state_format.conform(batch, state_format.SAVED_SCHEMA)
         texts = [None if text is None else json.dumps({k: v for k, v in json.loads(text).items() if k in keys})
                  for text in table["attributes"].to_pylist()]
         yield from table.set_column(table.schema.get_field_index("attributes"), "attributes",

@@ -8,6 +8,7 @@ from dataclasses import dataclass, field, fields
 from typing import Any, ClassVar, Literal
 
 from pipelines.config import Provider
+from pipelines.core.spec import DEFAULT_SPEC, SessionSpec, parse_spec
 from pipelines.errors import Result
 
 __all__ = ["CompactionResult", "MaintenanceDue", "RescaleMethod", "RescaleResult", "RestoreResult", "SavepointInfo", "StatusReport", "StopResult", "TableFacts"]
@@ -68,6 +69,11 @@ class SavepointInfo(Result):
     def uri(self) -> str:
         """Where the savepoint's state table lives (the contract's `uri`)."""
         return self.state_uri
+
+    @property
+    def session_spec(self) -> SessionSpec:
+        """The session spec the savepoint was taken under (the default one for a savepoint from before specs)."""
+        return parse_spec(self.spec) if self.spec else DEFAULT_SPEC
 
     @property
     def chain_ids(self) -> list[str]:

@@ -3,7 +3,7 @@ reader takes the checkpoint's operator (pipelines.job.operators.seam), which own
 from __future__ import annotations
 
 import datetime as dt
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import Any
 
 import pyarrow as pa
@@ -15,6 +15,7 @@ from pipelines.config import SessionsConfig
 from pipelines.core import state_format
 from pipelines.core.attributes import partials_from_json
 from pipelines.core.sessionize import open_sessions
+from pipelines.core.spec import Attribute
 from pipelines.errors import NoCommittedBatch
 from pipelines.job.checkpoint import CheckpointInfo, JobMetadata, inspect_checkpoint, read_job_metadata
 from pipelines.job.operators import for_layout, of_checkpoint
@@ -113,19 +114,25 @@ def lookup_user(spark: SparkSession, config: SessionsConfig, user_id: str) -> di
     chunks = [chunk.rows for batch in found.to_batches() for chunk in op.decode(batch)]
     rows = pa.concat_tables(chunks) if chunks else state_format.empty_store()
     rows = rows.filter(pc.equal(rows["user_id"], user_id))
-    attributes = meta.session_spec.attributes
-    if not attributes:
-        sessions = open_sessions(rows, meta.gap_ms).to_dict("records")
-        return {"user_id": user_id, "batch_id": info.last_committed_batch, "watermark": _iso(watermark),
-                "open_sessions": [session_json(s, watermark) for s in sessions]}
-    # The spec's attributes as they stand now: each open session's partials merged in walk order.
-    texts = rows["attributes"].to_pylist() if "attributes" in rows.column_names else [None] * rows.num_rows
-    columns = {name: rows[name] for name in state_format.ROW_FIELDS}
-    found = open_sessions({**columns, "partials": [partials_from_json(attributes, t) for t in texts]}, meta.gap_ms,
-                          attributes=attributes).to_dict("records")
     return {"user_id": user_id, "batch_id": info.last_committed_batch, "watermark": _iso(watermark),
-            "open_sessions": [{**session_json(s, watermark), "attributes": {a.name: _plain(s[a.name]) for a in attributes}}
-                              for s in found]}
+            "open_sessions": open_sessions_json({name: rows[name] for name in rows.column_names}, meta.gap_ms,
+                                                meta.session_spec.attributes, watermark)}
+
+
+def open_sessions_json(rows: Mapping[str, Any], gap_ms: int, attributes: Sequence[Attribute],
+                       watermark_ms: int | None) -> list[dict[str, Any]]:
+    """State rows (the core's columns, times in ms; with `attributes` text when the rows carry it) -> their open
+    sessions as `state --user` prints them; with the spec's `attributes`, each session's values as they stand now
+    (its rows' partials merged in walk order; null where part of the session predates the attribute)."""
+    columns = {name: rows[name] for name in state_format.ROW_FIELDS}
+    if not attributes:
+        return [session_json(s, watermark_ms) for s in open_sessions(columns, gap_ms).to_dict("records")]
+    texts = rows["attributes"] if "attributes" in rows else [None] * len(rows["user_id"])
+    texts = texts.to_pylist() if hasattr(texts, "to_pylist") else list(texts)
+    found = open_sessions({**columns, "partials": [partials_from_json(attributes, t) for t in texts]}, gap_ms,
+                          attributes=attributes).to_dict("records")
+    return [{**session_json(s, watermark_ms), "attributes": {a.name: _plain(s[a.name]) for a in attributes}}
+            for s in found]
 
 
 def top_sessions(spark: SparkSession, config: SessionsConfig, n: int) -> dict[str, Any]:

@@ -25,7 +25,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-__all__ = ["CANONICAL_DDL", "CANONICAL_SCHEMA", "CANONICAL_SORT", "LOGOUT", "PAGE_VIEW", "ROW_FIELDS", "SCHEMA_ID", "STORE_SCHEMA", "V1_SCHEMA", "V1_SCHEMA_ID", "canonical", "canonical_rows_ms", "conform", "empty_store", "ms_to_ts", "spark_ddl", "to_canonical", "upgrade_v1"]
+__all__ = ["CANONICAL_DDL", "CANONICAL_SCHEMA", "CANONICAL_SORT", "LOGOUT", "PAGE_VIEW", "ROW_FIELDS", "SAVED_DDL", "SAVED_SCHEMA", "SCHEMA_ID", "STORE_SCHEMA", "V1_SCHEMA", "V1_SCHEMA_ID", "canonical", "canonical_rows_ms", "conform", "empty_store", "ms_to_ts", "spark_ddl", "to_canonical", "upgrade_v1"]
 
 LOGOUT = "logout"
 PAGE_VIEW = "page_view"
@@ -51,11 +51,12 @@ CANONICAL_SCHEMA = pa.schema([
     ("event_type", pa.string()),
     ("event_count", pa.int64()),
     ("page_views", pa.int64()),
-    # The session spec's attributes: the row's partials as JSON (pipelines.core.attributes.partials_to_json), null
-    # for a job without attributes. Optional: a table written before it existed reads null here (`conform`), and the
-    # checksum skips a null one, so SCHEMA_ID names the same form with or without it.
-    ("attributes", pa.string()),
 ])
+# Canonical rows as state reads and savepoints carry them: CANONICAL_SCHEMA, then the session spec's attributes -- the
+# row's partials as JSON (pipelines.core.attributes.partials_to_json), null for a job without attributes. Optional: a
+# table written before it existed reads null there (`conform`), and the checksum skips a null one, so SCHEMA_ID names
+# the same form with or without it.
+SAVED_SCHEMA = CANONICAL_SCHEMA.append(pa.field("attributes", pa.string()))
 SCHEMA_ID = ("open_sessions/v2:user_id string,session_start timestamp,event_id string (null = frozen prefix),"
              "event_time timestamp,event_type string,event_count long,page_views long")
 V1_SCHEMA = pa.schema([("user_id", pa.string()), ("event_id", pa.string()), ("event_time", _TS),
@@ -80,6 +81,7 @@ def _spark_type(kind: pa.DataType) -> str:
 
 
 CANONICAL_DDL = spark_ddl(CANONICAL_SCHEMA)
+SAVED_DDL = spark_ddl(SAVED_SCHEMA)
 CANONICAL_SORT = [("user_id", "ascending"), ("session_start", "ascending"), ("event_time", "ascending"),
                   ("event_id", "ascending")]
 
@@ -103,7 +105,7 @@ def to_canonical(store: pa.Table) -> pa.Table:
         "event_id": store["event_id"], "event_time": ms_to_ts(store["event_time_ms"]),
         "event_type": store["event_type"], "event_count": store["event_count"], "page_views": store["page_views"],
         "attributes": _attributes(store),
-    }, schema=CANONICAL_SCHEMA)
+    }, schema=SAVED_SCHEMA)
 
 
 def _attributes(rows: pa.Table) -> pa.Array | pa.ChunkedArray:
@@ -112,10 +114,13 @@ def _attributes(rows: pa.Table) -> pa.Array | pa.ChunkedArray:
     return pa.nulls(rows.num_rows, pa.string())
 
 
-def conform(rows: pa.Table | pa.RecordBatch, schema: pa.Schema = CANONICAL_SCHEMA) -> pa.Table:
+def conform(rows: pa.Table | pa.RecordBatch, schema: pa.Schema | None = None) -> pa.Table:
     """Canonical rows (or rows of a schema that extends them) as read from a table of any age: `schema`'s columns in
-    order and type, `attributes` null where the table has none."""
+    order and type, `attributes` null where the table has none. Without `schema`: SAVED_SCHEMA when the rows carry
+    `attributes`, else CANONICAL_SCHEMA (a job without attributes reads the rows it always read)."""
     table = rows if isinstance(rows, pa.Table) else pa.Table.from_batches([rows])
+    if schema is None:
+        schema = SAVED_SCHEMA if "attributes" in table.column_names else CANONICAL_SCHEMA
     if "attributes" not in table.column_names:
         table = table.append_column("attributes", pa.nulls(table.num_rows, pa.string()))
     return table.select(schema.names).cast(schema)
@@ -146,4 +151,4 @@ def upgrade_v1(rows: pa.Table) -> pa.Table:
         "event_count": pa.array([1] * rows.num_rows, pa.int64()),
         "page_views": pc.cast(pc.fill_null(pc.equal(rows["event_type"], PAGE_VIEW), False), pa.int64()),
         "attributes": pa.nulls(rows.num_rows, pa.string()),
-    }, schema=CANONICAL_SCHEMA)
+    }, schema=SAVED_SCHEMA)

@@ -2,7 +2,7 @@
 
 Layout under SESSIONS_SAVEPOINT_URI:
   catalog/          one row per savepoint attempt (status complete | failed); the only index
-  state/<id>/       a full savepoint: the open state in canonical form (pipelines.core.state_format.CANONICAL_SCHEMA,
+  state/<id>/       a full savepoint: the open state in canonical form (pipelines.core.state_format.SAVED_SCHEMA,
                     schema id in the catalog row; v1 savepoints -- one row per open event -- still restore);
                     an incremental one: INCREMENT_SCHEMA (canonical + `deleted`), see below
 A savepoint is listed as complete only after its state table was written, re-read and its count and
@@ -49,7 +49,7 @@ from pipelines.errors import SavepointDamaged, SavepointNotFound
 from pipelines.storage import join, read_rows, s3_errors, storage_options
 from state_store.results import SavepointInfo
 
-__all__ = ["CATALOG_SCHEMA", "DELETED", "FULL", "INCREMENTAL", "INCREMENT_SCHEMA", "SavepointStore", "StateFiles", "new_savepoint_id"]
+__all__ = ["written_schema", "CATALOG_SCHEMA", "DELETED", "FULL", "INCREMENTAL", "INCREMENT_SCHEMA", "SavepointStore", "StateFiles", "new_savepoint_id"]
 
 # The catalog's columns, in their stored order; each column's type comes from SavepointInfo, the one typed row.
 CATALOG_COLUMNS = (
@@ -95,7 +95,14 @@ def _stored_row(row: dict[str, Any]) -> dict[str, Any]:
 
 FULL, INCREMENTAL = "full", "incremental"
 DELETED = "deleted"  # the tombstone flag of an incremental savepoint's table
-INCREMENT_SCHEMA = state_format.CANONICAL_SCHEMA.append(pa.field(DELETED, pa.bool_()))
+INCREMENT_SCHEMA = state_format.SAVED_SCHEMA.append(pa.field(DELETED, pa.bool_()))  # as read (any age)
+
+
+def written_schema(*, increment: bool, attributes: bool) -> pa.Schema:
+    """The columns a savepoint's table is written with: the `attributes` column only for a job whose spec has
+    attributes (a job without them writes the tables it always wrote)."""
+    base = state_format.SAVED_SCHEMA if attributes else state_format.CANONICAL_SCHEMA
+    return base.append(pa.field(DELETED, pa.bool_())) if increment else base
 
 
 Catalog = list[SavepointInfo]  # (inside SavepointStore, `list` names its method)
@@ -210,9 +217,10 @@ class SavepointStore:
             fresh = table.filter(pc.invert(pc.is_in(table["user_id"], value_set=seen)))
             if DELETED in table.column_names:
                 fresh = fresh.filter(pc.invert(pc.fill_null(fresh[DELETED], False)))
-            parts.append(state_format.conform(fresh))
+            parts.append(state_format.conform(fresh, state_format.SAVED_SCHEMA))
             seen = pa.concat_arrays([seen, pc.unique(table["user_id"]).cast(pa.string())])
-        return pa.concat_tables(parts)
+        rows = pa.concat_tables(parts)
+        return rows if pc.any(pc.is_valid(rows["attributes"])).as_py() else rows.drop_columns(["attributes"])
 
     def exists(self, savepoint_id: str) -> bool:
         """Whether the savepoint's state table exists (a committed Delta table; half-written files are not one)."""

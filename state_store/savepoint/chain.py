@@ -44,7 +44,7 @@ __all__ = ["change_feed", "check_increment", "latest_per_user", "resolved_rows",
 
 INCREMENT_DDL = state_format.spark_ddl(INCREMENT_SCHEMA)
 _POSITIONED_DDL = INCREMENT_DDL + ", pos int"
-CANONICAL = state_format.CANONICAL_SCHEMA.names
+CANONICAL = state_format.SAVED_SCHEMA.names
 BROADCAST_BYTES = 32 << 20  # increments' files up to this size: their users go to every task (no shuffle of a base)
 
 
@@ -52,7 +52,7 @@ BROADCAST_BYTES = 32 << 20  # increments' files up to this size: their users go 
 
 def _tombstones(users: pa.Array | pa.ChunkedArray) -> pa.Table:
     n = len(users)
-    columns = {name: pa.nulls(n, field.type) for name, field in zip(CANONICAL, state_format.CANONICAL_SCHEMA)}
+    columns = {name: pa.nulls(n, field.type) for name, field in zip(CANONICAL, state_format.SAVED_SCHEMA)}
     columns["user_id"] = users
     return pa.table({**columns, DELETED: pa.array([True] * n, pa.bool_())}, schema=INCREMENT_SCHEMA)
 
@@ -115,7 +115,7 @@ def _read_positioned(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBat
     for batch in batches:
         for uri, pos, increment in zip(*(batch.column(i).to_pylist() for i in range(3))):
             for part in file_batches(uri, _columns(increment)):
-                part = state_format.conform(part, INCREMENT_SCHEMA if increment else state_format.CANONICAL_SCHEMA)
+                part = state_format.conform(part, INCREMENT_SCHEMA if increment else state_format.SAVED_SCHEMA)
                 if not increment:
                     part = part.append_column(DELETED, pa.array([False] * part.num_rows, pa.bool_()))
                 yield from part.append_column("pos", pa.array([pos] * part.num_rows, pa.int32())).to_batches()

@@ -68,7 +68,7 @@ class WrittenFiles:
     files: tuple[dict[str, Any], ...]  # path (relative to uri), size, num_records, stats (JSON), hash_sum
     rows: int
     checksum: str
-    schema: pa.Schema = state_format.CANONICAL_SCHEMA  # the table's: canonical, or an increment's (with tombstones)
+    schema: pa.Schema = state_format.SAVED_SCHEMA  # the table's: canonical, or an increment's (with tombstones)
     # an increment's: count and wrapping sum of its live rows in canonical form, the users it holds
     state_rows: int = 0
     state_sum: int = 0
@@ -100,7 +100,7 @@ class _DataFile:
         self.stats.update(rows)
         if self.increment:
             live = rows.filter(pc.invert(pc.fill_null(rows[DELETED], False)))
-            count, hash_sum = partial_checksum(live.select(state_format.CANONICAL_SCHEMA.names))
+            count, hash_sum = partial_checksum(live.drop_columns([DELETED]))
             self.state_rows, self.state_sum = self.state_rows + count, (self.state_sum + hash_sum) % MOD64
             self.users.append(pc.unique(rows["user_id"].combine_chunks()))
 
@@ -225,7 +225,7 @@ def _read_files(columns: tuple[str, ...]) -> Callable[[Iterator[pa.RecordBatch]]
         for batch in batches:
             for uri in batch.column(0).to_pylist():
                 for part in file_batches(uri, columns):
-                    rows = state_format.upgrade_v1(part) if v1 else state_format.conform(part)
+                    rows = state_format.conform(state_format.upgrade_v1(part) if v1 else part, state_format.SAVED_SCHEMA)
                     yield from rows.to_batches()
 
     return read
@@ -234,12 +234,14 @@ def _read_files(columns: tuple[str, ...]) -> Callable[[Iterator[pa.RecordBatch]]
 # ---- driver side ---------------------------------------------------------------------------------
 
 def write_state_files(spark: SparkSession, rows: DataFrame, uri: str, *, file_rows: int | None = None,
-                      group_rows: int | None = None, schema: pa.Schema = state_format.CANONICAL_SCHEMA,
+                      group_rows: int | None = None, schema: pa.Schema | None = None,
                       prepare: Prepare | None = None) -> WrittenFiles:
     """State rows (a DataFrame: canonical, or an increment's with `schema` savepoints.INCREMENT_SCHEMA; or what
     `prepare`, a mapInArrow function, makes of its rows in the writing task) written as Parquet files under `uri` by
     the tasks that compute them (at most `file_rows` rows per file, FILE_ROWS by default); returns the files'
     metadata and the rows' checksum. Nothing is committed: commit_state_files makes them a Delta table."""
+    if schema is None:  # canonical rows: with `attributes` when the frame carries them (a job with attributes)
+        schema = state_format.SAVED_SCHEMA if "attributes" in rows.columns else state_format.CANONICAL_SCHEMA
     increment = DELETED in schema.names
     write = _write_partition(uri, file_rows or FILE_ROWS, group_rows or ROW_GROUP_ROWS, schema, prepare)
     with executor_env(spark, uri):
@@ -302,5 +304,5 @@ def table_rows(spark: SparkSession, files: StateFiles) -> DataFrame:
     """A full state table's rows in the current canonical form (CANONICAL_DDL; v1 rows upgraded as
     state_format.upgrade_v1 does), read by the executors from the files its Delta log lists."""
     if not files.files:
-        return spark.createDataFrame([], CANONICAL_DDL)
-    return _files_frame(spark, files, _read_files(files.columns), CANONICAL_DDL)
+        return spark.createDataFrame([], state_format.SAVED_DDL)
+    return _files_frame(spark, files, _read_files(files.columns), state_format.SAVED_DDL)

@@ -23,11 +23,10 @@ from deltalake.transaction import AddAction, CommitProperties
 from pyspark.sql import SparkSession
 
 from pipelines.coordination import kill_point
-from pipelines.core import state_format
 from pipelines.errors import SavepointDamaged
 from pipelines.storage import filesystem, s3_errors
 from state_store.results import SavepointInfo
-from state_store.savepoint.catalog import FULL, INCREMENTAL, SavepointStore, StateFiles
+from state_store.savepoint.catalog import FULL, INCREMENTAL, SavepointStore, StateFiles, written_schema
 from state_store.savepoint.chain import resolved_rows
 from state_store.savepoint.files import files_checksum, write_state_files
 
@@ -60,9 +59,11 @@ def fold(spark: SparkSession, store: SavepointStore, saved: SavepointInfo, catal
     docstring)."""
     uri = store.state_uri(saved.savepoint_id)
     if store.is_increment(uri):
-        written = write_state_files(spark, resolved_rows(spark, store, store.chain_members(saved, catalog)), uri)
+        schema = written_schema(increment=False, attributes=bool(saved.session_spec.attributes))
+        resolved = resolved_rows(spark, store, store.chain_members(saved, catalog)).select(*schema.names)
+        written = write_state_files(spark, resolved, uri, schema=schema)
         fs, root = filesystem(uri)
-        files = StateFiles(uri, tuple(state_format.CANONICAL_SCHEMA.names),
+        files = StateFiles(uri, tuple(schema.names),
                            tuple(f"{uri.rstrip('/')}/{f['path']}" for f in written.files),
                            tuple(int(f["size"]) for f in written.files))
         if (written.rows, written.checksum) != (saved.rows, saved.checksum) or \
@@ -76,7 +77,7 @@ def fold(spark: SparkSession, store: SavepointStore, saved: SavepointInfo, catal
         with s3_errors(uri):
             DeltaTable(uri, storage_options=store.options).create_write_transaction(
                 [AddAction(f["path"], int(f["size"]), {}, now_ms, True, f["stats"]) for f in written.files],
-                mode="overwrite", schema=Schema.from_arrow(state_format.CANONICAL_SCHEMA),
+                mode="overwrite", schema=Schema.from_arrow(schema),
                 commit_properties=CommitProperties(custom_metadata={
                     "sessions.rows": written.rows, "sessions.checksum": written.checksum,
                     "sessions.folded": ",".join(saved.chain_ids)}))

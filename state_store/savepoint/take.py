@@ -19,6 +19,7 @@ from pipelines.coordination import kill_point
 from pipelines.core import state_format
 from pipelines.errors import SavepointDamaged, SavepointFailed, unreadable_savepoint_file
 from pipelines.job.checkpoint import CommittedBatch, committed_checkpoint, inspect_checkpoint
+from pipelines.job.operators.jvm import has_attributes
 from pipelines.job.runtime import log_traceback
 from pipelines.job.sink import version_after_batch
 from pipelines.storage import filesystem, storage_options
@@ -26,11 +27,11 @@ from state_store.results import SavepointInfo
 from state_store.savepoint import native
 from state_store.savepoint.catalog import (
     FULL,
-    INCREMENT_SCHEMA,
     INCREMENTAL,
     SavepointStore,
     StateFiles,
     new_savepoint_id,
+    written_schema,
 )
 from state_store.savepoint.chain import change_feed, check_increment, latest_per_user
 from state_store.savepoint.checksum import checksum_parts, combine_checksum
@@ -71,7 +72,8 @@ def _write_increment(config: SessionsConfig, spark: SparkSession, store: Savepoi
     in the savepoint's folder."""
     try:
         written = write_state_files(spark, change_feed(spark, config.checkpoint, after_batch, batch_id),
-                                    store.state_uri(savepoint_id), schema=INCREMENT_SCHEMA, prepare=latest_per_user)
+                                    store.state_uri(savepoint_id), prepare=latest_per_user, schema=written_schema(
+                                        increment=True, attributes=has_attributes(config.checkpoint)))
         newest = inspect_checkpoint(config.checkpoint).last_committed_batch or batch_id
         if newest - after_batch < config.min_batches_to_retain:
             return written

@@ -20,7 +20,7 @@ from pipelines.job.checkpoint import read_job_metadata
 from pipelines.job.operators.seam import StateOperator, StoredChunk, output_schema, state_reader
 from pipelines.locations import CheckpointPath
 
-__all__ = ["JVM_JAR", "STATE_LAYOUT", "JvmOperator", "register_decoder"]
+__all__ = ["JVM_JAR", "STATE_LAYOUT", "JvmOperator", "has_attributes", "register_decoder"]
 
 JVM_JAR = REPO_ROOT / "build" / "jvm" / "sessions-operator.jar"  # built by `make setup` (the Makefile's jvm target)
 # One key per user; each value carries its own format version byte (StateCodec.VALUE_FORMAT: v2 written, v1 read),
@@ -29,6 +29,12 @@ STATE_LAYOUT = "open_sessions_by_user/jvm-v1"
 _DECODE_STATE = "sessions_jvm_state_rows"
 _ROWS_DDL = ("array<struct<session_start_ms: bigint, event_id: string, event_time_ms: bigint, event_type: string, "
              "event_count: bigint, page_views: bigint, attributes: string>>")
+
+
+def has_attributes(checkpoint: CheckpointPath) -> bool:
+    """Whether the checkpoint's job (its recorded spec) has attributes: its canonical rows then carry them."""
+    meta = read_job_metadata(checkpoint)
+    return meta is not None and bool(meta.session_spec.attributes)
 
 
 def register_decoder(spark: SparkSession, checkpoint: CheckpointPath) -> str:
@@ -102,8 +108,9 @@ class JvmOperator(StateOperator):
     def canonical_rows(self, spark: SparkSession, checkpoint: CheckpointPath, batch_id: int | None) -> DataFrame:
         # In SQL, no Python worker: the rows are already columns after DecodeState.
         row = F.explode("rows").alias("r")
+        attributes = ["r.attributes"] if has_attributes(checkpoint) else []  # a job without: today's columns
         return self.stored_values(spark, checkpoint, batch_id).select("user_id", row).select(
             "user_id", F.timestamp_millis("r.session_start_ms").alias("session_start"), "r.event_id",
             F.timestamp_millis("r.event_time_ms").alias("event_time"), "r.event_type", "r.event_count",
-            "r.page_views", "r.attributes")
+            "r.page_views", *attributes)
 

@@ -22,7 +22,7 @@ from pyspark.sql import functions as F
 
 from pipelines.config import MAX_PARTITIONS
 from pipelines.core.spec import Attribute, FieldSpec
-from pipelines.core.state_format import CANONICAL_DDL
+from pipelines.core.state_format import CANONICAL_DDL, CANONICAL_SCHEMA
 from pipelines.locations import CheckpointPath
 
 __all__ = ["OUTPUT_COLUMNS", "OUTPUT_SCHEMA", "StateOperator", "StoredChunk", "keyed_events", "output_schema", "register_coordinator", "state_reader"]
@@ -99,7 +99,7 @@ class StateOperator(ABC):
             from pipelines.core.state_format import to_canonical as canonical
             for batch in batches:
                 for chunk in decode(batch):
-                    yield from canonical(chunk.rows).to_batches()
+                    yield from canonical(chunk.rows).select(CANONICAL_SCHEMA.names).to_batches()
 
         return self.stored_values(spark, checkpoint, batch_id).mapInArrow(to_canonical, CANONICAL_DDL)
 
