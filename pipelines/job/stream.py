@@ -9,7 +9,7 @@ import time
 from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager, suppress
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 from pyspark.sql import DataFrame, SparkSession
@@ -30,7 +30,8 @@ from pipelines.coordination.requests import (
     pending_request,
     withdraw,
 )
-from pipelines.errors import SessionsError, StorageUnavailable
+from pipelines.core.spec import changed_refusal, spec_changes
+from pipelines.errors import ConfigError, SessionsError, StorageUnavailable
 from pipelines.ingest import LargeInput, ingest
 from pipelines.job.checkpoint import JobMetadata, batch_source_range, inspect_checkpoint, read_bootstrap
 from pipelines.job.ingest_tasks import SparkIngestTasks
@@ -51,6 +52,7 @@ from pipelines.job.source import SOURCE_NAME, fields_option
 from pipelines.job.startup import checkpoint_metadata, ensure_tables
 from pipelines.job.state_changes import OnStateChange, Resumed, batch_end, change_state, first_line
 from pipelines.locations import CheckpointPath, hdfs_outage
+from pipelines.spec_file import read_spec
 from pipelines.storage import is_object_store_failure, is_s3, object_store_errors, s3_failure, storage_options
 
 __all__ = ["catch_up", "raw_events_stream", "run_continuously", "start_query"]
@@ -227,6 +229,36 @@ def _stop_idle_state_stores(spark: SparkSession) -> None:
 OnStop = Callable[[StopRequest, SparkSession], "dict[str, Any] | None"]
 
 
+@dataclass(frozen=True)
+class SpecChanged:
+    """SESSIONS_SPEC's file holds another spec this run can take (pipelines.core.spec.spec_changes): the query stops
+    between two batches and starts again under it."""
+
+
+class _SpecWatch:
+    """Whether the spec file changed under the running stream. A file that cannot be read or parsed, or that changes
+    an attribute's definition, is one log line (once per content) and the run goes on under the spec it has."""
+
+    def __init__(self) -> None:
+        self.said: set[str] = set()
+
+    def moved(self, config: SessionsConfig) -> bool:
+        if not config.spec:
+            return False
+        try:
+            fresh = read_spec(config.spec)
+            changes = spec_changes(config.session_spec, fresh)
+            if changes.changed:
+                raise ConfigError(changed_refusal(config.session_spec, fresh, changes.changed[0],
+                                                  how="stop the job and restore a savepoint with --migrate"))
+        except ConfigError as refused:
+            if str(refused) not in self.said:
+                self.said.add(str(refused))
+                log.error("the session spec was not taken; the stream goes on under the one it has: %s", refused)
+            return False
+        return not changes.none
+
+
 def _drain(query: StreamingQuery, timeout_s: float) -> None:
     """Let the batch in flight commit (bounded), then stop: a stop between batches replays nothing."""
     deadline = time.monotonic() + timeout_s
@@ -257,23 +289,32 @@ def run_continuously(config: SessionsConfig, *, spark: SparkSession | None = Non
     query ends the run with its one line."""
     stop = stop or threading.Event()
     tick = min(poll_seconds, 1.0)  # how often a stop is noticed; ingest and progress still every poll_seconds
+    watch = _SpecWatch()
     with _job(config, "run", spark) as run:
         summary = run.summary
-        request: StreamRequest | None = None
+        request: StreamRequest | SpecChanged | None = None
         resumed: Resumed | None = None  # a state change done, answered once the first batch after it ran
         ingest_now = _RetryingIngest(config, summary, poll_seconds, run.lease, large=_tasks(config, run.spark))
         wait = 0.0 if stop.is_set() else ingest_now()
         try:
             while not stop.is_set():  # a Ctrl-C while the JVM started: stop before the query does
                 try:
-                    request = _run_query(config, run, stop, tick, poll_seconds, ingest_now, wait, on_progress, resumed)
+                    request = _run_query(config, run, stop, tick, poll_seconds, ingest_now, wait, on_progress, resumed,
+                                         watch)
                 except StorageUnavailable as failure:
                     request, wait = ride_out(config, run.lease, stop, tick, ingest_now.query_failed(failure)), 0.0
                     if request is None:
                         continue  # the query again (or the stop the caller asked for meanwhile)
                 if resumed is not None and resumed.answered:
                     resumed = None
-                if isinstance(request, ErasureRequest):
+                if isinstance(request, SpecChanged):
+                    # A new configuration object reads the file again (SessionsConfig.session_spec is read once per
+                    # object); its metadata records the spec, the sessions table gains the added attributes' columns.
+                    config = replace(config)
+                    ensure_tables(config)
+                    run.meta, run.operator = checkpoint_metadata(config)
+                    ingest_now.config = config  # lines ingested from now on are read by the new input part
+                elif isinstance(request, ErasureRequest):
                     _answer_erasure(config, run, request, on_erasure)
                 elif isinstance(request, (RescaleRequest, RestoreRequest)):
                     if resumed is not None:  # a second change before the first one's batch after: answer the first
@@ -301,10 +342,12 @@ def run_continuously(config: SessionsConfig, *, spark: SparkSession | None = Non
 def _run_query(config: SessionsConfig, run: _Run, stop: threading.Event, tick: float, poll_seconds: float,
                ingest_now: _RetryingIngest, wait: float,
                on_progress: Callable[[RunSummary, MicroBatchSink], None] | None,
-               resumed: Resumed | None = None) -> StreamRequest | None:
+               resumed: Resumed | None = None, watch: _SpecWatch | None = None) -> StreamRequest | SpecChanged | None:
     """One query of the run, until the caller stops it or a request (stop, erasure, rescale, restore) arrives;
-    drained and closed. `resumed`: a state change to answer once this query's first batch ran."""
-    summary, request = run.summary, None
+    drained and closed. `resumed`: a state change to answer once this query's first batch ran. `watch`: the spec
+    file, looked at before each ingest (SpecChanged: a new spec to start the next query under)."""
+    summary = run.summary
+    request: StreamRequest | SpecChanged | None = None
     with spark_failures(config):
         begun = time.monotonic()
         query, sink = start_query(run.spark, config, run.meta, run.operator,
@@ -328,6 +371,9 @@ def _run_query(config: SessionsConfig, run: _Run, stop: threading.Event, tick: f
             if request is not None:
                 break
             if time.monotonic() >= next_poll:
+                if watch is not None and watch.moved(config):
+                    request = SpecChanged()
+                    break
                 next_poll = time.monotonic() + ingest_now()
             if time.monotonic() >= next_progress:
                 if summary.absorb_progress(query):

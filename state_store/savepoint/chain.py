@@ -156,7 +156,7 @@ def _per_user(part: pa.Table, pos: int, increment: bool) -> pa.RecordBatch:
     codes, uniques = pd.factorize(live["user_id"].to_numpy(zero_copy_only=False))
     sums = np.zeros(len(uniques), np.uint64)
     if live.num_rows:
-        np.add.at(sums, codes, row_hashes(live.select(list(CANONICAL))).astype(np.uint64))
+        np.add.at(sums, codes, row_hashes(state_format.conform(live)).astype(np.uint64))
     counts = np.bincount(codes, minlength=len(uniques)) if live.num_rows else np.zeros(0, np.int64)
     return pa.RecordBatch.from_pydict({
         "key": list(uniques) + gone, "pos": [pos] * (len(uniques) + len(gone)),
