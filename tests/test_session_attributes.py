@@ -283,3 +283,69 @@ def test_attributes_survive_a_canonical_savepoint_and_its_restore(spark: Any, tm
     assert read_attributes(config, names) == _expected(expected, expected.closed, names)
     open_at_savepoint = {row[0] for row in before.open_sessions}
     assert open_at_savepoint & {row[0] for row in expected.closed}
+
+
+def test_an_attribute_added_to_a_running_stream(spark: Any, tmp_path: Path) -> None:
+    """`sessionctl run` (run_continuously) takes a spec that gained an attribute between two batches: the query
+    restarts under it, and sessions open at the change carry null for it; nothing lost or doubled."""
+    import threading
+
+    from deltalake import DeltaTable
+
+    from pipelines.core.sample_data import land
+    from pipelines.ingest import latest_ingest_seq
+    from pipelines.job.checkpoint import read_job_metadata
+    from pipelines.job.stream import run_continuously
+    from tests.harness import stream_caught_up, wait_until
+
+    batches = _shaped(stream_scenario(5, 5))
+    cut = len(batches) // 2
+    spec_path = tmp_path / "spec.yaml"
+    spec_path.write_text(EXAMPLE)
+    config = make_config(tmp_path, "rocksdb", SESSIONS_SPEC=str(spec_path), SESSIONS_MAX_VERSIONS_PER_BATCH=1)
+    stop, outcome = threading.Event(), {}
+
+    def run() -> None:
+        try:
+            outcome["summary"] = run_continuously(config, spark=spark, stop=stop, poll_seconds=0.5)
+        except BaseException as error:  # noqa: BLE001 -- handed to the test's thread
+            outcome["error"] = error
+
+    numbering = iter(range(1, 1 + sum(len(batch) for batch in batches)))
+
+    def ingested() -> int:
+        return latest_ingest_seq(config.raw_events_table) if DeltaTable.is_deltatable(config.raw_events_table) else 0
+
+    def land_one(k: int) -> None:  # one file at a time, each its own micro-batch: the oracle's split
+        seen = ingested()
+        land(config.landing, f"part-{k:05d}.jsonl", [segment_line(e, next(numbering)) for e in batches[k]])
+        wait_until(lambda: "error" not in outcome and ingested() > seen and stream_caught_up(config),
+                   timeout_s=120, what=f"file {k} ingested and processed")
+
+    thread = threading.Thread(target=run, daemon=True)
+    thread.start()
+    try:
+        for k in range(cut):
+            land_one(k)
+        closed_before = {row[0] for row in read_sessions(config)}
+        spec_path.write_text(ADDED)
+        wait_until(lambda: "low_order" in (read_job_metadata(config.checkpoint).spec or ""), timeout_s=60,
+                   what="the running stream to take the new spec")
+        for k in range(cut, len(batches)):
+            land_one(k)
+    finally:
+        stop.set()
+        thread.join(timeout=120)
+    assert "error" not in outcome, outcome
+    before = run_oracle(batches[:cut], GAP_MS, LATENESS_MS)
+    assert closed_before == {row[0] for row in before.closed}
+    expected = run_oracle(batches, GAP_MS, LATENESS_MS, attributes=_attribute_map(ADDED))
+    assert read_sessions(config) == sorted(expected.closed)
+    names = [*_attribute_map(EXAMPLE), "low_order"]
+    want = _expected(expected, expected.closed, names)
+    open_at_change = {oracle_session_id(row[1], row[2]) for row in before.open_sessions}
+    for sid, row in want.items():
+        if sid in closed_before or sid in open_at_change:
+            row["low_order"] = None
+    assert read_attributes(config, names) == want
+    assert any(sid in open_at_change for sid in want)
