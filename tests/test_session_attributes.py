@@ -349,3 +349,76 @@ def test_an_attribute_added_to_a_running_stream(spark: Any, tmp_path: Path) -> N
             row["low_order"] = None
     assert read_attributes(config, names) == want
     assert any(sid in open_at_change for sid in want)
+
+
+def test_the_dagster_resource_takes_the_spec(spark: Any, tmp_path: Path) -> None:
+    """The Dagster resource's `spec` field (the launchpad shows it): a bad spec fails the run at launch in one line
+    naming the key; a `session_stream` run takes an attribute added while it runs, between two batches."""
+    import threading
+
+    from deltalake import DeltaTable
+
+    from assets.definitions import defs
+    from assets.resources import SessionsResource, pyspark_resource
+    from pipelines.core.sample_data import land
+    from pipelines.ingest import latest_ingest_seq
+    from pipelines.job.checkpoint import read_job_metadata
+    from state_store.stream_control import stop_stream
+    from tests.harness import stream_caught_up, wait_until
+
+    bad = tmp_path / "bad.yaml"
+    bad.write_text(EXAMPLE.replace("revenue: {sum: revenue}", "revenue: {sum: page}"))
+    resources = {"sessions": SessionsResource(home=str(tmp_path / "home"), spec=str(bad)),
+                 "pyspark": pyspark_resource()}
+    failed = defs.resolve_job_def("session_catch_up").execute_in_process(resources=resources, raise_on_error=False)
+    assert not failed.success
+    (failure,) = [e.event_specific_data.error_display_string for e in failed.all_events
+                  if e.event_type_value == "STEP_FAILURE"]
+    assert "SESSIONS_SPEC attributes.revenue: sum needs a field of type long or double, got string" in failure
+
+    spec_path = tmp_path / "spec.yaml"
+    spec_path.write_text(EXAMPLE)
+    resources = {"sessions": SessionsResource(home=str(tmp_path / "home"), spec=str(spec_path),
+                                              max_versions_per_batch=1), "pyspark": pyspark_resource()}
+    config = resources["sessions"].config()
+    batches = _shaped(stream_scenario(5, 5))
+    cut = len(batches) // 2
+    outcome: dict = {}
+    job = threading.Thread(target=lambda: outcome.update(result=defs.resolve_job_def("session_stream").execute_in_process(
+        resources=resources, run_config={"ops": {"stream_op": {"config": {"poll_seconds": 0.5}}}})), daemon=True)
+    job.start()
+    numbering = iter(range(1, 1 + sum(len(batch) for batch in batches)))
+
+    def ingested() -> int:
+        return latest_ingest_seq(config.raw_events_table) if DeltaTable.is_deltatable(config.raw_events_table) else 0
+
+    def land_one(k: int) -> None:
+        seen = ingested()
+        land(config.landing, f"part-{k:05d}.jsonl", [segment_line(e, next(numbering)) for e in batches[k]])
+        wait_until(lambda: job.is_alive() and ingested() > seen and stream_caught_up(config), timeout_s=180,
+                   what=f"file {k} ingested and processed by session_stream")
+
+
+    try:
+        for k in range(cut):
+            land_one(k)
+        closed_before = {row[0] for row in read_sessions(config)}
+        spec_path.write_text(ADDED)
+        wait_until(lambda: "low_order" in (read_job_metadata(config.checkpoint).spec or ""), timeout_s=60,
+                   what="session_stream to take the new spec")
+        for k in range(cut, len(batches)):
+            land_one(k)
+    finally:
+        stop_stream(config)
+        job.join(timeout=300)
+    assert outcome["result"].success
+    before = run_oracle(batches[:cut], GAP_MS, LATENESS_MS)
+    expected = run_oracle(batches, GAP_MS, LATENESS_MS, attributes=_attribute_map(ADDED))
+    assert read_sessions(config) == sorted(expected.closed)
+    open_at_change = {oracle_session_id(row[1], row[2]) for row in before.open_sessions}
+    got = read_attributes(config, ["low_order", "revenue"])
+    want = _expected(expected, expected.closed, ["low_order", "revenue"])
+    for sid, row in want.items():
+        if sid in closed_before or sid in open_at_change:
+            row["low_order"] = None
+    assert got == want
