@@ -406,7 +406,7 @@ def _tier_of(item: pytest.Item) -> str | None:
 #   `make test` (under 15 min) runs every test that is not long.
 FAST_MODULES = frozenset({"test_stream_vs_oracle", "test_bad_input", "test_hostile_input", "test_savepoint_io",
                           "test_ingest_tasks", "test_preflight", "test_local_fs", "test_jvm_operator"})
-LONG = {  # module -> its test functions in the long depth (every case of each)
+LONG = {  # module -> its test functions in the long depth (every case of each), or single cases ("test_x[hdfs]")
     "test_online_lifecycle": frozenset({
         "test_rescale_of_a_running_stream_between_two_batches", "test_restore_of_a_running_stream_between_two_batches",
         "test_a_running_stream_killed_inside_its_rescale_loses_nothing",
@@ -435,12 +435,22 @@ LONG = {  # module -> its test functions in the long depth (every case of each)
     # test_data_files, and test_erasure's restore over files delta-rs rewrote)
     "test_rewritten_tables": frozenset({"test_every_command_after_delta_spark_rewrote_the_tables"}),
     "test_delta_engines": frozenset({"test_delta_spark_and_delta_rs_read_and_append_every_table"}),
+    # The session spec's attributes: make test runs each on rocksdb; the HDFS-backed provider's cases and the Dagster
+    # surface's here (make test keeps the running stream's own spec change: the code path session_stream runs)
+    "test_session_attributes": frozenset({
+        "test_epoch_millisecond_times_integer_users_and_every_field_type[hdfs]",
+        "test_attributes_survive_a_canonical_savepoint_and_its_restore[hdfs]",
+        "test_the_dagster_resource_takes_the_spec"}),
+    "test_previous_release": frozenset({
+        "test_the_previous_releases_checkpoint_continues_and_its_savepoint_restores[hdfs]",
+        "test_the_previous_releases_checkpoint_and_savepoint_under_a_spec_with_attributes[hdfs]"}),
 }
 
 
 def _depth_of(item: pytest.Item, tier: str) -> str | None:
     module = item.path.stem
-    if tier == "e2e" or getattr(item, "originalname", item.name) in LONG.get(module, ()):
+    long = LONG.get(module, ())
+    if tier == "e2e" or getattr(item, "originalname", item.name) in long or item.name in long:
         return "long"
     if tier == "pure" or (tier == "spark" and module in FAST_MODULES):
         return "fast"
@@ -462,7 +472,7 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     # A name in LONG that its module (when collected) no longer has: a renamed test would land in `make test` unseen.
     found: dict[str, set[str]] = {}
     for item in items:
-        found.setdefault(item.path.stem, set()).add(getattr(item, "originalname", item.name))
+        found.setdefault(item.path.stem, set()).update({getattr(item, "originalname", item.name), item.name})
     stale = sorted(f"{module}::{name}" for module, names in LONG.items() if module in found
                    for name in names - found[module])
     if stale:

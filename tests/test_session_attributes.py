@@ -157,23 +157,13 @@ def _run(spark: Any, tmp_path: Path, provider: str, spec_text: str, batches: lis
 
 
 @pytest.mark.parametrize("provider", ["rocksdb", "hdfs"])
-def test_a_segment_stream_carries_the_example_specs_attributes(spark: Any, tmp_path: Path, provider: str) -> None:
-    batches = _shaped(stream_scenario(5, 5))
-    config, expected = _run(spark, tmp_path, provider, EXAMPLE, batches, segment_line)
-    assert expected.late and expected.duplicates and expected.closed
-    names = list(_attribute_map(EXAMPLE))
-    values = [v for row in _expected(expected, expected.closed, names).values() for v in row.values()]
-    assert None in values and any(isinstance(v, float) for v in values) and any(isinstance(v, str) for v in values)
-    assert read_sessions(config) == sorted(expected.closed)
-    assert read_attributes(config, names) == _expected(expected, expected.closed, names)
-
-
-def test_epoch_millisecond_times_integer_users_and_every_field_type(spark: Any, tmp_path: Path) -> None:
+def test_epoch_millisecond_times_integer_users_and_every_field_type(spark: Any, tmp_path: Path, provider: str) -> None:
     scenario = stream_scenario(6, 4)
     users = sorted({e["user_id"] for batch in scenario for e in batch})
     numbered = {user: str(7000 + k) for k, user in enumerate(users)}
     batches = _shaped([[{**e, "user_id": numbered[e["user_id"]]} for e in batch] for batch in scenario])
-    config, expected = _run(spark, tmp_path, "rocksdb", EPOCH_MS, batches, epoch_line)
+    config, expected = _run(spark, tmp_path, provider, EPOCH_MS, batches, epoch_line)
+    assert expected.late and expected.duplicates and expected.closed
     names = list(_attribute_map(EPOCH_MS))
     assert read_sessions(config) == sorted(expected.closed)
     assert read_attributes(config, names) == _expected(expected, expected.closed, names)

@@ -2,7 +2,8 @@
 key), Segment-shaped lines read by the contract's example spec, the four time formats, typed fields and
 `invalid_field:<name>`, the per-line rules and the columnar reader giving the same rows (a property over generated
 Segment-shaped lines, mutated as tests/test_ingest_columnar.py mutates its lines), raw_events gaining a field's column
-by schema evolution, and one stream of Segment-shaped events against the oracle (Spark)."""
+by schema evolution, and specs compared in one place. Streams of Segment-shaped events against the oracle: in
+tests/test_session_attributes.py."""
 from __future__ import annotations
 
 import datetime as dt
@@ -21,8 +22,7 @@ from pipelines.errors import ConfigError
 from pipelines.ingest import columnar
 from pipelines.ingest.lines import Lines, classify_line
 from pipelines.ingest.table import RowSource, line_rows, raw_schema
-from testkit.oracle import run_oracle
-from tests.conftest import make_config, read_sessions
+from tests.conftest import make_config
 from tests.test_ingest_columnar import INGESTED_AT, LIMIT, MAX_FUTURE, _mutate, fast_for_any_size
 
 pytestmark = pytest.mark.tier("pure")
@@ -376,55 +376,6 @@ def test_raw_events_gains_a_column_when_the_spec_gains_a_field(tmp_path: Path) -
 
 
 # --- the stream of Segment-shaped events against the oracle (Spark) ---------------------------------------------------
-
-SPARK_SPEC = """\
-input:
-  event_id: messageId
-  user_id: [userId, anonymousId]
-  event_time: {path: sentAt, format: epoch_ms}
-  event_type: event
-  fields:
-    revenue: {path: properties.revenue, type: double}
-"""
-
-
-def _segment_line(event: dict[str, Any], k: int) -> str:
-    """An event of the product's shape (tests/datagen.py) as a Segment call: the user in userId, in anonymousId
-    (userId null) or, for users whose id is digits, an integer; epoch milliseconds, as an integer or a float."""
-    user: Any = event["user_id"]
-    record: dict[str, Any] = {"type": "track", "messageId": event["event_id"], "event": event.get("event_type"),
-                              "sentAt": event["event_time_ms"] if k % 3 else float(event["event_time_ms"]),
-                              "properties": {"revenue": k * 0.5}, "context": {"library": {"name": "analytics.js"}}}
-    if user.isdigit():
-        record["userId"] = int(user)
-    elif k % 2:
-        record.update(userId=None, anonymousId=user)
-    else:
-        record["userId"] = user
-    return json.dumps(record)
-
-
-@pytest.mark.tier("spark")
-def test_a_segment_stream_is_the_oracles(spark: Any, tmp_path: Path) -> None:
-    from pipelines.job.stream import catch_up
-    from tests.datagen import land_files, stream_scenario
-
-    gap_ms, lateness_ms = 30 * 60_000, 10 * 60_000
-    batches = stream_scenario(3, 4)  # duplicates, out-of-order and late events (held back past the lateness)
-    users = sorted({e["user_id"] for batch in batches for e in batch})
-    numbered = {user: str(900 + k) if k % 3 == 0 else user for k, user in enumerate(users)}  # some integer ids
-    batches = [[{**e, "user_id": numbered[e["user_id"]]} for e in batch] for batch in batches]
-    expected = run_oracle(batches, gap_ms, lateness_ms)
-    assert expected.late and expected.duplicates and expected.closed
-
-    spec_path = tmp_path / "segment.yaml"
-    spec_path.write_text(SPARK_SPEC)
-    config = make_config(tmp_path, "rocksdb", SESSIONS_SPEC=str(spec_path), SESSIONS_MAX_VERSIONS_PER_BATCH=1)
-    numbering = iter(range(1, 1 + sum(len(batch) for batch in batches)))
-    land_files(config, [[_segment_line(e, next(numbering)) for e in batch] for batch in batches])
-    catch_up(config, spark)
-    assert read_sessions(config) == sorted(expected.closed)
-
 
 def test_spec_changes_are_compared_in_one_place() -> None:
     from pipelines.core.spec import DEFAULT_SPEC, spec_changes
