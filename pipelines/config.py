@@ -187,8 +187,9 @@ class SessionsConfig:
     # The session spec (pipelines/core/spec.py, docs/session-spec.md): read and checked once, by from_env.
     spec: str = setting_field("", "the session spec: a YAML or JSON file (a path or s3://bucket/key) saying where "
                               "event_id, user_id, event_time, event_type and typed extra fields are in each event, and "
-                              "the sessions' attributes (validated; the columns they describe are not computed yet: "
-                              "docs/session-spec.md)", shown="unset (the contract's five fields, no attributes)")
+                              "the sessions' attributes: extra columns of sessions (first, last, count_if, sum, min, max "
+                              "over the session's events; docs/session-spec.md); a running stream takes a changed "
+                              "spec between two batches", shown="unset (the contract's five fields, no attributes)")
 
     @classmethod
     def from_env(cls, env: Mapping[str, str] | None = None) -> SessionsConfig:
