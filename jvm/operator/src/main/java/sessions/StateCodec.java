@@ -56,6 +56,7 @@ public final class StateCodec {
             for (int k = 0; k < encodings.length; k++) {
                 encodings[k] = attrs.get(k).encoding();
                 out.fixedInt(attrs.get(k).fingerprint());
+                out.room(1);
                 out.buf[out.len++] = encodings[k];
             }
         }

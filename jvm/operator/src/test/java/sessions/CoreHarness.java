@@ -16,6 +16,9 @@ import org.apache.spark.sql.Row;
  * Request: {"user", "watermark", "gap", "state": [[start, id, time, type, count, views]...],
  *           "events": [[id, time, type]...]}; response: {"closed": [[session_id, start, end, count, views, reason]...],
  *           "open": [[start, id, time, type, count, views]...], "late": [index of each late event...], "due": ms|null}.
+ * With "attributes" (pipelines.job.operators.jvm.attributes_json): each state row has its partials' text 7th, each
+ * event its fields 4th ({column: value}); each closed row has the attributes' values after the reason, each open
+ * row its partials' text 7th (after the stored form's round trip).
  */
 public final class CoreHarness {
     private static final ObjectMapper JSON = new ObjectMapper();
@@ -26,10 +29,16 @@ public final class CoreHarness {
         JsonNode in = JSON.readTree(request);
         String user = in.get("user").asText();
         long watermark = in.get("watermark").asLong();
+        List<Attributes.Attr> attrs = Attributes.parse(in.has("attributes") ? in.get("attributes").asText() : "");
+        int[] columns = new int[attrs.size()];
+        for (int k = 0; k < columns.length; k++) {
+            columns[k] = attrs.get(k).column() == null ? -1 : k;
+        }
         List<SessionsOperator.R> rows = new ArrayList<>();
         for (JsonNode r : in.get("state")) {
+            Object[] parts = attrs.isEmpty() ? SessionsOperator.NO_PARTS : Attributes.fromJson(attrs, text(r.get(6)));
             rows.add(new SessionsOperator.R(r.get(0).asLong(), text(r.get(1)), r.get(2).asLong(), text(r.get(3)),
-                                            r.get(4).asLong(), r.get(5).asLong(), rows.size()));
+                                            r.get(4).asLong(), r.get(5).asLong(), rows.size(), parts));
         }
         ObjectNode out = JSON.createObjectNode();
         ArrayNode late = out.putArray("late");
@@ -41,23 +50,31 @@ public final class CoreHarness {
             if (time <= watermark) {
                 late.add(index);
             } else {
+                Object[] parts = attrs.isEmpty() ? SessionsOperator.NO_PARTS
+                    : Attributes.eventPartials(attrs, type, fields(attrs, e.get(3)), columns);
                 fresh.add(new SessionsOperator.R(time, text(e.get(0)), time, type, 1,
-                                                 SessionsOperator.PAGE_VIEW.equals(type) ? 1 : 0, 0));
+                                                 SessionsOperator.PAGE_VIEW.equals(type) ? 1 : 0, 0, parts));
             }
             index++;
         }
-        SessionsOperator.Walk walk = SessionsOperator.advance(user, rows, fresh, watermark, in.get("gap").asLong(), List.of());
+        SessionsOperator.Walk walk = SessionsOperator.advance(user, rows, fresh, watermark, in.get("gap").asLong(), attrs);
         List<SessionsOperator.R> kept = walk.open();
         List<Row> sessions = walk.closed();
         long due = walk.due();
         ArrayNode closed = out.putArray("closed");
         for (Row s : sessions) {
-            closed.addArray().add(s.getString(1)).add(s.getLong(3)).add(s.getLong(4)).add(s.getLong(5))
-                .add(s.getLong(6)).add(s.getString(7));
+            ArrayNode row = closed.addArray().add(s.getString(1)).add(s.getLong(3)).add(s.getLong(4))
+                .add(s.getLong(5)).add(s.getLong(6)).add(s.getString(7));
+            for (int k = 0; k < attrs.size(); k++) {
+                row.add(JSON.valueToTree(s.get(SessionsOperator.OUTPUT_NAMES.length + k)));
+            }
         }
         ArrayNode open = out.putArray("open");
-        for (SessionsOperator.R r : StateCodec.decode(StateCodec.encode(kept))) {  // through the stored form
-            open.addArray().add(r.start).add(r.id).add(r.time).add(r.type).add(r.count).add(r.views);
+        for (SessionsOperator.R r : StateCodec.decode(StateCodec.encode(kept, attrs), attrs)) {  // the stored form
+            ArrayNode row = open.addArray().add(r.start).add(r.id).add(r.time).add(r.type).add(r.count).add(r.views);
+            if (!attrs.isEmpty()) {
+                row.add(Attributes.toJson(attrs, r.parts));
+            }
         }
         if (kept.isEmpty()) {
             out.putNull("due");
@@ -89,6 +106,25 @@ public final class CoreHarness {
             rows.addArray().add(r.start).add(r.id).add(r.time).add(r.type).add(r.count).add(r.views);
         }
         return JSON.writeValueAsString(out);
+    }
+
+    /** An event's fields as the operator's input row: attribute k's value at index k. */
+    private static Row fields(List<Attributes.Attr> attrs, JsonNode given) {
+        Object[] values = new Object[attrs.size()];
+        for (int k = 0; k < values.length; k++) {
+            Attributes.Attr a = attrs.get(k);
+            JsonNode v = a.column() == null || given == null ? null : given.get(a.column());
+            if (v == null || v.isNull()) {
+                continue;
+            }
+            values[k] = switch (a.type()) {
+                case LONG -> v.asLong();
+                case DOUBLE -> v.asDouble();
+                case STRING -> v.asText();
+                case BOOLEAN -> v.asBoolean();
+            };
+        }
+        return org.apache.spark.sql.RowFactory.create(values);
     }
 
     private static String text(JsonNode node) {
