@@ -16,6 +16,7 @@ import pytest
 
 from pipelines.core.spec import parse_spec
 from testkit.oracle import SessionRow, oracle_session_id, run_oracle
+from testkit.specs import CONTRACT_EXAMPLE
 from tests.conftest import make_config, read_sessions
 from tests.datagen import land_files, stream_scenario
 
@@ -23,25 +24,7 @@ pytestmark = pytest.mark.tier("spark")
 
 GAP_MS, LATENESS_MS = 30 * 60_000, 10 * 60_000
 
-# The contract's example spec, word for word.
-EXAMPLE = """\
-input:
-  event_id: messageId
-  user_id: [userId, anonymousId]
-  event_time: {path: timestamp, format: iso8601}
-  event_type: event
-  fields:
-    page: {path: properties.url, type: string}
-    referrer: {path: context.page.referrer, type: string}
-    revenue: {path: properties.revenue, type: double}
-attributes:
-  landing_page: {first: page}
-  exit_page: {last: page}
-  referrer: {first: referrer}
-  purchases: {count_if: {event_type: [purchase, order_completed]}}
-  revenue: {sum: revenue}
-  top_order: {max: revenue}
-"""
+EXAMPLE = CONTRACT_EXAMPLE  # the contract's example spec, word for word
 # Epoch milliseconds, integer user ids, and the other field types and kinds.
 EPOCH_MS = """\
 input:

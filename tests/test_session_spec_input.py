@@ -22,29 +22,13 @@ from pipelines.errors import ConfigError
 from pipelines.ingest import columnar
 from pipelines.ingest.lines import Lines, classify_line
 from pipelines.ingest.table import RowSource, line_rows, raw_schema
+from testkit.specs import CONTRACT_EXAMPLE
 from tests.conftest import make_config
 from tests.test_ingest_columnar import INGESTED_AT, LIMIT, MAX_FUTURE, _mutate, fast_for_any_size
 
 pytestmark = pytest.mark.tier("pure")
 
-EXAMPLE = """\
-input:                                   # where each field is in an incoming JSON object
-  event_id: messageId                    # a dotted path
-  user_id: [userId, anonymousId]         # a list: the first that is present and not null
-  event_time: {path: timestamp, format: iso8601}     # iso8601 | epoch_s | epoch_ms | epoch_us
-  event_type: event                      # `logout` still closes a session
-  fields:                                # extra fields the attributes use: path and type (string|long|double|boolean)
-    page: {path: properties.url, type: string}
-    referrer: {path: context.page.referrer, type: string}
-    revenue: {path: properties.revenue, type: double}
-attributes:                              # extra columns of `sessions`, over the session's events
-  landing_page: {first: page}
-  exit_page: {last: page}
-  referrer: {first: referrer}
-  purchases: {count_if: {event_type: [purchase, order_completed]}}
-  revenue: {sum: revenue}
-  top_order: {max: revenue}
-"""
+EXAMPLE = CONTRACT_EXAMPLE  # the contract's example spec, word for word
 # Epoch-millisecond times, and every field type.
 EPOCH_MS = """\
 input:
