@@ -31,7 +31,7 @@ from pipelines.coordination.requests import (
     withdraw,
 )
 from pipelines.core.spec import changed_refusal, spec_changes
-from pipelines.errors import ConfigError, SessionsError, StorageUnavailable
+from pipelines.errors import ConfigError, LeaseLost, SessionsError, StorageUnavailable
 from pipelines.ingest import LargeInput, ingest
 from pipelines.job.checkpoint import JobMetadata, batch_source_range, inspect_checkpoint, read_bootstrap
 from pipelines.job.ingest_tasks import SparkIngestTasks
@@ -142,6 +142,10 @@ def _job(config: SessionsConfig, what: str, spark: SparkSession | None,
         except Exception:
             if held.lost is not None:  # whatever it failed of (the query, a commit), it is the lost lease to report
                 raise held.lost from None
+            try:  # a run frozen past its TTL can fail on Spark's own log (another writer) before any check saw it
+                held.check()
+            except LeaseLost as lost:
+                raise lost from None
             raise
         run.summary.last_committed_batch = inspect_checkpoint(config.checkpoint).last_committed_batch
         run.summary.seconds = round(time.monotonic() - started, 3)
