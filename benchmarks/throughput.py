@@ -15,6 +15,17 @@ Both use the same state store provider, the same partitions, the same read limit
 batch) and trigger availableNow. Throughput = sum(numInputRows) / sum(durationMs.triggerExecution) over
 the measured batches (data batches after the warm-up batches), taken from query.recentProgress.
 
+`--spec example` runs both on events that carry the contract's example fields (the generator's own `page`, a
+`referrer` on most session starts and a few other events, a `revenue` double on purchase/order_completed events, which
+replace a share of the clicks): the job runs under SESSIONS_SPEC = a spec file mapping those top-level keys and the
+contract's six example attributes (EXAMPLE_SPEC), and the native query computes the same six attributes in its
+`session_window` aggregation (native_attribute_aggs: min_by/max_by over the non-null rows, count_if, sum, max). Not
+the same semantics (native has no dedup, no logout rule, a plain double sum), the same work asked of both.
+
+State bytes written per batch: the bytes of the checkpoint files each batch's commit writes for its state version
+(RocksDB changelog checkpointing: `<version>.changelog`; HDFS provider: `<version>.delta`), read from the
+checkpoint after the run, beside RocksDB's own `rocksdbTotalBytesWritten` / `rocksdbPutCount` from the progress.
+
 Run `python benchmarks/throughput.py --help`; `--quick` is a ~2 minute smoke run.
 """
 from __future__ import annotations
@@ -31,7 +42,9 @@ import statistics
 import subprocess
 import sys
 import tempfile
+import re
 import time
+import zlib
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
@@ -59,6 +72,25 @@ QUICK = {"events_per_batch": 20_000, "users": 5_000, "warmup": 1, "batches": 3}
 # The sessions table's shape minus what only the job knows (why a session ended, checkpoint incarnation).
 NATIVE_SCHEMA = pa.schema([f for f in SESSIONS_SCHEMA if f.name not in ("end_reason", "incarnation")])
 
+# `--spec example`: the contract's example attributes (CONTRACT.md "Session spec") over the generator's top-level
+# keys; event_id, user_id, event_time and event_type keep their contract paths.
+EXAMPLE_SPEC = """\
+input:
+  fields:
+    page: {path: page, type: string}
+    referrer: {path: referrer, type: string}
+    revenue: {path: revenue, type: double}
+attributes:
+  landing_page: {first: page}
+  exit_page: {last: page}
+  referrer: {first: referrer}
+  purchases: {count_if: {event_type: [purchase, order_completed]}}
+  revenue: {sum: revenue}
+  top_order: {max: revenue}
+"""
+PURCHASE_TYPES = ("purchase", "order_completed")
+_ARROW_TYPES = {"string": pa.string(), "long": pa.int64(), "double": pa.float64(), "boolean": pa.bool_()}
+
 
 def log(message: str) -> None:
     print(f"[{dt.datetime.now().strftime('%H:%M:%S')}] {message}", file=sys.stderr, flush=True)
@@ -69,6 +101,9 @@ def log(message: str) -> None:
 
 def make_config(home: Path, provider: str, args) -> SessionsConfig:
     env = dict(os.environ)
+    env.pop("SESSIONS_SPEC", None)
+    if getattr(args, "spec_path", None):
+        env["SESSIONS_SPEC"] = str(args.spec_path)
     env.update({
         "SESSIONS_HOME": str(home),
         "SESSIONS_STATE_STORE": provider,
@@ -81,16 +116,45 @@ def make_config(home: Path, provider: str, args) -> SessionsConfig:
     return SessionsConfig.from_env(env)
 
 
+def shape_example(events: list[dict]) -> list[dict]:
+    """`--spec example`'s fields on the generated events (in generation order: per user, in time order), each derived
+    from the event's id, so a duplicate (the same object twice in arrival order) carries the same ones: 1 click in 5
+    becomes a purchase or order_completed with a `revenue` double; a `referrer` on 80% of session starts and 5% of
+    the other events. `page` stays the generator's own (null on logouts)."""
+    previous, previous_time = None, None
+    for event in events:
+        h = zlib.crc32(event["event_id"].encode())
+        time_ = dt.datetime.fromisoformat(event["event_time"])
+        starts = (previous is None or previous["user_id"] != event["user_id"] or previous["event_type"] == "logout"
+                  or time_ - previous_time > dt.timedelta(minutes=30))
+        if event["event_type"] == "click" and h % 10 < 2:
+            event["event_type"] = PURCHASE_TYPES[h % 2]
+        if event["event_type"] in PURCHASE_TYPES:
+            event["revenue"] = round(5 + (h >> 8) % 20_000 / 100, 2)
+        with_referrer = (h >> 4) % 5 != 0 if starts else (h >> 4) % 20 == 0
+        if with_referrer:
+            event["referrer"] = f"https://ref{(h >> 12) % 7}.example/"
+        previous, previous_time = event, time_
+    return events
+
+
+def generate(args, sessions_per_user: int) -> list[dict]:
+    events = generate_events(args.users, sessions_per_user, seed=args.seed)
+    if args.spec == "example":
+        events = shape_example(events)
+    return arrival_order(events, seed=args.seed)
+
+
 def prepare_data(home: Path, args) -> dict:
     """Generate the clickstream and ingest it into home/warehouse/raw_events, one commit per batch."""
     total_batches = args.warmup + args.batches
     wanted = total_batches * args.events_per_batch
     sessions_per_user = max(1, math.ceil(wanted / (args.users * EVENTS_PER_SESSION * (1 + DUPLICATE_RATE)) * 1.1))
     started = time.monotonic()
-    events = arrival_order(generate_events(args.users, sessions_per_user, seed=args.seed), seed=args.seed)
+    events = generate(args, sessions_per_user)
     while len(events) < wanted:  # the estimate fell short (unusual seeds/sizes): generate more
         sessions_per_user += 1
-        events = arrival_order(generate_events(args.users, sessions_per_user, seed=args.seed), seed=args.seed)
+        events = generate(args, sessions_per_user)
     generated = len(events)
     events = events[:wanted]  # arrival order: dropping the tail keeps every batch a contiguous time slice
     distinct_users = len({e["user_id"] for e in events})
@@ -112,7 +176,16 @@ def prepare_data(home: Path, args) -> dict:
         ingested_rows += result.rows
     ingest_s = time.monotonic() - started
     first, last = events[0]["event_time"], events[-1]["event_time"]
+    if args.spec == "example":
+        shaped = {
+            "events_with_page": sum(e.get("page") is not None for e in events),
+            "events_with_referrer": sum(e.get("referrer") is not None for e in events),
+            "purchase_events": sum(e["event_type"] in PURCHASE_TYPES for e in events),
+        }
+    else:
+        shaped = {}
     return {
+        **shaped,
         "sessions_per_user_generated": sessions_per_user,
         "events_generated": generated,
         "events_used": len(events),
@@ -156,8 +229,10 @@ def start_job(spark, config: SessionsConfig, target_seq: int | None = None):
 class NativeSink:
     """foreachBatch target for the native query: one exactly-once Delta append per batch, like the job's."""
 
-    def __init__(self, uri: str, app_id: str):
+    def __init__(self, uri: str, app_id: str, attributes=()):
         self.uri, self.app_id = uri, app_id
+        self.attributes = tuple(attributes)
+        self.schema = native_schema(self.attributes)
         self.sessions_written = 0
 
     def __call__(self, batch_df, batch_id: int) -> None:
@@ -173,9 +248,44 @@ class NativeSink:
             "page_views": rows["page_views"].cast(pa.int64()),
             "batch_id": pa.array([batch_id] * n, pa.int64()),
             "written_version": pa.nulls(n, pa.int64()),
-        }, schema=NATIVE_SCHEMA)
+            **{a.name: rows[a.name].cast(_ARROW_TYPES[a.result_type]) for a in self.attributes},
+        }, schema=self.schema)
         if idempotent_append(self.uri, out, self.app_id, batch_id):
             self.sessions_written += n
+
+
+def native_schema(attributes) -> pa.Schema:
+    """NATIVE_SCHEMA, then a column per attribute (the type the job's sessions table gives it)."""
+    return pa.schema([*NATIVE_SCHEMA, *(pa.field(a.name, _ARROW_TYPES[a.result_type]) for a in attributes)])
+
+
+def native_attribute_aggs(attributes) -> list:
+    """The spec's attributes as Spark aggregates over a session window's rows. first/last: the field of the row with
+    the least/greatest (event_time, event_id) among the rows where it is not null (min_by/max_by skip a null ordering);
+    count_if over the event types; sum/min/max skip nulls. Not the job's semantics exactly (no dedup, a double sum
+    in arrival order rather than an exact one), the same work."""
+    from pyspark.sql import functions as F
+
+    aggs = []
+    for a in attributes:
+        value = F.col(f"field_{a.field}") if a.field else None
+        order = F.when(value.isNotNull(), F.struct("event_time", "event_id")) if a.field else None
+        if a.aggregate == "first":
+            agg = F.min_by(value, order)
+        elif a.aggregate == "last":
+            agg = F.max_by(value, order)
+        elif a.aggregate == "count_if":
+            agg = F.count_if(F.col("event_type").isin(list(a.event_types))).cast("long")
+        elif a.aggregate == "sum":
+            agg = F.sum(value)
+        elif a.aggregate == "min":
+            agg = F.min(value)
+        elif a.aggregate == "max":
+            agg = F.max(value)
+        else:  # pragma: no cover - the spec's parser admits no other
+            raise ValueError(f"attribute {a.name}: aggregate {a.aggregate!r}")
+        aggs.append(agg.alias(a.name))
+    return aggs
 
 
 def start_native(spark, config: SessionsConfig, target_seq: int | None = None):
@@ -186,7 +296,8 @@ def start_native(spark, config: SessionsConfig, target_seq: int | None = None):
     checkpoint = config.home / "checkpoints" / "native"
     checkpoint.mkdir(parents=True, exist_ok=True)
     out_uri = config.table_uri("native_sessions")
-    ensure_table(out_uri, NATIVE_SCHEMA)
+    attributes = config.session_spec.attributes
+    ensure_table(out_uri, native_schema(attributes))
 
     # The job's own source and session settings; a fresh checkpoint (no restore bootstrap in it).
     events = raw_events_stream(spark, config.with_(max_versions_per_batch=config.max_versions_per_batch or 1),
@@ -195,14 +306,16 @@ def start_native(spark, config: SessionsConfig, target_seq: int | None = None):
              .where(F.col("origin") == "event"))  # the source hands over no rejected line (pipelines.job.source)
     sessions = (valid.groupBy(F.session_window("event_time", f"{config.gap_ms} milliseconds").alias("w"), "user_id")
                 .agg(F.count(F.lit(1)).alias("event_count"),
-                     F.sum(F.when(F.col("event_type") == "page_view", 1).otherwise(0)).cast("long").alias("page_views")))
+                     F.sum(F.when(F.col("event_type") == "page_view", 1).otherwise(0)).cast("long").alias("page_views"),
+                     *native_attribute_aggs(attributes)))
     end = F.col("w.end") - F.expr(f"INTERVAL {config.gap_ms} MILLISECONDS")  # session_window end = last event + gap
     output = sessions.select(
         F.substring(F.sha2(F.concat_ws("\u001f", "user_id", F.unix_millis("w.start").cast("string")), 256), 1, 32)
         .alias("session_id"),
         "user_id", F.col("w.start").alias("session_start"), end.alias("session_end"), "event_count", "page_views",
+        *(a.name for a in attributes),
     )
-    sink = NativeSink(out_uri, "native-sessions")
+    sink = NativeSink(out_uri, "native-sessions", attributes)
     query = (output.writeStream.queryName("native_session_window")
              .outputMode("append")
              .option("checkpointLocation", str(checkpoint))
@@ -244,6 +357,47 @@ def batch_record(progress: dict) -> dict:
     }
 
 
+# A state store's file for one version: RocksDB's changelog (`<version>.changelog`, `<version>_<id>.changelog` in
+# checkpoint format 2) or snapshot (`.zip` + its SST files), the HDFS provider's `.delta` / `.snapshot`.
+_VERSION_FILE = re.compile(r"^(\d+)(?:_[^.]*)?\.(changelog|delta)$")
+
+
+def state_bytes_per_version(state_dir: Path) -> dict[int, int]:
+    """Bytes of the changelog/delta files of each state version under a checkpoint's state dir (all operators and
+    partitions): what a batch's commit writes to the checkpoint. Snapshots (written by the provider's maintenance
+    in the background, not by the batch) are not counted here."""
+    out: dict[int, int] = {}
+    if state_dir.exists():
+        for path in state_dir.rglob("*"):
+            match = _VERSION_FILE.match(path.name)
+            if match and path.is_file():
+                version = int(match.group(1))
+                out[version] = out.get(version, 0) + path.stat().st_size
+    return out
+
+
+def state_written_summary(batches: list[dict]) -> dict:
+    """Medians over the measured batches: checkpoint bytes written (changelog/delta of the batch's version) and
+    RocksDB's own write counters from the progress (uncompressed bytes put, puts)."""
+    measured = [b for b in batches if b.get("role") == "measured"]
+
+    def median_of(values):
+        values = [v for v in values if v is not None]
+        return int(statistics.median(values)) if values else None
+
+    def custom(b, key):
+        values = [op["custom"].get(key) for op in b["state"] if key in op["custom"]]
+        return sum(values) if values else None
+
+    return {
+        "median_state_checkpoint_bytes_per_batch": median_of([b.get("state_checkpoint_bytes") for b in measured]),
+        "median_rocksdb_bytes_written_per_batch": median_of([custom(b, "rocksdbTotalBytesWritten") for b in measured]),
+        "median_rocksdb_puts_per_batch": median_of([custom(b, "rocksdbPutCount") for b in measured]),
+        "median_state_memory_used_bytes": median_of([sum(op.get("memory_used_bytes") or 0 for op in b["state"])
+                                                     if b["state"] else None for b in measured]),
+    }
+
+
 def prime(which: str, spark, config: SessionsConfig, batches: int) -> dict:
     """A throwaway pass over the first `batches` ingest commits in its own checkpoint: JIT, Python
     workers, provider code and delta-rs get warm before anything is measured, whatever runs first."""
@@ -279,6 +433,9 @@ def run_query(which: str, spark, config: SessionsConfig, args) -> dict:
     ms = sum(b["trigger_ms"] for b in measured)
     for b in batches:
         b["role"] = ("measured" if b in measured else "warmup" if b in data else "no-data")
+    per_version = state_bytes_per_version(checkpoint_dir(config, which) / "state")
+    for b in batches:  # batch N commits state version N + 1
+        b["state_checkpoint_bytes"] = per_version.get(b["batch_id"] + 1)
     state_files, state_bytes = directory_size(checkpoint_dir(config, which) / "state")
     state_at_end = None
     if which == "job":
@@ -299,6 +456,7 @@ def run_query(which: str, spark, config: SessionsConfig, args) -> dict:
         "wall_seconds_incl_startup_and_warmup": round(wall, 1),
         "state_dir_files_at_end": state_files,
         "state_dir_bytes_at_end": state_bytes,
+        **state_written_summary(batches),
         **({"state_at_end": state_at_end} if state_at_end is not None else {}),
         "loadavg_before": [round(x, 2) for x in load_before],
         "loadavg_after": [round(x, 2) for x in load_after],
@@ -401,6 +559,10 @@ def write_markdown(path: Path, results: dict) -> None:
         f"job operator {s.get('operator', 'python')} ({s['buckets']} state buckets if python), "
         f"gap {s['gap_minutes']} min, lateness {s['lateness_minutes']} min, "
         f"order {s['order']}, seed {s['seed']}, priming pass {s['prime_batches']} batches per provider (discarded).",
+        f"Session spec: **{s.get('spec', 'default')}**" + (
+            " -- the contract's six example attributes in both queries (the job under SESSIONS_SPEC, native in its "
+            "session_window aggregation with min_by/max_by/count_if/sum/max; the spec is in the JSON's settings)."
+            if s.get("spec") == "example" else " (no SESSIONS_SPEC, no attributes)."),
         "Throughput = sum(numInputRows) / sum(durationMs.triggerExecution) over the measured batches.",
         "",
         "| provider | job events/s | native events/s | job / native | job s/batch | native s/batch "
@@ -425,20 +587,35 @@ def write_markdown(path: Path, results: dict) -> None:
             row = phase_medians([b for b in run[which]["batches"] if b.get("role") == "measured"])
             if row:
                 lines.append(f"| {run['provider']} | {which} | " + " | ".join(row) + " |")
+    lines += ["", "## State bytes written per measured batch (medians)", "",
+              "Checkpoint = bytes of the checkpoint files the batch's commit writes for its state version (RocksDB "
+              "changelog / HDFS delta files, all partitions; background snapshots not counted). RocksDB bytes/puts = "
+              "the provider's rocksdbTotalBytesWritten / rocksdbPutCount (uncompressed keys and values put). Memory = "
+              "memoryUsedBytes (held, not written).", "",
+              "| provider | query | checkpoint bytes/batch | RocksDB bytes written/batch | RocksDB puts/batch "
+              "| memory used |",
+              "|---|---|---:|---:|---:|---:|"]
+    for run in results["runs"]:
+        for which in ("job", "native"):
+            q = run[which]
+            lines.append(f"| {run['provider']} | {which} | {_fmt(q.get('median_state_checkpoint_bytes_per_batch'))} "
+                         f"| {_fmt(q.get('median_rocksdb_bytes_written_per_batch'))} "
+                         f"| {_fmt(q.get('median_rocksdb_puts_per_batch'))} "
+                         f"| {_fmt(q.get('median_state_memory_used_bytes'))} |")
     lines += ["", "## Per-batch state (from query progress)", "",
               "Job state rows: with the JVM operator one per open user (its open rows in StateCodec's binary "
               "value), with the Python operator hash buckets of users (zstd Arrow IPC); either holds the events "
               "above the watermark and one frozen prefix per session for what is below. Native state rows are "
               "open session windows. Memory = state operator memoryUsedBytes.", "",
-              "| provider | query | batch | role | input rows | s | state rows | state MB |",
-              "|---|---|---:|---|---:|---:|---:|---:|"]
+              "| provider | query | batch | role | input rows | s | state rows | state MB | checkpoint bytes written |",
+              "|---|---|---:|---|---:|---:|---:|---:|---:|"]
     for run in results["runs"]:
         for which in ("job", "native"):
             for b in run[which]["batches"]:
                 op = b["state"][0] if b["state"] else {}
                 lines.append(f"| {run['provider']} | {which} | {b['batch_id']} | {b['role']} | {b['input_rows']:,} "
                              f"| {b['trigger_ms'] / 1000:.2f} | {_fmt(op.get('rows_total'))} "
-                             f"| {_mb(op.get('memory_used_bytes'))} |")
+                             f"| {_mb(op.get('memory_used_bytes'))} | {_fmt(b.get('state_checkpoint_bytes'))} |")
     lines += ["", "Sessions written (all batches): " + "; ".join(
         f"{r['provider']}: job {r['job']['sessions_written']:,}, native {r['native']['sessions_written']:,}"
         for r in results["runs"]) + " (the native query has no dedup and no logout rule, so counts differ).", ""]
@@ -482,6 +659,10 @@ def parse_args(argv=None):
     parser.add_argument("--prime-batches", type=int, default=2,
                         help="before measuring each provider, run both queries over this many batches in a throwaway "
                              "checkpoint (warms the JVM and Python workers; 0 = off; default 2)")
+    parser.add_argument("--spec", choices=["default", "example"], default="default",
+                        help="default: no SESSIONS_SPEC (the contract's fields, no attributes); example: events with "
+                             "page/referrer/revenue and the contract's six example attributes in both queries "
+                             "(EXAMPLE_SPEC; the native query computes them in its session_window aggregation)")
     parser.add_argument("--seed", type=int, default=7, help="generator seed (default 7)")
     parser.add_argument("--master", default=None, help="Spark master (default: SESSIONS_SPARK_MASTER or local[2])")
     parser.add_argument("--work-dir", type=Path, default=None,
@@ -520,6 +701,10 @@ def main(argv=None) -> int:
     if args.work_dir and work.exists() and any(work.iterdir()):
         raise SystemExit(f"--work-dir {work} is not empty; give an empty or new directory")
     work.mkdir(parents=True, exist_ok=True)
+    args.spec_path = None
+    if args.spec == "example":
+        args.spec_path = work / "spec.yaml"
+        args.spec_path.write_text(EXAMPLE_SPEC)
     date = dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds")
     started = time.monotonic()
     try:
@@ -557,7 +742,8 @@ def main(argv=None) -> int:
                 "partitions": config.state_partitions, "buckets": config.state_buckets, "operator": config.new_checkpoint_operator,
                 "gap_minutes": config.gap_minutes, "lateness_minutes": config.lateness_minutes,
                 "master": os.environ.get("SESSIONS_SPARK_MASTER", "local[2]"), "order": args.order,
-                "prime_batches": args.prime_batches,
+                "prime_batches": args.prime_batches, "spec": args.spec,
+                **({"spec_text": EXAMPLE_SPEC} if args.spec == "example" else {}),
                 "seed": args.seed, "trigger": "availableNow, one raw_events ingest commit per batch",
                 "note": args.note,
                 "command": shlex.join([Path(sys.argv[0]).name] + list(argv if argv is not None else sys.argv[1:])),
@@ -574,9 +760,13 @@ def main(argv=None) -> int:
         write_markdown(args.results_dir / "throughput.md", results)
         log(f"wrote {args.results_dir / 'throughput.json'} and throughput.md in {results['total_seconds']} s")
         for run in runs:
-            print(json.dumps({"provider": run["provider"], "job_events_per_s": run["job"]["events_per_s"],
+            print(json.dumps({"provider": run["provider"], "spec": args.spec,
+                              "job_events_per_s": run["job"]["events_per_s"],
                               "native_events_per_s": run["native"]["events_per_s"],
-                              "ratio_job_over_native": run["ratio_job_over_native"], "quick": args.quick}))
+                              "ratio_job_over_native": run["ratio_job_over_native"], "quick": args.quick,
+                              "job_state_checkpoint_bytes_per_batch": run["job"]["median_state_checkpoint_bytes_per_batch"],
+                              "native_state_checkpoint_bytes_per_batch":
+                                  run["native"]["median_state_checkpoint_bytes_per_batch"]}))
         return 0
     finally:
         if not args.keep:
