@@ -36,13 +36,13 @@ import json
 import math
 import os
 import platform
+import re
 import shlex
 import shutil
 import statistics
 import subprocess
 import sys
 import tempfile
-import re
 import time
 import zlib
 from pathlib import Path
