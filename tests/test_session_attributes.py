@@ -258,18 +258,46 @@ def test_attributes_survive_a_canonical_savepoint_and_its_restore(spark: Any, tm
     assert open_at_savepoint & {row[0] for row in expected.closed}
 
 
-def test_an_attribute_added_to_a_running_stream(spark: Any, tmp_path: Path) -> None:
-    """`sessionctl run` (run_continuously) takes a spec that gained an attribute between two batches: the query
-    restarts under it, and sessions open at the change carry null for it; nothing lost or doubled."""
-    import threading
-
+def feed_with_spec_change(config: Any, spec_path: Path, batches: list[list[dict[str, Any]]], cut: int, *,
+                          alive: Any) -> set[str]:
+    """Land `batches` one file at a time to a running stream -- each ingested and processed before the next, so each
+    is its own micro-batch (the oracle's split) --, switch the spec file to ADDED after the first `cut` once the
+    stream has taken it, and return the sessions closed before the change. `alive`: the stream still runs."""
     from deltalake import DeltaTable
 
     from pipelines.core.sample_data import land
     from pipelines.ingest import latest_ingest_seq
     from pipelines.job.checkpoint import read_job_metadata
-    from pipelines.job.stream import run_continuously
     from tests.harness import stream_caught_up, wait_until
+
+    numbering = iter(range(1, 1 + sum(len(batch) for batch in batches)))
+
+    def ingested() -> int:
+        return latest_ingest_seq(config.raw_events_table) if DeltaTable.is_deltatable(config.raw_events_table) else 0
+
+    def land_one(k: int) -> None:
+        seen = ingested()
+        land(config.landing, f"part-{k:05d}.jsonl", [segment_line(e, next(numbering)) for e in batches[k]])
+        wait_until(lambda: alive() and ingested() > seen and stream_caught_up(config), timeout_s=180,
+                   what=f"file {k} ingested and processed")
+
+    for k in range(cut):
+        land_one(k)
+    closed_before = {row[0] for row in read_sessions(config)}
+    spec_path.write_text(ADDED)
+    wait_until(lambda: alive() and "low_order" in (read_job_metadata(config.checkpoint).spec or ""), timeout_s=60,
+               what="the running stream to take the new spec")
+    for k in range(cut, len(batches)):
+        land_one(k)
+    return closed_before
+
+
+def test_an_attribute_added_to_a_running_stream(spark: Any, tmp_path: Path) -> None:
+    """`sessionctl run` (run_continuously) takes a spec that gained an attribute between two batches: the query
+    restarts under it, and sessions open at the change carry null for it; nothing lost or doubled."""
+    import threading
+
+    from pipelines.job.stream import run_continuously
 
     batches = _shaped(stream_scenario(5, 5))
     cut = len(batches) // 2
@@ -284,28 +312,10 @@ def test_an_attribute_added_to_a_running_stream(spark: Any, tmp_path: Path) -> N
         except BaseException as error:  # noqa: BLE001 -- handed to the test's thread
             outcome["error"] = error
 
-    numbering = iter(range(1, 1 + sum(len(batch) for batch in batches)))
-
-    def ingested() -> int:
-        return latest_ingest_seq(config.raw_events_table) if DeltaTable.is_deltatable(config.raw_events_table) else 0
-
-    def land_one(k: int) -> None:  # one file at a time, each its own micro-batch: the oracle's split
-        seen = ingested()
-        land(config.landing, f"part-{k:05d}.jsonl", [segment_line(e, next(numbering)) for e in batches[k]])
-        wait_until(lambda: "error" not in outcome and ingested() > seen and stream_caught_up(config),
-                   timeout_s=120, what=f"file {k} ingested and processed")
-
     thread = threading.Thread(target=run, daemon=True)
     thread.start()
     try:
-        for k in range(cut):
-            land_one(k)
-        closed_before = {row[0] for row in read_sessions(config)}
-        spec_path.write_text(ADDED)
-        wait_until(lambda: "low_order" in (read_job_metadata(config.checkpoint).spec or ""), timeout_s=60,
-                   what="the running stream to take the new spec")
-        for k in range(cut, len(batches)):
-            land_one(k)
+        closed_before = feed_with_spec_change(config, spec_path, batches, cut, alive=lambda: "error" not in outcome)
     finally:
         stop.set()
         thread.join(timeout=120)
@@ -329,15 +339,9 @@ def test_the_dagster_resource_takes_the_spec(spark: Any, tmp_path: Path) -> None
     naming the key; a `session_stream` run takes an attribute added while it runs, between two batches."""
     import threading
 
-    from deltalake import DeltaTable
-
     from assets.definitions import defs
     from assets.resources import SessionsResource, pyspark_resource
-    from pipelines.core.sample_data import land
-    from pipelines.ingest import latest_ingest_seq
-    from pipelines.job.checkpoint import read_job_metadata
     from state_store.stream_control import stop_stream
-    from tests.harness import stream_caught_up, wait_until
 
     bad = tmp_path / "bad.yaml"
     bad.write_text(EXAMPLE.replace("revenue: {sum: revenue}", "revenue: {sum: page}"))
@@ -360,27 +364,8 @@ def test_the_dagster_resource_takes_the_spec(spark: Any, tmp_path: Path) -> None
     job = threading.Thread(target=lambda: outcome.update(result=defs.resolve_job_def("session_stream").execute_in_process(
         resources=resources, run_config={"ops": {"stream_op": {"config": {"poll_seconds": 0.5}}}})), daemon=True)
     job.start()
-    numbering = iter(range(1, 1 + sum(len(batch) for batch in batches)))
-
-    def ingested() -> int:
-        return latest_ingest_seq(config.raw_events_table) if DeltaTable.is_deltatable(config.raw_events_table) else 0
-
-    def land_one(k: int) -> None:
-        seen = ingested()
-        land(config.landing, f"part-{k:05d}.jsonl", [segment_line(e, next(numbering)) for e in batches[k]])
-        wait_until(lambda: job.is_alive() and ingested() > seen and stream_caught_up(config), timeout_s=180,
-                   what=f"file {k} ingested and processed by session_stream")
-
-
     try:
-        for k in range(cut):
-            land_one(k)
-        closed_before = {row[0] for row in read_sessions(config)}
-        spec_path.write_text(ADDED)
-        wait_until(lambda: "low_order" in (read_job_metadata(config.checkpoint).spec or ""), timeout_s=60,
-                   what="session_stream to take the new spec")
-        for k in range(cut, len(batches)):
-            land_one(k)
+        closed_before = feed_with_spec_change(config, spec_path, batches, cut, alive=job.is_alive)
     finally:
         stop_stream(config)
         job.join(timeout=300)
