@@ -96,9 +96,7 @@ def _kill_during(env: dict[str, str], args: list[str], delay_s: float) -> bool:
     started = time.monotonic()
     proc = subprocess.Popen([SESSIONCTL, *args], env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
                             start_new_session=True)
-    deadline = time.monotonic() + delay_s
-    while time.monotonic() < deadline and proc.poll() is None:
-        time.sleep(0.05)
+    _wait(proc, delay_s)
     killed = proc.poll() is None
     with contextlib.suppress(ProcessLookupError):
         os.killpg(proc.pid, signal.SIGKILL)
@@ -122,9 +120,9 @@ def _kill(proc: subprocess.Popen[bytes]) -> bool:
 
 
 def _wait(proc: subprocess.Popen[bytes], seconds: float) -> None:
-    deadline = time.monotonic() + seconds
-    while time.monotonic() < deadline and proc.poll() is None:
-        time.sleep(0.05)
+    """Until `proc` exits or `seconds` passed, whichever comes first."""
+    with contextlib.suppress(subprocess.TimeoutExpired):
+        proc.wait(timeout=seconds)
 
 
 def _online(env: dict[str, str], config: SessionsConfig, phase: str, rng: random.Random) -> str:

@@ -39,13 +39,13 @@ import socket
 import subprocess
 import sys
 import tempfile
-import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
 
+from tests.harness import wait_until
 from tests.hdfs_cluster import hdfs  # noqa: F401 -- the `hdfs` fixture (a local HDFS, session scope)
 from tests.kafka_broker import kafka_broker  # noqa: F401 -- the session's Apache Kafka broker (fixture)
 
@@ -258,17 +258,19 @@ def s3_endpoint():
            "SESSIONS_S3_RETRY_TIMEOUT": "5s", "SESSIONS_S3_MAX_RETRIES": "1"}
     saved = {k: os.environ.get(k) for k in env}
     os.environ.update(env)
-    deadline = time.monotonic() + 30
-    while True:
+
+    def buckets_made() -> bool:
+        if server.poll() is not None:
+            raise RuntimeError(f"the moto server exited with {server.returncode}")
         try:
             client = boto3.client("s3", endpoint_url=env["AWS_ENDPOINT_URL"])
             for bucket in S3_BUCKETS:
                 client.create_bucket(Bucket=bucket)
-            break
         except Exception:  # noqa: BLE001 -- not listening yet
-            if time.monotonic() > deadline:
-                raise
-            time.sleep(0.3)
+            return False
+        return True
+
+    wait_until(buckets_made, timeout_s=30, interval_s=0.3, what="the S3 endpoint to make the suite's buckets")
     yield {"process": server, "port": port, "env": env}
     server.kill()
     server.wait()

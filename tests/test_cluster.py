@@ -9,7 +9,6 @@ import json
 import signal
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import boto3
@@ -19,6 +18,7 @@ from pipelines.storage import open_table
 from testkit.lifecycle_expectations import expected_closed_sessions
 from tests.conftest import config_env, make_config, read_sessions, tool
 from tests.datagen import in_order_chunks
+from tests.harness import still_running, wait_until
 from tests.savepoint_expectations import oracle_of, state_sessions
 
 pytestmark = [pytest.mark.tier("e2e"), pytest.mark.timeout(1800)]
@@ -84,10 +84,8 @@ def test_lifecycle_on_a_standalone_cluster(tmp_path, spark_cluster, s3_endpoint,
                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     try:
         land_part(4, pad=-(-(1 << 20) // len(chunks[4])) + 100)
-        deadline = time.monotonic() + 240
-        while read_sessions(config) != expected:  # (a read of the sessions table on S3: milliseconds)
-            assert time.monotonic() < deadline and run.poll() is None, "run did not process part 4"
-            time.sleep(0.5)
+        wait_until(lambda: still_running(run) and read_sessions(config) == expected, timeout_s=240, interval_s=0.5,
+                   what="run to process part 4")  # (a read of the sessions table on S3: milliseconds)
     finally:
         run.send_signal(signal.SIGINT)
         out, err = run.communicate(timeout=180)

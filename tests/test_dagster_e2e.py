@@ -28,8 +28,10 @@ from dagster import DagsterRunStatus
 from dagster_graphql import DagsterGraphQLClient
 from deltalake import DeltaTable
 from selenium import webdriver
+from selenium.common.exceptions import TimeoutException
 from selenium.webdriver.chrome.service import Service
 from selenium.webdriver.common.by import By
+from selenium.webdriver.support.wait import WebDriverWait
 
 from assets.tables import state_version
 from pipelines.config import SessionsConfig
@@ -38,6 +40,7 @@ from pipelines.core.sample_data import land_sample
 from pipelines.job.checkpoint import inspect_checkpoint, read_job_metadata
 from state_store.savepoint.catalog import SavepointStore
 from tests.conftest import PostgresServer, free_port, tool
+from tests.harness import wait_until
 
 pytestmark = [pytest.mark.tier("e2e"), pytest.mark.timeout(1800)]
 
@@ -101,14 +104,20 @@ def _stop(process: subprocess.Popen[bytes]) -> None:
 
 def _wait_until(ready: Callable[[], bool], seconds: float, what: str, processes: dict[str, subprocess.Popen[bytes]],
                 logs: Path) -> None:
-    deadline = time.monotonic() + seconds
-    while not ready():
+    def failed(why: str) -> RuntimeError:
+        tails = "\n".join(f"--- {log.name}\n{log.read_text(errors='replace')[-2500:]}" for log in sorted(logs.glob("*.log")))
+        return RuntimeError(f"{what}: {why}\n{tails}")
+
+    def ready_or_dead() -> bool:
         dead = [name for name, process in processes.items() if process.poll() is not None]
-        if dead or time.monotonic() > deadline:
-            tails = "\n".join(f"--- {log.name}\n{log.read_text(errors='replace')[-2500:]}"
-                              for log in sorted(logs.glob("*.log")))
-            raise RuntimeError(f"{what}: {'exited: ' + ', '.join(dead) if dead else 'timed out'}\n{tails}")
-        time.sleep(POLL_S)
+        if dead:
+            raise failed("exited: " + ", ".join(dead))
+        return ready()
+
+    try:
+        wait_until(ready_or_dead, timeout_s=seconds, what=what, interval_s=POLL_S)
+    except AssertionError as timed_out:
+        raise failed(str(timed_out)) from None
 
 
 LOCATION_STATUS = """
@@ -195,12 +204,15 @@ def _submit(client: DagsterGraphQLClient, job: str, run_config: dict[str, Any] |
 
 def _wait(client: DagsterGraphQLClient, run_id: str, job: str, timeout: float = 300,
           expect: DagsterRunStatus = DagsterRunStatus.SUCCESS) -> str:
-    deadline = time.monotonic() + timeout
-    while (status := client.get_run_status(run_id)) not in FINISHED:
-        assert time.monotonic() < deadline, f"{job} run {run_id} still {status}"
-        time.sleep(POLL_S)
+    status = wait_until(lambda: _finished(client, run_id), timeout_s=timeout, what=f"{job} run {run_id} to end",
+                        interval_s=POLL_S)
     assert status == expect, f"{job} run {run_id} ended {status}"
     return run_id
+
+
+def _finished(client: DagsterGraphQLClient, run_id: str) -> DagsterRunStatus | None:
+    status = client.get_run_status(run_id)
+    return status if status in FINISHED else None
 
 
 def _run(client: DagsterGraphQLClient, job: str, run_config: dict[str, Any] | None = None) -> str:
@@ -243,10 +255,8 @@ def _state_passes(stack: DagsterStack) -> list[dict[str, Any]]:
 def test_state_is_observed_after_startup_without_running_a_job(dagster_stack: DagsterStack) -> None:
     """The observation sensor (running by default) observes what the CLI made before Dagster started and asks for
     one pass over the state; the asset page shows its figures and the plot. Nobody launched anything."""
-    deadline = time.monotonic() + 240
-    while not _state_passes(dagster_stack):
-        assert time.monotonic() < deadline, "no state observation with open_sessions after startup"
-        time.sleep(POLL_S)
+    wait_until(lambda: _state_passes(dagster_stack), timeout_s=240, interval_s=POLL_S,
+               what="a state observation with open_sessions after startup")
     launched_by_hand = dagster_stack.sql("SELECT pipeline_name FROM runs WHERE pipeline_name <> 'observe_state'")
     assert launched_by_hand == [], launched_by_hand
     expected = ("open_sessions", "open_events", "state_bytes_on_disk", "recent_batches", "open sessions",
@@ -257,9 +267,8 @@ def test_state_is_observed_after_startup_without_running_a_job(dagster_stack: Da
         deadline = time.monotonic() + 150  # the sensor's next tick carries the pass's figures to the newest observation
         while True:
             driver.get(f"http://127.0.0.1:{dagster_stack.port}/assets/session_state")
-            shown = time.monotonic() + 8  # the page renders in a second or two; then loaded again for a newer tick
-            while not all(text in driver.page_source for text in expected) and time.monotonic() < shown:
-                time.sleep(POLL_S)
+            # the page renders in a second or two; then loaded again for a newer tick
+            _page_shows(driver, lambda: all(text in driver.page_source for text in expected), seconds=8)
             _dismiss_onboarding(driver)
             if all(text in driver.page_source for text in expected) or time.monotonic() > deadline:
                 break
@@ -297,26 +306,23 @@ def test_catch_up_backfill_restore_and_stream_on_postgres(dagster_stack: Dagster
     # session_stream is long-running: it picks up a new file, then stops cleanly when cancelled.
     stream_run = _submit(client, "session_stream", {"ops": {"stream_op": {"config": {"poll_seconds": 1.0}}}})
     land_sample(config.landing, users=30, sessions_per_user=2, files=1, seed=99)
-    deadline = time.monotonic() + 240
-    while json_files_pending(config) or pipeline_batches(config) < 1:
+
+    def processed() -> bool:
         assert client.get_run_status(stream_run) in (DagsterRunStatus.STARTING, DagsterRunStatus.STARTED,
                                                      DagsterRunStatus.QUEUED, DagsterRunStatus.NOT_STARTED)
-        assert time.monotonic() < deadline, "the stream run did not process the new file"
-        time.sleep(POLL_S)
+        return not json_files_pending(config) and pipeline_batches(config) >= 1
+
+    wait_until(processed, timeout_s=240, interval_s=POLL_S, what="the stream run to process the new file")
     client.terminate_run(stream_run)
-    deadline = time.monotonic() + 120
-    while client.get_run_status(stream_run) != DagsterRunStatus.CANCELED:
-        assert time.monotonic() < deadline, f"stream run ended {client.get_run_status(stream_run)}"
-        time.sleep(POLL_S)
+    wait_until(lambda: client.get_run_status(stream_run) == DagsterRunStatus.CANCELED, timeout_s=120,
+               interval_s=POLL_S, what="the stream run to be canceled")
     with job_lock(config, "test"):  # released: the query stopped and the run process let go
         pass
 
     metrics_uri = config.table_uri("daily_session_metrics")
-    deadline = time.monotonic() + 300
-    while not (DeltaTable.is_deltatable(metrics_uri)
-               and set(DeltaTable(metrics_uri).to_pandas()["day"]) >= set(wanted)):
-        assert time.monotonic() < deadline, "the daemon did not run the backfill"
-        time.sleep(POLL_S)
+    wait_until(lambda: DeltaTable.is_deltatable(metrics_uri)
+               and set(DeltaTable(metrics_uri).to_pandas()["day"]) >= set(wanted),
+               timeout_s=300, interval_s=POLL_S, what="the daemon to run the backfill")
     metrics = DeltaTable(metrics_uri).to_pandas().set_index("day")
     for day in wanted:
         assert metrics.loc[day, "sessions"] == int((sessions["session_start"].dt.strftime("%Y-%m-%d") == day).sum())
@@ -358,10 +364,8 @@ def _assert_history_in_postgres(stack: DagsterStack, catch_up: str, savepoint: s
             (json.dumps([name]),)) if any(tag in (event if isinstance(event, str) else json.dumps(event))
                                           for tag in tagged))
 
-    deadline = time.monotonic() + 150  # the sensor's next tick reports what the last runs wrote
-    while any(times_reported(name, version) == 0 for name, version in current.items()):
-        assert time.monotonic() < deadline, {name: times_reported(name, v) for name, v in current.items()}
-        time.sleep(POLL_S * 4)
+    wait_until(lambda: all(times_reported(name, version) for name, version in current.items()), timeout_s=150,
+               interval_s=POLL_S * 4, what=f"the sensor's next tick to report the versions {current}")
     assert {name: times_reported(name, v) for name, v in current.items()} == {name: 1 for name in current}
     assert events(stream, "PIPELINE_CANCELED"), "the stream run's cancellation is an event of the run"
 
@@ -395,15 +399,21 @@ def _browser() -> webdriver.Chrome:
 
 
 def _wait_for_text(driver: webdriver.Chrome, texts: list[str], seconds: float = 60) -> None:
-    deadline = time.monotonic() + seconds
-    while not all(text in driver.page_source for text in texts):
-        if time.monotonic() > deadline:  # what the page did show, for the failure's message and tests/artifacts/
-            ARTIFACTS.mkdir(parents=True, exist_ok=True)
-            driver.save_screenshot(str(ARTIFACTS / "not-shown.png"))
-            shown = driver.find_element(By.TAG_NAME, "body").text
-            raise AssertionError(f"{[t for t in texts if t not in driver.page_source]} not on {driver.current_url}; "
-                                 f"it shows: {shown[:3000]}")
-        time.sleep(1)
+    if not _page_shows(driver, lambda: all(text in driver.page_source for text in texts), seconds=seconds):
+        ARTIFACTS.mkdir(parents=True, exist_ok=True)  # what the page did show, for the message and tests/artifacts/
+        driver.save_screenshot(str(ARTIFACTS / "not-shown.png"))
+        shown = driver.find_element(By.TAG_NAME, "body").text
+        raise AssertionError(f"{[t for t in texts if t not in driver.page_source]} not on {driver.current_url}; "
+                             f"it shows: {shown[:3000]}")
+
+
+def _page_shows(driver: webdriver.Chrome, condition: Callable[[], Any], *, seconds: float) -> bool:
+    """Selenium's own waiter on `condition` (re-read on each look); False if it did not hold within `seconds`."""
+    try:
+        WebDriverWait(driver, seconds, poll_frequency=POLL_S).until(lambda _: condition())
+    except TimeoutException:
+        return False
+    return True
 
 
 def _dismiss_onboarding(driver: webdriver.Chrome) -> None:
@@ -411,7 +421,8 @@ def _dismiss_onboarding(driver: webdriver.Chrome) -> None:
     person clicks Skip."""
     for button in driver.find_elements(By.XPATH, "//button[normalize-space()='Skip']"):
         button.click()
-        time.sleep(1)
+        _page_shows(driver, lambda: not driver.find_elements(By.XPATH, "//button[normalize-space()='Skip']"),
+                    seconds=5)
 
 
 @dataclass(frozen=True)
@@ -434,7 +445,10 @@ REFRESH_SCREENSHOTS = os.environ.get("REFRESH_SCREENSHOTS") == "1"
 LAUNCHPAD = f"/locations/{LOCATION}/jobs/restore_from_snapshot/playground"
 
 
-def _shoot(driver: webdriver.Chrome, name: str, *, docs: bool = False) -> None:
+def _shoot(driver: webdriver.Chrome, name: str, *, docs: bool = False, laid_out: bool = True) -> None:
+    """A screenshot; `laid_out=False`: the page's text is there but its layout may still move (the run log viewer)."""
+    if not laid_out:
+        time.sleep(2)  # the log viewer lays its lines out after their text is in the page: no condition sees layout
     ARTIFACTS.mkdir(parents=True, exist_ok=True)
     driver.save_screenshot(str(ARTIFACTS / f"{name}.png"))
     assert (ARTIFACTS / f"{name}.png").stat().st_size > 10_000
@@ -452,17 +466,12 @@ def _launch_from_launchpad(driver: webdriver.Chrome, base: str, *, config_yaml: 
     assert "extraClassPath" not in driver.page_source and "SharedArchiveFile" not in driver.page_source
     if config_yaml is not None:
         driver.execute_script("document.querySelector('.CodeMirror').CodeMirror.setValue(arguments[0]);", config_yaml)
-        time.sleep(2)  # the launchpad validates the new text before it enables the button
+        time.sleep(2)  # the launchpad validates the new text; the button shows enabled (stale) until it did
     button = driver.find_element(By.XPATH, "//button[normalize-space()='Launch Run']")
-    deadline = time.monotonic() + 30
-    while not button.is_enabled():
-        assert time.monotonic() < deadline, "Launch Run stayed disabled"
-        time.sleep(POLL_S)
+    assert _page_shows(driver, button.is_enabled, seconds=30), "Launch Run stayed disabled"
     button.click()
-    deadline = time.monotonic() + 60
-    while "/runs/" not in driver.current_url:
-        assert time.monotonic() < deadline, f"the launch did not open its run ({driver.current_url})"
-        time.sleep(POLL_S)
+    assert _page_shows(driver, lambda: "/runs/" in driver.current_url, seconds=60), \
+        f"the launch did not open its run ({driver.current_url})"
     return driver.current_url.split("/runs/")[1].split("?")[0].split("/")[0]
 
 
@@ -508,9 +517,8 @@ def test_ui_walk_of_a_new_user_lineage_dry_run_restore_next_step(dagster_stack: 
         while True:
             driver.get(base + "/asset-groups")
             _wait_for_text(driver, list(TABLES_WITH_DATA))
-            shown = time.monotonic() + 15  # the graph's nodes load their latest events after their names
-            while time.monotonic() < shown and not all(_loaded(driver, name) for name in TABLES_WITH_DATA):
-                time.sleep(POLL_S)
+            # the graph's nodes load their latest events after their names
+            _page_shows(driver, lambda: all(_loaded(driver, name) for name in TABLES_WITH_DATA), seconds=15)
             nodes = {name: _graph_node(driver, name) for name in TABLES_WITH_DATA}
             if all(_loaded(driver, name) and "Never materialized" not in text for name, text in nodes.items()) \
                     and not _checks_not_run(nodes) or time.monotonic() > deadline:
@@ -531,8 +539,7 @@ def test_ui_walk_of_a_new_user_lineage_dry_run_restore_next_step(dagster_stack: 
                                  (dry,)) == [("true",)]
         driver.get(f"{base}/runs/{dry}?logs=step%3Areport_dry_run_op")
         _wait_for_text(driver, ["dry run: nothing was stopped or changed", "dry_run: false"])
-        time.sleep(2)
-        _shoot(driver, "restore-dry-run", docs=True)
+        _shoot(driver, "restore-dry-run", docs=True, laid_out=False)
         driver.find_element(By.XPATH, "//button[normalize-space()='View tags and config']").click()
         _wait_for_text(driver, ["sessions/dry_run"])
 
@@ -545,8 +552,7 @@ def test_ui_walk_of_a_new_user_lineage_dry_run_restore_next_step(dagster_stack: 
             "stop_running_stream_op": "STEP_SUCCESS", "restore_op": "STEP_SUCCESS", "verify_restore_op": "STEP_SUCCESS"}
         driver.get(f"{base}/runs/{real}?logs=step%3Averify_restore_op")
         _wait_for_text(driver, ["resume the stream: launch session_stream"], seconds=90)
-        time.sleep(2)
-        _shoot(driver, "restore-next-step", docs=True)
+        _shoot(driver, "restore-next-step", docs=True, laid_out=False)
 
         for page in UI_PAGES:
             driver.get(base + page.path)
@@ -586,11 +592,12 @@ def _stream_run_takes(client: DagsterGraphQLClient, config: SessionsConfig, run:
     """The running session_stream run `run` commits a batch of a newly landed file."""
     before = inspect_checkpoint(config.checkpoint).last_committed_batch or 0
     land_sample(config.landing, users=20, sessions_per_user=2, files=1, seed=seed)
-    deadline = time.monotonic() + 240
-    while json_files_pending(config) or (inspect_checkpoint(config.checkpoint).last_committed_batch or 0) <= before:
+
+    def processed() -> bool:
         assert client.get_run_status(run) not in FINISHED, f"stream run ended {client.get_run_status(run)}"
-        assert time.monotonic() < deadline, "the stream run did not process the new file"
-        time.sleep(POLL_S)
+        return not json_files_pending(config) and (inspect_checkpoint(config.checkpoint).last_committed_batch or 0) > before
+
+    wait_until(processed, timeout_s=240, interval_s=POLL_S, what="the stream run to process the new file")
 
 
 def test_savepoints_while_session_stream_runs_and_stop_with_savepoint(dagster_stack: DagsterStack) -> None:
@@ -603,12 +610,10 @@ def test_savepoints_while_session_stream_runs_and_stop_with_savepoint(dagster_st
     started = _graphql(dagster_stack.port, START_SENSOR, {"selector": selector})
     assert started["data"]["startSensor"]["__typename"] == "Sensor", started
     try:
-        deadline = time.monotonic() + 300
-        while not (found := dagster_stack.sql("SELECT r.run_id FROM runs r JOIN run_tags t ON t.run_id = r.run_id "
-                                              "WHERE r.pipeline_name = 'savepoint' AND t.key = 'dagster/sensor_name' "
-                                              "AND t.value = 'maintenance_sensor'")):
-            assert time.monotonic() < deadline, "the maintenance sensor requested no savepoint"
-            time.sleep(POLL_S)
+        found = wait_until(lambda: dagster_stack.sql(
+            "SELECT r.run_id FROM runs r JOIN run_tags t ON t.run_id = r.run_id WHERE r.pipeline_name = 'savepoint' "
+            "AND t.key = 'dagster/sensor_name' AND t.value = 'maintenance_sensor'"),
+            timeout_s=300, interval_s=POLL_S, what="the maintenance sensor to request a savepoint")
         _wait(client, found[0][0], "savepoint", timeout=400)
     finally:  # back to its default (stopped): the next ticks would ask again
         _graphql(dagster_stack.port, RESET_SENSOR, {"selector": selector})

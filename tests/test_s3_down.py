@@ -10,7 +10,6 @@ import os
 import signal
 import subprocess
 import sys
-import time
 from contextlib import suppress
 from pathlib import Path
 
@@ -24,6 +23,7 @@ from pipelines.storage import open_table
 from state_store.lifecycle import take_savepoint
 from testkit.lifecycle_expectations import expected_closed_sessions
 from tests.conftest import REPO, config_env, free_port, make_config, tool
+from tests.harness import still_running, wait_until
 
 pytestmark = pytest.mark.tier("e2e")
 
@@ -99,14 +99,16 @@ def _put(s3_endpoint, key: str, lines: list[str]) -> None:
 
 
 def _wait_until(predicate, seconds: float, what: str, run: subprocess.Popen, err: Path) -> None:
-    deadline = time.monotonic() + seconds
-    while time.monotonic() < deadline:
-        assert run.poll() is None, f"run ended while waiting for {what}: {err.read_text()[-3000:]}"
+    def holds() -> bool:
+        still_running(run, err)
         with suppress(Exception):  # a table not there yet
-            if predicate():
-                return
-        time.sleep(1)
-    raise AssertionError(f"{what}: not within {seconds} s; run's stderr: {err.read_text()[-3000:]}")
+            return bool(predicate())
+        return False
+
+    try:
+        wait_until(holds, timeout_s=seconds, interval_s=1, what=what)
+    except AssertionError as timed_out:
+        raise AssertionError(f"{timed_out}; run's stderr: {err.read_text()[-3000:]}") from None
 
 
 def _sessions_now(config) -> list[tuple]:
