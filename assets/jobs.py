@@ -1,20 +1,20 @@
 """The jobs by their contract names: the stream, catch-up (the catch_up assets), savepoint, rescale,
 compaction. Each op calls one library operation and reports what it returned."""
 import datetime as dt
+import signal
 import threading
 from typing import Any
 
 from dagster import (
     AssetObservation,
     Config,
+    DagsterExecutionInterruptedError,
     Failure,
     MetadataValue,
     OpExecutionContext,
     job,
     op,
 )
-from dagster._core.errors import DagsterExecutionInterruptedError  # what a cancelled run's step raises
-from dagster._utils.interrupts import check_captured_interrupt
 from pydantic import Field
 
 from assets import erasure_runs
@@ -70,22 +70,22 @@ def stream_op(context: OpExecutionContext, sessions: SessionsResource, pyspark: 
         context.log.info(f"batches={summary.batches} input_rows={summary.input_rows} "
                          f"sessions_written={sink.sessions_written}")
 
-    # A cancel from the UI reaches the run as an interrupt that Dagster holds until the op next reports something: a
-    # watcher turns it into a clean stop of the query (also of an idle stream), and the run then ends cancelled.
+    # A cancel from the UI reaches the step's process as SIGINT, which Dagster would hold until the op next reports
+    # something: while the stream runs, SIGINT is a clean stop of the query (also of an idle stream), and the run then
+    # ends cancelled. (Signal handlers belong to the main thread, where Dagster's executors run a step.)
     cancelled = threading.Event()
 
-    def watch() -> None:
-        while not stop.wait(1.0):
-            if check_captured_interrupt():
-                cancelled.set()
-                stop.set()
+    def cancel(_signal: int, _frame: object) -> None:
+        cancelled.set()
+        stop.set()
 
-    threading.Thread(target=watch, name="cancel-watch", daemon=True).start()
+    held = signal.signal(signal.SIGINT, cancel)
     try:
         summary = expected_errors(stream_control.run_stream, sessions.config(), spark=pyspark.spark_session,
                                   stop=stop, poll_seconds=poll_seconds, on_progress=progress)
     finally:
         stop.set()
+        signal.signal(signal.SIGINT, held)
     if cancelled.is_set():
         context.log.info(f"stream cancelled from the UI; stopped at batch {summary.last_committed_batch}")
         raise DagsterExecutionInterruptedError("session_stream cancelled")

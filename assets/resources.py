@@ -6,12 +6,12 @@ import signal
 import sys
 import threading
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any, ParamSpec, TypeVar
+from typing import Any, ParamSpec, TypeVar
 
 from dagster import ConfigurableResource, Failure, InitResourceContext, MetadataValue
 from dagster_pyspark import LazyPySparkResource
 from dagster_pyspark.resources import spark_session_from_config
-from pydantic import Field, PrivateAttr, create_model
+from pydantic import Field, PrivateAttr
 
 from pipelines.config import PATH_SETTINGS, SETTINGS, SessionsConfig
 from pipelines.errors import ConfigError, NextStepError, SessionsError
@@ -24,23 +24,17 @@ T = TypeVar("T")
 P = ParamSpec("P")
 
 
-def _run_config_fields() -> dict[str, Any]:
-    """One optional field per setting run config may set (Setting.in_run_config), of the setting's kind, in
-    SessionsConfig's order, with its description; unset (None), the setting comes from the environment."""
-    return {setting.name: (setting.kind | None, Field(default=None, description=setting.description))
-            for setting in SETTINGS if setting.in_run_config}
+def _setting(name: str) -> Any:
+    """A SessionsResource field for setting `name`: optional (unset: from the environment), described as the setting
+    is (pipelines.config.SETTINGS, the one declaration; tests/test_settings_table.py checks names, order and kinds)."""
+    return Field(default=None, description=_SETTINGS[name].description)
 
 
-# The fields come from the settings' one declaration (pipelines.config); the type checker sees the base without them.
-if TYPE_CHECKING:
-    _Settings = ConfigurableResource
-else:
-    _Settings = create_model("SessionsSettings", __base__=ConfigurableResource, __module__=__name__,
-                             **_run_config_fields())
+_SETTINGS = {setting.name: setting for setting in SETTINGS}
 
 
 # Unparametrised, as Dagster's own resources subclass it (the parameter is the resource value: the resource itself).
-class SessionsResource(_Settings):  # type: ignore[type-arg]
+class SessionsResource(ConfigurableResource):  # type: ignore[type-arg]
     """Every setting of pipelines.config.SessionsConfig but the secret ones (SESSIONS_KAFKA_CONF, SESSIONS_ERASURE_KEY:
     from the environment or a secret store only, so never stored in Dagster's run storage) and the environment-only
     ones (ENV_ONLY_SETTINGS: SESSIONS_SPARK_MASTER, which receives the AWS credentials), as an optional field of
@@ -49,6 +43,56 @@ class SessionsResource(_Settings):  # type: ignore[type-arg]
     too (README.md, "Configuration"); set one in the launchpad, or with dagster.EnvVar in the Definitions.
     SessionsConfig alone validates the values; the data locations (PATH_SETTINGS) the launchpad may only repeat, not
     change (config())."""
+
+    # One field per setting run config may set (Setting.in_run_config), in SessionsConfig's order.
+    home: str | None = _setting("home")
+    state_store: str | None = _setting("state_store")
+    state_partitions: int | None = _setting("state_partitions")
+    gap_minutes: int | None = _setting("gap_minutes")
+    lateness_minutes: int | None = _setting("lateness_minutes")
+    savepoint_uri: str | None = _setting("savepoint_uri")
+    warehouse_uri: str | None = _setting("warehouse_uri")
+    landing_uri: str | None = _setting("landing_uri")
+    checkpoint_uri: str | None = _setting("checkpoint_uri")
+    webhdfs_address: str | None = _setting("webhdfs_address")
+    lease_ttl_s: float | None = _setting("lease_ttl_s")
+    lease_uri: str | None = _setting("lease_uri")
+    lease_wait_s: float | None = _setting("lease_wait_s")
+    state_buckets: int | None = _setting("state_buckets")
+    operator: str | None = _setting("operator")
+    max_versions_per_batch: int | None = _setting("max_versions_per_batch")
+    spark_driver_memory: str | None = _setting("spark_driver_memory")
+    spark_ui: bool | None = _setting("spark_ui")
+    rocksdb_changelog: bool | None = _setting("rocksdb_changelog")
+    min_batches_to_retain: int | None = _setting("min_batches_to_retain")
+    savepoint_full_every: int | None = _setting("savepoint_full_every")
+    savepoint_chain_share: float | None = _setting("savepoint_chain_share")
+    savepoint_native: bool | None = _setting("savepoint_native")
+    beside_stream_nice: int | None = _setting("beside_stream_nice")
+    stop_timeout_s: float | None = _setting("stop_timeout_s")
+    state_max_age_minutes: float | None = _setting("state_max_age_minutes")
+    savepoint_max_age_hours: float | None = _setting("savepoint_max_age_hours")
+    compact_files: int | None = _setting("compact_files")
+    state_files: int | None = _setting("state_files")
+    auto_restore: bool | None = _setting("auto_restore")
+    observe_state_minutes: float | None = _setting("observe_state_minutes")
+    keep_savepoints: int | None = _setting("keep_savepoints")
+    keep_daily_days: int | None = _setting("keep_daily_days")
+    vacuum_retention_hours: int | None = _setting("vacuum_retention_hours")
+    erasure_deadline_hours: float | None = _setting("erasure_deadline_hours")
+    erasure_drops_newer: bool | None = _setting("erasure_drops_newer")
+    max_future_minutes: int | None = _setting("max_future_minutes")
+    ingest_settle_seconds: int | None = _setting("ingest_settle_seconds")
+    ingest_task_mib: int | None = _setting("ingest_task_mib")
+    ingest_by_tasks: str | None = _setting("ingest_by_tasks")
+    s3_max_retries: int | None = _setting("s3_max_retries")
+    s3_retry_timeout: str | None = _setting("s3_retry_timeout")
+    s3_timeout: str | None = _setting("s3_timeout")
+    kafka_bootstrap: str | None = _setting("kafka_bootstrap")
+    kafka_topic: str | None = _setting("kafka_topic")
+    kafka_commit_messages: int | None = _setting("kafka_commit_messages")
+    idle_close_minutes: float | None = _setting("idle_close_minutes")
+    spec: str | None = _setting("spec")
 
     # What the run's own run config (the launchpad) set on this resource, seen at setup_for_execution: the settings
     # by name, and whether there is a run at all.

@@ -5,7 +5,7 @@ Fixtures
 ``spark``        (session scope) the one SparkSession of the test run, made by ``pipelines.job.runtime.get_spark``.
                  It serves both state store providers: the provider is chosen per query start from the
                  config passed to ``catch_up(config, spark)``.
-``make_config``  the ``make_config(tmp_path, provider="rocksdb", **env)`` helper below, as a fixture.
+``make_config``  tests.kit.homes.make_config(tmp_path, provider="rocksdb", **env), as a fixture.
 ``postgres_server`` (session scope) a real PostgreSQL 15 on 127.0.0.1 (Debian's binaries, own temp dir, free
                  port, password auth): a ``PostgresServer`` with ``create_database(name)`` and
                  ``dagster_env(database)`` (the DAGSTER_PG_* variables of deploy/dagster.yaml).
@@ -14,40 +14,27 @@ Fixtures
                  point delta-rs and boto3 at it. Yields {"process", "port", "env"}; SIGSTOP/SIGCONT of the
                  process is an injected outage.
 
-Helpers (import them with ``from tests.conftest import ...``)
--------------------------------------------------------------
-``make_config(tmp_path, provider="rocksdb", **env) -> SessionsConfig``
-    SESSIONS_HOME is ``tmp_path / "home"`` (override with ``home=...``). Keyword arguments are environment
-    variable names (``SESSIONS_GAP_MINUTES=5``), values are str()-ed; a value of None removes the variable.
-    Defaults: gap 30 min, lateness 10 min, 2 state partitions, SESSIONS_MAX_VERSIONS_PER_BATCH=1 (each ingest commit is its own micro-batch; pass
-    ``SESSIONS_MAX_VERSIONS_PER_BATCH=None`` for "all available").
-``tool(name) -> str``  the path of a console script of the venv running the tests (sessionctl, dagster, ...).
-``config_env(config) -> dict``  the environment for a ``sessionctl`` subprocess running the same config.
-``read_sessions(config) -> list[tuple]``  the sessions table as (session_id, user_id, start_ms, end_ms,
-    event_count, page_views, end_reason) tuples, sorted.
-``read_quarantine(config) -> pandas.DataFrame``  the quarantine table (event_time as epoch ms in ``event_time_ms``).
-``read_open_sessions(spark, config) -> list[tuple]``  the open sessions in the state store, in the oracle's
-    tuple shape (compare with ``sorted(run_oracle(...).open_sessions)``).
+What tests import lives in tests/kit/ (its __init__ says which module owns which helper); this file holds the
+fixtures, the environment every Spark JVM of the run starts with, and the tiers and depths of the tests.
 """
 from __future__ import annotations
 
-import json
 import os
 import secrets
 import shutil
-import socket
 import subprocess
 import sys
 import tempfile
 from collections.abc import Iterator
-from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
 
-from tests.harness import wait_until
 from tests.hdfs_cluster import hdfs  # noqa: F401 -- the `hdfs` fixture (a local HDFS, session scope)
 from tests.kafka_broker import kafka_broker  # noqa: F401 -- the session's Apache Kafka broker (fixture)
+from tests.kit.homes import REPO, free_port, make_config, tool
+from tests.kit.servers import PG_BIN, PostgresServer, _as_postgres_user
+from tests.kit.waits import wait_until
 
 os.environ["PYSPARK_PYTHON"] = sys.executable
 os.environ.setdefault("PYSPARK_DRIVER_PYTHON", sys.executable)
@@ -57,7 +44,6 @@ os.environ.setdefault("PYSPARK_DRIVER_PYTHON", sys.executable)
 # production JVMs keep the default (tiered C2) compilation.
 os.environ.setdefault("SPARK_SUBMIT_OPTS", "-XX:TieredStopAtLevel=1")
 
-REPO = Path(__file__).resolve().parent.parent
 # The JVM operator's tests jar (jvm/operator/src/test/java but the JUnit tests, built by `make setup`: CoreHarness,
 # the py4j harness of tests/test_jvm_operator.py), never in the product's jar nor on a product run's class path, on
 # that of the suite's Spark JVMs (this process's and those it starts: the environment). Spark's launcher puts
@@ -69,152 +55,6 @@ TESTS_JAR = REPO / "build" / "jvm" / "sessions-operator-tests.jar"
 _dist_class_path = [path for path in os.environ.get("SPARK_DIST_CLASSPATH", "").split(os.pathsep) if path]
 if str(TESTS_JAR) not in _dist_class_path:  # pytest-xdist's workers inherit the controller's
     os.environ["SPARK_DIST_CLASSPATH"] = os.pathsep.join([*_dist_class_path, str(TESTS_JAR)])
-
-VENV_BIN = Path(sys.executable).parent  # the venv running the tests, wherever it is
-
-
-def tool(name: str) -> str:
-    path = VENV_BIN / name
-    if not path.exists():
-        raise FileNotFoundError(f"{path} not found: run `make setup` (console scripts of the test venv)")
-    return str(path)
-
-
-SESSIONCTL = VENV_BIN / "sessionctl"
-
-DEFAULT_ENV = {
-    "SESSIONS_STATE_PARTITIONS": "2",
-    "SESSIONS_GAP_MINUTES": "30",
-    "SESSIONS_LATENESS_MINUTES": "10",
-    "SESSIONS_MAX_VERSIONS_PER_BATCH": "1",
-    # Off unless a test turns it on (tests/test_idle_close.py): a test that runs longer than the default idle time
-    # would otherwise get clock rows its oracle does not expect.
-    "SESSIONS_IDLE_CLOSE_MINUTES": "0",
-}
-
-
-def make_config(tmp_path: Path, provider: str = "rocksdb", home: Path | str | None = None, **env):
-    """A SessionsConfig rooted under tmp_path (see the module docstring for defaults)."""
-    from pipelines.config import SessionsConfig
-
-    values = {"SESSIONS_HOME": str(home or Path(tmp_path) / "home"), "SESSIONS_STATE_STORE": provider,
-              **DEFAULT_ENV}
-    for key, value in env.items():
-        if value is None:
-            values.pop(key, None)
-        else:
-            values[key] = str(value)
-    return SessionsConfig.from_env(values)
-
-
-def config_env(config, **extra) -> dict:
-    """os.environ plus the SESSIONS_* variables that reproduce `config` in a subprocess (sessionctl)."""
-    env = {k: v for k, v in os.environ.items() if not k.startswith("SESSIONS_")}
-    env.update({
-        "SESSIONS_HOME": str(config.home),
-        "SESSIONS_STATE_STORE": config.state_store,
-        "SESSIONS_STATE_PARTITIONS": str(config.state_partitions),
-        "SESSIONS_GAP_MINUTES": str(config.gap_minutes),
-        "SESSIONS_LATENESS_MINUTES": str(config.lateness_minutes),
-        "SESSIONS_STATE_BUCKETS": str(config.state_buckets),
-        "SESSIONS_OPERATOR": config.operator,
-        "SESSIONS_SAVEPOINT_URI": str(config.savepoint_uri),
-        "SESSIONS_CHECKPOINT_URI": str(config.checkpoint_uri),
-        "SESSIONS_WAREHOUSE_URI": str(config.warehouse_uri),
-        "SESSIONS_LANDING_URI": str(config.landing_uri),
-        "SESSIONS_IDLE_CLOSE_MINUTES": repr(config.idle_close_ms / 60_000),
-        "PYSPARK_PYTHON": sys.executable,
-        "PYSPARK_DRIVER_PYTHON": sys.executable,
-    })
-    if config.max_versions_per_batch:
-        env["SESSIONS_MAX_VERSIONS_PER_BATCH"] = str(config.max_versions_per_batch)
-    env.update({k: str(v) for k, v in extra.items()})
-    return env
-
-
-def assert_half_done_is_reported(config, status_field: str, command: str) -> None:
-    """An interrupted restore/rescale, as an operator meets it: `status --json` names the command that finishes it,
-    catch-up refuses in exactly one line naming it, and the Dagster check fails with it as the next step."""
-    from assets.checks import no_restore_left_half_done
-    from assets.resources import SessionsResource
-
-    env = config_env(config)
-    status = subprocess.run([tool("sessionctl"), "status", "--json", "--no-state"], env=env, capture_output=True,
-                            text=True, timeout=120)
-    assert json.loads(status.stdout)[status_field] == command
-    refused = subprocess.run([tool("sessionctl"), "catch-up"], env=env, capture_output=True, text=True, timeout=300)
-    assert refused.returncode == 1 and "Traceback" not in refused.stderr
-    assert refused.stderr.strip().count("\n") == 0 and f"finish it with `{command}`" in refused.stderr
-    check = no_restore_left_half_done(SessionsResource(
-        home=str(config.home), state_store=config.state_store, state_partitions=config.state_partitions,
-        max_versions_per_batch=config.max_versions_per_batch))
-    assert not check.passed and check.metadata["next_step"].value == command
-
-
-def _ms(column) -> list:
-    import pyarrow as pa
-    import pyarrow.compute as pc
-
-    return pc.divide(column.cast(pa.timestamp("us", tz="UTC")).cast(pa.int64()), 1000).to_pylist()
-
-
-def read_sessions(config) -> list[tuple]:
-    from pipelines.storage import open_table, read_rows
-
-    # read_rows: as the Delta log says, deletion vectors included (a table Delta Spark rewrote).
-    table = read_rows(open_table(config, config.sessions_table))
-    rows = zip(table["session_id"].to_pylist(), table["user_id"].to_pylist(), _ms(table["session_start"]),
-               _ms(table["session_end"]), table["event_count"].to_pylist(), table["page_views"].to_pylist(),
-               table["end_reason"].to_pylist())
-    return sorted(tuple(r) for r in rows)
-
-
-def read_quarantine(config):
-    import pyarrow as pa
-
-    from pipelines.storage import open_table, read_rows
-
-    table = read_rows(open_table(config, config.quarantine_table))
-    frame = table.drop_columns(["event_time", "quarantined_at"]).to_pandas()
-    frame["event_time_ms"] = pa.array(_ms(table["event_time"]), pa.int64()).to_pandas(integer_object_nulls=True)
-    return frame
-
-
-def read_open_sessions(spark, config) -> list[tuple]:
-    """The open sessions the state store holds, in the oracle's tuple shape (open_sessions_of)."""
-    from state_store.state import read_state
-
-    return open_sessions_of(read_state(spark, config.checkpoint).collect())
-
-
-def open_sessions_of(rows) -> list[tuple]:
-    """Canonical state rows -> open sessions in the oracle's tuple shape (session_id, user_id, start_ms,
-    last_event_ms, event_count, page_views, "logout" | "inactivity" by the last event), sorted. Plain Python: rows of
-    one (user, session_start) in time order, a new session after a logout (two sessions may share a start ms)."""
-    from testkit.oracle import oracle_session_id
-
-    ms = lambda ts: int(ts.timestamp() * 1000) if ts is not None else None  # noqa: E731
-    rows = sorted(rows, key=lambda r: (r["user_id"], ms(r["session_start"]), ms(r["event_time"]), r["event_id"] or ""))
-    sessions, current, key = [], None, None
-    for r in rows:
-        row_key = (r["user_id"], ms(r["session_start"]))
-        if current is None or row_key != key or current["last_type"] == "logout":
-            current = {"user": r["user_id"], "start": row_key[1], "count": 0, "views": 0}
-            sessions.append(current)
-            key = row_key
-        current.update(last=ms(r["event_time"]), last_type=r["event_type"])
-        current["count"] += r["event_count"]
-        current["views"] += r["page_views"]
-    return sorted((oracle_session_id(s["user"], s["start"]), s["user"], s["start"], s["last"], s["count"], s["views"],
-                   "logout" if s["last_type"] == "logout" else "inactivity") for s in sessions)
-
-
-def assert_late_keys(config, expected) -> None:
-    """The quarantine's `late` rows are exactly the oracle's late events (user, event id, event time)."""
-    late = read_quarantine(config)
-    late = late[late["reason"] == "late"]
-    assert sorted(zip(late["user_id"], late["event_id"], late["event_time_ms"].astype(int))) == \
-        sorted(expected.late_keys)
 
 
 @pytest.fixture(scope="session")
@@ -233,12 +73,6 @@ def spark(tmp_path_factory):
 def _make_config_fixture():
     """The make_config(tmp_path, provider="rocksdb", **env) helper (see the module docstring)."""
     return make_config
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 S3_BUCKETS = ("savepoints", "warehouse")
@@ -297,37 +131,6 @@ def spark_cluster(tmp_path_factory):
         raise RuntimeError(f"local cluster did not start: {started.stderr}")
     yield {"master": started.stdout.strip(), "dir": root, "ui_port": ui_port}
     subprocess.run([script, "stop", "--dir", str(root)], env=env, timeout=60)
-
-
-# --- PostgreSQL (a real server for tests that need one: the Dagster instance storage) ------------------------
-PG_BIN = Path(os.environ.get("SESSIONS_TEST_PG_BIN", "/usr/lib/postgresql/15/bin"))
-
-
-@dataclass(frozen=True)
-class PostgresServer:
-    """A running PostgreSQL on 127.0.0.1 (password auth over TCP, like a managed database)."""
-
-    host: str
-    port: int
-    user: str
-    password: str
-    data_dir: Path
-
-    def create_database(self, name: str) -> str:
-        """A new, empty database (one per test module keeps modules independent); returns its name."""
-        subprocess.run([str(PG_BIN / "createdb"), "-h", self.host, "-p", str(self.port), "-U", self.user, name],
-                       env={**os.environ, "PGPASSWORD": self.password}, check=True, capture_output=True, timeout=60)
-        return name
-
-    def dagster_env(self, database: str) -> dict[str, str]:
-        """The DAGSTER_PG_* variables deploy/dagster.yaml reads its connection from."""
-        return {"DAGSTER_PG_HOST": self.host, "DAGSTER_PG_PORT": str(self.port), "DAGSTER_PG_USER": self.user,
-                "DAGSTER_PG_PASSWORD": self.password, "DAGSTER_PG_DB": database}
-
-
-def _as_postgres_user(args: list[str]) -> list[str]:
-    # initdb/pg_ctl refuse to run as root: as root (CI, the dev machines) run them as Debian's postgres user.
-    return ["runuser", "-u", "postgres", "--", *args] if os.geteuid() == 0 else args
 
 
 @pytest.fixture(scope="session")

@@ -35,7 +35,7 @@ from typing import Any
 import pytest
 
 from testkit.kafka_produce import produce
-from tests.harness import wait_until
+from tests.kit.waits import wait_until
 
 REPO = Path(__file__).resolve().parent.parent
 SCRIPT = REPO / "deploy" / "local-kafka"

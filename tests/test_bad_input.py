@@ -13,9 +13,10 @@ from deltalake import DeltaTable
 
 from pipelines.job.stream import catch_up
 from testkit.oracle import run_oracle
-from tests.conftest import make_config, read_open_sessions, read_quarantine, read_sessions
-from tests.datagen import BASE_MS, iso
-from tests.harness import STORAGES, checkpoint_env
+from tests.kit.datagen import BASE_MS, iso
+from tests.kit.homes import make_config
+from tests.kit.storages import STORAGES, checkpoint_env
+from tests.kit.tables import read_open_sessions, read_quarantine, read_sessions
 
 pytestmark = pytest.mark.tier("spark")
 

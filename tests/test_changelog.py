@@ -11,8 +11,9 @@ from pipelines.job.checkpoint import inspect_checkpoint
 from pipelines.job.stream import catch_up
 from state_store.lifecycle import rescale, restore, take_savepoint
 from testkit.lifecycle_expectations import expected_closed_sessions
-from tests.conftest import make_config, read_open_sessions, read_sessions
-from tests.datagen import in_order_chunks, land_batches
+from tests.kit.datagen import in_order_chunks, land_batches
+from tests.kit.homes import make_config
+from tests.kit.tables import read_open_sessions, read_sessions
 
 pytestmark = pytest.mark.tier("spark")
 

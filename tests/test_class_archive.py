@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from pipelines.job.runtime import CLASS_ARCHIVE, JVM_STDERR_LOG
-from tests.conftest import config_env, make_config
+from tests.kit.homes import config_env, make_config
 
 pytestmark = pytest.mark.tier("subprocess")
 

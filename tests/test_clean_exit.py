@@ -20,8 +20,8 @@ from itertools import zip_longest
 import pytest
 
 from pipelines.core.sample_data import land
-from tests.conftest import config_env, make_config, tool
-from tests.datagen import in_order_chunks
+from tests.kit.datagen import in_order_chunks
+from tests.kit.homes import config_env, make_config, tool
 
 pytestmark = pytest.mark.tier("subprocess")
 

@@ -16,10 +16,11 @@ import pytest
 
 from pipelines.storage import open_table
 from testkit.lifecycle_expectations import expected_closed_sessions
-from tests.conftest import config_env, make_config, read_sessions, tool
-from tests.datagen import in_order_chunks
-from tests.harness import still_running, wait_until
-from tests.savepoint_expectations import oracle_of, state_sessions
+from tests.kit.datagen import in_order_chunks
+from tests.kit.homes import config_env, make_config, tool
+from tests.kit.savepoint_expectations import oracle_of, state_sessions
+from tests.kit.tables import read_sessions
+from tests.kit.waits import still_running, wait_until
 
 pytestmark = [pytest.mark.tier("e2e"), pytest.mark.timeout(1800)]
 

@@ -12,9 +12,10 @@ from deltalake import DeltaTable
 from pipelines.core.sample_data import land
 from state_store.maintenance import compact
 from testkit.lifecycle_expectations import expected_closed_sessions
-from tests.conftest import config_env, make_config, read_sessions, tool
-from tests.datagen import in_order_chunks
-from tests.harness import still_running, stream_caught_up, wait_until
+from tests.kit.datagen import in_order_chunks
+from tests.kit.homes import config_env, make_config, tool
+from tests.kit.tables import read_sessions
+from tests.kit.waits import still_running, stream_caught_up, wait_until
 
 pytestmark = pytest.mark.tier("subprocess")
 

@@ -11,7 +11,7 @@ from pipelines.config import ConfigError, SessionsConfig
 from pipelines.coordination.job_leases import job_lock
 from pipelines.errors import JobRunning, LifecycleBusy, SessionsError
 from pipelines.job.runtime import spark_conf
-from tests.conftest import tool
+from tests.kit.homes import tool
 
 pytestmark = pytest.mark.tier("pure")
 

@@ -17,7 +17,7 @@ from hypothesis import strategies as st
 
 from pipelines.core.sessionize import advance, empty_rows, open_sessions
 from testkit.oracle import oracle_session_id, run_oracle, split_events
-from tests.datagen import BASE_MS, adversarial_events, event_streams, random_split
+from tests.kit.datagen import BASE_MS, adversarial_events, event_streams, random_split
 
 pytestmark = pytest.mark.tier("pure")
 

@@ -27,7 +27,7 @@ from pipelines.core.sessionize import SESSION_FIELDS, advance, empty_rows, open_
 from pipelines.core.spec import Attribute, parse_spec
 from pipelines.core.state_format import STORE_SCHEMA
 from testkit.oracle import oracle_session_id, run_oracle, split_events
-from tests.datagen import BASE_MS, adversarial_events, event_streams, random_split
+from tests.kit.datagen import BASE_MS, adversarial_events, event_streams, random_split
 
 pytestmark = pytest.mark.tier("pure")
 

@@ -15,7 +15,7 @@ import os
 import pytest
 
 from testkit.campaign import run_campaign, run_kill_points
-from tests.harness import STORAGES, checkpoint_env
+from tests.kit.storages import STORAGES, checkpoint_env
 
 pytestmark = [pytest.mark.tier("e2e"), pytest.mark.timeout(1800)]
 

@@ -20,9 +20,10 @@ import pytest
 
 from pipelines.job.stream import catch_up
 from testkit.oracle import run_oracle, split_events
-from tests.conftest import SESSIONCTL, config_env, make_config, read_open_sessions, read_quarantine, read_sessions
-from tests.datagen import adversarial_events, has_colliding_session_ids, land_files, line, pick_seed, random_split
-from tests.harness import still_running, wait_until
+from tests.kit.datagen import adversarial_events, has_colliding_session_ids, land_files, line, pick_seed, random_split
+from tests.kit.homes import SESSIONCTL, config_env, make_config
+from tests.kit.tables import read_open_sessions, read_quarantine, read_sessions
+from tests.kit.waits import still_running, wait_until
 
 pytestmark = pytest.mark.tier("subprocess")
 

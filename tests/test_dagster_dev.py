@@ -17,8 +17,8 @@ import requests
 
 from pipelines.core.sample_data import land_sample
 from pipelines.job.stream import catch_up
-from tests.conftest import free_port, make_config
-from tests.harness import still_running, wait_until
+from tests.kit.homes import free_port, make_config
+from tests.kit.waits import still_running, wait_until
 
 pytestmark = [pytest.mark.tier("subprocess"), pytest.mark.timeout(600)]
 

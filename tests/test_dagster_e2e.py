@@ -39,8 +39,9 @@ from pipelines.coordination.job_leases import job_lock
 from pipelines.core.sample_data import land_sample
 from pipelines.job.checkpoint import inspect_checkpoint, read_job_metadata
 from state_store.savepoint.catalog import SavepointStore
-from tests.conftest import PostgresServer, free_port, tool
-from tests.harness import wait_until
+from tests.kit.homes import free_port, tool
+from tests.kit.servers import PostgresServer
+from tests.kit.waits import wait_until
 
 pytestmark = [pytest.mark.tier("e2e"), pytest.mark.timeout(1800)]
 

@@ -17,7 +17,7 @@ from assets.resources import SessionsResource, pyspark_resource
 from pipelines.ingest.erased import UserSpelling
 from pipelines.job.stream import catch_up
 from testkit.oracle import run_oracle
-from tests.datagen import land_batches, stream_scenario
+from tests.kit.datagen import land_batches, stream_scenario
 from tests.test_dagster_jobs import lookup_table
 
 pytestmark = pytest.mark.tier("spark")

@@ -33,9 +33,10 @@ from pipelines.core.sample_data import arrival_order, generate_events, land_samp
 from pipelines.job.checkpoint import inspect_checkpoint
 from state_store.savepoint import catalog as sp
 from state_store.savepoint.catalog import SavepointStore
-from tests.conftest import read_open_sessions, read_sessions, tool
-from tests.harness import wait_until
-from tests.savepoint_expectations import oracle_of
+from tests.kit.homes import tool
+from tests.kit.savepoint_expectations import oracle_of
+from tests.kit.tables import read_open_sessions, read_sessions
+from tests.kit.waits import wait_until
 
 pytestmark = pytest.mark.tier("spark")
 
@@ -338,7 +339,7 @@ def test_session_stream_job_closes_sessions_of_a_quiet_stream(tmp_path, spark):
     from pipelines.job.checkpoint import inspect_checkpoint, read_job_metadata
     from state_store.stream_control import stop_stream
     from testkit.oracle import run_oracle
-    from tests.datagen import iso, line, make_event
+    from tests.kit.datagen import iso, line, make_event
 
     resources = {"sessions": SessionsResource(home=str(tmp_path / "home"), gap_minutes=2, lateness_minutes=0,
                                               idle_close_minutes=0.05, state_partitions=2),
@@ -363,7 +364,7 @@ def test_session_stream_job_closes_sessions_of_a_quiet_stream(tmp_path, spark):
         assert job.is_alive(), outcome
         return True
 
-    wait_until(lambda: job_alive() and DeltaTable.is_deltatable(config.sessions_table) and read_sessions(config),
+    wait_until(lambda: job_alive() and read_sessions(config, missing_ok=True),
                timeout_s=180, interval_s=0.5, what="the job's clock row to close u1's session")
     # The `rescale` job beside the running stream: it asks, the stream rescales between two batches and goes on.
     rescaled = defs.resolve_job_def("rescale").execute_in_process(

@@ -25,9 +25,10 @@ from state_store.savepoint.chain import savepoint_checksum
 from state_store.savepoint.checksum import state_checksum
 from state_store.savepoint.damage import check_readable, damaged_members
 from testkit.lifecycle_expectations import live_state
-from tests.conftest import config_env, make_config, read_open_sessions, read_sessions, tool
-from tests.datagen import in_order_chunks
-from tests.savepoint_expectations import oracle_of
+from tests.kit.datagen import in_order_chunks
+from tests.kit.homes import config_env, make_config, tool
+from tests.kit.savepoint_expectations import oracle_of
+from tests.kit.tables import read_open_sessions, read_sessions
 
 pytestmark = pytest.mark.tier("spark")
 

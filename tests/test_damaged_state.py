@@ -13,8 +13,9 @@ from pipelines.job.checkpoint import inspect_checkpoint
 from pipelines.job.stream import catch_up
 from state_store.lifecycle import restore, take_savepoint
 from testkit.lifecycle_expectations import expected_closed_sessions
-from tests.conftest import config_env, make_config, read_sessions, tool
-from tests.datagen import in_order_chunks
+from tests.kit.datagen import in_order_chunks
+from tests.kit.homes import config_env, make_config, tool
+from tests.kit.tables import read_sessions
 
 pytestmark = pytest.mark.tier("subprocess")
 

@@ -22,8 +22,8 @@ from state_store.erasure import forget
 from state_store.lifecycle import take_savepoint
 from state_store.maintenance import compact
 from state_store.savepoint.catalog import SavepointStore
-from tests.conftest import make_config
-from tests.datagen import land_files, line, stream_scenario
+from tests.kit.datagen import land_files, line, stream_scenario
+from tests.kit.homes import make_config
 
 pytestmark = pytest.mark.tier("spark")
 

@@ -13,9 +13,10 @@ from pipelines.job.stream import catch_up
 from state_store.erasure import LOG_TABLE, forget, verify_forgotten
 from state_store.lifecycle import restore, take_savepoint
 from testkit.oracle import run_oracle
-from tests.conftest import assert_late_keys, config_env, make_config, read_open_sessions, read_sessions, tool
-from tests.datagen import land_batches, stream_scenario
-from tests.harness import still_running, stream_caught_up, wait_until
+from tests.kit.datagen import land_batches, stream_scenario
+from tests.kit.homes import config_env, make_config, tool
+from tests.kit.tables import assert_late_keys, read_open_sessions, read_sessions
+from tests.kit.waits import still_running, stream_caught_up, wait_until
 
 pytestmark = pytest.mark.tier("spark")
 

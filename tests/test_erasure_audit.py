@@ -25,8 +25,9 @@ from pipelines.job.stream import catch_up
 from state_store.erasure import forget, verify_forgotten
 from state_store.lifecycle import take_savepoint
 from testkit.oracle import run_oracle
-from tests.conftest import assert_late_keys, make_config, read_open_sessions, read_quarantine, read_sessions
-from tests.datagen import BASE_MS, land_files, line, make_event, stream_scenario
+from tests.kit.datagen import BASE_MS, land_files, line, make_event, stream_scenario
+from tests.kit.homes import make_config
+from tests.kit.tables import assert_late_keys, read_open_sessions, read_quarantine, read_sessions
 
 pytestmark = pytest.mark.tier("spark")
 

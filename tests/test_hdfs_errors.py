@@ -18,7 +18,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import free_port, tool
+from tests.kit.homes import free_port, tool
 
 pytestmark = pytest.mark.tier("subprocess")
 

@@ -14,8 +14,8 @@ from pipelines.job.stream import catch_up
 from state_store.history import diff_savepoints, user_history
 from state_store.lifecycle import take_savepoint
 from testkit.oracle import run_oracle
-from tests.conftest import config_env, make_config, tool
-from tests.datagen import land_batches, stream_scenario
+from tests.kit.datagen import land_batches, stream_scenario
+from tests.kit.homes import config_env, make_config, tool
 
 pytestmark = pytest.mark.tier("spark")
 

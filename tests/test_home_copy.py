@@ -20,7 +20,7 @@ from pipelines.core.sample_data import land_sample
 from pipelines.job.stream import catch_up
 from state_store.lifecycle import take_savepoint
 from state_store.savepoint.catalog import SavepointStore
-from tests.conftest import config_env, make_config, tool
+from tests.kit.homes import config_env, make_config, tool
 
 pytestmark = pytest.mark.tier("subprocess")
 

@@ -24,9 +24,11 @@ from pipelines.ingest import local as ingest_local
 from pipelines.job.stream import catch_up
 from state_store.status import status
 from testkit.oracle import run_oracle
-from tests.conftest import make_config, read_open_sessions, read_quarantine, read_sessions
-from tests.datagen import BASE_MS, iso
-from tests.harness import STORAGES, checkpoint_env, wait_until
+from tests.kit.datagen import BASE_MS, iso
+from tests.kit.homes import make_config
+from tests.kit.storages import STORAGES, checkpoint_env
+from tests.kit.tables import read_open_sessions, read_quarantine, read_sessions
+from tests.kit.waits import wait_until
 
 pytestmark = pytest.mark.tier("pure")
 

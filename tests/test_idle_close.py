@@ -27,9 +27,10 @@ from state_store.lifecycle import restore, take_savepoint
 from state_store.state import lookup_user
 from state_store.stream_control import stop_stream
 from testkit.oracle import run_oracle
-from tests.conftest import config_env, make_config, read_open_sessions, read_quarantine, read_sessions, tool
-from tests.datagen import iso, land_batches, line, make_event
-from tests.harness import still_running, wait_until
+from tests.kit.datagen import iso, land_batches, line, make_event
+from tests.kit.homes import config_env, make_config, tool
+from tests.kit.tables import read_open_sessions, read_quarantine, read_sessions
+from tests.kit.waits import still_running, wait_until
 
 pytestmark = pytest.mark.tier("pure")
 

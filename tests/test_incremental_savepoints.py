@@ -23,9 +23,10 @@ from state_store.savepoint.catalog import DELETED, SavepointStore
 from state_store.savepoint.chain import savepoint_checksum, savepoint_rows
 from state_store.savepoint.checksum import state_checksum
 from testkit.lifecycle_expectations import live_state
-from tests.conftest import make_config, open_sessions_of, read_open_sessions, read_sessions
-from tests.datagen import BASE_MS, iso
-from tests.savepoint_expectations import oracle_of
+from tests.kit.datagen import BASE_MS, iso
+from tests.kit.homes import make_config
+from tests.kit.savepoint_expectations import oracle_of
+from tests.kit.tables import open_sessions_of, read_open_sessions, read_sessions
 
 pytestmark = pytest.mark.tier("spark")  # (the S3 case: e2e, by its s3_endpoint fixture)
 

@@ -11,7 +11,7 @@ from deltalake import DeltaTable
 from pipelines.core.sample_data import generate_events, land
 from pipelines.ingest import INGESTED_DIR, ingest
 from pipelines.ingest import local as local_landing
-from tests.conftest import make_config
+from tests.kit.homes import make_config
 
 pytestmark = pytest.mark.tier("pure")
 

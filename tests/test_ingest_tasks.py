@@ -28,7 +28,8 @@ from pipelines.ingest.table import RowSource, Span, line_rows, standing_erasure
 from pipelines.job.ingest_tasks import SparkIngestTasks
 from pipelines.job.stream import catch_up
 from testkit.lifecycle_expectations import expected_closed_sessions
-from tests.conftest import config_env, free_port, make_config, read_sessions, tool
+from tests.kit.homes import config_env, free_port, make_config, tool
+from tests.kit.tables import read_sessions
 from tests.test_ingest_columnar import RULES
 
 pytestmark = pytest.mark.tier("spark")

@@ -17,9 +17,10 @@ from pipelines.job.checkpoint import inspect_checkpoint
 from pipelines.job.stream import catch_up
 from state_store.lifecycle import rescale
 from testkit.lifecycle_expectations import expected_closed_sessions
-from tests.conftest import assert_half_done_is_reported, config_env, make_config, read_sessions, tool
-from tests.datagen import in_order_chunks
-from tests.harness import still_running, wait_until
+from tests.kit.datagen import in_order_chunks
+from tests.kit.homes import assert_half_done_is_reported, config_env, make_config, tool
+from tests.kit.tables import read_sessions
+from tests.kit.waits import still_running, wait_until
 
 pytestmark = pytest.mark.tier("subprocess")
 

@@ -32,8 +32,9 @@ from pipelines.job.stream import catch_up
 from state_store.lifecycle import restore, take_savepoint
 from testkit import oracle
 from testkit.oracle import run_oracle
-from tests.conftest import make_config, read_sessions
-from tests.datagen import land_batches, stream_scenario
+from tests.kit.datagen import land_batches, stream_scenario
+from tests.kit.homes import make_config
+from tests.kit.tables import read_sessions
 from tests.test_stream_vs_oracle import GAP_MS, LATENESS_MS, assert_matches_oracle
 
 pytestmark = pytest.mark.tier("spark")

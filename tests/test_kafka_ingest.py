@@ -34,9 +34,10 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import REPO, config_env, free_port, make_config, read_quarantine, read_sessions, tool
-from tests.harness import still_running, wait_until
 from tests.kafka_broker import KafkaBroker
+from tests.kit.homes import REPO, config_env, free_port, make_config, tool
+from tests.kit.tables import read_quarantine, read_sessions
+from tests.kit.waits import still_running, wait_until
 
 pytestmark = pytest.mark.tier("e2e")
 

@@ -37,9 +37,10 @@ from state_store.results import RescaleResult, SavepointInfo
 from state_store.savepoint import catalog as sp
 from state_store.savepoint.checksum import state_checksum
 from testkit.lifecycle_expectations import expected_closed_sessions
-from tests.conftest import read_open_sessions, read_sessions, tool
-from tests.datagen import in_order_chunks
-from tests.savepoint_expectations import after_migration, oracle_of, state_event_keys, state_sessions
+from tests.kit.datagen import in_order_chunks
+from tests.kit.homes import tool
+from tests.kit.savepoint_expectations import after_migration, oracle_of, state_event_keys, state_sessions
+from tests.kit.tables import read_open_sessions, read_sessions
 
 pytestmark = pytest.mark.tier("spark")
 

@@ -19,8 +19,8 @@ from pipelines.coordination.lease_stores import store_for
 from pipelines.coordination.leases import LeaseHeld, LeaseInfo, acquire, holding, lease, live_holder, waiting_lease
 from pipelines.coordination.liveness import identity
 from pipelines.errors import ConfigError, JobRunning, LeaseLost, LeaseWaitTimedOut
-from tests.conftest import config_env, make_config, tool
-from tests.harness import wait_until
+from tests.kit.homes import config_env, make_config, tool
+from tests.kit.waits import wait_until
 
 pytestmark = pytest.mark.tier("pure")
 # Parametrized tests whose cases differ in tier (tests/conftest.py reads this)
@@ -57,7 +57,7 @@ def test_two_hosts_with_separate_homes_share_the_lease(tmp_path):
     host_b = make_config(tmp_path / "b", SESSIONS_CHECKPOINT_URI=shared)
     assert host_a.lease_dir == host_b.lease_dir
     holder = subprocess.Popen([sys.executable, "-c", (
-        "import sys; from pipelines.coordination.job_leases import job_lock; from tests.conftest import make_config; "
+        "import sys; from pipelines.coordination.job_leases import job_lock; from tests.kit.homes import make_config; "
         f"config = make_config({str(tmp_path / 'a')!r}, SESSIONS_CHECKPOINT_URI={str(shared)!r}); "
         "lock = job_lock(config, 'run'); lock.__enter__(); print('held', flush=True); sys.stdin.read()")],
         stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, cwd=os.getcwd())  # holds until killed

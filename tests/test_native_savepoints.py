@@ -18,8 +18,9 @@ from state_store.lifecycle import restore, take_savepoint
 from state_store.maintenance import compact
 from state_store.savepoint.catalog import SavepointStore
 from state_store.savepoint.native import MANIFEST, native_uri
-from tests.conftest import make_config, read_open_sessions, read_sessions
-from tests.savepoint_expectations import oracle_of
+from tests.kit.homes import make_config
+from tests.kit.savepoint_expectations import oracle_of
+from tests.kit.tables import read_open_sessions, read_sessions
 from tests.test_lifecycle import GAP_MIN, LATENESS_MIN, _chunks, _config, _expected, _land_and_ingest
 
 pytestmark = pytest.mark.tier("spark")
@@ -189,7 +190,7 @@ def test_kills_inside_a_native_savepoint_and_a_native_restore_lose_nothing(tmp_p
 
     from pipelines.errors import RestoreIncomplete
     from pipelines.job.runtime import stop_state_stores
-    from tests.conftest import config_env, tool
+    from tests.kit.homes import config_env, tool
 
     config = _config(tmp_path, "rocksdb")
     chunks = _chunks(seed=27, parts=4)

@@ -22,7 +22,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import free_port, tool
+from tests.kit.homes import free_port, tool
 
 pytestmark = pytest.mark.tier("subprocess")
 
@@ -219,7 +219,7 @@ def test_a_log_that_cannot_be_written_never_replaces_the_one_line(tmp_path, caps
     from pipelines.errors import StreamFailed
     from pipelines.job.runtime import log_traceback, spark_failures
     from sessionctl.checks import LogFile
-    from tests.conftest import make_config
+    from tests.kit.homes import make_config
 
     full = make_config(tmp_path / "full")
     _full_disk(full.home)

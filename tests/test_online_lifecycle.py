@@ -28,9 +28,10 @@ from state_store.savepoint.catalog import SavepointStore
 from state_store.savepoint.native import MANIFEST, native_uri
 from testkit.lifecycle_expectations import expected_closed_sessions
 from testkit.oracle import run_oracle
-from tests.conftest import config_env, make_config, read_open_sessions, read_sessions, tool
-from tests.datagen import in_order_chunks
-from tests.harness import iso_ms, still_running, stream_caught_up, wait_until
+from tests.kit.datagen import in_order_chunks
+from tests.kit.homes import config_env, make_config, tool
+from tests.kit.tables import iso_ms, read_open_sessions, read_sessions
+from tests.kit.waits import still_running, stream_caught_up, wait_until
 
 pytestmark = pytest.mark.tier("subprocess")
 

@@ -16,8 +16,9 @@ from pipelines.job.stream import catch_up
 from state_store.lifecycle import restore, take_savepoint
 from state_store.preflight import plan_restore
 from testkit.oracle import run_oracle
-from tests.conftest import config_env, make_config, read_open_sessions, read_sessions, tool
-from tests.datagen import land_batches, stream_scenario
+from tests.kit.datagen import land_batches, stream_scenario
+from tests.kit.homes import config_env, make_config, tool
+from tests.kit.tables import read_open_sessions, read_sessions
 
 pytestmark = pytest.mark.tier("spark")
 

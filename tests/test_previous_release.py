@@ -29,8 +29,9 @@ from state_store.lifecycle import restore
 from state_store.preflight import plan_restore
 from state_store.savepoint import catalog as sp
 from testkit.oracle import run_oracle
-from tests.conftest import assert_late_keys, make_config, read_open_sessions, read_sessions
-from tests.datagen import land_batches, stream_scenario
+from tests.kit.datagen import land_batches, stream_scenario
+from tests.kit.homes import make_config
+from tests.kit.tables import assert_late_keys, read_open_sessions, read_sessions
 from tests.test_session_attributes import read_attributes
 
 pytestmark = pytest.mark.tier("spark")

@@ -17,9 +17,10 @@ import pytest
 from pipelines.job.checkpoint import inspect_checkpoint
 from pipelines.locations import RemotePath
 from testkit.oracle import run_oracle
-from tests.conftest import SESSIONCTL, assert_late_keys, config_env, make_config, read_sessions
-from tests.datagen import land_batches, stream_scenario
-from tests.harness import s3a_session
+from tests.kit.datagen import land_batches, stream_scenario
+from tests.kit.homes import SESSIONCTL, config_env, make_config
+from tests.kit.storages import s3a_session
+from tests.kit.tables import assert_late_keys, read_sessions
 
 pytestmark = pytest.mark.tier("subprocess")
 
@@ -241,8 +242,8 @@ def test_a_running_stream_rides_out_a_namenode_restart_and_a_datanode_outage(hdf
     from pipelines.ingest import latest_ingest_seq
     from pipelines.storage import table_exists
     from testkit.lifecycle_expectations import expected_closed_sessions
-    from tests.datagen import in_order_chunks
-    from tests.harness import still_running, stream_caught_up, wait_until
+    from tests.kit.datagen import in_order_chunks
+    from tests.kit.waits import still_running, stream_caught_up, wait_until
 
     def ingested(config) -> int:  # landed files ingested so far (one ingest commit each)
         return latest_ingest_seq(config.raw_events_table) if table_exists(config, config.raw_events_table) else 0

@@ -14,8 +14,9 @@ import pytest
 from pipelines.job.stream import catch_up
 from state_store.lifecycle import restore, take_savepoint
 from testkit.oracle import run_oracle
-from tests.conftest import make_config, read_quarantine, read_sessions
-from tests.datagen import land_batches, make_event
+from tests.kit.datagen import land_batches, make_event
+from tests.kit.homes import make_config
+from tests.kit.tables import read_quarantine, read_sessions
 
 pytestmark = pytest.mark.tier("spark")
 

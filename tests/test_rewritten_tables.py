@@ -20,9 +20,10 @@ from state_store.lifecycle import restore, take_savepoint
 from state_store.state import lookup_user
 from state_store.status import status
 from testkit.oracle import run_oracle
-from tests.conftest import assert_late_keys, config_env, make_config, read_open_sessions, read_sessions, tool
-from tests.datagen import land_batches, land_files, line, make_event, stream_scenario
-from tests.harness import s3a_session
+from tests.kit.datagen import land_batches, land_files, line, make_event, stream_scenario
+from tests.kit.homes import config_env, make_config, tool
+from tests.kit.storages import s3a_session
+from tests.kit.tables import assert_late_keys, read_open_sessions, read_sessions
 
 pytestmark = pytest.mark.tier("spark")  # in the long depth (tests/conftest.py LONG)
 

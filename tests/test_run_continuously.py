@@ -10,21 +10,16 @@ import sys
 from pathlib import Path
 
 import pytest
-from deltalake import DeltaTable
 
 from pipelines.core.sample_data import arrival_order, generate_events, land
 from testkit.lifecycle_expectations import expected_closed_sessions
-from tests.conftest import make_config, read_sessions, tool
-from tests.harness import still_running, wait_until
+from tests.kit.homes import make_config, tool
+from tests.kit.tables import read_sessions
+from tests.kit.waits import still_running, wait_until
 
 pytestmark = pytest.mark.tier("subprocess")
 
 REPO = Path(__file__).resolve().parent.parent
-
-
-def _sessions(config) -> list[tuple]:
-    """The sessions table (conftest.read_sessions), empty before the run created it."""
-    return read_sessions(config) if DeltaTable.is_deltatable(str(config.sessions_table)) else []
 
 
 def test_run_processes_landed_files_and_stops_cleanly(tmp_path):
@@ -38,7 +33,7 @@ def test_run_processes_landed_files_and_stops_cleanly(tmp_path):
     run = subprocess.Popen([tool("sessionctl"), "run", "--poll-seconds", "1"], env=env,
                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=tmp_path)
     try:
-        wait_until(lambda: still_running(run) and _sessions(config), timeout_s=120, interval_s=0.5,
+        wait_until(lambda: still_running(run) and read_sessions(config, missing_ok=True), timeout_s=120, interval_s=0.5,
                    what="a session written while running")
         busy = subprocess.run([tool("sessionctl"), "restore", "--savepoint", "latest"], env=env,
                               capture_output=True, text=True, timeout=120)
@@ -46,7 +41,7 @@ def test_run_processes_landed_files_and_stops_cleanly(tmp_path):
         assert busy.stderr.count("\n") == 1 and "`sessionctl stop`" in busy.stderr
         land(home / "landing", "second.jsonl", [json.dumps(e) for e in second])
         expected = expected_closed_sessions([first, second], 30 * 60_000, 10 * 60_000)
-        wait_until(lambda: still_running(run) and _sessions(config) == sorted(expected), timeout_s=120,
+        wait_until(lambda: still_running(run) and read_sessions(config, missing_ok=True) == sorted(expected), timeout_s=120,
                    interval_s=0.5, what="the second file's sessions written")
     finally:
         run.send_signal(signal.SIGINT)

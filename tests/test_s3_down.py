@@ -22,8 +22,9 @@ from pipelines.job.stream import catch_up
 from pipelines.storage import open_table
 from state_store.lifecycle import take_savepoint
 from testkit.lifecycle_expectations import expected_closed_sessions
-from tests.conftest import REPO, config_env, free_port, make_config, tool
-from tests.harness import still_running, wait_until
+from tests.kit.homes import REPO, config_env, free_port, make_config, tool
+from tests.kit.tables import read_sessions
+from tests.kit.waits import still_running, wait_until
 
 pytestmark = pytest.mark.tier("e2e")
 
@@ -111,12 +112,6 @@ def _wait_until(predicate, seconds: float, what: str, run: subprocess.Popen, err
         raise AssertionError(f"{timed_out}; run's stderr: {err.read_text()[-3000:]}") from None
 
 
-def _sessions_now(config) -> list[tuple]:
-    from tests.conftest import read_sessions
-
-    return read_sessions(config)
-
-
 def _quarantined(config) -> list[tuple]:
     table = open_table(config, config.quarantine_table).to_pyarrow_table()
     return sorted(zip(table["reason"].to_pylist(), table["source_file"].to_pylist(), table["line_no"].to_pylist()))
@@ -154,7 +149,7 @@ def test_run_rides_out_an_s3_outage_of_landing_and_warehouse(tmp_path, s3_endpoi
         run = subprocess.Popen([tool("sessionctl"), "run", "--poll-seconds", "1"], env=env, stdout=out_file,
                                stderr=err_file, cwd=tmp_path)
     try:
-        _wait_until(lambda: len(_sessions_now(config)) > 0, 240, "the first part's sessions", run, err)
+        _wait_until(lambda: len(read_sessions(config)) > 0, 240, "the first part's sessions", run, err)
         _put(s3_endpoint, f"{prefix}/landing/part-1.jsonl", [json.dumps(e) for e in parts[1]] + BAD_LINES)
         _wait_until(lambda: len(_quarantined(config)) == len(BAD_LINES), 120, "the second part", run, err)
         os.kill(moto, signal.SIGSTOP)  # S3 stops answering: landing and warehouse alike
@@ -164,7 +159,7 @@ def test_run_rides_out_an_s3_outage_of_landing_and_warehouse(tmp_path, s3_endpoi
         finally:
             os.kill(moto, signal.SIGCONT)  # and answers again, with its data
         _put(s3_endpoint, f"{prefix}/landing/part-2.jsonl", [json.dumps(e) for e in parts[2]])
-        _wait_until(lambda: _sessions_now(config) == expected, 300, "every part's sessions", run, err)
+        _wait_until(lambda: read_sessions(config) == expected, 300, "every part's sessions", run, err)
     finally:
         _stop(run)
     summary = _assert_rode_out(run, out, err, endpoint)
@@ -172,7 +167,7 @@ def test_run_rides_out_an_s3_outage_of_landing_and_warehouse(tmp_path, s3_endpoi
     assert summary["last_storage_error"].startswith(f"S3 at {endpoint} failed for "), summary
     assert summary["ingested_files"] == 3, summary
     assert "the warehouse answers again" in err.read_text()
-    assert _sessions_now(config) == expected  # exactly once: no session missing, none twice
+    assert read_sessions(config) == expected  # exactly once: no session missing, none twice
     assert _quarantined(config) == sorted([("malformed_json", "part-1.jsonl", len(parts[1]) + 1),
                                            ("missing_user_id", "part-1.jsonl", len(parts[1]) + 2)])
 
@@ -215,7 +210,7 @@ def test_a_warehouse_outage_inside_a_batch_restarts_the_query_and_writes_each_ro
         _wait_until(lambda: RESTARTS in err.read_text(), 120, "the failed query", run, err)
         _wait_until(lambda: len(_quarantined(config)) == len(BAD_LINES), 240, "the batch again", run, err)
         land(config.landing, "part-1.jsonl", [json.dumps(e) for e in parts[1]])
-        _wait_until(lambda: _sessions_now(config) == expected, 240, "both parts' sessions", run, err)
+        _wait_until(lambda: read_sessions(config) == expected, 240, "both parts' sessions", run, err)
     finally:
         with suppress(ProcessLookupError):
             os.kill(moto, signal.SIGCONT)
@@ -226,7 +221,7 @@ def test_a_warehouse_outage_inside_a_batch_restarts_the_query_and_writes_each_ro
     # the first failed start names the table the sink was committing to
     assert f"failed for {config.quarantine_table} (" in failed[0], failed
     assert "the warehouse answers again" in stderr and summary["storage_errors"] >= 1, summary
-    assert _sessions_now(config) == expected  # the batch ran twice; its sessions were appended once
+    assert read_sessions(config) == expected  # the batch ran twice; its sessions were appended once
     assert _quarantined(config) == sorted([("malformed_json", "part-0.jsonl", len(parts[0]) + 1),
                                            ("missing_user_id", "part-0.jsonl", len(parts[0]) + 2)])
 

@@ -29,9 +29,9 @@ from state_store.savepoint.checksum import combine_checksum, partial_checksum, s
 from state_store.state import read_state
 from testkit.lifecycle_expectations import live_state
 from testkit.oracle import run_oracle
-from tests.conftest import make_config, open_sessions_of
-from tests.datagen import in_order_chunks
-from tests.harness import iso_ms
+from tests.kit.datagen import in_order_chunks
+from tests.kit.homes import make_config
+from tests.kit.tables import iso_ms, open_sessions_of
 
 pytestmark = pytest.mark.tier("spark")
 

@@ -17,8 +17,9 @@ import pytest
 from pipelines.core.spec import parse_spec
 from testkit.oracle import SessionRow, oracle_session_id, run_oracle
 from testkit.specs import CONTRACT_EXAMPLE
-from tests.conftest import make_config, read_sessions
-from tests.datagen import land_files, stream_scenario
+from tests.kit.datagen import land_files, stream_scenario
+from tests.kit.homes import make_config
+from tests.kit.tables import read_sessions
 
 pytestmark = pytest.mark.tier("spark")
 
@@ -268,7 +269,7 @@ def feed_with_spec_change(config: Any, spec_path: Path, batches: list[list[dict[
     from pipelines.core.sample_data import land
     from pipelines.ingest import latest_ingest_seq
     from pipelines.job.checkpoint import read_job_metadata
-    from tests.harness import stream_caught_up, wait_until
+    from tests.kit.waits import stream_caught_up, wait_until
 
     numbering = iter(range(1, 1 + sum(len(batch) for batch in batches)))
 

@@ -23,7 +23,7 @@ from pipelines.ingest import columnar
 from pipelines.ingest.lines import Lines, classify_line
 from pipelines.ingest.table import RowSource, line_rows, raw_schema
 from testkit.specs import CONTRACT_EXAMPLE
-from tests.conftest import make_config
+from tests.kit.homes import make_config
 from tests.test_ingest_columnar import INGESTED_AT, LIMIT, MAX_FUTURE, _mutate, fast_for_any_size
 
 pytestmark = pytest.mark.tier("pure")
@@ -336,7 +336,7 @@ def test_well_formed_segment_lines_all_take_the_fast_path() -> None:
 def test_raw_events_gains_a_column_when_the_spec_gains_a_field(tmp_path: Path) -> None:
     from pipelines.ingest import ingest
     from pipelines.storage import open_table, read_rows
-    from tests.datagen import land_files
+    from tests.kit.datagen import land_files
 
     config = make_config(tmp_path, "rocksdb")
     land_files(config, [[json.dumps({"event_id": "e0", "user_id": "u", "event_time": "2026-11-01T08:00:00Z"})]])

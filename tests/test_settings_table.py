@@ -43,5 +43,9 @@ def test_dagster_shows_each_setting_as_declared():
             assert schema[setting.name].description == setting.description
             assert not schema[setting.name].is_required
     assert {"erasure_key", "kafka_conf", *ENV_ONLY_SETTINGS}.isdisjoint(schema)
+    # Written out in assets/resources.py (what mypy sees): each field's type is its setting's kind, optional.
+    assert {name: field.annotation for name, field in SessionsResource.model_fields.items()} == \
+        {setting.name: setting.kind | None for setting in SETTINGS if setting.in_run_config}, \
+        "assets/resources.py: SessionsResource's fields are not pipelines.config.SETTINGS (names, order, kinds)"
     assert SessionsResource.model_fields["gap_minutes"].description == \
         "SESSIONS_GAP_MINUTES: inactivity that ends a session (default: 30)"

@@ -18,9 +18,10 @@ from pipelines.job.stream import catch_up
 from state_store.lifecycle import restore
 from state_store.savepoint import catalog as sp
 from testkit.oracle import run_oracle
-from tests.conftest import assert_late_keys, make_config, read_open_sessions, read_sessions
-from tests.datagen import land_batches, stream_scenario
-from tests.savepoint_expectations import state_sessions
+from tests.kit.datagen import land_batches, stream_scenario
+from tests.kit.homes import make_config
+from tests.kit.savepoint_expectations import state_sessions
+from tests.kit.tables import assert_late_keys, read_open_sessions, read_sessions
 
 pytestmark = pytest.mark.tier("spark")
 

@@ -8,7 +8,7 @@ import sys
 
 import pytest
 
-from tests.conftest import config_env, make_config
+from tests.kit.homes import config_env, make_config
 
 pytestmark = pytest.mark.tier("subprocess")
 

@@ -11,8 +11,8 @@ import pytest
 from pipelines.ingest import ingest
 from pipelines.ingest import s3 as ingest_s3
 from pipelines.storage import open_table
-from tests.conftest import make_config
-from tests.harness import wait_until
+from tests.kit.homes import make_config
+from tests.kit.waits import wait_until
 
 pytestmark = pytest.mark.tier("e2e")
 

@@ -1,6 +1,6 @@
 """The streaming job (catch_up on real Spark + Delta) equals the independent oracle exactly.
 
-Adversarial data (tests/datagen.py: disorder within the lateness, duplicates, ties, exact gaps, logouts with
+Adversarial data (tests/kit/datagen.py: disorder within the lateness, duplicates, ties, exact gaps, logouts with
 earlier events arriving after them, held-back events that may be late, and an edge block that hits the
 watermark exactly) is landed one file per micro-batch, for several splits, on both state store providers.
 Checked against testkit/oracle.py: the sessions table (row for row, each session_id once), the open events
@@ -13,9 +13,10 @@ import pytest
 from pipelines.job.stream import catch_up
 from state_store.status import status
 from testkit.oracle import run_oracle
-from tests.conftest import make_config, read_open_sessions, read_quarantine, read_sessions
-from tests.datagen import land_batches, stream_scenario
-from tests.harness import STORAGES, checkpoint_env, iso_ms
+from tests.kit.datagen import land_batches, stream_scenario
+from tests.kit.homes import make_config
+from tests.kit.storages import STORAGES, checkpoint_env
+from tests.kit.tables import iso_ms, read_open_sessions, read_quarantine, read_sessions
 
 pytestmark = pytest.mark.tier("spark")
 # Parametrized tests whose cases differ in tier (tests/conftest.py reads this)
@@ -104,7 +105,7 @@ def test_live_state_lookup_equals_the_oracle(spark, tmp_path, provider):
     import subprocess
 
     from state_store.state import lookup_user, top_sessions
-    from tests.conftest import SESSIONCTL, config_env
+    from tests.kit.homes import SESSIONCTL, config_env
 
     config = make_config(tmp_path, provider)
     batches = stream_scenario(2, 6, gap_ms=GAP_MS, lateness_ms=LATENESS_MS)

@@ -8,7 +8,7 @@ from typing import Any
 import pyarrow as pa
 
 from testkit.oracle import LOGOUT, PAGE_VIEW, OracleResult, SessionRow, oracle_session_id, run_oracle
-from tests.harness import iso_ms
+from tests.kit.tables import iso_ms
 
 # (user_id, session_start_ms, event_id (None: a frozen prefix), event_time_ms, event_type, event_count, page_views)
 StateRow = tuple[str, int, "str | None", int, "str | None", int, int]
