@@ -15,7 +15,7 @@ from __future__ import annotations
 import datetime as dt
 import time
 import uuid
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import pyarrow.fs as pafs
@@ -215,7 +215,7 @@ def _drop_native_copies(config: SessionsConfig) -> int:
     The catalog first: a kill between the two leaves folders no row names, which a rerun or compaction removes."""
     store = SavepointStore.of(config)
     columns = ("native_files", "native_bytes", "native_checksum")
-    store.update_rows([{"savepoint_id": s.savepoint_id, **dict.fromkeys(columns)}
+    store.update_rows([replace(s, native_files=None, native_bytes=None, native_checksum=None)
                        for s in store.list() if s.native_checksum], columns)
     found = native.folders(store.uri)
     for savepoint_id in found:
