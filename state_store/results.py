@@ -11,7 +11,7 @@ from pipelines.config import Provider
 from pipelines.core.spec import DEFAULT_SPEC, SessionSpec, parse_spec
 from pipelines.errors import Result
 
-__all__ = ["CATALOG_COLUMNS", "CompactionResult", "MaintenanceDue", "OperatorTrigger", "RescaleMethod", "RescaleResult", "RestoreResult", "SavepointInfo", "StatusReport", "StopResult", "TableFacts", "Trigger"]
+__all__ = ["CATALOG_COLUMNS", "CompactionResult", "MaintenanceDue", "OperatorTrigger", "RescaleMethod", "RescaleResult", "RestoreResult", "SavepointInfo", "SavepointKind", "StatusReport", "StopResult", "TableFacts", "Trigger"]
 
 RestoreMethod = Literal["canonical", "native"]
 # What asked for a savepoint: an operator (sessionctl, Dagster's savepoint job: OperatorTrigger), or an operation
@@ -19,6 +19,7 @@ RestoreMethod = Literal["canonical", "native"]
 OperatorTrigger = Literal["manual", "scheduled", "sensor"]
 Trigger = Literal[OperatorTrigger, "pre-rescale", "pre-restore", "stop", "erasure"]
 SavepointStatus = Literal["complete", "failed"]
+SavepointKind = Literal["full", "incremental"]  # state_store.savepoint.catalog's FULL, INCREMENTAL
 RescaleMethod = Literal["none", "repartition", "savepoint-restore", "prepared"]
 
 
@@ -58,7 +59,7 @@ class SavepointInfo(Result):
     verified: bool | None = field(default=None, metadata=_NOT_STORED)  # set by validate_savepoint (re-read matched the catalog row)
     # Incremental savepoints (state_store.savepoint.catalog: "Incremental savepoints"); `rows`/`checksum` above are always
     # the state the savepoint represents, `table_rows` what its own table held when written.
-    kind: str | None = None       # full | incremental
+    kind: SavepointKind | None = None
     base_id: str | None = None    # an incremental one's full savepoint
     chain: tuple[str, ...] | None = None  # ids base..this (a full one: its own id)
     table_rows: int | None = None

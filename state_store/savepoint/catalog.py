@@ -37,7 +37,7 @@ import types
 import typing
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Final
 
 import pyarrow as pa
 import pyarrow.compute as pc
@@ -82,7 +82,8 @@ def _stored_row(saved: SavepointInfo) -> dict[str, Any]:
     return stored
 
 
-FULL, INCREMENTAL = "full", "incremental"
+FULL: Final = "full"  # (Final: typed as the literal, a results.SavepointKind)
+INCREMENTAL: Final = "incremental"
 DELETED = "deleted"  # the tombstone flag of an incremental savepoint's table
 INCREMENT_SCHEMA = state_format.SAVED_SCHEMA.append(pa.field(DELETED, pa.bool_()))  # as read (any age)
 
