@@ -33,8 +33,8 @@ class SavepointInfo(Result):
     one owner of the catalog's columns (state_store.savepoint.catalog), which are its fields in order, less those
     marked _NOT_STORED. A column is only ever added at the end (catalogs written by earlier releases still read)."""
     savepoint_id: str
-    # Fields up to `spec` are columns: a complete savepoint's are all set; a failed attempt's (status "failed") may
-    # hold null where it failed before knowing them (rows, checksum, bytes, ...).
+    # A failed attempt's row may hold null where a complete one's is typed as set (rows, checksum, ...): the attempt
+    # failed before knowing it.
     status: SavepointStatus
     trigger: Trigger
     created_at: str  # ISO-8601, UTC
@@ -56,7 +56,8 @@ class SavepointInfo(Result):
     bytes: int | None
     seconds: float | None
     error: str | None = None
-    verified: bool | None = field(default=None, metadata=_NOT_STORED)  # set by validate_savepoint (re-read matched the catalog row)
+    # set by validate_savepoint (re-read matched the catalog row)
+    verified: bool | None = field(default=None, metadata=_NOT_STORED)
     # Incremental savepoints (state_store.savepoint.catalog: "Incremental savepoints"); `rows`/`checksum` above are always
     # the state the savepoint represents, `table_rows` what its own table held when written.
     kind: SavepointKind | None = None
