@@ -26,7 +26,7 @@ from pipelines.job import stream
 from pipelines.job.run_summary import RunSummary
 from pipelines.job.sink import MicroBatchSink
 from state_store import erasure, lifecycle, maintenance, state, stream_control
-from state_store.results import SavepointInfo
+from state_store.results import OperatorTrigger, SavepointInfo
 from state_store.status import status
 
 __all__ = ["CompactionConfig", "ForgetConfig", "LookupConfig", "RescaleConfig", "SavepointConfig", "StopConfig",
@@ -101,7 +101,8 @@ def session_stream() -> None:
 
 
 class SavepointConfig(Config):
-    trigger: str = Field(default="manual", description=(
+    # A Literal: Dagster offers the choices and refuses any other at launch.
+    trigger: OperatorTrigger = Field(default="manual", description=(
         "Why the savepoint is taken, kept in the catalog: manual, scheduled or sensor."))
     native: bool | None = Field(default=None, description=(
         "Also keep the checkpoint's own files of the batch (a native copy): a restore to the same provider, "

@@ -15,7 +15,7 @@ from __future__ import annotations
 import datetime as dt
 import time
 import uuid
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import pyarrow.fs as pafs
@@ -27,7 +27,7 @@ from pipelines.coordination.fencing import fenced_delete
 from pipelines.coordination.leases import Lease
 from pipelines.errors import NoCommittedBatch, Result, SessionsError, StopIncomplete
 from pipelines.ingest.erase_lines import erase_landed_lines
-from pipelines.ingest.erased import COMPLETE, LOG_TABLE, UserSpelling, log_erasure, user_hash
+from pipelines.ingest.erased import COMPLETE, LOG_TABLE, STARTED, UserSpelling, log_erasure, user_hash
 from pipelines.job.checkpoint import inspect_checkpoint, read_restore_marker
 from pipelines.locations import checkpoint_path, remove_tree
 from pipelines.storage import filesystem, join, read_rows, sql_literal, storage_options, table_exists
@@ -176,7 +176,7 @@ def forget_unlocked(config: SessionsConfig, spark: SparkSession, user_id: str, *
     user = UserSpelling(user_id)
     hashed = user_hash(config, user_id)
     erasure_id = f"er-{dt.datetime.now(dt.timezone.utc):%Y%m%dT%H%M%S}-{uuid.uuid4().hex[:6]}"
-    log_erasure(config, erasure_id=erasure_id, hashed=hashed, status="started", removed={})
+    log_erasure(config, erasure_id=erasure_id, hashed=hashed, status=STARTED, removed={})
     removed: dict[str, int] = {}
     marker = read_restore_marker(config.checkpoint)
     if marker is not None:  # a forget killed inside its restore: finish that restore first
@@ -215,7 +215,7 @@ def _drop_native_copies(config: SessionsConfig) -> int:
     The catalog first: a kill between the two leaves folders no row names, which a rerun or compaction removes."""
     store = SavepointStore.of(config)
     columns = ("native_files", "native_bytes", "native_checksum")
-    store.update_rows([{"savepoint_id": s.savepoint_id, **dict.fromkeys(columns)}
+    store.update_rows([replace(s, native_files=None, native_bytes=None, native_checksum=None)
                        for s in store.list() if s.native_checksum], columns)
     found = native.folders(store.uri)
     for savepoint_id in found:

@@ -42,7 +42,7 @@ from pipelines.locations import CheckpointPath
 from state_store.preflight import refusals
 from state_store.prepared_rescale import RescaleNotPrepared, prepare_rescale
 from state_store.restore import FAILED_SUFFIX, REPLACED_SUFFIX, restore_unlocked, verified_savepoint
-from state_store.results import RescaleMethod, RescaleResult, RestoreResult, SavepointInfo
+from state_store.results import RescaleMethod, RescaleResult, RestoreResult, SavepointInfo, Trigger
 from state_store.savepoint.catalog import SavepointStore
 from state_store.savepoint.checksum import frame_checksum
 from state_store.savepoint.take import savepoint_last_batch
@@ -80,7 +80,7 @@ def give_way_to_stream(config: SessionsConfig) -> bool:
 
 # ---- savepoint ---------------------------------------------------------------------------------
 
-def _take_savepoint(config: SessionsConfig, trigger: str, spark: SparkSession | None, full: bool = False,
+def _take_savepoint(config: SessionsConfig, trigger: Trigger, spark: SparkSession | None, full: bool = False,
                     native_copy: bool | None = None) -> SavepointInfo:
     """The savepoint of the last committed batch (state_store.savepoint.take: written and verified by the executors;
     incremental where state_store.savepoint.policy allows and not `full`; with the checkpoint's own files beside it
@@ -88,7 +88,7 @@ def _take_savepoint(config: SessionsConfig, trigger: str, spark: SparkSession | 
     return savepoint_last_batch(config, trigger, _spark(config, spark), full=full, native_copy=native_copy)
 
 
-def take_savepoint(config: SessionsConfig, *, trigger: str = "manual", spark: SparkSession | None = None,
+def take_savepoint(config: SessionsConfig, *, trigger: Trigger = "manual", spark: SparkSession | None = None,
                    full: bool = False, native_copy: bool | None = None) -> SavepointInfo:
     """Savepoint at the last committed batch, of a stopped job or beside the running stream (which keeps
     committing): state + source position + watermark + output table versions, all of that one batch. Incremental

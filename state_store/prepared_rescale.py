@@ -85,8 +85,7 @@ def prepare_rescale(config: SessionsConfig, partitions: int, *, spark: SparkSess
                                    provider=str(info.provider), store_uri=store.uri, savepoint_id=saved.savepoint_id)
             saved = replace(saved, native_files=len(copy.files), native_bytes=copy.bytes,
                             native_checksum=copy.checksum)
-            store.update_rows([{name: getattr(saved, name) for name in ("savepoint_id", *NATIVE_COLUMNS)}],
-                              NATIVE_COLUMNS)
+            store.update_rows([saved], NATIVE_COLUMNS)
             phase("native_copied")
         except (SessionsError, native.NativeUnavailable) as error:
             raise RescaleNotPrepared(f"the rescale could not be prepared beside the stream ({error_line(error)}); "

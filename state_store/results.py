@@ -11,18 +11,31 @@ from pipelines.config import Provider
 from pipelines.core.spec import DEFAULT_SPEC, SessionSpec, parse_spec
 from pipelines.errors import Result
 
-__all__ = ["CompactionResult", "MaintenanceDue", "RescaleMethod", "RescaleResult", "RestoreResult", "SavepointInfo", "StatusReport", "StopResult", "TableFacts"]
+__all__ = ["CATALOG_COLUMNS", "CompactionResult", "MaintenanceDue", "OperatorTrigger", "RescaleMethod", "RescaleResult", "RestoreResult", "SavepointInfo", "SavepointKind", "StatusReport", "StopResult", "TableFacts", "Trigger"]
 
 RestoreMethod = Literal["canonical", "native"]
-Trigger = Literal["manual", "scheduled", "sensor", "pre-rescale", "pre-restore", "stop"]  # what asked for a savepoint
+# What asked for a savepoint: an operator (sessionctl, Dagster's savepoint job: OperatorTrigger), or an operation
+# that takes one itself.
+OperatorTrigger = Literal["manual", "scheduled", "sensor"]
+Trigger = Literal[OperatorTrigger, "pre-rescale", "pre-restore", "stop", "erasure"]
 SavepointStatus = Literal["complete", "failed"]
+SavepointKind = Literal["full", "incremental"]  # state_store.savepoint.catalog's FULL, INCREMENTAL
 RescaleMethod = Literal["none", "repartition", "savepoint-restore", "prepared"]
+
+
+# A SavepointInfo field that is not a catalog column (the catalog's columns are the other fields, in field order).
+_NOT_STORED = {"stored": False}
 
 
 @dataclass(frozen=True)
 class SavepointInfo(Result):
-    """One savepoint, as its catalog row holds it (SavepointStore.list/get, take_savepoint, validate_savepoint)."""
+    """One savepoint, as its catalog row holds it (SavepointStore.list/get, take_savepoint, validate_savepoint): the
+    one owner of the catalog's columns (state_store.savepoint.catalog), which are its fields in order, less those
+    marked _NOT_STORED. A column is only ever added at the end (catalogs written by earlier releases still read)."""
     savepoint_id: str
+    # A failed attempt's row may hold null where a complete one's is typed as set (rows, checksum, ...): the attempt
+    # failed before knowing it.
+    status: SavepointStatus
     trigger: Trigger
     created_at: str  # ISO-8601, UTC
     batch_id: int
@@ -40,14 +53,14 @@ class SavepointInfo(Result):
     quarantine_version: int
     incarnation: str
     state_uri: str
-    status: SavepointStatus
     bytes: int | None
     seconds: float | None
     error: str | None = None
-    verified: bool | None = None  # set by validate_savepoint (re-read matched the catalog row)
+    # set by validate_savepoint (re-read matched the catalog row)
+    verified: bool | None = field(default=None, metadata=_NOT_STORED)
     # Incremental savepoints (state_store.savepoint.catalog: "Incremental savepoints"); `rows`/`checksum` above are always
     # the state the savepoint represents, `table_rows` what its own table held when written.
-    kind: str | None = None       # full | incremental
+    kind: SavepointKind | None = None
     base_id: str | None = None    # an incremental one's full savepoint
     chain: tuple[str, ...] | None = None  # ids base..this (a full one: its own id)
     table_rows: int | None = None
@@ -61,7 +74,7 @@ class SavepointInfo(Result):
     spec: str | None = None
     # take_savepoint's result only (not in the catalog): why it is full though an increment was asked for (a damaged
     # chain, state_store.savepoint.policy)
-    note: str | None = None
+    note: str | None = field(default=None, metadata=_NOT_STORED)
     _omit_if_none: ClassVar[tuple[str, ...]] = ("error", "verified", "kind", "base_id", "chain", "table_rows",
                                                 "native_files", "native_bytes", "native_checksum", "spec", "note")
 
@@ -97,19 +110,24 @@ class SavepointInfo(Result):
         `verified` only when set. With `catalog`, an entry of `savepoints --json`: the catalog row's columns in the
         catalog's order (`error` always, null when none; never `verified`), then `uri`."""
         out = super().to_dict()
-        if catalog:
-            row = {k: out[k] for k in ("savepoint_id", "status")}
-            row.update((k, v) for k, v in out.items() if k not in ("savepoint_id", "status", "error", "verified"))
+        if catalog:  # the fields are in the catalog's order
+            row = {k: v for k, v in out.items() if k not in ("error", "verified")}
             return {**row, "error": self.error, "uri": self.uri}
-        # `uri` after `seconds`, where the savepoint JSON has always had it.
+        # The savepoint JSON's order predates the catalog's: `status` after `state_uri`, `uri` after `seconds`.
         ordered: dict[str, Any] = {}
         for key, value in out.items():
-            if key not in ("error", "verified"):
+            if key not in ("status", "error", "verified"):
                 ordered[key] = value
+            if key == "state_uri":
+                ordered["status"] = out["status"]
             if key == "seconds":
                 ordered["uri"] = self.uri
         ordered.update({k: out[k] for k in ("error", "verified") if k in out})
         return ordered
+
+
+# The savepoint catalog's columns, in their stored order (state_store.savepoint.catalog types them from the hints).
+CATALOG_COLUMNS = tuple(f.name for f in fields(SavepointInfo) if f.metadata.get("stored", True))
 
 
 @dataclass(frozen=True)

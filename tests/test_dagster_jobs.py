@@ -31,6 +31,7 @@ from assets.resources import SessionsResource, pyspark_resource
 from assets.tables import daily_session_metrics, state_version
 from pipelines.core.sample_data import arrival_order, generate_events, land_sample
 from pipelines.job.checkpoint import inspect_checkpoint
+from state_store.results import SavepointInfo
 from state_store.savepoint import catalog as sp
 from state_store.savepoint.catalog import SavepointStore
 from tests.kit.homes import tool
@@ -250,11 +251,12 @@ def test_maintenance_sensor_requests(tmp_path):
     assert [r.job_name for r in requests] == ["savepoint"]
     assert requests[0].run_config["ops"]["savepoint_op"]["config"]["trigger"] == "sensor"
     now = dt.datetime.now(dt.timezone.utc)
-    store.record({"savepoint_id": "sp-old", "status": "complete", "created_at": now - dt.timedelta(hours=7)})
+    store.record(SavepointInfo.from_row({"savepoint_id": "sp-old", "status": "complete",
+                                         "created_at": now - dt.timedelta(hours=7)}))
     with build_sensor_context(resources={"sessions": resource}) as context:
         (request,) = maintenance_sensor(context)
     assert request.job_name == "savepoint" and "sp-old is 7.0 h old" in request.tags["sessions/reason"]
-    store.record({"savepoint_id": "sp-new", "status": "complete", "created_at": now})
+    store.record(SavepointInfo.from_row({"savepoint_id": "sp-new", "status": "complete", "created_at": now}))
     with build_sensor_context(resources={"sessions": resource}) as context:
         assert isinstance(maintenance_sensor(context), SkipReason)
     for n in range(3):  # three appends = three data files

@@ -23,10 +23,11 @@ from pipelines.config import ConfigError
 from pipelines.core.attributes import partials_to_json
 from pipelines.core.sessionize import advance, empty_rows
 from pipelines.core.spec import parse_spec
+from pipelines.core.state_format import DECODED_ROW_SCHEMA
 from pipelines.errors import CheckpointMismatch
 from pipelines.job.checkpoint import read_job_metadata
+from pipelines.job.operators.jvm import _ROWS_DDL, attributes_json
 from pipelines.job.operators.jvm import STATE_LAYOUT as JVM_STATE_LAYOUT
-from pipelines.job.operators.jvm import attributes_json
 from pipelines.job.operators.seam import OUTPUT_COLUMNS
 from pipelines.job.stream import catch_up
 from state_store.lifecycle import restore, take_savepoint
@@ -82,6 +83,19 @@ def test_the_java_side_is_held_to_the_python_seam(spark):
     assert java.SessionsOperator.STATE_LAYOUT == JVM_STATE_LAYOUT
     assert list(java.SessionsOperator.OUTPUT_NAMES) == [name for name, _ in OUTPUT_COLUMNS]
     assert (java.SessionsOperator.LOGOUT, java.SessionsOperator.PAGE_VIEW) == (oracle.LOGOUT, oracle.PAGE_VIEW)
+
+
+def test_the_java_state_row_is_the_state_formats(spark):
+    """SessionsOperator.STATE_ROW (one row of DecodeState's result) is the state format's DECODED_ROW_SCHEMA, as
+    jvm.py hands DecodeState's type to Spark: the same names and types in the same order (Java's non-null flags on
+    the counts and times are its own: Arrow's schema leaves every field nullable)."""
+    from pyspark.sql.types import ArrayType, StructType, _parse_datatype_string
+
+    java = StructType.fromJson(json.loads(spark._jvm.sessions.SessionsOperator.STATE_ROW.json()))
+    python = _parse_datatype_string(_ROWS_DDL)
+    assert isinstance(python, ArrayType) and isinstance(python.elementType, StructType)
+    assert [(f.name, f.dataType) for f in java.fields] == [(f.name, f.dataType) for f in python.elementType.fields]
+    assert python.elementType.names == DECODED_ROW_SCHEMA.names
 
 
 @pytest.mark.parametrize("provider", ["rocksdb", "hdfs"])

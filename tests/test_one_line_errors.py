@@ -256,6 +256,7 @@ def a_savepoint(home: Path) -> str:
 
     from pipelines.config import SessionsConfig
     from pipelines.core import state_format
+    from state_store.results import SavepointInfo
     from state_store.savepoint.catalog import SavepointStore
     from state_store.savepoint.checksum import state_checksum
 
@@ -264,13 +265,13 @@ def a_savepoint(home: Path) -> str:
     savepoint_id = "sp-20260101T000000-b0-0000"
     empty = pa.Table.from_pylist([], schema=state_format.CANONICAL_SCHEMA)
     store.write_state(savepoint_id, empty)
-    store.record({"savepoint_id": savepoint_id, "status": "complete", "trigger": "manual",
-                  "created_at": dt.datetime.now(dt.timezone.utc), "batch_id": 0, "source_seq": 0, "watermark_ms": 0,
-                  "gap_ms": config.gap_ms, "lateness_ms": config.lateness_ms, "buckets": config.state_buckets,
-                  "provider": config.state_store, "partitions": 2, "state_schema": state_format.SCHEMA_ID, "rows": 0,
-                  "checksum": state_checksum(empty), "sessions_version": 0, "quarantine_version": 0,
-                  "incarnation": "test", "bytes": 0, "seconds": 0.0, "kind": "full", "chain": savepoint_id,
-                  "table_rows": 0})
+    store.record(SavepointInfo.from_row({
+        "savepoint_id": savepoint_id, "status": "complete", "trigger": "manual",
+        "created_at": dt.datetime.now(dt.timezone.utc), "batch_id": 0, "source_seq": 0, "watermark_ms": 0,
+        "gap_ms": config.gap_ms, "lateness_ms": config.lateness_ms, "buckets": config.state_buckets,
+        "provider": config.state_store, "partitions": 2, "state_schema": state_format.SCHEMA_ID, "rows": 0,
+        "checksum": state_checksum(empty), "sessions_version": 0, "quarantine_version": 0,
+        "incarnation": "test", "bytes": 0, "seconds": 0.0, "kind": "full", "chain": savepoint_id, "table_rows": 0}))
     return savepoint_id
 
 

@@ -56,6 +56,19 @@ def scenario() -> list[list[dict[str, Any]]]:
     return stream_scenario(2, 6, gap_ms=GAP_MS, lateness_ms=LATENESS_MS)  # the data the fixture was made from
 
 
+@pytest.mark.tier("pure")
+@pytest.mark.parametrize("provider", ["rocksdb", "hdfs"])
+def test_the_catalog_columns_begin_with_the_previous_releases(provider):
+    """The catalog's columns (SavepointInfo's stored fields, in order) begin with the ones the previous release's
+    catalog table holds, in its order and with its types: a column is only ever added at the end."""
+    import pyarrow as pa
+    from deltalake import DeltaTable
+
+    stored = pa.schema(DeltaTable(str(FIXTURE / provider / "savepoints" / "catalog")).schema().to_arrow())
+    assert len(sp.CATALOG_SCHEMA) > len(stored)  # this build adds `spec`
+    assert [(f.name, f.type) for f in sp.CATALOG_SCHEMA][:len(stored)] == [(f.name, f.type) for f in stored]
+
+
 def _home(tmp_path: Path, provider: str, **env: Any) -> Any:
     home = tmp_path / "home"
     shutil.copytree(FIXTURE / provider, home)

@@ -25,7 +25,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-__all__ = ["CANONICAL_DDL", "CANONICAL_SCHEMA", "CANONICAL_SORT", "LOGOUT", "PAGE_VIEW", "ROW_FIELDS", "SAVED_DDL", "SAVED_SCHEMA", "SCHEMA_ID", "STORE_SCHEMA", "V1_SCHEMA", "V1_SCHEMA_ID", "canonical", "canonical_rows_ms", "conform", "empty_store", "ms_to_ts", "spark_ddl", "to_canonical", "upgrade_v1"]
+__all__ = ["CANONICAL_DDL", "CANONICAL_SCHEMA", "CANONICAL_SORT", "DECODED_ROW_SCHEMA", "LOGOUT", "PAGE_VIEW", "ROW_FIELDS", "SAVED_DDL", "SAVED_SCHEMA", "SCHEMA_ID", "STORE_SCHEMA", "V1_SCHEMA", "V1_SCHEMA_ID", "canonical", "canonical_rows_ms", "conform", "empty_store", "ms_to_ts", "spark_ddl", "spark_type", "to_canonical", "upgrade_v1"]
 
 LOGOUT = "logout"
 PAGE_VIEW = "page_view"
@@ -41,6 +41,11 @@ STORE_SCHEMA = pa.schema([
     ("due_ms", pa.int64()),           # per user: re-walk when the watermark reaches it
 ])
 ROW_FIELDS = [name for name in STORE_SCHEMA.names if name != "due_ms"]
+# One stored row as a state value decodes to, per user (the JVM operator's DecodeState, SessionsOperator.STATE_ROW:
+# a test holds the two equal): the row fields without the key, then the row's attribute partials as text (null for
+# a job without attributes).
+DECODED_ROW_SCHEMA = pa.schema([STORE_SCHEMA.field(name) for name in ROW_FIELDS if name != "user_id"]
+                               ).append(pa.field("attributes", pa.string()))
 
 _TS = pa.timestamp("us", tz="UTC")
 CANONICAL_SCHEMA = pa.schema([
@@ -66,12 +71,15 @@ V1_SCHEMA_ID = "open_events/v1:user_id string,event_id string,event_time timesta
 
 def spark_ddl(schema: pa.Schema) -> str:
     """Spark's DDL for an Arrow schema, so a schema is typed once (here, in Arrow) and Spark reads it from that."""
-    return ", ".join(f"{field.name} {_spark_type(field.type)}" for field in schema)
+    return ", ".join(f"{field.name} {spark_type(field.type)}" for field in schema)
 
 
-def _spark_type(kind: pa.DataType) -> str:
+def spark_type(kind: pa.DataType) -> str:
+    """Spark's DDL for an Arrow type (a list or a struct of the types below, nested as deep as need be)."""
     if pa.types.is_list(kind):
-        return f"array<{_spark_type(kind.value_type)}>"
+        return f"array<{spark_type(kind.value_type)}>"
+    if pa.types.is_struct(kind):
+        return f"struct<{', '.join(f'{field.name}: {spark_type(field.type)}' for field in kind)}>"
     for test, name in ((pa.types.is_string, "string"), (pa.types.is_int64, "long"), (pa.types.is_int32, "int"),
                        (pa.types.is_boolean, "boolean"), (pa.types.is_timestamp, "timestamp"),
                        (pa.types.is_float64, "double")):

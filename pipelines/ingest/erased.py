@@ -18,7 +18,7 @@ import re
 import secrets
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Final, Literal
 
 import pyarrow as pa
 import pyarrow.compute as pc
@@ -34,8 +34,10 @@ LOG_TABLE = "erasure_log"
 LOG_SCHEMA = pa.schema([("erasure_id", pa.string()), ("user_hash", pa.string()), ("status", pa.string()),
                         ("at", pa.timestamp("us", tz="UTC")), ("removed", pa.string()),
                         ("deadline_hours", pa.float64())])
-COMPLETE = "complete"
-DROPPED = "dropped_at_ingest"   # a standing erasure's drops: events of an erased user that arrived later
+STARTED: Final = "started"
+COMPLETE: Final = "complete"
+DROPPED: Final = "dropped_at_ingest"   # a standing erasure's drops: events of an erased user that arrived later
+ErasureStatus = Literal["started", "complete", "dropped_at_ingest"]  # an erasure log row's status
 ERASED = "[erased]"             # what a scrubbed Delta log value says instead of the id
 
 _ID_CHAR = re.compile(rb"[0-9A-Za-z_.\-@+]")
@@ -204,7 +206,7 @@ class UserSpelling:
         return sorted(v for v in set(pc.filter(text, maybe).to_pylist()) if self.names(v))
 
 
-def log_erasure(config: SessionsConfig, *, erasure_id: str, hashed: str, status: str,
+def log_erasure(config: SessionsConfig, *, erasure_id: str, hashed: str, status: ErasureStatus,
                 removed: Mapping[str, int], at: dt.datetime | None = None) -> None:
     """One row of the erasure log (a Delta table beside the others): when, what and how many, never U."""
     uri = config.table_uri(LOG_TABLE)

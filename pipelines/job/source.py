@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Iterator, Mapping, Sequence
-from typing import Any
+from typing import Any, Literal
 
 import pyarrow as pa
 import pyarrow.compute as pc
@@ -52,7 +52,7 @@ class _Range(InputPartition):
     `row_groups`) with ingest_seq in (low, high], or a restore's watermark `marker` (`payload` = the bootstrap
     JSON)."""
 
-    def __init__(self, kind: str, payload: str, low: int = 0, high: int = 0, row_groups: list[int] | None = None,
+    def __init__(self, kind: Literal["events", "marker"], payload: str, low: int = 0, high: int = 0, row_groups: list[int] | None = None,
                  file: DataFile | None = None):
         super().__init__(kind)
         self.kind, self.payload, self.low, self.high = kind, payload, low, high

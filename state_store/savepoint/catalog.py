@@ -37,7 +37,7 @@ import types
 import typing
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Final
 
 import pyarrow as pa
 import pyarrow.compute as pc
@@ -47,24 +47,13 @@ from pipelines.config import SessionsConfig
 from pipelines.core import state_format
 from pipelines.errors import SavepointDamaged, SavepointNotFound
 from pipelines.storage import join, read_rows, s3_errors, storage_options
-from state_store.results import SavepointInfo
+from state_store.results import CATALOG_COLUMNS, SavepointInfo
 
 __all__ = ["written_schema", "CATALOG_SCHEMA", "DELETED", "FULL", "INCREMENTAL", "INCREMENT_SCHEMA", "SavepointStore", "StateFiles", "new_savepoint_id"]
 
-# The catalog's columns, in their stored order; each column's type comes from SavepointInfo, the one typed row.
-CATALOG_COLUMNS = (
-    "savepoint_id", "status", "trigger", "created_at", "batch_id", "source_seq", "watermark_ms", "gap_ms",
-    "lateness_ms", "buckets", "provider", "partitions", "state_schema", "rows", "checksum", "sessions_version",
-    "quarantine_version", "incarnation", "state_uri", "bytes", "seconds", "error",
-    # Incremental savepoints (added later: a row without them is a full savepoint, its own chain)
-    "kind", "base_id", "chain", "table_rows",
-    # Native copies (added later: a row without them has none)
-    "native_files", "native_bytes", "native_checksum",
-    # The session spec (added later: a row without it was taken under the default spec)
-    "spec",
-)
 
-
+# The catalog's columns are SavepointInfo's (results.CATALOG_COLUMNS, in their stored order); each one's type comes
+# from its type hint here.
 def _column(name: str, hint: Any) -> pa.Field:
     kind = hint
     if typing.get_origin(hint) in (typing.Union, types.UnionType):  # `X | None` -> X
@@ -84,16 +73,17 @@ _HINTS = typing.get_type_hints(SavepointInfo)
 CATALOG_SCHEMA = pa.schema([_column(name, _HINTS[name]) for name in CATALOG_COLUMNS])
 
 
-def _stored_row(row: dict[str, Any]) -> dict[str, Any]:
-    """A row as the catalog table holds it: every column, the chain as ids joined by commas."""
-    stored = {name: row.get(name) for name in CATALOG_COLUMNS if name in row}
-    chain = stored.get("chain")
-    if chain is not None and not isinstance(chain, str):
-        stored["chain"] = ",".join(str(member) for member in chain)
+def _stored_row(saved: SavepointInfo) -> dict[str, Any]:
+    """A row as the catalog table holds it: every column, `created_at` a timestamp, the chain as ids joined by
+    commas."""
+    stored = {name: getattr(saved, name) for name in CATALOG_COLUMNS}
+    stored["created_at"] = dt.datetime.fromisoformat(saved.created_at) if saved.created_at else None
+    stored["chain"] = ",".join(saved.chain) if saved.chain is not None else None
     return stored
 
 
-FULL, INCREMENTAL = "full", "incremental"
+FULL: Final = "full"  # (Final: typed as the literal, a results.SavepointKind)
+INCREMENTAL: Final = "incremental"
 DELETED = "deleted"  # the tombstone flag of an incremental savepoint's table
 INCREMENT_SCHEMA = state_format.SAVED_SCHEMA.append(pa.field(DELETED, pa.bool_()))  # as read (any age)
 
@@ -160,21 +150,20 @@ class SavepointStore:
         return cls(config.savepoint_uri, storage_options(config, config.savepoint_uri),
                    config.home / "pending-savepoint-failures.jsonl")
 
-    def defer(self, row: dict[str, Any]) -> None:
-        """Keep a failed attempt's row locally until the catalog is reachable again."""
+    def defer(self, row: SavepointInfo) -> None:
+        """Keep a failed attempt's row locally until the catalog is reachable again (its columns as JSON)."""
         if self.pending is not None:
             self.pending.parent.mkdir(parents=True, exist_ok=True)
             with open(self.pending, "a") as handle:
-                handle.write(json.dumps({k: (v.isoformat() if isinstance(v, dt.datetime) else v)
-                                         for k, v in row.items()}) + "\n")
+                handle.write(json.dumps({name: getattr(row, name) for name in CATALOG_COLUMNS}) + "\n")
 
     def _flush_pending(self) -> None:
         if self.pending is None or not self.pending.exists():
             return
+        # (a line an earlier release wrote holds the same columns, or fewer: the missing ones are null)
         rows = [json.loads(line) for line in self.pending.read_text().splitlines() if line.strip()]
         for row in rows:
-            row["created_at"] = dt.datetime.fromisoformat(row["created_at"]) if row.get("created_at") else None
-            self._append(row)
+            self._append(SavepointInfo.from_row(row))
         self.pending.unlink()
 
     @property
@@ -245,14 +234,14 @@ class SavepointStore:
             adds = pa.table(table.get_add_actions(flatten=True))
         return int(pc.sum(adds["size_bytes"]).as_py() or 0)
 
-    def _append(self, row: dict[str, Any]) -> None:
-        full = {name: None for name in CATALOG_COLUMNS} | _stored_row(row)
-        full["state_uri"] = self.recorded_state_uri(str(full["savepoint_id"]))  # never an absolute location
+    def _append(self, row: SavepointInfo) -> None:
+        full = _stored_row(row)
+        full["state_uri"] = self.recorded_state_uri(row.savepoint_id)  # never an absolute location
         # schema_mode="merge": a catalog written before a column was added gains it (its old rows read as null)
         write_deltalake(self.catalog_uri, pa.Table.from_pylist([full], schema=CATALOG_SCHEMA), mode="append",
                         schema_mode="merge", storage_options=self.options)
 
-    def record(self, row: dict[str, Any]) -> None:
+    def record(self, row: SavepointInfo) -> None:
         with s3_errors(self.catalog_uri):
             self._flush_pending()
             self._append(row)
@@ -313,12 +302,13 @@ class SavepointStore:
         with s3_errors(uri):
             return DELETED in [f.name for f in DeltaTable(uri, storage_options=self.options).schema().fields]
 
-    def update_rows(self, rows: builtins.list[dict[str, Any]], columns: tuple[str, ...]) -> None:
-        """Set `columns` of several catalog rows (by savepoint_id) in one Delta transaction: all or none."""
+    def update_rows(self, rows: builtins.list[SavepointInfo], columns: tuple[str, ...]) -> None:
+        """Set `columns` of several catalog rows (by savepoint_id) to these rows' values in one Delta transaction:
+        all or none."""
         if not rows:
             return
         names = ("savepoint_id", *columns)
-        source = pa.Table.from_pylist([{k: _stored_row(row).get(k) for k in names} for row in rows],
+        source = pa.Table.from_pylist([{k: _stored_row(row)[k] for k in names} for row in rows],
                                       schema=pa.schema([CATALOG_SCHEMA.field(k) for k in names]))
         with s3_errors(self.catalog_uri):
             (DeltaTable(self.catalog_uri, storage_options=self.options)

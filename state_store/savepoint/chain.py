@@ -74,8 +74,7 @@ def latest_per_user(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatc
     lists = live["rows"].combine_chunks()
     flat = pc.list_flatten(lists)
     stored = pa.table({"user_id": pc.take(live["user_id"], pc.list_parent_indices(lists)),
-                       **{name: flat.field(name) for name in state_format.ROW_FIELDS[1:]},
-                       "attributes": flat.field("attributes")})
+                       **{name: flat.field(name) for name in state_format.DECODED_ROW_SCHEMA.names}})
     rows = state_format.to_canonical(stored)
     rows = rows.append_column(DELETED, pa.array([False] * rows.num_rows, pa.bool_()))
     yield from pa.concat_tables([rows, _tombstones(gone["user_id"])]).to_batches()

@@ -15,7 +15,7 @@ the catalog's part.
 from __future__ import annotations
 
 import time
-from typing import Any
+from dataclasses import replace
 
 import pyarrow.fs as pafs
 from deltalake import DeltaTable, Schema
@@ -83,14 +83,13 @@ def fold(spark: SparkSession, store: SavepointStore, saved: SavepointInfo, catal
                     "sessions.folded": ",".join(saved.chain_ids)}))
         kill_point("fold:committed")
     # One catalog transaction: the folded savepoint is full, the ones after it in its chain start from it.
-    rows: list[dict[str, Any]] = [{"savepoint_id": saved.savepoint_id, "kind": FULL, "base_id": None, "chain": (saved.savepoint_id,),
-             "table_rows": saved.rows, "bytes": store.data_files(saved.savepoint_id).bytes}]
+    rows = [replace(saved, kind=FULL, base_id=None, chain=(saved.savepoint_id,), table_rows=saved.rows,
+                    bytes=store.data_files(saved.savepoint_id).bytes)]
     for other in catalog:
         members = other.chain_ids
         if other.savepoint_id != saved.savepoint_id and saved.savepoint_id in members[:-1]:
-            rows.append({"savepoint_id": other.savepoint_id, "kind": INCREMENTAL, "base_id": saved.savepoint_id,
-                         "chain": tuple(members[members.index(saved.savepoint_id):]),
-                         "table_rows": other.table_rows, "bytes": other.bytes})
+            rows.append(replace(other, kind=INCREMENTAL, base_id=saved.savepoint_id,
+                                chain=tuple(members[members.index(saved.savepoint_id):])))
     store.update_rows(rows, ("kind", "base_id", "chain", "table_rows", "bytes"))
 
 

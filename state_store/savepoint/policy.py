@@ -29,7 +29,7 @@ from pipelines.job.checkpoint import CommittedBatch, inspect_checkpoint
 from pipelines.job.operators.jvm import STATE_LAYOUT
 from pipelines.locations import CheckpointPath
 from pipelines.settings import env_name
-from state_store.results import SavepointInfo
+from state_store.results import SavepointInfo, SavepointKind
 from state_store.savepoint.catalog import FULL, INCREMENTAL, SavepointStore
 from state_store.savepoint.damage import damaged_members
 
@@ -40,7 +40,7 @@ FULL_EVERY_ENV, CHAIN_SHARE_ENV = env_name("savepoint_full_every"), env_name("sa
 
 @dataclass(frozen=True)
 class SavepointPlan:
-    kind: str                          # full | incremental
+    kind: SavepointKind
     reason: str                        # why this kind
     tip: SavepointInfo | None = None   # incremental: the savepoint it follows (the newest of its chain)
     note: str | None = None            # what the savepoint's result says about its kind (a damaged chain avoided)

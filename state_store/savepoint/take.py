@@ -7,14 +7,14 @@ import datetime as dt
 import time
 from contextlib import suppress
 from dataclasses import replace
-from typing import Any
+from typing import Any, cast
 
 import pyarrow as pa
 from py4j.protocol import Py4JError
 from pyspark.errors import PySparkException, PythonException
 from pyspark.sql import SparkSession
 
-from pipelines.config import SessionsConfig
+from pipelines.config import Provider, SessionsConfig
 from pipelines.coordination import kill_point
 from pipelines.core import state_format
 from pipelines.errors import SavepointDamaged, SavepointFailed, unreadable_savepoint_file
@@ -23,7 +23,7 @@ from pipelines.job.operators.jvm import has_attributes
 from pipelines.job.runtime import log_traceback
 from pipelines.job.sink import version_after_batch
 from pipelines.storage import filesystem, storage_options
-from state_store.results import SavepointInfo
+from state_store.results import SavepointInfo, Trigger
 from state_store.savepoint import native
 from state_store.savepoint.catalog import (
     FULL,
@@ -111,20 +111,25 @@ def _retention_lost(config: SessionsConfig, batch_id: int, newest: int) -> str:
             f"savepoint again, and raise that setting if the stream commits batches faster than a savepoint reads")
 
 
-def _native_copy(config: SessionsConfig, store: SavepointStore, savepoint_id: str, committed: CommittedBatch
-                 ) -> tuple[dict[str, Any], str | None]:
-    """The catalog columns of the batch's native copy (state_store.savepoint.native), or why there is none."""
+def _native_copy(config: SessionsConfig, store: SavepointStore, row: SavepointInfo, committed: CommittedBatch
+                 ) -> tuple[SavepointInfo, str | None]:
+    """The row with the batch's native copy (state_store.savepoint.native), or unchanged and why there is none."""
     info = committed.info
     try:
         copy = native.copy_out(config.checkpoint, committed.batch_id, partitions=int(info.partitions or 0),
-                               provider=str(info.provider), store_uri=store.uri, savepoint_id=savepoint_id)
+                               provider=str(info.provider), store_uri=store.uri, savepoint_id=row.savepoint_id)
     except native.NativeUnavailable as why:
-        return {}, f"no native copy: {why}"
+        return row, f"no native copy: {why}"
     kill_point("savepoint:native-copied")
-    return {"native_files": len(copy.files), "native_bytes": copy.bytes, "native_checksum": copy.checksum}, None
+    return replace(row, native_files=len(copy.files), native_bytes=copy.bytes, native_checksum=copy.checksum), None
 
 
-def savepoint_last_batch(config: SessionsConfig, trigger: str, spark: SparkSession, *, full: bool = False,
+# What an attempt's row holds until it is known: null in the catalog, as a failed attempt's row always held (its
+# `rows` and `checksum` are typed for the complete savepoint they are read as).
+_UNKNOWN: Any = None
+
+
+def savepoint_last_batch(config: SessionsConfig, trigger: Trigger, spark: SparkSession, *, full: bool = False,
                          native_copy: bool | None = None) -> SavepointInfo:
     """The savepoint of the last committed batch, full or incremental (state_store.savepoint.policy; `full` forces
     full). The state is written, checksummed and verified by the executors (state_store.savepoint.files); this process
@@ -139,20 +144,23 @@ def savepoint_last_batch(config: SessionsConfig, trigger: str, spark: SparkSessi
     now = dt.datetime.now(dt.timezone.utc)
     savepoint_id = new_savepoint_id(batch_id, now)
     options = storage_options(config, config.warehouse_uri)
-    row: dict[str, Any] = {
-        "savepoint_id": savepoint_id, "trigger": trigger, "created_at": now,
-        "batch_id": batch_id, "source_seq": int((info.source_offset or {}).get("seq", 0)),
-        "watermark_ms": int(committed.watermark_ms or 0), "gap_ms": meta.gap_ms, "lateness_ms": meta.lateness_ms,
-        "buckets": meta.buckets, "provider": info.provider, "partitions": info.partitions,
-        "state_schema": state_format.SCHEMA_ID,
-        "sessions_version": version_after_batch(config.sessions_table, meta.incarnation, batch_id, options),
-        "quarantine_version": version_after_batch(config.quarantine_table, meta.incarnation, batch_id, options),
+    # The attempt's catalog row: failed until its table is verified (then complete).
+    row = SavepointInfo(
+        savepoint_id=savepoint_id, status="failed", trigger=trigger, created_at=now.isoformat(),
+        batch_id=batch_id, source_seq=int((info.source_offset or {}).get("seq", 0)),
+        watermark_ms=int(committed.watermark_ms or 0), gap_ms=meta.gap_ms, lateness_ms=meta.lateness_ms,
+        # (the checkpoint's provider as read: a provider class this job never sets is recorded by its name)
+        buckets=meta.buckets, provider=cast("Provider | None", info.provider), partitions=info.partitions,
+        state_schema=state_format.SCHEMA_ID, rows=_UNKNOWN, checksum=_UNKNOWN,
+        sessions_version=version_after_batch(config.sessions_table, meta.incarnation, batch_id, options),
+        quarantine_version=version_after_batch(config.quarantine_table, meta.incarnation, batch_id, options),
         # The result's state_uri is this store's table; the catalog records it relative (SavepointStore._append).
-        "incarnation": meta.incarnation, "state_uri": store.state_uri(savepoint_id), "spec": meta.spec,
-    }
+        incarnation=meta.incarnation, state_uri=store.state_uri(savepoint_id), bytes=None, seconds=None,
+        spec=meta.spec,
+    )
     try:
         if store.exists(savepoint_id):  # also: the store answers, before any executor writes to it
-            raise SavepointFailed(f"{row['state_uri']} exists already")
+            raise SavepointFailed(f"{row.state_uri} exists already")
         plan = plan_savepoint(config, store, store.list(), committed, full=full)
         increment: WrittenFiles | str | None = None
         if plan.tip is not None:
@@ -162,7 +170,8 @@ def savepoint_last_batch(config: SessionsConfig, trigger: str, spark: SparkSessi
         written = increment if isinstance(increment, WrittenFiles) else \
             _write_batch_state(config, spark, store, savepoint_id, batch_id)
         try:
-            files = _commit_and_verify(spark, store, savepoint_id, plan, written, row)
+            row = _counted(row, plan, written)
+            row, files = _commit_and_verify(spark, store, plan, written, row)
         except (PySparkException, Py4JError) as error:
             # The increment's check re-reads the previous chain: a file of it that cannot be read is damage the
             # plan's cheap check could not see (bytes changed in place). This savepoint is taken full instead.
@@ -174,12 +183,12 @@ def savepoint_last_batch(config: SessionsConfig, trigger: str, spark: SparkSessi
             fs.delete_dir_contents(root, missing_dir_ok=True)  # the increment's table: no catalog row names it
             plan = damaged_chain((str(damage.savepoint_id), "a data file cannot be read"))
             written = _write_batch_state(config, spark, store, savepoint_id, batch_id)
-            files = _commit_and_verify(spark, store, savepoint_id, plan, written, row)
+            row = _counted(row, plan, written)
+            row, files = _commit_and_verify(spark, store, plan, written, row)
         native_note = None
         if config.savepoint_native if native_copy is None else native_copy:
-            columns, native_note = _native_copy(config, store, savepoint_id, committed)
-            row.update(columns)
-        row.update(status="complete", bytes=files.bytes, seconds=round(time.monotonic() - started, 3))
+            row, native_note = _native_copy(config, store, row, committed)
+        row = replace(row, status="complete", bytes=files.bytes, seconds=round(time.monotonic() - started, 3))
         store.record(row)
     except Exception as error:  # noqa: BLE001 -- any failure must leave no complete row behind
         executor = isinstance(error, PythonException)  # the executors' write or re-read raised
@@ -188,7 +197,7 @@ def savepoint_last_batch(config: SessionsConfig, trigger: str, spark: SparkSessi
         said = _python_error(str(error)) if executor else f"{type(error).__name__}: {error}"
         with suppress(Exception):  # a native copy no complete row names is an orphan (compaction removes it too)
             native.drop(store.uri, savepoint_id)
-        row.update(status="failed", error=said[:500], seconds=round(time.monotonic() - started, 3))
+        row = replace(row, status="failed", error=said[:500], seconds=round(time.monotonic() - started, 3))
         try:
             store.record(row)
             recorded = "recorded as failed in the catalog"
@@ -201,24 +210,30 @@ def savepoint_last_batch(config: SessionsConfig, trigger: str, spark: SparkSessi
         raise SavepointFailed(f"savepoint {savepoint_id} failed and is not listed as complete ({recorded}): "
                               f"{cause}") from None
     note = "; ".join(n for n in (plan.note, native_note) if n) or None
-    return replace(SavepointInfo.from_row(row), note=note)
+    return replace(row, note=note)
 
 
-def _commit_and_verify(spark: SparkSession, store: SavepointStore, savepoint_id: str, plan: SavepointPlan,
-                       written: WrittenFiles, row: dict[str, Any]) -> StateFiles:
-    """The written files committed as the savepoint's table and re-read by the executors; `row` gets the kind,
-    chain and the state's count and checksum. Returns the table's files."""
-    row.update(rows=written.rows, checksum=written.checksum, table_rows=written.rows, kind=plan.kind,
-               chain=(*plan.tip.chain_ids, savepoint_id) if plan.tip else (savepoint_id,),
-               base_id=plan.tip.chain_ids[0] if plan.tip else None)
+def _counted(row: SavepointInfo, plan: SavepointPlan, written: WrittenFiles) -> SavepointInfo:
+    """The row with the written table's kind, chain, count and checksum: what the attempt records from here on, also
+    when the commit or the re-read then fails."""
+    savepoint_id = row.savepoint_id
+    return replace(row, rows=written.rows, checksum=written.checksum, table_rows=written.rows, kind=plan.kind,
+                   chain=(*plan.tip.chain_ids, savepoint_id) if plan.tip else (savepoint_id,),
+                   base_id=plan.tip.chain_ids[0] if plan.tip else None)
+
+
+def _commit_and_verify(spark: SparkSession, store: SavepointStore, plan: SavepointPlan, written: WrittenFiles,
+                       row: SavepointInfo) -> tuple[SavepointInfo, StateFiles]:
+    """The written files committed as the savepoint's table and re-read by the executors. Returns the row (an
+    increment's: with the count and checksum of the state it represents) and the table's files."""
+    savepoint_id = row.savepoint_id
     kill_point("savepoint:files-written")
     commit_state_files(written, store.options)
     kill_point("savepoint:committed")
     if plan.tip is not None and plan.kind == INCREMENTAL:
         rows, checksum, files = _verify_increment(spark, store, savepoint_id, written, plan.tip)
-        row.update(rows=rows, checksum=checksum)
-        return files
-    return verify_state_files(spark, store, savepoint_id, written.rows, written.checksum)
+        return replace(row, rows=rows, checksum=checksum), files
+    return row, verify_state_files(spark, store, savepoint_id, written.rows, written.checksum)
 
 
 def _python_error(text: str) -> str:

@@ -27,8 +27,8 @@ JVM_JAR = REPO_ROOT / "build" / "jvm" / "sessions-operator.jar"  # built by `mak
 # so a checkpoint holding both needs no new layout id. SessionsOperator.STATE_LAYOUT says the same (a test holds it).
 STATE_LAYOUT = "open_sessions_by_user/jvm-v1"
 _DECODE_STATE = "sessions_jvm_state_rows"
-_ROWS_DDL = ("array<struct<session_start_ms: bigint, event_id: string, event_time_ms: bigint, event_type: string, "
-             "event_count: bigint, page_views: bigint, attributes: string>>")
+# DecodeState's result: a user's rows (tests/test_jvm_operator.py holds it to SessionsOperator.STATE_ROW).
+_ROWS_DDL = state_format.spark_type(pa.list_(pa.struct(list(state_format.DECODED_ROW_SCHEMA))))
 
 
 def has_attributes(checkpoint: CheckpointPath) -> bool:
@@ -97,8 +97,8 @@ class JvmOperator(StateOperator):
         rows = batch.column(1)
         flat = pc.list_flatten(rows)
         users = pc.take(batch.column(0), pc.list_parent_indices(rows))
-        table = pa.table({"user_id": users, **{name: flat.field(name) for name in state_format.ROW_FIELDS[1:]},
-                          "attributes": flat.field("attributes")})
+        table = pa.table({"user_id": users,
+                          **{name: flat.field(name) for name in state_format.DECODED_ROW_SCHEMA.names}})
         yield StoredChunk(table, batch.num_rows, int(pc.sum(batch.column(2)).as_py() or 0))
 
     def user_values(self, spark: SparkSession, checkpoint: CheckpointPath, batch_id: int | None, user_id: str,
