@@ -1,4 +1,4 @@
-"""Dagster's run storage after forget_user (README "Erasure"): the runs that named the erased user -- a state_lookup's
+"""Dagster's run storage after forget_user (docs/operations.md "Erasure and history"): the runs that named the erased user -- a state_lookup's
 run config, a top-N lookup's table in its event log, an earlier verify -- are deleted by the forget with their storage
 directories, the forget run itself by the erasure_runs_cleanup sensor; no op pickles a user id into the IO manager's
 storage; forget_user --verify counts the runs still naming the user. On a persistent instance (SQLite run storage, the

@@ -231,7 +231,7 @@ def test_incompatible_savepoint_is_refused_unless_migrating(tmp_path, spark):
         restore(config, "sp-does-not-exist", spark=spark)
     migrated = restore(other, saved.savepoint_id, migrate=True, spark=spark)
     assert migrated.savepoint_id == saved.savepoint_id
-    # The rest of the data under the new gap ends as the README promises for --migrate: the sessions closed before the
+    # The rest of the data under the new gap ends as docs/operations.md ("Savepoints") promises for --migrate: the sessions closed before the
     # savepoint as written, then the savepoint's rows (checked against the oracle) and the later events walked with the
     # new gap, each frozen prefix one piece (the new gap would split some of them).
     saved_rows = open_table(config, saved.uri).to_pyarrow_table()

@@ -88,7 +88,7 @@ def test_v2_savepoint_with_frozen_prefixes_restores_on_the_other_provider(spark,
     saved = take_savepoint(config, spark=spark)
     assert saved.state_schema == state_format.SCHEMA_ID
     rows = DeltaTable(saved.uri).to_pyarrow_table()
-    # README "Savepoints": the state table's columns, written out here rather than taken from the product's schema
+    # docs/operations.md "Savepoints": the state table's columns, written out here rather than taken from the product's schema
     utc = "timestamp[us, tz=UTC]"
     assert [(column.name, str(column.type)) for column in rows.schema] == [
         ("user_id", "string"), ("session_start", utc), ("event_id", "string"), ("event_time", utc),

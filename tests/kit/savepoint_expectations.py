@@ -1,6 +1,6 @@
 """What a savepoint and a restore must hold, by the oracle (testkit/oracle.py) rather than by the product's own
 report: the oracle at a savepoint's batch, the open sessions canonical state rows hold (a savepoint's Delta table, read
-with plain Python), and the sessions after a restore under a new gap (--migrate), by the README's rule."""
+with plain Python), and the sessions after a restore under a new gap (--migrate), by docs/operations.md's rule ("Savepoints")."""
 from __future__ import annotations
 
 from typing import Any
@@ -24,7 +24,7 @@ def oracle_of(chunks: list[list[dict[str, Any]]], gap_ms: int, lateness_ms: int)
 
 
 def state_rows(state: pa.Table) -> list[StateRow]:
-    """Canonical state rows (README "Savepoints": a savepoint's Delta table) as tuples, timestamps as integer ms."""
+    """Canonical state rows (docs/operations.md "Savepoints": a savepoint's Delta table) as tuples, timestamps as integer ms."""
     def ms(name: str) -> list[int]:
         return [v // 1000 for v in state[name].cast(pa.timestamp("us", tz="UTC")).cast(pa.int64()).to_pylist()]
 
@@ -55,7 +55,7 @@ def state_event_keys(state: pa.Table) -> set[tuple[str, str]]:
 def after_migration(state: pa.Table, chunks: list[list[dict[str, Any]]], cut: int, gap_ms: int, lateness_ms: int,
                     new_gap_ms: int) -> tuple[list[SessionRow], list[SessionRow]]:
     """(closed, open) sessions once a savepoint of chunks[:cut] (its canonical rows: `state`) was restored with
-    --migrate under new_gap_ms and chunks[cut:] were processed, by the README's rule ("Savepoints"): a frozen prefix
+    --migrate under new_gap_ms and chunks[cut:] were processed, by docs/operations.md's rule ("Savepoints"): a frozen prefix
     stays one piece (its events are gone), the new gap applies from its last event on; the sessions closed before the
     savepoint stay as written. The lateness is unchanged, and what is late or a duplicate does not depend on the gap:
     the events accepted after the savepoint and the final watermark are the oracle's over all chunks."""
