@@ -72,20 +72,23 @@ def stream_op(context: OpExecutionContext, sessions: SessionsResource, pyspark: 
 
     # A cancel from the UI reaches the step's process as SIGINT, which Dagster would hold until the op next reports
     # something: while the stream runs, SIGINT is a clean stop of the query (also of an idle stream), and the run then
-    # ends cancelled. (Signal handlers belong to the main thread, where Dagster's executors run a step.)
+    # ends cancelled. Signal handlers belong to the main thread, where Dagster's executors run a step; a step run off
+    # it (execute_in_process from a thread) is sent no signal to handle.
     cancelled = threading.Event()
 
     def cancel(_signal: int, _frame: object) -> None:
         cancelled.set()
         stop.set()
 
-    held = signal.signal(signal.SIGINT, cancel)
+    on_main = threading.current_thread() is threading.main_thread()
+    held = signal.signal(signal.SIGINT, cancel) if on_main else None
     try:
         summary = expected_errors(stream_control.run_stream, sessions.config(), spark=pyspark.spark_session,
                                   stop=stop, poll_seconds=poll_seconds, on_progress=progress)
     finally:
         stop.set()
-        signal.signal(signal.SIGINT, held)
+        if on_main:
+            signal.signal(signal.SIGINT, held)
     if cancelled.is_set():
         context.log.info(f"stream cancelled from the UI; stopped at batch {summary.last_committed_batch}")
         raise DagsterExecutionInterruptedError("session_stream cancelled")
