@@ -39,11 +39,10 @@ if TYPE_CHECKING:  # fsspec and pyarrow are imported only where they are used: `
     import pyarrow.fs as pafs
     from fsspec import AbstractFileSystem
 
-__all__ = ["HADOOP_SCHEMES", "S3_LIMITS", "CheckpointPath", "NameNode", "RemotePath", "checkpoint_path", "hdfs_outage",
+__all__ = ["HADOOP_SCHEMES", "S3_LIMITS", "CheckpointPath", "RemotePath", "checkpoint_path", "hdfs_outage",
            "hdfs_setting", "is_remote", "move", "name_hdfs_location", "remove_tree", "s3_client", "s3_filesystem"]
 
 HADOOP_SCHEMES = ("hdfs", "s3a", "s3")
-WEBHDFS_PORT = 9870  # the NameNode's HTTP port by default (Hadoop 3: dfs.namenode.http-address)
 NAMENODE_RPC_PORT = 8020  # the NameNode's RPC port when hdfs:// names none (Hadoop 3: fs.defaultFS)
 RPC_CHECK_TIMEOUT_S = 10.0
 
@@ -59,15 +58,6 @@ _WEBHDFS_OF: dict[str, str] = {}
 _HDFS_SETTINGS: dict[str, str] = {}
 # The NameNodes (RPC host:port) that took a connection in this process: checked once.
 _RPC_ANSWERED: set[str] = set()
-
-
-@dataclass(frozen=True)
-class NameNode:
-    """An HDFS NameNode as this process reaches it: `rpc`, the host:port of hdfs:// (Spark's Hadoop client's); `http`,
-    the host:port of its HTTP server (WebHDFS); `http_given`: SESSIONS_WEBHDFS_ADDRESS named it (else the default)."""
-    rpc: str
-    http: str
-    http_given: bool = False
 
 
 def name_hdfs_location(uri: str, *, setting: str, webhdfs: str = "") -> None:
@@ -106,10 +96,13 @@ def _check_rpc(netloc: str, uri: str) -> None:
 
 
 @cache
-def _webhdfs(namenode: NameNode, user: str) -> AbstractFileSystem:
-    from pipelines.webhdfs import WebHdfs  # fsspec and requests: only where HDFS is used
+def _webhdfs(rpc: str, http: str, user: str) -> AbstractFileSystem:
+    """The WebHDFS client of the NameNode at `rpc` (hdfs:// host:port) whose HTTP address is `http` (given, else its
+    default); its failures name the setting a location came from (hdfs_setting)."""
+    from pipelines.webhdfs import WEBHDFS_PORT, NameNode, WebHdfs  # fsspec and requests: only where HDFS is used
 
-    return WebHdfs(namenode, user=user)
+    namenode = NameNode(rpc, http or f"{rpc.split(':')[0]}:{WEBHDFS_PORT}", bool(http))
+    return WebHdfs(namenode, user=user, where=hdfs_setting)
 
 
 def _s3() -> AbstractFileSystem:
@@ -173,8 +166,7 @@ class RemotePath:
         if scheme == "hdfs":
             given = self.webhdfs or _WEBHDFS_OF.get(netloc) or os.environ.get("SESSIONS_WEBHDFS_ADDRESS") or ""
             _check_rpc(netloc, str(self))
-            namenode = NameNode(netloc, given or f"{netloc.split(':')[0]}:{WEBHDFS_PORT}", bool(given))
-            return _webhdfs(namenode, os.environ.get("HADOOP_USER_NAME") or getpass.getuser())
+            return _webhdfs(netloc, given, os.environ.get("HADOOP_USER_NAME") or getpass.getuser())
         return _s3()
 
     @property

@@ -17,6 +17,8 @@ A NameNode whose RPC address (the hdfs:// host and port, Spark's) refuses connec
 """
 from __future__ import annotations
 
+from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any
 from urllib.parse import quote, urlparse
 
@@ -24,9 +26,19 @@ import requests
 from fsspec.implementations.webhdfs import WebHDFS
 
 from pipelines.errors import ConfigError, StorageAccessDenied, StorageUnavailable
-from pipelines.locations import WEBHDFS_PORT, NameNode, hdfs_setting
 
-__all__ = ["WebHdfs"]
+__all__ = ["WEBHDFS_PORT", "NameNode", "WebHdfs"]
+
+WEBHDFS_PORT = 9870  # the NameNode's HTTP port by default (Hadoop 3: dfs.namenode.http-address)
+
+
+@dataclass(frozen=True)
+class NameNode:
+    """An HDFS NameNode as this process reaches it: `rpc`, the host:port of hdfs:// (Spark's Hadoop client's); `http`,
+    the host:port of its HTTP server (WebHDFS); `http_given`: SESSIONS_WEBHDFS_ADDRESS named it (else the default)."""
+    rpc: str
+    http: str
+    http_given: bool = False
 
 # Seconds to connect and to wait for an answer: requests waits forever by default, and a NameNode host that drops
 # packets would hang a light command.
@@ -63,13 +75,15 @@ def _cause(error: requests.RequestException) -> str:
 
 class WebHdfs(WebHDFS):
     """fsspec's WebHDFS client for one NameNode (`namenode`: its RPC and HTTP addresses) as `user`, whose failures are
-    the typed one-line errors above."""
+    the typed one-line errors above. `where` names an hdfs:// URI in them (pipelines.locations.hdfs_setting: the
+    setting the location came from)."""
 
     session: requests.Session
 
-    def __init__(self, namenode: NameNode, *, user: str) -> None:
+    def __init__(self, namenode: NameNode, *, user: str, where: Callable[[str], str] = str) -> None:
         host, _, port = namenode.http.rpartition(":")
         self.namenode = namenode
+        self._name = where
         super().__init__(host, port=int(port), user=user, skip_instance_cache=True)
 
     def _connect(self) -> None:
@@ -81,7 +95,7 @@ class WebHdfs(WebHDFS):
     # ---- what a failure means -------------------------------------------------------------------------------------
 
     def _where(self, path: str) -> str:
-        return hdfs_setting(f"hdfs://{self.namenode.rpc}{path}")
+        return self._name(f"hdfs://{self.namenode.rpc}{path}")
 
     def _http_address(self) -> str:
         if self.namenode.http_given:
