@@ -36,12 +36,18 @@ def storage_options(config: SessionsConfig, uri: str) -> dict[str, str] | None:
     return s3_options(uri, max_retries=config.s3_max_retries, retry_timeout=config.s3_retry_timeout, timeout=config.s3_timeout)
 
 
+def aws_env() -> dict[str, str]:
+    """This process's standard AWS_* variables (credentials, region, endpoint): what delta-rs, boto3 and Spark's
+    Python workers are given for S3."""
+    return {k: v for k, v in os.environ.items() if k.startswith("AWS_") and v}
+
+
 def s3_options(uri: str, *, max_retries: int = 3, retry_timeout: str = "15s",
                timeout: str = "30s") -> dict[str, str] | None:
     """storage_options without a configuration at hand (the stream source, in Spark): default timeouts."""
     if not is_s3(uri):
         return None
-    options = {k: v for k, v in os.environ.items() if k.startswith("AWS_") and v}
+    options = aws_env()
     if options.get("AWS_ENDPOINT_URL", "").startswith("http://"):
         options.setdefault("AWS_ALLOW_HTTP", "true")
     options.setdefault("AWS_CONDITIONAL_PUT", "etag")  # safe concurrent commits on S3

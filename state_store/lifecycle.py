@@ -39,6 +39,7 @@ from pipelines.job.operators import for_layout, for_new_checkpoint
 from pipelines.job.operators.seam import StateOperator
 from pipelines.job.runtime import get_spark, spark_failures, stop_state_stores, yield_cpu
 from pipelines.locations import CheckpointPath
+from pipelines.storage import s3_limits
 from state_store.preflight import refusals
 from state_store.prepared_rescale import RescaleNotPrepared, prepare_rescale
 from state_store.restore import FAILED_SUFFIX, REPLACED_SUFFIX, restore_unlocked, verified_savepoint
@@ -95,7 +96,9 @@ def take_savepoint(config: SessionsConfig, *, trigger: Trigger = "manual", spark
     (only the users changed since the previous savepoint of the lineage) unless `full` or the policy says full. With
     `native_copy` (None: SESSIONS_SAVEPOINT_NATIVE), also the checkpoint's own files of that batch (state_store.savepoint.native): a restore to the same
     provider, partitions and operator is then a file copy."""
-    with job_lock(config, "savepoint", name=LIFECYCLE), spark_failures(config):
+    # s3_limits: this process's own S3 requests (the native copy, the cleanup of a failed attempt) wait and retry as
+    # SESSIONS_S3_TIMEOUT / SESSIONS_S3_MAX_RETRIES say, as delta-rs's do -- not pyarrow's 90 s per request.
+    with job_lock(config, "savepoint", name=LIFECYCLE), spark_failures(config), s3_limits(config):
         if spark is None:
             give_way_to_stream(config)
         return _take_savepoint(config, trigger, spark, full, native_copy)
@@ -138,7 +141,7 @@ def restore(config: SessionsConfig, savepoint: str = "latest", *, partitions: in
     stream = running_stream(config) if online else None
     if stream is not None and stream.what == "run":
         return _restore_running(config, savepoint, partitions, migrate, stream, timeout_s, canonical)
-    with lifecycle_locks(config, "restore") as held, spark_failures(config):
+    with lifecycle_locks(config, "restore") as held, spark_failures(config), s3_limits(config):
         return restore_unlocked(config, savepoint, partitions=partitions, migrate=migrate, spark=spark, lease=held,
                                 canonical=canonical)
 

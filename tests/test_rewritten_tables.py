@@ -7,8 +7,8 @@ The rewrite runs in the job's own session (Delta's SQL extension is part of it: 
 """
 from __future__ import annotations
 
-import json
-import subprocess
+from collections.abc import Iterator
+from contextlib import contextmanager
 
 import pytest
 
@@ -21,7 +21,7 @@ from state_store.state import lookup_user
 from state_store.status import status
 from testkit.oracle import run_oracle
 from tests.kit.datagen import land_batches, land_files, line, make_event, stream_scenario
-from tests.kit.homes import config_env, make_config, tool
+from tests.kit.homes import make_config
 from tests.kit.storages import s3a_session
 from tests.kit.tables import assert_late_keys, read_open_sessions, read_sessions
 
@@ -60,15 +60,21 @@ def _assert_oracle(spark, config, batches: list[list[dict]]) -> None:
 def _rewrite_with_delta_spark(spark, config) -> None:
     """What a user runs on the tables with Delta Spark: compaction, Z-order, an UPDATE that rewrites rows (to the
     same values), DELETE of a user and of the rejected lines with deletion vectors on, VACUUM of every old file."""
-    # Small tables: Delta's defaults are sized for large ones (50 partitions to rebuild a snapshot; VACUUM lists files
-    # with the partition discovery's 10,000 tasks), which made these commands cost minutes here.
+    with _small_tables(spark):
+        _delta_commands(spark, config)
+
+
+@contextmanager
+def _small_tables(spark) -> Iterator[None]:
+    """Delta's defaults are sized for large tables (50 partitions to rebuild a snapshot; VACUUM lists files with the
+    partition discovery's 10,000 tasks), which made these commands cost minutes here."""
     tuned = {"spark.databricks.delta.retentionDurationCheck.enabled": "false",
              "spark.databricks.delta.snapshotPartitions": "2",
              "spark.sql.sources.parallelPartitionDiscovery.parallelism": "2"}
     for key, value in tuned.items():
         spark.conf.set(key, value)
     try:
-        _delta_commands(spark, config)
+        yield
     finally:
         for key in tuned:
             spark.conf.unset(key)
@@ -148,15 +154,6 @@ def test_every_command_after_delta_spark_rewrote_the_tables(spark, tmp_path):
         assert by_spark.count() == by_rs.num_rows and sorted(by_spark.columns) == sorted(by_rs.column_names), uri
 
 
-def _sessionctl(config, *args: str) -> dict:
-    """A command as an operator runs it: its own process, whose JVM starts with the S3 endpoint's AWS_* variables
-    (the suite's shared JVM started before them, and the stream's Python source runner takes the JVM's)."""
-    done = subprocess.run([tool("sessionctl"), *args], env=config_env(config), capture_output=True, text=True,
-                          timeout=600)
-    assert done.returncode == 0, done.stderr[-2000:]
-    return json.loads(done.stdout.strip().splitlines()[-1])
-
-
 @pytest.mark.tier("e2e")
 def test_optimize_and_delete_by_delta_spark_on_s3(spark, s3_endpoint, tmp_path):
     """The warehouse on S3 (the suite's moto endpoint; Delta Spark through Hadoop's S3A, the product through
@@ -167,18 +164,19 @@ def test_optimize_and_delete_by_delta_spark_on_s3(spark, s3_endpoint, tmp_path):
     s3a_session(spark, s3_endpoint)
     batches = _scenario()
     land_files(config, [[line(e) for e in b] for b in batches[:2]])
-    _sessionctl(config, "catch-up")
-    before = _sessionctl(config, "savepoint", "--json")
+    catch_up(config, spark)
+    before = take_savepoint(config, spark=spark)
     land_files(config, [[line(e) for e in b] for b in batches[2:3]], start=2)
-    _sessionctl(config, "catch-up")
-    for uri in (config.raw_events_table, config.sessions_table):
-        table = f"delta.`{uri.replace('s3://', 's3a://', 1)}`"
-        spark.sql(f"ALTER TABLE {table} SET TBLPROPERTIES ('delta.enableDeletionVectors' = 'true')")
-        spark.sql(f"OPTIMIZE {table}")
-        spark.sql(f"DELETE FROM {table} WHERE user_id = '{DELETED}'")
+    catch_up(config, spark)
+    with _small_tables(spark):
+        for uri in (config.raw_events_table, config.sessions_table):
+            table = f"delta.`{uri.replace('s3://', 's3a://', 1)}`"
+            spark.sql(f"ALTER TABLE {table} SET TBLPROPERTIES ('delta.enableDeletionVectors' = 'true')")
+            spark.sql(f"OPTIMIZE {table}")
+            spark.sql(f"DELETE FROM {table} WHERE user_id = '{DELETED}'")
     assert _deletion_vectors(config, config.raw_events_table)
     expected = _without(batches, DELETED)
-    _sessionctl(config, "restore", "--savepoint", before["savepoint_id"], "--json")
+    assert restore(config, before.savepoint_id, spark=spark).savepoint_id == before.savepoint_id
     land_files(config, [[line(e) for e in b] for b in expected[3:]], start=3)
-    _sessionctl(config, "catch-up")
+    catch_up(config, spark)
     _assert_oracle(spark, config, expected)

@@ -5,12 +5,12 @@ Kubernetes")."""
 from __future__ import annotations
 
 import hashlib
-import os
 import tempfile
 import zipfile
 from pathlib import Path
 
 import pipelines
+from pipelines.storage import aws_env
 
 __all__ = ["cluster_conf"]
 
@@ -48,9 +48,8 @@ def cluster_conf(master: str) -> dict[str, str]:
     conf = {"spark.submit.pyFiles": str(code_archive())}
     # Executors read raw_events from S3 themselves: the standard AWS_* variables, passed as executor environment
     # (Spark redacts secret-looking values in its UI and logs: spark.redaction.regex).
-    for name, value in os.environ.items():
-        if name.startswith("AWS_") and value:
-            conf[f"spark.executorEnv.{name}"] = value
+    for name, value in aws_env().items():
+        conf[f"spark.executorEnv.{name}"] = value
     if "127.0.0.1" in master or "localhost" in master:
         conf["spark.driver.host"] = "127.0.0.1"
         conf["spark.driver.bindAddress"] = "127.0.0.1"

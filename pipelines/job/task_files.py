@@ -19,7 +19,6 @@ from __future__ import annotations
 import datetime as dt
 import json
 import math
-import os
 import time
 import uuid
 from collections.abc import Callable, Iterable, Iterator, Sequence
@@ -39,7 +38,7 @@ from pipelines.coordination.fencing import committing, fence
 from pipelines.coordination.leases import Lease
 from pipelines.core.state_format import spark_ddl
 from pipelines.errors import LeaseLost
-from pipelines.storage import filesystem, is_s3, join
+from pipelines.storage import aws_env, filesystem, is_s3, join
 
 __all__ = ["FILE_ROW", "TaskFile", "commit_task_files", "executor_env", "file_stats", "remove_files", "task_file", "write_file", "write_task_files"]
 
@@ -174,7 +173,7 @@ def executor_env(spark: SparkSession, uri: str) -> Iterator[None]:
         yield
         return
     environment: dict[str, str] = spark.sparkContext.environment
-    added = {k: v for k, v in os.environ.items() if k.startswith("AWS_") and v and environment.get(k) != v}
+    added = {k: v for k, v in aws_env().items() if environment.get(k) != v}
     saved = {k: environment.get(k) for k in added}
     environment.update(added)
     try:
