@@ -24,15 +24,18 @@ from pyspark.sql import SparkSession
 
 from pipelines.config import SessionsConfig
 from pipelines.coordination.fencing import fenced_delete
+from pipelines.coordination.job_leases import running_stream
 from pipelines.coordination.leases import Lease
+from pipelines.coordination.requests import await_answer, request_erasure
 from pipelines.errors import NoCommittedBatch, Result, SessionsError, StopIncomplete
 from pipelines.ingest.erase_lines import erase_landed_lines
 from pipelines.ingest.erased import COMPLETE, LOG_TABLE, STARTED, UserSpelling, log_erasure, user_hash
 from pipelines.job.checkpoint import inspect_checkpoint, read_restore_marker
+from pipelines.job.runtime import get_spark, spark_failures
 from pipelines.locations import checkpoint_path, remove_tree
 from pipelines.storage import filesystem, join, read_rows, sql_literal, storage_options, table_exists
 from state_store.audit import StoreFiles, mentions, scan, scrub_delta_log
-from state_store.lifecycle import replaced_checkpoints
+from state_store.lifecycle import lifecycle_locks, replaced_checkpoints
 from state_store.restore import restore_unlocked
 from state_store.savepoint import native
 from state_store.savepoint.catalog import SavepointStore
@@ -267,10 +270,6 @@ def forget(config: SessionsConfig, user_id: str, *, spark: SparkSession | None =
            timeout_s: float | None = None) -> ForgetResult:
     """Erase U everywhere (see the module docstring). A running stream (any host) is asked to do it between two
     batches and goes on; otherwise it is done here under the job and lifecycle leases."""
-    from pipelines.coordination.job_leases import running_stream
-    from pipelines.coordination.requests import await_answer, request_erasure
-    from pipelines.job.runtime import get_spark, spark_failures
-    from state_store.lifecycle import lifecycle_locks
 
     if not user_id:
         raise SessionsError("forget needs a user id: --user U")
@@ -293,7 +292,6 @@ def forget(config: SessionsConfig, user_id: str, *, spark: SparkSession | None =
 
 
 def verify(config: SessionsConfig, user_id: str, *, spark: SparkSession | None = None) -> ForgetVerification:
-    from pipelines.job.runtime import get_spark, spark_failures
 
     with spark_failures(config):
         return verify_forgotten(config, spark or get_spark(config), user_id)
