@@ -27,7 +27,9 @@ Attributes (the contract's "Session spec"), when asked for in its own words -- `
 session over its events in the order above (duplicates and late events excluded), from each event dict's
 ``fields`` (name -> value, typed already): ``first``/``last`` the first/last non-null value (null if none),
 ``count_if`` how many events have one of the types, ``sum``/``min``/``max`` over the non-null values (null if none;
-a sum is the exact sum rounded once, so it does not depend on the order of addition).
+a sum is the exact sum rounded once, so it does not depend on the order of addition). The sum of a ``long`` field is
+a ``long``: the exact sum when it fits in a signed 64-bit long, null when it does not (an overflow), whatever it went
+through on the way (+MAX, +1, -1 is MAX).
 """
 from __future__ import annotations
 
@@ -113,8 +115,12 @@ def session_attributes(values: list[tuple[str | None, dict[str, Any]]],
             out[name] = present[0]
         elif kind == "last":
             out[name] = present[-1]
-        elif kind == "sum":  # the exact sum, rounded once (a double's; a long's is exact anyway)
-            out[name] = math.fsum(present) if isinstance(present[0], float) else sum(present)
+        elif kind == "sum":  # the exact sum, rounded once (a double's); a long's when it fits in 64 bits, else null
+            if isinstance(present[0], float):
+                out[name] = math.fsum(present)
+            else:
+                total = sum(present)
+                out[name] = total if -(2**63) <= total < 2**63 else None
         elif kind == "min":
             out[name] = min(present)
         else:

@@ -33,7 +33,8 @@ events = st.lists(st.tuples(
     st.fixed_dictionaries({}, optional={
         "page": st.one_of(st.none(), st.sampled_from(["/", "/a", "/cart"])),
         "revenue": st.one_of(st.none(), st.floats(-1e300, 1e300, allow_nan=False), st.sampled_from([0.1, 0.2, 0.3])),
-        "items": st.one_of(st.none(), st.integers(-2**40, 2**40)),
+        "items": st.one_of(st.none(), st.integers(-2**40, 2**40),
+                           st.sampled_from([2**62, 2**63 - 1, -(2**63), 1, -1])),  # sums out of a long's range
         "first_visit": st.one_of(st.none(), st.booleans())})), max_size=12)
 
 
@@ -81,6 +82,22 @@ def test_a_row_from_before_the_attribute_makes_it_null():
     assert result(fold(purchases, [1, UNKNOWN])) is None
     assert result(fold(revenue, [None, (3.5,), None, (1.0,)])) == 4.5
     assert result(fold(purchases, [])) == 0 and result(fold(revenue, [])) is None
+
+
+def test_a_long_sum_is_exact_on_the_way_and_null_when_it_ends_out_of_range():
+    """Worked by hand: MAX + 1 - 1 is MAX whatever the order and cuts; MAX + 1 and MIN - 1 are null (the contract's
+    `sum` of a long is a long); a boolean's partial is not a long sum."""
+    items = next(a for a in SPEC.attributes if a.name == "items")
+    top, bottom = 2**63 - 1, -(2**63)
+    for values in ([top, 1, -1], [1, top, -1], [-1, 1, top], [bottom, -1, 1]):
+        partials = [event_partial(items, event_type=None, fields={"items": v}) for v in values]
+        for cut in range(len(values) + 1):
+            got = result(merge(items, fold(items, partials[:cut]), fold(items, partials[cut:])))
+            assert (got, type(got)) == (sum(values), int), (values, cut)
+    assert result(fold(items, [top, 1])) is None and result(fold(items, [bottom, -1])) is None
+    assert result(fold(items, [top, top, bottom, bottom])) == -2
+    assert result(top) == top and result(bottom) == bottom and result(True) is True
+    assert session_attributes([(None, {"items": top}), (None, {"items": 1})], {"s": {"sum": "items"}}) == {"s": None}
 
 
 def _event(user: str, event_id: str, minute: int, kind: str, **fields) -> dict:

@@ -5,9 +5,10 @@ The harness drives `advance` batch by batch as the job does (tests/test_core.py'
 seen - lateness, state carried between calls, one empty step at the final watermark), over streams with duplicates
 (whose copies carry other fields: the first accepted copy's count), out-of-order and late events, logouts, random
 micro-batch splits and several users; fields of every type with nulls, missing columns, doubles a float sum would get
-wrong, longs beyond a double's precision. Every closed session's attributes, and every open session's (open_sessions),
-must be the oracle's. Between batches the partials can go through their stored text (partials_to_json/from_json), and
-an attribute can be added mid-stream: sessions holding a row stored before it get null, later sessions its value.
+wrong, longs beyond a double's precision and at a long's limits (sums out of range on the way or at the end). Every
+closed session's attributes, and every open session's (open_sessions), must be the oracle's. Between batches the
+partials can go through their stored text (partials_to_json/from_json), and an attribute can be added mid-stream:
+sessions holding a row stored before it get null, later sessions its value.
 """
 from __future__ import annotations
 
@@ -52,10 +53,12 @@ ATTRIBUTES = parse_spec(json.dumps({"input": {"fields": FIELDS}, "attributes": D
 NAMES = [a.name for a in ATTRIBUTES]
 ROW_COLUMNS = STORE_SCHEMA.names
 
-# Values a float sum gets wrong (0.1 + 0.2 + 0.3, cancellation of huge magnitudes), and longs beyond 2**53.
+# Values a float sum gets wrong (0.1 + 0.2 + 0.3, cancellation of huge magnitudes), longs beyond 2**53, and longs at
+# a long's limits: a sum that leaves the 64-bit range and comes back is exact, one that ends outside it is null.
 DOUBLES = st.one_of(st.none(), st.none(), st.sampled_from([0.1, 0.2, 0.3, 1e16, -1e16, 1e300, -1e300, -0.0, 2.5]),
                     st.floats(-1e300, 1e300, allow_nan=False))
-LONGS = st.one_of(st.none(), st.none(), st.sampled_from([2**53 + 1, -(2**53) - 1, 0, 7]), st.integers(-2**55, 2**55))
+LONGS = st.one_of(st.none(), st.none(), st.sampled_from([2**53 + 1, -(2**53) - 1, 0, 7]), st.integers(-2**55, 2**55),
+                  st.sampled_from([2**62, 2**63 - 1, -(2**63), -(2**63) + 1, 1, -1]))
 FIELD_VALUES = st.fixed_dictionaries({
     "page": st.one_of(st.none(), st.sampled_from(["/", "/a", "/cart", "", "/é"])),
     "revenue": DOUBLES, "items": LONGS, "flag": st.one_of(st.none(), st.booleans())})
@@ -288,7 +291,8 @@ def test_adversarial_streams(seed):
     pages = ["/", "/a", "/b", None]
     for e in events:
         e["fields"] = {"page": rng.choice(pages), "revenue": rng.choice([None, 0.1, 0.2, 0.3, 1e300, -1e300, 3.75]),
-                       "items": rng.choice([None, 2**53 + 1, -5, 10]), "flag": rng.choice([None, True, False])}
+                       "items": rng.choice([None, 2**53 + 1, -5, 10, 2**63 - 1, -(2**63)]),
+                       "flag": rng.choice([None, True, False])}
     for parts in (1, 7, 30):
         check(split_events(events, random_split(len(events), parts, rng)), mode=MODES[parts % 2], through_json=True)
 
@@ -351,6 +355,24 @@ def test_a_frozen_prefix_holds_the_fold_and_survives_storage():
     closed = advance(rows, frame([], "object", True), BASE_MS + 3 * MIN + GAP, GAP, attributes=chosen).closed
     assert closed[[a.name for a in chosen]].iloc[0].tolist() == ["/a", "/d", 0.1, -2]
     assert closed["session_id"].iloc[0] == oracle_session_id("u", BASE_MS)
+
+
+def test_a_long_sum_out_of_range_on_the_way_is_exact_and_at_the_end_null():
+    """Worked by hand: MAX + 1 is 2**63 in a frozen prefix (kept exact, also through its stored text); -1 after it
+    brings the session back to MAX. Another session ends at MIN - 1: null, open and closed. The types stay ints."""
+    items = [attribute("items")]
+    top, bottom = 2**63 - 1, -(2**63)
+    rows = advance(empty_rows(), frame([ev("u", "a", 0, items=top), ev("u", "b", 1, items=1),
+                                        ev("v", "x", 0, items=bottom), ev("v", "y", 1, items=-1)], "typed", False),
+                   0, GAP, attributes=items).open_rows
+    rows = advance(rows, frame([ev("u", "c", 2, items=-1)], "typed", False),
+                   BASE_MS + 1 * MIN, GAP, attributes=items).open_rows  # freezes u's a, b and v's x, y
+    rows = stored(items, rows, items)
+    assert sorted(p[0] for p, e in zip(rows["partials"], rows["event_id"]) if e is None) == [-(2**63) - 1, 2**63]
+    held = open_sessions(rows, GAP, attributes=items).set_index("user_id")["items"]
+    assert held.to_dict() == {"u": top, "v": None} and type(held["u"]) is int
+    closed = advance(rows, frame([], "object", True), BASE_MS + 2 * MIN + GAP, GAP, attributes=items).closed
+    assert closed.set_index("user_id")["items"].to_dict() == {"u": top, "v": None}
 
 
 def test_late_events_and_duplicates_count_for_nothing():

@@ -191,7 +191,8 @@ _ATTRS = _ATTR_SPEC.attributes
 _FIELDS = st.fixed_dictionaries({}, optional={
     "field_page": st.none() | st.sampled_from(["/", "/a", "/cart"]),
     "field_revenue": st.none() | st.sampled_from([0.1, 0.2, 0.3, 1e16, -1e16, 2.5]),
-    "field_items": st.none() | st.integers(-5, 5),
+    # a long's limits: sums that leave the 64-bit range and come back (exact), or end outside it (null)
+    "field_items": st.none() | st.integers(-5, 5) | st.sampled_from([2**62, 2**63 - 1, -(2**63)]),
     "field_member": st.none() | st.booleans()})
 _ATTR_EVENT = st.tuples(st.sampled_from(_IDS), st.integers(0, 30).map(lambda m: m * 5 * MINUTE),
                         st.sampled_from(["page_view", "click", "logout"]), _FIELDS)
@@ -218,6 +219,7 @@ def _python_attrs(state: dict, events: list[tuple], watermark: int, gap: int):
 
 
 def _plain(value):
+    """A numpy scalar as its Python value; a Python int as it is (beyond 64 bits too: json keeps it exact)."""
     return value.item() if hasattr(value, "item") else value
 
 
@@ -240,6 +242,10 @@ def _java_attrs(spark, state: dict, events: list[tuple], watermark: int, gap: in
             "open": sorted(((*r[:6], json.loads(r[6])) for r in got["open"]), key=repr)}
 
 
+_MAX_PLUS_ONE = [(_IDS[0], 0, "page_view", {"field_items": 2**63 - 1}), (_IDS[1], 5 * MINUTE, "click",
+                                                                      {"field_items": 1})]
+
+
 @settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(first=st.lists(_ATTR_EVENT, min_size=1, max_size=12), second=st.lists(_ATTR_EVENT, max_size=12),
        steps=st.tuples(st.integers(-1, 20 * MINUTE), st.integers(0, 60 * MINUTE),
@@ -247,6 +253,11 @@ def _java_attrs(spark, state: dict, events: list[tuple], watermark: int, gap: in
        gap=st.sampled_from([5 * MINUTE, 30 * MINUTE]))
 @example(first=[(_IDS[0], 0, "logout", {"field_items": 1}), (_IDS[1], 0, "logout", {})], second=[],
          steps=(0, 0, 0), gap=5 * MINUTE)  # two sessions tied on all but a null attribute (sorted by _order)
+# MAX + 1 frozen into one prefix (2**63: stored beyond 64 bits), then -1 (MAX again) or 2**62 (null when it closes)
+@example(first=_MAX_PLUS_ONE, second=[(_IDS[2], 10 * MINUTE, "click", {"field_items": -1})],
+         steps=(-1, 6 * MINUTE, 400 * MINUTE), gap=30 * MINUTE)
+@example(first=_MAX_PLUS_ONE, second=[(_IDS[2], 10 * MINUTE, "click", {"field_items": 2**62})],
+         steps=(-1, 6 * MINUTE, 400 * MINUTE), gap=30 * MINUTE)
 def test_the_java_attributes_equal_the_python_cores(spark, first, second, steps, gap):
     """As above, with the session spec's attributes: each closed session's values, and each open row's partials after
     the stored form's round trip (StateCodec v3), frozen prefixes' merged ones included. The state the Python core

@@ -9,9 +9,12 @@ the walk was cut into prefixes: it does not depend on arrival order or micro-bat
 The partials (`None` is "no non-null value yet" wherever the contract says "null if none"):
 - `first` / `last`: the field's first / last non-null value;
 - `count_if`: how many events have one of its event types (an int, never None);
-- `sum` / `min` / `max`: over the non-null values (`sum` of a long field stays an int). A sum of doubles is kept
-  exact -- the non-overlapping components of Shewchuk's summation (what `math.fsum` keeps), a few floats -- and
-  rounded once when the session closes: a float sum rounded along the way would depend on where the walk was cut.
+- `sum` / `min` / `max`: over the non-null values. A sum of longs is kept as the exact integer, however large:
+  merging stays associative, so +MAX, +1, -1 gives MAX in any order. The closed session's value is that sum when it
+  fits in a signed 64-bit long, and null when it does not (an overflow: the `sessions` column is a long). A sum of
+  doubles is kept exact -- the non-overlapping components of Shewchuk's summation (what `math.fsum` keeps), a few
+  floats -- and rounded once when the session closes: a float sum rounded along the way would depend on where the
+  walk was cut.
 `UNKNOWN` is the partial of a row stored before the attribute was added to a running job: a session holding such a
 row closes with null for it (the contract: a session already open when an attribute was added carries null).
 
@@ -105,19 +108,29 @@ def fold(attribute: Attribute, partials: Iterable[Any]) -> Any:
     return folded
 
 
+_LONG_MIN: Final = -(2**63)
+_LONG_MAX: Final = 2**63 - 1
+
+
 def result(partial: Any) -> Any:
     """A closed session's column value: null when the attribute is unknown to part of the session; a double sum
-    rounded once."""
+    rounded once; null for a long sum beyond a signed 64-bit long (an overflow)."""
     if partial is UNKNOWN:
         return None
-    return math.fsum(partial) if isinstance(partial, tuple) else partial
+    if isinstance(partial, tuple):
+        return math.fsum(partial)
+    # a long sum past 64 bits (bool is an int in Python: a boolean's partial is left as it is)
+    if isinstance(partial, int) and not isinstance(partial, bool) and not _LONG_MIN <= partial <= _LONG_MAX:
+        return None
+    return partial
 
 
 # ---- the partials of one stored row as text (canonical state rows' `attributes` column) -------------------------
 # A JSON object keyed by Attribute.key: the partial's value (null: no non-null value yet), a double sum as the list of
-# its exact components. A key that is absent is UNKNOWN: the row was stored before that attribute existed. The JVM
-# operator writes and reads the same text (StateCodec's partials, DecodeState); a row of a job without attributes
-# has no text at all (null), so the default spec's canonical rows are today's.
+# its exact components, a long sum as its exact integer (beyond 64 bits too: JSON numbers have no limit). A key that
+# is absent is UNKNOWN: the row was stored before that attribute existed. The JVM operator writes and reads the same
+# text (StateCodec's partials, DecodeState); a row of a job without attributes has no text at all (null), so the
+# default spec's canonical rows are today's.
 
 def partials_to_json(attributes: Sequence[Attribute], partials: Sequence[Any]) -> str | None:
     """One row's partials (in `attributes` order) as text; None when there are no attributes."""

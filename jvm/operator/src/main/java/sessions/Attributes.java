@@ -1,6 +1,7 @@
 package sessions;
 
 import java.io.Serializable;
+import java.math.BigInteger;
 import java.nio.charset.StandardCharsets;
 import java.security.MessageDigest;
 import java.security.NoSuchAlgorithmException;
@@ -20,6 +21,11 @@ import org.apache.spark.sql.Row;
  * Double, a String or a Boolean (first, last, min, max of such a field), or a double[] for the sum of a double field:
  * the non-overlapping components of Shewchuk's exact summation, rounded once when the session closes, so the value
  * does not depend on where the walk was cut into frozen prefixes.
+ *
+ * The sum of a long field is kept exact: a Long while it fits in 64 bits, a BigInteger beyond (never a BigInteger that
+ * fits, so a value has one representation and a row's text and hash stay canonical). Merging stays associative:
+ * +MAX, +1, -1 gives MAX in any order and whatever the cuts. A closed session's value is that sum when it fits in a
+ * signed 64-bit long, and null when it does not (an overflow).
  */
 public final class Attributes {
     /** The partial of a row stored before its attribute existed. */
@@ -154,7 +160,8 @@ public final class Attributes {
                     continue;
                 }
                 parts[k] = v.isNull() ? null : switch (attrs.get(k).encoding()) {
-                    case COUNT, LONG -> (Object) v.asLong();
+                    // A long sum beyond 64 bits is a plain JSON number too (Jackson's and Python's json)
+                    case COUNT, LONG -> v.canConvertToLong() ? (Object) v.asLong() : normalise(v.bigIntegerValue());
                     case DOUBLE -> v.asDouble();
                     case DOUBLE_SUM -> {
                         double[] sum = new double[v.size()];
@@ -207,12 +214,33 @@ public final class Attributes {
         return switch (a.kind()) {
             case FIRST -> earlier;
             case LAST -> later;
-            case SUM -> earlier instanceof double[] e ? exactSum(e, (double[]) later) : (Object) ((Long) earlier + (Long) later);
+            case SUM -> earlier instanceof double[] e ? exactSum(e, (double[]) later) : exactLongSum(earlier, later);
             // As Python's min/max: the earlier unless the later is strictly smaller/larger (-0.0 vs 0.0, NaN).
             case MIN -> less(later, earlier) ? later : earlier;
             case MAX -> less(earlier, later) ? later : earlier;
             case COUNT_IF -> throw new IllegalStateException("unreachable");
         };
+    }
+
+    /** The exact sum of two long partials (Long or BigInteger): a Long when it fits, else a BigInteger. */
+    static Object exactLongSum(Object x, Object y) {
+        if (x instanceof Long a && y instanceof Long b) {
+            try {
+                return Math.addExact(a, b);
+            } catch (ArithmeticException overflow) {
+                // the exact sum needs more than 64 bits: kept as a BigInteger below
+            }
+        }
+        return normalise(big(x).add(big(y)));
+    }
+
+    private static BigInteger big(Object partial) {
+        return partial instanceof BigInteger b ? b : BigInteger.valueOf((Long) partial);
+    }
+
+    /** One representation per value: a Long when it fits in 64 bits. */
+    static Object normalise(BigInteger value) {
+        return value.bitLength() < 64 ? (Object) value.longValueExact() : value;
     }
 
     private static boolean less(Object x, Object y) {
@@ -237,9 +265,9 @@ public final class Attributes {
     }
 
     /** A closed session's column value: null when the attribute is unknown to part of the session; a double sum
-     * rounded once. */
+     * rounded once; null for a long sum beyond 64 bits (an overflow: normalised, a BigInteger partial never fits). */
     static Object result(Object partial) {
-        if (partial == UNKNOWN) {
+        if (partial == UNKNOWN || partial instanceof BigInteger) {
             return null;
         }
         return partial instanceof double[] parts ? fsum(parts) : partial;

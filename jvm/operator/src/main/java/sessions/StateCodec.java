@@ -1,5 +1,6 @@
 package sessions;
 
+import java.math.BigInteger;
 import java.nio.charset.StandardCharsets;
 import java.util.ArrayList;
 import java.util.List;
@@ -20,8 +21,10 @@ import java.util.List;
  *     its partial's encoding byte -- and after each row's v2 fields one partial per header attribute: 0 = null (no
  *     non-null value yet), 2 = unknown (stored before the attribute existed), 1 + the value: count and long as
  *     zig-zag varints, a double as 8 bytes, a double sum as its component count and 8 bytes each, a string as UTF-8
- *     length and bytes, a boolean as one byte. A value is read under the current attributes by fingerprint: one it
- *     lacks is unknown, one the spec no longer has is skipped (the encoding byte says how).</li>
+ *     length and bytes, a boolean as one byte; 3 (count and long only) + an exact integer beyond 64 bits (a long sum
+ *     past the range, kept exact until its session closes) as a varint byte length and BigInteger.toByteArray()'s
+ *     bytes. A value is read under the current attributes by fingerprint: one it lacks is unknown, one the spec no
+ *     longer has is skipped (the encoding byte says how).</li>
  * <li>v1 (read, never written since v2): event_time_ms zig-zag, the start delta, event_count, page_views, event_id
  *     (0 = null, else 1 + UTF-8 length, bytes), event_type (0 = null, 1 = page_view, 2 = logout, else 3 + UTF-8
  *     length, bytes).</li>
@@ -308,6 +311,13 @@ public final class StateCodec {
                 varint(2);
                 return;
             }
+            if (p instanceof BigInteger big) {  // a long sum beyond 64 bits (Attributes.exactLongSum)
+                byte[] twos = big.toByteArray();  // two's complement, big-endian
+                varint(3);
+                varint(twos.length);
+                bytes(twos, 0, twos.length);
+                return;
+            }
             varint(1);
             switch (encoding) {
                 case Attributes.COUNT, Attributes.LONG -> zigzag((Long) p);
@@ -391,6 +401,16 @@ public final class StateCodec {
             }
             if (tag == 2) {
                 return Attributes.UNKNOWN;
+            }
+            if (tag == 3) {
+                if (encoding != Attributes.COUNT && encoding != Attributes.LONG) {
+                    throw new IllegalStateException("state value with a big integer partial of encoding " + encoding
+                        + " (this build reads " + VALUE_FORMAT + ")");
+                }
+                int n = (int) varint();
+                BigInteger big = new BigInteger(buf, pos, n);
+                pos += n;
+                return Attributes.normalise(big);  // written normalised already; one representation whatever was read
             }
             return switch (encoding) {
                 case Attributes.COUNT, Attributes.LONG -> {

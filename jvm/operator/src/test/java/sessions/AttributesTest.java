@@ -5,6 +5,7 @@ import static org.junit.jupiter.api.Assertions.assertEquals;
 import static org.junit.jupiter.api.Assertions.assertNull;
 import static org.junit.jupiter.api.Assertions.assertSame;
 
+import java.math.BigInteger;
 import java.util.ArrayList;
 import java.util.Arrays;
 import java.util.List;
@@ -61,6 +62,85 @@ class AttributesTest {
         // As Python's min/max: the earlier of two equal values (0.0 then -0.0 keeps 0.0).
         assertEquals(Double.doubleToRawLongBits(0.0),
                      Double.doubleToRawLongBits((Double) fold(MIN, 0.0, -0.0)));
+    }
+
+    private static final long LMAX = Long.MAX_VALUE;  // MIN and MAX name attributes here
+    private static final long LMIN = Long.MIN_VALUE;
+    private static final BigInteger TWO_TO_63 = BigInteger.ONE.shiftLeft(63);
+
+    /** Every order of `values` (null is an event without the field), each cut into runs every possible way (a run
+     * folded alone, as a frozen prefix is, then the runs merged in order): the partial of each. */
+    private static List<Object> everyOrderAndCut(Long... values) {
+        List<Object> out = new ArrayList<>();
+        for (List<Long> order : permutations(Arrays.asList(values))) {
+            for (int cuts = 0; cuts < 1 << Math.max(0, order.size() - 1); cuts++) {
+                List<Object> runs = new ArrayList<>();
+                Object run = SUM_LONG.identity();
+                for (int i = 0; i < order.size(); i++) {
+                    run = Attributes.merge(SUM_LONG, run, order.get(i));
+                    if ((cuts >> i & 1) == 1) {
+                        runs.add(run);
+                        run = SUM_LONG.identity();
+                    }
+                }
+                runs.add(run);
+                out.add(fold(SUM_LONG, runs.toArray()));
+            }
+        }
+        return out;
+    }
+
+    private static List<List<Long>> permutations(List<Long> values) {
+        if (values.isEmpty()) {
+            return List.of(List.of());
+        }
+        List<List<Long>> out = new ArrayList<>();
+        for (int i = 0; i < values.size(); i++) {
+            List<Long> rest = new ArrayList<>(values);
+            Long first = rest.remove(i);
+            for (List<Long> tail : permutations(rest)) {
+                List<Long> order = new ArrayList<>();
+                order.add(first);
+                order.addAll(tail);
+                out.add(order);
+            }
+        }
+        return out;
+    }
+
+    @Test
+    void aLongSumThatOverflowsOnTheWayAndComesBackIsExactInEveryOrderAndCut() {
+        // Worked by hand: MAX + 1 - 1 = MAX; MIN - 1 + 1 = MIN; 2 MAX + 2 MIN + 5 = 2 (MAX + MIN) + 5 = -2 + 5 = 3.
+        Object[][] cases = {{LMAX, new Long[] {LMAX, 1L, -1L, null}}, {LMIN, new Long[] {LMIN, -1L, 1L}},
+                            {3L, new Long[] {LMAX, LMAX, LMIN, LMIN, 5L}}, {0L, new Long[] {LMAX, LMAX, -LMAX, -LMAX}}};
+        for (Object[] c : cases) {
+            Long[] values = (Long[]) c[1];
+            for (Object partial : everyOrderAndCut(values)) {
+                assertEquals(c[0], partial, Arrays.toString(values));  // a Long: one representation per value
+                assertEquals(c[0], Attributes.result(partial));
+            }
+        }
+    }
+
+    @Test
+    void aLongSumThatEndsBeyond64BitsIsNullInEveryOrderAndCut() {
+        // Worked by hand: MAX + 1 = 2^63; MIN - 1 = -(2^63) - 1; 2 MAX + 2 = 2^64; MAX + MAX + MIN = MAX - 1 (fits).
+        Object[][] cases = {{TWO_TO_63, new Long[] {LMAX, 1L}},
+                            {TWO_TO_63.negate().subtract(BigInteger.ONE), new Long[] {LMIN, -1L, null}},
+                            {BigInteger.ONE.shiftLeft(64), new Long[] {LMAX, LMAX, 1L, 1L}}};
+        for (Object[] c : cases) {
+            Long[] values = (Long[]) c[1];
+            for (Object partial : everyOrderAndCut(values)) {
+                assertEquals(c[0], partial, Arrays.toString(values));  // the exact sum, kept for later merges
+                assertNull(Attributes.result(partial), Arrays.toString(values));
+            }
+        }
+        assertEquals(LMAX - 1, Attributes.result(fold(SUM_LONG, LMAX, LMAX, LMIN)));
+        // a big partial merged with a Long or with another big one, either side
+        assertEquals(LMAX, Attributes.merge(SUM_LONG, TWO_TO_63, -1L));
+        assertEquals(LMAX, Attributes.merge(SUM_LONG, -1L, TWO_TO_63));
+        assertEquals(0L, Attributes.merge(SUM_LONG, TWO_TO_63, TWO_TO_63.negate()));
+        assertEquals(BigInteger.ONE.shiftLeft(64), Attributes.merge(SUM_LONG, TWO_TO_63, TWO_TO_63));
     }
 
     @Test
@@ -158,6 +238,42 @@ class AttributesTest {
     }
 
     @Test
+    void v3RoundTripsALongSumBeyond64Bits() {
+        List<Attributes.Attr> spec = List.of(SUM_LONG, COUNT, MAX);
+        BigInteger huge = BigInteger.ONE.shiftLeft(100).negate().add(BigInteger.valueOf(12345));
+        List<SessionsOperator.R> rows = List.of(
+            row(100, "a", TWO_TO_63, 1L, LMAX),
+            row(200, "b", TWO_TO_63.negate().subtract(BigInteger.ONE), 0L, LMIN),
+            row(300, null, huge, 2L, null),
+            row(400, "d", LMIN, 3L, -7L));                                   // the extremes that fit stay Longs
+        byte[] value = StateCodec.encode(rows, spec);
+        List<SessionsOperator.R> back = StateCodec.decode(value, spec);
+        for (int i = 0; i < rows.size(); i++) {
+            assertPartsEqual(rows.get(i).parts, back.get(i).parts);
+            assertEquals(rows.get(i).id, back.get(i).id);
+        }
+        // Read under a spec without the sum (its bytes skipped) and with it last: the others are in place.
+        List<SessionsOperator.R> other = StateCodec.decode(value, List.of(MAX, COUNT));
+        assertPartsEqual(new Object[] {null, 2L}, other.get(2).parts);
+        assertPartsEqual(new Object[] {-7L, 3L}, other.get(3).parts);
+        assertEquals(List.of("a", "b", "d"), other.stream().map(r -> r.id).filter(id -> id != null).toList());
+    }
+
+    @Test
+    void aLongSumBeyond64BitsAsText() {
+        List<Attributes.Attr> spec = List.of(SUM_LONG, COUNT);
+        Object[] parts = {TWO_TO_63.negate().subtract(BigInteger.ONE), 3L};
+        String text = Attributes.toJson(spec, parts);
+        assertEquals("{\"count\":3,\"sum_long\":-9223372036854775809}", text);
+        assertPartsEqual(parts, Attributes.fromJson(spec, text));
+        // Python's json writes the same number; the largest that fits reads as a Long
+        assertPartsEqual(new Object[] {TWO_TO_63, 3L},
+                         Attributes.fromJson(spec, "{\"count\": 3, \"sum_long\": 9223372036854775808}"));
+        assertPartsEqual(new Object[] {LMAX, 3L},
+                         Attributes.fromJson(spec, "{\"count\": 3, \"sum_long\": 9223372036854775807}"));
+    }
+
+    @Test
     void partialsAsTextRoundTripAndLeaveUnknownOut() {
         Object[] parts = {"/é", 3L, new double[] {1e16, 1.0}, null, Attributes.UNKNOWN};
         String text = Attributes.toJson(SPEC, parts);
@@ -176,7 +292,7 @@ class AttributesTest {
             } else if (expected[k] == Attributes.UNKNOWN) {
                 assertSame(Attributes.UNKNOWN, actual[k]);
             } else {
-                assertEquals(expected[k], actual[k]);
+                assertEquals(expected[k], actual[k]);  // equals is per class: 3L is not BigInteger 3
             }
         }
     }

@@ -7,6 +7,7 @@ import static org.junit.jupiter.api.Assertions.assertThrows;
 import static org.junit.jupiter.api.Assertions.assertTrue;
 
 import java.io.ByteArrayOutputStream;
+import java.math.BigInteger;
 import java.nio.charset.StandardCharsets;
 import java.util.ArrayList;
 import java.util.Arrays;
@@ -18,7 +19,8 @@ import java.util.UUID;
 import org.junit.jupiter.api.Test;
 
 /** StateCodec, the JVM operator's state value: v1 values (written here by hand from the format in StateCodec's
- * javadoc) still read, v2 values round trip, anything else is refused naming its version byte. */
+ * javadoc) still read, v2 values round trip, a hand-written v3 value's partials (a long sum beyond 64 bits among
+ * them) read and are written byte for byte, anything else is refused naming its version byte. */
 class StateCodecTest {
 
     // ---- v1: read only --------------------------------------------------------------------------------------------
@@ -163,6 +165,33 @@ class StateCodecTest {
     @Test
     void noRowsRoundTrip() {
         roundTrips(List.of());
+    }
+
+    // ---- v3: partials, by hand from the javadoc --------------------------------------------------------------------
+
+    @Test
+    void aHandWrittenV3ValueWithALongSumBeyond64BitsReadsAndIsWrittenTheSame() {
+        Attributes.Attr sum = new Attributes.Attr("items", Attributes.fingerprint("items"), Attributes.Kind.SUM,
+                                                  Attributes.Type.LONG, "field_items", List.of());
+        int f = sum.fingerprint();
+        byte[] value = {
+            3, 3,                                                      // v3, 3 rows
+            1, (byte) (f >>> 24), (byte) (f >>> 16), (byte) (f >>> 8), (byte) f, 1,  // 1 attribute: fingerprint, long
+            // time 105 (zig-zag 210), start delta 5, count 1, views 1, no id, page_view; then 1 + -3 (zig-zag 5)
+            (byte) 0xD2, 0x01, 5, 1, 1, 0, 1, 1, 5,
+            // time +1 (zig-zag 2), start delta 6, ...; then 3 + 9 bytes: 2^63 in two's complement (0x00 0x80 0...)
+            2, 6, 1, 1, 0, 1, 3, 9, 0, (byte) 0x80, 0, 0, 0, 0, 0, 0, 0,
+            // time +1, start delta 7, ...; then 3 + 9 bytes: -(2^63) - 1 = 2^72 - 2^63 - 1 (0xFF 0x7F 0xFF...)
+            2, 7, 1, 1, 0, 1, 3, 9, (byte) 0xFF, 0x7F, -1, -1, -1, -1, -1, -1, -1};
+        List<SessionsOperator.R> rows = StateCodec.decode(value, List.of(sum));
+        BigInteger twoTo63 = BigInteger.ONE.shiftLeft(63);
+        assertEquals(List.of(-3L, twoTo63, twoTo63.negate().subtract(BigInteger.ONE)),
+                     rows.stream().map(r -> r.parts[0]).toList());
+        assertEquals(List.of(105L, 106L, 107L), rows.stream().map(r -> r.time).toList());
+        assertArrayEquals(value, StateCodec.encode(rows, List.of(sum)));
+        // a spec without the attribute skips the partials' bytes, whatever their tag
+        assertRows(List.of(row(100, null, 105, "page_view", 1, 1), row(100, null, 106, "page_view", 1, 1),
+                           row(100, null, 107, "page_view", 1, 1)), StateCodec.decode(value));
     }
 
     // ---- refused --------------------------------------------------------------------------------------------------
