@@ -23,7 +23,7 @@ from pipelines.core.sample_data import land
 from pipelines.errors import SavepointFailed, SavepointIncompatible
 from pipelines.job.checkpoint import inspect_checkpoint
 from pipelines.job.stream import catch_up
-from state_store.lifecycle import restore, take_savepoint, validate_savepoint
+from state_store.lifecycle import rescale, restore, take_savepoint, validate_savepoint
 from state_store.savepoint.catalog import SavepointStore
 from state_store.savepoint.native import MANIFEST, native_uri
 from testkit.lifecycle_expectations import expected_closed_sessions
@@ -429,10 +429,9 @@ def test_a_running_stream_killed_inside_its_rescale_loses_nothing(tmp_path, spar
         assert read_restore_marker(config.checkpoint)["command"].endswith("--partitions 3")
     else:
         assert inspect_checkpoint(config.checkpoint).partitions == partitions_after_kill
-    again = subprocess.run([tool("sessionctl"), "rescale", "--partitions", "3"], env=env, capture_output=True,
-                           text=True, timeout=600)
-    assert again.returncode == 0, again.stderr[-3000:]
-    assert json.loads(again.stdout.strip().splitlines()[-1])["method"] == method_after
+    # The same rescale, the stream gone: done here, by the library call `sessionctl rescale` makes in its process
+    # (the command's exit code and JSON: test_lifecycle's and the campaign's `sessionctl rescale` processes).
+    assert rescale(config, 3, spark=spark).method == method_after
     feeder.join()
     for i, chunk in enumerate(chunks[3:], start=3):
         land(config.landing, f"late-{i:04d}.jsonl", [json.dumps(e) for e in chunk])
@@ -471,11 +470,10 @@ def test_a_running_stream_killed_inside_its_restore_loses_nothing(tmp_path, spar
     assert read_restore_marker(config.checkpoint)["command"] == command
     with pytest.raises(RestoreIncomplete, match="sessionctl restore --savepoint"):
         catch_up(config, spark)
-    again = subprocess.run([tool("sessionctl"), "restore", "--online", "--savepoint", saved.savepoint_id], env=env,
-                           capture_output=True, text=True, timeout=600)  # as the line said: the stream gone, here
-    assert again.returncode == 0, again.stderr[-3000:]
-    finished = json.loads(again.stdout.strip().splitlines()[-1])
-    assert (finished["savepoint_id"], finished["verified"]) == (saved.savepoint_id, True), finished
+    # As the line said: the same restore, the stream gone, done here (the library call of `sessionctl restore`; the
+    # command's exit code and JSON after a kill: test_restore_marker's).
+    finished = restore(config, saved.savepoint_id, online=True, spark=spark)
+    assert finished.savepoint_id == saved.savepoint_id, finished
     assert read_restore_marker(config.checkpoint) is None
     for i, chunk in enumerate(chunks[6:], start=6):
         land(config.landing, f"late-{i:04d}.jsonl", [json.dumps(e) for e in chunk])
