@@ -10,8 +10,6 @@ operator-neutral: the canonical per-user rows); the constants Java shares with P
 from __future__ import annotations
 
 import json
-import shutil
-from pathlib import Path
 
 import numpy as np
 import pandas as pd
@@ -24,51 +22,16 @@ from pipelines.core.attributes import partials_to_json
 from pipelines.core.sessionize import advance, empty_rows
 from pipelines.core.spec import parse_spec
 from pipelines.core.state_format import DECODED_ROW_SCHEMA
-from pipelines.errors import CheckpointMismatch
-from pipelines.job.checkpoint import read_job_metadata
 from pipelines.job.operators.jvm import _ROWS_DDL, attributes_json
 from pipelines.job.operators.jvm import STATE_LAYOUT as JVM_STATE_LAYOUT
 from pipelines.job.operators.seam import OUTPUT_COLUMNS
 from pipelines.job.stream import catch_up
-from state_store.lifecycle import restore, take_savepoint
 from testkit import oracle
-from testkit.oracle import run_oracle
 from tests.kit.datagen import land_batches, stream_scenario
 from tests.kit.homes import make_config
-from tests.kit.tables import read_sessions
 from tests.test_stream_vs_oracle import GAP_MS, LATENESS_MS, assert_matches_oracle
 
 pytestmark = pytest.mark.tier("spark")
-
-PYTHON_HOME = Path(__file__).resolve().parent / "fixtures" / "python_operator_home"  # make_python_operator_home.py
-PYTHON_CUT = 4
-
-
-def test_a_checkpoint_of_the_retired_python_operator_moves_to_the_jvm_operator(spark, tmp_path):
-    """A checkpoint the Python operator made (HDFS, 4 batches in) cannot run: one line naming the way out, before
-    anything is written. Its state still reads: a savepoint of it, restored (into the JVM operator), then the rest of
-    the data: exactly the oracle's sessions, open sessions and late events for the whole stream."""
-    home = tmp_path / "home"
-    shutil.copytree(PYTHON_HOME, home)
-    config = make_config(tmp_path, "hdfs", home=home, SESSIONS_STATE_PARTITIONS=2)
-    batches = stream_scenario(2, 6, gap_ms=GAP_MS, lateness_ms=LATENESS_MS)
-    land_batches(config, batches[PYTHON_CUT:], start=PYTHON_CUT)
-    sessions_before = read_sessions(config)
-    with pytest.raises(CheckpointMismatch) as refused:
-        catch_up(config, spark)
-    message = str(refused.value)
-    assert "Python operator" in message and "sessionctl savepoint" in message and "\n" not in message
-    assert read_sessions(config) == sessions_before  # refused before anything ran
-
-    saved = take_savepoint(config, spark=spark)
-    expected_cut = run_oracle(batches[:PYTHON_CUT], GAP_MS, LATENESS_MS)
-    assert saved.rows > 0  # open state crosses over, not only the source position
-    restore(config, "latest", spark=spark)
-    assert read_job_metadata(config.checkpoint).state_layout == JVM_STATE_LAYOUT
-    assert sorted(expected_cut.closed) == sessions_before  # the fixture itself is the oracle's, up to the cut
-    catch_up(config, spark)
-    assert_matches_oracle(spark, config, batches)
-
 
 def test_the_python_operator_setting_is_refused_in_one_line(tmp_path):
     with pytest.raises(ConfigError, match=r"^SESSIONS_OPERATOR=python: the Python operator is retired;[^\n]*restore"):

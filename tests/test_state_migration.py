@@ -1,5 +1,6 @@
-"""A savepoint written by the build before the v2 state layout (schema open_events/v1, one row per open event)
-restores into the v2 layout and the job then goes on exactly as the oracle says.
+"""State that older builds wrote, carried into this one: a savepoint written by the build before the v2 state layout
+(schema open_events/v1, one row per open event) restores into the v2 layout, and a checkpoint of the retired Python
+operator moves to the JVM operator through a savepoint; the job then goes on exactly as the oracle says.
 
 The fixture (tests/fixtures/savepoint_v1_home) was written by that older build with
 tests/fixtures/make_v1_savepoint.py: the first CUT batches processed, a savepoint taken, the checkpoint deleted.
@@ -14,14 +15,17 @@ import pytest
 
 from pipelines.core import state_format
 from pipelines.errors import CheckpointMismatch
+from pipelines.job.checkpoint import read_job_metadata
+from pipelines.job.operators.jvm import STATE_LAYOUT as JVM_STATE_LAYOUT
 from pipelines.job.stream import catch_up
-from state_store.lifecycle import restore
+from state_store.lifecycle import restore, take_savepoint
 from state_store.savepoint import catalog as sp
 from testkit.oracle import run_oracle
 from tests.kit.datagen import land_batches, stream_scenario
 from tests.kit.homes import make_config
 from tests.kit.savepoint_expectations import state_sessions
 from tests.kit.tables import assert_late_keys, read_open_sessions, read_sessions
+from tests.test_stream_vs_oracle import assert_matches_oracle
 
 pytestmark = pytest.mark.tier("spark")
 
@@ -103,3 +107,33 @@ def test_v2_savepoint_with_frozen_prefixes_restores_on_the_other_provider(spark,
     expected = run_oracle(batches, GAP_MS, LATENESS_MS)
     assert read_sessions(hdfs) == sorted(expected.closed)
     assert read_open_sessions(spark, hdfs) == sorted(expected.open_sessions)
+
+
+PYTHON_HOME = Path(__file__).resolve().parent / "fixtures" / "python_operator_home"  # make_python_operator_home.py
+PYTHON_CUT = 4
+
+
+def test_a_checkpoint_of_the_retired_python_operator_moves_to_the_jvm_operator(spark, tmp_path):
+    """A checkpoint the retired Python operator made (HDFS, 4 batches in) cannot run: one line naming the way out, before
+    anything is written. Its state still reads: a savepoint of it, restored (into the JVM operator), then the rest of
+    the data: exactly the oracle's sessions, open sessions and late events for the whole stream."""
+    home = tmp_path / "home"
+    shutil.copytree(PYTHON_HOME, home)
+    config = make_config(tmp_path, "hdfs", home=home, SESSIONS_STATE_PARTITIONS=2)
+    batches = stream_scenario(2, 6, gap_ms=GAP_MS, lateness_ms=LATENESS_MS)
+    land_batches(config, batches[PYTHON_CUT:], start=PYTHON_CUT)
+    sessions_before = read_sessions(config)
+    with pytest.raises(CheckpointMismatch) as refused:
+        catch_up(config, spark)
+    message = str(refused.value)
+    assert "Python operator" in message and "sessionctl savepoint" in message and "\n" not in message
+    assert read_sessions(config) == sessions_before  # refused before anything ran
+
+    saved = take_savepoint(config, spark=spark)
+    expected_cut = run_oracle(batches[:PYTHON_CUT], GAP_MS, LATENESS_MS)
+    assert saved.rows > 0  # open state crosses over, not only the source position
+    restore(config, "latest", spark=spark)
+    assert read_job_metadata(config.checkpoint).state_layout == JVM_STATE_LAYOUT
+    assert sorted(expected_cut.closed) == sessions_before  # the fixture itself is the oracle's, up to the cut
+    catch_up(config, spark)
+    assert_matches_oracle(spark, config, batches)
