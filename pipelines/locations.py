@@ -106,7 +106,7 @@ def _webhdfs(rpc: str, http: str, user: str) -> AbstractFileSystem:
 
 
 def _s3() -> AbstractFileSystem:
-    from fsspec.implementations.arrow import ArrowFSWrapper
+    from fsspec.implementations.arrow import ArrowFSWrapper  # fsspec: only where S3 is used
 
     return ArrowFSWrapper(s3_filesystem())
 
@@ -119,7 +119,7 @@ S3_LIMITS: ContextVar[tuple[float, int | None]] = ContextVar("s3_limits", defaul
 def s3_filesystem() -> pafs.S3FileSystem:
     """pyarrow's S3 filesystem from this process's standard AWS_* variables (driver or executor alike: executors
     get them through spark.executorEnv, see pipelines.job.shipping); request limits from pipelines.storage.s3_limits."""
-    import pyarrow.fs as pafs
+    import pyarrow.fs as pafs  # pyarrow's S3 filesystem: only where S3 is used
 
     env = os.environ
     endpoint = env.get("AWS_ENDPOINT_URL", "")
@@ -138,7 +138,7 @@ def s3_filesystem() -> pafs.S3FileSystem:
 def s3_client(*, read_timeout_s: float = 60.0, attempts: int = 3) -> Any:
     """A boto3 S3 client from the same standard AWS_* variables, for what pyarrow's filesystem does not do
     (conditional writes, server-side copies)."""
-    import boto3
+    import boto3  # boto3: only where S3 is used
     from botocore.config import Config
 
     env = os.environ

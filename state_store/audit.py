@@ -68,7 +68,7 @@ class StoreFiles:
                 return bytes(text.sst(bytearray(data)))
             return bytes(text.stream(bytearray(data), self._spark.sparkContext._jsc.sc().conf()))
         except Exception as error:  # py4j's error, or the class missing (the operator's jar not built)
-            from pipelines.job.runtime import error_line
+            from pipelines.job.runtime import error_line  # pyspark: never for a scan that reads no state file
 
             raise Unreadable(error_line(error)) from None
 

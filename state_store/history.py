@@ -11,7 +11,7 @@ import numpy as np
 import pandas as pd
 import pyarrow as pa
 import pyarrow.compute as pc
-from pyspark.sql import DataFrame, SparkSession
+from pyspark.sql import DataFrame, SparkSession, Window
 from pyspark.sql import functions as F
 
 from pipelines.config import SessionsConfig
@@ -113,7 +113,6 @@ def diff_savepoints(config: SessionsConfig, spark: SparkSession, a: str, b: str,
 
 
 def _by_kind() -> Any:
-    from pyspark.sql import Window
 
     return Window.partitionBy("kind").orderBy("user_id")
 

@@ -13,6 +13,7 @@ from deltalake import DeltaTable
 from pipelines.config import SessionsConfig
 from pipelines.coordination.job_leases import job_lock
 from pipelines.job.checkpoint import directory_size
+from pipelines.job.runtime import get_spark, spark_failures
 from pipelines.locations import checkpoint_path, remove_tree
 from pipelines.storage import is_s3, join, open_table, storage_options, table_exists
 from state_store.erasure import erasures_recorded
@@ -99,7 +100,6 @@ def _chain_retention(config: SessionsConfig, store: SavepointStore, catalog: lis
     keep = {s.savepoint_id for s in catalog} - {s.savepoint_id for s in expired}
     folds, chains = fold_plan(catalog, keep)
     if folds and not dry_run:
-        from pipelines.job.runtime import get_spark, spark_failures
 
         with spark_failures(config):
             give_way_to_stream(config)

@@ -11,6 +11,7 @@ from pathlib import Path
 
 import pyarrow as pa
 import pyarrow.compute as pc
+from deltalake import DeltaTable
 
 from pipelines.config import SessionsConfig
 from pipelines.coordination.job_leases import running_stream
@@ -101,7 +102,6 @@ def _damage(store: SavepointStore, saved: SavepointInfo) -> SavepointDamaged | N
     """What the savepoint's metadata alone shows to be wrong: a table its state resolves through whose Delta log does
     not load or lists files that are gone or of another size (state_store.savepoint.damage: the files a restore
     reads), or rows its Delta log lists (file statistics) other than the catalog's. No data read."""
-    from deltalake import DeltaTable
 
     damage = savepoint_damage(store, saved)
     # (an incremental savepoint's table holds its increment; `rows` counts the state its chain resolves to)

@@ -29,6 +29,9 @@ from pipelines.job.run_summary import RunSummary
 from pipelines.job.runtime import spark_failures
 from pipelines.job.sink import MicroBatchSink
 from pipelines.job.stream import run_continuously
+from state_store.erasure import forget_unlocked
+from state_store.lifecycle import rescale_unlocked
+from state_store.restore import restore_unlocked
 from state_store.results import SavepointInfo, StopResult
 from state_store.savepoint.take import savepoint_last_batch
 
@@ -48,14 +51,11 @@ def run_stream(config: SessionsConfig, *, spark: SparkSession | None = None, sto
             return savepoint_last_batch(config, "stop", running, native_copy=request.native).to_dict()
 
     def erase_between_batches(request: ErasureRequest, running: SparkSession, lease: Lease) -> dict[str, Any]:
-        from state_store.erasure import forget_unlocked
 
         with job_lock(config, "forget", name=LIFECYCLE, wait_s=config.stop_timeout_s), spark_failures(config):
             return forget_unlocked(config, running, request.user_id, lease=lease).to_dict()
 
     def change_between_batches(request: StateChange, running: SparkSession, lease: Lease) -> dict[str, Any]:
-        from state_store.lifecycle import rescale_unlocked
-        from state_store.restore import restore_unlocked
 
         what = "rescale" if isinstance(request, RescaleRequest) else "restore"
         with job_lock(config, what, name=LIFECYCLE, wait_s=config.stop_timeout_s), spark_failures(config):

@@ -15,7 +15,7 @@ import time
 from collections.abc import Callable, Sequence
 from typing import TypeVar
 
-from deltalake import DeltaTable, Transaction
+from deltalake import CommitProperties, DeltaTable, Transaction
 from deltalake.exceptions import CommitFailedError
 
 from pipelines.coordination.leases import Lease
@@ -70,7 +70,6 @@ def fenced_delete(uri: str, predicate: str, leases: Sequence[Lease], storage_opt
                   ) -> int:
     """A Delta DELETE by the holder of `leases` (a restore's roll-back, an erasure): fenced like an append; the rows
     deleted. Without leases, a plain delete."""
-    from deltalake import CommitProperties
 
     def attempt() -> int:
         table = DeltaTable(uri, storage_options=storage_options)

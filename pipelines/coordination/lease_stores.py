@@ -43,8 +43,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol
 
+from botocore.exceptions import BotoCoreError, ClientError
+
 from pipelines.errors import StorageUnavailable
-from pipelines.locations import RemotePath
+from pipelines.locations import RemotePath, s3_client
+from pipelines.storage import s3_endpoint
 
 __all__ = ["HdfsStore", "LeaseStore", "Record", "store_for"]
 
@@ -186,8 +189,6 @@ class S3Store:
     the standard AWS_* variables, as everywhere else."""
 
     def __init__(self, uri: str) -> None:
-        from pipelines.locations import s3_client
-
         bucket, _, prefix = uri.removeprefix("s3://").partition("/")
         self.uri, self.bucket, self.prefix = uri.rstrip("/"), bucket, prefix.strip("/")
         self.client: Any = s3_client(read_timeout_s=15)
@@ -196,15 +197,11 @@ class S3Store:
         return f"{self.prefix}/{name}" if self.prefix else name
 
     def _failed(self, what: str, name: str, error: Exception) -> StorageUnavailable:
-        from pipelines.storage import s3_endpoint
-
         return StorageUnavailable(f"S3 at {s3_endpoint()} failed to {what} the lease object {self.where(name)} "
                                   f"({type(error).__name__}: {' '.join(str(error).split())[:160]}): check the "
                                   "endpoint and the AWS_* credentials, then run the command again")
 
     def create(self, name: str, data: bytes) -> bool:
-        from botocore.exceptions import BotoCoreError, ClientError
-
         try:
             self.client.put_object(Bucket=self.bucket, Key=self._key(name), Body=data, IfNoneMatch="*")
         except ClientError as error:
@@ -221,16 +218,12 @@ class S3Store:
         return found is not None and found.data == data
 
     def replace(self, name: str, data: bytes) -> None:
-        from botocore.exceptions import BotoCoreError, ClientError
-
         try:
             self.client.put_object(Bucket=self.bucket, Key=self._key(name), Body=data)
         except (BotoCoreError, ClientError) as error:
             raise self._failed("write", name, error) from None
 
     def swap(self, name: str, data: bytes, version: str) -> bool:
-        from botocore.exceptions import BotoCoreError, ClientError
-
         try:
             self.client.put_object(Bucket=self.bucket, Key=self._key(name), Body=data, IfMatch=version)
             return True
@@ -244,8 +237,6 @@ class S3Store:
             raise self._failed("write", name, error) from None
 
     def read(self, name: str) -> Record | None:
-        from botocore.exceptions import BotoCoreError, ClientError
-
         try:
             answer = self.client.get_object(Bucket=self.bucket, Key=self._key(name))
             return Record(answer["Body"].read(), answer["LastModified"].timestamp(), str(answer["ETag"]))
@@ -257,8 +248,6 @@ class S3Store:
             raise self._failed("read", name, error) from None
 
     def names(self, prefix: str) -> list[str]:
-        from botocore.exceptions import BotoCoreError, ClientError
-
         found: list[str] = []
         strip = len(self._key(""))
         try:
@@ -270,8 +259,6 @@ class S3Store:
         return [name for name in found if "/" not in name]
 
     def delete(self, name: str) -> None:
-        from botocore.exceptions import BotoCoreError, ClientError
-
         try:
             self.client.delete_object(Bucket=self.bucket, Key=self._key(name))
         except (BotoCoreError, ClientError) as error:

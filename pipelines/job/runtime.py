@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from py4j.protocol import Py4JError
+from pyspark import SparkContext
 from pyspark.errors import PySparkException, PythonException
 from pyspark.sql import SparkSession
 
@@ -188,7 +189,6 @@ def yield_cpu(nice: int) -> bool:
     """Lower this process's CPU priority to `nice` before it starts its JVM, which inherits it with its Python
     workers (the thread that starts them does: Linux keeps nice per thread). False where nothing changed: `nice` 0,
     already that low, or a JVM already running here (it would not inherit it)."""
-    from pyspark import SparkContext
 
     current = os.getpriority(os.PRIO_PROCESS, 0)
     if nice <= current or SparkContext._active_spark_context is not None:
@@ -206,7 +206,6 @@ def get_spark(config: SessionsConfig, class_archive_dump: Path | None = None) ->
     # pyspark installs a SIGINT handler that raises KeyboardInterrupt inside whatever py4j call runs; a handler of
     # the caller's own (sessionctl run: Ctrl-C = stop between batches) is kept.
     own = signal.getsignal(signal.SIGINT) if threading.current_thread() is threading.main_thread() else None
-    from pyspark import SparkContext
 
     launching = SparkContext._gateway is None  # the first session of this process starts the JVM
     with _stderr_to(config.log_dir / JVM_STDERR_LOG) if launching else nullcontext():

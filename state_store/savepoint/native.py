@@ -24,17 +24,22 @@ from __future__ import annotations
 
 import base64
 import hashlib
+import io
 import json
 import re
+import zipfile
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import suppress
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
+from botocore.exceptions import BotoCoreError, ClientError
+from fsspec.implementations.local import LocalFileSystem
+
 from pipelines.errors import SavepointDamaged
 from pipelines.job.checkpoint import JOB_FILE, JobMetadata
-from pipelines.locations import CheckpointPath, RemotePath, checkpoint_path, remove_tree
+from pipelines.locations import CheckpointPath, RemotePath, checkpoint_path, remove_tree, s3_client
 from pipelines.storage import join
 
 if TYPE_CHECKING:
@@ -81,7 +86,6 @@ def native_uri(store_uri: str, savepoint_id: str) -> str:
 def _fs(path: CheckpointPath) -> tuple[AbstractFileSystem, str]:
     if isinstance(path, RemotePath):
         return path.fs, path.key
-    from fsspec.implementations.local import LocalFileSystem
 
     return LocalFileSystem(), str(path)
 
@@ -142,8 +146,6 @@ def _checkpoint_files(checkpoint: CheckpointPath, batch_id: int, partitions: int
 
 def _referenced_ssts(fs: AbstractFileSystem, zip_path: str) -> list[str]:
     """The SST files (their names under SSTs/) a RocksDB snapshot zip's `metadata` names."""
-    import io
-    import zipfile
 
     with fs.open(zip_path, "rb") as handle, zipfile.ZipFile(io.BytesIO(handle.read())) as archive:
         text = archive.read("metadata").decode()
@@ -184,9 +186,7 @@ def _copier(source: CheckpointPath, target: CheckpointPath) -> Copy:
     source_s3, target_s3 = _s3_object(source), _s3_object(target)
     if source_s3 is None or target_s3 is None:
         return lambda path, _: _copy(source_fs, f"{source_root}/{path}", target_fs, f"{target_root}/{path}")
-    from botocore.exceptions import ClientError
 
-    from pipelines.locations import s3_client
 
     client = s3_client()
 
@@ -241,7 +241,6 @@ def copy_out(checkpoint: CheckpointPath, batch_id: int, *, partitions: int, prov
     except BaseException as error:
         with suppress(Exception):  # a folder left behind is an orphan: compaction removes it
             remove_tree(target)
-        from botocore.exceptions import BotoCoreError, ClientError
 
         if isinstance(error, (OSError, BotoCoreError, ClientError)):  # storage, not the savepoint: it stays canonical
             raise NativeUnavailable(f"the copy failed ({type(error).__name__}: "

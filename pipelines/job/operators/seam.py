@@ -23,6 +23,7 @@ from pyspark.sql import functions as F
 from pipelines.config import MAX_PARTITIONS
 from pipelines.core.spec import Attribute, FieldSpec
 from pipelines.core.state_format import CANONICAL_DDL, CANONICAL_SCHEMA
+from pipelines.core.state_format import to_canonical as canonical
 from pipelines.locations import CheckpointPath
 
 __all__ = ["OUTPUT_COLUMNS", "OUTPUT_SCHEMA", "StateOperator", "StoredChunk", "keyed_events", "output_schema", "register_coordinator", "state_reader"]
@@ -96,7 +97,6 @@ class StateOperator(ABC):
         decode = self.decode
 
         def to_canonical(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
-            from pipelines.core.state_format import to_canonical as canonical
             for batch in batches:
                 for chunk in decode(batch):
                     yield from canonical(chunk.rows).select(CANONICAL_SCHEMA.names).to_batches()
