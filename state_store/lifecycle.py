@@ -60,8 +60,9 @@ RUNNING_CHANGE_WAIT_S = 3600.0  # how long a rescale or restore waits, beyond th
 @contextmanager
 def lifecycle_locks(config: SessionsConfig, what: str) -> Iterator[Lease]:
     """Restore, rescale, erasure: no other lifecycle operation, and the stream stopped (they replace its checkpoint
-    and rewrite its tables); the job lease, which their writes are fenced by."""
-    with job_lock(config, what, name=LIFECYCLE), job_lock(config, what, name=JOB) as held:
+    and rewrite its tables); the job lease, which their writes are fenced by. Inside, this process's own S3 requests
+    wait and retry as SESSIONS_S3_TIMEOUT / SESSIONS_S3_MAX_RETRIES say (s3_limits)."""
+    with job_lock(config, what, name=LIFECYCLE), job_lock(config, what, name=JOB) as held, s3_limits(config):
         yield held
 
 
@@ -97,7 +98,8 @@ def take_savepoint(config: SessionsConfig, *, trigger: Trigger = "manual", spark
     `native_copy` (None: SESSIONS_SAVEPOINT_NATIVE), also the checkpoint's own files of that batch (state_store.savepoint.native): a restore to the same
     provider, partitions and operator is then a file copy."""
     # s3_limits: this process's own S3 requests (the native copy, the cleanup of a failed attempt) wait and retry as
-    # SESSIONS_S3_TIMEOUT / SESSIONS_S3_MAX_RETRIES say, as delta-rs's do -- not pyarrow's 90 s per request.
+    # SESSIONS_S3_TIMEOUT / SESSIONS_S3_MAX_RETRIES say, as delta-rs's do -- not pyarrow's 90 s per request (so do
+    # those of the operations under lifecycle_locks, and compaction's).
     with job_lock(config, "savepoint", name=LIFECYCLE), spark_failures(config), s3_limits(config):
         if spark is None:
             give_way_to_stream(config)
@@ -141,7 +143,7 @@ def restore(config: SessionsConfig, savepoint: str = "latest", *, partitions: in
     stream = running_stream(config) if online else None
     if stream is not None and stream.what == "run":
         return _restore_running(config, savepoint, partitions, migrate, stream, timeout_s, canonical)
-    with lifecycle_locks(config, "restore") as held, spark_failures(config), s3_limits(config):
+    with lifecycle_locks(config, "restore") as held, spark_failures(config):
         return restore_unlocked(config, savepoint, partitions=partitions, migrate=migrate, spark=spark, lease=held,
                                 canonical=canonical)
 

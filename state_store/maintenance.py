@@ -15,7 +15,7 @@ from pipelines.coordination.job_leases import job_lock
 from pipelines.job.checkpoint import directory_size
 from pipelines.job.runtime import get_spark, spark_failures
 from pipelines.locations import checkpoint_path, remove_tree
-from pipelines.storage import is_s3, join, open_table, storage_options, table_exists
+from pipelines.storage import is_s3, join, open_table, s3_limits, storage_options, table_exists
 from state_store.erasure import erasures_recorded
 from state_store.lifecycle import give_way_to_stream, replaced_checkpoints
 from state_store.results import CompactionResult, MaintenanceDue, SavepointInfo
@@ -145,7 +145,7 @@ def compact(config: SessionsConfig, dry_run: bool = False) -> CompactionResult:
     keep_daily_days), drop checkpoints set aside by restores. Runs beside the stream; never beside
     another lifecycle operation."""
     started = time.monotonic()
-    with job_lock(config, "compaction", name="lifecycle"):
+    with job_lock(config, "compaction", name="lifecycle"), s3_limits(config):  # as lifecycle.take_savepoint says
         now = dt.datetime.now(dt.timezone.utc)
         store = SavepointStore.of(config)
         catalog = store.list()
