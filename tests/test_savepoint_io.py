@@ -371,7 +371,7 @@ def test_failed_writes_are_never_listed_or_committed(tmp_path, spark, monkeypatc
 
 def test_savepoint_on_s3_is_written_and_read_by_the_executors(tmp_path, spark, s3_endpoint):
     """The session's JVM (and its Python workers) started before the S3 endpoint's AWS_* variables were set: the
-    executors get them from executor_env."""
+    executors get them from share_aws_env."""
     config, chunks = _job(tmp_path, spark, "rocksdb", SESSIONS_SAVEPOINT_URI=f"s3://savepoints/{tmp_path.name}")
     saved = take_savepoint(config, spark=spark)
     store = SavepointStore.of(config)

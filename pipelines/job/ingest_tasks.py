@@ -49,7 +49,7 @@ from pipelines.ingest.table import (
     standing_erasure,
     table_schema,
 )
-from pipelines.job.task_files import executor_env, remove_files, write_file
+from pipelines.job.task_files import remove_files, share_aws_env, write_file
 from pipelines.storage import filesystem, is_s3, object_store_errors
 
 __all__ = ["RANGE_BYTES", "SparkIngestTasks"]
@@ -191,7 +191,8 @@ class SparkIngestTasks:
         s3_uri = next((uri for uri in uris if is_s3(uri)), "")
         try:
             # S3 failing in a task is StorageUnavailable, as it is in an ingest here: `run` rides it out.
-            with executor_env(self.spark, s3_uri), object_store_errors(s3_uri):
+            share_aws_env(self.spark, s3_uri)
+            with object_store_errors(s3_uri):
                 rows = frame.mapInArrow(function, spark_ddl(schema)).collect()
         except Exception as error:
             if UNREADABLE not in str(error):

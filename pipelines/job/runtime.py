@@ -32,8 +32,8 @@ from pipelines.job.checkpoint import PROVIDER_CLASSES, inspect_checkpoint, resca
 from pipelines.job.operators.jvm import JVM_JAR
 from pipelines.job.shipping import cluster_conf
 from pipelines.job.source import RawEventsSource
+from pipelines.job.task_files import share_aws_env
 from pipelines.locations import hdfs_outage
-from pipelines.storage import aws_env, is_s3
 
 __all__ = ["CLASS_ARCHIVE", "ERRORS_LOG", "JVM_STDERR_LOG", "LOCAL_FS_NO_FORK", "error_line", "explain_spark_failure", "get_spark", "log_traceback", "prepare_session", "rescale_incomplete", "runtime_jars", "spark_conf", "spark_failures", "stop_spark", "stop_state_stores", "yield_cpu"]
 
@@ -222,13 +222,9 @@ def prepare_session(spark: SparkSession, config: SessionsConfig) -> None:
     spark.conf.set("spark.sql.streaming.stateStore.providerClass", PROVIDER_CLASSES[config.state_store])
     spark.conf.set(ROCKSDB_CHANGELOG, str(config.rocksdb_changelog).lower())
     spark.conf.set("spark.sql.session.timeZone", "UTC")
-    if is_s3(config.warehouse_uri):
-        # The query's Python functions (the source's readers, the sink's and the quarantine's writers) run in workers
-        # that, in local mode, inherit the JVM's environment, fixed when it started: in a long-lived process maybe
-        # before this process's AWS_* variables were set. Spark hands them the SparkContext's environment, as
-        # spark.executorEnv does on a cluster (pipelines.job.shipping). Before the source is registered: its
-        # function is wrapped then.
-        spark.sparkContext.environment.update(aws_env())
+    # The query's Python functions (the source's readers, the sink's and the quarantine's writers) with this
+    # process's AWS_* variables; before the source is registered: its function is wrapped then.
+    share_aws_env(spark, config.warehouse_uri)
     spark.dataSource.register(RawEventsSource)
 
 

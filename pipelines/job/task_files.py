@@ -22,7 +22,7 @@ import math
 import time
 import uuid
 from collections.abc import Callable, Iterable, Iterator, Sequence
-from contextlib import contextmanager, suppress
+from contextlib import suppress
 from dataclasses import dataclass
 from typing import Any
 
@@ -40,7 +40,7 @@ from pipelines.core.state_format import spark_ddl
 from pipelines.errors import LeaseLost
 from pipelines.storage import aws_env, filesystem, is_s3, join
 
-__all__ = ["FILE_ROW", "TaskFile", "commit_task_files", "executor_env", "file_stats", "remove_files", "task_file", "write_file", "write_task_files"]
+__all__ = ["FILE_ROW", "TaskFile", "commit_task_files", "file_stats", "remove_files", "share_aws_env", "task_file", "write_file", "write_task_files"]
 
 # The row each task returns per file it wrote.
 FILE_ROW = pa.schema([("path", pa.string()), ("size", pa.int64()), ("rows", pa.int64()), ("stats", pa.string())])
@@ -164,23 +164,10 @@ def remove_files(uri: str, paths: Iterable[str]) -> None:
             fs.delete_file(join(root, path))
 
 
-@contextmanager
-def executor_env(spark: SparkSession, uri: str) -> Iterator[None]:
-    """Python functions that Spark wraps inside this block (mapInArrow) run with this process's AWS_* variables when
-    `uri` is on S3, as spark.executorEnv passes them on a cluster (pipelines.job.shipping): in local mode the Python
-    workers inherit the JVM's environment, fixed when it started -- possibly before the variables were set."""
-    if not is_s3(uri):
-        yield
-        return
-    environment: dict[str, str] = spark.sparkContext.environment
-    added = {k: v for k, v in aws_env().items() if environment.get(k) != v}
-    saved = {k: environment.get(k) for k in added}
-    environment.update(added)
-    try:
-        yield
-    finally:
-        for key, value in saved.items():
-            if value is None:
-                environment.pop(key, None)
-            else:
-                environment[key] = value
+def share_aws_env(spark: SparkSession, uri: str) -> None:
+    """When `uri` is on S3: the Python functions Spark wraps from now on (mapInArrow, the stream's source) run with
+    this process's AWS_* variables, as spark.executorEnv passes them on a cluster (pipelines.job.shipping). In local
+    mode the Python workers inherit the JVM's environment, fixed when it started: in a long-lived process maybe before
+    the variables were set. Spark hands a wrapped function the SparkContext's environment of that moment."""
+    if is_s3(uri):
+        spark.sparkContext.environment.update(aws_env())

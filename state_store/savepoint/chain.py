@@ -34,7 +34,7 @@ from pipelines.core import state_format
 from pipelines.errors import SavepointDamaged
 from pipelines.job.operators.jvm import _ROWS_DDL, register_decoder
 from pipelines.job.operators.seam import register_coordinator
-from pipelines.job.task_files import executor_env
+from pipelines.job.task_files import share_aws_env
 from pipelines.locations import CheckpointPath
 from state_store.savepoint.catalog import DELETED, INCREMENT_SCHEMA, SavepointStore, StateFiles
 from state_store.savepoint.checksum import MOD64, combine_checksum, frame_checksum, row_hashes, signed
@@ -101,8 +101,8 @@ def _positioned_frame(spark: SparkSession, tables: list[tuple[int, StateFiles]],
     """One task per data file of the tables (position in the chain, files), running `function` over (uri, pos)."""
     listed = [(uri, pos, DELETED in files.columns) for pos, files in tables for uri in files.files]
     data = spark.sparkContext.parallelize(listed, max(1, len(listed)))
-    with executor_env(spark, tables[0][1].uri):
-        return spark.createDataFrame(data, "uri string, pos int, increment boolean").mapInArrow(function, ddl)
+    share_aws_env(spark, tables[0][1].uri)
+    return spark.createDataFrame(data, "uri string, pos int, increment boolean").mapInArrow(function, ddl)
 
 
 def _columns(increment: bool) -> tuple[str, ...]:

@@ -33,7 +33,7 @@ from pyspark.sql import DataFrame, SparkSession
 from pipelines.arrow_types import plain_types
 from pipelines.core import state_format
 from pipelines.errors import UNREADABLE_SAVEPOINT_FILE, SavepointDamaged
-from pipelines.job.task_files import executor_env
+from pipelines.job.task_files import share_aws_env
 from pipelines.storage import filesystem, is_object_store_failure, s3_errors
 from state_store.savepoint.catalog import DELETED, SavepointStore, StateFiles
 from state_store.savepoint.checksum import MOD64, checksum_parts, combine_checksum, partial_checksum, signed
@@ -244,8 +244,8 @@ def write_state_files(spark: SparkSession, rows: DataFrame, uri: str, *, file_ro
         schema = state_format.SAVED_SCHEMA if "attributes" in rows.columns else state_format.CANONICAL_SCHEMA
     increment = DELETED in schema.names
     write = _write_partition(uri, file_rows or FILE_ROWS, group_rows or ROW_GROUP_ROWS, schema, prepare)
-    with executor_env(spark, uri):
-        files = rows.mapInArrow(write, _INCREMENT_FILE_DDL if increment else _FILE_DDL)
+    share_aws_env(spark, uri)
+    files = rows.mapInArrow(write, _INCREMENT_FILE_DDL if increment else _FILE_DDL)
     if not increment:
         written = tuple(row.asDict() for row in files.collect())
         checksum = combine_checksum((f["num_records"], f["hash_sum"]) for f in written)
@@ -275,8 +275,8 @@ def commit_state_files(written: WrittenFiles, storage_options: dict[str, str] | 
 def _files_frame(spark: SparkSession, files: StateFiles, function: Callable[..., Any], ddl: str) -> DataFrame:
     """One task per data file, running `function` (a mapInArrow function over the files' URIs)."""
     uris = spark.sparkContext.parallelize([(uri,) for uri in files.files], max(1, len(files.files)))
-    with executor_env(spark, files.uri):
-        return spark.createDataFrame(uris, "uri string").mapInArrow(function, ddl)
+    share_aws_env(spark, files.uri)
+    return spark.createDataFrame(uris, "uri string").mapInArrow(function, ddl)
 
 
 def files_checksum(spark: SparkSession, files: StateFiles) -> tuple[int, str]:
