@@ -104,9 +104,9 @@ def prepare_data(home: Path, sleepers: int, args) -> dict:
         batches.append([_line(f"a{b}-{i}", active_id[rng.randrange(args.active)], low + rng.randrange(span),
                               rng.choice(kinds)) for i in range(args.events_per_batch)])
     last_ms = T0_MS + (args.warmup + args.batches) * args.batch_minutes * MIN
-    if last_ms - config.lateness_ms >= T0_MS - 13 * MIN + config.gap_ms:
+    if last_ms - config.rules.lateness_ms >= T0_MS - 13 * MIN + config.rules.gap_ms:
         raise SystemExit("--batch-minutes too large: sleepers would close during the run")
-    if args.sleepers == "live" and last_ms - config.lateness_ms >= first:
+    if args.sleepers == "live" and last_ms - config.rules.lateness_ms >= first:
         raise SystemExit("--batch-minutes too large for --sleepers live: the watermark would pass the sleepers' "
                          "events during the run (use --batch-minutes 1)")
     for i, batch in enumerate(batches):
@@ -181,7 +181,7 @@ def run_one(which: str, spark, config: SessionsConfig, args) -> dict:
     if which == "job":
         from state_store.state import state_summary
 
-        result["state"] = state_summary(spark, config.checkpoint, config.gap_ms)
+        result["state"] = state_summary(spark, config.checkpoint, config.rules)
     log(f"{config.state_store} {which}: median {result['median_batch_s']} s/batch, "
         f"{result['median_state_bytes_written'] / 1e6:.1f} MB state written/batch")
     return result

@@ -302,13 +302,13 @@ def start_native(spark, config: SessionsConfig, target_seq: int | None = None):
     # The job's own source and session settings; a fresh checkpoint (no restore bootstrap in it).
     events = raw_events_stream(spark, config.with_(max_versions_per_batch=config.max_versions_per_batch or 1),
                                checkpoint, source_options=_source_options(target_seq))
-    valid = (events.withWatermark("event_time", f"{config.lateness_ms} milliseconds")
+    valid = (events.withWatermark("event_time", f"{config.rules.lateness_ms} milliseconds")
              .where(F.col("origin") == "event"))  # the source hands over no rejected line (pipelines.job.source)
-    sessions = (valid.groupBy(F.session_window("event_time", f"{config.gap_ms} milliseconds").alias("w"), "user_id")
+    sessions = (valid.groupBy(F.session_window("event_time", f"{config.rules.gap_ms} milliseconds").alias("w"), "user_id")
                 .agg(F.count(F.lit(1)).alias("event_count"),
                      F.sum(F.when(F.col("event_type") == "page_view", 1).otherwise(0)).cast("long").alias("page_views"),
                      *native_attribute_aggs(attributes)))
-    end = F.col("w.end") - F.expr(f"INTERVAL {config.gap_ms} MILLISECONDS")  # session_window end = last event + gap
+    end = F.col("w.end") - F.expr(f"INTERVAL {config.rules.gap_ms} MILLISECONDS")  # session_window end = last event + gap
     output = sessions.select(
         F.substring(F.sha2(F.concat_ws("\u001f", "user_id", F.unix_millis("w.start").cast("string")), 256), 1, 32)
         .alias("session_id"),
@@ -442,7 +442,7 @@ def run_query(which: str, spark, config: SessionsConfig, args) -> dict:
         try:  # open users/events the job keeps, read through the state data source (not timed)
             from state_store.state import state_summary
 
-            state_at_end = state_summary(spark, config.checkpoint, config.gap_ms)
+            state_at_end = state_summary(spark, config.checkpoint, config.rules)
         except Exception as exc:  # noqa: BLE001 - informational only
             state_at_end = {"error": str(exc).splitlines()[0][:200]}
     result = {

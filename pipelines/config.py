@@ -24,6 +24,7 @@ from pipelines.config_checks import (
     read_int,
     resolved_lease_uri,
 )
+from pipelines.core.rules import SessionRules
 from pipelines.core.spec import SessionSpec
 from pipelines.errors import ConfigError
 from pipelines.kafka_conf import check_kafka_settings, kafka_settings
@@ -179,7 +180,7 @@ class SessionsConfig:
                                     "group.id, ...), key=value,... or a JSON object, on an allowlist: nothing that loads "
                                     "code or runs a command", shown="none", secret=True)
     kafka_commit_messages: int = setting_field(100_000, "messages per ingest commit at most (read by Spark tasks: per partition)")
-    # Idle close (README "Idle close"): the lateness is the longest that never makes an event late (idle_close_ms).
+    # Idle close (README "Idle close"): the lateness is the longest that never makes an event late (SessionRules.default_idle_close_ms).
     idle_close_minutes: float | None = setting_field(None, "wall-clock minutes without an event before ingest appends a "
                                                      "clock row to raw_events; 0 turns it off; fractions allowed",
                                                      shown="the lateness (the gap when the lateness is 0)", minimum=0,
@@ -315,21 +316,14 @@ class SessionsConfig:
     def log_dir(self) -> Path:
         return self.home / "logs"
 
-    @property
-    def gap_ms(self) -> int:
-        return self.gap_minutes * 60_000
-
-    @property
-    def lateness_ms(self) -> int:
-        return self.lateness_minutes * 60_000
-
-    @property
-    def idle_close_ms(self) -> int:
-        """Idle time before a clock row (0 = off). The default, the lateness, is the longest that never makes an
-        event late that is newer than the last one ingested (see pipelines.ingest.table.IngestClock)."""
-        if self.idle_close_minutes is None:
-            return self.lateness_ms or self.gap_ms
-        return round(self.idle_close_minutes * 60_000)
+    @cached_property
+    def rules(self) -> SessionRules:
+        """The session rules of these settings and SESSIONS_SPEC (pipelines.core.rules), made once per
+        configuration. The idle close unset is the lateness (SessionRules.default_idle_close_ms); 0 turns it off."""
+        gap, lateness = self.gap_minutes * 60_000, self.lateness_minutes * 60_000
+        idle = (SessionRules.default_idle_close_ms(gap, lateness) if self.idle_close_minutes is None
+                else round(self.idle_close_minutes * 60_000))
+        return SessionRules(gap, lateness, idle, self.session_spec)
 
     @property
     def max_future_ms(self) -> int:

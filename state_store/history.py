@@ -146,8 +146,8 @@ def user_history(config: SessionsConfig, spark: SparkSession, user_id: str) -> l
             continue
         rows = found.filter(pc.equal(found["savepoint_id"], saved.savepoint_id))
         rows = state_format.conform(rows)
-        sessions = open_sessions_json(state_format.canonical_rows_ms(rows), saved.gap_ms,
-                                      saved.session_spec.attributes, saved.watermark_ms)
+        sessions = open_sessions_json(state_format.canonical_rows_ms(rows), saved.rules,
+                                      saved.watermark_ms)
         out.append({"savepoint_id": saved.savepoint_id, "batch_id": saved.batch_id, "created_at": saved.created_at,
                     "watermark_ms": saved.watermark_ms, "sessions": sessions})
     return out

@@ -16,7 +16,7 @@ from deltalake import DeltaTable
 from pipelines.config import SessionsConfig
 from pipelines.coordination.job_leases import running_stream
 from pipelines.core import state_format
-from pipelines.core.spec import changed_refusal, spec_changes
+from pipelines.core.rules import compare
 from pipelines.errors import (
     JobRunning,
     RescaleRefused,
@@ -126,17 +126,11 @@ def refusals(config: SessionsConfig, saved: SavepointInfo, *, partitions: int | 
         found.append(SavepointIncompatible(
             f"savepoint {saved.savepoint_id} has state schema {saved.state_schema!r}; this job reads "
             f"{' or '.join(map(repr, READABLE_SCHEMAS))}"))
-    if not migrate and (saved.gap_ms, saved.lateness_ms) != (config.gap_ms, config.lateness_ms):
-        found.append(SavepointIncompatible(
-            f"savepoint {saved.savepoint_id} was taken with gap {saved.gap_ms // 60000} min and lateness "
-            f"{saved.lateness_ms // 60000} min; the job is set to {config.gap_minutes} and "
-            f"{config.lateness_minutes}: pass --migrate to restore it under the new settings"))
-    before = saved.session_spec
-    changed = spec_changes(before, config.session_spec).changed
-    if changed and not migrate:
-        found.append(SavepointIncompatible(changed_refusal(
-            before, config.session_spec, changed[0],
-            how=f"pass --migrate to restore savepoint {saved.savepoint_id} with it (its open sessions carry null for it)")))
+    refused = None if migrate else compare(saved.rules, config.rules).refusal(
+        f"savepoint {saved.savepoint_id} was taken", how=f"pass --migrate to restore savepoint {saved.savepoint_id} "
+        "under these rules (open sessions are re-walked; a changed attribute is null in them)")
+    if refused is not None:
+        found.append(SavepointIncompatible(refused))
     if partitions is not None:
         bound = for_new_checkpoint().max_partitions(config.state_buckets)
         if partitions < 1 or (bound is not None and partitions > bound):
@@ -155,12 +149,9 @@ def migrations(config: SessionsConfig, saved: SavepointInfo, partitions: int | N
     out = []
     if saved.state_schema == state_format.V1_SCHEMA_ID:
         out.append("state schema open_events/v1 -> open_sessions/v2 (one row per open event becomes frozen prefixes)")
-    if (saved.gap_ms, saved.lateness_ms) != (config.gap_ms, config.lateness_ms):
-        out.append(f"gap {saved.gap_ms // 60000} -> {config.gap_minutes:g} min, lateness "
-                   f"{saved.lateness_ms // 60000} -> {config.lateness_minutes:g} min (open sessions re-walked)")
+    out += compare(saved.rules, config.rules).lines()
     if saved.provider and saved.provider != config.state_store:
         out.append(f"state store provider {saved.provider} -> {config.state_store}")
-    out += [f"session spec: {line}" for line in spec_changes(saved.session_spec, config.session_spec).lines()]
     target = partitions or saved.partitions or config.state_partitions
     if saved.partitions and target != saved.partitions:
         out.append(f"state partitions {saved.partitions} -> {target}")
@@ -206,8 +197,8 @@ def native_refusal(config: SessionsConfig, store: SavepointStore, saved: Savepoi
     layout = for_new_checkpoint().layout
     checks = (("--migrate asks for the canonical rows", migrate),
               (f"the provider is {config.state_store} (it has {saved.provider})", config.state_store != saved.provider),
-              ("other gap, lateness or bucket settings", (saved.gap_ms, saved.lateness_ms, saved.buckets)
-               != (config.gap_ms, config.lateness_ms, config.state_buckets)),
+              ("other gap, lateness or bucket settings",
+               compare(saved.rules, config.rules).timing or saved.buckets != config.state_buckets),
               ("an older state schema", saved.state_schema != state_format.SCHEMA_ID))
     said = next((why for why, refused in checks if refused), None)
     if said is not None:

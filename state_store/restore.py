@@ -7,7 +7,7 @@ from __future__ import annotations
 import datetime as dt
 import json
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator
 from contextlib import contextmanager, suppress
 from dataclasses import replace
 from functools import partial
@@ -22,8 +22,8 @@ from pipelines.coordination.fencing import fenced_delete
 from pipelines.coordination.leases import Lease
 from pipelines.core import state_format
 from pipelines.core.attributes import partials_from_json, partials_to_json
+from pipelines.core.rules import SessionRules
 from pipelines.core.sessionize import rewalk, rows_table
-from pipelines.core.spec import Attribute
 from pipelines.errors import RestoreIncomplete, SavepointDamaged, StateMismatch, savepoint_way_out
 from pipelines.job.checkpoint import (
     BOOTSTRAP_FILE,
@@ -66,12 +66,13 @@ def verified_savepoint(config: SessionsConfig, spark: SparkSession, *, savepoint
     return replace(saved, verified=True)
 
 
-def expected_restored_state(state: pa.Table, gap_ms: int, attributes: Sequence[Attribute] = ()) -> pa.Table:
+def expected_restored_state(state: pa.Table, rules: SessionRules) -> pa.Table:
     """What the restore's bootstrap batch must leave in the store, by the pure core: the rows walked once (watermark
     0, so nothing closes or freezes). Equal to the savepoint's rows for a v2 savepoint under its own gap; for a v1
     savepoint or a new gap it settles each row's session_start. With `attributes` (the restore's spec), each row keeps
     its partials of those (an attribute the savepoint lacks is unknown, one the spec no longer has is dropped)."""
     rows = state_format.canonical_rows_ms(state)
+    gap_ms, attributes = rules.gap_ms, rules.attributes
     if not attributes:
         return state_format.to_canonical(rows_table(rewalk(rows, 0, gap_ms)))
     texts = state_format.conform(state, state_format.SAVED_SCHEMA)["attributes"].to_pylist()
@@ -89,10 +90,10 @@ def _bootstrap_rows(config: SessionsConfig, spark: SparkSession, store: Savepoin
     A v2 savepoint under its own gap is loaded as it is, straight from its files by the executors: the walk at
     watermark 0 changes nothing, so the expectation is the catalog's. A v1 savepoint or a new gap (--migrate) is
     upgraded and re-walked by the pure core here, on the driver, and staged next to the checkpoint."""
-    if saved.state_schema == state_format.SCHEMA_ID and saved.gap_ms == config.gap_ms:
+    if saved.state_schema == state_format.SCHEMA_ID and saved.gap_ms == config.rules.gap_ms:
         rows = savepoint_rows(spark, store, saved.savepoint_id)
-        kept = {a.key for a in config.session_spec.attributes}
-        if {a.key for a in saved.session_spec.attributes} <= kept:
+        kept = {a.key for a in config.rules.attributes}
+        if {a.key for a in saved.rules.attributes} <= kept:
             return rows, (saved.rows, saved.checksum)
         # The spec dropped or changed an attribute: the restored rows hold the partials of the others only.
         return rows, frame_checksum(rows.mapInArrow(partial(_keep_partials, keys=frozenset(kept)), state_format.SAVED_DDL))
@@ -103,7 +104,7 @@ def _bootstrap_rows(config: SessionsConfig, spark: SparkSession, store: Savepoin
     staged = config.checkpoint / "bootstrap-state.parquet"  # not "_...": Spark's file reader skips such names
     fs, path = filesystem(str(staged))
     pq.write_table(state, path, filesystem=fs)
-    expected = expected_restored_state(state, config.gap_ms, config.session_spec.attributes)
+    expected = expected_restored_state(state, config.rules)
     return spark.read.parquet(str(staged)), (expected.num_rows, state_checksum(expected))
 
 
@@ -169,8 +170,8 @@ def _restore_native(config: SessionsConfig, store: SavepointStore, saved: Savepo
         phase("native_copied")
         kill_point("restore:native-copied")
         write_job_metadata(config.checkpoint, JobMetadata.new(
-            config.gap_ms, config.lateness_ms, config.state_buckets, state_layout=for_new_checkpoint().layout,
-            created_from=saved.savepoint_id, spec=config.session_spec))  # a new incarnation: fresh idempotency keys
+            config.rules, config.state_buckets, state_layout=for_new_checkpoint().layout,
+            created_from=saved.savepoint_id))  # a new incarnation: fresh idempotency keys
         outputs_rolled_back = True
         removed = _roll_back_outputs(config, saved, lease)
         ensure_tables(config)
@@ -232,15 +233,15 @@ def restore_unlocked(config: SessionsConfig, savepoint: str, *, partitions: int 
     outputs_rolled_back = False
     try:
         operator = for_new_checkpoint()
-        meta = JobMetadata.new(config.gap_ms, config.lateness_ms, config.state_buckets, state_layout=operator.layout,
-                               created_from=saved.savepoint_id, spec=config.session_spec)
+        meta = JobMetadata.new(config.rules, config.state_buckets, state_layout=operator.layout,
+                               created_from=saved.savepoint_id)
         write_job_metadata(config.checkpoint, meta)
         initial, expected = _bootstrap_rows(config, spark, store, saved)
         # The source's first batch carries the savepoint's watermark (a marker); the operator loads the rows as
         # Spark's initial state in that same batch (pipelines.job.operators.seam: the restore's bootstrap).
         (config.checkpoint / BOOTSTRAP_FILE).write_text(json.dumps({
             "savepoint_id": saved.savepoint_id, "source_seq": saved.source_seq,
-            "watermark_ms": saved.watermark_ms, "lateness_ms": config.lateness_ms,
+            "watermark_ms": saved.watermark_ms, "lateness_ms": config.rules.lateness_ms,
         }))
         outputs_rolled_back = not side  # from here the tables may differ from what the old checkpoint wrote
         removed = {} if side else _roll_back_outputs(config, saved, lease)

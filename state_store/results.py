@@ -8,7 +8,7 @@ from dataclasses import dataclass, field, fields
 from typing import Any, ClassVar, Literal
 
 from pipelines.config import Provider
-from pipelines.core.spec import DEFAULT_SPEC, SessionSpec, parse_spec
+from pipelines.core.rules import SessionRules
 from pipelines.errors import Result
 
 __all__ = ["CATALOG_COLUMNS", "CompactionResult", "MaintenanceDue", "OperatorTrigger", "RescaleMethod", "RescaleResult", "RestoreResult", "SavepointInfo", "SavepointKind", "StatusReport", "StopResult", "TableFacts", "Trigger"]
@@ -72,11 +72,15 @@ class SavepointInfo(Result):
     # The session spec the state was made under (pipelines.core.spec.SessionSpec.to_json); None: the default spec
     # (and every savepoint taken before specs existed). A restore compares it with the current one.
     spec: str | None = None
+    # The idle close the job ran with; None: the default (SessionRules.idle_close_recorded), and every savepoint taken
+    # before it was recorded. `rules` puts these columns together.
+    idle_close_ms: int | None = None
     # take_savepoint's result only (not in the catalog): why it is full though an increment was asked for (a damaged
     # chain, state_store.savepoint.policy)
     note: str | None = field(default=None, metadata=_NOT_STORED)
     _omit_if_none: ClassVar[tuple[str, ...]] = ("error", "verified", "kind", "base_id", "chain", "table_rows",
-                                                "native_files", "native_bytes", "native_checksum", "spec", "note")
+                                                "native_files", "native_bytes", "native_checksum", "spec", "idle_close_ms",
+                                                "note")
 
     @property
     def uri(self) -> str:
@@ -84,9 +88,10 @@ class SavepointInfo(Result):
         return self.state_uri
 
     @property
-    def session_spec(self) -> SessionSpec:
-        """The session spec the savepoint was taken under (the default one for a savepoint from before specs)."""
-        return parse_spec(self.spec) if self.spec else DEFAULT_SPEC
+    def rules(self) -> SessionRules:
+        """The session rules the savepoint was taken under (the default spec for a savepoint from before specs)."""
+        return SessionRules.recorded(gap_ms=self.gap_ms, lateness_ms=self.lateness_ms,
+                                     idle_close_ms=self.idle_close_ms, spec=self.spec)
 
     @property
     def chain_ids(self) -> list[str]:

@@ -3,7 +3,7 @@ reader takes the checkpoint's operator (pipelines.job.operators.seam), which own
 from __future__ import annotations
 
 import datetime as dt
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping
 from typing import Any
 
 import pyarrow as pa
@@ -14,8 +14,8 @@ from pyspark.sql import functions as F
 from pipelines.config import SessionsConfig
 from pipelines.core import state_format
 from pipelines.core.attributes import partials_from_json
+from pipelines.core.rules import SessionRules
 from pipelines.core.sessionize import open_sessions
-from pipelines.core.spec import Attribute
 from pipelines.errors import NoCommittedBatch
 from pipelines.job.checkpoint import CheckpointInfo, JobMetadata, inspect_checkpoint, read_job_metadata
 from pipelines.job.operators import for_layout, of_checkpoint
@@ -59,12 +59,12 @@ def _summarise_partition(gap_ms: int, decode: Callable[[pa.RecordBatch], Iterato
     return summarise
 
 
-def state_summary(spark: SparkSession, checkpoint: CheckpointPath, gap_ms: int, *, batch_id: int | None = None,
+def state_summary(spark: SparkSession, checkpoint: CheckpointPath, rules: SessionRules, *, batch_id: int | None = None,
                   op: StateOperator | None = None) -> dict[str, int]:
     """What the state holds, in one pass over it: keys (hash buckets), open users, open sessions, open
     events (frozen ones counted), stored rows, frozen prefixes and the stored value bytes."""
     op = op or of_checkpoint(checkpoint)
-    parts = op.stored_values(spark, checkpoint, batch_id).mapInArrow(_summarise_partition(gap_ms, op.decode),
+    parts = op.stored_values(spark, checkpoint, batch_id).mapInArrow(_summarise_partition(rules.gap_ms, op.decode),
                                                                        _SUMMARY_DDL)
     total = parts.agg(*[F.coalesce(F.sum(c), F.lit(0)).alias(c) for c in parts.columns]).collect()[0]
     return {"state_keys": int(total["keys"]), "open_users": int(total["users"]),
@@ -115,16 +115,17 @@ def lookup_user(spark: SparkSession, config: SessionsConfig, user_id: str) -> di
     rows = pa.concat_tables(chunks) if chunks else state_format.empty_store()
     rows = rows.filter(pc.equal(rows["user_id"], user_id))
     return {"user_id": user_id, "batch_id": info.last_committed_batch, "watermark": _iso(watermark),
-            "open_sessions": open_sessions_json({name: rows[name] for name in rows.column_names}, meta.gap_ms,
-                                                meta.session_spec.attributes, watermark)}
+            "open_sessions": open_sessions_json({name: rows[name] for name in rows.column_names}, meta.rules,
+                                                watermark)}
 
 
-def open_sessions_json(rows: Mapping[str, Any], gap_ms: int, attributes: Sequence[Attribute],
-                       watermark_ms: int | None) -> list[dict[str, Any]]:
+def open_sessions_json(rows: Mapping[str, Any], rules: SessionRules, watermark_ms: int | None
+                       ) -> list[dict[str, Any]]:
     """State rows (the core's columns, times in ms; with `attributes` text when the rows carry it) -> their open
     sessions as `state --user` prints them; with the spec's `attributes`, each session's values as they stand now
     (its rows' partials merged in walk order; null where part of the session predates the attribute)."""
     columns = {name: rows[name] for name in state_format.ROW_FIELDS}
+    gap_ms, attributes = rules.gap_ms, rules.attributes
     if not attributes:
         return [session_json(s, watermark_ms) for s in open_sessions(columns, gap_ms).to_dict("records")]
     texts = rows["attributes"] if "attributes" in rows else [None] * len(rows["user_id"])
@@ -138,7 +139,7 @@ def open_sessions_json(rows: Mapping[str, Any], gap_ms: int, attributes: Sequenc
 def top_sessions(spark: SparkSession, config: SessionsConfig, n: int) -> dict[str, Any]:
     """The n largest open sessions by events (a hot-key view), decoded in the executors."""
     info, meta, watermark = _job(config)
-    gap_ms = meta.gap_ms
+    gap_ms = meta.rules.gap_ms
     op = for_layout(meta.state_layout)
     decode = op.decode
 

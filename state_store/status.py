@@ -49,7 +49,7 @@ def status(config: SessionsConfig, *, spark: SparkSession | None = None, with_st
         meta = read_job_metadata(config.checkpoint)
         with spark_failures(config):
             state = state_summary(spark or get_spark(config), config.checkpoint,
-                                  meta.gap_ms if meta else config.gap_ms)
+                                  meta.rules if meta else config.rules)
     return StatusReport(
         checkpoint=info.path,
         provider=info.provider or config.state_store,

@@ -102,7 +102,7 @@ def test_jobs_catch_up_savepoint_restore_runbook(resources, spark):
     # What verify_restore_op reports (the savepoint, the restored state's open sessions and events) and the state and
     # sessions table it leaves: the oracle's over the landed sample (land_sample's default seed; its disorder, 2 min,
     # is inside the lateness: no event is late, whatever the micro-batches).
-    expected = oracle_of([arrival_order(generate_events(80, 3, seed=7), seed=7)], config.gap_ms, config.lateness_ms)
+    expected = oracle_of([arrival_order(generate_events(80, 3, seed=7), seed=7)], config.rules.gap_ms, config.rules.lateness_ms)
     assert restored.output_for_node("verify_restore_op").result.savepoint_id == savepoint_id
     (observed,) = [e.event_specific_data.materialization.metadata for e in restored.all_events
                    if e.event_type_value == "ASSET_MATERIALIZATION" and e.step_key == "verify_restore_op"

@@ -112,11 +112,11 @@ def test_appending_after_a_clock_step_moves_event_time_by_the_bound_and_logs_one
 
 
 def test_idle_close_setting_default_off_and_bad_values():
-    assert make_config("/tmp/x", SESSIONS_IDLE_CLOSE_MINUTES=None).idle_close_ms == 10 * MINUTE  # = lateness
+    assert make_config("/tmp/x", SESSIONS_IDLE_CLOSE_MINUTES=None).rules.idle_close_ms == 10 * MINUTE  # = lateness
     assert make_config("/tmp/x", SESSIONS_IDLE_CLOSE_MINUTES=None,
-                       SESSIONS_LATENESS_MINUTES="0").idle_close_ms == 30 * MINUTE  # no lateness: the gap
-    assert make_config("/tmp/x", SESSIONS_IDLE_CLOSE_MINUTES="0").idle_close_ms == 0
-    assert make_config("/tmp/x", SESSIONS_IDLE_CLOSE_MINUTES="0.5").idle_close_ms == 30_000
+                       SESSIONS_LATENESS_MINUTES="0").rules.idle_close_ms == 30 * MINUTE  # no lateness: the gap
+    assert make_config("/tmp/x", SESSIONS_IDLE_CLOSE_MINUTES="0").rules.idle_close_ms == 0
+    assert make_config("/tmp/x", SESSIONS_IDLE_CLOSE_MINUTES="0.5").rules.idle_close_ms == 30_000
     for bad in ("-1", "soon", "inf", "nan"):
         with pytest.raises(ConfigError, match="SESSIONS_IDLE_CLOSE_MINUTES"):
             make_config("/tmp/x", SESSIONS_IDLE_CLOSE_MINUTES=bad)

@@ -19,10 +19,11 @@ from hypothesis import strategies as st
 
 from pipelines.config import ConfigError
 from pipelines.core.attributes import partials_to_json
+from pipelines.core.rules import SessionRules
 from pipelines.core.sessionize import advance, empty_rows
-from pipelines.core.spec import parse_spec
+from pipelines.core.spec import SessionSpec, parse_spec
 from pipelines.core.state_format import DECODED_ROW_SCHEMA
-from pipelines.job.operators.jvm import _ROWS_DDL, attributes_json
+from pipelines.job.operators.jvm import _ROWS_DDL, rules_json
 from pipelines.job.operators.jvm import STATE_LAYOUT as JVM_STATE_LAYOUT
 from pipelines.job.operators.seam import OUTPUT_COLUMNS
 from pipelines.job.stream import catch_up
@@ -108,7 +109,8 @@ def _python(state: dict[str, np.ndarray], events: list[tuple], watermark: int, g
 
 
 def _java(spark, state: dict[str, np.ndarray], events: list[tuple], watermark: int, gap: int):
-    request = {"user": "u", "watermark": watermark, "gap": gap, "events": [list(e) for e in events],
+    request = {"user": "u", "watermark": watermark, "rules": rules_json(SessionRules(gap, 0, 0)),
+               "events": [list(e) for e in events],
                "state": [list(r) for r in zip(state["session_start_ms"].tolist(), state["event_id"].tolist(),
                                               state["event_time_ms"].tolist(), state["event_type"].tolist(),
                                               state["event_count"].tolist(), state["page_views"].tolist())]}
@@ -194,7 +196,8 @@ def _order(row: tuple) -> tuple:
 
 
 def _java_attrs(spark, state: dict, events: list[tuple], watermark: int, gap: int):
-    request = {"user": "u", "watermark": watermark, "gap": gap, "attributes": attributes_json(_ATTRS),
+    request = {"user": "u", "watermark": watermark,
+               "rules": rules_json(SessionRules(gap, 0, 0, SessionSpec(attributes=tuple(_ATTRS)))),
                "events": [[e[0], e[1], e[2], e[3]] for e in events],
                "state": [[*r[:6], partials_to_json(_ATTRS, r[6])] for r in zip(
                    state["session_start_ms"].tolist(), state["event_id"].tolist(), state["event_time_ms"].tolist(),

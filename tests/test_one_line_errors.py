@@ -268,7 +268,7 @@ def a_savepoint(home: Path) -> str:
     store.record(SavepointInfo.from_row({
         "savepoint_id": savepoint_id, "status": "complete", "trigger": "manual",
         "created_at": dt.datetime.now(dt.timezone.utc), "batch_id": 0, "source_seq": 0, "watermark_ms": 0,
-        "gap_ms": config.gap_ms, "lateness_ms": config.lateness_ms, "buckets": config.state_buckets,
+        "gap_ms": config.rules.gap_ms, "lateness_ms": config.rules.lateness_ms, "buckets": config.state_buckets,
         "provider": config.state_store, "partitions": 2, "state_schema": state_format.SCHEMA_ID, "rows": 0,
         "checksum": state_checksum(empty), "sessions_version": 0, "quarantine_version": 0,
         "incarnation": "test", "bytes": 0, "seconds": 0.0, "kind": "full", "chain": savepoint_id, "table_rows": 0}))

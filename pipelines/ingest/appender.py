@@ -119,7 +119,7 @@ class Appender:
         """Append a clock row when the configured idle time has passed without an event (README "Idle close");
         returns its event time, or None when none is due. `now` is for tests of the rule; ingest passes none."""
         now = now or dt.datetime.now(dt.timezone.utc)
-        due_us, step = self.clock.judge(_us(now), self.config.idle_close_ms * 1000)
+        due_us, step = self.clock.judge(_us(now), self.config.rules.idle_close_ms * 1000)
         back = self.clock.active_us is not None and _us(now) < self.clock.active_us
         if step is not None and (self.clock, back) not in _STEPS_LOGGED:  # one line per clock and kind of step
             if len(_STEPS_LOGGED) > 1000:

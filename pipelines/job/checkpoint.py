@@ -7,11 +7,11 @@ import json
 import os
 import time
 import uuid
-from dataclasses import asdict, dataclass, replace
+from dataclasses import asdict, dataclass, fields, replace
 from pathlib import Path
 from typing import Any
 
-from pipelines.core.spec import DEFAULT_SPEC, SessionSpec, parse_spec
+from pipelines.core.rules import SessionRules
 from pipelines.errors import CheckpointDamaged, NoCommittedBatch
 from pipelines.locations import CheckpointPath
 
@@ -35,7 +35,10 @@ def provider_name(provider_class: str) -> str:
 @dataclass(frozen=True)
 class JobMetadata:
     """Written when a checkpoint is created. The incarnation names the sink's idempotency keys, so a
-    restored checkpoint (batch ids from 0 again) never collides with its predecessor's."""
+    restored checkpoint (batch ids from 0 again) never collides with its predecessor's. The session rules the job
+    last ran with are stored as their parts (`rules` puts them together): gap and lateness, the spec's canonical text
+    (None: the default spec, and checkpoints made before specs existed) and the idle close (None: the default, the lateness,
+    so that a checkpoint of default rules reads in the releases before these were recorded). A run compares them with its own (pipelines.core.rules.compare)."""
     incarnation: str
     gap_ms: int
     lateness_ms: int
@@ -44,30 +47,34 @@ class JobMetadata:
     # Layout of the operator's state (pipelines.job.operators.seam: StateOperator.layout); None: the JSON layout of
     # builds before open_sessions/v2, which this build cannot run on.
     state_layout: str | None = None
-    # The session spec the job last ran with (SessionSpec.to_json); None: the default spec (checkpoints made before
-    # specs existed, or without one). A run compares it with the current one (pipelines.core.spec.spec_changes).
     spec: str | None = None
+    idle_close_ms: int | None = None
 
     @classmethod
-    def new(cls, gap_ms: int, lateness_ms: int, buckets: int, state_layout: str,
-            created_from: str | None = None, spec: SessionSpec = DEFAULT_SPEC) -> JobMetadata:
-        return cls(uuid.uuid4().hex, gap_ms, lateness_ms, buckets, created_from, state_layout, _spec_text(spec))
+    def new(cls, rules: SessionRules, buckets: int, *, state_layout: str, created_from: str | None = None
+            ) -> JobMetadata:
+        return cls(uuid.uuid4().hex, rules.gap_ms, rules.lateness_ms, buckets, created_from, state_layout,
+                   rules.spec_text, rules.idle_close_recorded)
+
+    @classmethod
+    def from_json(cls, text: str) -> JobMetadata:
+        """A stored JOB_FILE; keys a later release added are left out, so that a rollback still reads it."""
+        stored = json.loads(text)
+        return cls(**{f.name: stored[f.name] for f in fields(cls) if f.name in stored})
 
     @property
-    def session_spec(self) -> SessionSpec:
-        return parse_spec(self.spec) if self.spec else DEFAULT_SPEC
+    def rules(self) -> SessionRules:
+        return SessionRules.recorded(gap_ms=self.gap_ms, lateness_ms=self.lateness_ms,
+                                     idle_close_ms=self.idle_close_ms, spec=self.spec)
 
-    def with_spec(self, spec: SessionSpec) -> JobMetadata:
-        return replace(self, spec=_spec_text(spec))
-
-
-def _spec_text(spec: SessionSpec) -> str | None:
-    return None if spec.is_default else spec.to_json()
+    def with_rules(self, rules: SessionRules) -> JobMetadata:
+        """The same checkpoint under rules that need no migration (pipelines.core.rules.RulesChanges)."""
+        return replace(self, spec=rules.spec_text, idle_close_ms=rules.idle_close_recorded)
 
 
 def read_job_metadata(checkpoint: CheckpointPath) -> JobMetadata | None:
     try:
-        return JobMetadata(**json.loads((checkpoint / JOB_FILE).read_text()))
+        return JobMetadata.from_json((checkpoint / JOB_FILE).read_text())
     except FileNotFoundError:
         return None
 

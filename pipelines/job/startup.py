@@ -6,7 +6,7 @@ import logging
 from pathlib import Path
 
 from pipelines.config import SessionsConfig
-from pipelines.core.spec import changed_refusal, spec_changes
+from pipelines.core.rules import compare
 from pipelines.errors import (
     CheckpointMismatch,
     CheckpointMissing,
@@ -59,33 +59,28 @@ def checkpoint_metadata(config: SessionsConfig) -> tuple[JobMetadata, StateOpera
                 f"no checkpoint at {config.checkpoint} but the sessions table already has rows: "
                 "restore one with `sessionctl restore --savepoint latest` (a fresh start would write them again)")
         operator = for_new_checkpoint()
-        meta = JobMetadata.new(config.gap_ms, config.lateness_ms, config.state_buckets, state_layout=operator.layout,
-                               spec=config.session_spec)
+        meta = JobMetadata.new(config.rules, config.state_buckets, state_layout=operator.layout)
         write_job_metadata(config.checkpoint, meta)
         return meta, operator
     operator = for_layout(meta.state_layout)  # one line for a layout this build cannot read
     if operator.retired is not None:  # readable, not runnable: refused before Spark starts
         raise CheckpointMismatch(f"{operator.retired} ({config.checkpoint})")
-    if (meta.gap_ms, meta.lateness_ms) != (config.gap_ms, config.lateness_ms):
-        raise CheckpointMismatch(
-            f"the checkpoint was made with gap {meta.gap_ms // 60000} min and lateness {meta.lateness_ms // 60000} "
-            f"min; the settings say gap {config.gap_minutes} and lateness {config.lateness_minutes}: restore a "
-            f"savepoint with --migrate to change them")
-    return _spec_recorded(config, meta), operator
+    return _rules_recorded(config, meta), operator
 
 
-def _spec_recorded(config: SessionsConfig, meta: JobMetadata) -> JobMetadata:
-    """The checkpoint's metadata with the spec this run uses: added and removed attributes and a changed input part
-    are taken as they are (the contract); a changed attribute is refused in one line."""
-    before, now = meta.session_spec, config.session_spec
-    changes = spec_changes(before, now)
-    if changes.changed:
-        raise ConfigError(changed_refusal(before, now, changes.changed[0],
-                                          how="restore a savepoint with `sessionctl restore --migrate`"))
+def _rules_recorded(config: SessionsConfig, meta: JobMetadata) -> JobMetadata:
+    """The checkpoint's metadata with the rules this run uses: a new idle close, added and removed attributes and a
+    changed input part are taken as they are (the contract); another gap or lateness, or a changed attribute, is
+    refused in one line."""
+    changes = compare(meta.rules, config.rules)
+    refused = changes.refusal("the checkpoint was made", how="restore a savepoint with `sessionctl restore --migrate`")
+    if refused is not None:
+        # another gap or lateness cannot reach the state the checkpoint holds; a changed attribute is another spec
+        raise CheckpointMismatch(refused) if changes.timing else ConfigError(refused)
     if changes.none:
         return meta
     for line in changes.lines():
-        log.info("session spec: %s", line)
-    meta = meta.with_spec(now)
+        log.info("session rules: %s", line)
+    meta = meta.with_rules(config.rules)
     write_job_metadata(config.checkpoint, meta)
     return meta

@@ -30,7 +30,7 @@ from pipelines.coordination.requests import (
     pending_request,
     withdraw,
 )
-from pipelines.core.spec import changed_refusal, spec_changes
+from pipelines.core.rules import compare
 from pipelines.errors import ConfigError, LeaseLost, SessionsError, StorageUnavailable
 from pipelines.ingest import LargeInput, ingest
 from pipelines.job.checkpoint import JobMetadata, batch_source_range, inspect_checkpoint, read_bootstrap
@@ -82,15 +82,14 @@ def start_query(spark: SparkSession, config: SessionsConfig, meta: JobMetadata, 
     """The query of the checkpoint `meta` describes, run by `operator`; `initial_rows` (canonical) are a restored
     checkpoint's state, loaded in its first batch (the restore's bootstrap). With `lease` (the job lease this process
     holds) the sink checks it before every batch and fences every commit by it (pipelines.coordination.fencing)."""
-    spec = config.session_spec
-    events = keyed_events(raw_events_stream(spark, config, config.checkpoint, source_options=source_options),
-                          meta.lateness_ms, fields=spec.operator_fields)
-    output = operator.apply(events, meta.gap_ms, initial_rows, attributes=spec.attributes)
+    rules = meta.rules  # the run's own, recorded at its start (pipelines.job.startup)
+    events = keyed_events(raw_events_stream(spark, config, config.checkpoint, source_options=source_options), rules)
+    output = operator.apply(events, rules, initial_rows)
     checkpoint = config.checkpoint
     sink = MicroBatchSink(config.sessions_table, config.quarantine_table, config.raw_events_table, meta.incarnation,
                           seq_range=lambda batch_id: batch_source_range(checkpoint, batch_id),
                           storage_options=storage_options(config, config.warehouse_uri), lease=lease,
-                          attributes=spec.attributes)
+                          attributes=rules.attributes)
     query = (output.writeStream.queryName("sessions")
              .option("checkpointLocation", str(config.checkpoint))
              .trigger(**trigger)
@@ -235,7 +234,7 @@ OnStop = Callable[[StopRequest, SparkSession], "dict[str, Any] | None"]
 
 @dataclass(frozen=True)
 class SpecChanged:
-    """SESSIONS_SPEC's file holds another spec this run can take (pipelines.core.spec.spec_changes): the query stops
+    """SESSIONS_SPEC's file holds another spec this run can take (pipelines.core.rules.compare): the query stops
     between two batches and starts again under it."""
 
 
@@ -250,11 +249,11 @@ class _SpecWatch:
         if not config.spec:
             return False
         try:
-            fresh = read_spec(config.spec)
-            changes = spec_changes(config.session_spec, fresh)
-            if changes.changed:
-                raise ConfigError(changed_refusal(config.session_spec, fresh, changes.changed[0],
-                                                  how="stop the job and restore a savepoint with --migrate"))
+            changes = compare(config.rules, replace(config.rules, spec=read_spec(config.spec)))
+            refused = changes.refusal("the stream runs", how="stop the job and restore a savepoint with "
+                                      "`sessionctl restore --migrate`")
+            if refused is not None:
+                raise ConfigError(refused)
         except ConfigError as refused:
             if str(refused) not in self.said:
                 self.said.add(str(refused))

@@ -59,7 +59,7 @@ def fold(spark: SparkSession, store: SavepointStore, saved: SavepointInfo, catal
     docstring)."""
     uri = store.state_uri(saved.savepoint_id)
     if store.is_increment(uri):
-        schema = written_schema(increment=False, attributes=bool(saved.session_spec.attributes))
+        schema = written_schema(increment=False, attributes=bool(saved.rules.attributes))
         resolved = resolved_rows(spark, store, store.chain_members(saved, catalog)).select(*schema.names)
         written = write_state_files(spark, resolved, uri, schema=schema)
         fs, root = filesystem(uri)

@@ -279,7 +279,7 @@ def native_shape(store_uri: str, savepoint_id: str, checksum: str) -> NativeShap
     layout = None
     if any(f["path"] == JOB_FILE for f in manifest["files"]):
         fs, root = _fs(checkpoint_path(native_uri(store_uri, savepoint_id)))
-        layout = JobMetadata(**json.loads(bytes(fs.cat_file(f"{root}/{JOB_FILE}")))).state_layout
+        layout = JobMetadata.from_json(bytes(fs.cat_file(f"{root}/{JOB_FILE}")).decode()).state_layout
     return NativeShape(layout, int(manifest["partitions"]), str(manifest["provider"]))
 
 

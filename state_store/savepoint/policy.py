@@ -79,7 +79,7 @@ def plan_savepoint(config: SessionsConfig, store: SavepointStore, catalog: list[
         return _full("no earlier savepoint of this checkpoint lineage")
     tip = lineage[0]  # the catalog is newest first
     if (tip.state_schema, tip.gap_ms, tip.provider, tip.partitions) != \
-            (state_format.SCHEMA_ID, meta.gap_ms, info.provider, info.partitions):
+            (state_format.SCHEMA_ID, meta.rules.gap_ms, info.provider, info.partitions):
         return _full(f"the previous savepoint {tip.savepoint_id} has another state schema, gap, provider or "
                      "partition count")
     try:

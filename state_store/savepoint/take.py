@@ -156,7 +156,7 @@ def savepoint_last_batch(config: SessionsConfig, trigger: Trigger, spark: SparkS
         quarantine_version=version_after_batch(config.quarantine_table, meta.incarnation, batch_id, options),
         # The result's state_uri is this store's table; the catalog records it relative (SavepointStore._append).
         incarnation=meta.incarnation, state_uri=store.state_uri(savepoint_id), bytes=None, seconds=None,
-        spec=meta.spec,
+        spec=meta.spec, idle_close_ms=meta.idle_close_ms,  # the rules, as the job metadata records them
     )
     try:
         if store.exists(savepoint_id):  # also: the store answers, before any executor writes to it

@@ -73,7 +73,7 @@ def config_env(config, **extra) -> dict:
         "SESSIONS_CHECKPOINT_URI": str(config.checkpoint_uri),
         "SESSIONS_WAREHOUSE_URI": str(config.warehouse_uri),
         "SESSIONS_LANDING_URI": str(config.landing_uri),
-        "SESSIONS_IDLE_CLOSE_MINUTES": repr(config.idle_close_ms / 60_000),
+        "SESSIONS_IDLE_CLOSE_MINUTES": repr(config.rules.idle_close_ms / 60_000),
         "PYSPARK_PYTHON": sys.executable,
         "PYSPARK_DRIVER_PYTHON": sys.executable,
     })

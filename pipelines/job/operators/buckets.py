@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import json
 import struct
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator
 
 import pyarrow as pa
 import pyarrow.compute as pc
@@ -16,7 +16,7 @@ from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 
 from pipelines.core import state_format
-from pipelines.core.spec import Attribute
+from pipelines.core.rules import SessionRules
 from pipelines.errors import CheckpointMismatch
 from pipelines.job.operators.seam import StateOperator, StoredChunk, state_reader
 from pipelines.locations import CheckpointPath
@@ -62,8 +62,7 @@ class BucketLayout(StateOperator):
     layout = state_format.SCHEMA_ID  # the id these checkpoints recorded (the canonical form's, at the time)
     retired = RETIRED
 
-    def apply(self, keyed: DataFrame, gap_ms: int, initial_rows: DataFrame | None, *,
-              attributes: Sequence[Attribute] = ()) -> DataFrame:
+    def apply(self, keyed: DataFrame, rules: SessionRules, initial_rows: DataFrame | None) -> DataFrame:
         raise CheckpointMismatch(RETIRED)
 
     def max_partitions(self, buckets: int) -> int | None:

@@ -5,7 +5,7 @@ two together). A user's state value is their open rows in StateCodec's format, w
 from __future__ import annotations
 
 import json
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator
 
 import pyarrow as pa
 import pyarrow.compute as pc
@@ -14,13 +14,14 @@ from pyspark.sql import functions as F
 
 from pipelines.config import REPO_ROOT
 from pipelines.core import state_format
-from pipelines.core.spec import FIELD_COLUMN_PREFIX, Attribute
+from pipelines.core.rules import SessionRules
+from pipelines.core.spec import FIELD_COLUMN_PREFIX
 from pipelines.errors import ConfigError
 from pipelines.job.checkpoint import read_job_metadata
 from pipelines.job.operators.seam import StateOperator, StoredChunk, output_schema, state_reader
 from pipelines.locations import CheckpointPath
 
-__all__ = ["JVM_JAR", "STATE_LAYOUT", "JvmOperator", "has_attributes", "register_decoder"]
+__all__ = ["JVM_JAR", "STATE_LAYOUT", "JvmOperator", "has_attributes", "register_decoder", "rules_json"]
 
 JVM_JAR = REPO_ROOT / "build" / "jvm" / "sessions-operator.jar"  # built by `make setup` (the Makefile's jvm target)
 # One key per user; each value carries its own format version byte (StateCodec.VALUE_FORMAT: v2 written, v1 read),
@@ -34,7 +35,7 @@ _ROWS_DDL = state_format.spark_type(pa.list_(pa.struct(list(state_format.DECODED
 def has_attributes(checkpoint: CheckpointPath) -> bool:
     """Whether the checkpoint's job (its recorded spec) has attributes: its canonical rows then carry them."""
     meta = read_job_metadata(checkpoint)
-    return meta is not None and bool(meta.session_spec.attributes)
+    return meta is not None and bool(meta.rules.attributes)
 
 
 def register_decoder(spark: SparkSession, checkpoint: CheckpointPath) -> str:
@@ -42,9 +43,10 @@ def register_decoder(spark: SparkSession, checkpoint: CheckpointPath) -> str:
     ran with (its metadata's spec): their partials come out as each row's `attributes` text; a partial of an
     attribute the spec no longer has is left out, as the stream leaves it out on its next write."""
     meta = read_job_metadata(checkpoint)
-    attributes = meta.session_spec.attributes if meta is not None else ()
+    # without metadata (a checkpoint this build did not make) no attributes: any gap will do, DecodeState reads none
+    rules = meta.rules if meta is not None else SessionRules(1, 0, 0)
     _jvm(spark).sessions.DecodeState.register(  # type: ignore[attr-defined]
-        spark._jsparkSession, _DECODE_STATE, attributes_json(attributes))
+        spark._jsparkSession, _DECODE_STATE, rules_json(rules))
     return _DECODE_STATE
 
 
@@ -56,12 +58,14 @@ def _jvm(spark: SparkSession) -> object:
     return jvm
 
 
-def attributes_json(attributes: Sequence[Attribute]) -> str:
-    """The attributes as the JVM operator takes them (SessionsOperator.Attr): in output order, each with its stored
-    identity, aggregate, field type, the keyed column it reads and the event types it counts."""
-    return json.dumps([{"key": a.key, "aggregate": a.aggregate, "type": a.result_type,
-                        "column": None if a.field is None else f"{FIELD_COLUMN_PREFIX}{a.field}",
-                        "event_types": list(a.event_types)} for a in attributes])
+def rules_json(rules: SessionRules) -> str:
+    """The session rules as the JVM operator takes them whole (sessions.Rules): the gap, and the attributes in output
+    order, each with its stored identity, aggregate, result type, the keyed column it reads and the event types it
+    counts. The lateness is the watermark's (seam.keyed_events), the idle close ingest's."""
+    return json.dumps({"gap_ms": rules.gap_ms, "attributes": [
+        {"key": a.key, "aggregate": a.aggregate, "type": a.result_type,
+         "column": None if a.field is None else f"{FIELD_COLUMN_PREFIX}{a.field}",
+         "event_types": list(a.event_types)} for a in rules.attributes]})
 
 
 def _in_ms(canonical: DataFrame) -> DataFrame:
@@ -75,13 +79,12 @@ class JvmOperator(StateOperator):
     name = "jvm"
     layout = STATE_LAYOUT
 
-    def apply(self, keyed: DataFrame, gap_ms: int, initial_rows: DataFrame | None, *,
-              attributes: Sequence[Attribute] = ()) -> DataFrame:
+    def apply(self, keyed: DataFrame, rules: SessionRules, initial_rows: DataFrame | None) -> DataFrame:
         spark = keyed.sparkSession
         operator = _jvm(spark).sessions.SessionsOperator  # type: ignore[attr-defined]
         initial = None if initial_rows is None else _in_ms(initial_rows)._jdf
-        return DataFrame(operator.sessionize(keyed._jdf, gap_ms, output_schema(attributes), initial,
-                                             attributes_json(attributes)), spark)
+        return DataFrame(operator.sessionize(keyed._jdf, rules_json(rules), output_schema(rules.attributes), initial),
+                         spark)
 
     def stored_values(self, spark: SparkSession, checkpoint: CheckpointPath, batch_id: int | None) -> DataFrame:
         """One row per user: `user_id`, `rows` (array of its open rows, decoded by StateCodec through DecodeState)

@@ -21,7 +21,8 @@ from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 
 from pipelines.config import MAX_PARTITIONS
-from pipelines.core.spec import Attribute, FieldSpec
+from pipelines.core.rules import SessionRules
+from pipelines.core.spec import Attribute
 from pipelines.core.state_format import CANONICAL_DDL, CANONICAL_SCHEMA
 from pipelines.core.state_format import to_canonical as canonical
 from pipelines.locations import CheckpointPath
@@ -64,10 +65,9 @@ class StateOperator(ABC):
 
     # ---- running ----------------------------------------------------------------------------------------------
     @abstractmethod
-    def apply(self, keyed: DataFrame, gap_ms: int, initial_rows: DataFrame | None, *,
-              attributes: Sequence[Attribute] = ()) -> DataFrame:
-        """`keyed` (see `keyed_events`, with the fields `attributes` read) -> rows of `output_schema(attributes)`:
-        kind `session` (closed, with its attributes' values) or `late`. `initial_rows` (canonical, a restored
+    def apply(self, keyed: DataFrame, rules: SessionRules, initial_rows: DataFrame | None) -> DataFrame:
+        """`keyed` (see `keyed_events`, with the fields the rules' attributes read) -> rows of
+        `output_schema(rules.attributes)`: kind `session` (closed, with its attributes' values) or `late`. `initial_rows` (canonical, a restored
         checkpoint's first run only) are loaded as the state before its first batch."""
 
     def max_partitions(self, buckets: int) -> int | None:
@@ -119,10 +119,12 @@ def state_reader(spark: SparkSession, checkpoint: CheckpointPath, batch_id: int 
     return reader.load(str(checkpoint))
 
 
-def keyed_events(events: DataFrame, lateness_ms: int, *, fields: Sequence[FieldSpec] = ()) -> DataFrame:
-    """Source rows -> what an operator takes: valid events (and watermark markers, which stop at the watermark node),
-    event time in ms. The source never hands over a rejected line (pipelines.job.source), so a quarantined far-future
+def keyed_events(events: DataFrame, rules: SessionRules) -> DataFrame:
+    """Source rows -> what an operator takes under `rules`: valid events (and watermark markers, which stop at the
+    watermark node) behind a watermark that trails by the lateness, event time in ms, and the fields the attributes
+    read. The source never hands over a rejected line (pipelines.job.source), so a quarantined far-future
     event cannot move the watermark."""
+    lateness_ms, fields = rules.lateness_ms, rules.spec.operator_fields
     with_watermark = events.withWatermark("event_time", f"{lateness_ms} milliseconds")
     # The marker must reach EventTimeWatermark (it carries a restored savepoint's watermark, or an idle-close clock
     # row's time) and stop there. This filter names event_time so that it stays above the watermark node.

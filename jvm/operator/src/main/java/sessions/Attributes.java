@@ -80,26 +80,19 @@ public final class Attributes {
 
     private Attributes() {}
 
-    /** pipelines.job.operators.jvm.attributes_json -> the attributes, in output order. */
-    public static List<Attr> parse(String json) {
-        if (json == null || json.isEmpty()) {
-            return List.of();
+    /** The "attributes" of the rules' JSON (Rules.parse) -> the attributes, in output order. */
+    static List<Attr> parse(JsonNode attributes) {
+        List<Attr> out = new ArrayList<>();
+        for (JsonNode a : attributes) {
+            List<String> types = new ArrayList<>();
+            a.get("event_types").forEach(t -> types.add(t.asText()));
+            String key = a.get("key").asText();
+            JsonNode column = a.get("column");
+            out.add(new Attr(key, fingerprint(key), Kind.valueOf(a.get("aggregate").asText().toUpperCase()),
+                             Type.valueOf(a.get("type").asText().toUpperCase()),
+                             column == null || column.isNull() ? null : column.asText(), types));
         }
-        try {
-            List<Attr> out = new ArrayList<>();
-            for (JsonNode a : JSON.readTree(json)) {
-                List<String> types = new ArrayList<>();
-                a.get("event_types").forEach(t -> types.add(t.asText()));
-                String key = a.get("key").asText();
-                JsonNode column = a.get("column");
-                out.add(new Attr(key, fingerprint(key), Kind.valueOf(a.get("aggregate").asText().toUpperCase()),
-                                 Type.valueOf(a.get("type").asText().toUpperCase()),
-                                 column == null || column.isNull() ? null : column.asText(), types));
-            }
-            return List.copyOf(out);
-        } catch (java.io.IOException e) {
-            throw new IllegalArgumentException("attributes are not the JSON pipelines.job.operators.jvm writes", e);
-        }
+        return List.copyOf(out);
     }
 
     static int fingerprint(String key) {
@@ -257,7 +250,7 @@ public final class Attributes {
             Attr a = attrs.get(k);
             Object folded = a.identity();
             for (int i = first; i <= last; i++) {
-                folded = merge(a, folded, rows.get(i).parts[k]);
+                folded = merge(a, folded, rows.get(i).parts()[k]);
             }
             out[k] = folded;
         }

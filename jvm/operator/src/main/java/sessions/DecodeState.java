@@ -24,9 +24,9 @@ public final class DecodeState implements UDF1<byte[], List<Row>> {
         this.attrs = attrs;
     }
 
-    /** Registers the function as `name` for the attributes in `attributesJson` (empty: none). */
-    public static void register(SparkSession spark, String name, String attributesJson) {
-        spark.udf().register(name, new DecodeState(Attributes.parse(attributesJson)),
+    /** Registers the function as `name` for the attributes of the checkpoint's rules (Rules.parse). */
+    public static void register(SparkSession spark, String name, String rulesJson) {
+        spark.udf().register(name, new DecodeState(Rules.parse(rulesJson).attributes()),
                              DataTypes.createArrayType(SessionsOperator.STATE_ROW));
     }
 
@@ -38,8 +38,8 @@ public final class DecodeState implements UDF1<byte[], List<Row>> {
         List<SessionsOperator.R> rows = StateCodec.decode(value, attrs);
         List<Row> out = new ArrayList<>(rows.size());
         for (SessionsOperator.R r : rows) {
-            out.add(RowFactory.create(r.start, r.id, r.time, r.type, r.count, r.views,
-                                      Attributes.toJson(attrs, r.parts)));
+            out.add(RowFactory.create(r.start(), r.id(), r.time(), r.type(), r.count(), r.views(),
+                                      Attributes.toJson(attrs, r.parts())));
         }
         return out;
     }

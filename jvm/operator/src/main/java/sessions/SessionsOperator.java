@@ -65,11 +65,12 @@ public final class SessionsOperator {
      * user_id): Spark sorts a batch by the key before the call, and the hash first makes that sort decide on the
      * long prefix instead of comparing ids that often share their first bytes. `initialRows` (null: none) are a
      * restored checkpoint's open rows (STATE_ROW plus user_id), loaded by Spark in the first batch only.
-     * `attributesJson` (pipelines.job.operators.jvm.attributes_json; empty: none) are the session spec's attributes:
-     * their partials live in each stored row, and a closed session's values follow OUTPUT_NAMES in the output. */
-    public static Dataset<Row> sessionize(Dataset<Row> keyed, long gapMs, String outputDdl, Dataset<Row> initialRows,
-                                          String attributesJson) {
-        List<Attributes.Attr> attrs = Attributes.parse(attributesJson);
+     * `rulesJson` (pipelines.job.operators.jvm.rules_json) are the session rules (Rules): the gap, and the attributes,
+     * whose partials live in each stored row and whose values follow OUTPUT_NAMES in a closed session's output. */
+    public static Dataset<Row> sessionize(Dataset<Row> keyed, String rulesJson, String outputDdl,
+                                          Dataset<Row> initialRows) {
+        Rules rules = Rules.parse(rulesJson);
+        List<Attributes.Attr> attrs = rules.attributes();
         StructType output = StructType.fromDDL(outputDdl);
         String[] names = output.fieldNames();
         if (names.length != OUTPUT_NAMES.length + attrs.size()
@@ -84,9 +85,9 @@ public final class SessionsOperator {
             String column = attrs.get(k).column();
             columns[k] = column == null ? -1 : schema.fieldIndex(column);
         }
-        Fn fn = new Fn(gapMs, new int[] {
+        Fn fn = new Fn(rules, new int[] {
             schema.fieldIndex("event_id"), schema.fieldIndex("event_time_ms"), schema.fieldIndex("event_type"),
-            schema.fieldIndex("ingest_seq"), schema.fieldIndex("line_key")}, attrs, columns);
+            schema.fieldIndex("ingest_seq"), schema.fieldIndex("line_key")}, columns);
         // groupBy(columns).as(...): Spark groups on the columns themselves (no per-row key function, AppendColumns)
         KeyValueGroupedDataset<Tuple2<Long, String>, Row> grouped = hashed
             .groupBy(hashed.col("user_hash"), hashed.col("user_id"))
@@ -132,24 +133,12 @@ public final class SessionsOperator {
             .mapValues((MapFunction<Row, byte[]>) r -> (byte[]) r.get(2), Encoders.BINARY());
     }
 
-    /** One open row of a user (a state row or a fresh event); immutable. */
-    static final class R {
-        final long start;
-        final String id;       // null: a frozen prefix
-        final long time;
-        final String type;
-        final long count;
-        final long views;
-        final int seq;         // arrival order: the first of two rows with one event_id wins, ties keep it
-        final Object[] parts;  // one partial per attribute (Attributes), in the operator's attribute order
-
+    /** One open row of a user (a state row or a fresh event). `parts` is never written after the row is made: one
+     * partial per attribute (Attributes), in the operator's attribute order. `seq` is the arrival order: the first
+     * of two rows with one event_id wins, ties keep it. `id` null: a frozen prefix. */
+    record R(long start, String id, long time, String type, long count, long views, int seq, Object[] parts) {
         R(long start, String id, long time, String type, long count, long views, int seq) {
             this(start, id, time, type, count, views, seq, NO_PARTS);
-        }
-
-        R(long start, String id, long time, String type, long count, long views, int seq, Object[] parts) {
-            this.start = start; this.id = id; this.time = time; this.type = type;
-            this.count = count; this.views = views; this.seq = seq; this.parts = parts;
         }
 
         R withSeq(int order) {
@@ -166,9 +155,9 @@ public final class SessionsOperator {
     // By time, then event_id as Python orders str (by code point; String.compareTo's UTF-16 order differs past
     // U+FFFF), then arrival: the Python core's walk order.
     static final Comparator<R> WALK_ORDER = Comparator
-        .comparingLong((R r) -> r.time)
-        .thenComparing((R r) -> r.id == null ? "" : r.id, SessionsOperator::compareCodePoints)
-        .thenComparingInt(r -> r.seq);
+        .comparingLong((R r) -> r.time())
+        .thenComparing((R r) -> r.id() == null ? "" : r.id(), SessionsOperator::compareCodePoints)
+        .thenComparingInt(r -> r.seq());
 
     static int compareCodePoints(String a, String b) {
         int i = 0;
@@ -186,20 +175,21 @@ public final class SessionsOperator {
     }
 
     /** The core's rule for one user (pipelines.core.sessionize.advance): `rows` (stored, then a restore's) and `fresh`
-     * (new events above the watermark, in arrival order), each with its partials of `attrs` -> the walk's result. */
-    static Walk advance(String user, List<R> rows, List<R> fresh, long watermark, long gapMs,
-                        List<Attributes.Attr> attrs) {
+     * (new events above the watermark, in arrival order), each with its partials of the rules' attributes -> the walk's result. */
+    static Walk advance(String user, List<R> rows, List<R> fresh, long watermark, Rules rules) {
+        long gapMs = rules.gapMs();
+        List<Attributes.Attr> attrs = rules.attributes();
         // State rows first, then fresh events in arrival order: the first row of an event_id wins.
         List<R> walk = new ArrayList<>(rows.size() + fresh.size());
         Set<String> seen = new HashSet<>();
         int seq = 0;
         for (R r : rows) {
-            if (r.id == null || seen.add(r.id)) {
+            if (r.id() == null || seen.add(r.id())) {
                 walk.add(r.withSeq(seq++));
             }
         }
         for (R r : fresh) {
-            if (seen.add(r.id)) {
+            if (seen.add(r.id())) {
                 walk.add(r.withSeq(seq++));
             }
         }
@@ -211,24 +201,24 @@ public final class SessionsOperator {
         int first = 0;
         while (first < n) {
             int last = first;
-            while (last + 1 < n && !LOGOUT.equals(walk.get(last).type)
-                   && walk.get(last + 1).time - walk.get(last).time < gapMs) {
+            while (last + 1 < n && !LOGOUT.equals(walk.get(last).type())
+                   && walk.get(last + 1).time() - walk.get(last).time() < gapMs) {
                 last++;
             }
             R head = walk.get(first);
             R tail = walk.get(last);
-            long start = head.id == null ? head.start : head.time;
-            boolean logout = LOGOUT.equals(tail.type);
-            long closeAt = logout ? tail.time : tail.time + gapMs;
+            long start = head.id() == null ? head.start() : head.time();
+            boolean logout = LOGOUT.equals(tail.type());
+            long closeAt = logout ? tail.time() : tail.time() + gapMs;
             if (closeAt <= watermark) {
                 long count = 0;
                 long views = 0;
                 for (int i = first; i <= last; i++) {
-                    count += walk.get(i).count;
-                    views += walk.get(i).views;
+                    count += walk.get(i).count();
+                    views += walk.get(i).views();
                 }
                 Object[] row = new Object[OUTPUT_NAMES.length + attrs.size()];
-                Object[] fixed = {"session", sessionId(user, start), user, start, tail.time, count, views,
+                Object[] fixed = {"session", sessionId(user, start), user, start, tail.time(), count, views,
                     logout ? "logout" : "inactivity"};
                 System.arraycopy(fixed, 0, row, 0, fixed.length);  // event_id .. line_key: null for a session
                 if (!attrs.isEmpty()) {
@@ -258,9 +248,9 @@ public final class SessionsOperator {
         R frozen = null;
         for (int i = first; i <= last; i++) {
             R r = walk.get(i);
-            if (r.time <= watermark) {
-                count += r.count;
-                views += r.views;
+            if (r.time() <= watermark) {
+                count += r.count();
+                views += r.views();
                 if (frozen == null) {
                     frozenFrom = i;
                 }
@@ -271,9 +261,9 @@ public final class SessionsOperator {
                 kept.add(prefix(walk, frozenFrom, i - 1, start, frozen, count, views, attrs));
                 frozen = null;
             }
-            kept.add(new R(start, r.id, r.time, r.type, r.count, r.views, 0, r.parts));
-            if (r.id != null) {  // a prefix restored under a lower watermark is still frozen
-                due = Math.min(due, r.time);
+            kept.add(new R(start, r.id(), r.time(), r.type(), r.count(), r.views(), 0, r.parts()));
+            if (r.id() != null) {  // a prefix restored under a lower watermark is still frozen
+                due = Math.min(due, r.time());
             }
         }
         if (frozen != null) {
@@ -286,21 +276,21 @@ public final class SessionsOperator {
     private static R prefix(List<R> walk, int from, int to, long start, R lastRow, long count, long views,
                             List<Attributes.Attr> attrs) {
         Object[] parts = attrs.isEmpty() ? NO_PARTS : Attributes.fold(attrs, walk, from, to);
-        return new R(start, null, lastRow.time, lastRow.type, count, views, 0, parts);
+        return new R(start, null, lastRow.time(), lastRow.type(), count, views, 0, parts);
     }
 
     static final class Fn implements FlatMapGroupsWithStateFunction<Tuple2<Long, String>, Row, byte[], Row> {
         private static final long serialVersionUID = 1L;
-        private final long gapMs;
-        private final int[] ix;  // event_id, event_time_ms, event_type, ingest_seq, line_key
+        private final Rules rules;
         private final List<Attributes.Attr> attrs;
+        private final int[] ix;  // event_id, event_time_ms, event_type, ingest_seq, line_key
         private final int[] columns;  // per attribute: the keyed column it reads (-1: none, count_if)
 
-        Fn(long gapMs, int[] ix, List<Attributes.Attr> attrs, int[] columns) {
-            this.gapMs = gapMs;
-            this.ix = ix;
-            this.attrs = attrs;
-            this.columns = columns;
+        Fn(Rules rules, int[] ix, int[] columns) {
+            this.rules = rules;
+            this.attrs = rules.attributes();
+            this.ix = ix.clone();
+            this.columns = columns.clone();
         }
 
         @Override
@@ -328,7 +318,7 @@ public final class SessionsOperator {
                     }
                 }
             }
-            Walk walk = advance(user, rows, fresh, watermark, gapMs, attrs);
+            Walk walk = advance(user, rows, fresh, watermark, rules);
             out.addAll(walk.closed());
             if (walk.open().isEmpty()) {
                 if (state.exists()) {

@@ -67,19 +67,19 @@ public final class StateCodec {
         byte[] previousId = new byte[0];
         List<String> types = new ArrayList<>(2);
         for (SessionsOperator.R r : rows) {
-            long delta = r.time - previousTime;
+            long delta = r.time() - previousTime;
             out.varint((delta << 1) ^ (delta >> 63));
-            previousTime = r.time;
-            out.varint(r.time - r.start);
-            out.varint(r.count);
-            out.varint(r.views);
-            if (r.id == null) {
+            previousTime = r.time();
+            out.varint(r.time() - r.start());
+            out.varint(r.count());
+            out.varint(r.views());
+            if (r.id() == null) {
                 out.varint(0);
-            } else if (isUuid(r.id)) {
+            } else if (isUuid(r.id())) {
                 out.varint(1);
-                out.uuid(r.id);
+                out.uuid(r.id());
             } else {
-                byte[] id = r.id.getBytes(StandardCharsets.UTF_8);
+                byte[] id = r.id().getBytes(StandardCharsets.UTF_8);
                 int shared = 0;
                 int most = Math.min(id.length, previousId.length);
                 while (shared < most && id[shared] == previousId[shared]) {
@@ -90,26 +90,26 @@ public final class StateCodec {
                 out.bytes(id, shared, id.length - shared);
                 previousId = id;
             }
-            if (r.type == null) {
+            if (r.type() == null) {
                 out.varint(0);
-            } else if (SessionsOperator.PAGE_VIEW.equals(r.type)) {
+            } else if (SessionsOperator.PAGE_VIEW.equals(r.type())) {
                 out.varint(1);
-            } else if (SessionsOperator.LOGOUT.equals(r.type)) {
+            } else if (SessionsOperator.LOGOUT.equals(r.type())) {
                 out.varint(2);
             } else {
-                int k = types.indexOf(r.type);
+                int k = types.indexOf(r.type());
                 if (k >= 0) {
                     out.varint(4 + k);
                 } else {
-                    byte[] type = r.type.getBytes(StandardCharsets.UTF_8);
+                    byte[] type = r.type().getBytes(StandardCharsets.UTF_8);
                     out.varint(3);
                     out.varint(type.length);
                     out.bytes(type, 0, type.length);
-                    types.add(r.type);
+                    types.add(r.type());
                 }
             }
             for (int k = 0; k < encodings.length; k++) {
-                out.partial(encodings[k], r.parts[k]);
+                out.partial(encodings[k], r.parts()[k]);
             }
         }
         byte[] value = new byte[out.len];
@@ -142,7 +142,7 @@ public final class StateCodec {
         }
         List<SessionsOperator.R> out = new ArrayList<>(rows.size() + 8);
         for (SessionsOperator.R r : rows) {
-            out.add(new SessionsOperator.R(r.start, r.id, r.time, r.type, r.count, r.views, r.seq,
+            out.add(new SessionsOperator.R(r.start(), r.id(), r.time(), r.type(), r.count(), r.views(), r.seq(),
                                            Attributes.unknown(attrs.size())));
         }
         return out;

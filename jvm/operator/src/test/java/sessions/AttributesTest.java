@@ -201,9 +201,9 @@ class AttributesTest {
         List<SessionsOperator.R> back = StateCodec.decode(value, SPEC);
         assertEquals(rows.size(), back.size());
         for (int i = 0; i < rows.size(); i++) {
-            assertPartsEqual(rows.get(i).parts, back.get(i).parts);
-            assertEquals(rows.get(i).id, back.get(i).id);
-            assertEquals(rows.get(i).time, back.get(i).time);
+            assertPartsEqual(rows.get(i).parts(), back.get(i).parts());
+            assertEquals(rows.get(i).id(), back.get(i).id());
+            assertEquals(rows.get(i).time(), back.get(i).time());
         }
     }
 
@@ -213,15 +213,15 @@ class AttributesTest {
         Attributes.Attr added = attr("added", Attributes.Kind.MIN, Attributes.Type.DOUBLE);
         // reordered, one removed (FLAG), one added: the added one is unknown, the rest keep their values
         List<Attributes.Attr> other = List.of(MAX, added, FIRST, SUM_DOUBLE, COUNT);
-        Object[] parts = StateCodec.decode(value, other).get(0).parts;
+        Object[] parts = StateCodec.decode(value, other).get(0).parts();
         assertPartsEqual(new Object[] {5L, Attributes.UNKNOWN, "/home", new double[] {2.5}, 1L}, parts);
         // a changed definition is another key: unknown
         Attributes.Attr retyped = attr("max", Attributes.Kind.MAX, Attributes.Type.DOUBLE);
-        assertSame(Attributes.UNKNOWN, StateCodec.decode(value, List.of(retyped)).get(0).parts[0]);
+        assertSame(Attributes.UNKNOWN, StateCodec.decode(value, List.of(retyped)).get(0).parts()[0]);
         // no attributes any more: the v2 fields as they were
         SessionsOperator.R plain = StateCodec.decode(value, List.of()).get(0);
-        assertEquals(0, plain.parts.length);
-        assertEquals("a", plain.id);
+        assertEquals(0, plain.parts().length);
+        assertEquals("a", plain.id());
     }
 
     @Test
@@ -230,7 +230,7 @@ class AttributesTest {
         byte[] v2 = StateCodec.encode(rows);
         assertEquals(2, v2[0]);
         assertArrayEquals(v2, StateCodec.encode(rows, List.of()));  // no attributes: v2, byte for byte
-        Object[] parts = StateCodec.decode(v2, SPEC).get(0).parts;
+        Object[] parts = StateCodec.decode(v2, SPEC).get(0).parts();
         assertEquals(SPEC.size(), parts.length);
         for (Object p : parts) {
             assertSame(Attributes.UNKNOWN, p);
@@ -249,14 +249,14 @@ class AttributesTest {
         byte[] value = StateCodec.encode(rows, spec);
         List<SessionsOperator.R> back = StateCodec.decode(value, spec);
         for (int i = 0; i < rows.size(); i++) {
-            assertPartsEqual(rows.get(i).parts, back.get(i).parts);
-            assertEquals(rows.get(i).id, back.get(i).id);
+            assertPartsEqual(rows.get(i).parts(), back.get(i).parts());
+            assertEquals(rows.get(i).id(), back.get(i).id());
         }
         // Read under a spec without the sum (its bytes skipped) and with it last: the others are in place.
         List<SessionsOperator.R> other = StateCodec.decode(value, List.of(MAX, COUNT));
-        assertPartsEqual(new Object[] {null, 2L}, other.get(2).parts);
-        assertPartsEqual(new Object[] {-7L, 3L}, other.get(3).parts);
-        assertEquals(List.of("a", "b", "d"), other.stream().map(r -> r.id).filter(id -> id != null).toList());
+        assertPartsEqual(new Object[] {null, 2L}, other.get(2).parts());
+        assertPartsEqual(new Object[] {-7L, 3L}, other.get(3).parts());
+        assertEquals(List.of("a", "b", "d"), other.stream().map(r -> r.id()).filter(id -> id != null).toList());
     }
 
     @Test

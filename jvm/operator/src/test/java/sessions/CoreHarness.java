@@ -13,10 +13,10 @@ import org.apache.spark.sql.Row;
  * One call of SessionsOperator.advance without Spark, in JSON, so that tests (tests/test_jvm_operator.py) can hold
  * the Java rules against the Python core on generated inputs through py4j. Not used by the job.
  *
- * Request: {"user", "watermark", "gap", "state": [[start, id, time, type, count, views]...],
+ * Request: {"user", "watermark", "rules" (pipelines.job.operators.jvm.rules_json), "state": [[start, id, time, type, count, views]...],
  *           "events": [[id, time, type]...]}; response: {"closed": [[session_id, start, end, count, views, reason]...],
  *           "open": [[start, id, time, type, count, views]...], "late": [index of each late event...], "due": ms|null}.
- * With "attributes" (pipelines.job.operators.jvm.attributes_json): each state row has its partials' text 7th, each
+ * With attributes in the rules: each state row has its partials' text 7th, each
  * event its fields 4th ({column: value}); each closed row has the attributes' values after the reason, each open
  * row its partials' text 7th (after the stored form's round trip).
  */
@@ -29,7 +29,8 @@ public final class CoreHarness {
         JsonNode in = JSON.readTree(request);
         String user = in.get("user").asText();
         long watermark = in.get("watermark").asLong();
-        List<Attributes.Attr> attrs = Attributes.parse(in.has("attributes") ? in.get("attributes").asText() : "");
+        Rules rules = Rules.parse(in.get("rules").asText());
+        List<Attributes.Attr> attrs = rules.attributes();
         int[] columns = new int[attrs.size()];
         for (int k = 0; k < columns.length; k++) {
             columns[k] = attrs.get(k).column() == null ? -1 : k;
@@ -57,7 +58,7 @@ public final class CoreHarness {
             }
             index++;
         }
-        SessionsOperator.Walk walk = SessionsOperator.advance(user, rows, fresh, watermark, in.get("gap").asLong(), attrs);
+        SessionsOperator.Walk walk = SessionsOperator.advance(user, rows, fresh, watermark, rules);
         List<SessionsOperator.R> kept = walk.open();
         List<Row> sessions = walk.closed();
         long due = walk.due();
@@ -71,9 +72,9 @@ public final class CoreHarness {
         }
         ArrayNode open = out.putArray("open");
         for (SessionsOperator.R r : StateCodec.decode(StateCodec.encode(kept, attrs), attrs)) {  // the stored form
-            ArrayNode row = open.addArray().add(r.start).add(r.id).add(r.time).add(r.type).add(r.count).add(r.views);
+            ArrayNode row = open.addArray().add(r.start()).add(r.id()).add(r.time()).add(r.type()).add(r.count()).add(r.views());
             if (!attrs.isEmpty()) {
-                row.add(Attributes.toJson(attrs, r.parts));
+                row.add(Attributes.toJson(attrs, r.parts()));
             }
         }
         if (kept.isEmpty()) {
@@ -103,7 +104,7 @@ public final class CoreHarness {
         ObjectNode out = JSON.createObjectNode();
         ArrayNode rows = out.putArray("rows");
         for (SessionsOperator.R r : StateCodec.decode(value)) {
-            rows.addArray().add(r.start).add(r.id).add(r.time).add(r.type).add(r.count).add(r.views);
+            rows.addArray().add(r.start()).add(r.id()).add(r.time()).add(r.type()).add(r.count()).add(r.views());
         }
         return JSON.writeValueAsString(out);
     }

@@ -84,7 +84,7 @@ class StateCodecTest {
         roundTrips(rows);
         // The ids' bytes (a null id costs its 1-byte tag): the first whole (tag, shared length 0, its 20 bytes), then
         // each its tag, the shared length and the last digit, two digits where the tens change (10, 20, 30, 40).
-        List<Row> noIds = rows.stream().map(r -> row(r.start, null, r.time, r.type, r.count, r.views)).toList();
+        List<Row> noIds = rows.stream().map(r -> row(r.start(), null, r.time(), r.type(), r.count(), r.views())).toList();
         assertEquals(1 + 1 + 20 + 49 * (1 + 1 + 1) + 4, encode(rows).length - encode(noIds).length + rows.size());
         // A shorter id after a longer one, an id equal to the previous one, an id that is a prefix of the previous.
         roundTrips(List.of(row(0, "abcdef", 1, null, 1, 0), row(0, "abc", 2, null, 1, 0), row(0, "abc", 3, null, 1, 0),
@@ -186,8 +186,8 @@ class StateCodecTest {
         List<SessionsOperator.R> rows = StateCodec.decode(value, List.of(sum));
         BigInteger twoTo63 = BigInteger.ONE.shiftLeft(63);
         assertEquals(List.of(-3L, twoTo63, twoTo63.negate().subtract(BigInteger.ONE)),
-                     rows.stream().map(r -> r.parts[0]).toList());
-        assertEquals(List.of(105L, 106L, 107L), rows.stream().map(r -> r.time).toList());
+                     rows.stream().map(r -> r.parts()[0]).toList());
+        assertEquals(List.of(105L, 106L, 107L), rows.stream().map(r -> r.time()).toList());
         assertArrayEquals(value, StateCodec.encode(rows, List.of(sum)));
         // a spec without the attribute skips the partials' bytes, whatever their tag
         assertRows(List.of(row(100, null, 105, "page_view", 1, 1), row(100, null, 106, "page_view", 1, 1),
@@ -230,7 +230,7 @@ class StateCodecTest {
     private static List<SessionsOperator.R> rs(List<Row> rows) {
         List<SessionsOperator.R> out = new ArrayList<>();
         for (Row r : rows) {
-            out.add(new SessionsOperator.R(r.start, r.id, r.time, r.type, r.count, r.views, out.size()));
+            out.add(new SessionsOperator.R(r.start(), r.id(), r.time(), r.type(), r.count(), r.views(), out.size()));
         }
         return out;
     }
@@ -238,7 +238,7 @@ class StateCodecTest {
     private static void assertRows(List<Row> expected, List<SessionsOperator.R> actual) {
         List<Row> read = new ArrayList<>();
         for (SessionsOperator.R r : actual) {
-            read.add(new Row(r.start, r.id, r.time, r.type, r.count, r.views));
+            read.add(new Row(r.start(), r.id(), r.time(), r.type(), r.count(), r.views()));
         }
         assertEquals(expected, read);
     }
@@ -259,11 +259,11 @@ class StateCodecTest {
         out.write(1);
         varint(out, rows.size());
         for (Row r : rows) {
-            varint(out, (r.time << 1) ^ (r.time >> 63));
-            varint(out, r.time - r.start);
-            varint(out, r.count);
-            varint(out, r.views);
-            String id = r.id;
+            varint(out, (r.time() << 1) ^ (r.time() >> 63));
+            varint(out, r.time() - r.start());
+            varint(out, r.count());
+            varint(out, r.views());
+            String id = r.id();
             if (id == null) {
                 varint(out, 0);
             } else {
@@ -271,7 +271,7 @@ class StateCodecTest {
                 varint(out, 1 + bytes.length);
                 out.writeBytes(bytes);
             }
-            String type = r.type;
+            String type = r.type();
             if (type == null) {
                 varint(out, 0);
             } else if (type.equals("page_view")) {
