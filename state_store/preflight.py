@@ -149,7 +149,7 @@ def migrations(config: SessionsConfig, saved: SavepointInfo, partitions: int | N
     out = []
     if saved.state_schema == state_format.V1_SCHEMA_ID:
         out.append("state schema open_events/v1 -> open_sessions/v2 (one row per open event becomes frozen prefixes)")
-    out += compare(saved.rules, config.rules).lines()
+    out += compare(saved.rules, config.rules).migrations()
     if saved.provider and saved.provider != config.state_store:
         out.append(f"state store provider {saved.provider} -> {config.state_store}")
     target = partitions or saved.partitions or config.state_partitions

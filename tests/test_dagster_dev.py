@@ -34,6 +34,13 @@ def _alive(group: int) -> bool:
     return True
 
 
+def _runs_under_way(port: int) -> list[dict]:
+    """The instance's runs that are starting or started, through the webserver's GraphQL API."""
+    query = "{ runsOrError(filter: {statuses: [STARTING, STARTED]}) { ... on Runs { results { runId status } } } }"
+    answer = requests.post(f"http://127.0.0.1:{port}/graphql", json={"query": query}, timeout=10).json()
+    return answer["data"]["runsOrError"]["results"]
+
+
 def test_dagster_dev_stops_within_ten_seconds_on_ctrl_c(spark, tmp_path):
     """(SIGTERM takes the same path in deploy/dagster-dev.)"""
     config = make_config(tmp_path, "rocksdb")
@@ -55,7 +62,9 @@ def test_dagster_dev_stops_within_ten_seconds_on_ctrl_c(spark, tmp_path):
         wait_until(lambda: still_running(dev, log) and "observe_state" in log.read_text(errors="replace"),
                    timeout_s=180, interval_s=0.5, what="the observation sensor to request a pass over the state")
         assert requests.get(f"http://127.0.0.1:{port}/server_info", timeout=10).ok
-        time.sleep(3)  # the requested run is being launched or running: the case that kept shutdown waiting
+        # the requested run is being launched or running: the case that kept shutdown waiting
+        wait_until(lambda: still_running(dev, log) and _runs_under_way(port), timeout_s=120, interval_s=0.2,
+                   what="the requested observe_state run to be starting or started")
         began = time.monotonic()
         dev.send_signal(signal.SIGINT)
         dev.wait(timeout=120)

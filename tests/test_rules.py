@@ -59,13 +59,14 @@ def test_one_comparison_says_what_each_difference_means():
     idle = compare(before, replace(before, idle_close_ms=2 * MIN))
     assert not idle.none and not idle.needs_migration and idle.refusal("x", how="y") is None
     assert idle.lines() == ["idle close 10 -> 2 min (clock rows follow it from now on)"]
+    assert idle.migrations() == []  # the state a restore puts back does not depend on it
 
     gap = compare(before, replace(before, gap_ms=45 * MIN))
     assert gap.needs_migration
     assert gap.refusal("savepoint S was taken", how="pass --migrate") == (
         "savepoint S was taken with gap 30 min and lateness 10 min; the settings say gap 45 min and lateness 10 min: "
         "pass --migrate")
-    assert gap.lines() == ["gap 30 -> 45 min, lateness 10 -> 10 min (open sessions re-walked)"]
+    assert gap.lines() == gap.migrations() == ["gap 30 -> 45 min, lateness 10 -> 10 min (open sessions re-walked)"]
 
     fewer = replace(EXAMPLE, attributes=tuple(a for a in EXAMPLE.attributes if a.name != "revenue"))
     removed = compare(before, replace(before, spec=fewer))

@@ -13,7 +13,7 @@ from tests.kit.homes import config_env, make_config
 pytestmark = pytest.mark.tier("subprocess")
 
 _SCRIPT = """
-import time
+import threading
 from pipelines.config import SessionsConfig
 from pipelines.job.runtime import get_spark, stop_spark
 
@@ -30,9 +30,8 @@ server = context._accumulatorServer
 stop_spark(spark)
 assert context._jsc is None, "the context was not stopped"
 assert context._accumulatorServer is None
-deadline = time.monotonic() + 5
-while server.socket.fileno() != -1 and time.monotonic() < deadline:  # closed by the background shutdown
-    time.sleep(0.05)
+for shutdown in [t for t in threading.enumerate() if t.name == "accumulator-server-shutdown"]:
+    shutdown.join(timeout=5)  # the background shutdown closes the socket (pyspark's AccumulatorServer.shutdown)
 assert server.socket.fileno() == -1, "the accumulator server was never shut down"
 again = get_spark(config)
 assert summed(again) == 4950

@@ -118,17 +118,22 @@ class RulesChanges:
             return changed_refusal(b.spec, a.spec, self.spec.changed[0], how=how)
         return None
 
-    def lines(self) -> list[str]:
-        """Each difference as an operator reads it (restore --dry-run's `migrations`, the run's log)."""
+    def migrations(self) -> list[str]:
+        """What a restore changes in the state it puts back, each as an operator reads it (restore --dry-run's
+        `migrations`). Not the idle close: ingest applies the current one whatever the state was made with."""
         b, a = self.before, self.after
         out = []
         if self.timing:
             out.append(f"gap {_minutes(b.gap_ms)} -> {_minutes(a.gap_ms)} min, lateness {_minutes(b.lateness_ms)} -> "
                        f"{_minutes(a.lateness_ms)} min (open sessions re-walked)")
-        if self.idle_close:
-            out.append(f"idle close {_minutes(b.idle_close_ms)} -> {_minutes(a.idle_close_ms)} min (clock rows "
-                       f"follow it from now on)")
         return out + [f"session spec: {line}" for line in self.spec.lines()]
+
+    def lines(self) -> list[str]:
+        """Every difference, as a run that takes the new rules logs it."""
+        b, a = self.before, self.after
+        idle = [f"idle close {_minutes(b.idle_close_ms)} -> {_minutes(a.idle_close_ms)} min (clock rows follow it "
+                f"from now on)"] if self.idle_close else []
+        return self.migrations() + idle
 
 
 def compare(before: SessionRules, after: SessionRules) -> RulesChanges:

@@ -3,6 +3,7 @@ stopped: by the caller's event, Ctrl-C, or a stop request from `sessionctl stop`
 RunSummary (pipelines.job.run_summary); a rescale or a restore between two batches, pipelines.job.state_changes."""
 from __future__ import annotations
 
+import contextvars
 import logging
 import threading
 import time
@@ -53,7 +54,14 @@ from pipelines.job.startup import checkpoint_metadata, ensure_tables
 from pipelines.job.state_changes import OnStateChange, Resumed, batch_end, change_state, first_line
 from pipelines.locations import CheckpointPath, hdfs_outage
 from pipelines.spec_file import read_spec
-from pipelines.storage import is_object_store_failure, is_s3, object_store_errors, s3_failure, storage_options
+from pipelines.storage import (
+    is_object_store_failure,
+    is_s3,
+    object_store_errors,
+    s3_failure,
+    s3_limits,
+    storage_options,
+)
 
 __all__ = ["catch_up", "raw_events_stream", "run_continuously", "start_query"]
 
@@ -120,12 +128,15 @@ def _job(config: SessionsConfig, what: str, spark: SparkSession | None,
     block with LeaseLost, one line naming the lease and the newer holder -- whatever failed because of it (the query,
     a fenced commit) -- and it is never released (pipelines.coordination.leases)."""
     started = time.monotonic()
-    with job_lock(config, what) as held:
+    # s3_limits: the run's own S3 requests (ingest, and between two batches a savepoint's native copy, an erasure, a
+    # restore) wait and retry as SESSIONS_S3_TIMEOUT / SESSIONS_S3_MAX_RETRIES say, as a lifecycle command's do
+    with job_lock(config, what) as held, s3_limits(config):
         ensure_tables(config)
         meta, operator = checkpoint_metadata(config)
         summary = RunSummary()
         with ThreadPoolExecutor(max_workers=1, thread_name_prefix=f"{what}-meanwhile") as pool:
-            pending = pool.submit(meanwhile, summary) if meanwhile is not None and spark is None else None
+            pending = (pool.submit(contextvars.copy_context().run, meanwhile, summary)  # the limits hold there too
+                       if meanwhile is not None and spark is None else None)
             begun = time.monotonic()
             with spark_failures(config):
                 spark = spark or get_spark(config)

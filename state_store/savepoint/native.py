@@ -23,6 +23,7 @@ so `forget` drops every native copy and the savepoints stay restorable from thei
 from __future__ import annotations
 
 import base64
+import contextvars
 import hashlib
 import io
 import json
@@ -218,7 +219,9 @@ def _copy_all(copy: Copy, files: dict[str, int]) -> list[tuple[int, str]]:
             return -1, ""
 
     with ThreadPoolExecutor(max_workers=_PARALLEL) as pool:
-        return list(pool.map(one, files.items()))
+        # each copy in a copy of this thread's context: the S3 request limits of the command (s3_limits) hold there too
+        copies = [pool.submit(contextvars.copy_context().run, one, item) for item in files.items()]
+        return [copy.result() for copy in copies]
 
 
 def copy_out(checkpoint: CheckpointPath, batch_id: int, *, partitions: int, provider: str, store_uri: str,
