@@ -119,12 +119,14 @@ def pinned_batch(config: SessionsConfig, store_uri: str, committed: CommittedBat
             return
     target = pinned_dir(config, dt.datetime.now(dt.timezone.utc).strftime("%Y%m%dT%H%M%S%f"))
     try:
-        copied = native.pin_copy(config.checkpoint, batch_id, target=target, changes_after=changes_after, partitions=partitions, provider=provider)
+        copied = native.pin_copy(config.checkpoint, batch_id, target=target, changes_after=changes_after,
+                                 partitions=partitions, provider=provider)
     except native.NativeGone as gone:
         raise BatchGone(str(gone)) from None
-    except native.NativeUnavailable as why:
-        yield PinnedBatch(config.checkpoint, False, changes_after, native_note=native_note,
-                          note=f"read in place, not pinned: {why}")
+    except native.NativeUnavailable as why:  # the storage: read in place, as before, and say so
+        copied, unpinned = None, f"read in place, not pinned: {why}"
+    if copied is None:
+        yield PinnedBatch(config.checkpoint, False, changes_after, native_note=native_note, note=unpinned)
         return
     try:
         yield PinnedBatch(target, True, copied.changes_after, native_note=native_note, files=copied.files,
