@@ -18,6 +18,9 @@ file is copied by S3 itself (CopyObject, which also computes the copy's SHA-256:
 otherwise it streams through this process (local, HDFS through WebHDFS, S3 through pyarrow). Either way several
 files at a time.
 
+The same selection of files pins a batch that a savepoint reads beside a running stream (`pin_copy`,
+state_store.savepoint.pin): a private checkpoint beside the live one, hard links on a local filesystem.
+
 Erasure: a native copy is opaque (RocksDB's SST files may keep a removed user's older values until a compaction),
 so `forget` drops every native copy and the savepoints stay restorable from their erased canonical rows."""
 from __future__ import annotations
@@ -41,7 +44,6 @@ from typing import TYPE_CHECKING, Any
 from botocore.exceptions import BotoCoreError, ClientError
 from fsspec.implementations.local import LocalFileSystem
 
-from pipelines.coordination import kill_point
 from pipelines.errors import SavepointDamaged
 from pipelines.job.checkpoint import JOB_FILE, JobMetadata
 from pipelines.locations import CheckpointPath, RemotePath, checkpoint_path, remove_tree, s3_client
@@ -299,12 +301,10 @@ def _copy_batch(checkpoint: CheckpointPath, target: CheckpointPath, batch_id: in
                 changes_after: int | None, *, link: bool = False) -> _Copied:
     """The batch's files (and, with `changes_after`, its change feed's) copied from `checkpoint` to `target`:
     NativeGone when one the batch needs was removed meanwhile (the change feed's files are only dropped then)."""
-    kill_point("native:listing")
     listed = _listing(checkpoint)
     paths = _checkpoint_files(checkpoint, batch_id, partitions, provider, listed=listed)
     changes = None if changes_after is None else _change_files(listed, changes_after, batch_id, partitions, provider)
     extra = {path: size for path, size in (changes or {}).items() if path not in paths}
-    kill_point("native:listed")
     copied = _copy_all(_copier(checkpoint, target, link=link), {**paths, **extra})  # in that order
     gone = [path for path, (size, _) in zip(paths, copied) if size < 0]
     if gone:  # Spark's maintenance removed it between the listing and the copy
