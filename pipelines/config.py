@@ -115,8 +115,8 @@ class SessionsConfig:
     rocksdb_changelog: bool = setting_field(True, "RocksDB changelog checkpointing (Spark's default is off); switching "
                                             "either way keeps the state")
     # Savepoints are the long-term recovery points; the checkpoint keeps a short tail of versions.
-    min_batches_to_retain: int = setting_field(20, "checkpoint versions Spark keeps; a savepoint beside the stream must "
-                                               "finish within this many batches")
+    min_batches_to_retain: int = setting_field(20, "checkpoint versions Spark keeps; a savepoint beside the stream pins "
+                                               "the batch it reads first, whatever this is")
     # Incremental savepoints: state_store/savepoint/policy.py.
     savepoint_full_every: int = setting_field(10, "every Nth savepoint of a lineage is full, the others incremental where "
                                               "they can be (1: always full)")

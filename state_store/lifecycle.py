@@ -83,11 +83,12 @@ def give_way_to_stream(config: SessionsConfig) -> bool:
 # ---- savepoint ---------------------------------------------------------------------------------
 
 def _take_savepoint(config: SessionsConfig, trigger: Trigger, spark: SparkSession | None, full: bool = False,
-                    native_copy: bool | None = None) -> SavepointInfo:
+                    native_copy: bool | None = None, beside: bool = False) -> SavepointInfo:
     """The savepoint of the last committed batch (state_store.savepoint.take: written and verified by the executors;
     incremental where state_store.savepoint.policy allows and not `full`; with the checkpoint's own files beside it
-    when `native_copy`)."""
-    return savepoint_last_batch(config, trigger, _spark(config, spark), full=full, native_copy=native_copy)
+    when `native_copy`; `beside` a stream that may be running: its batch pinned first)."""
+    return savepoint_last_batch(config, trigger, _spark(config, spark), full=full, native_copy=native_copy,
+                                beside=beside)
 
 
 def take_savepoint(config: SessionsConfig, *, trigger: Trigger = "manual", spark: SparkSession | None = None,
@@ -96,14 +97,15 @@ def take_savepoint(config: SessionsConfig, *, trigger: Trigger = "manual", spark
     committing): state + source position + watermark + output table versions, all of that one batch. Incremental
     (only the users changed since the previous savepoint of the lineage) unless `full` or the policy says full. With
     `native_copy` (None: SESSIONS_SAVEPOINT_NATIVE), also the checkpoint's own files of that batch (state_store.savepoint.native): a restore to the same
-    provider, partitions and operator is then a file copy."""
+    provider, partitions and operator is then a file copy. Beside a running stream the batch's files are pinned first
+    (state_store.savepoint.pin): Spark's retention cannot remove them while they are read."""
     # s3_limits: this process's own S3 requests (the native copy, the cleanup of a failed attempt) wait and retry as
     # SESSIONS_S3_TIMEOUT / SESSIONS_S3_MAX_RETRIES say, as delta-rs's do -- not pyarrow's 90 s per request (so do
     # those of the operations under lifecycle_locks, and compaction's).
     with job_lock(config, "savepoint", name=LIFECYCLE), spark_failures(config), s3_limits(config):
         if spark is None:
             give_way_to_stream(config)
-        return _take_savepoint(config, trigger, spark, full, native_copy)
+        return _take_savepoint(config, trigger, spark, full, native_copy, beside=True)
 
 
 # ---- validate / restore ------------------------------------------------------------------------

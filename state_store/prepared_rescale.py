@@ -71,7 +71,7 @@ def prepare_rescale(config: SessionsConfig, partitions: int, *, spark: SparkSess
     store = SavepointStore.of(config)
     with job_lock(config, "rescale", name=LIFECYCLE), spark_failures(config):
         before = inspect_checkpoint(config.checkpoint).partitions
-        saved = savepoint_last_batch(config, "pre-rescale", spark, native_copy=False)
+        saved = savepoint_last_batch(config, "pre-rescale", spark, native_copy=False, beside=True)  # batch pinned
         phase("pre_rescale_savepoint")
         kill_point("rescale:saved")
         side = side_config(config, dt.datetime.now(dt.timezone.utc).strftime("%Y%m%dT%H%M%S%f"))

@@ -10,7 +10,8 @@ from pathlib import Path
 
 import pytest
 
-from pipelines.job.checkpoint import read_job_metadata
+from pipelines.errors import SavepointFailed
+from pipelines.job.checkpoint import inspect_checkpoint, read_job_metadata
 from pipelines.job.stream import catch_up
 from pipelines.locations import checkpoint_path
 from state_store.erasure import forget, verify
@@ -246,3 +247,94 @@ def test_a_prepared_rescale_builds_its_side_checkpoint_beside_the_checkpoint(tmp
     if checkpoint_uri.startswith("{home}"):  # left behind by a killed preparation: listed with the failed restores
         (side.checkpoint / "offsets").mkdir(parents=True)
         assert [p.name for p in replaced_checkpoints(config)] == [side.checkpoint.parent.name]
+
+
+def test_a_savepoint_beside_a_stream_reads_its_pinned_batch_whatever_retention_removes(tmp_path, spark, monkeypatch):
+    """Beside a running stream (its job lease held, as `sessionctl run` holds it) a savepoint first pins its batch
+    (state_store.savepoint.pin) and reads that copy: Spark's retention removing the batch's files from the live
+    checkpoint in the middle of the savepoint -- here the whole state folder, between the pin and the read -- changes
+    nothing, for a full, an incremental and a native savepoint. The pinned copy is gone afterwards, also after a
+    failure; one a killed savepoint left is removed by the next; a file gone during the copy itself moves the
+    savepoint to the newest batch. Each savepoint against the state read at its batch before and, restored, the
+    oracle."""
+    from pipelines.coordination.job_leases import job_lock
+    from state_store.savepoint import native as native_module
+    from state_store.savepoint import take
+    from state_store.savepoint.checksum import state_checksum
+    from state_store.savepoint.pin import pinned_dir
+    from testkit.lifecycle_expectations import live_state
+
+    config = _config(tmp_path, "rocksdb")
+    chunks = _chunks(seed=29, parts=5)
+    _land_and_ingest(config, chunks[:2], 0)
+    catch_up(config, spark)
+    first = take_savepoint(config, spark=spark)  # no stream: read in place
+    assert first.kind == "full" and first.note is None, first
+    live = config.checkpoint / "state"
+    gone = config.checkpoint / "state-removed-by-retention"
+    write = take.write_state_files
+    reads: list[str] = []
+
+    def retention_strikes(spark_, frame, uri, **kwargs):  # Spark's retention, between the pin and the read
+        reads.append(uri)
+        if live.exists():
+            live.rename(gone)
+        return write(spark_, frame, uri, **kwargs)
+
+    def pinned_copies() -> list[str]:
+        return [p.name for p in config.checkpoint.parent.iterdir() if "pinned" in p.name]
+
+    monkeypatch.setattr(take, "write_state_files", retention_strikes)
+    taken = []
+    for k, native_copy in ((2, False), (3, True)):
+        _land_and_ingest(config, chunks[k:k + 1], k)
+        catch_up(config, spark)
+        batch = inspect_checkpoint(config.checkpoint).last_committed_batch
+        expected = state_checksum(live_state(spark, config.checkpoint, batch_id=batch))
+        leftover = pinned_dir(config, f"killed-{k}")  # a killed savepoint's pinned copy
+        leftover.mkdir()
+        with job_lock(config, "run"):  # the stream runs
+            saved = take_savepoint(config, spark=spark, native_copy=native_copy)
+        gone.rename(live)
+        assert reads and saved.batch_id == batch and saved.checksum == expected, saved
+        assert not pinned_copies(), "the pinned copy and the leftover are gone"
+        taken.append(saved)
+    incremental, with_native = taken
+    assert incremental.kind == "incremental", incremental  # its change feed read from the pinned copy
+    assert with_native.native_checksum and with_native.note is None, with_native  # the pinned copy is the native one
+    manifest = json.loads((_native_dir(config, with_native.savepoint_id) / MANIFEST).read_text())
+    kept = {str(p.relative_to(_native_dir(config, with_native.savepoint_id)))
+            for p in _native_dir(config, with_native.savepoint_id).rglob("*") if p.is_file()}
+    assert kept == {e["path"] for e in manifest["files"]} | {MANIFEST}, "the change feed's files are not kept"
+
+    # A file of the batch removed during the copy itself: the newest batch is pinned instead (here the same one),
+    # and no failed attempt is listed. A failure after the pin leaves no copy behind either.
+    copy_all, lost = native_module._copy_all, []
+
+    def one_file_gone(copy, files):
+        copied = copy_all(copy, files)
+        if not lost:
+            lost.append(next(iter(files)))
+            copied[0] = (-1, "")
+        return copied
+
+    monkeypatch.setattr(native_module, "_copy_all", one_file_gone)
+    def disk_full(*args, **kwargs):
+        raise OSError("disk full")
+
+    with job_lock(config, "run"):
+        again = take_savepoint(config, spark=spark, full=True)
+        gone.rename(live)
+        monkeypatch.setattr(take, "write_state_files", disk_full)
+        with pytest.raises(SavepointFailed, match="disk full"):
+            take_savepoint(config, spark=spark, full=True)
+    assert lost and again.status == "complete" and again.batch_id == with_native.batch_id and not pinned_copies()
+    assert [s.status for s in SavepointStore.of(config).list()] == ["failed", "complete", "complete", "complete",
+                                                                   "complete"]
+
+    for saved, k in ((with_native, 3), (incremental, 2)):  # (the newer first: restoring it abandons no timeline)
+        restored = restore(config, saved.savepoint_id, spark=spark)
+        assert restored.method == ("native" if saved.native_checksum else "canonical"), restored
+        at_savepoint = oracle_of(chunks[:k + 1], GAP_MS, LATENESS_MS)
+        assert read_open_sessions(spark, config) == sorted(at_savepoint.open_sessions)
+        assert read_sessions(config) == sorted(at_savepoint.closed)

@@ -36,6 +36,7 @@ from tests.kit.waits import still_running, stream_caught_up, wait_until
 pytestmark = pytest.mark.tier("subprocess")
 
 GAP_MS, LATENESS_MS = 30 * 60_000, 10 * 60_000
+RETAIN = "3"  # SESSIONS_MIN_BATCHES_TO_RETAIN of the tests whose savepoints read beside a stream committing fast
 
 
 class Feeder(threading.Thread):
@@ -59,6 +60,11 @@ class Feeder(threading.Thread):
 def _committed(config) -> int:
     last = inspect_checkpoint(config.checkpoint).last_committed_batch
     return -1 if last is None else last
+
+
+def _pinned_copies(config) -> list[str]:
+    """Private copies of a batch that savepoints beside the stream pinned (state_store.savepoint.pin), left over."""
+    return [p.name for p in config.checkpoint.parent.iterdir() if "pinned" in p.name]
 
 
 def _start_run(config) -> subprocess.Popen:
@@ -106,7 +112,9 @@ def test_savepoints_of_a_running_stream_and_stop_with_savepoint_restore_exactly_
     if store == "s3":  # savepoints on a real S3 HTTP endpoint (moto server on loopback)
         request.getfixturevalue("s3_endpoint")
         savepoints = f"s3://savepoints/{tmp_path.name}"
-    config = make_config(tmp_path, provider, SESSIONS_SAVEPOINT_URI=savepoints)
+    # Spark keeps 3 versions only: the stream's retention removes the online savepoint's batch while it is read
+    # (a batch a second), which a savepoint that did not pin its batch first fails on.
+    config = make_config(tmp_path, provider, SESSIONS_SAVEPOINT_URI=savepoints, SESSIONS_MIN_BATCHES_TO_RETAIN=RETAIN)
     chunks = in_order_chunks(users=60, seed=31, parts=10)
     run = _start_run(config)
     Feeder(config.landing, chunks[:5], every=1.5, prefix="early").start()
@@ -117,6 +125,7 @@ def test_savepoints_of_a_running_stream_and_stop_with_savepoint_restore_exactly_
         feeder.start()  # files keep landing while the savepoint reads
         online = take_savepoint(config, spark=spark)  # beside the running stream
         assert online.status == "complete" and run.poll() is None, "the stream must keep running"
+        assert not _pinned_copies(config), "the savepoint's pinned copy of its batch is gone"
         wait_until(lambda: still_running(run) and _committed(config) > online.batch_id, timeout_s=120, interval_s=0.5,
                    what="a batch committed after the savepoint")
         feeder.join()
@@ -261,7 +270,9 @@ def test_rescale_of_a_running_stream_between_two_batches(tmp_path, spark, provid
     the stream does the whole rescale between two batches: test_a_running_stream_killed_inside_its_rescale_...). The
     answer gives the downtime, measured from Spark's progress (the end of the last batch before to the end of the
     first after). Then every session exactly once against the oracle, the open ones in the rescaled state."""
-    config = make_config(tmp_path, provider, SESSIONS_STATE_PARTITIONS=2)
+    # Spark keeps 3 versions only: the pre-rescale savepoint's batch is removed from the live checkpoint while the
+    # savepoint reads it (it reads its pinned copy).
+    config = make_config(tmp_path, provider, SESSIONS_STATE_PARTITIONS=2, SESSIONS_MIN_BATCHES_TO_RETAIN=RETAIN)
     # Files land a second apart for longer than the rescale takes beside the stream: one is waiting after it.
     chunks = in_order_chunks(users=60, seed=41, parts=60)
     run = _start_run(config)
@@ -293,6 +304,7 @@ def test_rescale_of_a_running_stream_between_two_batches(tmp_path, spark, provid
                                       "swap_preflight", "swap_native_copied", "swap_outputs_rolled_back"], \
         answer["phases"]
     assert not [p for p in config.checkpoint.parent.iterdir() if "prepared" in p.name], "the side checkpoint is gone"
+    assert not _pinned_copies(config), "the pre-rescale savepoint's pinned copy of its batch is gone"
     # The side checkpoint stopped after its bootstrap (marker) batch and wrote no output: the sessions its savepoint
     # held as due are closed by the stream's first batch after the swap, after its rollback (else they are lost).
     copy = Path(native_uri(config.savepoint_uri, answer["savepoint_id"]))

@@ -18,6 +18,9 @@ file is copied by S3 itself (CopyObject, which also computes the copy's SHA-256:
 otherwise it streams through this process (local, HDFS through WebHDFS, S3 through pyarrow). Either way several
 files at a time.
 
+The same selection of files pins a batch that a savepoint reads beside a running stream (`pin_copy`,
+state_store.savepoint.pin): a private checkpoint beside the live one, hard links on a local filesystem.
+
 Erasure: a native copy is opaque (RocksDB's SST files may keep a removed user's older values until a compaction),
 so `forget` drops every native copy and the savepoints stay restorable from their erased canonical rows."""
 from __future__ import annotations
@@ -27,12 +30,15 @@ import contextvars
 import hashlib
 import io
 import json
+import os
 import re
+import shutil
 import zipfile
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import suppress
 from dataclasses import dataclass
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from botocore.exceptions import BotoCoreError, ClientError
@@ -46,8 +52,8 @@ from pipelines.storage import join
 if TYPE_CHECKING:
     from fsspec import AbstractFileSystem
 
-__all__ = ["NativeCopy", "NativeShape", "NativeUnavailable", "copy_in", "copy_out", "drop", "folders", "native_shape",
-           "native_uri"]
+__all__ = ["NativeCopy", "NativeGone", "NativeShape", "NativeUnavailable", "PinnedCopy", "copy_in", "copy_out", "drop",
+           "folders", "native_shape", "native_uri", "pin_copy"]
 
 NATIVE_DIR = "native"
 MANIFEST = "_native.json"
@@ -61,6 +67,11 @@ class NativeUnavailable(Exception):
     """The checkpoint's files cannot make a native copy of this batch (say why); the savepoint stays canonical."""
 
 
+class NativeGone(NativeUnavailable):
+    """A file the batch needs is gone from the checkpoint: Spark's retention removed it (a stream committing batches
+    meanwhile). A newer batch can still be copied."""
+
+
 @dataclass(frozen=True)
 class NativeFile:
     path: str  # relative to the checkpoint
@@ -70,10 +81,14 @@ class NativeFile:
 
 @dataclass(frozen=True)
 class NativeCopy:
-    """A native copy as written: where, its files, and the SHA-256 of its manifest (the catalog's native_checksum)."""
+    """A native copy as written: where, its files, and the SHA-256 of its manifest (the catalog's native_checksum).
+    With `changes_after`, the folder also holds the older delta or changelog files the state change feed
+    (changes_after, batch] reads (`change_files`, not in the manifest: a restore never needs them)."""
     uri: str
     files: tuple[NativeFile, ...]
     checksum: str
+    changes_after: int | None = None
+    change_files: tuple[str, ...] = ()
 
     @property
     def bytes(self) -> int:
@@ -109,23 +124,39 @@ def _chain(names: list[str], version: int, snapshot_ext: str, delta_ext: str) ->
     base = max((v for v in by_kind[snapshot_ext] if v <= version), default=0)
     missing = [v for v in range(base + 1, version + 1) if v not in by_kind[delta_ext]]
     if missing:
-        raise NativeUnavailable(f"state version {version} needs {missing[0]}.{delta_ext}, which is gone")
+        raise NativeGone(f"state version {version} needs {missing[0]}.{delta_ext}, which is gone")
     return ([f"{base}.{snapshot_ext}"] if base else []) + [f"{v}.{delta_ext}" for v in range(base + 1, version + 1)]
 
 
-def _checkpoint_files(checkpoint: CheckpointPath, batch_id: int, partitions: int, provider: str) -> dict[str, int]:
-    """What Spark loads to resume after batch `batch_id`, relative to the checkpoint, with each file's size as
-    listed."""
+def _listing(checkpoint: CheckpointPath) -> dict[str, int]:
+    """Every file of the checkpoint (relative path -> size), .crc files aside."""
     fs, root = _fs(checkpoint)
     sizes = _relative(root, fs.find(root, detail=True))
-    every = sorted(p for p in sizes if not p.rsplit("/", 1)[-1].startswith("."))  # no .crc
+    return {p: size for p, size in sizes.items() if not p.rsplit("/", 1)[-1].startswith(".")}
+
+
+def _partition_names(every: dict[str, int], folder: str) -> list[str]:
+    return [p.removeprefix(folder) for p in every if p.startswith(folder) and "/" not in p.removeprefix(folder)]
+
+
+def _operators(every: dict[str, int]) -> list[str]:
+    return sorted({p.split("/")[1] for p in every if p.startswith("state/") and p.count("/") >= 2})
+
+
+def _checkpoint_files(checkpoint: CheckpointPath, batch_id: int, partitions: int, provider: str, *,
+                      listed: dict[str, int] | None = None) -> dict[str, int]:
+    """What Spark loads to resume after batch `batch_id`, relative to the checkpoint, with each file's size as
+    listed (`listed`: the checkpoint's _listing, when the caller has it)."""
+    fs, root = _fs(checkpoint)
+    sizes = _listing(checkpoint) if listed is None else listed
+    every = sorted(sizes)
     chosen = [p for p in every if p in ("metadata", JOB_FILE) or p.startswith("sources/")]
     for log in ("offsets", "commits"):
         chosen += [p for p in every if p.startswith(f"{log}/") and p.split("/")[1].isdigit()
                    and int(p.split("/")[1]) <= batch_id]
     if not any(p == f"commits/{batch_id}" for p in chosen):
-        raise NativeUnavailable(f"batch {batch_id} has no commit in the checkpoint")
-    operators = sorted({p.split("/")[1] for p in every if p.startswith("state/") and p.count("/") >= 2})
+        raise NativeGone(f"batch {batch_id} has no commit in the checkpoint")
+    operators = _operators(sizes)
     version = batch_id + 1  # the state version batch N commits
     snapshot_ext, delta_ext = ("zip", "changelog") if provider == "rocksdb" else ("snapshot", "delta")
     for op in operators:
@@ -135,7 +166,7 @@ def _checkpoint_files(checkpoint: CheckpointPath, batch_id: int, partitions: int
                    and (p.split("/")[2].startswith("_") or int(p.split("/")[2]) < partitions)]
         for partition in range(partitions):
             folder = f"{base}{partition}/"
-            names = [p.removeprefix(folder) for p in every if p.startswith(folder) and "/" not in p.removeprefix(folder)]
+            names = _partition_names(sizes, folder)
             if any("_" in name for name in names if name[:1].isdigit()):
                 raise NativeUnavailable("the state store writes checkpoint format v2 (unique ids): not copied natively")
             files = _chain(names, version, snapshot_ext, delta_ext)
@@ -145,11 +176,30 @@ def _checkpoint_files(checkpoint: CheckpointPath, batch_id: int, partitions: int
     return {path: sizes.get(path, -1) for path in sorted(set(chosen))}  # -1: named by a zip, not listed: gone
 
 
+def _change_files(listed: dict[str, int], after_batch: int, batch_id: int, partitions: int, provider: str
+                  ) -> dict[str, int] | None:
+    """The files Spark's state change feed of batches (after_batch, batch_id] reads: per state partition the delta
+    (HDFS-backed) or changelog (RocksDB) file of every state version after_batch + 2 .. batch_id + 1 (batch b commits
+    version b + 1); None when one of them is gone (retention reached it)."""
+    ext = "changelog" if provider == "rocksdb" else "delta"
+    wanted = {}
+    for op in _operators(listed):
+        for partition in range(partitions):
+            for version in range(after_batch + 2, batch_id + 2):
+                path = f"state/{op}/{partition}/{version}.{ext}"
+                if path not in listed:
+                    return None
+                wanted[path] = listed[path]
+    return wanted
+
+
 def _referenced_ssts(fs: AbstractFileSystem, zip_path: str) -> list[str]:
     """The SST files (their names under SSTs/) a RocksDB snapshot zip's `metadata` names."""
-
-    with fs.open(zip_path, "rb") as handle, zipfile.ZipFile(io.BytesIO(handle.read())) as archive:
-        text = archive.read("metadata").decode()
+    try:
+        with fs.open(zip_path, "rb") as handle, zipfile.ZipFile(io.BytesIO(handle.read())) as archive:
+            text = archive.read("metadata").decode()
+    except FileNotFoundError:
+        raise NativeGone(f"{zip_path.rsplit('/', 1)[-1]} was removed while it was read") from None
     metadata = json.loads(text.split("\n", 1)[1])  # "v1\n{json}"
     return [str(sst["dfsSstFileName"]) for sst in metadata.get("sstFiles", [])]
 
@@ -179,9 +229,25 @@ def _s3_object(path: CheckpointPath) -> tuple[str, str] | None:
 Copy = Callable[[str, int], tuple[int, str]]
 
 
-def _copier(source: CheckpointPath, target: CheckpointPath) -> Copy:
+def _link(source: Path, target: Path) -> tuple[int, str]:
+    """One local file pinned by a hard link (Spark never rewrites a checkpoint file in place: deleting the original
+    leaves the link whole); copied when the two are on different devices. (bytes, "": no SHA-256 is computed)."""
+    target.parent.mkdir(parents=True, exist_ok=True)
+    try:
+        os.link(source, target)
+    except FileNotFoundError:
+        raise
+    except OSError:  # another device, or a filesystem without hard links
+        shutil.copyfile(source, target)
+    return target.stat().st_size, ""
+
+
+def _copier(source: CheckpointPath, target: CheckpointPath, *, link: bool = False) -> Copy:
     """How one file (its path relative to both roots, its size as listed or recorded) is copied: (bytes, SHA-256 of
-    what was written); raises FileNotFoundError when the source file is gone."""
+    what was written); raises FileNotFoundError when the source file is gone. With `link`, local files are hard
+    linked where they can be (no SHA-256 then)."""
+    if link and isinstance(source, Path) and isinstance(target, Path):
+        return lambda path, _: _link(source / path, target / path)
     source_fs, source_root = _fs(source)
     target_fs, target_root = _fs(target)
     source_s3, target_s3 = _s3_object(source), _s3_object(target)
@@ -224,32 +290,89 @@ def _copy_all(copy: Copy, files: dict[str, int]) -> list[tuple[int, str]]:
         return [copy.result() for copy in copies]
 
 
+@dataclass(frozen=True)
+class _Copied:
+    files: tuple[NativeFile, ...]        # the batch's files (what Spark loads to resume after it)
+    change_files: tuple[str, ...]        # the older delta or changelog files of the change feed, beside them
+    changes_after: int | None            # the change feed (changes_after, batch] is whole in the copy; None: not
+
+
+def _copy_batch(checkpoint: CheckpointPath, target: CheckpointPath, batch_id: int, partitions: int, provider: str,
+                changes_after: int | None, *, link: bool = False) -> _Copied:
+    """The batch's files (and, with `changes_after`, its change feed's) copied from `checkpoint` to `target`:
+    NativeGone when one the batch needs was removed meanwhile (the change feed's files are only dropped then)."""
+    listed = _listing(checkpoint)
+    paths = _checkpoint_files(checkpoint, batch_id, partitions, provider, listed=listed)
+    changes = None if changes_after is None else _change_files(listed, changes_after, batch_id, partitions, provider)
+    extra = {path: size for path, size in (changes or {}).items() if path not in paths}
+    copied = _copy_all(_copier(checkpoint, target, link=link), {**paths, **extra})  # in that order
+    gone = [path for path, (size, _) in zip(paths, copied) if size < 0]
+    if gone:  # Spark's maintenance removed it between the listing and the copy
+        raise NativeGone(f"{gone[0]} was removed while it was copied")
+    extra_copied = [path for path, (size, _) in zip(extra, copied[len(paths):]) if size >= 0]
+    whole = changes is not None and len(extra_copied) == len(extra)
+    return _Copied(tuple(NativeFile(path, size, sha) for path, (size, sha) in zip(paths, copied)),
+                   tuple(extra_copied), changes_after if whole else None)
+
+
+def _storage_failure(error: BaseException) -> NativeUnavailable | None:
+    if isinstance(error, (OSError, BotoCoreError, ClientError)):  # storage, not the savepoint: it stays canonical
+        return NativeUnavailable(f"the copy failed ({type(error).__name__}: "
+                                 f"{' '.join(str(error).split())[:200]})")
+    return None
+
+
 def copy_out(checkpoint: CheckpointPath, batch_id: int, *, partitions: int, provider: str, store_uri: str,
-             savepoint_id: str) -> NativeCopy:
+             savepoint_id: str, changes_after: int | None = None) -> NativeCopy:
     """The checkpoint's files for batch `batch_id` copied under the store's native/<savepoint id>/, with their
-    manifest (NativeUnavailable when the checkpoint cannot give them; nothing left behind on any failure)."""
+    manifest (NativeUnavailable when the checkpoint cannot give them, NativeGone when Spark's retention removed one
+    meanwhile; nothing left behind on any failure). With `changes_after`, the change feed's files beside them
+    (NativeCopy.change_files)."""
     uri = native_uri(store_uri, savepoint_id)
     target = checkpoint_path(uri)
     target_fs, target_root = _fs(target)
     try:
-        paths = _checkpoint_files(checkpoint, batch_id, partitions, provider)
-        copied = _copy_all(_copier(checkpoint, target), paths)  # in the order of `paths`
-        gone = [path for path, (size, _) in zip(paths, copied) if size < 0]
-        if gone:  # Spark's maintenance removed it between the listing and the copy
-            raise NativeUnavailable(f"{gone[0]} was removed while it was copied")
-        written = [NativeFile(path, size, sha) for path, (size, sha) in zip(paths, copied)]
+        copied = _copy_batch(checkpoint, target, batch_id, partitions, provider, changes_after)
         manifest = json.dumps({"batch_id": batch_id, "provider": provider, "partitions": partitions,
-                               "files": [f.__dict__ for f in written]}, sort_keys=True).encode()
+                               "files": [f.__dict__ for f in copied.files]}, sort_keys=True).encode()
         target_fs.pipe_file(f"{target_root}/{MANIFEST}", manifest)
     except BaseException as error:
         with suppress(Exception):  # a folder left behind is an orphan: compaction removes it
             remove_tree(target)
-
-        if isinstance(error, (OSError, BotoCoreError, ClientError)):  # storage, not the savepoint: it stays canonical
-            raise NativeUnavailable(f"the copy failed ({type(error).__name__}: "
-                                    f"{' '.join(str(error).split())[:200]})") from None
+        failure = _storage_failure(error)
+        if failure is not None:
+            raise failure from None
         raise
-    return NativeCopy(uri, tuple(written), hashlib.sha256(manifest).hexdigest())
+    return NativeCopy(uri, copied.files, hashlib.sha256(manifest).hexdigest(), copied.changes_after,
+                      copied.change_files)
+
+
+@dataclass(frozen=True)
+class PinnedCopy:
+    """A private copy of one batch's files (no manifest): a checkpoint Spark's state data source reads as the live
+    one at that batch, whatever the stream's retention deletes meanwhile."""
+    checkpoint: CheckpointPath
+    files: int
+    bytes: int
+    changes_after: int | None  # it also holds the change feed (changes_after, batch]; None: not
+
+
+def pin_copy(checkpoint: CheckpointPath, batch_id: int, *, partitions: int, provider: str, target: CheckpointPath,
+             changes_after: int | None = None) -> PinnedCopy:
+    """The checkpoint's files for batch `batch_id` (and its change feed's after `changes_after`) pinned at
+    `target`, a directory beside the checkpoint: hard links on a local filesystem, server-side copies on S3, copies
+    through this process on HDFS. NativeGone / NativeUnavailable as copy_out; nothing left behind on a failure."""
+    try:
+        copied = _copy_batch(checkpoint, target, batch_id, partitions, provider, changes_after, link=True)
+    except BaseException as error:
+        with suppress(Exception):
+            remove_tree(target)
+        failure = _storage_failure(error)
+        if failure is not None:
+            raise failure from None
+        raise
+    return PinnedCopy(target, len(copied.files) + len(copied.change_files), sum(f.size for f in copied.files),
+                      copied.changes_after)
 
 
 def _manifest(store_uri: str, savepoint_id: str, checksum: str) -> dict[str, Any]:
