@@ -288,7 +288,7 @@ def forget_user_op(context: OpExecutionContext, sessions: SessionsResource, pysp
                                  "dagster_runs_unfinished": unfinished})
 
 
-@job(tags=LIFECYCLE_TAGS, description="Erase users everywhere (one or many in one run): tables, live state, savepoints, "
-     "older table versions.")
+@job(tags=LIFECYCLE_TAGS, description="Erase users everywhere (one or many in one run): tables, live state, "
+     "savepoints, older table versions.")
 def forget_user() -> None:
     forget_user_op()

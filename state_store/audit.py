@@ -114,11 +114,15 @@ def _parquet_mentions(data: bytes, users: Sequence[UserSpelling], *, nested: boo
     for column in table.columns:
         kind = column.type
         if pa.types.is_string(kind) or pa.types.is_large_string(kind) or pa.types.is_string_view(kind):
-            text = column.cast(pa.string())
-            for user in users:
-                found[user.user_id] += int(pc.sum(pc.equal(text, user.user_id)).as_py() or 0)
-                found[user.user_id] += sum(1 for value in user.matching(text) if value != user.user_id
-                                           for _ in range(int(pc.sum(pc.equal(text, value)).as_py() or 0)))
+            # One pass for all users: the values that are a user's id or could spell one (an id inside, or an
+            # escape), counted once each; then each such distinct value judged per user (UserSpelling.matching).
+            text = pc.fill_null(column.cast(pa.string()), "")
+            maybe = pc.match_substring_regex(text, "|".join([re.escape("\\"), *(re.escape(u.user_id) for u in users)]))
+            for item in pc.value_counts(pc.filter(text, maybe)).to_pylist():
+                value, times = item["values"], item["counts"]
+                for user in users:
+                    if value == user.user_id or user.names(value):
+                        found[user.user_id] += times
         elif nested and (pa.types.is_struct(kind) or pa.types.is_list(kind) or pa.types.is_map(kind)):
             values = [value for value in column.to_pylist() if value is not None]
             for user in users:

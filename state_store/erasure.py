@@ -1,9 +1,9 @@
-"""Erasure: `sessionctl forget --user U [--user V ...]` removes users from everything the product keeps -- raw_events, sessions,
-quarantine, the live state and the versions its checkpoint retains, every savepoint, the files of older table
-versions (within SESSIONS_ERASURE_DEADLINE_HOURS), the tables' Delta logs (predicates and statistics scrubbed) and
-every landed file (pending, still being written or archived; any spelling of the id) -- and `forget --verify` reads
-every file under every location the product writes, as an auditor would, and says where U still appears. Events of
-U that arrive later are dropped at ingest (the standing erasure, pipelines.ingest.erased.ErasedUsers).
+"""Erasure: `sessionctl forget --user U [--user V ...]` removes users from everything the product keeps --
+raw_events, sessions, quarantine, the live state and the versions its checkpoint retains, every savepoint, the files
+of older table versions (within SESSIONS_ERASURE_DEADLINE_HOURS), the tables' Delta logs (predicates and statistics
+scrubbed) and every landed file (pending, still being written or archived; any spelling of the id) -- and `forget
+--verify` reads every file under every location the product writes, as an auditor would, and says where U still
+appears. Events of U that arrive later are dropped at ingest (the standing erasure, pipelines.ingest.erased.ErasedUsers).
 
 Several users are one erasure that costs about what one user costs: one state rewrite, one DELETE per table (`user_id
 IN (...)`), one pass over each landed file, each savepoint and each Delta log, one scan of every file for verify;

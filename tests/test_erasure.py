@@ -189,10 +189,11 @@ def test_forget_beside_a_running_stream(spark, tmp_path):
 @pytest.mark.parametrize("kill_at", ["restore:aside", "forget:rows-erased"])
 def test_a_bulk_forget_killed_midway_is_finished_by_running_it_again(spark, tmp_path, kill_at):
     """`sessionctl forget` of several users killed (its named kill points: SESSIONS_KILL_AT) inside its restore, or
-    with raw_events erased and the other tables, landed files and logs not yet; then the same erasure again: none of the users is anywhere, and the job is the oracle's
-    without them -- never a half-applied erasure left looking done. The second one is the library call `sessionctl
-    forget` makes, in the tests' session: what finishes the erasure is what the killed one left on disk, and a second
-    process would add only a JVM start (the CLI's own exit and JSON: test_the_cli_forgets_and_verifies_in_json)."""
+    with raw_events erased and the other tables, landed files and logs not yet; then the same erasure again: none of
+    the users is anywhere, and the job is the oracle's without them -- never a half-applied erasure left looking done.
+    The second one is the library call `sessionctl forget` makes, in the tests' session: what finishes the erasure is
+    what the killed one left on disk, and a second process would add only a JVM start (the CLI's own exit and JSON:
+    test_the_cli_forgets_and_verifies_in_json)."""
     import signal
 
     from deltalake import DeltaTable

@@ -96,8 +96,8 @@ def auditor_grep_all(root: Path, user_ids: list[str]) -> dict[str, dict[str, int
         forms = {user_id, json.dumps(user_id)[1:-1], user_id.replace("'", "''")}
         forms |= {json.dumps(form)[1:-1] for form in set(forms)}
         owner.update({form.encode(): user_id for form in forms})
-    pattern = re.compile(rb"(?<![0-9A-Za-z_.\-])(" + b"|".join(re.escape(f) for f in sorted(owner, key=len, reverse=True))
-                         + rb")(?![0-9A-Za-z_.\-])")
+    forms = b"|".join(re.escape(form) for form in sorted(owner, key=len, reverse=True))
+    pattern = re.compile(rb"(?<![0-9A-Za-z_.\-])(" + forms + rb")(?![0-9A-Za-z_.\-])")
     found: dict[str, dict[str, int]] = {user_id: {} for user_id in user_ids}
 
     def count(path: Path, data: bytes) -> None:

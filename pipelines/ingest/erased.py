@@ -96,7 +96,8 @@ def normalized_user(value: object) -> str | None:
 
 @functools.lru_cache(maxsize=4096)
 def _byte_forms(user_id: str) -> tuple[bytes, ...]:
-    base = {user_id, json.dumps(user_id)[1:-1], json.dumps(user_id, ensure_ascii=False)[1:-1], user_id.replace("'", "''")}
+    base = {user_id, json.dumps(user_id)[1:-1], json.dumps(user_id, ensure_ascii=False)[1:-1],
+            user_id.replace("'", "''")}
     forms = base | {json.dumps(form)[1:-1] for form in base} | {json.dumps(form, ensure_ascii=False)[1:-1]
                                                                  for form in base}
     return tuple(sorted({form.encode() for form in forms if form}, key=len, reverse=True))
@@ -225,8 +226,11 @@ class UserGroup:
         return cls(users, frozenset(u.user_id for u in users))
 
     def could_be_in(self, data: bytes) -> bool:
-        """A cheap first test: False only where no user of the group can be."""
-        return b"\\" in data or any(form in data for user in self.users for form in user.byte_forms())
+        """A first test: False only where no user of the group can be. A search per spelling of each user is cheaper
+        than decoding every line up to about 150 users (measured on landed JSON lines); past that, True."""
+        if b"\\" in data or len(self.users) > 150:
+            return True
+        return any(form in data for user in self.users for form in user.byte_forms())
 
     def line_user(self, line: bytes) -> str | None:
         """The user of the group one landed line names (UserSpelling.line_names), else None."""
