@@ -8,6 +8,7 @@ from __future__ import annotations
 import contextlib
 import os
 import shutil
+from collections.abc import Sequence
 
 from dagster import (
     DagsterInstance,
@@ -30,14 +31,22 @@ USER_LISTING_JOBS = frozenset({"state_lookup"})
 FINISHED = (DagsterRunStatus.SUCCESS, DagsterRunStatus.FAILURE, DagsterRunStatus.CANCELED)
 
 
-def runs_naming(instance: DagsterInstance, user_id: str, *, besides: str | None = None) -> list[DagsterRun]:
-    """Every run of the instance but `besides` whose run config or tags name U, or, for a USER_LISTING_JOBS run,
-    whose event log does."""
-    user = UserSpelling(user_id)
-    return [run for run in instance.get_runs() if run.run_id != besides and (
-        user.in_value(dict(run.run_config or {})) or user.in_value(dict(run.tags or {}))
-        or (run.job_name in USER_LISTING_JOBS and any(
-            user.in_bytes(serialize_value(entry).encode()) for entry in instance.all_logs(run.run_id))))]
+def runs_naming(instance: DagsterInstance, users: str | Sequence[str], *, besides: str | None = None
+                ) -> list[DagsterRun]:
+    """Every run of the instance but `besides` whose run config or tags name one of `users` (one id or several), or,
+    for a USER_LISTING_JOBS run, whose event log does. Each run is read once, whatever the number of users."""
+    spelled = [UserSpelling(u) for u in ([users] if isinstance(users, str) else users)]
+
+    def names(run: DagsterRun) -> bool:
+        config, tags = dict(run.run_config or {}), dict(run.tags or {})
+        if any(user.in_value(config) or user.in_value(tags) for user in spelled):
+            return True
+        if run.job_name not in USER_LISTING_JOBS:
+            return False
+        entries = [serialize_value(entry).encode() for entry in instance.all_logs(run.run_id)]
+        return any(user.in_bytes(entry) for entry in entries for user in spelled)
+
+    return [run for run in instance.get_runs() if run.run_id != besides and names(run)]
 
 
 def delete_run(instance: DagsterInstance, run_id: str) -> None:
@@ -53,10 +62,11 @@ def delete_run(instance: DagsterInstance, run_id: str) -> None:
         shutil.rmtree(directory)
 
 
-def delete_runs_naming(instance: DagsterInstance, user_id: str, *, besides: str) -> tuple[int, int]:
-    """Deletes the finished runs naming U (runs_naming) but `besides`; (deleted, unfinished: left, still running)."""
+def delete_runs_naming(instance: DagsterInstance, users: str | Sequence[str], *, besides: str) -> tuple[int, int]:
+    """Deletes the finished runs naming one of `users` (runs_naming) but `besides`; (deleted, unfinished: left, still
+    running)."""
     deleted = unfinished = 0
-    for run in runs_naming(instance, user_id, besides=besides):
+    for run in runs_naming(instance, users, besides=besides):
         if run.status in FINISHED:
             delete_run(instance, run.run_id)
             deleted += 1

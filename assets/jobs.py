@@ -241,39 +241,54 @@ def state_lookup() -> None:
 
 
 class ForgetConfig(Config):
-    # The user to erase. Dagster's run storage keeps it in this run's config: a forget deletes every other run whose
-    # config or tags (a state_lookup: also its event log) name the user, with its storage directory; this run itself
+    # The users to erase. Dagster's run storage keeps them in this run's config: a forget deletes every other run whose
+    # config or tags (a state_lookup: also its event log) name one of them, with its storage directory; this run itself
     # is deleted by the erasure_runs_cleanup sensor once finished (assets/erasure_runs.py).
-    user_id: str = Field(description="The user to erase from every table, the live state and every savepoint.")
-    verify_only: bool = Field(default=False, description="Only say where the user still appears; erase nothing.")
+    user_id: str = Field(default="", description="A user to erase from every table, the live state and every "
+                         "savepoint (or list them in users).")
+    users: list[str] = Field(default=[], description="Users to erase, all in one erasure (about the cost of one); "
+                             "with user_id, both.")
+    verify_only: bool = Field(default=False, description="Only say where the users still appear; erase nothing.")
+
+    def user_ids(self) -> list[str]:
+        return list(dict.fromkeys(u for u in [self.user_id, *self.users] if u))
 
 
 @op(tags=LIFECYCLE_TAGS)
 def forget_user_op(context: OpExecutionContext, sessions: SessionsResource, pyspark: SessionsSpark,
                    config: ForgetConfig) -> None:
-    """`sessionctl forget --user U` (or `--verify`): the erasure log and this op's metadata name U by its keyed hash
-    only; no output value (the IO manager would keep it). Then Dagster's own run storage: the other runs naming U are
-    deleted (`dagster_runs_deleted`; a run still going is left and counted, `dagster_runs_unfinished`), or with
-    verify_only counted (`found_dagster_runs`: not clean while any)."""
+    """`sessionctl forget --user U [--user V ...]` (or `--verify`): the erasure log and this op's metadata name the
+    users by keyed hash only; no output value (the IO manager would keep them). Then Dagster's own run storage: the
+    other runs naming a user are deleted (`dagster_runs_deleted`; a run still going is left and counted,
+    `dagster_runs_unfinished`), or with verify_only counted (`found_dagster_runs`: not clean while any)."""
+    users = config.user_ids()
+    if not users:  # before Spark starts (a lazy session)
+        raise Failure(description="set user_id or users: nobody to erase", allow_retries=False,
+                      metadata={"next_step": "set users: [<a user>, ...] in ops.forget_user_op.config"})
     spark = pyspark.spark_session
     if config.verify_only:
-        found = expected_errors(erasure.verify, sessions.config(), config.user_id, spark=spark)
-        runs = erasure_runs.runs_naming(context.instance, config.user_id, besides=context.run_id)
+        found = expected_errors(erasure.verify_many, sessions.config(), users, spark=spark)
+        runs = erasure_runs.runs_naming(context.instance, users, besides=context.run_id)
         context.add_output_metadata({"clean": found.clean and not runs,
                                      **{f"found_{k}": v for k, v in found.found.items()},
-                                     "found_dagster_runs": len(runs), "unreadable_files": len(found.unreadable)})
+                                     "found_dagster_runs": len(runs),
+                                     "unreadable_files": len(found.users[0].unreadable),
+                                     "users": len(users), "users_clean": sum(u.clean for u in found.users)})
         return
-    result = expected_errors(erasure.forget, sessions.config(), config.user_id, spark=spark)
-    deleted, unfinished = erasure_runs.delete_runs_naming(context.instance, config.user_id, besides=context.run_id)
+    result = expected_errors(erasure.forget, sessions.config(), users, spark=spark)
+    deleted, unfinished = erasure_runs.delete_runs_naming(context.instance, users, besides=context.run_id)
     if unfinished:
-        context.log.warning(f"{unfinished} Dagster run(s) naming the user are still going: run forget_user again "
-                            "once they have finished")
+        context.log.warning(f"{unfinished} Dagster run(s) naming an erased user are still going: run forget_user "
+                            "again once they have finished")
     context.add_output_metadata({"erasure_id": result.erasure_id, "user_hash": result.user_hash,
+                                 "users": len(result.users),
+                                 "user_hashes": MetadataValue.json([u.user_hash for u in result.users]),
                                  **{f"removed_{k}": v for k, v in result.removed.items()},
                                  "purged_files": result.purged_files, "dagster_runs_deleted": deleted,
                                  "dagster_runs_unfinished": unfinished})
 
 
-@job(tags=LIFECYCLE_TAGS, description="Erase a user everywhere: tables, live state, savepoints, older table versions.")
+@job(tags=LIFECYCLE_TAGS, description="Erase users everywhere (one or many in one run): tables, live state, "
+     "savepoints, older table versions.")
 def forget_user() -> None:
     forget_user_op()

@@ -83,6 +83,22 @@ def user_id(text: str) -> str:
     return text
 
 
+def users_file(path: str) -> list[str]:
+    """An argparse type: a file of user ids, one per line (surrounding whitespace and blank lines ignored), read now;
+    a missing, unreadable or empty file is the argument's one-line refusal."""
+    try:
+        with open(path, encoding="utf-8") as handle:
+            ids = [line.strip() for line in handle]
+    except FileNotFoundError:
+        raise argparse.ArgumentTypeError(f"no such file: {path}") from None
+    except (OSError, UnicodeDecodeError) as error:
+        raise argparse.ArgumentTypeError(f"cannot read {path}: {getattr(error, 'strerror', None) or error}") from None
+    ids = [user for user in ids if user]
+    if not ids:
+        raise argparse.ArgumentTypeError(f"{path} lists no user id (one per line; blank lines are ignored)")
+    return ids
+
+
 def object_store_failure(config: SessionsConfig, error: Exception) -> SessionsError | None:
     """An object store (S3) failure that no layer below turned into its one line -- `status` reading a table on an
     endpoint that is down -- as the line the library gives (pipelines.storage.s3_errors); None for anything else,

@@ -22,6 +22,7 @@ from sessionctl.checks import (
     object_store_failure,
     unwritable_location,
     user_id,
+    users_file,
 )
 
 # Each command imports what it runs, in its own function: `--help`, `savepoints` and the other commands that start no
@@ -220,11 +221,17 @@ def cmd_state(config: SessionsConfig, args: argparse.Namespace) -> None:
         print(json.dumps(result, indent=2, default=str))
 
 
-def cmd_forget(config: SessionsConfig, args: argparse.Namespace) -> int | None:
-    from state_store.erasure import forget, verify
+def _forget_users(args: argparse.Namespace) -> list[str]:
+    """The users of `forget`: every --user, then the --users-file's, each once in the order given."""
+    return list(dict.fromkeys([*(args.user or []), *(args.users_file or [])]))
 
-    if args.verify:
-        verification = verify(config, args.user)
+
+def cmd_forget(config: SessionsConfig, args: argparse.Namespace) -> int | None:
+    from state_store.erasure import forget, verify, verify_many
+
+    users = _forget_users(args)
+    if args.verify and len(users) == 1:
+        verification = verify(config, users[0])
         _print(verification.to_dict(), args.json)
         if not verification.clean:
             places = ", ".join(f"{place} ({n})" for place, n in verification.found.items() if n)
@@ -234,7 +241,21 @@ def cmd_forget(config: SessionsConfig, args: argparse.Namespace) -> int | None:
             return _answer_no(command=args.command, reason=f"{len(verification.unreadable)} file(s) could not be read, "
                                                            f"so may still name the user: {first} ({why})")
         return None
-    _print(forget(config, args.user).to_dict(), args.json)
+    if args.verify:
+        checked = verify_many(config, users)
+        _print(checked.to_dict(), args.json)
+        if not checked.clean:
+            found = [n for n, answer in enumerate(checked.users, 1) if any(answer.found.values())]
+            if found:
+                places = ", ".join(f"{place} ({n})" for place, n in checked.found.items() if n)
+                return _answer_no(command=args.command, reason=f"{len(found)} of {len(users)} users still appear "
+                                  f"(number {', '.join(map(str, found[:20]))}{', ...' if len(found) > 20 else ''} "
+                                  f"in the order given) in {places}")
+            first, why = next(iter(checked.users[0].unreadable.items()))
+            return _answer_no(command=args.command, reason=f"{len(checked.users[0].unreadable)} file(s) could not be "
+                                                           f"read, so may still name the users: {first} ({why})")
+        return None
+    _print(forget(config, users).to_dict(), args.json)
     return None
 
 
@@ -302,14 +323,21 @@ def build_parser() -> argparse.ArgumentParser:
                     "savepoint, oldest first")
     sv.add_argument("--json", action="store_true")
     sv.set_defaults(fn=cmd_state)
-    fg = sub.add_parser("forget", help="erase a user everywhere: tables, live state, savepoints, older table versions "
+    fg = sub.add_parser("forget", help="erase users everywhere: tables, live state, savepoints, older table versions "
                         "(within SESSIONS_ERASURE_DEADLINE_HOURS), the tables' Delta logs, every landed file; later events of the "
-                        "user are dropped at ingest")
-    fg.add_argument("--user", required=True, type=user_id, help="the user id to erase")
-    fg.add_argument("--verify", action="store_true", help="only say where the user still appears. Exit 0: clean; "
-                    f"{NOT_SO}: still found somewhere (the answer still on stdout, the places on stderr)")
+                        "users are dropped at ingest. Many users in one forget cost about what one costs")
+    whom = fg.add_argument_group("users (at least one; both may be given)")
+    whom.add_argument("--user", action="append", type=user_id, help="a user id to erase (repeatable)")
+    whom.add_argument("--users-file", type=users_file, metavar="PATH", help="a file of user ids to erase, one per "
+                      "line (surrounding whitespace and blank lines ignored)")
+    fg.add_argument("--verify", action="store_true", help="only say where the users still appear, per user. Exit 0: "
+                    f"clean; {NOT_SO}: still found somewhere (the answer still on stdout, the places on stderr)")
     fg.add_argument("--json", action="store_true")
-    fg.set_defaults(fn=cmd_forget)
+
+    def some_user(args: argparse.Namespace) -> None:
+        if not (args.user or args.users_file):
+            fg.error("the following arguments are required: --user or --users-file")
+    fg.set_defaults(fn=cmd_forget, after_parse=some_user)
     cp = sub.add_parser("compact", help="compaction and retention")
     # Within the bounds of the settings they override (pipelines.config).
     cp.add_argument("--keep-last", type=checked(lambda text: check_setting("keep_savepoints", text, "n")),
@@ -354,6 +382,8 @@ def _label(args: argparse.Namespace) -> str:
 
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
+    if getattr(args, "after_parse", None):  # what argparse cannot say itself (forget: --user or --users-file)
+        args.after_parse(args)
     if args.command != "run":  # only `run` stops in order on Ctrl-C; the others end at once, in one line
         signal.signal(signal.SIGINT, signal.default_int_handler)
     config: SessionsConfig | None = None

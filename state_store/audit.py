@@ -21,7 +21,7 @@ import os
 import re
 import uuid
 import zipfile
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
@@ -30,13 +30,13 @@ import pyarrow.compute as pc
 import pyarrow.fs as pafs
 import pyarrow.parquet as pq
 
-from pipelines.ingest.erased import UserSpelling
+from pipelines.ingest.erased import UserGroup, UserSpelling
 from pipelines.storage import filesystem, is_s3
 
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession
 
-__all__ = ["Findings", "StoreFiles", "Unreadable", "scan", "scrub_delta_log"]
+__all__ = ["Findings", "StoreFiles", "Unreadable", "mentions", "mentions_of", "scan", "scan_for", "scrub_delta_log"]
 
 LOG_DIR = "_delta_log"
 # Spark's state store files, version first (`12.delta`; checkpoint format v2 adds `_<unique id>`): the HDFS-backed
@@ -104,67 +104,114 @@ def _read(fs: pafs.FileSystem, path: str) -> bytes:
         return bytes(handle.read())
 
 
-def _parquet_mentions(data: bytes, user: UserSpelling, *, nested: bool) -> int:
+def _parquet_mentions(data: bytes, users: Sequence[UserSpelling], *, nested: bool) -> dict[str, int]:
+    """Mentions of each user in one Parquet file, decoded once (its bytes, when it is not Parquet after all)."""
     try:
         table = pq.read_table(pa.BufferReader(data))
     except Exception:  # noqa: BLE001 -- not Parquet after all (or damaged): judged by its bytes
-        return user.in_bytes(data)
-    found = 0
+        return {user.user_id: user.in_bytes(data) for user in users}
+    found = dict.fromkeys((user.user_id for user in users), 0)
     for column in table.columns:
         kind = column.type
         if pa.types.is_string(kind) or pa.types.is_large_string(kind) or pa.types.is_string_view(kind):
-            text = column.cast(pa.string())
-            found += int(pc.sum(pc.equal(text, user.user_id)).as_py() or 0)
-            found += sum(1 for value in user.matching(text) if value != user.user_id
-                         for _ in range(int(pc.sum(pc.equal(text, value)).as_py() or 0)))
+            # One pass for all users: the values that are a user's id or could spell one (an id inside, or an
+            # escape), counted once each; then each such distinct value judged per user (UserSpelling.matching).
+            text = pc.fill_null(column.cast(pa.string()), "")
+            maybe = pc.match_substring_regex(text, "|".join([re.escape("\\"), *(re.escape(u.user_id) for u in users)]))
+            for item in pc.value_counts(pc.filter(text, maybe)).to_pylist():
+                value, times = item["values"], item["counts"]
+                for user in users:
+                    if value == user.user_id or user.names(value):
+                        found[user.user_id] += times
         elif nested and (pa.types.is_struct(kind) or pa.types.is_list(kind) or pa.types.is_map(kind)):
-            found += sum(1 for value in column.to_pylist() if value is not None and user.in_value(value))
+            values = [value for value in column.to_pylist() if value is not None]
+            for user in users:
+                found[user.user_id] += sum(1 for value in values if user.in_value(value))
     return found
 
 
-def _json_lines_mentions(data: bytes, user: UserSpelling) -> int:
-    found = 0
+def _json_lines_mentions(data: bytes, users: Sequence[UserSpelling]) -> dict[str, int]:
+    found = dict.fromkeys((user.user_id for user in users), 0)
     for line in data.splitlines():
-        if not line.strip() or not user.could_be_in(line):
+        if not line.strip():
+            continue
+        candidates = [user for user in users if user.could_be_in(line)]
+        if not candidates:
             continue
         try:
-            found += int(user.in_value(json.loads(line)))
+            decoded = json.loads(line)
         except ValueError:
-            found += int(user.names(line.decode("utf-8", "replace")))
+            text = line.decode("utf-8", "replace")
+            for user in candidates:
+                found[user.user_id] += int(user.names(text))
+            continue
+        for user in candidates:
+            found[user.user_id] += int(user.in_value(decoded))
+    return found
+
+
+def _landed_mentions(data: bytes, users: Sequence[UserSpelling]) -> dict[str, int]:
+    """Landed lines by their decoded user_id (UserGroup.line_user), each line decoded once."""
+    group = UserGroup.of(user.user_id for user in users)
+    found = dict.fromkeys((user.user_id for user in users), 0)
+    for line in data.split(b"\n"):
+        named = group.line_user(line) if line.strip() else None
+        if named is not None:
+            found[named] += 1
     return found
 
 
 def mentions(path: str, data: bytes, user: UserSpelling, *, store_files: StoreFiles | None = None) -> int:
     """How often one file (its path and bytes) names the user, read as its kind of file is read (Unreadable: a state
     store file that cannot be decoded)."""
+    return mentions_of(path, data, [user], store_files=store_files)[user.user_id]
+
+
+def mentions_of(path: str, data: bytes, users: Sequence[UserSpelling], *, store_files: StoreFiles | None = None
+                ) -> dict[str, int]:
+    """How often one file names each of `users` (user id -> mentions), the file read and decoded once as its kind of
+    file is read (Unreadable: a state store file that cannot be decoded)."""
     name = path.rsplit("/", 1)[-1]
-    if not data:
-        return 0
+    none = dict.fromkeys((user.user_id for user in users), 0)
+    if not data or not users:
+        return none
     if _STATE_STREAM.match(name) or name.endswith(".sst"):
-        return user.in_bytes((store_files or StoreFiles(None)).plain(name, data))
+        plain = (store_files or StoreFiles(None)).plain(name, data)
+        return {user.user_id: user.in_bytes(plain) for user in users}
     if _STATE_ZIP.match(name):
         try:
             with zipfile.ZipFile(io.BytesIO(data)) as archive:
                 members = [(member, archive.read(member)) for member in archive.namelist()]
         except (zipfile.BadZipFile, OSError) as error:
             raise Unreadable(f"not a readable zip: {error}") from None
-        return sum(mentions(f"{path}/{member}", content, user, store_files=store_files) for member, content in members)
+        for member, content in members:
+            for user_id, count in mentions_of(f"{path}/{member}", content, users, store_files=store_files).items():
+                none[user_id] += count
+        return none
     if name.endswith(".parquet"):
-        return _parquet_mentions(data, user, nested=f"/{LOG_DIR}/" in path)
+        return _parquet_mentions(data, users, nested=f"/{LOG_DIR}/" in path)
     if name.endswith(".jsonl"):
-        return sum(1 for line in data.split(b"\n") if line.strip() and user.line_names(line))
-    if not user.could_be_in(data):
-        return 0
+        return _landed_mentions(data, users)
+    candidates = [user for user in users if user.could_be_in(data)]
+    if not candidates:
+        return none
     if f"/{LOG_DIR}/" in path and (name.endswith(".json") or name.endswith(".crc")):
-        return _json_lines_mentions(data, user)
-    return user.in_bytes(data)
+        return {**none, **_json_lines_mentions(data, candidates)}
+    return {**none, **{user.user_id: user.in_bytes(data) for user in candidates}}
 
 
 def scan(uri: str, user: UserSpelling, *, seen: set[str] | None = None, store_files: StoreFiles | None = None
          ) -> Findings:
     """Every file under `uri`, read for the user (`seen`: paths read already under another root, skipped;
     `store_files`: how Spark's state store files are decoded -- without it they are unreadable)."""
-    findings = Findings()
+    return scan_for(uri, [user], seen=seen, store_files=store_files)[user.user_id]
+
+
+def scan_for(uri: str, users: Sequence[UserSpelling], *, seen: set[str] | None = None,
+             store_files: StoreFiles | None = None) -> dict[str, Findings]:
+    """Every file under `uri`, read once for all of `users` (user id -> findings; a file that cannot be read is
+    unreadable for each of them). `seen` and `store_files` as for `scan`."""
+    findings = {user.user_id: Findings() for user in users}
     _, root = filesystem(uri)
     for fs, path in _files(uri):
         if seen is not None:
@@ -173,9 +220,11 @@ def scan(uri: str, user: UserSpelling, *, seen: set[str] | None = None, store_fi
             seen.add(path)
         relative = os.path.relpath(path, root) if not is_s3(uri) else path[len(root):].lstrip("/")
         try:
-            findings.add(relative, mentions(path, _read(fs, path), user, store_files=store_files))
+            for user_id, count in mentions_of(path, _read(fs, path), users, store_files=store_files).items():
+                findings[user_id].add(relative, count)
         except Unreadable as why:
-            findings.unreadable[relative] = str(why)
+            for found in findings.values():
+                found.unreadable[relative] = str(why)
     return findings
 
 
@@ -237,7 +286,7 @@ def scrub_delta_log(uri: str, user_ids: list[str]) -> int:
                 continue
             cleaned = _scrub_commit(data, users)
         elif name.endswith(".parquet"):
-            if not any(_parquet_mentions(data, u, nested=True) for u in users):
+            if not any(_parquet_mentions(data, users, nested=True).values()):
                 continue
             cleaned = _scrub_checkpoint(data, users)
         else:

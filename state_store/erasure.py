@@ -1,9 +1,13 @@
-"""Erasure: `sessionctl forget --user U` removes a user from everything the product keeps -- raw_events, sessions,
-quarantine, the live state and the versions its checkpoint retains, every savepoint, the files of older table
-versions (within SESSIONS_ERASURE_DEADLINE_HOURS), the tables' Delta logs (predicates and statistics scrubbed) and
-every landed file (pending, still being written or archived; any spelling of the id) -- and `forget --verify` reads
-every file under every location the product writes, as an auditor would, and says where U still appears. Events of
-U that arrive later are dropped at ingest (the standing erasure, pipelines.ingest.erased.ErasedUsers).
+"""Erasure: `sessionctl forget --user U [--user V ...]` removes users from everything the product keeps --
+raw_events, sessions, quarantine, the live state and the versions its checkpoint retains, every savepoint, the files
+of older table versions (within SESSIONS_ERASURE_DEADLINE_HOURS), the tables' Delta logs (predicates and statistics
+scrubbed) and every landed file (pending, still being written or archived; any spelling of the id) -- and `forget
+--verify` reads every file under every location the product writes, as an auditor would, and says where U still
+appears. Events of U that arrive later are dropped at ingest (the standing erasure, pipelines.ingest.erased.ErasedUsers).
+
+Several users are one erasure that costs about what one user costs: one state rewrite, one DELETE per table (`user_id
+IN (...)`), one pass over each landed file, each savepoint and each Delta log, one scan of every file for verify;
+the erasure log still has one row per user.
 
 Every step is idempotent, so a forget that was killed is finished by running it again. The live state of a stopped
 job is erased by a savepoint, that savepoint erased like every other, and a restore from it (the checkpoint it
@@ -15,26 +19,30 @@ from __future__ import annotations
 import datetime as dt
 import time
 import uuid
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
 
+import pyarrow as pa
+import pyarrow.compute as pc
 import pyarrow.fs as pafs
 from deltalake import DeltaTable
 from pyspark.sql import SparkSession
 
 from pipelines.config import SessionsConfig
+from pipelines.coordination import kill_point
 from pipelines.coordination.fencing import fenced_delete
 from pipelines.coordination.job_leases import running_stream
 from pipelines.coordination.leases import Lease
 from pipelines.coordination.requests import await_answer, request_erasure
 from pipelines.errors import NoCommittedBatch, Result, SessionsError, StopIncomplete
-from pipelines.ingest.erase_lines import erase_landed_lines
-from pipelines.ingest.erased import COMPLETE, LOG_TABLE, STARTED, UserSpelling, log_erasure, user_hash
+from pipelines.ingest.erase_lines import erase_landed_lines_of
+from pipelines.ingest.erased import COMPLETE, LOG_TABLE, STARTED, UserSpelling, log_erasures, user_hash
 from pipelines.job.checkpoint import inspect_checkpoint, read_restore_marker
 from pipelines.job.runtime import get_spark, spark_failures
 from pipelines.locations import checkpoint_path, remove_tree
 from pipelines.storage import filesystem, join, read_rows, sql_literal, storage_options, table_exists
-from state_store.audit import StoreFiles, mentions, scan, scrub_delta_log
+from state_store.audit import StoreFiles, mentions_of, scan_for, scrub_delta_log
 from state_store.lifecycle import lifecycle_locks, replaced_checkpoints
 from state_store.restore import restore_unlocked
 from state_store.savepoint import native
@@ -42,19 +50,40 @@ from state_store.savepoint.catalog import SavepointStore
 from state_store.savepoint.chain import savepoint_checksum
 from state_store.savepoint.damage import damaged_members, table_damage
 from state_store.savepoint.take import savepoint_last_batch
-from state_store.state import lookup_user
+from state_store.state import open_events_of
 
-__all__ = ["erasures_recorded", "forget", "forget_unlocked", "verify", "verify_forgotten"]
+__all__ = ["ForgetResult", "ForgetVerification", "UserErased", "Verifications", "erasures_recorded", "forget",
+           "forget_unlocked", "user_ids_of", "verify", "verify_forgotten", "verify_forgotten_many", "verify_many"]
+
+# The places counted per user (rows, events or lines of that user); the other places of `removed` are the erasure's
+# own (savepoints rewritten, native copies and set-aside checkpoints dropped, log files scrubbed).
+PER_USER = ("live_state_events", "savepoint_rows", "raw_events", "sessions", "quarantine", "landed_lines")
+
+
+@dataclass(frozen=True)
+class UserErased(Result):
+    """One user of an erasure: its keyed hash (never the id) and its rows, events or lines removed per place
+    (PER_USER)."""
+    user_hash: str
+    removed: dict[str, int]
 
 
 @dataclass(frozen=True)
 class ForgetResult(Result):
-    """What `sessionctl forget --user U` prints: rows removed per place (never U itself)."""
+    """What `sessionctl forget --user U [--user V ...]` prints: rows removed per place, for all the users together, and
+    per user in `users` (in the order given; never an id)."""
     erasure_id: str
-    user_hash: str
-    removed: dict[str, int]
+    user_hash: str          # the (first) user's keyed hash: the only one of a single-user erasure
+    removed: dict[str, int]  # PER_USER places summed over the users, and the erasure's own places
     purged_files: int      # files of older table versions deleted now (the rest within the deadline)
     seconds: float
+    users: list[UserErased] = field(default_factory=list)
+
+    @classmethod
+    def from_dict(cls, found: Mapping[str, Any]) -> ForgetResult:
+        """A ForgetResult from its to_dict() (a running stream's answer)."""
+        return cls(found["erasure_id"], found["user_hash"], dict(found["removed"]), found["purged_files"],
+                   found["seconds"], [UserErased(u["user_hash"], dict(u["removed"])) for u in found.get("users", [])])
 
 
 @dataclass(frozen=True)
@@ -67,18 +96,63 @@ class ForgetVerification(Result):
     unreadable: dict[str, str] = field(default_factory=dict)  # location/relative path -> why: never clean while any
 
 
-def _erase_rows(config: SessionsConfig, uri: str, user: UserSpelling, *, has_raw: bool, leases: list[Lease]) -> int:
-    """Delete U's rows from one Delta table (rows of U, and rejected lines whose raw text names U in any spelling),
-    fenced by the job lease where the stream writes; the rows removed. The predicates the log records are scrubbed
-    afterwards (state_store.audit.scrub_delta_log)."""
-    if not table_exists(config, uri):
-        return 0
+@dataclass(frozen=True)
+class Verifications(Result):
+    """What `sessionctl forget --verify` prints for several users: clean only if every one is; `found` summed per
+    place; each user's answer in `users`, in the order given (by keyed hash, never the id)."""
+    clean: bool
+    found: dict[str, int]
+    users: list[ForgetVerification]
+
+    @classmethod
+    def of(cls, answers: Sequence[ForgetVerification]) -> Verifications:
+        found: dict[str, int] = {}
+        for answer in answers:
+            for place, count in answer.found.items():
+                found[place] = found.get(place, 0) + count
+        return cls(all(answer.clean for answer in answers), found, list(answers))
+
+
+def user_ids_of(users: str | Sequence[str]) -> list[str]:
+    """The users of an erasure: one id or several, each once, in the order given (SessionsError: none)."""
+    ids = list(dict.fromkeys([users] if isinstance(users, str) else users))
+    if not ids or not all(ids):
+        raise SessionsError("forget needs user ids: --user U (repeatable) or --users-file PATH; an empty id erases "
+                            "nobody")
+    return ids
+
+
+def _in_list(users: Sequence[UserSpelling]) -> str:
+    return ", ".join(sql_literal(user.user_id) for user in users)
+
+
+def _erase_rows(config: SessionsConfig, uri: str, users: Sequence[UserSpelling], *, has_raw: bool,
+                leases: list[Lease]) -> dict[str, int]:
+    """Delete the users' rows from one Delta table in one DELETE (`user_id IN (...)`; and with `has_raw` one more for
+    the rejected lines whose raw text names one of them in any spelling), fenced by the job lease where the stream
+    writes; the rows removed per user. The predicates the log records are scrubbed afterwards
+    (state_store.audit.scrub_delta_log)."""
+    removed = dict.fromkeys((user.user_id for user in users), 0)
+    if not table_exists(config, uri) or not users:
+        return removed
     options = storage_options(config, uri)
-    removed = fenced_delete(uri, f"user_id = {sql_literal(user.user_id)}", leases, options)
-    if has_raw:  # the raw column is read once; the (few) rejected lines that name U are deleted by their text
+    predicate = f"user_id IN ({_in_list(users)})"
+    found = read_rows(DeltaTable(uri, storage_options=options), columns=["user_id"], where=predicate)["user_id"]
+    if len(found):
+        for item in pc.value_counts(found).to_pylist():
+            removed[item["values"]] += item["counts"]
+        fenced_delete(uri, predicate, leases, options)
+    if has_raw:  # the raw column is read once; the (few) rejected lines that name a user are deleted by their text
         raw = read_rows(DeltaTable(uri, storage_options=options), columns=["raw"], where="raw IS NOT NULL")["raw"]
-        for text in user.matching(raw):
-            removed += fenced_delete(uri, f"raw = {sql_literal(text)}", leases, options)
+        texts: dict[str, str] = {}
+        for user in users:
+            for text in user.matching(raw):
+                texts.setdefault(text, user.user_id)
+        if texts:
+            named = pc.filter(raw, pc.is_in(raw, value_set=pa.array(list(texts), pa.string())))
+            for item in pc.value_counts(named).to_pylist():
+                removed[texts[item["values"]]] += item["counts"]
+            fenced_delete(uri, f"raw IN ({', '.join(sql_literal(text) for text in texts)})", leases, options)
     return removed
 
 
@@ -91,15 +165,17 @@ def _purge_old_versions(config: SessionsConfig, uri: str) -> int:
                             enforce_retention_duration=False))
 
 
-def _erase_savepoints(config: SessionsConfig, spark: SparkSession, user: UserSpelling
-                      ) -> tuple[dict[str, int], list[str], list[str]]:
-    """U's rows out of every savepoint's state table, its catalog row's count and checksum recomputed in the
-    executors: a restore of any of them cannot bring U back. A damaged savepoint (state_store.savepoint.damage) never
-    blocks the others: it cannot be restored anyway, so the data files of its own table that name U are deleted and
-    it is counted; so are the files of state tables no catalog row names (savepoints killed before they were recorded).
-    (counts, the readable tables, the damaged and unrecorded ones)"""
+def _erase_savepoints(config: SessionsConfig, spark: SparkSession, users: Sequence[UserSpelling]
+                      ) -> tuple[dict[str, int], dict[str, int], list[str], list[str]]:
+    """The users' rows out of every savepoint's state table (one DELETE each), its catalog row's count and checksum
+    recomputed in the executors: a restore of any of them cannot bring a user back. A damaged savepoint
+    (state_store.savepoint.damage) never blocks the others: it cannot be restored anyway, so the data files of its own
+    table that name a user are deleted and it is counted; so are the files of state tables no catalog row names
+    (savepoints killed before they were recorded). (counts, rows per user, the readable tables, the damaged and
+    unrecorded ones)"""
     store = SavepointStore.of(config)
     counts = {"savepoint_rows": 0, "savepoints_changed": 0, "savepoints_damaged": 0, "savepoint_files_removed": 0}
+    per_user = dict.fromkeys((user.user_id for user in users), 0)
     uris: list[str] = []
     damaged: list[str] = []  # tables whose own log or files are damaged: their logs are scrubbed, never vacuumed
     catalog = store.list()
@@ -108,14 +184,17 @@ def _erase_savepoints(config: SessionsConfig, spark: SparkSession, user: UserSpe
     # erased before its own count and checksum are recomputed.
     for saved in reversed(catalog):
         if table_damage(store, saved.savepoint_id)[0] is not None:  # its own table cannot be read
-            counts["savepoint_files_removed"] += _remove_files_naming(saved.state_uri, user)
+            counts["savepoint_files_removed"] += _remove_files_naming(saved.state_uri, users)
             counts["savepoints_damaged"] += 1
             damaged.append(saved.state_uri)
             continue
         if not table_exists(config, saved.state_uri):
             continue
         uris.append(saved.state_uri)
-        gone = _erase_rows(config, saved.state_uri, user, has_raw=False, leases=[])
+        erased = _erase_rows(config, saved.state_uri, users, has_raw=False, leases=[])
+        gone = sum(erased.values())
+        for user_id, rows in erased.items():
+            per_user[user_id] += rows
         counts["savepoint_rows"] += gone
         if damaged_members(store, saved, catalog=catalog, checked=checked):
             counts["savepoints_damaged"] += 1  # its chain cannot be resolved: no count or checksum to recompute
@@ -129,19 +208,19 @@ def _erase_savepoints(config: SessionsConfig, spark: SparkSession, user: UserSpe
                 predicate=f"savepoint_id = {sql_literal(saved.savepoint_id)}")
             counts["savepoints_changed"] += 1
     # State tables no catalog row names: savepoints killed before they were recorded (none is in flight: a
-    # savepoint holds the lifecycle lease this erasure holds). Never restorable; their files that name U go.
+    # savepoint holds the lifecycle lease this erasure holds). Never restorable; their files that name a user go.
     listed = {saved.savepoint_id for saved in catalog}
     fs, root = filesystem(join(store.uri, "state"))
     for info in fs.get_file_info(pafs.FileSelector(root, allow_not_found=True)):
         if info.type == pafs.FileType.Directory and info.base_name not in listed:
-            counts["savepoint_files_removed"] += _remove_files_naming(store.state_uri(info.base_name), user)
+            counts["savepoint_files_removed"] += _remove_files_naming(store.state_uri(info.base_name), users)
             damaged.append(store.state_uri(info.base_name))
-    return counts, uris, damaged
+    return counts, per_user, uris, damaged
 
 
-def _remove_files_naming(uri: str, user: UserSpelling) -> int:
-    """The data files of a damaged savepoint table that name U, deleted (its log is scrubbed with the others); the
-    files deleted."""
+def _remove_files_naming(uri: str, users: Sequence[UserSpelling]) -> int:
+    """The data files of a damaged savepoint table that name one of the users, deleted (its log is scrubbed with the
+    others); the files deleted."""
     fs, root = filesystem(uri)
     removed = 0
     for info in fs.get_file_info(pafs.FileSelector(root, recursive=True, allow_not_found=True)):
@@ -149,7 +228,7 @@ def _remove_files_naming(uri: str, user: UserSpelling) -> int:
             continue
         with fs.open_input_stream(info.path) as handle:
             data = handle.read()
-        if mentions(info.path, data, user):
+        if any(mentions_of(info.path, data, users).values()):
             fs.delete_file(info.path)
             removed += 1
     return removed
@@ -160,56 +239,73 @@ def erasures_recorded(config: SessionsConfig) -> bool:
     return table_exists(config, config.table_uri(LOG_TABLE))
 
 
-def _live_rows(spark: SparkSession, config: SessionsConfig, user_id: str) -> int:
+def _live_events(spark: SparkSession, config: SessionsConfig, user_ids: Sequence[str]) -> dict[str, int]:
+    """Each user's open events in the live state (one pass over it, whatever the number of users)."""
     try:
-        found = lookup_user(spark, config, user_id)
+        return open_events_of(spark, config, user_ids)
     except NoCommittedBatch:
-        return 0
-    return sum(int(s["events"]) for s in found["open_sessions"])
+        return dict.fromkeys(user_ids, 0)
 
 
-def forget_unlocked(config: SessionsConfig, spark: SparkSession, user_id: str, *, lease: Lease | None = None
-                    ) -> ForgetResult:
-    """The erasure, for a caller that holds the job and lifecycle leases (the stream stopped, or the run loop between
-    two batches); with `lease` (the job lease) its table writes are fenced by it."""
+def forget_unlocked(config: SessionsConfig, spark: SparkSession, users: str | Sequence[str], *,
+                    lease: Lease | None = None) -> ForgetResult:
+    """The erasure of one user or several at once, for a caller that holds the job and lifecycle leases (the stream
+    stopped, or the run loop between two batches); with `lease` (the job lease) its table writes are fenced by it."""
     leases = [lease] if lease else []
-    if not user_id:
-        raise SessionsError("forget needs a user id: --user U")
+    ids = user_ids_of(users)
     started = time.monotonic()
-    user = UserSpelling(user_id)
-    hashed = user_hash(config, user_id)
+    spelled = [UserSpelling(user_id) for user_id in ids]
+    hashes = [user_hash(config, user_id) for user_id in ids]
     erasure_id = f"er-{dt.datetime.now(dt.timezone.utc):%Y%m%dT%H%M%S}-{uuid.uuid4().hex[:6]}"
-    log_erasure(config, erasure_id=erasure_id, hashed=hashed, status=STARTED, removed={})
+    log_erasures(config, erasure_id=erasure_id, status=STARTED, rows=[(hashed, {}) for hashed in hashes])
+    per_user: dict[str, dict[str, int]] = {place: dict.fromkeys(ids, 0) for place in PER_USER}
     removed: dict[str, int] = {}
     marker = read_restore_marker(config.checkpoint)
     if marker is not None:  # a forget killed inside its restore: finish that restore first
         restore_unlocked(config, marker["savepoint_id"], partitions=None, migrate=True, spark=spark, lease=lease)
     committed = inspect_checkpoint(config.checkpoint).last_committed_batch is not None
-    removed["live_state_events"] = _live_rows(spark, config, user_id) if committed else 0
-    # The live checkpoint is rebuilt whether or not U is in its current state: the versions it retains (RocksDB
-    # changelogs and snapshots, the HDFS provider's delta files) may hold U from earlier batches.
+    if committed:
+        per_user["live_state_events"] = _live_events(spark, config, ids)
+    # The live checkpoint is rebuilt whether or not a user is in its current state: the versions it retains (RocksDB
+    # changelogs and snapshots, the HDFS provider's delta files) may hold them from earlier batches. Once for all.
     if committed:
         erased_at = savepoint_last_batch(config, "erasure", spark, native_copy=False)  # every native copy goes below
-    erased_savepoints, savepoint_tables, damaged_tables = _erase_savepoints(config, spark, user)
+    erased_savepoints, per_user["savepoint_rows"], savepoint_tables, damaged_tables = \
+        _erase_savepoints(config, spark, spelled)
     removed.update(erased_savepoints)
     removed["native_copies"] = _drop_native_copies(config)
     if committed:
         result = restore_unlocked(config, erased_at.savepoint_id, partitions=None, migrate=False, spark=spark, lease=lease)
-        if result.previous_checkpoint:  # the replaced checkpoint's state files hold U
+        if result.previous_checkpoint:  # the replaced checkpoint's state files hold the users
             remove_tree(checkpoint_path(result.previous_checkpoint, webhdfs=config.webhdfs_address))
-    removed["raw_events"] = _erase_rows(config, config.raw_events_table, user, has_raw=True, leases=leases)
-    removed["sessions"] = _erase_rows(config, config.sessions_table, user, has_raw=False, leases=leases)
-    removed["quarantine"] = _erase_rows(config, config.quarantine_table, user, has_raw=True, leases=leases)
-    removed["landed_lines"] = erase_landed_lines(config, [user_id])
+    per_user["raw_events"] = _erase_rows(config, config.raw_events_table, spelled, has_raw=True, leases=leases)
+    kill_point("forget:rows-erased")
+    per_user["sessions"] = _erase_rows(config, config.sessions_table, spelled, has_raw=False, leases=leases)
+    per_user["quarantine"] = _erase_rows(config, config.quarantine_table, spelled, has_raw=True, leases=leases)
+    per_user["landed_lines"] = erase_landed_lines_of(config, ids)
     removed["set_aside_checkpoints"] = _remove_set_aside(config)
     tables = (config.raw_events_table, config.sessions_table, config.quarantine_table, *savepoint_tables)
     purged = sum(_purge_old_versions(config, uri) for uri in tables)
     # Last: the DELETE predicates above and older statistics are in the logs until now.
-    removed["log_files_scrubbed"] = sum(scrub_delta_log(uri, [user_id]) for uri in
+    removed["log_files_scrubbed"] = sum(scrub_delta_log(uri, ids) for uri in
                                         (*tables, *damaged_tables, SavepointStore.of(config).catalog_uri)
                                         if uri in damaged_tables or table_exists(config, uri))
-    log_erasure(config, erasure_id=erasure_id, hashed=hashed, status=COMPLETE, removed=removed)
-    return ForgetResult(erasure_id, hashed, removed, purged, round(time.monotonic() - started, 3))
+    users_erased = [UserErased(hashed, {place: per_user[place][user_id] for place in PER_USER})
+                    for user_id, hashed in zip(ids, hashes)]
+    removed.update({place: sum(per_user[place].values()) for place in PER_USER})
+    shared = {place: count for place, count in removed.items() if place not in PER_USER}
+    log_erasures(config, erasure_id=erasure_id, status=COMPLETE,
+                 rows=[(user.user_hash, {**shared, **user.removed, "users_erased": len(ids)}) for user in users_erased])
+    return ForgetResult(erasure_id, hashes[0], _in_order(removed), purged, round(time.monotonic() - started, 3),
+                        users_erased)
+
+
+def _in_order(removed: dict[str, int]) -> dict[str, int]:
+    """The places as a single-user erasure always listed them."""
+    order = ("live_state_events", "savepoint_rows", "savepoints_changed", "savepoints_damaged",
+             "savepoint_files_removed", "native_copies", "raw_events", "sessions", "quarantine", "landed_lines",
+             "set_aside_checkpoints", "log_files_scrubbed")
+    return {place: removed[place] for place in (*order, *sorted(set(removed) - set(order))) if place in removed}
 
 
 def _drop_native_copies(config: SessionsConfig) -> int:
@@ -247,9 +343,17 @@ def verify_forgotten(config: SessionsConfig, spark: SparkSession, user_id: str) 
     """As an auditor would: every file under every location the product writes (tables with every version and their
     logs, savepoints, the checkpoint and those set aside, landing, leases, the home), each read for every spelling
     of U (state_store.audit), and the live state asked through Spark."""
-    user = UserSpelling(user_id)
-    found: dict[str, int] = {}
-    files: dict[str, int] = {}
+    return verify_forgotten_many(config, spark, [user_id])[0]
+
+
+def verify_forgotten_many(config: SessionsConfig, spark: SparkSession, users: Sequence[str]
+                          ) -> list[ForgetVerification]:
+    """verify_forgotten for several users at once, in the order given: every file read once for all of them, the
+    live state asked once."""
+    ids = user_ids_of(users)
+    spelled = [UserSpelling(user_id) for user_id in ids]
+    found: dict[str, dict[str, int]] = {user_id: {} for user_id in ids}
+    files: dict[str, dict[str, int]] = {user_id: {} for user_id in ids}
     unreadable: dict[str, str] = {}
     seen: set[str] = set()
     store_files = StoreFiles(spark)  # state store files are compressed: read decoded, or named as unreadable
@@ -257,41 +361,51 @@ def verify_forgotten(config: SessionsConfig, spark: SparkSession, user_id: str) 
     places = [(place, uri, f"{place}:") for place, uri in _places(config)]
     places += [("set_aside_checkpoints", str(path), f"set_aside:{path.name}/") for path in replaced_checkpoints(config)]
     for place, uri, label in places:
-        findings = scan(uri, user, seen=seen, store_files=store_files)
-        found[place] = found.get(place, 0) + findings.total()
-        files.update({f"{label}{path}": count for path, count in findings.files.items()})
-        unreadable.update({f"{label}{path}": why for path, why in findings.unreadable.items()})
-    found["live_state_events"] = _live_rows(spark, config, user_id)
-    clean = not any(found.values()) and not unreadable
-    return ForgetVerification(user_hash(config, user_id), clean, found, files, unreadable)
+        for user_id, findings in scan_for(uri, spelled, seen=seen, store_files=store_files).items():
+            found[user_id][place] = found[user_id].get(place, 0) + findings.total()
+            files[user_id].update({f"{label}{path}": count for path, count in findings.files.items()})
+            unreadable.update({f"{label}{path}": why for path, why in findings.unreadable.items()})
+    live = _live_events(spark, config, ids)
+    answers = []
+    for user_id in ids:
+        found[user_id]["live_state_events"] = live[user_id]
+        clean = not any(found[user_id].values()) and not unreadable
+        answers.append(ForgetVerification(user_hash(config, user_id), clean, found[user_id], files[user_id],
+                                          dict(unreadable)))
+    return answers
 
 
-def forget(config: SessionsConfig, user_id: str, *, spark: SparkSession | None = None,
+def forget(config: SessionsConfig, users: str | Sequence[str], *, spark: SparkSession | None = None,
            timeout_s: float | None = None) -> ForgetResult:
-    """Erase U everywhere (see the module docstring). A running stream (any host) is asked to do it between two
-    batches and goes on; otherwise it is done here under the job and lifecycle leases."""
-
-    if not user_id:
-        raise SessionsError("forget needs a user id: --user U")
+    """Erase one user or several everywhere (see the module docstring), several at about the cost of one. A running
+    stream (any host) is asked to do it between two batches and goes on; otherwise it is done here under the job and
+    lifecycle leases."""
+    ids = user_ids_of(users)
     stream = running_stream(config)
     if stream is None or stream.what != "run":
         with lifecycle_locks(config, "forget") as held, spark_failures(config):
-            return forget_unlocked(config, spark or get_spark(config), user_id, lease=held)
-    request = request_erasure(config, stream=stream, user_id=user_id)
+            return forget_unlocked(config, spark or get_spark(config), ids, lease=held)
+    request = request_erasure(config, stream=stream, user_ids=ids)
     patience = timeout_s if timeout_s is not None else config.stop_timeout_s * 2
     answer = await_answer(config, stream=stream, request=request, patience_s=patience, withdraw_on_timeout=True)
+    whom = "the user" if len(ids) == 1 else f"the {len(ids)} users"
     if answer is None:
-        raise StopIncomplete(f"the stream ({stream.describe()}) went away before it erased the user: run the same "
+        raise StopIncomplete(f"the stream ({stream.describe()}) went away before it erased {whom}: run the same "
                              "forget again (with the stream stopped, it runs here)", next_step="run the same forget again")
     if answer.error or not answer.erased:
-        raise StopIncomplete(f"the stream could not erase the user ({answer.error}): run the same forget again",
+        raise StopIncomplete(f"the stream could not erase {whom} ({answer.error}): run the same forget again",
                              next_step="run the same forget again")
-    erased = answer.erased
-    return ForgetResult(erased["erasure_id"], erased["user_hash"], erased["removed"], erased["purged_files"],
-                        erased["seconds"])
+    return ForgetResult.from_dict(answer.erased)
 
 
 def verify(config: SessionsConfig, user_id: str, *, spark: SparkSession | None = None) -> ForgetVerification:
-
+    """`forget --verify` of one user (verify_forgotten)."""
     with spark_failures(config):
         return verify_forgotten(config, spark or get_spark(config), user_id)
+
+
+def verify_many(config: SessionsConfig, users: Sequence[str], *, spark: SparkSession | None = None) -> Verifications:
+    """`forget --verify` of several users: every file read once for all of them (verify_forgotten_many)."""
+    ids = user_ids_of(users)
+    with spark_failures(config):
+        return Verifications.of(verify_forgotten_many(config, spark or get_spark(config), ids))

@@ -53,7 +53,7 @@ def run_stream(config: SessionsConfig, *, spark: SparkSession | None = None, sto
     def erase_between_batches(request: ErasureRequest, running: SparkSession, lease: Lease) -> dict[str, Any]:
 
         with job_lock(config, "forget", name=LIFECYCLE, wait_s=config.stop_timeout_s), spark_failures(config):
-            return forget_unlocked(config, running, request.user_id, lease=lease).to_dict()
+            return forget_unlocked(config, running, request.user_ids, lease=lease).to_dict()
 
     def change_between_batches(request: StateChange, running: SparkSession, lease: Lease) -> dict[str, Any]:
 

@@ -26,6 +26,7 @@ GAP_MS, LATENESS_MS = 30 * 60_000, 10 * 60_000
 # tests/test_erasure.py's scenario: seed 7's u4 has an open session after the first 3 batches. Renamed to an id whose
 # bytes cannot turn up by chance in a binary file (the SQLite files scanned below).
 SEED, CUT, RENAMED, USER, OTHER = 7, 3, "u4", "erase-me.4711@example.org", "u1"
+SECOND = "u2"  # erased with USER in one forget_user run (config `users`)
 
 
 def _files_naming(root: Path, user: UserSpelling) -> list[str]:
@@ -43,7 +44,7 @@ def test_forget_user_deletes_the_dagster_runs_that_named_the_user(spark, tmp_pat
     batches = [[dict(e, user_id=USER) if e["user_id"] == RENAMED else e for e in batch]
                for batch in stream_scenario(SEED, 6, False, GAP_MS, LATENESS_MS)[:CUT]]
     expected = sorted(run_oracle(batches, GAP_MS, LATENESS_MS).open_sessions)
-    assert {s[1] for s in expected} >= {USER, OTHER}
+    assert {s[1] for s in expected} >= {USER, OTHER, SECOND}
     sessions = SessionsResource(home=str(tmp_path / "home"), state_partitions=2, max_versions_per_batch=1,
                                 idle_close_minutes=0)
     config = sessions.config()
@@ -80,10 +81,11 @@ def test_forget_user_deletes_the_dagster_runs_that_named_the_user(spark, tmp_pat
         assert found["found_dagster_runs"] == 2 and found["clean"] is False  # the lookup and the top-N lookup
         assert found["found_live_state_events"] > 0
 
-        forget = run(FORGET_JOB, "forget_user_op", {"user_id": USER})
+        forget = run(FORGET_JOB, "forget_user_op", {"users": [USER, SECOND]})  # both in one erasure
         reported = _output_metadata(forget, "forget_user_op")
         assert reported["dagster_runs_deleted"] == 3 and reported["dagster_runs_unfinished"] == 0  # with the verify
-        assert USER not in str(reported)
+        assert reported["users"] == 2 and reported["removed_live_state_events"] > 0
+        assert USER not in str(reported) and f"'{SECOND}'" not in str(reported)
         assert {r.run_id for r in instance.get_runs()} == {other.run_id, forget.run_id}
         assert [r.run_id for r in runs_naming(instance, USER)] == [forget.run_id]  # its own config, until the sensor
         assert _files_naming(storage, user) == []
@@ -93,9 +95,9 @@ def test_forget_user_deletes_the_dagster_runs_that_named_the_user(spark, tmp_pat
             assert isinstance(erasure_runs_cleanup(context), SkipReason)
         assert [r.run_id for r in instance.get_runs()] == [other.run_id]
         assert runs_naming(instance, USER) == []
-        after = _output_metadata(run(FORGET_JOB, "forget_user_op", {"user_id": USER, "verify_only": True}),
+        after = _output_metadata(run(FORGET_JOB, "forget_user_op", {"users": [USER, SECOND], "verify_only": True}),
                                  "forget_user_op")
-        assert after["clean"] is True and after["found_dagster_runs"] == 0, after
+        assert after["clean"] is True and after["found_dagster_runs"] == 0 and after["users_clean"] == 2, after
         with build_sensor_context(instance=instance) as context:
             erasure_runs_cleanup(context)
         assert [r.run_id for r in instance.get_runs()] == [other.run_id]

@@ -9,11 +9,12 @@ import subprocess
 
 import pytest
 
+from pipelines.ingest.erased import user_hash
 from pipelines.job.stream import catch_up
-from state_store.erasure import LOG_TABLE, forget, verify_forgotten
+from state_store.erasure import LOG_TABLE, forget, verify_forgotten, verify_forgotten_many
 from state_store.lifecycle import restore, take_savepoint
 from testkit.oracle import run_oracle
-from tests.kit.datagen import land_batches, stream_scenario
+from tests.kit.datagen import land_batches, stream_scenario, with_users
 from tests.kit.homes import config_env, make_config, tool
 from tests.kit.tables import assert_late_keys, read_open_sessions, read_sessions
 from tests.kit.waits import still_running, stream_caught_up, wait_until
@@ -26,12 +27,23 @@ GAP_MS, LATENESS_MS = 30 * 60_000, 10 * 60_000
 SEED, USER, CUT = 7, "u4", 3
 
 
-def _without(batches: list[list[dict]], user: str) -> list[list[dict]]:
-    return [[e for e in batch if e["user_id"] != user] for batch in batches]
+# A bulk erasure's other users (tests.kit.datagen.with_users: two events each, nobody else's sessions changed): closed
+# sessions only, open sessions only at CUT, a non-ASCII id among them.
+CLOSED, OPENED = ["gone-c1", "gone-c2", "gone-ü3"], ["gone-o1", "gone-o2", "gone-ö3"]
+USERS = [USER, *CLOSED, *OPENED]
 
 
-def _assert_is_the_oracle_without_the_user(spark, config, batches) -> None:
-    expected = run_oracle(_without(batches, USER), GAP_MS, LATENESS_MS)
+def _scenario_with_users() -> list[list[dict]]:
+    return with_users(stream_scenario(SEED, 6, False, GAP_MS, LATENESS_MS), CLOSED, OPENED, GAP_MS, LATENESS_MS)
+
+
+def _without(batches: list[list[dict]], *users: str) -> list[list[dict]]:
+    gone = set(users)
+    return [[e for e in batch if e["user_id"] not in gone] for batch in batches]
+
+
+def _assert_is_the_oracle_without_the_user(spark, config, batches, users: tuple[str, ...] = (USER,)) -> None:
+    expected = run_oracle(_without(batches, *users), GAP_MS, LATENESS_MS)
     assert read_sessions(config) == sorted(expected.closed)
     assert read_open_sessions(spark, config) == sorted(expected.open_sessions)
     assert_late_keys(config, expected)
@@ -95,33 +107,44 @@ def _log_text(config) -> str:
 
 @pytest.mark.tier("subprocess")
 def test_the_cli_forgets_and_verifies_in_json(spark, tmp_path):
+    """`--user` repeated and `--users-file` (blank lines ignored) in one forget; `--verify` of several users answers
+    per user, in the order given."""
     config = make_config(tmp_path, "hdfs")
-    batches = stream_scenario(SEED, 6, False, GAP_MS, LATENESS_MS)
+    batches = _scenario_with_users()
     land_batches(config, batches[:CUT])
     catch_up(config, spark)
     env = config_env(config)
-    done = subprocess.run([tool("sessionctl"), "forget", "--user", USER, "--json"], env=env, capture_output=True,
-                          text=True, timeout=600)
+    listed = tmp_path / "users.txt"
+    listed.write_text("\n".join(["", *CLOSED, "  ", *OPENED, USER, ""]) + "\n")
+    done = subprocess.run([tool("sessionctl"), "forget", "--user", USER, "--user", OPENED[0], "--users-file",
+                           str(listed), "--json"], env=env, capture_output=True, text=True, timeout=600)
     assert done.returncode == 0, done.stderr[-2000:]
-    assert json.loads(done.stdout)["removed"]["raw_events"] > 0 and USER not in done.stdout
-    checked = subprocess.run([tool("sessionctl"), "forget", "--verify", "--user", USER, "--json"], env=env,
-                             capture_output=True, text=True, timeout=600)
+    result = json.loads(done.stdout)
+    assert result["removed"]["raw_events"] > 0 and not any(user in done.stdout for user in USERS)
+    assert len(result["users"]) == len(USERS) and result["users"][0]["removed"]["live_state_events"] > 0
+    assert result["removed"]["raw_events"] == sum(u["removed"]["raw_events"] for u in result["users"])
+    given = [USER, OPENED[0], *CLOSED, *OPENED[1:]]  # each once, in the order given (--user first, then the file)
+    assert [u["user_hash"] for u in result["users"]] == [user_hash(config, user) for user in given]
+    checked = subprocess.run([tool("sessionctl"), "forget", "--verify", *(a for u in USERS for a in ("--user", u)),
+                              "--json"], env=env, capture_output=True, text=True, timeout=600)
     assert checked.returncode == 0, checked.stderr[-2000:]
     answer = json.loads(checked.stdout)
     assert answer["clean"] is True and set(answer["found"].values()) == {0}
+    assert [u["user_hash"] for u in answer["users"]] == [user_hash(config, user) for user in USERS]
 
 
 def test_forget_twice_is_a_no_op_the_second_time(spark, tmp_path):
     """Idempotent: what a forget killed half-way leaves, the same command finishes; run twice, the second finds
     nothing to remove."""
     config = make_config(tmp_path, "hdfs")
-    batches = stream_scenario(SEED, 6, False, GAP_MS, LATENESS_MS)
+    batches = _scenario_with_users()
     land_batches(config, batches[:CUT])
     catch_up(config, spark)
-    forget(config, USER, spark=spark)
-    again = forget(config, USER, spark=spark)
+    forget(config, USERS, spark=spark)
+    again = forget(config, USERS, spark=spark)
     assert set(again.removed.values()) == {0}, again.removed
-    assert verify_forgotten(config, spark, USER).clean
+    assert all(set(user.removed.values()) == {0} for user in again.users)
+    assert all(check.clean for check in verify_forgotten_many(config, spark, USERS))
 
 
 @pytest.mark.tier("subprocess")
@@ -130,7 +153,7 @@ def test_forget_beside_a_running_stream(spark, tmp_path):
     of the data (without U) lands and is processed by the same stream; stopped, the job holds exactly the oracle's
     sessions of the stream without U, and U is nowhere."""
     config = make_config(tmp_path, "rocksdb")
-    batches = stream_scenario(SEED, 6, False, GAP_MS, LATENESS_MS)
+    batches = _scenario_with_users()
     land_batches(config, batches[:CUT])
     env = config_env(config)
     run = subprocess.Popen([tool("sessionctl"), "run", "--poll-seconds", "1"], env=env, stdout=subprocess.PIPE,
@@ -138,14 +161,16 @@ def test_forget_beside_a_running_stream(spark, tmp_path):
     try:
         wait_until(lambda: still_running(run) and stream_caught_up(config), timeout_s=300, interval_s=0.5,
                    what="the stream to process the first batches")
-        done = subprocess.run([tool("sessionctl"), "forget", "--user", USER, "--json"], env=env, capture_output=True,
-                              text=True, timeout=600)
+        done = subprocess.run([tool("sessionctl"), "forget", *(a for u in USERS for a in ("--user", u)), "--json"],
+                              env=env, capture_output=True, text=True, timeout=600)
         assert done.returncode == 0, done.stderr[-2000:]
-        assert json.loads(done.stdout)["removed"]["live_state_events"] > 0
+        answer = json.loads(done.stdout)  # the stream erased them all at once, between two batches
+        live = [u["removed"]["live_state_events"] for u in answer["users"]]
+        assert live[0] > 0 and live[1:] == [0] * len(CLOSED) + [2] * len(OPENED), live
         assert run.poll() is None, "the stream goes on after the erasure"
         # One file at a time, each ingested before the next lands: the stream's own ingest (16 files a commit) may
         # take a file first, and two files in one commit would be one micro-batch, not the oracle's two.
-        for i, batch in enumerate(_without(batches[CUT:], USER)):
+        for i, batch in enumerate(_without(batches[CUT:], *USERS)):
             land_batches(config, [batch], start=CUT + i)
         wait_until(lambda: still_running(run) and stream_caught_up(config), timeout_s=300, interval_s=0.5,
                    what="the stream to process the rest of the data")
@@ -156,54 +181,41 @@ def test_forget_beside_a_running_stream(spark, tmp_path):
     finally:
         if run.poll() is None:
             run.kill()
-    _assert_is_the_oracle_without_the_user(spark, config, batches)
-    assert verify_forgotten(config, spark, USER).clean
-
-
-def _erasure_savepoint_taken(config) -> bool:
-    from state_store.savepoint.catalog import SavepointStore
-
-    return any(r.trigger == "erasure" and r.status == "complete" for r in SavepointStore.of(config).list())
-
-
-def _restoring(config) -> bool:
-    from pipelines.job.checkpoint import restore_marker
-
-    return restore_marker(config.checkpoint).exists()
-
-
-# Where the kill falls, as the forget's own writes show it: its savepoint of the last batch is in the catalog (next:
-# the savepoints erased, the restore), or its restore has begun (the marker; next: the table deletes).
-KILL_WHEN = {"savepoint": _erasure_savepoint_taken, "restore": _restoring}
+    _assert_is_the_oracle_without_the_user(spark, config, batches, tuple(USERS))
+    assert all(check.clean for check in verify_forgotten_many(config, spark, USERS))
 
 
 @pytest.mark.tier("subprocess")
-@pytest.mark.parametrize("kill_when", sorted(KILL_WHEN))
-def test_a_forget_killed_midway_is_finished_by_running_it_again(spark, tmp_path, kill_when):
-    """kill -9 of `sessionctl forget` part-way (after its savepoint, inside its restore), then the same erasure
-    again: U is nowhere, and the job is the oracle's without U -- never a half-applied erasure left looking done.
+@pytest.mark.parametrize("kill_at", ["restore:aside", "forget:rows-erased"])
+def test_a_bulk_forget_killed_midway_is_finished_by_running_it_again(spark, tmp_path, kill_at):
+    """`sessionctl forget` of several users killed (its named kill points: SESSIONS_KILL_AT) inside its restore, or
+    with raw_events erased and the other tables, landed files and logs not yet; then the same erasure again: none of
+    the users is anywhere, and the job is the oracle's without them -- never a half-applied erasure left looking done.
     The second one is the library call `sessionctl forget` makes, in the tests' session: what finishes the erasure is
     what the killed one left on disk, and a second process would add only a JVM start (the CLI's own exit and JSON:
     test_the_cli_forgets_and_verifies_in_json)."""
-    import os
     import signal
 
+    from deltalake import DeltaTable
+
     config = make_config(tmp_path, "hdfs")
-    batches = stream_scenario(SEED, 6, False, GAP_MS, LATENESS_MS)
+    batches = _scenario_with_users()
     land_batches(config, batches[:CUT])
     catch_up(config, spark)
-    env = config_env(config)
-    victim = subprocess.Popen([tool("sessionctl"), "forget", "--user", USER, "--json"], env=env,
-                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True)
-    wait_until(lambda: still_running(victim) and KILL_WHEN[kill_when](config), timeout_s=300, interval_s=0.02,
-               what=f"the forget to reach its {kill_when}")
-    os.killpg(victim.pid, signal.SIGKILL)
-    assert victim.wait(timeout=60) == -signal.SIGKILL  # killed part-way, not finished first
-    forget(config, USER, spark=spark)
-    assert verify_forgotten(config, spark, USER).clean
-    land_batches(config, _without(batches[CUT:], USER), start=CUT)
+    env = config_env(config, SESSIONS_KILL_AT=kill_at)
+    victim = subprocess.run([tool("sessionctl"), "forget", *(a for u in USERS for a in ("--user", u)), "--json"],
+                            env=env, capture_output=True, text=True, timeout=600, start_new_session=True)
+    assert victim.returncode == -signal.SIGKILL, victim.stderr[-2000:]  # killed part-way, not finished first
+    log = DeltaTable(config.table_uri(LOG_TABLE)).to_pyarrow_table().to_pylist()
+    assert sorted(r["status"] for r in log) == ["started"] * len(USERS)  # one row per user, none complete
+    result = forget(config, USERS, spark=spark)
+    assert all(check.clean for check in verify_forgotten_many(config, spark, USERS))
+    complete = [r for r in DeltaTable(config.table_uri(LOG_TABLE)).to_pyarrow_table().to_pylist()
+                if r["status"] == "complete"]
+    assert sorted(r["user_hash"] for r in complete) == sorted(u.user_hash for u in result.users)
+    land_batches(config, _without(batches[CUT:], *USERS), start=CUT)
     catch_up(config, spark)
-    _assert_is_the_oracle_without_the_user(spark, config, batches)
+    _assert_is_the_oracle_without_the_user(spark, config, batches, tuple(USERS))
 
 
 def test_a_batch_ingested_between_the_erasure_savepoint_and_its_restore_is_replayed_once(spark, tmp_path,

@@ -21,11 +21,13 @@ import pytest
 from deltalake import DeltaTable
 from pyspark.sql import SparkSession
 
+from pipelines.core.sample_data import land
+from pipelines.ingest.erased import user_hash
 from pipelines.job.stream import catch_up
-from state_store.erasure import forget, verify_forgotten
+from state_store.erasure import forget, verify_forgotten, verify_forgotten_many
 from state_store.lifecycle import take_savepoint
 from testkit.oracle import run_oracle
-from tests.kit.datagen import BASE_MS, land_files, line, make_event, stream_scenario
+from tests.kit.datagen import BASE_MS, land_files, line, make_event, stream_scenario, with_users
 from tests.kit.homes import make_config
 from tests.kit.tables import assert_late_keys, read_open_sessions, read_quarantine, read_sessions
 
@@ -83,24 +85,36 @@ def auditor_grep(root: Path, user_id: str) -> dict[str, int]:
     """Files under `root` that spell `user_id`: its UTF-8 bytes, JSON-escaped or SQL-quoted, with no identifier
     character on either side; Parquet files also decoded (every value of every column, nested ones too), state store
     files decompressed."""
-    forms = {user_id, json.dumps(user_id)[1:-1], user_id.replace("'", "''")}
-    forms |= {json.dumps(form)[1:-1] for form in set(forms)}
-    pattern = re.compile(b"|".join(rb"(?<![0-9A-Za-z_.\-])" + re.escape(f.encode()) + rb"(?![0-9A-Za-z_.\-])"
-                                   for f in forms))
-    found: dict[str, int] = {}
+    return auditor_grep_all(root, [user_id])[user_id]
+
+
+def auditor_grep_all(root: Path, user_ids: list[str]) -> dict[str, dict[str, int]]:
+    """auditor_grep for many users at once: each file read and decoded once, searched for every spelling of every
+    user in one pattern (user id -> files -> hits)."""
+    owner: dict[bytes, str] = {}
+    for user_id in user_ids:
+        forms = {user_id, json.dumps(user_id)[1:-1], user_id.replace("'", "''")}
+        forms |= {json.dumps(form)[1:-1] for form in set(forms)}
+        owner.update({form.encode(): user_id for form in forms})
+    forms = b"|".join(re.escape(form) for form in sorted(owner, key=len, reverse=True))
+    pattern = re.compile(rb"(?<![0-9A-Za-z_.\-])(" + forms + rb")(?![0-9A-Za-z_.\-])")
+    found: dict[str, dict[str, int]] = {user_id: {} for user_id in user_ids}
+
+    def count(path: Path, data: bytes) -> None:
+        for hit in pattern.findall(data):
+            files = found[owner[hit]]
+            files[str(path.relative_to(root))] = files.get(str(path.relative_to(root)), 0) + 1
+
     for path in root.rglob("*"):
         if not path.is_file():
             continue
-        data = _plain(path, path.read_bytes())
-        hits = len(pattern.findall(data))
+        count(path, _plain(path, path.read_bytes()))
         if path.suffix == ".parquet":
             try:
                 decoded = json.dumps(pq.read_table(path).to_pylist(), default=str, ensure_ascii=False)
-                hits += len(pattern.findall(decoded.encode()))
             except pa.ArrowInvalid:
-                pass
-        if hits:
-            found[str(path.relative_to(root))] = hits
+                continue
+            count(path, decoded.encode())
     return found
 
 
@@ -119,6 +133,37 @@ def _scenario() -> list[list[dict]]:
     return batches
 
 
+# The bulk erasure's other 98 users, two events each (cheap), placed so that the stream without them has the same
+# watermarks (tests.kit.datagen.with_users): closed sessions only, open sessions only, integer ids (landed as JSON
+# numbers), non-ASCII ids (landed \u-escaped or as UTF-8), and users whose only lines were landed but not yet ingested
+# when they are forgotten.
+BULK = {"closed": [f"bulk-closed-{i:02d}" for i in range(30)], "open": [f"bulk-open-{i:02d}" for i in range(30)],
+        "integer": [str(7_300_000 + i) for i in range(20)], "non_ascii": [f"jörg-ß-{i}" for i in range(6)]
+        + [f"用户-{i}" for i in range(6)], "pending": [f"bulk-pending-{i}" for i in range(6)]}
+
+
+def _bulk_lines(events: list[dict]) -> list[str]:
+    """Landed lines: integer ids as JSON numbers, non-ASCII ids escaped (ensure_ascii) or as UTF-8 by turns."""
+    lines = []
+    for n, event in enumerate(events):
+        record = json.loads(line(event))
+        if event["user_id"] in BULK["integer"]:
+            record["user_id"] = int(event["user_id"])
+        lines.append(json.dumps(record, ensure_ascii=n % 2 == 0))
+    return lines
+
+
+def _bulk_scenario() -> tuple[list[list[dict]], list[dict]]:
+    """_scenario() with the BULK users' events added to its first three batches, and the pending users' events."""
+    closed = BULK["closed"] + BULK["integer"][::2] + BULK["non_ascii"][::2]
+    opened = BULK["open"] + BULK["integer"][1::2] + BULK["non_ascii"][1::2]
+    batches = with_users(_scenario(), closed, opened, GAP_MS, LATENESS_MS)
+    third_max = max(e["event_time_ms"] for e in batches[2])
+    pending = [make_event(u, f"{u}-e{k}", third_max - 5 * 60_000 + i * 1_000 + k * 60_000, "page_view")
+               for i, u in enumerate(BULK["pending"]) for k in range(2)]
+    return batches, pending
+
+
 def _assert_oracle_without(spark, config, batches, *users: str) -> None:
     expected = run_oracle(_without(batches, *users), GAP_MS, LATENESS_MS)
     assert read_sessions(config) == sorted(expected.closed)
@@ -127,42 +172,62 @@ def _assert_oracle_without(spark, config, batches, *users: str) -> None:
 
 
 @pytest.mark.parametrize("provider", ["rocksdb", "hdfs"])
-def test_no_byte_of_an_erased_user_is_left_in_the_home(spark, tmp_path, provider):
+def test_no_byte_of_100_users_erased_in_one_forget_is_left_in_the_home(spark, tmp_path, provider):
+    """One forget of 100 users of every kind: the auditor's scanner finds none of them anywhere in the home, `forget
+    --verify` says each is clean, the erasure log has one row per user under its keyed hash, and the job is the
+    oracle's without them, after more data too."""
     config = make_config(tmp_path, provider)
-    batches = _scenario()
+    batches, pending = _bulk_scenario()
+    erased = [OPEN_USER, CLOSED_USER, *(u for kind in BULK.values() for u in kind)]
+    assert len(set(erased)) == 100
     cut = run_oracle(batches[:CUT], GAP_MS, LATENESS_MS)
     assert any(s[1] == OPEN_USER for s in cut.open_sessions)
     assert any(s[1] == CLOSED_USER for s in cut.closed) and all(s[1] != CLOSED_USER for s in cut.open_sessions)
-    land_files(config, [[line(e) for e in b] for b in batches[:2]])
+
+    land_files(config, [_bulk_lines(b) for b in batches[:2]])
     catch_up(config, spark)
     take_savepoint(config, spark=spark)
-    land_files(config, [[line(e) for e in batches[2]]], start=2)
+    land_files(config, [_bulk_lines(batches[2])], start=2)
     catch_up(config, spark)
     take_savepoint(config, spark=spark)  # incremental: a chain of two tables
     DeltaTable(config.raw_events_table).create_checkpoint()  # a Delta checkpoint holding the statistics
+    land(Path(config.landing), "pending-00002.jsonl", _bulk_lines(pending))  # landed, not ingested
+    os.utime(Path(config.landing) / "pending-00002.jsonl", (1_700_000_025, 1_700_000_025))
 
     home = Path(config.home)
-    before = {user: auditor_grep(home, user) for user in (OPEN_USER, CLOSED_USER)}
+    before = auditor_grep_all(home, erased)
     # The scanner finds them where they are (it can fail): OPEN_USER sorts first, so it is a min statistic.
     assert any("_delta_log" in f for f in before[OPEN_USER]), before[OPEN_USER]
-    for user in (OPEN_USER, CLOSED_USER):
-        assert any(f.startswith("landing/") for f in before[user]), before[user]
-        assert any(f.startswith("checkpoints/") for f in before[user]), before[user]
-        assert not verify_forgotten(config, spark, user).clean
+    assert all(any(f.startswith("landing/") for f in before[user]) for user in erased), \
+        [user for user in erased if not any(f.startswith("landing/") for f in before[user])]
+    for user in (OPEN_USER, CLOSED_USER, BULK["open"][0], BULK["integer"][1], BULK["non_ascii"][1]):
+        assert any(f.startswith("checkpoints/") for f in before[user]), (user, before[user])
+    assert not any(check.clean for check in verify_forgotten_many(config, spark, erased))
 
-    for user in (OPEN_USER, CLOSED_USER):
-        forget(config, user, spark=spark)
-    for user in (OPEN_USER, CLOSED_USER):
-        assert auditor_grep(home, user) == {}, user
-        check = verify_forgotten(config, spark, user)
-        assert check.clean, (check.found, check.files)
+    result = forget(config, erased, spark=spark)
+    assert [u.user_hash for u in result.users] == [user_hash(config, user) for user in erased]
+    by_user = dict(zip(erased, result.users))
+    assert all(by_user[u].removed["landed_lines"] == 2 and by_user[u].removed["raw_events"] == 0
+               for u in BULK["pending"])
+    assert all(by_user[u].removed["live_state_events"] == 2 for u in BULK["open"])
+    assert all(by_user[u].removed["raw_events"] == 2 and by_user[u].removed["sessions"] == 1 for u in BULK["closed"])
+    assert result.removed["raw_events"] == sum(u.removed["raw_events"] for u in result.users)
+    assert not any(user in json.dumps(result.to_dict(), ensure_ascii=False) for user in erased)
+    after = auditor_grep_all(home, erased)
+    assert {user: files for user, files in after.items() if files} == {}
+    checks = verify_forgotten_many(config, spark, erased)
+    assert all(check.clean for check in checks), [(c.found, c.files) for c in checks if not c.clean][:3]
+    log = DeltaTable(config.table_uri("erasure_log")).to_pyarrow_table().to_pylist()
+    complete = [row for row in log if row["status"] == "complete"]
+    assert sorted(row["user_hash"] for row in complete) == sorted(u.user_hash for u in result.users)
+    assert {row["erasure_id"] for row in log} == {result.erasure_id}
 
     # Both tables' histories still read, old versions included, by delta-rs.
     assert len(DeltaTable(config.raw_events_table).history()) > 3
     assert DeltaTable(config.raw_events_table, version=1).version() == 1
-    land_files(config, [[line(e) for e in b] for b in _without(batches[CUT:], OPEN_USER, CLOSED_USER)], start=CUT)
+    land_files(config, [_bulk_lines(b) for b in _without(batches[CUT:], *erased)], start=CUT)
     catch_up(config, spark)
-    _assert_oracle_without(spark, config, batches, OPEN_USER, CLOSED_USER)
+    _assert_oracle_without(spark, config, batches, *erased)
 
 
 @pytest.mark.parametrize("provider, changelog", [("hdfs", "true"), ("rocksdb", "true"), ("rocksdb", "false")],
@@ -229,10 +294,11 @@ def test_landed_lines_of_any_spelling_are_erased_and_neighbours_kept(spark, tmp_
     catch_up(config, spark)
     assert len(read_quarantine(config)) == len(SPELLINGS)
 
-    for user, _ in SPELLINGS:
-        assert not verify_forgotten(config, spark, user).clean, user
-        forget(config, user, spark=spark)
-        assert verify_forgotten(config, spark, user).clean, user
+    users = [user for user, _ in SPELLINGS]  # all in one forget: one DELETE per table, one pass over each file
+    assert not any(check.clean for check in verify_forgotten_many(config, spark, users))
+    result = forget(config, users, spark=spark)
+    assert [u.removed["quarantine"] for u in result.users] == [1] * len(SPELLINGS)  # each one's rejected line
+    assert all(check.clean for check in verify_forgotten_many(config, spark, users))
     decoded = [json.loads(raw) for path in Path(config.landing).rglob("*.jsonl")
                for raw in path.read_bytes().split(b"\n") if raw.strip()]
     assert sorted(str(d["user_id"]) for d in decoded) == ["u-1"] * 3

@@ -47,6 +47,11 @@ def _a_file(name: str) -> Callable[[Path], None]:
     return setup
 
 
+def _users_file(home: Path, text: str) -> None:
+    home.mkdir(parents=True, exist_ok=True)
+    (home / "users.txt").write_text(text)
+
+
 def _full_disk(home: Path) -> None:
     """errors.log on a full disk: every write to it fails with ENOSPC."""
     (home / "logs").mkdir(parents=True)
@@ -86,6 +91,12 @@ CASES = {
     "top negative": Case(("state", "--top", "-5"), r"argument --top: -5 must be between 1", code=2),
     "empty user": Case(("state", "--user", ""), r"argument --user: a user id, not an empty string", code=2),
     "forget empty user": Case(("forget", "--user", " "), r"argument --user: a user id, not an empty string", code=2),
+    "forget nobody": Case(("forget",), r"the following arguments are required: --user or --users-file", code=2),
+    "forget users file missing": Case(("forget", "--users-file", "home/users.txt"),
+                                      r"argument --users-file: no such file: home/users.txt", code=2),
+    "forget users file empty": Case(("forget", "--verify", "--users-file", "home/users.txt"),
+                                    r"argument --users-file: home/users.txt lists no user id \(one per line; blank "
+                                    r"lines are ignored\)", code=2, setup=lambda home: _users_file(home, "\n  \n\n")),
     "unknown command": Case(("compress",), r"argument command: invalid choice: 'compress'", code=2),
     "missing savepoint": Case(("restore",), r"the following arguments are required: --savepoint", code=2),
     # --partitions: 1..MAX_PARTITIONS while parsing (a count Spark cannot take was once "restorable" in a dry run)

@@ -3,8 +3,8 @@ lease store, so any host can write it), answered by the stream between two batch
 
 A request names the job lease (token) of the stream it is for: that stream honours it between batches and answers
 in a response file -- a stop before it releases the lease; an erasure, and a rescale or a restore once its first
-batch after it ran, and goes on. A request for a lease that is gone is stale and ignored by the next stream. An erasure request names the user until the stream answers, then it
-is removed (the answer names only a keyed hash)."""
+batch after it ran, and goes on. A request for a lease that is gone is stale and ignored by the next stream. An erasure request names its users (one or many: the stream erases them
+all at once) until the stream answers, then it is removed (the answer names only keyed hashes)."""
 from __future__ import annotations
 
 import datetime as dt
@@ -13,6 +13,7 @@ import os
 import socket
 import time
 import uuid
+from collections.abc import Sequence
 from dataclasses import asdict, dataclass
 from typing import Any, overload
 
@@ -49,10 +50,10 @@ class StopRequest:
 
 @dataclass(frozen=True)
 class ErasureRequest:
-    """Erase `user_id` between two batches, then go on."""
+    """Erase `user_ids` (all in one erasure) between two batches, then go on."""
     token: str
     run_token: str
-    user_id: str
+    user_ids: list[str]
     requested_by: str
     requested_at: str
 
@@ -194,9 +195,10 @@ def request_stop(config: SessionsConfig, *, stream: LeaseInfo | Lease, savepoint
     return request
 
 
-def request_erasure(config: SessionsConfig, *, stream: LeaseInfo | Lease, user_id: str) -> ErasureRequest:
-    """Ask the stream holding `stream` to erase `user_id` between two batches (one request at a time)."""
-    request: ErasureRequest = _ask(config, ErasureRequest, stream, ("user_id",), user_id=user_id)
+def request_erasure(config: SessionsConfig, *, stream: LeaseInfo | Lease, user_ids: Sequence[str]) -> ErasureRequest:
+    """Ask the stream holding `stream` to erase `user_ids` between two batches, all in one erasure (one request at a
+    time; the same users asked again join it)."""
+    request: ErasureRequest = _ask(config, ErasureRequest, stream, ("user_ids",), user_ids=list(user_ids))
     return request
 
 

@@ -10,13 +10,14 @@ identifier character on either side (so forgetting `u-1` never counts `u-10`).
 from __future__ import annotations
 
 import datetime as dt
+import functools
 import hashlib
 import hmac
 import json
 import os
 import re
 import secrets
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Final, Literal
 
@@ -27,7 +28,8 @@ from deltalake import DeltaTable, write_deltalake
 from pipelines.config import SessionsConfig
 from pipelines.storage import read_rows, storage_options, table_exists
 
-__all__ = ["LOG_SCHEMA", "LOG_TABLE", "ErasedUsers", "UserSpelling", "log_erasure", "user_hash"]
+__all__ = ["LOG_SCHEMA", "LOG_TABLE", "ErasedUsers", "UserGroup", "UserSpelling", "log_erasure", "log_erasures",
+           "user_hash"]
 
 KEY_FILE = "erasure.key"
 LOG_TABLE = "erasure_log"
@@ -92,6 +94,15 @@ def normalized_user(value: object) -> str | None:
     return None
 
 
+@functools.lru_cache(maxsize=4096)
+def _byte_forms(user_id: str) -> tuple[bytes, ...]:
+    base = {user_id, json.dumps(user_id)[1:-1], json.dumps(user_id, ensure_ascii=False)[1:-1],
+            user_id.replace("'", "''")}
+    forms = base | {json.dumps(form)[1:-1] for form in base} | {json.dumps(form, ensure_ascii=False)[1:-1]
+                                                                 for form in base}
+    return tuple(sorted({form.encode() for form in forms if form}, key=len, reverse=True))
+
+
 @dataclass(frozen=True)
 class UserSpelling:
     """Every way the product's files can spell one user id, and the tests and rewrites that go with them."""
@@ -100,11 +111,7 @@ class UserSpelling:
     def byte_forms(self) -> list[bytes]:
         """U as bytes in text and binary files: UTF-8, JSON-escaped (ASCII and UTF-8), SQL-quoted, and each of those
         escaped once more (a predicate or stats string inside a JSON document)."""
-        base = {self.user_id, json.dumps(self.user_id)[1:-1], json.dumps(self.user_id, ensure_ascii=False)[1:-1],
-                self.user_id.replace("'", "''")}
-        forms = base | {json.dumps(form)[1:-1] for form in base} | {json.dumps(form, ensure_ascii=False)[1:-1]
-                                                                     for form in base}
-        return sorted({form.encode() for form in forms if form}, key=len, reverse=True)
+        return list(_byte_forms(self.user_id))
 
     def in_bytes(self, data: bytes) -> int:
         """Occurrences of U in raw bytes, bounded by non-identifier bytes on both sides."""
@@ -206,15 +213,54 @@ class UserSpelling:
         return sorted(v for v in set(pc.filter(text, maybe).to_pylist()) if self.names(v))
 
 
+@dataclass(frozen=True)
+class UserGroup:
+    """Several users at once (a bulk erasure): a landed line is decoded once and its user looked up, not decoded
+    once per user. The same answers as each user's UserSpelling."""
+    users: tuple[UserSpelling, ...]
+    ids: frozenset[str]
+
+    @classmethod
+    def of(cls, user_ids: Iterable[str]) -> UserGroup:
+        users = tuple(UserSpelling(u) for u in dict.fromkeys(user_ids) if u)
+        return cls(users, frozenset(u.user_id for u in users))
+
+    def could_be_in(self, data: bytes) -> bool:
+        """A first test: False only where no user of the group can be. A search per spelling of each user is cheaper
+        than decoding every line up to about 150 users (measured on landed JSON lines); past that, True."""
+        if b"\\" in data or len(self.users) > 150:
+            return True
+        return any(form in data for user in self.users for form in user.byte_forms())
+
+    def line_user(self, line: bytes) -> str | None:
+        """The user of the group one landed line names (UserSpelling.line_names), else None."""
+        try:
+            event = json.loads(line)
+        except ValueError:
+            text = line.decode("utf-8", "replace")
+            return next((user.user_id for user in self.users if user.could_be_in(line) and user.names(text)), None)
+        if isinstance(event, dict):
+            named = normalized_user(event.get("user_id"))
+            return named if named in self.ids else None
+        return None
+
+
 def log_erasure(config: SessionsConfig, *, erasure_id: str, hashed: str, status: ErasureStatus,
                 removed: Mapping[str, int], at: dt.datetime | None = None) -> None:
     """One row of the erasure log (a Delta table beside the others): when, what and how many, never U."""
+    log_erasures(config, erasure_id=erasure_id, status=status, rows=[(hashed, removed)], at=at)
+
+
+def log_erasures(config: SessionsConfig, *, erasure_id: str, status: ErasureStatus,
+                 rows: Sequence[tuple[str, Mapping[str, int]]], at: dt.datetime | None = None) -> None:
+    """One row per user (keyed hash, what was removed) of one erasure, appended in one commit; never a user id."""
     uri = config.table_uri(LOG_TABLE)
-    row = {"erasure_id": erasure_id, "user_hash": hashed, "status": status,
-           "at": at or dt.datetime.now(dt.timezone.utc), "removed": json.dumps(dict(removed), sort_keys=True),
-           "deadline_hours": float(config.erasure_deadline_hours)}
-    write_deltalake(uri, pa.Table.from_pylist([row], schema=LOG_SCHEMA), mode="append",
-                    storage_options=storage_options(config, uri))
+    when = at or dt.datetime.now(dt.timezone.utc)
+    table = pa.Table.from_pylist([
+        {"erasure_id": erasure_id, "user_hash": hashed, "status": status, "at": when,
+         "removed": json.dumps(dict(removed), sort_keys=True), "deadline_hours": float(config.erasure_deadline_hours)}
+        for hashed, removed in rows], schema=LOG_SCHEMA)
+    write_deltalake(uri, table, mode="append", storage_options=storage_options(config, uri))
 
 
 @dataclass(frozen=True)

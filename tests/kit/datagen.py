@@ -291,3 +291,30 @@ def stream_scenario(seed: int, parts: int, very_late: bool = False, gap_ms: int 
             bool(expected.very_late) if very_late else not expected.very_late)
 
     return pick_seed(make, seed, acceptable)[1]
+
+
+def with_users(batches: list[list[dict]], closed: list[str], opened: list[str], gap_ms: int = 30 * 60_000,
+               lateness_ms: int = 10 * 60_000) -> list[list[dict]]:
+    """`batches` (a stream_scenario's) plus users of two page views each that change nobody else's sessions (an
+    erasure's other users, made cheaply): `closed` early in the first batch, `opened` just under the third batch's
+    newest event -- never the newest event of a batch, never late, so the stream without them has the same
+    watermarks (checked here against the oracle; where a scenario does not allow it, this fails)."""
+    from testkit.oracle import run_oracle
+
+    out = [list(batch) for batch in batches]
+    first = min(e["event_time_ms"] for e in out[0])
+    third_max = max(e["event_time_ms"] for e in out[2])
+
+    def two(user: str, at: int) -> list[dict]:
+        return [make_event(user, f"{user}-e{k}", at + k * 60_000 + 7, "page_view") for k in range(2)]
+
+    out[0] += [e for i, user in enumerate(closed) for e in two(user, first + 60_000 + i * 1_000)]
+    out[2] += [e for i, user in enumerate(opened) for e in two(user, third_max - 8 * 60_000 + i * 1_000)]
+    added = set(closed) | set(opened)
+    whole, before = run_oracle(out, gap_ms, lateness_ms), run_oracle(batches, gap_ms, lateness_ms)
+    assert sorted(s for s in whole.closed if s[1] not in added) == sorted(before.closed)
+    assert sorted(s for s in whole.open_sessions if s[1] not in added) == sorted(before.open_sessions)
+    at_third = run_oracle(out[:3], gap_ms, lateness_ms)
+    assert set(opened) <= {s[1] for s in at_third.open_sessions}
+    assert set(closed) <= {s[1] for s in at_third.closed} - {s[1] for s in at_third.open_sessions}
+    return out
