@@ -174,6 +174,11 @@ def dagster_stack(tmp_path_factory: pytest.TempPathFactory, postgres_server: Pos
                          postgres=postgres_server, database=database)
     processes: dict[str, subprocess.Popen[bytes]] = {}
     try:
+        # A new database gets its tables once, before the processes start (as deploy/dagster.yaml says): the code
+        # server and the webserver starting together on an empty one race to create them ("type jobs already exists").
+        migrated = subprocess.run([tool("dagster"), "instance", "migrate"], env=env, capture_output=True, text=True,
+                                  timeout=300)
+        assert migrated.returncode == 0, migrated.stderr[-2000:]
         # The code server and the webserver load the code location while the CLI below makes the state: neither
         # reads it (the daemon's sensors and the runs do), and the daemon starts only once the CLI is done.
         processes["code-server"] = _start(code_server_command("127.0.0.1", code_port), env, logs / "code-server.log")
