@@ -126,11 +126,10 @@ def refusals(config: SessionsConfig, saved: SavepointInfo, *, partitions: int | 
         found.append(SavepointIncompatible(
             f"savepoint {saved.savepoint_id} has state schema {saved.state_schema!r}; this job reads "
             f"{' or '.join(map(repr, READABLE_SCHEMAS))}"))
-    refused = None if migrate else compare(saved.rules, config.rules).refusal(
-        f"savepoint {saved.savepoint_id} was taken", how=f"pass --migrate to restore savepoint {saved.savepoint_id} "
-        "under these rules (open sessions are re-walked; a changed attribute is null in them)")
-    if refused is not None:
-        found.append(SavepointIncompatible(refused))
+    if not migrate:
+        found += [SavepointIncompatible(line) for line in compare(saved.rules, config.rules).refusals(
+            f"savepoint {saved.savepoint_id} was taken", how=f"pass --migrate to restore savepoint "
+            f"{saved.savepoint_id} under these rules (open sessions are re-walked; a changed attribute is null in them)")]
     if partitions is not None:
         bound = for_new_checkpoint().max_partitions(config.state_buckets)
         if partitions < 1 or (bound is not None and partitions > bound):

@@ -54,30 +54,31 @@ def test_metadata_of_a_later_release_still_reads():
 
 def test_one_comparison_says_what_each_difference_means():
     before = SessionRules(30 * MIN, 10 * MIN, 10 * MIN, EXAMPLE)
-    assert compare(before, before).none and compare(before, before).refusal("x", how="y") is None
+    assert compare(before, before).none and compare(before, before).refusals("x", how="y") == []
 
     idle = compare(before, replace(before, idle_close_ms=2 * MIN))
-    assert not idle.none and not idle.needs_migration and idle.refusal("x", how="y") is None
+    assert not idle.none and idle.refusals("x", how="y") == []
     assert idle.lines() == ["idle close 10 -> 2 min (clock rows follow it from now on)"]
     assert idle.migrations() == []  # the state a restore puts back does not depend on it
 
     gap = compare(before, replace(before, gap_ms=45 * MIN))
-    assert gap.needs_migration
-    assert gap.refusal("savepoint S was taken", how="pass --migrate") == (
+    assert gap.refusals("savepoint S was taken", how="pass --migrate") == [
         "savepoint S was taken with gap 30 min and lateness 10 min; the settings say gap 45 min and lateness 10 min: "
-        "pass --migrate")
+        "pass --migrate"]
     assert gap.lines() == gap.migrations() == ["gap 30 -> 45 min, lateness 10 -> 10 min (open sessions re-walked)"]
 
     fewer = replace(EXAMPLE, attributes=tuple(a for a in EXAMPLE.attributes if a.name != "revenue"))
     removed = compare(before, replace(before, spec=fewer))
-    assert not removed.needs_migration and removed.lines() == [
+    assert removed.refusals("x", how="y") == [] and removed.lines() == [
         "session spec: attribute revenue removed: its column is no longer filled"]
     assert compare(replace(before, spec=fewer), before).lines() == [
         "session spec: attribute revenue added: sessions open now carry null for it"]
 
     other = parse_spec(CONTRACT_EXAMPLE.replace("revenue: {sum: revenue}", "revenue: {max: revenue}"))
     changed = compare(before, replace(before, spec=other))
-    assert changed.needs_migration
-    refusal = changed.refusal("the checkpoint was made", how="restore with --migrate")
-    assert refusal is not None and refusal.startswith("SESSIONS_SPEC attributes.revenue: its definition changed")
+    [refusal] = changed.refusals("the checkpoint was made", how="restore with --migrate")
+    assert refusal.startswith("SESSIONS_SPEC attributes.revenue: its definition changed")
     assert refusal.endswith("restore with --migrate") and "\n" not in refusal
+    # both kinds at once: each its own line (restore --dry-run lists every reason)
+    both = compare(before, replace(before, gap_ms=45 * MIN, spec=other)).refusals("x", how="y")
+    assert len(both) == 2 and both[0].startswith("x with gap 30 min") and both[1].startswith("SESSIONS_SPEC")

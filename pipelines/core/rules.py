@@ -8,7 +8,6 @@ Pure: no Spark, no I/O. Where a new rule or attribute kind goes: docs/internals.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any
 
 from pipelines.core.spec import (
     DEFAULT_SPEC,
@@ -70,12 +69,6 @@ class SessionRules:
         return None if self.idle_close_ms == self.default_idle_close_ms(self.gap_ms, self.lateness_ms) else \
             self.idle_close_ms
 
-    def describe(self) -> dict[str, Any]:
-        """The rules as `status` and the logs show them."""
-        return {"gap_minutes": self.gap_ms / _MINUTE_MS, "lateness_minutes": self.lateness_ms / _MINUTE_MS,
-                "idle_close_minutes": self.idle_close_ms / _MINUTE_MS,
-                "attributes": [a.name for a in self.attributes]}
-
 
 @dataclass(frozen=True)
 class RulesChanges:
@@ -102,21 +95,15 @@ class RulesChanges:
     def none(self) -> bool:
         return not (self.timing or self.idle_close) and self.spec.none
 
-    @property
-    def needs_migration(self) -> bool:
-        """Whether only a restore with --migrate can take the new rules."""
-        return self.timing or bool(self.spec.changed)
-
-    def refusal(self, made: str, *, how: str) -> str | None:
-        """The one line refusing these changes without a migration (None: nothing to refuse). `made` says where the
-        old rules come from ("the checkpoint was made", "savepoint X was taken"), `how` the way out."""
+    def refusals(self, made: str, *, how: str) -> list[str]:
+        """Each change that only a migration takes, as its one refusal line (none: the new rules can be taken as
+        they are). `made` says where the old rules come from ("the checkpoint was made", "savepoint X was taken"),
+        `how` the way out."""
         b, a = self.before, self.after
-        if self.timing:
-            return (f"{made} with gap {_minutes(b.gap_ms)} min and lateness {_minutes(b.lateness_ms)} min; the "
-                    f"settings say gap {_minutes(a.gap_ms)} min and lateness {_minutes(a.lateness_ms)} min: {how}")
-        if self.spec.changed:
-            return changed_refusal(b.spec, a.spec, self.spec.changed[0], how=how)
-        return None
+        timing = [f"{made} with gap {_minutes(b.gap_ms)} min and lateness {_minutes(b.lateness_ms)} min; the settings "
+                  f"say gap {_minutes(a.gap_ms)} min and lateness {_minutes(a.lateness_ms)} min: {how}"
+                  ] if self.timing else []
+        return timing + [changed_refusal(b.spec, a.spec, name, how=how) for name in self.spec.changed]
 
     def migrations(self) -> list[str]:
         """What a restore changes in the state it puts back, each as an operator reads it (restore --dry-run's

@@ -37,8 +37,9 @@ class JobMetadata:
     """Written when a checkpoint is created. The incarnation names the sink's idempotency keys, so a
     restored checkpoint (batch ids from 0 again) never collides with its predecessor's. The session rules the job
     last ran with are stored as their parts (`rules` puts them together): gap and lateness, the spec's canonical text
-    (None: the default spec, and checkpoints made before specs existed) and the idle close (None: the default, the lateness,
-    so that a checkpoint of default rules reads in the releases before these were recorded). A run compares them with its own (pipelines.core.rules.compare)."""
+    (None: the default spec, and checkpoints made before specs existed) and the idle close (None: the default, so
+    that a checkpoint of default rules reads in the releases before these were recorded). A run compares them with
+    its own (pipelines.core.rules.compare)."""
     incarnation: str
     gap_ms: int
     lateness_ms: int

@@ -73,10 +73,10 @@ def _rules_recorded(config: SessionsConfig, meta: JobMetadata) -> JobMetadata:
     changed input part are taken as they are (the contract); another gap or lateness, or a changed attribute, is
     refused in one line."""
     changes = compare(meta.rules, config.rules)
-    refused = changes.refusal("the checkpoint was made", how="restore a savepoint with `sessionctl restore --migrate`")
-    if refused is not None:
+    refused = changes.refusals("the checkpoint was made", how="restore a savepoint with `sessionctl restore --migrate`")
+    if refused:
         # another gap or lateness cannot reach the state the checkpoint holds; a changed attribute is another spec
-        raise CheckpointMismatch(refused) if changes.timing else ConfigError(refused)
+        raise CheckpointMismatch(refused[0]) if changes.timing else ConfigError(refused[0])
     if changes.none:
         return meta
     for line in changes.lines():

@@ -261,10 +261,10 @@ class _SpecWatch:
             return False
         try:
             changes = compare(config.rules, replace(config.rules, spec=read_spec(config.spec)))
-            refused = changes.refusal("the stream runs", how="stop the job and restore a savepoint with "
-                                      "`sessionctl restore --migrate`")
-            if refused is not None:
-                raise ConfigError(refused)
+            refused = changes.refusals("the stream runs", how="stop the job and restore a savepoint with "
+                                       "`sessionctl restore --migrate`")
+            if refused:
+                raise ConfigError(refused[0])
         except ConfigError as refused:
             if str(refused) not in self.said:
                 self.said.add(str(refused))

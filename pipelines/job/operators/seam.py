@@ -67,8 +67,9 @@ class StateOperator(ABC):
     @abstractmethod
     def apply(self, keyed: DataFrame, rules: SessionRules, initial_rows: DataFrame | None) -> DataFrame:
         """`keyed` (see `keyed_events`, with the fields the rules' attributes read) -> rows of
-        `output_schema(rules.attributes)`: kind `session` (closed, with its attributes' values) or `late`. `initial_rows` (canonical, a restored
-        checkpoint's first run only) are loaded as the state before its first batch."""
+        `output_schema(rules.attributes)`: kind `session` (closed, with its attributes' values) or `late`.
+        `initial_rows` (canonical, a restored checkpoint's first run only) are loaded as the state before its first
+        batch."""
 
     def max_partitions(self, buckets: int) -> int | None:
         """The most state partitions that can hold anything, for a checkpoint that recorded `buckets` (None: no

@@ -23,11 +23,6 @@ public record Rules(long gapMs, List<Attributes.Attr> attributes) implements Ser
         attributes = List.copyOf(attributes);
     }
 
-    /** Rules with no attributes (the default session spec). */
-    static Rules of(long gapMs) {
-        return new Rules(gapMs, List.of());
-    }
-
     public static Rules parse(String json) {
         try {
             JsonNode rules = JSON.readTree(json);
