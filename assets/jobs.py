@@ -25,7 +25,8 @@ from pipelines.coordination.job_leases import running_stream
 from pipelines.job import stream
 from pipelines.job.run_summary import RunSummary
 from pipelines.job.sink import MicroBatchSink
-from state_store import erasure, lifecycle, maintenance, state, stream_control
+from state_store import erasure, kernel, lifecycle, maintenance, state, stream_control
+from state_store import rescale as rescaling
 from state_store.results import OperatorTrigger, SavepointInfo
 from state_store.status import status
 
@@ -116,7 +117,7 @@ class SavepointConfig(Config):
 def savepoint_op(context: OpExecutionContext, sessions: SessionsResource, pyspark: SessionsSpark,
                  config: SavepointConfig) -> SavepointInfo:
     settings = sessions.config()
-    expected_errors(lifecycle.give_way_to_stream, settings)  # before the session starts: its JVM inherits the priority
+    expected_errors(kernel.give_way_to_stream, settings)  # before the session starts: its JVM inherits the priority
     saved = expected_errors(lifecycle.take_savepoint, settings, trigger=config.trigger,
                             spark=pyspark.spark_session, native_copy=config.native)
     context.log_event(AssetObservation(asset_key=STATE, metadata=_savepoint_metadata(saved)))
@@ -173,8 +174,8 @@ def rescale_op(context: OpExecutionContext, sessions: SessionsResource, pyspark:
     # at the lower priority: before the session starts, its JVM inherits it); the stream swaps it in.
     stream = running_stream(settings)
     if stream is not None and stream.what == "run":
-        expected_errors(lifecycle.give_way_to_stream, settings)
-    result = expected_errors(lifecycle.rescale, settings, config.partitions, spark=pyspark.spark_session)
+        expected_errors(kernel.give_way_to_stream, settings)
+    result = expected_errors(rescaling.rescale, settings, config.partitions, spark=pyspark.spark_session)
     context.log_event(AssetObservation(asset_key=STATE, metadata={
         **{k: v for k, v in result.to_dict().items() if isinstance(v, (int, float, str)) and v is not None},
         **({"phases": MetadataValue.json(result.phases)} if result.phases else {})}))

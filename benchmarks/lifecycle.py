@@ -13,7 +13,7 @@ events), then measure in one run:
   delta write    SavepointStore.write_state alone (delta-rs) of the same rows, for the write share
   state read     Spark's state data source -> canonical Arrow rows alone, for the read share
   restore        state_store.lifecycle.restore of the incremental savepoint into a fresh checkpoint, verified
-  rescale        state_store.lifecycle.rescale(partitions * 2)
+  rescale        state_store.rescale.rescale(partitions * 2)
   online         (--online) a savepoint of the RUNNING stream: `sessionctl run` in its own process with a file of
                  touched users landing every 2 s; the savepoint's duration, and the stream's per-batch latency
                  (offsets/N -> commits/N file times) during it vs without it, in the same run
@@ -59,7 +59,8 @@ from pipelines.config import SessionsConfig  # noqa: E402
 from pipelines.core.sample_data import land  # noqa: E402
 from pipelines.job.runtime import get_spark, stop_state_stores  # noqa: E402
 from pipelines.job.stream import catch_up  # noqa: E402
-from state_store.lifecycle import rescale, restore, take_savepoint  # noqa: E402
+from state_store.lifecycle import restore, take_savepoint  # noqa: E402
+from state_store.rescale import rescale  # noqa: E402
 from state_store.savepoint import catalog as sp  # noqa: E402
 from testkit.lifecycle_expectations import live_state  # noqa: E402
 

@@ -185,7 +185,7 @@ def cmd_restore(config: SessionsConfig, args: argparse.Namespace) -> int | None:
 
 
 def cmd_rescale(config: SessionsConfig, args: argparse.Namespace) -> None:
-    from state_store.lifecycle import rescale
+    from state_store.rescale import rescale
 
     _print(rescale(config, args.partitions, timeout_s=args.timeout).to_dict())
 

@@ -37,13 +37,13 @@ from pipelines.coordination.leases import Lease
 from pipelines.coordination.requests import await_answer, request_erasure
 from pipelines.errors import NoCommittedBatch, Result, SessionsError, StopIncomplete
 from pipelines.ingest.erase_lines import erase_landed_lines_of
-from pipelines.ingest.erased import COMPLETE, LOG_TABLE, STARTED, UserSpelling, log_erasures, user_hash
+from pipelines.ingest.erased import COMPLETE, STARTED, UserSpelling, log_erasures, user_hash
 from pipelines.job.checkpoint import inspect_checkpoint, read_restore_marker
-from pipelines.job.runtime import get_spark, spark_failures
+from pipelines.job.runtime import spark_failures
 from pipelines.locations import checkpoint_path, remove_tree
 from pipelines.storage import filesystem, join, read_rows, sql_literal, storage_options, table_exists
 from state_store.audit import StoreFiles, mentions_of, scan_for, scrub_delta_log
-from state_store.lifecycle import lifecycle_locks, replaced_checkpoints
+from state_store.kernel import exclusive, replaced_checkpoints, session
 from state_store.restore import restore_unlocked
 from state_store.savepoint import native
 from state_store.savepoint.catalog import SavepointStore
@@ -52,7 +52,7 @@ from state_store.savepoint.damage import damaged_members, table_damage
 from state_store.savepoint.take import savepoint_last_batch
 from state_store.state import open_events_of
 
-__all__ = ["ForgetResult", "ForgetVerification", "UserErased", "Verifications", "erasures_recorded", "forget",
+__all__ = ["ForgetResult", "ForgetVerification", "UserErased", "Verifications", "forget",
            "forget_unlocked", "user_ids_of", "verify", "verify_forgotten", "verify_forgotten_many", "verify_many"]
 
 # The places counted per user (rows, events or lines of that user); the other places of `removed` are the erasure's
@@ -237,11 +237,6 @@ def _remove_files_naming(uri: str, users: Sequence[UserSpelling]) -> int:
     return removed
 
 
-def erasures_recorded(config: SessionsConfig) -> bool:
-    """Whether any erasure was logged (compaction then vacuums within the erasure deadline)."""
-    return table_exists(config, config.table_uri(LOG_TABLE))
-
-
 def _live_events(spark: SparkSession, config: SessionsConfig, user_ids: Sequence[str]) -> dict[str, int]:
     """Each user's open events in the live state (one pass over it, whatever the number of users)."""
     try:
@@ -386,8 +381,8 @@ def forget(config: SessionsConfig, users: str | Sequence[str], *, spark: SparkSe
     ids = user_ids_of(users)
     stream = running_stream(config)
     if stream is None or stream.what != "run":
-        with lifecycle_locks(config, "forget") as held, spark_failures(config):
-            return forget_unlocked(config, spark or get_spark(config), ids, lease=held)
+        with exclusive(config, "forget") as held:
+            return forget_unlocked(config, session(config, spark), ids, lease=held)
     request = request_erasure(config, stream=stream, user_ids=ids)
     patience = timeout_s if timeout_s is not None else config.stop_timeout_s * 2
     answer = await_answer(config, stream=stream, request=request, patience_s=patience, withdraw_on_timeout=True)
@@ -404,11 +399,11 @@ def forget(config: SessionsConfig, users: str | Sequence[str], *, spark: SparkSe
 def verify(config: SessionsConfig, user_id: str, *, spark: SparkSession | None = None) -> ForgetVerification:
     """`forget --verify` of one user (verify_forgotten)."""
     with spark_failures(config):
-        return verify_forgotten(config, spark or get_spark(config), user_id)
+        return verify_forgotten(config, session(config, spark), user_id)
 
 
 def verify_many(config: SessionsConfig, users: Sequence[str], *, spark: SparkSession | None = None) -> Verifications:
     """`forget --verify` of several users: every file read once for all of them (verify_forgotten_many)."""
     ids = user_ids_of(users)
     with spark_failures(config):
-        return Verifications.of(verify_forgotten_many(config, spark or get_spark(config), ids))
+        return Verifications.of(verify_forgotten_many(config, session(config, spark), ids))

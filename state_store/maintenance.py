@@ -11,13 +11,11 @@ import pyarrow as pa
 from deltalake import DeltaTable
 
 from pipelines.config import SessionsConfig
-from pipelines.coordination.job_leases import job_lock
+from pipelines.ingest.erased import erasures_recorded
 from pipelines.job.checkpoint import directory_size
-from pipelines.job.runtime import get_spark, spark_failures
 from pipelines.locations import checkpoint_path, remove_tree
-from pipelines.storage import is_s3, join, open_table, s3_limits, storage_options, table_exists
-from state_store.erasure import erasures_recorded
-from state_store.lifecycle import give_way_to_stream, replaced_checkpoints
+from pipelines.storage import is_s3, join, open_table, storage_options, table_exists
+from state_store.kernel import beside_stream, replaced_checkpoints, session
 from state_store.results import CompactionResult, MaintenanceDue, SavepointInfo
 from state_store.savepoint import native
 from state_store.savepoint.catalog import SavepointStore
@@ -100,15 +98,12 @@ def _chain_retention(config: SessionsConfig, store: SavepointStore, catalog: lis
     keep = {s.savepoint_id for s in catalog} - {s.savepoint_id for s in expired}
     folds, chains = fold_plan(catalog, keep)
     if folds and not dry_run:
-
-        with spark_failures(config):
-            give_way_to_stream(config)
-            spark = get_spark(config)
-            # A chain with a damaged savepoint cannot be resolved: left unfolded (the chains read back below keep it
-            # whole), the rest of compaction goes on.
-            folds = [saved for saved in folds if not damaged_members(store, saved, catalog=catalog)]
-            for saved in folds:
-                fold(spark, store, saved, catalog)
+        spark = session(config, None)
+        # A chain with a damaged savepoint cannot be resolved: left unfolded (the chains read back below keep it
+        # whole), the rest of compaction goes on.
+        folds = [saved for saved in folds if not damaged_members(store, saved, catalog=catalog)]
+        for saved in folds:
+            fold(spark, store, saved, catalog)
         catalog = store.list()
         chains = {s.savepoint_id: s.chain_ids for s in catalog if s.status == "complete"}
     required = needed(chains, keep)
@@ -145,7 +140,7 @@ def compact(config: SessionsConfig, dry_run: bool = False) -> CompactionResult:
     keep_daily_days), drop checkpoints set aside by restores. Runs beside the stream; never beside
     another lifecycle operation."""
     started = time.monotonic()
-    with job_lock(config, "compaction", name="lifecycle"), s3_limits(config):  # as lifecycle.take_savepoint says
+    with beside_stream(config, "compaction"):
         now = dt.datetime.now(dt.timezone.utc)
         store = SavepointStore.of(config)
         catalog = store.list()

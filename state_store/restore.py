@@ -39,6 +39,7 @@ from pipelines.job.startup import ensure_tables
 from pipelines.job.stream import start_query
 from pipelines.locations import CheckpointPath, checkpoint_path, move, remove_tree
 from pipelines.storage import filesystem, storage_options, table_exists
+from state_store.kernel import FAILED_SUFFIX, REPLACED_SUFFIX
 from state_store.preflight import native_refusal, record_restore, refusals
 from state_store.results import RestoreResult, SavepointInfo
 from state_store.savepoint import native
@@ -46,11 +47,9 @@ from state_store.savepoint.catalog import SavepointStore
 from state_store.savepoint.chain import savepoint_checksum, savepoint_rows
 from state_store.savepoint.checksum import frame_checksum, state_checksum
 
-__all__ = ["FAILED_SUFFIX", "REPLACED_SUFFIX", "restore_unlocked", "verified_savepoint"]
+__all__ = ["restore_unlocked", "verified_savepoint"]
 
-REPLACED_SUFFIX = ".replaced-"
 NO_DATA_BATCHES = "spark.sql.streaming.noDataMicroBatches.enabled"
-FAILED_SUFFIX = ".failed-restore-"  # a half-built checkpoint, kept for a post-mortem
 
 
 def verified_savepoint(config: SessionsConfig, spark: SparkSession, *, savepoint: str = "latest") -> SavepointInfo:

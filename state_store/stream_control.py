@@ -12,7 +12,7 @@ from typing import Any
 from pyspark.sql import SparkSession
 
 from pipelines.config import SessionsConfig
-from pipelines.coordination.job_leases import LIFECYCLE, job_lock, running_stream
+from pipelines.coordination.job_leases import running_stream
 from pipelines.coordination.lease_stores import store_for
 from pipelines.coordination.leases import Lease
 from pipelines.coordination.requests import (
@@ -26,11 +26,11 @@ from pipelines.coordination.requests import (
 from pipelines.errors import JobRunning, NotRunning, StopIncomplete
 from pipelines.job.checkpoint import inspect_checkpoint
 from pipelines.job.run_summary import RunSummary
-from pipelines.job.runtime import spark_failures
 from pipelines.job.sink import MicroBatchSink
 from pipelines.job.stream import run_continuously
 from state_store.erasure import forget_unlocked
-from state_store.lifecycle import rescale_unlocked
+from state_store.kernel import beside_stream
+from state_store.rescale import rescale_unlocked
 from state_store.restore import restore_unlocked
 from state_store.results import SavepointInfo, StopResult
 from state_store.savepoint.take import savepoint_last_batch
@@ -46,19 +46,18 @@ def run_stream(config: SessionsConfig, *, spark: SparkSession | None = None, sto
 
     def savepoint_at_stop(request: StopRequest, running: SparkSession) -> dict[str, Any]:
         # A compaction or another savepoint may hold the lifecycle lease: wait for it rather than fail the stop.
-        with job_lock(config, "stop --savepoint", name=LIFECYCLE, wait_s=config.stop_timeout_s), \
-                spark_failures(config):
+        with beside_stream(config, "stop --savepoint", wait_s=config.stop_timeout_s):
             return savepoint_last_batch(config, "stop", running, native_copy=request.native).to_dict()
 
     def erase_between_batches(request: ErasureRequest, running: SparkSession, lease: Lease) -> dict[str, Any]:
 
-        with job_lock(config, "forget", name=LIFECYCLE, wait_s=config.stop_timeout_s), spark_failures(config):
+        with beside_stream(config, "forget", wait_s=config.stop_timeout_s):
             return forget_unlocked(config, running, request.user_ids, lease=lease).to_dict()
 
     def change_between_batches(request: StateChange, running: SparkSession, lease: Lease) -> dict[str, Any]:
 
         what = "rescale" if isinstance(request, RescaleRequest) else "restore"
-        with job_lock(config, what, name=LIFECYCLE, wait_s=config.stop_timeout_s), spark_failures(config):
+        with beside_stream(config, what, wait_s=config.stop_timeout_s):
             if isinstance(request, RescaleRequest):
                 return rescale_unlocked(config, request.partitions, spark=running, lease=lease).to_dict()
             return restore_unlocked(config, request.savepoint, partitions=request.partitions,

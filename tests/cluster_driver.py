@@ -17,7 +17,8 @@ import boto3
 from pipelines.config import SessionsConfig
 from pipelines.job.runtime import get_spark, stop_spark
 from pipelines.job.stream import catch_up
-from state_store.lifecycle import rescale, restore, take_savepoint
+from state_store.lifecycle import restore, take_savepoint
+from state_store.rescale import rescale
 
 
 def main(spec_path: str) -> None:

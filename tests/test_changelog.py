@@ -9,7 +9,8 @@ import pytest
 
 from pipelines.job.checkpoint import inspect_checkpoint
 from pipelines.job.stream import catch_up
-from state_store.lifecycle import rescale, restore, take_savepoint
+from state_store.lifecycle import restore, take_savepoint
+from state_store.rescale import rescale
 from testkit.lifecycle_expectations import expected_closed_sessions
 from tests.kit.datagen import in_order_chunks, land_batches
 from tests.kit.homes import make_config

@@ -9,9 +9,9 @@ import subprocess
 
 import pytest
 
-from pipelines.ingest.erased import user_hash
+from pipelines.ingest.erased import LOG_TABLE, user_hash
 from pipelines.job.stream import catch_up
-from state_store.erasure import LOG_TABLE, forget, verify_forgotten, verify_forgotten_many
+from state_store.erasure import forget, verify_forgotten, verify_forgotten_many
 from state_store.lifecycle import restore, take_savepoint
 from testkit.oracle import run_oracle
 from tests.kit.datagen import land_batches, stream_scenario, with_users

@@ -15,7 +15,7 @@ from pipelines.errors import RescaleIncomplete
 from pipelines.ingest import ingest
 from pipelines.job.checkpoint import inspect_checkpoint
 from pipelines.job.stream import catch_up
-from state_store.lifecycle import rescale
+from state_store.rescale import rescale
 from testkit.lifecycle_expectations import expected_closed_sessions
 from tests.kit.datagen import in_order_chunks
 from tests.kit.homes import assert_half_done_is_reported, config_env, make_config, tool

@@ -66,7 +66,7 @@ def test_the_java_state_row_is_the_state_formats(spark):
 def test_rescale_keeps_the_jvm_operators_state(spark, tmp_path, provider):
     """RocksDB: Spark's offline repartition of the per-user state; HDFS: savepoint + restore. Then the stream goes on
     with 3 partitions and still equals the oracle."""
-    from state_store.lifecycle import rescale
+    from state_store.rescale import rescale
 
     batches = stream_scenario(7, 6, True, GAP_MS, LATENESS_MS)
     cut = 3

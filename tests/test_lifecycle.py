@@ -31,8 +31,9 @@ from pipelines.ingest import ingest
 from pipelines.job.checkpoint import inspect_checkpoint
 from pipelines.job.stream import catch_up
 from pipelines.storage import open_table
-from state_store.lifecycle import rescale, restore, take_savepoint, validate_savepoint
+from state_store.lifecycle import restore, take_savepoint, validate_savepoint
 from state_store.maintenance import compact
+from state_store.rescale import rescale
 from state_store.results import RescaleResult, SavepointInfo
 from state_store.savepoint import catalog as sp
 from state_store.savepoint.checksum import state_checksum
@@ -180,8 +181,8 @@ def test_savepoint_failure_mid_write_is_never_listed(tmp_path, spark, s3_endpoin
 def test_failed_restore_leaves_a_known_next_step(tmp_path, spark, monkeypatch):
     """A restore that breaks before touching the tables puts the old checkpoint back (the old job goes on);
     one that breaks after the roll-back says to run it again, and the rerun ends exactly-once."""
-    import state_store.lifecycle as lifecycle
     import state_store.restore as restoring
+    from state_store.kernel import replaced_checkpoints
 
     config = _config(tmp_path, "hdfs", str(tmp_path / "savepoints"))
     chunks = _chunks(seed=13, parts=4)
@@ -215,7 +216,7 @@ def test_failed_restore_leaves_a_known_next_step(tmp_path, spark, monkeypatch):
     catch_up(config, spark)
     assert read_sessions(config) == _expected(chunks)
     # the original (set aside by the second attempt) and the half-built checkpoint it left, for compaction
-    assert len(lifecycle.replaced_checkpoints(config)) == 2
+    assert len(replaced_checkpoints(config)) == 2
 
 
 def test_incompatible_savepoint_is_refused_unless_migrating(tmp_path, spark):

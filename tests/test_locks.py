@@ -161,7 +161,7 @@ def test_a_rescale_beside_a_running_stream_is_asked_of_it_and_says_its_answer(tm
     without answering."""
     from pipelines.coordination.requests import RescaleRequest, ResumedAnswer, answer_request, pending_request
     from pipelines.errors import StopIncomplete
-    from state_store.lifecycle import rescale
+    from state_store.rescale import rescale
 
     config = make_config(tmp_path)
     done = {"partitions_before": 2, "partitions_after": 3, "method": "repartition", "savepoint_id": "sp-1",
@@ -591,7 +591,7 @@ def test_work_beside_a_stream_on_this_host_gives_way_and_its_children_inherit_it
     config = make_config(tmp_path)
     probe = ("import os, subprocess, sys\n"
              "from pipelines.config import SessionsConfig\n"
-             "from state_store.lifecycle import give_way_to_stream\n"
+             "from state_store.kernel import give_way_to_stream\n"
              "gave = give_way_to_stream(SessionsConfig.from_env())\n"
              "child = subprocess.run([sys.executable, '-c', 'import os; print(os.getpriority(os.PRIO_PROCESS, 0))'],"
              " capture_output=True, text=True, check=True).stdout.strip()\n"

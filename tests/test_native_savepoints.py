@@ -230,11 +230,11 @@ def test_kills_inside_a_native_savepoint_and_a_native_restore_lose_nothing(tmp_p
 @pytest.mark.parametrize("checkpoint_uri", ["{home}/checkpoints", "hdfs://127.0.0.1:9000/sessions-home/checkpoints",
                                             "s3a://bucket/sessions-home/checkpoints"])
 def test_a_prepared_rescale_builds_its_side_checkpoint_beside_the_checkpoint(tmp_path, checkpoint_uri):
-    """The side checkpoint of a running stream's rescale (state_store.prepared_rescale) sits beside the checkpoint on
+    """The side checkpoint of a running stream's rescale (state_store.rescale) sits beside the checkpoint on
     the same file system, named as a failed restore's (so one a killed preparation leaves is listed with them), in a
     folder of its own that is deleted whole."""
-    from state_store.lifecycle import replaced_checkpoints
-    from state_store.prepared_rescale import side_config
+    from state_store.kernel import replaced_checkpoints
+    from state_store.rescale import side_config
 
     config = make_config(tmp_path, "rocksdb", SESSIONS_CHECKPOINT_URI=checkpoint_uri.format(home=tmp_path / "home"),
                          SESSIONS_LEASE_URI=str(tmp_path / "leases"))

@@ -23,7 +23,8 @@ from pipelines.core.sample_data import land
 from pipelines.errors import SavepointFailed, SavepointIncompatible
 from pipelines.job.checkpoint import inspect_checkpoint
 from pipelines.job.stream import catch_up
-from state_store.lifecycle import rescale, restore, take_savepoint, validate_savepoint
+from state_store.lifecycle import restore, take_savepoint, validate_savepoint
+from state_store.rescale import rescale
 from state_store.savepoint.catalog import SavepointStore
 from state_store.savepoint.native import MANIFEST, native_uri
 from testkit.lifecycle_expectations import expected_closed_sessions

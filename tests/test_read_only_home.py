@@ -9,8 +9,8 @@ import json
 import pytest
 
 from pipelines.core.sample_data import land_sample
+from pipelines.ingest.erased import user_hash
 from pipelines.job.stream import catch_up
-from state_store.erasure import user_hash
 from tests.kit.homes import make_config
 from tests.test_one_line_errors import _env, _sessionctl, read_only
 

@@ -52,7 +52,8 @@ def _s3_bucket(s3_endpoint, name: str) -> str:
 @pytest.mark.parametrize("provider", ["rocksdb", "hdfs"])
 def test_checkpoint_on_s3_catch_up_savepoint_restore_exactly_once(spark, s3_endpoint, tmp_path, provider):
     from pipelines.job.stream import catch_up
-    from state_store.lifecycle import rescale, restore, take_savepoint
+    from state_store.lifecycle import restore, take_savepoint
+    from state_store.rescale import rescale
     from state_store.status import status
 
     s3a_session(spark, s3_endpoint)
@@ -136,8 +137,10 @@ def _hdfs_config(tmp_path, hdfs, provider: str, name: str):
 @pytest.mark.parametrize("provider", ["rocksdb", "hdfs"])
 def test_checkpoint_on_hdfs_every_lifecycle_operation_exactly_once(spark, hdfs, tmp_path, provider):
     from pipelines.job.stream import catch_up
-    from state_store.lifecycle import replaced_checkpoints, rescale, restore, take_savepoint
+    from state_store.kernel import replaced_checkpoints
+    from state_store.lifecycle import restore, take_savepoint
     from state_store.maintenance import compact
+    from state_store.rescale import rescale
     from state_store.status import status
 
     config = _hdfs_config(tmp_path, hdfs, provider, f"lifecycle-{provider}")

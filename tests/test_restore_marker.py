@@ -14,7 +14,8 @@ from pipelines.errors import RestoreIncomplete
 from pipelines.ingest import ingest
 from pipelines.job.checkpoint import BOOTSTRAP_FILE, read_restore_marker, restore_marker
 from pipelines.job.stream import catch_up
-from state_store.lifecycle import replaced_checkpoints, restore, take_savepoint
+from state_store.kernel import replaced_checkpoints
+from state_store.lifecycle import restore, take_savepoint
 from testkit.lifecycle_expectations import expected_closed_sessions
 from tests.kit.datagen import in_order_chunks
 from tests.kit.homes import assert_half_done_is_reported, config_env, make_config, tool

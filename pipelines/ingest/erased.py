@@ -28,8 +28,8 @@ from deltalake import DeltaTable, write_deltalake
 from pipelines.config import SessionsConfig
 from pipelines.storage import read_rows, storage_options, table_exists
 
-__all__ = ["LOG_SCHEMA", "LOG_TABLE", "ErasedUsers", "UserGroup", "UserSpelling", "log_erasure", "log_erasures",
-           "user_hash"]
+__all__ = ["LOG_SCHEMA", "LOG_TABLE", "ErasedUsers", "UserGroup", "UserSpelling", "erasures_recorded", "log_erasure",
+           "log_erasures", "user_hash"]
 
 KEY_FILE = "erasure.key"
 LOG_TABLE = "erasure_log"
@@ -243,6 +243,11 @@ class UserGroup:
             named = normalized_user(event.get("user_id"))
             return named if named in self.ids else None
         return None
+
+
+def erasures_recorded(config: SessionsConfig) -> bool:
+    """Whether any erasure was logged (compaction then vacuums within the erasure deadline)."""
+    return table_exists(config, config.table_uri(LOG_TABLE))
 
 
 def log_erasure(config: SessionsConfig, *, erasure_id: str, hashed: str, status: ErasureStatus,

@@ -15,7 +15,7 @@ the savepoint reads instead of the live one:
 A file of N gone during the copy itself (retention reached it before the copy did): the newest committed batch is
 pinned instead (the caller starts over, at most PIN_ATTEMPTS times). The private copy is removed when the read is
 over, also on a failure; one a killed savepoint leaves is named as a failed restore's beside the checkpoint, so the
-next savepoint, compaction and erasure remove it (state_store.lifecycle.replaced_checkpoints).
+next savepoint, compaction and erasure remove it (state_store.kernel.replaced_checkpoints).
 
 No copy when no stream runs (nothing deletes a version then) or when the caller is the stream itself between two
 batches."""
@@ -30,7 +30,7 @@ from dataclasses import dataclass
 from pipelines.config import SessionsConfig
 from pipelines.job.checkpoint import CommittedBatch
 from pipelines.locations import CheckpointPath, RemotePath, checkpoint_path, remove_tree
-from state_store.restore import FAILED_SUFFIX
+from state_store.kernel import FAILED_SUFFIX
 from state_store.savepoint import native
 from state_store.savepoint.native import NativeCopy
 
