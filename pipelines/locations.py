@@ -273,6 +273,17 @@ def move(source: CheckpointPath, target: CheckpointPath) -> None:
     raise ValueError(f"cannot move {source} to {target}: another filesystem")
 
 
+def set_aside(path: CheckpointPath, suffix: str) -> CheckpointPath | None:
+    """A checkpoint directory moved beside itself as `<name><suffix><UTC time>` (a restore's replaced or half-built
+    checkpoint, kept for an undo or a post-mortem); None when there is none."""
+    if not path.exists():
+        return None
+    stamp = dt.datetime.now(dt.timezone.utc).strftime("%Y%m%dT%H%M%S%f")
+    target = path.with_name(path.name + suffix + stamp)
+    move(path, target)
+    return target
+
+
 def remove_tree(path: CheckpointPath) -> None:
     """A directory and everything under it, gone (nothing when it is gone already)."""
     if isinstance(path, Path):

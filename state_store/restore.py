@@ -4,7 +4,6 @@ the executors (state_store.savepoint.files, pipelines.job.operators.seam); the d
 pre-flight's checks (state_store.preflight) run first, so a restore is refused exactly when `--dry-run` says so."""
 from __future__ import annotations
 
-import datetime as dt
 import json
 import time
 from collections.abc import Iterator
@@ -18,7 +17,6 @@ from pyspark.sql import DataFrame, SparkSession
 
 from pipelines.config import SessionsConfig
 from pipelines.coordination import kill_point
-from pipelines.coordination.fencing import fenced_delete
 from pipelines.coordination.leases import Lease
 from pipelines.core import state_format
 from pipelines.core.attributes import partials_from_json, partials_to_json
@@ -35,10 +33,11 @@ from pipelines.job.checkpoint import (
 )
 from pipelines.job.operators import for_new_checkpoint
 from pipelines.job.runtime import error_line, get_spark, stop_state_stores
+from pipelines.job.sink import roll_back
 from pipelines.job.startup import ensure_tables
 from pipelines.job.stream import start_query
-from pipelines.locations import CheckpointPath, checkpoint_path, move, remove_tree
-from pipelines.storage import filesystem, storage_options, table_exists
+from pipelines.locations import CheckpointPath, move, remove_tree, set_aside
+from pipelines.storage import filesystem
 from state_store.kernel import FAILED_SUFFIX, REPLACED_SUFFIX
 from state_store.preflight import native_refusal, record_restore, refusals
 from state_store.results import RestoreResult, SavepointInfo
@@ -117,27 +116,6 @@ def _keep_partials(batches: Iterator[pa.RecordBatch], *, keys: frozenset[str]) -
                                     pa.array(texts, pa.string())).to_batches()
 
 
-def _set_aside(checkpoint: CheckpointPath) -> str | None:
-    if not checkpoint.exists():
-        return None
-    stamp = dt.datetime.now(dt.timezone.utc).strftime("%Y%m%dT%H%M%S%f")
-    target = checkpoint.with_name(checkpoint.name + REPLACED_SUFFIX + stamp)
-    move(checkpoint, target)
-    return str(target)
-
-
-def _roll_back_outputs(config: SessionsConfig, saved: SavepointInfo, lease: Lease | None) -> dict[str, int]:
-    """Remove what the job wrote after the savepoint; the replay writes it again, exactly once. Fenced by the job
-    lease: a stream that lost it to this restore can no longer commit to these tables."""
-    removed = {}
-    for name, uri, version in (("sessions", config.sessions_table, saved.sessions_version),
-                               ("quarantine", config.quarantine_table, saved.quarantine_version)):
-        if table_exists(config, uri):
-            removed[name] = fenced_delete(uri, f"written_version > {int(version)}", [lease] if lease else [],
-                                          storage_options(config, uri))
-    return removed
-
-
 def _restore_native(config: SessionsConfig, store: SavepointStore, saved: SavepointInfo, *, partitions: int | None,
                     spark: SparkSession | None, lease: Lease | None, started: float) -> RestoreResult | str:
     """The savepoint's native copy put back as the checkpoint (state_store.savepoint.native): the stream resumes at
@@ -154,7 +132,7 @@ def _restore_native(config: SessionsConfig, store: SavepointStore, saved: Savepo
     write_restore_marker(config.checkpoint, saved.savepoint_id, partitions)  # before the first change
     if spark is not None:
         stop_state_stores(spark)  # a stopped query's store uploads nothing into the restored checkpoint
-    replaced = _set_aside(config.checkpoint)
+    replaced = set_aside(config.checkpoint, REPLACED_SUFFIX)
     kill_point("restore:aside")
     outputs_rolled_back = False
     try:
@@ -163,7 +141,7 @@ def _restore_native(config: SessionsConfig, store: SavepointStore, saved: Savepo
         except SavepointDamaged as damage:
             remove_tree(config.checkpoint)
             if replaced is not None:
-                move(checkpoint_path(replaced, webhdfs=config.webhdfs_address), config.checkpoint)
+                move(replaced, config.checkpoint)
             clear_restore_marker(config.checkpoint)
             return f"its native copy is damaged ({damage})"
         phase("native_copied")
@@ -172,7 +150,8 @@ def _restore_native(config: SessionsConfig, store: SavepointStore, saved: Savepo
             config.rules, config.state_buckets, state_layout=for_new_checkpoint().layout,
             created_from=saved.savepoint_id))  # a new incarnation: fresh idempotency keys
         outputs_rolled_back = True
-        removed = _roll_back_outputs(config, saved, lease)
+        removed = roll_back(config, sessions_version=saved.sessions_version,
+                            quarantine_version=saved.quarantine_version, leases=[lease] if lease else [])
         ensure_tables(config)
         phase("outputs_rolled_back")
         kill_point("restore:rolled-back")
@@ -183,7 +162,7 @@ def _restore_native(config: SessionsConfig, store: SavepointStore, saved: Savepo
     return RestoreResult(
         savepoint_id=saved.savepoint_id, batch_id=saved.batch_id, rows=saved.rows, checksum=saved.checksum,
         verified=True, source_seq=saved.source_seq, watermark_ms=saved.watermark_ms, provider=info.provider,
-        partitions=info.partitions, rolled_back=removed, previous_checkpoint=replaced,
+        partitions=info.partitions, rolled_back=removed, previous_checkpoint=str(replaced) if replaced else None,
         seconds=round(time.monotonic() - started, 3), phases=phases, method="native",
     )
 
@@ -227,7 +206,7 @@ def restore_unlocked(config: SessionsConfig, savepoint: str, *, partitions: int 
     phase("savepoint_verified")
     write_restore_marker(config.checkpoint, saved.savepoint_id, partitions)  # before the first change
     stop_state_stores(spark)  # a stopped query's store uploads no snapshot into the new checkpoint
-    replaced = _set_aside(config.checkpoint)
+    replaced = set_aside(config.checkpoint, REPLACED_SUFFIX)
     kill_point("restore:aside")
     outputs_rolled_back = False
     try:
@@ -243,7 +222,9 @@ def restore_unlocked(config: SessionsConfig, savepoint: str, *, partitions: int 
             "watermark_ms": saved.watermark_ms, "lateness_ms": config.rules.lateness_ms,
         }))
         outputs_rolled_back = not side  # from here the tables may differ from what the old checkpoint wrote
-        removed = {} if side else _roll_back_outputs(config, saved, lease)
+        removed = {} if side else roll_back(config, sessions_version=saved.sessions_version,
+                                            quarantine_version=saved.quarantine_version,
+                                            leases=[lease] if lease else [])
         ensure_tables(config)
         phase("outputs_rolled_back")
         kill_point("restore:rolled-back")
@@ -275,7 +256,7 @@ def restore_unlocked(config: SessionsConfig, savepoint: str, *, partitions: int 
         savepoint_id=saved.savepoint_id, batch_id=saved.batch_id, rows=saved.rows,
         checksum=got[1], verified=True, source_seq=saved.source_seq,
         watermark_ms=saved.watermark_ms, provider=info.provider, partitions=info.partitions,
-        rolled_back=removed, previous_checkpoint=replaced, seconds=seconds, phases=phases,
+        rolled_back=removed, previous_checkpoint=str(replaced) if replaced else None, seconds=seconds, phases=phases,
         note=f"the native copy was not used: {note}" if note else None,
     )
 
@@ -299,15 +280,13 @@ def _no_batch_after_the_marker(spark: SparkSession, side: bool) -> Iterator[None
             spark.conf.set(NO_DATA_BATCHES, before)
 
 
-def _failed_restore(config: SessionsConfig, savepoint_id: str, replaced: str | None,
+def _failed_restore(config: SessionsConfig, savepoint_id: str, replaced: CheckpointPath | None,
                     outputs_rolled_back: bool, error: BaseException) -> RestoreIncomplete:
     """Put things where a rerun (or the old job) can go on, and say which it is."""
     cause = error_line(error)
-    if config.checkpoint.exists():
-        stamp = dt.datetime.now(dt.timezone.utc).strftime("%Y%m%dT%H%M%S%f")
-        move(config.checkpoint, config.checkpoint.with_name(config.checkpoint.name + FAILED_SUFFIX + stamp))
+    set_aside(config.checkpoint, FAILED_SUFFIX)
     if not outputs_rolled_back and replaced is not None:
-        move(checkpoint_path(replaced, webhdfs=config.webhdfs_address), config.checkpoint)
+        move(replaced, config.checkpoint)
         clear_restore_marker(config.checkpoint)
         return RestoreIncomplete(f"restore from {savepoint_id} failed before any table was changed ({cause}); "
                                  f"the previous checkpoint is back in place",

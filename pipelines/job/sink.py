@@ -14,8 +14,9 @@ from deltalake.schema import Field, PrimitiveType
 from pyspark.sql import DataFrame
 
 from pipelines.arrow_types import plain_field
+from pipelines.config import SessionsConfig
 from pipelines.coordination import kill_point
-from pipelines.coordination.fencing import committing, fence
+from pipelines.coordination.fencing import committing, fence, fenced_delete
 from pipelines.coordination.leases import Lease
 from pipelines.core.spec import Attribute
 from pipelines.core.state_format import ms_to_ts, spark_ddl
@@ -23,7 +24,15 @@ from pipelines.data_files import row_count
 from pipelines.errors import LeaseLost, StorageUnavailable
 from pipelines.job.quarantine import QUARANTINE_SCHEMA, LateRows, quarantine_frame, quarantine_rows
 from pipelines.job.task_files import FILE_ROW, TaskFile, commit_task_files, task_file, write_file, write_task_files
-from pipelines.storage import is_object_store_failure, is_s3, read_rows, s3_failure, sql_literal
+from pipelines.storage import (
+    is_object_store_failure,
+    is_s3,
+    read_rows,
+    s3_failure,
+    sql_literal,
+    storage_options,
+    table_exists,
+)
 
 __all__ = ["QUARANTINE_SCHEMA", "SESSIONS_SCHEMA", "MicroBatchSink", "add_attribute_columns", "sessions_schema", "ensure_table", "idempotent_append", "table_rows", "version_after_batch"]
 
@@ -87,6 +96,20 @@ def version_after_batch(uri: str, incarnation: str, batch_id: int,
     if later.num_rows == 0:
         return current
     return min(current, int(pc.min(later["written_version"]).as_py()) - 1)
+
+
+def roll_back(config: SessionsConfig, *, sessions_version: int, quarantine_version: int, leases: Sequence[Lease]
+              ) -> dict[str, int]:
+    """The output rows written after these versions removed (a restore's, before its replay writes them again,
+    exactly once); rows removed per table that exists. Fenced by `leases`: a stream that lost the job lease to the
+    restore can no longer commit to these tables."""
+    removed = {}
+    for name, uri, version in (("sessions", config.sessions_table, sessions_version),
+                               ("quarantine", config.quarantine_table, quarantine_version)):
+        if table_exists(config, uri):
+            removed[name] = fenced_delete(uri, f"written_version > {int(version)}", leases,
+                                          storage_options(config, uri))
+    return removed
 
 
 def idempotent_append(uri: str, rows: pa.Table, app_id: str, batch_id: int,
