@@ -9,7 +9,7 @@ from assets.automation import (
     stream_failure_sensor,
 )
 from assets.checks import ALL_CHECKS
-from assets.erasure_runs import erasure_runs_cleanup
+from assets.erasure_runs import erasure_requests, erasure_runs_cleanup
 from assets.jobs import (
     compaction,
     forget_user,
@@ -34,7 +34,7 @@ defs = Definitions(
           observe_state, forget_user],
     schedules=[compaction_schedule],
     sensors=[observation_sensor, maintenance_sensor, stream_failure_sensor, resume_stream_after_restore,
-             erasure_runs_cleanup],
+             erasure_runs_cleanup, erasure_requests],
     # Nothing machine-specific in the resources: both read the environment when a run uses them (no launchpad
     # shows this machine's paths).
     resources={"sessions": SessionsResource(), "pyspark": pyspark_resource()},

@@ -25,7 +25,7 @@ from pipelines.coordination.job_leases import running_stream
 from pipelines.job import stream
 from pipelines.job.run_summary import RunSummary
 from pipelines.job.sink import MicroBatchSink
-from state_store import erasure, kernel, lifecycle, maintenance, state, stream_control
+from state_store import erasure, erasure_requests, kernel, lifecycle, maintenance, state, stream_control
 from state_store import rescale as rescaling
 from state_store.results import OperatorTrigger, SavepointInfo
 from state_store.status import status
@@ -249,6 +249,9 @@ class ForgetConfig(Config):
                          "savepoint (or list them in users).")
     users: list[str] = Field(default=[], description="Users to erase, all in one erasure (about the cost of one); "
                              "with user_id, both.")
+    request_files: list[str] = Field(default=[], description="Erasure request files (names of *.users files at "
+                                     "SESSIONS_ERASURE_REQUESTS_URI) whose users to erase too; deleted once they are "
+                                     "erased. The erasure_requests sensor sets it.")
     verify_only: bool = Field(default=False, description="Only say where the users still appear; erase nothing.")
 
     def user_ids(self) -> list[str]:
@@ -262,13 +265,22 @@ def forget_user_op(context: OpExecutionContext, sessions: SessionsResource, pysp
     users by keyed hash only; no output value (the IO manager would keep them). Then Dagster's own run storage: the
     other runs naming a user are deleted (`dagster_runs_deleted`; a run still going is left and counted,
     `dagster_runs_unfinished`), or with verify_only counted (`found_dagster_runs`: not clean while any)."""
-    users = config.user_ids()
+    settings = sessions.config()
+    requests = expected_errors(erasure_requests.read_requests, settings, config.request_files) \
+        if config.request_files else None
+    if requests is not None and requests.refused:
+        context.log.warning("request files left in place: " + "; ".join(f"{name}: {why}" for name, why
+                                                                        in requests.refused.items()))
+    users = list(dict.fromkeys([*config.user_ids(), *(requests.user_ids if requests else [])]))
+    if not users and requests is not None:  # erased and deleted by an earlier run: nothing is pending
+        context.add_output_metadata({"request_files": 0, "users": 0, "refused_files": len(requests.refused)})
+        return
     if not users:  # before Spark starts (a lazy session)
         raise Failure(description="set user_id or users: nobody to erase", allow_retries=False,
                       metadata={"next_step": "set users: [<a user>, ...] in ops.forget_user_op.config"})
     spark = pyspark.spark_session
     if config.verify_only:
-        found = expected_errors(erasure.verify_many, sessions.config(), users, spark=spark)
+        found = expected_errors(erasure.verify_many, settings, users, spark=spark)
         runs = erasure_runs.runs_naming(context.instance, users, besides=context.run_id)
         context.add_output_metadata({"clean": found.clean and not runs,
                                      **{f"found_{k}": v for k, v in found.found.items()},
@@ -276,8 +288,10 @@ def forget_user_op(context: OpExecutionContext, sessions: SessionsResource, pysp
                                      "unreadable_files": len(found.users[0].unreadable),
                                      "users": len(users), "users_clean": sum(u.clean for u in found.users)})
         return
-    result = expected_errors(erasure.forget, sessions.config(), users, spark=spark)
+    result = expected_errors(erasure.forget, settings, users, spark=spark)
     deleted, unfinished = erasure_runs.delete_runs_naming(context.instance, users, besides=context.run_id)
+    if requests is not None:  # last: a failure before leaves them pending for the next run
+        erasure_requests.close_requests(settings, requests)
     if unfinished:
         context.log.warning(f"{unfinished} Dagster run(s) naming an erased user are still going: run forget_user "
                             "again once they have finished")
@@ -286,7 +300,9 @@ def forget_user_op(context: OpExecutionContext, sessions: SessionsResource, pysp
                                  "user_hashes": MetadataValue.json([u.user_hash for u in result.users]),
                                  **{f"removed_{k}": v for k, v in result.removed.items()},
                                  "purged_files": result.purged_files, "dagster_runs_deleted": deleted,
-                                 "dagster_runs_unfinished": unfinished})
+                                 "dagster_runs_unfinished": unfinished,
+                                 "request_files": len(requests.files) if requests else 0,
+                                 "refused_files": len(requests.refused) if requests else 0})
 
 
 @job(tags=LIFECYCLE_TAGS, description="Erase users everywhere (one or many in one run): tables, live state, "

@@ -81,6 +81,7 @@ class SessionsResource(ConfigurableResource):  # type: ignore[type-arg]
     vacuum_retention_hours: int | None = _setting("vacuum_retention_hours")
     erasure_deadline_hours: float | None = _setting("erasure_deadline_hours")
     erasure_drops_newer: bool | None = _setting("erasure_drops_newer")
+    erasure_requests_uri: str | None = _setting("erasure_requests_uri")
     max_future_minutes: int | None = _setting("max_future_minutes")
     ingest_settle_seconds: int | None = _setting("ingest_settle_seconds")
     ingest_task_mib: int | None = _setting("ingest_task_mib")

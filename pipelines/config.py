@@ -59,9 +59,10 @@ ALLOW_SHORT_RETENTION = "SESSIONS_ALLOW_SHORT_RETENTION"
 
 
 # Settings that take a local path or s3://bucket/prefix (the checkpoint's is checked on its own: no s3 there).
-URI_SETTINGS = ("savepoint_uri", "warehouse_uri", "landing_uri", "lease_uri")
+URI_SETTINGS = ("savepoint_uri", "warehouse_uri", "landing_uri", "lease_uri", "erasure_requests_uri")
 # The data locations (SESSIONS_HOME first): a local one must be a directory, or not exist yet under one.
-PATH_SETTINGS = ("home", "savepoint_uri", "warehouse_uri", "landing_uri", "checkpoint_uri", "lease_uri")
+PATH_SETTINGS = ("home", "savepoint_uri", "warehouse_uri", "landing_uri", "checkpoint_uri", "lease_uri",
+                 "erasure_requests_uri")
 
 
 @dataclass(frozen=True)
@@ -158,6 +159,10 @@ class SessionsConfig:
     # never to be tracked again stays untracked. Events at or before the erasure are dropped either way.
     erasure_drops_newer: bool = setting_field(False, "the standing erasure also drops an erased user's events newer than "
                                               "the erasure (unset: those are kept as new data)")
+    # A compliance workflow's inbox (state_store/erasure_requests.py): request files, erased in batches.
+    erasure_requests_uri: str = setting_field("", "where erasure requests are dropped: a path or s3://bucket/prefix; "
+                                              "each file named *.users lists user ids, one per line",
+                                              shown="$SESSIONS_HOME/erasure_requests")
     # Hostile input (contract).
     max_future_minutes: int = setting_field(60, "an event this far ahead of its ingest time is quarantined", minimum=0)
     # A last line that parses as a JSON object counts at once; see pipelines/ingest/local.py.
@@ -232,6 +237,7 @@ class SessionsConfig:
         values["savepoint_uri"] = values["savepoint_uri"] or str(home / "savepoints")
         values["warehouse_uri"] = (values["warehouse_uri"] or str(home / "warehouse")).rstrip("/")
         values["landing_uri"] = (values["landing_uri"] or str(home / "landing")).rstrip("/")
+        values["erasure_requests_uri"] = (values["erasure_requests_uri"] or str(home / "erasure_requests")).rstrip("/")
         values["checkpoint_uri"] = checked_checkpoint_uri(values["checkpoint_uri"], home=home)
         if values["lease_ttl_s"] > MAX_LEASE_TTL_S:
             raise ConfigError(f"SESSIONS_LEASE_TTL_S={values['lease_ttl_s']:g} is too long: at most {MAX_LEASE_TTL_S:g} "

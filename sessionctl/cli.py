@@ -229,6 +229,11 @@ def _forget_users(args: argparse.Namespace) -> list[str]:
 def cmd_forget(config: SessionsConfig, args: argparse.Namespace) -> int | None:
     from state_store.erasure import forget, verify, verify_many
 
+    if args.requests:
+        from state_store.erasure_requests import forget_requested
+
+        _print(forget_requested(config).to_dict(), args.json)
+        return None
     users = _forget_users(args)
     if args.verify and len(users) == 1:
         verification = verify(config, users[0])
@@ -326,17 +331,22 @@ def build_parser() -> argparse.ArgumentParser:
     fg = sub.add_parser("forget", help="erase users everywhere: tables, live state, savepoints, older table versions "
                         "(within SESSIONS_ERASURE_DEADLINE_HOURS), the tables' Delta logs, every landed file; later events of the "
                         "users are dropped at ingest. Many users in one forget cost about what one costs")
-    whom = fg.add_argument_group("users (at least one; both may be given)")
+    whom = fg.add_argument_group("users (--user and --users-file, both may be given; or --requests)")
     whom.add_argument("--user", action="append", type=user_id, help="a user id to erase (repeatable)")
     whom.add_argument("--users-file", type=users_file, metavar="PATH", help="a file of user ids to erase, one per "
                       "line (surrounding whitespace and blank lines ignored)")
+    whom.add_argument("--requests", action="store_true", help="the users of every pending erasure request (files "
+                      "named *.users at SESSIONS_ERASURE_REQUESTS_URI), erased in one forget; the request files are "
+                      "deleted once it is done")
     fg.add_argument("--verify", action="store_true", help="only say where the users still appear, per user. Exit 0: "
                     f"clean; {NOT_SO}: still found somewhere (the answer still on stdout, the places on stderr)")
     fg.add_argument("--json", action="store_true")
 
     def some_user(args: argparse.Namespace) -> None:
-        if not (args.user or args.users_file):
-            fg.error("the following arguments are required: --user or --users-file")
+        if args.requests and (args.user or args.users_file or args.verify):
+            fg.error("--requests takes the users from the request files: not with --user, --users-file or --verify")
+        if not (args.user or args.users_file or args.requests):
+            fg.error("the following arguments are required: --user, --users-file or --requests")
     fg.set_defaults(fn=cmd_forget, after_parse=some_user)
     cp = sub.add_parser("compact", help="compaction and retention")
     # Within the bounds of the settings they override (pipelines.config).

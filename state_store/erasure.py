@@ -333,7 +333,8 @@ def _places(config: SessionsConfig) -> list[tuple[str, str]]:
     places = [("raw_events", config.raw_events_table), ("sessions", config.sessions_table),
               ("quarantine", config.quarantine_table), ("savepoints", config.savepoint_uri),
               ("checkpoint", str(config.checkpoint)), ("landed_lines", config.landing_uri),
-              ("leases", config.lease_uri), ("warehouse", config.warehouse_uri), ("home", str(config.home))]
+              ("leases", config.lease_uri), ("warehouse", config.warehouse_uri),
+              ("erasure_requests", config.erasure_requests_uri), ("home", str(config.home))]
     return [(place, uri) for place, uri in places if uri]
 
 

@@ -9,10 +9,10 @@ import sqlite3
 from pathlib import Path
 
 import pytest
-from dagster import FilesystemIOManager, SkipReason, build_sensor_context, instance_for_test
+from dagster import FilesystemIOManager, RunRequest, SkipReason, build_sensor_context, instance_for_test
 
 from assets.definitions import defs
-from assets.erasure_runs import FORGET_JOB, USER_LISTING_JOBS, erasure_runs_cleanup, runs_naming
+from assets.erasure_runs import FORGET_JOB, USER_LISTING_JOBS, erasure_requests, erasure_runs_cleanup, runs_naming
 from assets.resources import SessionsResource, pyspark_resource
 from pipelines.ingest.erased import UserSpelling
 from pipelines.job.stream import catch_up
@@ -81,14 +81,30 @@ def test_forget_user_deletes_the_dagster_runs_that_named_the_user(spark, tmp_pat
         assert found["found_dagster_runs"] == 2 and found["clean"] is False  # the lookup and the top-N lookup
         assert found["found_live_state_events"] > 0
 
-        forget = run(FORGET_JOB, "forget_user_op", {"users": [USER, SECOND]})  # both in one erasure
+        # A compliance workflow's request files (state_store.erasure_requests): the sensor asks for one run naming
+        # the files, not the users; the run erases both users in one erasure and deletes the files.
+        inbox = Path(config.erasure_requests_uri)
+        inbox.mkdir(parents=True)
+        (inbox / "ticket-1.users").write_text(f"{USER}\n\n")
+        (inbox / "ticket-2.users").write_text(f"  {SECOND}\n{USER}\n")
+        (inbox / "ticket-3.users.part").write_text(f"{OTHER}\n")  # still being written: not a request yet
+        with build_sensor_context(instance=instance, resources={"sessions": sessions}) as context:
+            asked = erasure_requests(context)
+        assert isinstance(asked, RunRequest) and USER not in str(asked.run_config), asked
+        assert asked.run_config == {"ops": {"forget_user_op": {"config": {
+            "request_files": ["ticket-1.users", "ticket-2.users"]}}}}
+        forget = run(FORGET_JOB, "forget_user_op", asked.run_config["ops"]["forget_user_op"]["config"])
         reported = _output_metadata(forget, "forget_user_op")
         assert reported["dagster_runs_deleted"] == 3 and reported["dagster_runs_unfinished"] == 0  # with the verify
         assert reported["users"] == 2 and reported["removed_live_state_events"] > 0
+        assert reported["request_files"] == 2 and reported["refused_files"] == 0
+        assert sorted(p.name for p in inbox.iterdir()) == ["ticket-3.users.part"]
         assert USER not in str(reported) and f"'{SECOND}'" not in str(reported)
         assert {r.run_id for r in instance.get_runs()} == {other.run_id, forget.run_id}
-        assert [r.run_id for r in runs_naming(instance, USER)] == [forget.run_id]  # its own config, until the sensor
+        assert runs_naming(instance, USER) == []  # the forget run's config names files, not users
         assert _files_naming(storage, user) == []
+        with build_sensor_context(instance=instance, resources={"sessions": sessions}) as context:
+            assert isinstance(erasure_requests(context), SkipReason)  # nothing pending
 
         # The sensor deletes finished forget_user runs (and only those); a verify after it finds no run naming U.
         with build_sensor_context(instance=instance) as context:
@@ -115,3 +131,5 @@ def test_the_cleanup_is_wired_to_the_deployed_jobs():
     assert all(defs.resolve_job_def(name).name == name for name in USER_LISTING_JOBS)
     sensor = defs.resolve_sensor_def("erasure_runs_cleanup")
     assert sensor.default_status.value == "RUNNING" and sensor.minimum_interval_seconds == 30
+    requests = defs.resolve_sensor_def("erasure_requests")
+    assert requests.default_status.value == "RUNNING" and requests.job_name == FORGET_JOB

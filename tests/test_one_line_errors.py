@@ -91,7 +91,10 @@ CASES = {
     "top negative": Case(("state", "--top", "-5"), r"argument --top: -5 must be between 1", code=2),
     "empty user": Case(("state", "--user", ""), r"argument --user: a user id, not an empty string", code=2),
     "forget empty user": Case(("forget", "--user", " "), r"argument --user: a user id, not an empty string", code=2),
-    "forget nobody": Case(("forget",), r"the following arguments are required: --user or --users-file", code=2),
+    "forget nobody": Case(("forget",), r"the following arguments are required: --user, --users-file or --requests",
+                          code=2),
+    "forget requests and a user": Case(("forget", "--requests", "--user", "u1"), r"--requests takes the users from "
+                                       r"the request files: not with --user, --users-file or --verify", code=2),
     "forget users file missing": Case(("forget", "--users-file", "home/users.txt"),
                                       r"argument --users-file: no such file: home/users.txt", code=2),
     "forget users file empty": Case(("forget", "--verify", "--users-file", "home/users.txt"),
