@@ -154,6 +154,37 @@ def test_stop_request_is_answered_and_a_joined_stop_without_savepoint_says_so(tm
 
 
 
+def test_erasure_requests_pending_together_are_one_erasure_and_each_requester_gets_its_answer(tmp_path):
+    """Two `forget`s beside a running stream do not replace each other: the stream takes every erasure request
+    pending between two batches as one (their users, each once), answers each requester and removes them; one made
+    after it read them waits for the next boundary."""
+    from pipelines.coordination.requests import (
+        ErasureAnswer,
+        answer_request,
+        pending_request,
+        request_erasure,
+        take_answer,
+    )
+
+    config = make_config(tmp_path)
+    with job_lock(config, "run") as held:
+        first = request_erasure(config, stream=held, user_ids=["u1", "u2"])
+        second = request_erasure(config, stream=held, user_ids=["u2", "u3"])
+        assert first.token != second.token
+        found = pending_request(config, held)
+        assert found is not None and found.user_ids == ["u1", "u2", "u3"]
+        assert {found.token, *found.joined} == {first.token, second.token}
+        late = request_erasure(config, stream=held, user_ids=["u4"])  # after the stream read the others
+        answer = ErasureAnswer(erased={"erasure_id": "er-1"})
+        answer_request(config, found, answer)
+        assert take_answer(config, first) == answer and take_answer(config, second) == answer
+        after = pending_request(config, held)
+        assert after is not None and after.token == late.token and after.user_ids == ["u4"] and after.joined == ()
+        answer_request(config, after, answer)
+        assert take_answer(config, late) == answer and pending_request(config, held) is None
+        assert [name for name in store_for(config.lease_uri).names("erase.")] == []  # no request or answer is left
+
+
 def test_a_rescale_beside_a_running_stream_is_asked_of_it_and_says_its_answer(tmp_path):
     """The rescale protocol without Spark: with a `run` holding the job lease (in this process, so the rescale is
     not prepared here: the stream does it between two batches), `rescale` makes a request and returns the stream's

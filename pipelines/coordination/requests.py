@@ -3,8 +3,12 @@ lease store, so any host can write it), answered by the stream between two batch
 
 A request names the job lease (token) of the stream it is for: that stream honours it between batches and answers
 in a response file -- a stop before it releases the lease; an erasure, and a rescale or a restore once its first
-batch after it ran, and goes on. A request for a lease that is gone is stale and ignored by the next stream. An erasure request names its users (one or many: the stream erases them
-all at once) until the stream answers, then it is removed (the answer names only keyed hashes)."""
+batch after it ran, and goes on. A request for a lease that is gone is stale and ignored by the next stream.
+
+A stop, a rescale and a restore have one slot each (a second stop joins the first). Erasures do not wait for each
+other: each request is a file of its own, naming its users (one or many) until the stream answers, and the stream
+erases the users of every erasure request it finds in one erasure, answers each and removes them (the answers name
+only keyed hashes)."""
 from __future__ import annotations
 
 import datetime as dt
@@ -14,7 +18,7 @@ import socket
 import time
 import uuid
 from collections.abc import Sequence
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from typing import Any, overload
 
 from pipelines.config import SessionsConfig
@@ -28,7 +32,7 @@ __all__ = ["ErasureAnswer", "ErasureRequest", "RescaleRequest", "RestoreRequest"
            "request_erasure", "request_rescale", "request_restore", "request_stop", "take_answer", "withdraw"]
 
 STOP_REQUEST = "stop.request.json"
-ERASE_REQUEST = "erase.request.json"
+ERASE_REQUESTS = "erase.request-"  # + the request's token + .json: one file per request
 RESCALE_REQUEST = "rescale.request.json"
 RESTORE_REQUEST = "restore.request.json"
 
@@ -50,12 +54,14 @@ class StopRequest:
 
 @dataclass(frozen=True)
 class ErasureRequest:
-    """Erase `user_ids` (all in one erasure) between two batches, then go on."""
+    """Erase `user_ids` (all in one erasure) between two batches, then go on. As the stream reads them, the erasure
+    requests pending together are one: their users, and the requests it answers (`joined`: the others' tokens)."""
     token: str
     run_token: str
     user_ids: list[str]
     requested_by: str
     requested_at: str
+    joined: tuple[str, ...] = ()  # never stored: set by pending_request
 
     @property
     def response_name(self) -> str:
@@ -125,8 +131,8 @@ class ResumedAnswer:
 
 Answer = StopAnswer | ErasureAnswer | ResumedAnswer
 RequestKind = type[StopRequest] | type[ErasureRequest] | type[RescaleRequest] | type[RestoreRequest]
-_FILES: dict[RequestKind, str] = {StopRequest: STOP_REQUEST, ErasureRequest: ERASE_REQUEST,
-                                  RescaleRequest: RESCALE_REQUEST, RestoreRequest: RESTORE_REQUEST}
+_FILES: dict[RequestKind, str] = {StopRequest: STOP_REQUEST, RescaleRequest: RESCALE_REQUEST,
+                                  RestoreRequest: RESTORE_REQUEST}
 _ANSWERS: dict[RequestKind, type[Answer]] = {StopRequest: StopAnswer, ErasureRequest: ErasureAnswer,
                                              RescaleRequest: ResumedAnswer, RestoreRequest: ResumedAnswer}
 # What the requester runs again when a request was not answered.
@@ -137,6 +143,8 @@ _AGAIN: dict[RequestKind, tuple[str, str]] = {StopRequest: ("stop", "stop"),
 
 
 def _file(request: StreamRequest | RequestKind) -> str:
+    if isinstance(request, ErasureRequest):
+        return f"{ERASE_REQUESTS}{request.token}.json"
     return _FILES[request if isinstance(request, type) else type(request)]
 
 
@@ -196,10 +204,34 @@ def request_stop(config: SessionsConfig, *, stream: LeaseInfo | Lease, savepoint
 
 
 def request_erasure(config: SessionsConfig, *, stream: LeaseInfo | Lease, user_ids: Sequence[str]) -> ErasureRequest:
-    """Ask the stream holding `stream` to erase `user_ids` between two batches, all in one erasure (one request at a
-    time; the same users asked again join it)."""
-    request: ErasureRequest = _ask(config, ErasureRequest, stream, ("user_ids",), user_ids=list(user_ids))
+    """Ask the stream holding `stream` to erase `user_ids` between two batches, all in one erasure: a request of its
+    own, which other erasure requests pending at the same time join (one erasure for all of them)."""
+    asked = _requested()
+    request = ErasureRequest(token=asked["token"], run_token=stream.token, user_ids=list(user_ids),
+                             requested_by=asked["requested_by"], requested_at=asked["requested_at"])
+    _write(config, _file(request), {k: v for k, v in asdict(request).items() if k != "joined"})
     return request
+
+
+def _erasures(config: SessionsConfig, run: LeaseInfo | Lease) -> ErasureRequest | None:
+    """The erasure requests pending for the stream holding `run`, as one (oldest first): their users, each once."""
+    found = []
+    for name in _store(config).names(ERASE_REQUESTS):
+        stored = _read(config, name)
+        try:
+            request = ErasureRequest(**stored) if stored is not None else None
+        except TypeError:  # not a request this build wrote: ignored, as a stale one would be
+            continue
+        if request is not None and request.run_token == run.token and name == _file(request):
+            found.append(request)
+    if not found:
+        return None
+    found.sort(key=lambda r: (r.requested_at, r.token))
+    users = list(dict.fromkeys(user for request in found for user in request.user_ids))
+    first = found[0]
+    return ErasureRequest(token=first.token, run_token=first.run_token, user_ids=users,
+                          requested_by=first.requested_by, requested_at=first.requested_at,
+                          joined=tuple(r.token for r in found[1:]))
 
 
 def request_rescale(config: SessionsConfig, *, stream: LeaseInfo | Lease, partitions: int) -> RescaleRequest:
@@ -219,7 +251,13 @@ def request_restore(config: SessionsConfig, *, stream: LeaseInfo | Lease, savepo
 def pending_request(config: SessionsConfig, run: LeaseInfo | Lease) -> StreamRequest | None:
     """The stop request -- or else an erasure, a rescale or a restore request -- for the stream holding lease `run`
     (checked between batches)."""
-    for kind in (StopRequest, ErasureRequest, RescaleRequest, RestoreRequest):
+    stop = _stored(StopRequest, config)
+    if stop is not None and stop.run_token == run.token:
+        return stop
+    erasures = _erasures(config, run)
+    if erasures is not None:
+        return erasures
+    for kind in (RescaleRequest, RestoreRequest):
         current = _stored(kind, config)
         if current is not None and current.run_token == run.token:
             return current
@@ -234,9 +272,15 @@ def withdraw(config: SessionsConfig, request: StreamRequest) -> None:
 
 
 def answer_request(config: SessionsConfig, request: StreamRequest, answer: Answer) -> None:
-    """The stream's answer (a stop's is written before it releases the job lease); the request is done with."""
+    """The stream's answer (a stop's is written before it releases the job lease); the request is done with. Erasure
+    requests that joined it get the same answer."""
     _write(config, request.response_name, asdict(answer))
     withdraw(config, request)
+    if isinstance(request, ErasureRequest):
+        for token in request.joined:
+            joined = replace(request, token=token, joined=())
+            _write(config, joined.response_name, asdict(answer))
+            withdraw(config, joined)
 
 
 @overload
