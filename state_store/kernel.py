@@ -26,11 +26,14 @@ from pipelines.job.runtime import get_spark, spark_failures, yield_cpu
 from pipelines.locations import CheckpointPath
 from pipelines.storage import s3_limits
 
-__all__ = ["FAILED_SUFFIX", "REPLACED_SUFFIX", "await_change", "beside_stream", "check_partitions", "exclusive", "give_way_to_stream",
+__all__ = ["FAILED_SUFFIX", "PINNED_SUFFIX", "REPLACED_SUFFIX", "SIDE_SUFFIX", "await_change", "beside_stream", "check_partitions", "exclusive", "give_way_to_stream",
            "replaced_checkpoints", "session"]
 
+# Checkpoints kept beside the checkpoint, as `<checkpoint><suffix><UTC time>`; compaction and erasure remove them.
 REPLACED_SUFFIX = ".replaced-"  # a checkpoint a restore replaced
-FAILED_SUFFIX = ".failed-restore-"  # a half-built checkpoint (a failed restore's, a side or pinned copy), kept for a post-mortem
+FAILED_SUFFIX = ".failed-restore-"  # a half-built checkpoint a failed restore left, kept for a post-mortem
+SIDE_SUFFIX = ".rescale-side-"  # a running stream's rescale, built beside it (state_store.rescale) until deleted
+PINNED_SUFFIX = ".pinned-"  # a committed batch a savepoint reads beside a running stream (state_store.savepoint.pin)
 RUNNING_CHANGE_WAIT_S = 3600.0  # how long a rescale or restore waits, beyond the stop timeout, for a running stream
 
 
@@ -89,12 +92,13 @@ def check_partitions(partitions: int, operator: StateOperator, buckets: int) -> 
 
 
 def replaced_checkpoints(config: SessionsConfig) -> list[CheckpointPath]:
-    """Checkpoints restores set aside (replaced, or half-built by a failed restore, a prepared rescale's side
-    checkpoint, a savepoint's pinned batch), oldest first."""
+    """Checkpoints kept beside the checkpoint (replaced by a restore, half-built by a failed one, a rescale's side
+    checkpoint, a savepoint's pinned batch -- one a killed command left), oldest first."""
     parent = config.checkpoint.parent
     if not parent.exists():
         return []
-    prefixes = (config.checkpoint.name + REPLACED_SUFFIX, config.checkpoint.name + FAILED_SUFFIX)
+    prefixes = tuple(config.checkpoint.name + suffix for suffix in (REPLACED_SUFFIX, FAILED_SUFFIX, SIDE_SUFFIX,
+                                                                     PINNED_SUFFIX))
     return sorted((p for p in parent.iterdir() if p.name.startswith(prefixes)), key=lambda p: p.name)
 
 

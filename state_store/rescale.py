@@ -10,8 +10,8 @@ count). The side checkpoint writes nothing to the output tables: its query stops
 closes no session, so a session the savepoint holds as due is closed by the stream's first batch after the swap. The
 stream is then asked to restore that savepoint at the new count between two batches: a file copy, the outputs it
 wrote since the savepoint rolled back, and its first batch after replays the events since -- exactly once, as any
-restore. The side checkpoint is deleted; one left by a killed preparation is a failed restore's
-(state_store.kernel.replaced_checkpoints).
+restore. The side checkpoint is deleted; one left by a killed preparation is removed with the checkpoints restores
+set aside (state_store.kernel.replaced_checkpoints).
 
 RocksDB's side checkpoint holds a snapshot (a canonical restore commits its bootstrap batch as one:
 state_store.restore), which the stream loads as it is instead of replaying every key from a changelog in its first
@@ -37,7 +37,7 @@ from pipelines.job.checkpoint import inspect_checkpoint, read_job_metadata, read
 from pipelines.job.operators import for_layout, for_new_checkpoint
 from pipelines.job.runtime import error_line, stop_state_stores
 from pipelines.locations import remove_tree
-from state_store.kernel import FAILED_SUFFIX, await_change, beside_stream, check_partitions, exclusive, session
+from state_store.kernel import SIDE_SUFFIX, await_change, beside_stream, check_partitions, exclusive, session
 from state_store.restore import restore_unlocked
 from state_store.results import RescaleMethod, RescaleResult, SavepointInfo
 from state_store.savepoint import native
@@ -65,10 +65,10 @@ class PreparedRescale:
 
 
 def side_config(config: SessionsConfig, stamp: str) -> SessionsConfig:
-    """Where the side checkpoint is built: beside the checkpoint, named as a failed restore's until it is deleted (a
-    killed preparation leaves one a later `compact` or an operator finds)."""
+    """Where the side checkpoint is built: beside the checkpoint, as `<checkpoint>.rescale-side-<time>` until it is
+    deleted (a killed preparation leaves one that the next `compact` or `forget` removes)."""
     parent = config.checkpoint.parent
-    return config.with_(checkpoint_uri=str(parent / f"{config.checkpoint.name}{FAILED_SUFFIX}prepared-{stamp}"))
+    return config.with_(checkpoint_uri=str(parent / f"{config.checkpoint.name}{SIDE_SUFFIX}{stamp}"))
 
 
 def prepare_rescale(config: SessionsConfig, partitions: int, *, spark: SparkSession) -> PreparedRescale:

@@ -231,8 +231,8 @@ def test_kills_inside_a_native_savepoint_and_a_native_restore_lose_nothing(tmp_p
                                             "s3a://bucket/sessions-home/checkpoints"])
 def test_a_prepared_rescale_builds_its_side_checkpoint_beside_the_checkpoint(tmp_path, checkpoint_uri):
     """The side checkpoint of a running stream's rescale (state_store.rescale) sits beside the checkpoint on
-    the same file system, named as a failed restore's (so one a killed preparation leaves is listed with them), in a
-    folder of its own that is deleted whole."""
+    the same file system, named `<checkpoint>.rescale-side-<time>` (one a killed preparation leaves is listed with the
+    checkpoints restores set aside), in a folder of its own that is deleted whole."""
     from state_store.kernel import replaced_checkpoints
     from state_store.rescale import side_config
 
@@ -240,7 +240,7 @@ def test_a_prepared_rescale_builds_its_side_checkpoint_beside_the_checkpoint(tmp
                          SESSIONS_LEASE_URI=str(tmp_path / "leases"))
     side = side_config(config, "20261129T000000")
     assert str(side.checkpoint.parent.parent) == str(config.checkpoint.parent)
-    assert side.checkpoint.parent.name == "sessions.failed-restore-prepared-20261129T000000"
+    assert side.checkpoint.parent.name == "sessions.rescale-side-20261129T000000"
     assert side.checkpoint.name == config.checkpoint.name
     assert (side.sessions_table, side.savepoint_uri, side.lease_uri) == \
         (config.sessions_table, config.savepoint_uri, config.lease_uri)
@@ -293,11 +293,13 @@ def test_a_savepoint_beside_a_stream_reads_its_pinned_batch_whatever_retention_r
         expected = state_checksum(live_state(spark, config.checkpoint, batch_id=batch))
         leftover = pinned_dir(config, f"killed-{k}")  # a killed savepoint's pinned copy
         leftover.mkdir()
+        legacy = config.checkpoint.with_name(f"{config.checkpoint.name}.failed-restore-pinned-killed-{k}")
+        legacy.mkdir()  # one an earlier release named so
         with job_lock(config, "run"):  # the stream runs
             saved = take_savepoint(config, spark=spark, native_copy=native_copy)
         gone.rename(live)
         assert reads and saved.batch_id == batch and saved.checksum == expected, saved
-        assert not pinned_copies(), "the pinned copy and the leftover are gone"
+        assert not pinned_copies() and not legacy.exists(), "the pinned copy and the leftovers are gone"
         taken.append(saved)
     incremental, with_native = taken
     assert incremental.kind == "incremental", incremental  # its change feed read from the pinned copy

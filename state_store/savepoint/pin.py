@@ -14,8 +14,8 @@ the savepoint reads instead of the live one:
 
 A file of N gone during the copy itself (retention reached it before the copy did): the newest committed batch is
 pinned instead (the caller starts over, at most PIN_ATTEMPTS times). The private copy is removed when the read is
-over, also on a failure; one a killed savepoint leaves is named as a failed restore's beside the checkpoint, so the
-next savepoint, compaction and erasure remove it (state_store.kernel.replaced_checkpoints).
+over, also on a failure; one a killed savepoint leaves (`<checkpoint>.pinned-<time>` beside the checkpoint) is removed by
+the next savepoint, compaction and erasure (state_store.kernel.replaced_checkpoints).
 
 No copy when no stream runs (nothing deletes a version then) or when the caller is the stream itself between two
 batches."""
@@ -30,14 +30,14 @@ from dataclasses import dataclass
 from pipelines.config import SessionsConfig
 from pipelines.job.checkpoint import CommittedBatch
 from pipelines.locations import CheckpointPath, RemotePath, checkpoint_path, remove_tree
-from state_store.kernel import FAILED_SUFFIX
+from state_store.kernel import FAILED_SUFFIX, PINNED_SUFFIX
 from state_store.savepoint import native
 from state_store.savepoint.native import NativeCopy
 
 __all__ = ["PIN_ATTEMPTS", "BatchGone", "PinnedBatch", "pinned_batch"]
 
 PIN_ATTEMPTS = 3  # a batch lost to retention during its own copy: the newest one is pinned, this many times in all
-PINNED = "pinned-"
+LEGACY_PINNED = f"{FAILED_SUFFIX}pinned-"  # the name earlier releases gave a pinned copy: their leftovers go too
 
 
 class BatchGone(Exception):
@@ -59,15 +59,15 @@ class PinnedBatch:
 
 
 def pinned_dir(config: SessionsConfig, stamp: str) -> CheckpointPath:
-    """A private copy's place: beside the checkpoint, on its filesystem, named as a failed restore's."""
-    return config.checkpoint.parent / f"{config.checkpoint.name}{FAILED_SUFFIX}{PINNED}{stamp}"
+    """A private copy's place: beside the checkpoint, on its filesystem."""
+    return config.checkpoint.parent / f"{config.checkpoint.name}{PINNED_SUFFIX}{stamp}"
 
 
 def _leftovers(config: SessionsConfig) -> list[CheckpointPath]:
-    parent, prefix = config.checkpoint.parent, f"{config.checkpoint.name}{FAILED_SUFFIX}{PINNED}"
+    parent, name = config.checkpoint.parent, config.checkpoint.name
     if not parent.exists():
         return []
-    return [path for path in parent.iterdir() if path.name.startswith(prefix)]
+    return [path for path in parent.iterdir() if path.name.startswith((name + PINNED_SUFFIX, name + LEGACY_PINNED))]
 
 
 def _spark_reads(checkpoint: CheckpointPath, uri: str) -> bool:
