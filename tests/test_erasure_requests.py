@@ -5,6 +5,7 @@ tests/test_dagster_erasure.py's."""
 from __future__ import annotations
 
 import json
+import subprocess
 
 import pytest
 from dagster import DagsterRun, DagsterRunStatus, RunRequest, SkipReason, build_sensor_context, instance_for_test
@@ -12,7 +13,7 @@ from dagster import DagsterRun, DagsterRunStatus, RunRequest, SkipReason, build_
 from assets.erasure_runs import FORGET_JOB, erasure_requests
 from assets.resources import SessionsResource
 from state_store.erasure_requests import close_requests, pending_files, read_requests
-from tests.kit.homes import make_config
+from tests.kit.homes import config_env, make_config, tool
 
 pytestmark = pytest.mark.tier("pure")
 
@@ -85,13 +86,13 @@ def test_the_sensor_asks_one_run_for_every_pending_file_and_retries_a_set_it_did
         assert isinstance(waiting, SkipReason) and f"forget_user run {'f' * 32}" in str(waiting.skip_message)
 
 
-def test_forget_requests_with_none_pending_did_its_work(tmp_path, monkeypatch, capsys):
+@pytest.mark.tier("subprocess")
+def test_forget_requests_with_none_pending_did_its_work(tmp_path):
     """`sessionctl forget --requests` with no request file: nothing to erase, no Spark started, exit 0 and an answer
     saying so."""
-    from sessionctl.cli import main
-
     config = make_config(tmp_path)
-    monkeypatch.setenv("SESSIONS_HOME", str(config.home))
-    assert main(["forget", "--requests", "--json"]) == 0
-    answer = json.loads(capsys.readouterr().out)
-    assert answer == {"files": [], "users": 0, "erasure": None, "refused": {}}
+    done = subprocess.run([tool("sessionctl"), "forget", "--requests", "--json"], env=config_env(config),
+                          capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    assert json.loads(done.stdout) == {"files": [], "users": 0, "erasure": None, "refused": {}}
+    assert not (config.home / "logs" / "spark.log").exists()  # no JVM
