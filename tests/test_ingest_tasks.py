@@ -172,7 +172,7 @@ def test_a_catch_up_killed_between_the_tasks_files_and_the_ingest_commit_loses_a
     version and the landed file is where it was; the next catch-up reads it again, and every line is in raw_events
     once and every session the oracle's, once. The next catch-up is the library call `sessionctl catch-up` makes, in
     the tests' session: what it must redo is what the killed process left on disk (a second process would add only a
-    JVM start; the command's own exit code and JSON after a kill: the crash campaign's)."""
+    JVM start; a `sessionctl catch-up` process after a kill: the crash campaign's recoveries)."""
     config = make_config(tmp_path, SESSIONS_INGEST_TASK_MIB=1, SESSIONS_INGEST_BY_TASKS="always")
     events = sorted(generate_events(400, 30, seed=13), key=lambda e: e["event_time"])
     land(config.landing, "big.jsonl", [json.dumps(e) for e in events])

@@ -167,7 +167,8 @@ def test_a_catch_up_killed_between_the_kafka_tasks_files_and_the_ingest_commit_l
     raw_events files are on disk in no table version and no offset is recorded; the next catch-up reads the same
     messages again, and every message is in raw_events once and every session the oracle's, once. The next catch-up
     is the library call `sessionctl catch-up` makes, in the tests' session: what it must redo is what the killed
-    process left on disk (a second process would add only a JVM start; the command's own JSON: the campaign's)."""
+    process left on disk (a second process would add only a JVM start; a `sessionctl catch-up` process after a kill:
+    the crash campaign's recoveries)."""
     from deltalake import DeltaTable
 
     from pipelines.core.sample_data import arrival_order, generate_events
