@@ -14,7 +14,8 @@ import os
 
 import pytest
 
-from testkit.campaign import run_campaign, run_kill_points
+from testkit import campaign
+from testkit.campaign import NAMED_KILLS, run_campaign, run_kill_points
 from tests.kit.storages import STORAGES, checkpoint_env
 
 pytestmark = [pytest.mark.tier("e2e"), pytest.mark.timeout(1800)]
@@ -38,8 +39,16 @@ def test_short_crash_campaign(tmp_path, spark, provider, seed, phases):
     assert report["written"] == report["expected_sessions"] > 0
 
 
+# The named kills that touch only the savepoint store (the catalog, the chain's folded table): that store is a local
+# path in every case below (only the checkpoint and the leases move to HDFS or S3), so they run once, with the
+# checkpoint on a local path. On HDFS and S3 the savepoint killed between its task files and its commit stays: a JVM
+# that read its state from the remote checkpoint, killed with the lifecycle lease held on the remote lease store,
+# which the compaction after it takes over. (Each kill is a `sessionctl` process: ~15 s, 3 x 2 of them saved.)
+REMOTE_NAMED_KILLS = (("savepoint", "savepoint:files-written"),)
+
+
 @pytest.mark.parametrize("storage", STORAGES)
-def test_kill_points_inside_savepoints_chains_and_folds(tmp_path, request, spark, storage):
+def test_kill_points_inside_savepoints_chains_and_folds(tmp_path, request, spark, storage, monkeypatch):
     """SIGKILL at exact moments (pipelines/coordination/__init__.py): a savepoint between its task files and its Delta commit
     and between that commit and its catalog row, inside an incremental chain; a chain fold before and after the
     folded table's commit; a catch-up between its Spark tasks' raw_events files and the ingest commit; a catch-up
@@ -49,7 +58,10 @@ def test_kill_points_inside_savepoints_chains_and_folds(tmp_path, request, spark
     compaction, a restore of the newest savepoint and a catch-up: no session lost, none written twice. With the Spark
     checkpoint on a local path, on the real HDFS, or on S3 (the leases beside it, on the same store)."""
     settings = checkpoint_env(request, spark, storage, tmp_path)
+    kills = NAMED_KILLS if storage == "local" else REMOTE_NAMED_KILLS
+    monkeypatch.setattr(campaign, "NAMED_KILLS", kills)
     report = run_kill_points(tmp_path, "rocksdb", seed=7, spark=None if ALL_CLI else spark, settings=settings)
+    assert [o["point"] for o in report["kill_points"]] == [point for _, point in kills], report
     assert all(o["killed"] for o in report["kill_points"]), report
     assert all(o["complete_unchanged"] and o["chains_whole"] and o["restorable"] for o in report["kill_points"]), report
     assert all(o["incremental_before"] > 0 for o in report["kill_points"]), "the kills hit incremental chains"

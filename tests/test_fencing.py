@@ -22,6 +22,8 @@ from pipelines.core.sample_data import arrival_order, generate_events, land
 from pipelines.errors import LeaseLost
 from pipelines.ingest import ingest
 from pipelines.job.sink import SESSIONS_SCHEMA, ensure_table, idempotent_append
+from pipelines.job.stream import catch_up
+from state_store.lifecycle import restore, take_savepoint
 from testkit.lifecycle_expectations import expected_closed_sessions
 from tests.kit.homes import config_env, make_config, tool
 from tests.kit.tables import read_sessions
@@ -240,12 +242,13 @@ def _run(env: dict, tmp_path: Path) -> tuple[subprocess.Popen, Path]:
 
 
 @pytest.mark.parametrize("checkpoint", ["local", pytest.param("hdfs", marks=pytest.mark.tier("e2e"))])
-def test_a_frozen_run_is_fenced_after_another_process_caught_up(tmp_path, request, checkpoint):
+def test_a_frozen_run_is_fenced_after_another_process_caught_up(tmp_path, request, spark, checkpoint):
     """The operator's scenario, catch-up variant: `sessionctl run` frozen (SIGSTOP of its process group) past a short
-    TTL, another process takes the job lease and runs `sessionctl catch-up`, then the run resumes (SIGCONT) and is
-    stopped with Ctrl-C: it commits nothing more and exits non-zero with one line naming the lost lease; the
-    sessions table holds every expected session exactly once. With the checkpoint on the real HDFS too, and the
-    leases with it (no SESSIONS_LEASE_URI: `_leases` beside the checkpoint, on HDFS)."""
+    TTL, another process takes the job lease and runs a catch-up, then the run resumes (SIGCONT) and is stopped with
+    Ctrl-C: it commits nothing more and exits non-zero with one line naming the lost lease; the sessions table holds
+    every expected session exactly once. With the checkpoint on the real HDFS too, and the leases with it (no
+    SESSIONS_LEASE_URI: `_leases` beside the checkpoint, on HDFS). The other process is this one (the library call of
+    `sessionctl catch-up`, in the tests' session): a lease is held by a process, whichever command runs in it."""
     ttl = "6"
     remote: dict[str, str] = {}
     if checkpoint == "hdfs":
@@ -266,9 +269,7 @@ def test_a_frozen_run_is_fenced_after_another_process_caught_up(tmp_path, reques
         os.killpg(run.pid, signal.SIGSTOP)
         land(config.landing, "second.jsonl", [json.dumps(e) for e in second])
         _frozen_past_the_ttl(config)
-        caught_up = subprocess.run([tool("sessionctl"), "catch-up"], env=env, capture_output=True, text=True,
-                                   timeout=300)
-        assert caught_up.returncode == 0, caught_up.stderr[-3000:]
+        catch_up(config, spark)  # takes the expired job lease over
         expected = expected_closed_sessions([first, second], 30 * 60_000, 10 * 60_000)
         assert read_sessions(config) == sorted(expected)
         versions = (DeltaTable(config.sessions_table).version(), DeltaTable(config.raw_events_table).version())
@@ -298,12 +299,15 @@ def _batch_files(config) -> tuple[list[str], list[str]]:
 
 
 @pytest.mark.tier("e2e")
-def test_a_frozen_run_is_fenced_after_a_restore_from_another_process(tmp_path):
-    """The operator's scenario as measured: `sessionctl run` frozen past the TTL after a savepoint, `sessionctl
-    restore` of that earlier savepoint from another process (it takes the expired lease), the rest caught up by the
-    new holder, then the frozen run resumed and stopped with Ctrl-C: it exits non-zero with one line naming the lost
-    lease, commits nothing more, and the sessions table holds every expected session exactly once (it held ~1,500
-    extra ones before fencing)."""
+def test_a_frozen_run_is_fenced_after_a_restore_from_another_process(tmp_path, spark):
+    """The operator's scenario as measured: `sessionctl run` frozen past the TTL after a savepoint, a restore of that
+    earlier savepoint from another process (it takes the expired lease), the rest caught up by the new holder, then
+    the frozen run resumed and stopped with Ctrl-C: it exits non-zero with one line naming the lost lease, commits
+    nothing more, and the sessions table holds every expected session exactly once (it held ~1,500 extra ones before
+    fencing). The other process is this one: the savepoint beside the running stream, the restore and the catch-up
+    are the library calls of `sessionctl savepoint`, `restore` and `catch-up`, in the tests' session (a lease is
+    held by a process, whichever command runs in it; the commands' own processes: test_online_lifecycle's and the
+    crash campaign's)."""
     ttl = "6"
     config = make_config(tmp_path, SESSIONS_LEASE_TTL_S=ttl)
     env = config_env(config, SESSIONS_LEASE_TTL_S=ttl)
@@ -314,10 +318,7 @@ def test_a_frozen_run_is_fenced_after_a_restore_from_another_process(tmp_path):
     try:
         wait_until(lambda: still_running(run, run_err) and _any_session(config), timeout_s=300, interval_s=1,
                    what="a session written while running")
-        saved = subprocess.run([tool("sessionctl"), "savepoint", "--json"], env=env, capture_output=True, text=True,
-                               timeout=600)
-        assert saved.returncode == 0, saved.stderr[-3000:]
-        savepoint_id = json.loads(saved.stdout)["savepoint_id"]
+        savepoint_id = take_savepoint(config, spark=spark).savepoint_id  # beside the running stream
         land(config.landing, "second.jsonl", [json.dumps(e) for e in thirds[1]])
         two = sorted(expected_closed_sessions(thirds[:2], 30 * 60_000, 10 * 60_000))
         wait_until(lambda: still_running(run, run_err) and read_sessions(config) == two, timeout_s=300, interval_s=1,
@@ -325,10 +326,8 @@ def test_a_frozen_run_is_fenced_after_a_restore_from_another_process(tmp_path):
         os.killpg(run.pid, signal.SIGSTOP)
         land(config.landing, "third.jsonl", [json.dumps(e) for e in thirds[2]])
         _frozen_past_the_ttl(config)
-        for command in (["restore", "--savepoint", savepoint_id], ["catch-up"]):
-            done = subprocess.run([tool("sessionctl"), *command], env=env, capture_output=True, text=True,
-                                  timeout=600)
-            assert done.returncode == 0, (command, done.stderr[-3000:])
+        restore(config, savepoint_id, spark=spark)  # takes the expired lease over
+        catch_up(config, spark)
         expected = sorted(expected_closed_sessions(thirds, 30 * 60_000, 10 * 60_000))
         assert read_sessions(config) == expected
         before = (DeltaTable(config.sessions_table).version(), DeltaTable(config.raw_events_table).version(),

@@ -20,7 +20,7 @@ from deltalake import DeltaTable
 
 from pipelines.coordination.leases import live_holder
 from pipelines.core.sample_data import land
-from pipelines.errors import SavepointFailed, SavepointIncompatible
+from pipelines.errors import SavepointFailed, SavepointIncompatible, StopIncomplete
 from pipelines.job.checkpoint import inspect_checkpoint
 from pipelines.job.stream import catch_up
 from state_store.lifecycle import restore, take_savepoint, validate_savepoint
@@ -283,10 +283,10 @@ def test_rescale_of_a_running_stream_between_two_batches(tmp_path, spark, provid
                    what="the stream's first batches")
         feeder = Feeder(config.landing, chunks[4:], every=1.0)
         feeder.start()  # files keep landing through the rescale: a batch is waiting when the stream resumes
-        rescaled = subprocess.run([tool("sessionctl"), "rescale", "--partitions", "3"], env=config_env(config),
-                                  capture_output=True, text=True, timeout=600)
-        assert rescaled.returncode == 0, rescaled.stderr[-3000:]
-        answer = json.loads(rescaled.stdout.strip().splitlines()[-1])
+        # The rescale the operator asks for, from this process: the library call `sessionctl rescale` makes, its
+        # preparation (the pre-rescale savepoint, the side checkpoint) in the tests' warm session instead of a JVM
+        # started for it; its answer is the command's JSON (`.to_dict()`, what cmd_rescale prints).
+        answer = json.loads(json.dumps(rescale(config, 3, spark=spark).to_dict()))
         assert run.poll() is None, "the stream must keep running"
         feeder.hurry.set()  # the rescale is answered: the first batch after it ran (its downtime is measured)
         feeder.join()
@@ -400,10 +400,16 @@ def _run_killed_at(config, point: str) -> Iterator[subprocess.Popen]:
     assert run.returncode == -signal.SIGKILL, "the stream reached the kill point"
 
 
-def _assert_went_away(asked: subprocess.CompletedProcess, what: str) -> None:
-    """The requester of a stream killed inside the change: exit 1, one line, run the same change again."""
-    said = asked.stderr.strip()
-    assert asked.returncode == 1 and "\n" not in said and "Traceback" not in said, said
+def _assert_went_away(asked: subprocess.CompletedProcess | StopIncomplete, what: str) -> None:
+    """The requester of a stream killed inside the change: exit 1, one line, run the same change again (a
+    `sessionctl` process's exit code and stderr, or the StopIncomplete an in-process call raised: the line the CLI
+    prints after `sessionctl <command>: `)."""
+    if isinstance(asked, StopIncomplete):
+        said = str(asked).strip()
+        assert "\n" not in said and "Traceback" not in said, said
+    else:
+        said = asked.stderr.strip()
+        assert asked.returncode == 1 and "\n" not in said and "Traceback" not in said, said
     assert f"went away before it answered the {what}" in said and f"run the same {what} again" in said, said
 
 
@@ -428,7 +434,6 @@ def test_a_running_stream_killed_inside_its_rescale_loses_nothing(tmp_path, spar
 
     config = make_config(tmp_path, "rocksdb", SESSIONS_STATE_PARTITIONS=2)
     chunks = in_order_chunks(users=60, seed=43, parts=6)
-    env = config_env(config)
     if point.startswith("rescale:"):
         blocked = Path(config.savepoint_uri) / "native"
         blocked.parent.mkdir(parents=True, exist_ok=True)
@@ -438,9 +443,12 @@ def test_a_running_stream_killed_inside_its_rescale_loses_nothing(tmp_path, spar
         feeder.start()
         wait_until(lambda: still_running(run) and _committed(config) >= 1, timeout_s=180, interval_s=0.5,
                    what="the stream's first batches")
-        asked = subprocess.run([tool("sessionctl"), "rescale", "--partitions", "3"], env=env, capture_output=True,
-                               text=True, timeout=600)
-    _assert_went_away(asked, "rescale")
+        # The requester, from this process (the library call of `sessionctl rescale`, whose preparation needs a
+        # Spark session: the tests' warm one instead of a JVM started for it); the CLI turns its error into its one
+        # line and exit 1 (sessionctl.cli.main, test_one_line_errors).
+        with pytest.raises(StopIncomplete) as asked:
+            rescale(config, 3, spark=spark)
+    _assert_went_away(asked.value, "rescale")
     if partitions_after_kill is None:  # the restore is half done: the marker names it
         assert read_restore_marker(config.checkpoint)["command"].endswith("--partitions 3")
     else:
