@@ -34,6 +34,8 @@ from pipelines.job.checkpoint import (
     write_restore_marker,
 )
 from pipelines.job.operators import for_new_checkpoint
+from pipelines.job.operators.seam import StateOperator
+from pipelines.job.operators.state_writer import write_state
 from pipelines.job.runtime import error_line, get_spark, stop_state_stores
 from pipelines.job.startup import ensure_tables
 from pipelines.job.stream import start_query
@@ -237,33 +239,36 @@ def restore_unlocked(config: SessionsConfig, savepoint: str, *, partitions: int 
                                created_from=saved.savepoint_id)
         write_job_metadata(config.checkpoint, meta)
         initial, expected = _bootstrap_rows(config, spark, store, saved)
-        # The source's first batch carries the savepoint's watermark (a marker); the operator loads the rows as
-        # Spark's initial state in that same batch (pipelines.job.operators.seam: the restore's bootstrap).
+        # The source's first batch carries the savepoint's watermark (a marker). That batch runs with no state (Spark
+        # writes the checkpoint's logs and state schema), then the state writer writes its state in the executors:
+        # the rows as the operator would have loaded them as its initial state in that batch, no per-key call
+        # (pipelines.job.operators.state_writer).
         (config.checkpoint / BOOTSTRAP_FILE).write_text(json.dumps({
             "savepoint_id": saved.savepoint_id, "source_seq": saved.source_seq,
             "watermark_ms": saved.watermark_ms, "lateness_ms": config.rules.lateness_ms,
         }))
-        outputs_rolled_back = not side  # from here the tables may differ from what the old checkpoint wrote
-        removed = {} if side else _roll_back_outputs(config, saved, lease)
-        ensure_tables(config)
-        phase("outputs_rolled_back")
-        kill_point("restore:rolled-back")
-        # Only the bootstrap batch (and the empty batch after it): events after the savepoint are the next
-        # catch-up's or run's to process.
-        with _no_batch_after_the_marker(spark, side):
-            query, _ = start_query(spark, target, meta, operator, trigger={"availableNow": True},
-                                   source_options={"targetSeq": saved.source_seq, "settle": str(not side).lower()},
-                                   initial_rows=initial, lease=lease)
-        query.awaitTermination()
-        failure = query.exception()
-        if failure is not None:
-            raise failure
-        phase("bootstrap_batch")
+        ensure_tables(config)  # the marker batch's sink reads them (it writes nothing)
+        _run_batches(spark, target, meta, operator, saved, lease, settle=False)
+        phase("marker_batch")
+        stop_state_stores(spark)  # the marker batch's providers hold its empty state
+        write_state(initial, config.checkpoint, partitions=inspect_checkpoint(config.checkpoint).partitions,
+                    rules=config.rules)
+        phase("state_written")
         got = frame_checksum(operator.canonical_rows(spark, config.checkpoint, 0))
         phase("state_checked")
         if got != expected:
             raise StateMismatch(f"restored state does not match the savepoint: {got[0]} rows / {got[1]} vs "
                                 f"{expected[0]} / {expected[1]}")
+        outputs_rolled_back = not side  # from here the tables may differ from what the old checkpoint wrote
+        removed = {} if side else _roll_back_outputs(config, saved, lease)
+        ensure_tables(config)
+        phase("outputs_rolled_back")
+        kill_point("restore:rolled-back")
+        if not side:
+            # The stream's batch after the marker, with the savepoint's watermark: it closes the sessions the
+            # savepoint holds as due, into the rolled-back tables. A side checkpoint leaves it to the stream.
+            _run_batches(spark, target, meta, operator, saved, lease, settle=True)
+            phase("settle_batch")
     except Exception as error:  # noqa: BLE001 -- whatever broke, leave the operator a known next step
         with suppress(Exception):  # the restore's own failure is what to report
             stop_state_stores(spark)  # nor the failed restore's into the checkpoint moved back
@@ -279,6 +284,20 @@ def restore_unlocked(config: SessionsConfig, savepoint: str, *, partitions: int 
         rolled_back=removed, previous_checkpoint=replaced, seconds=seconds, phases=phases,
         note=f"the native copy was not used: {note}" if note else None,
     )
+
+
+def _run_batches(spark: SparkSession, config: SessionsConfig, meta: JobMetadata, operator: StateOperator,
+                 saved: SavepointInfo, lease: Lease | None, *, settle: bool) -> None:
+    """The restored checkpoint's query up to the savepoint's source position: its marker batch only (`settle`
+    false: no batch of Spark's own after it either), or the empty batch after it (`settle`)."""
+    with _no_batch_after_the_marker(spark, not settle):
+        query, _ = start_query(spark, config, meta, operator, trigger={"availableNow": True},
+                               source_options={"targetSeq": saved.source_seq, "settle": str(settle).lower()},
+                               lease=lease)
+    query.awaitTermination()
+    failure = query.exception()
+    if failure is not None:
+        raise failure
 
 
 @contextmanager
