@@ -88,19 +88,13 @@ public final class StateWriter {
             .sortWithinPartitions("user_hash", "user_id")
             .mapPartitions(task, Encoders.row(DONE))
             .collectAsList();
-        boolean[] seen = new boolean[partitions];
+        // A partition no task wrote (Spark runs none over an empty shuffle) has no row: batch 0's own empty store
+        // stays there, which is what it must hold. The caller's read-back checks the whole state.
         long keys = 0;
         long written = 0;
         for (Row r : done) {
-            seen[r.getInt(0)] = true;
             keys += r.getLong(1);
             written += r.getLong(2);
-        }
-        for (int p = 0; p < partitions; p++) {
-            if (!seen[p]) {
-                throw new IllegalStateException("the state writer wrote no store for partition " + p + " of "
-                                                + partitions);
-            }
         }
         return new long[] {keys, written};
     }
