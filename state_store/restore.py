@@ -226,8 +226,6 @@ def restore_unlocked(config: SessionsConfig, savepoint: str, *, partitions: int 
                           rocksdb_changelog=False)
     spark = spark or get_spark(target)
     phase("preflight")
-    saved = verified_savepoint(config, spark, savepoint=saved.savepoint_id)
-    phase("savepoint_verified")
     write_restore_marker(config.checkpoint, saved.savepoint_id, partitions)  # before the first change
     stop_state_stores(spark)  # a stopped query's store uploads no snapshot into the new checkpoint
     replaced = _set_aside(config.checkpoint)
@@ -239,6 +237,10 @@ def restore_unlocked(config: SessionsConfig, savepoint: str, *, partitions: int 
                                created_from=saved.savepoint_id)
         write_job_metadata(config.checkpoint, meta)
         initial, expected = _bootstrap_rows(config, spark, store, saved)
+        by_catalog = expected == (saved.rows, saved.checksum)
+        if not by_catalog:  # the read-back checks a re-walk: the savepoint's files are checked against the catalog first
+            saved = verified_savepoint(config, spark, savepoint=saved.savepoint_id)
+            phase("savepoint_verified")
         # The source's first batch carries the savepoint's watermark (a marker). That batch runs with no state (Spark
         # writes the checkpoint's logs and state schema), then the state writer writes its state in the executors:
         # the rows as the operator would have loaded them as its initial state in that batch, no per-key call
@@ -256,6 +258,10 @@ def restore_unlocked(config: SessionsConfig, savepoint: str, *, partitions: int 
         phase("state_written")
         got = frame_checksum(operator.canonical_rows(spark, config.checkpoint, 0))
         phase("state_checked")
+        if got != expected and by_catalog:  # checked before any table changed: the savepoint is refused as it is
+            raise SavepointDamaged(f"savepoint {saved.savepoint_id} is damaged: its state restored as {got[0]} rows / "
+                                   f"{got[1]}, catalog says {expected[0]} / {expected[1]}: "
+                                   f"{savepoint_way_out(saved.savepoint_id)}", savepoint_id=saved.savepoint_id)
         if got != expected:
             raise StateMismatch(f"restored state does not match the savepoint: {got[0]} rows / {got[1]} vs "
                                 f"{expected[0]} / {expected[1]}")
@@ -272,7 +278,10 @@ def restore_unlocked(config: SessionsConfig, savepoint: str, *, partitions: int 
     except Exception as error:  # noqa: BLE001 -- whatever broke, leave the operator a known next step
         with suppress(Exception):  # the restore's own failure is what to report
             stop_state_stores(spark)  # nor the failed restore's into the checkpoint moved back
-        raise _failed_restore(config, saved.savepoint_id, replaced, outputs_rolled_back, error) from None
+        failed = _failed_restore(config, saved.savepoint_id, replaced, outputs_rolled_back, error)
+        if isinstance(error, SavepointDamaged) and not outputs_rolled_back:
+            raise error from None  # nothing changed: the savepoint's own line, with its way out
+        raise failed from None
     clear_restore_marker(config.checkpoint)
     info = inspect_checkpoint(config.checkpoint)
     seconds = round(time.monotonic() - started, 3)

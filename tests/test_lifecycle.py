@@ -112,9 +112,9 @@ def test_savepoint_restore_rescale_is_exactly_once(tmp_path, spark, s3_endpoint,
     # Where its time went, each step once, together no more than the whole rescale.
     assert list(scaled.phases)[:1] == ["pre_rescale_savepoint"], scaled.phases
     assert (["repartition", "state_checked"] if provider == "rocksdb" else
-            ["restore_savepoint_verified", "restore_bootstrap_batch"]) == [
-        name for name in scaled.phases if name in ("repartition", "state_checked", "restore_savepoint_verified",
-                                                   "restore_bootstrap_batch")], scaled.phases
+            ["restore_state_written", "restore_state_checked"]) == [
+        name for name in scaled.phases if name in ("repartition", "state_checked", "restore_state_written",
+                                                   "restore_state_checked")], scaled.phases
     assert 0 < sum(scaled.phases.values()) <= scaled.seconds + 0.01, (scaled.phases, scaled.seconds)
 
     _land_and_ingest(config, chunks[4:], 4)
