@@ -198,8 +198,9 @@ def restore_unlocked(config: SessionsConfig, savepoint: str, *, partitions: int 
     job lease) its writes are fenced by it. From the savepoint's native copy when it has one this restore can use
     and not `canonical`; else from its canonical rows. A `side` checkpoint (built beside a running stream to become
     the savepoint's native copy: state_store.prepared_rescale) writes nothing to the output tables: they are not
-    rolled back, and its query stops after the bootstrap batch, which closes no session (its watermark is not yet
-    the savepoint's) -- the stream that resumes from it closes them in its first batch, after its own rollback."""
+    rolled back, and its query stops after the marker batch (whose state the writer writes), which closes no session
+    (its watermark is not yet the savepoint's) -- the stream that resumes from it closes them in its first batch,
+    after its own rollback."""
     started = time.monotonic()
     phases: dict[str, float] = {}
     last = [started]  # when the previous phase ended
@@ -253,8 +254,8 @@ def restore_unlocked(config: SessionsConfig, savepoint: str, *, partitions: int 
         _run_batches(spark, target, meta, operator, saved, lease, settle=False)
         phase("marker_batch")
         stop_state_stores(spark)  # the marker batch's providers hold its empty state
-        write_state(initial, config.checkpoint, partitions=inspect_checkpoint(config.checkpoint).partitions,
-                    rules=config.rules)
+        write_state(initial, config.checkpoint, rules=config.rules,
+                    partitions=inspect_checkpoint(config.checkpoint).partitions or target.state_partitions)
         phase("state_written")
         got = frame_checksum(operator.canonical_rows(spark, config.checkpoint, 0))
         phase("state_checked")
