@@ -14,6 +14,7 @@ from pyspark.sql import DataFrame
 
 from pipelines.core.rules import SessionRules
 from pipelines.job.operators.jvm import _in_ms, _jvm, rules_json
+from pipelines.job.operators.seam import register_coordinator
 from pipelines.locations import CheckpointPath
 
 __all__ = ["write_state"]
@@ -23,6 +24,7 @@ def write_state(rows: DataFrame, checkpoint: CheckpointPath, *, partitions: int,
     """Writes batch 0's state (store version 1 of operator 0, each of `partitions`) of `checkpoint` from canonical
     `rows` under `rules`, replacing what the batch left there. Returns the (keys, rows) written. The checkpoint's
     query must be stopped and this JVM's providers of it unloaded (pipelines.job.runtime.stop_state_stores)."""
+    register_coordinator(rows.sparkSession)  # the RocksDB provider reports to it
     writer = _jvm(rows.sparkSession).sessions.StateWriter  # type: ignore[attr-defined]
     keys, written = writer.write(_in_ms(rows)._jdf, str(checkpoint), partitions, rules_json(rules))
     return int(keys), int(written)
