@@ -21,12 +21,18 @@ Results: benchmarks/results/lifecycle.json and lifecycle.md. Usage:
   .venv/bin/python benchmarks/lifecycle.py [--sizes 10000,100000] [--provider rocksdb|hdfs|both] [--large]
                                            [--savepoint-only] [--scale [--master spark://127.0.0.1:7077]]
                                            [--running-rescale] [--running-restore] [--native]
+                                           [--canonical-restore [--baseline REV]]
   native         (--native) only native vs canonical: a full savepoint with and without its native copy, then
                  `sessionctl restore` as whole commands (native, --canonical, native) and the first catch-up after each
   running rescale (--running-rescale) only a rescale 4 -> 8 of a running `sessionctl run`, files landing: the
                  downtime the stream reports and the one its checkpoint's commit times show
   running restore (--running-restore) only `restore --online` of a running `sessionctl run`, files landing, to a
                  savepoint taken beside it a little earlier: the restore's phases and the downtime the stream reports
+  canonical restore (--canonical-restore) only `sessionctl restore --canonical` of one full savepoint as whole
+                 commands, the restore of a baseline revision (--baseline, default the one before the state writer:
+                 its bootstrap batch loads the rows as Spark's initial state) and of this tree (the state writer)
+                 alternating, twice each, each followed by the catch-up of one small file; every answer's checksum
+                 must be the savepoint's
   scale          (--scale) only a full savepoint and its restore, with the peak memory of the driver's Python
                  process, its JVM and each executor JVM of a standalone cluster (--master): the driver's must not
                  grow with the state. The state is built by one process, measured by a fresh one (whose driver never
@@ -355,11 +361,14 @@ def _config(home: Path, provider: str, master: str | None) -> SessionsConfig:
     return SessionsConfig.from_env(_env(home, provider, master))
 
 
-def _sessionctl(home: Path, provider: str, *args: str, master: str | None = None) -> tuple[float, dict]:
-    """A whole `sessionctl` command, as an operator waits for it: (wall seconds, its JSON answer)."""
+def _sessionctl(home: Path, provider: str, *args: str, master: str | None = None,
+                code: Path | None = None) -> tuple[float, dict]:
+    """A whole `sessionctl` command, as an operator waits for it: (wall seconds, its JSON answer). `code`: the tree
+    whose Python runs it (PYTHONPATH; the venv's own install otherwise)."""
+    env = {**os.environ, **_env(home, provider, master), **({"PYTHONPATH": str(code)} if code else {})}
     began = time.monotonic()
     done = subprocess.run([str(REPO / ".venv" / "bin" / "sessionctl"), *args], capture_output=True, text=True,
-                          env={**os.environ, **_env(home, provider, master)}, timeout=1800, check=True)
+                          env=env, timeout=1800, check=True)
     return round(time.monotonic() - began, 3), json.loads(done.stdout.strip().splitlines()[-1])
 
 
@@ -407,6 +416,51 @@ def measure_native(provider: str, users: int, spark, work: Path, master: str | N
             "native_copy_s": copy_s, "native_files": with_native.native_files,
             "native_mb": round((with_native.native_bytes or 0) / 1e6, 1), "restores": restores,
             "master": master or "local[2]", "load_start": load_start, "load_end": _load()}
+
+
+BASELINE_REV = "a3adb47"  # the last revision whose canonical restore loads the rows as Spark's initial state
+
+
+def baseline_tree(rev: str, work: Path) -> Path:
+    """The Python of revision `rev` (git archive) beside this tree's build (the same operator jar, jars and class
+    archive: the old restore calls SessionsOperator.sessionize with an initial state, which this jar still has)."""
+    tree = work / f"baseline-{rev}"
+    tree.mkdir(parents=True)
+    archive = subprocess.run(["git", "-C", str(REPO), "archive", rev], capture_output=True, check=True).stdout
+    subprocess.run(["tar", "-x", "-C", str(tree)], input=archive, check=True)
+    (tree / "build").symlink_to((REPO / "build").resolve())
+    return tree
+
+
+def measure_canonical_restore(provider: str, users: int, spark, work: Path, baseline: Path) -> dict:
+    """`sessionctl restore --canonical` of one full savepoint as whole commands: the baseline's restore (its
+    bootstrap batch loads the rows as Spark's initial state, one operator call per key) and this tree's (the state
+    writer), alternating, twice each, in the same run; the catch-up of one small file after each (its first batch
+    loads the restored state and closes what the savepoint held as due)."""
+    home = work / f"canonical-{provider}-{users}"
+    config = _config(home, provider, None)
+    began = time.monotonic()
+    build_state(config, users, spark)
+    build_s = time.monotonic() - began
+    saved = take_savepoint(config, spark=spark, full=True)
+    restores = []
+    for path in ("initial-state batch", "state writer") * 2:
+        stop_state_stores(spark)  # this process's stores of the checkpoint: nothing uploaded into the restored one
+        load = _load()
+        wall, answer = _sessionctl(home, provider, "restore", "--savepoint", saved.savepoint_id, "--canonical",
+                                   code=baseline if path == "initial-state batch" else REPO)
+        assert (answer["method"], answer["rows"], answer["checksum"]) == ("canonical", saved.rows, saved.checksum), \
+            answer
+        land(config.landing, f"after-{len(restores)}.jsonl", [json.dumps(
+            {"event_id": f"a{len(restores)}", "user_id": "u0000001", "event_type": "page_view", "page": "/",
+             "event_time": "2026-11-01T10:09:00Z"})])
+        began = time.monotonic()
+        catch_up(config, spark)
+        restores.append({"path": path, "command_s": wall, "restore_s": answer["seconds"], "phases": answer["phases"],
+                         "first_catch_up_s": round(time.monotonic() - began, 3), "load_before": load,
+                         "load_after": _load()})
+    return {"provider": provider, "users": users, "build_s": round(build_s, 1), "state_rows": saved.rows,
+            "partitions": saved.partitions, "restores": restores}
 
 
 def measure_online_priority(provider: str, users: int, spark, work: Path, quiet_s: float = 20.0) -> dict:
@@ -623,6 +677,11 @@ def main() -> None:
     parser.add_argument("--native", action="store_true",
                         help="only native vs canonical savepoints and restores (whole commands); results in "
                              "lifecycle-native.json/.md")
+    parser.add_argument("--canonical-restore", action="store_true",
+                        help="only `sessionctl restore --canonical` as whole commands, the baseline revision's and "
+                             "this tree's alternating; results in lifecycle-canonical-restore.json/.md")
+    parser.add_argument("--baseline", default=BASELINE_REV,
+                        help="the revision whose restore --canonical-restore compares with (default %(default)s)")
     parser.add_argument("--online-priority", action="store_true",
                         help="only `sessionctl savepoint` beside a running `sessionctl run`, at nice 0 and at the "
                              "default nice, alternating; results in lifecycle-online-priority.json/.md")
@@ -644,6 +703,7 @@ def main() -> None:
             print(json.dumps(measure_scale(providers[0], sizes[0], spark, work, args.master)), flush=True)
         return
     work = Path(tempfile.mkdtemp(prefix="lifecycle-bench-"))
+    baseline = baseline_tree(args.baseline, work) if args.canonical_restore else None
     spark = None if args.scale else get_spark(_config(work, "rocksdb", args.master))
     results = []
     for provider in providers:
@@ -653,6 +713,8 @@ def main() -> None:
                       if args.running_rescale else
                       measure_running_restore(provider, users, spark, work) if args.running_restore else
                       measure_native(provider, users, spark, work, args.master) if args.native else
+                      measure_canonical_restore(provider, users, spark, work, baseline)
+                      if baseline is not None else
                       measure_online_priority(provider, users, spark, work) if args.online_priority else
                       measure(provider, users, spark, work, online=args.online, savepoint_only=args.savepoint_only))
             print(json.dumps(result), flush=True)
@@ -663,6 +725,7 @@ def main() -> None:
     name = ("lifecycle-scale" if args.scale else "lifecycle-savepoint" if args.savepoint_only else
             "lifecycle-running-rescale" if args.running_rescale else
             "lifecycle-running-restore" if args.running_restore else "lifecycle-native" if args.native else
+            "lifecycle-canonical-restore" if args.canonical_restore else
             "lifecycle-online-priority" if args.online_priority else "lifecycle")
     meta = {"date": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"), "nproc": os.cpu_count(),
             "note": args.note}
@@ -712,6 +775,20 @@ def main() -> None:
         lines += [f"| {r['provider']} | {r['users']:,} | {r['state_rows']:,} | {x['method']} | {x['restore_s']} | "
                   + ", ".join(f"{k} {v}" for k, v in x["restore_phases"].items())
                   + f" | {x['downtime_s']} | {x['resumed_s']} | {x['request_to_answer_s']} | {x['load_avg_1m']} |"
+                  for r in results for x in r["restores"]]
+    elif args.canonical_restore:
+        lines += [f"`sessionctl restore --canonical` of one full savepoint as whole commands (process start to exit), "
+                  f"local[2], same state, same run: revision {args.baseline}'s restore (its bootstrap batch loads the "
+                  "rows as Spark's initial state: one operator call per key) and the state writer's (the marker "
+                  "batch with no state, then the state written by the executors), alternating, twice each; each "
+                  "followed by the catch-up of one small file (its first batch loads the restored state). Every "
+                  "restore's answer carries the savepoint's rows and checksum.", "",
+                  "| provider | users | state rows | partitions | path | command s | its own s | its phases (s) | "
+                  "first catch-up after s | load (1 min) before -> after |",
+                  "|---|---:|---:|---:|---|---:|---:|---|---:|---|"]
+        lines += [f"| {r['provider']} | {r['users']:,} | {r['state_rows']:,} | {r['partitions']} | {x['path']} | "
+                  f"{x['command_s']} | {x['restore_s']} | " + ", ".join(f"{k} {v}" for k, v in x["phases"].items())
+                  + f" | {x['first_catch_up_s']} | {x['load_before'][0]} -> {x['load_after'][0]} |"
                   for r in results for x in r["restores"]]
     elif args.native:
         lines += [f"Native vs canonical, same state, same run (RocksDB or HDFS-backed, 4 partitions, "

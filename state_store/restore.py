@@ -1,7 +1,9 @@
 """Restore: a fresh checkpoint built from a savepoint alone -- state, source position, watermark and outputs -- with
-the old checkpoint set aside, not deleted. The savepoint's rows go from its files to the operator's initial state in
-the executors (state_store.savepoint.files, pipelines.job.operators.seam); the driver holds metadata and checksums only. The
-pre-flight's checks (state_store.preflight) run first, so a restore is refused exactly when `--dry-run` says so."""
+the old checkpoint set aside, not deleted. From the savepoint's native copy (a file copy), or from its canonical rows:
+the restored checkpoint's first batch runs with no state, then the executors write its state directly
+(pipelines.job.operators.state_writer), read back and checked before any output table is rolled back; the driver holds
+metadata and checksums only. The pre-flight's checks (state_store.preflight) run first, so a restore is refused
+exactly when `--dry-run` says so."""
 from __future__ import annotations
 
 import json
@@ -32,6 +34,8 @@ from pipelines.job.checkpoint import (
     write_restore_marker,
 )
 from pipelines.job.operators import for_new_checkpoint
+from pipelines.job.operators.seam import StateOperator
+from pipelines.job.operators.state_writer import write_state
 from pipelines.job.runtime import error_line, get_spark, stop_state_stores
 from pipelines.job.sink import roll_back
 from pipelines.job.startup import ensure_tables
@@ -173,9 +177,10 @@ def restore_unlocked(config: SessionsConfig, savepoint: str, *, partitions: int 
     """The restore, for a caller that holds the job and lifecycle leases (state_store.lifecycle); with `lease` (the
     job lease) its writes are fenced by it. From the savepoint's native copy when it has one this restore can use
     and not `canonical`; else from its canonical rows. A `side` checkpoint (built beside a running stream to become
-    the savepoint's native copy: state_store.prepared_rescale) writes nothing to the output tables: they are not
-    rolled back, and its query stops after the bootstrap batch, which closes no session (its watermark is not yet
-    the savepoint's) -- the stream that resumes from it closes them in its first batch, after its own rollback."""
+    the savepoint's native copy: state_store.rescale) writes nothing to the output tables: they are not
+    rolled back, and its query stops after the marker batch (whose state the writer writes), which closes no session
+    (its watermark is not yet the savepoint's) -- the stream that resumes from it closes them in its first batch,
+    after its own rollback."""
     started = time.monotonic()
     phases: dict[str, float] = {}
     last = [started]  # when the previous phase ended
@@ -202,8 +207,6 @@ def restore_unlocked(config: SessionsConfig, savepoint: str, *, partitions: int 
                           rocksdb_changelog=False)
     spark = spark or get_spark(target)
     phase("preflight")
-    saved = verified_savepoint(config, spark, savepoint=saved.savepoint_id)
-    phase("savepoint_verified")
     write_restore_marker(config.checkpoint, saved.savepoint_id, partitions)  # before the first change
     stop_state_stores(spark)  # a stopped query's store uploads no snapshot into the new checkpoint
     replaced = set_aside(config.checkpoint, REPLACED_SUFFIX)
@@ -215,12 +218,34 @@ def restore_unlocked(config: SessionsConfig, savepoint: str, *, partitions: int 
                                created_from=saved.savepoint_id)
         write_job_metadata(config.checkpoint, meta)
         initial, expected = _bootstrap_rows(config, spark, store, saved)
-        # The source's first batch carries the savepoint's watermark (a marker); the operator loads the rows as
-        # Spark's initial state in that same batch (pipelines.job.operators.seam: the restore's bootstrap).
+        by_catalog = expected == (saved.rows, saved.checksum)
+        if not by_catalog:  # the read-back checks a re-walk: the savepoint's files are checked against the catalog first
+            saved = verified_savepoint(config, spark, savepoint=saved.savepoint_id)
+            phase("savepoint_verified")
+        # The source's first batch carries the savepoint's watermark (a marker). That batch runs with no state (Spark
+        # writes the checkpoint's logs and state schema), then the state writer writes its state in the executors:
+        # the rows as the operator would have loaded them as its initial state in that batch, no per-key call
+        # (pipelines.job.operators.state_writer).
         (config.checkpoint / BOOTSTRAP_FILE).write_text(json.dumps({
             "savepoint_id": saved.savepoint_id, "source_seq": saved.source_seq,
             "watermark_ms": saved.watermark_ms, "lateness_ms": config.rules.lateness_ms,
         }))
+        ensure_tables(config)  # the marker batch's sink reads them (it writes nothing)
+        _run_batches(spark, target, meta, operator, saved, lease, settle=False)
+        phase("marker_batch")
+        stop_state_stores(spark)  # the marker batch's providers hold its empty state
+        write_state(initial, config.checkpoint, rules=config.rules,
+                    partitions=inspect_checkpoint(config.checkpoint).partitions or target.state_partitions)
+        phase("state_written")
+        got = frame_checksum(operator.canonical_rows(spark, config.checkpoint, 0))
+        phase("state_checked")
+        if got != expected and by_catalog:  # checked before any table changed: the savepoint is refused as it is
+            raise SavepointDamaged(f"savepoint {saved.savepoint_id} is damaged: its state restored as {got[0]} rows / "
+                                   f"{got[1]}, catalog says {expected[0]} / {expected[1]}: "
+                                   f"{savepoint_way_out(saved.savepoint_id)}", savepoint_id=saved.savepoint_id)
+        if got != expected:
+            raise StateMismatch(f"restored state does not match the savepoint: {got[0]} rows / {got[1]} vs "
+                                f"{expected[0]} / {expected[1]}")
         outputs_rolled_back = not side  # from here the tables may differ from what the old checkpoint wrote
         removed = {} if side else roll_back(config, sessions_version=saved.sessions_version,
                                             quarantine_version=saved.quarantine_version,
@@ -228,26 +253,18 @@ def restore_unlocked(config: SessionsConfig, savepoint: str, *, partitions: int 
         ensure_tables(config)
         phase("outputs_rolled_back")
         kill_point("restore:rolled-back")
-        # Only the bootstrap batch (and the empty batch after it): events after the savepoint are the next
-        # catch-up's or run's to process.
-        with _no_batch_after_the_marker(spark, side):
-            query, _ = start_query(spark, target, meta, operator, trigger={"availableNow": True},
-                                   source_options={"targetSeq": saved.source_seq, "settle": str(not side).lower()},
-                                   initial_rows=initial, lease=lease)
-        query.awaitTermination()
-        failure = query.exception()
-        if failure is not None:
-            raise failure
-        phase("bootstrap_batch")
-        got = frame_checksum(operator.canonical_rows(spark, config.checkpoint, 0))
-        phase("state_checked")
-        if got != expected:
-            raise StateMismatch(f"restored state does not match the savepoint: {got[0]} rows / {got[1]} vs "
-                                f"{expected[0]} / {expected[1]}")
+        if not side:
+            # The stream's batch after the marker, with the savepoint's watermark: it closes the sessions the
+            # savepoint holds as due, into the rolled-back tables. A side checkpoint leaves it to the stream.
+            _run_batches(spark, target, meta, operator, saved, lease, settle=True)
+            phase("settle_batch")
     except Exception as error:  # noqa: BLE001 -- whatever broke, leave the operator a known next step
         with suppress(Exception):  # the restore's own failure is what to report
             stop_state_stores(spark)  # nor the failed restore's into the checkpoint moved back
-        raise _failed_restore(config, saved.savepoint_id, replaced, outputs_rolled_back, error) from None
+        failed = _failed_restore(config, saved.savepoint_id, replaced, outputs_rolled_back, error)
+        if isinstance(error, SavepointDamaged) and not outputs_rolled_back:
+            raise error from None  # nothing changed: the savepoint's own line, with its way out
+        raise failed from None
     clear_restore_marker(config.checkpoint)
     info = inspect_checkpoint(config.checkpoint)
     seconds = round(time.monotonic() - started, 3)
@@ -259,6 +276,20 @@ def restore_unlocked(config: SessionsConfig, savepoint: str, *, partitions: int 
         rolled_back=removed, previous_checkpoint=str(replaced) if replaced else None, seconds=seconds, phases=phases,
         note=f"the native copy was not used: {note}" if note else None,
     )
+
+
+def _run_batches(spark: SparkSession, config: SessionsConfig, meta: JobMetadata, operator: StateOperator,
+                 saved: SavepointInfo, lease: Lease | None, *, settle: bool) -> None:
+    """The restored checkpoint's query up to the savepoint's source position: its marker batch only (`settle`
+    false: no batch of Spark's own after it either), or the empty batch after it (`settle`)."""
+    with _no_batch_after_the_marker(spark, not settle):
+        query, _ = start_query(spark, config, meta, operator, trigger={"availableNow": True},
+                               source_options={"targetSeq": saved.source_seq, "settle": str(settle).lower()},
+                               lease=lease)
+    query.awaitTermination()
+    failure = query.exception()
+    if failure is not None:
+        raise failure
 
 
 @contextmanager

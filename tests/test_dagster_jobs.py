@@ -117,7 +117,7 @@ def test_jobs_catch_up_savepoint_restore_runbook(resources, spark):
     assert restored.output_for_node("restore_op").result.partitions == 2
     (restore_output,) = [e.event_specific_data.metadata for e in restored.all_events
                          if e.event_type_value == "STEP_OUTPUT" and e.step_key == "restore_op"]
-    assert {"savepoint_verified", "bootstrap_batch"} <= set(restore_output["phases"].value), restore_output
+    assert {"state_written", "state_checked"} <= set(restore_output["phases"].value), restore_output
     assert DeltaTable(config.sessions_table).to_pandas()["session_id"].sort_values().tolist() == sessions_before
 
     missing = defs.resolve_job_def("restore_from_snapshot").execute_in_process(

@@ -107,11 +107,7 @@ public final class SessionsOperator {
                                                                        List<Attributes.Attr> attrs) {
         Dataset<Row> hashed = rows.withColumn("user_hash", functions.xxhash64(rows.col("user_id")));
         StructType schema = hashed.schema();
-        int[] ix = new int[STATE_ROW.size()];
-        for (int i = 0; i < ix.length; i++) {  // attributes: optional (-1: the rows carry none)
-            String name = STATE_ROW.fieldNames()[i];
-            ix[i] = java.util.Arrays.asList(schema.fieldNames()).contains(name) ? schema.fieldIndex(name) : -1;
-        }
+        int[] ix = stateRowColumns(schema);
         StructType valueSchema = new StructType().add("user_hash", DataTypes.LongType, false)
             .add("user_id", DataTypes.StringType, false).add("value", DataTypes.BinaryType, false);
         Dataset<Row> values = hashed.groupBy(hashed.col("user_hash"), hashed.col("user_id"))
@@ -119,11 +115,7 @@ public final class SessionsOperator {
             .mapGroups((MapGroupsFunction<Tuple2<Long, String>, Row, Row>) (key, it) -> {
                 List<R> open = new ArrayList<>();
                 while (it.hasNext()) {
-                    Row r = it.next();
-                    String text = ix[6] < 0 || r.isNullAt(ix[6]) ? null : r.getString(ix[6]);
-                    open.add(new R(r.getLong(ix[0]), r.isNullAt(ix[1]) ? null : r.getString(ix[1]), r.getLong(ix[2]),
-                                   r.isNullAt(ix[3]) ? null : r.getString(ix[3]), r.getLong(ix[4]), r.getLong(ix[5]),
-                                   0, attrs.isEmpty() ? NO_PARTS : Attributes.fromJson(attrs, text)));
+                    open.add(openRow(it.next(), ix, attrs));
                 }
                 open.sort(WALK_ORDER);  // a deterministic value whatever order the rows were read in
                 return RowFactory.create(key._1(), key._2(), StateCodec.encode(open, attrs));
@@ -131,6 +123,46 @@ public final class SessionsOperator {
         return values.groupBy(values.col("user_hash"), values.col("user_id"))
             .as(KEY, Encoders.row(valueSchema))
             .mapValues((MapFunction<Row, byte[]>) r -> (byte[]) r.get(2), Encoders.BINARY());
+    }
+
+    /** Where STATE_ROW's columns are in `schema` (open rows with user_id; any order): -1 for `attributes` when the
+     * rows carry none. */
+    static int[] stateRowColumns(StructType schema) {
+        int[] ix = new int[STATE_ROW.size()];
+        List<String> names = java.util.Arrays.asList(schema.fieldNames());
+        for (int i = 0; i < ix.length; i++) {  // attributes: optional (-1: the rows carry none)
+            String name = STATE_ROW.fieldNames()[i];
+            ix[i] = names.contains(name) ? schema.fieldIndex(name) : -1;
+        }
+        return ix;
+    }
+
+    /** One open row (columns at `ix`, stateRowColumns) as the walk takes it, with its partials of `attrs`. */
+    static R openRow(Row r, int[] ix, List<Attributes.Attr> attrs) {
+        String text = ix[6] < 0 || r.isNullAt(ix[6]) ? null : r.getString(ix[6]);
+        return new R(r.getLong(ix[0]), r.isNullAt(ix[1]) ? null : r.getString(ix[1]), r.getLong(ix[2]),
+                     r.isNullAt(ix[3]) ? null : r.getString(ix[3]), r.getLong(ix[4]), r.getLong(ix[5]),
+                     0, attrs.isEmpty() ? NO_PARTS : Attributes.fromJson(attrs, text));
+    }
+
+    /** What the store keeps for a user after a walk: the encoded open rows and the event-time timeout Spark fires
+     * at (timeout < watermark); null when nothing stays open (the key is removed). */
+    record Stored(byte[] value, long timeout) {}
+
+    static Stored stored(Walk walk, List<Attributes.Attr> attrs) {
+        if (walk.open().isEmpty()) {
+            return null;
+        }
+        return new Stored(StateCodec.encode(walk.open(), attrs), walk.due() - 1);  // Spark fires when timeout < watermark
+    }
+
+    /** A restored user's stored value, as the first batch of a restored checkpoint leaves it: the user's `open` rows
+     * (a savepoint's, any order) loaded as the initial state -- in WALK_ORDER, as initialState encodes them -- then
+     * walked by Fn with no event at watermark 0 (nothing closes or freezes; v1 rows and a new gap settle). The state
+     * writer (StateWriter) writes this without a batch. */
+    static Stored restored(String user, List<R> open, Rules rules) {
+        open.sort(WALK_ORDER);
+        return stored(advance(user, open, List.of(), 0, rules), rules.attributes());
     }
 
     /** One open row of a user (a state row or a fresh event). `parts` is never written after the row is made: one
@@ -320,13 +352,14 @@ public final class SessionsOperator {
             }
             Walk walk = advance(user, rows, fresh, watermark, rules);
             out.addAll(walk.closed());
-            if (walk.open().isEmpty()) {
+            Stored kept = stored(walk, attrs);
+            if (kept == null) {
                 if (state.exists()) {
                     state.remove();
                 }
             } else {
-                state.update(StateCodec.encode(walk.open(), attrs));
-                state.setTimeoutTimestamp(walk.due() - 1);  // Spark fires when timeout < watermark
+                state.update(kept.value());
+                state.setTimeoutTimestamp(kept.timeout());
             }
             return out.iterator();
         }

@@ -1,0 +1,214 @@
+package sessions;
+
+import java.io.IOException;
+import java.util.ArrayList;
+import java.util.Iterator;
+import java.util.List;
+import java.util.UUID;
+
+import org.apache.hadoop.conf.Configuration;
+import org.apache.hadoop.fs.FileStatus;
+import org.apache.hadoop.fs.FileSystem;
+import org.apache.hadoop.fs.Path;
+import org.apache.spark.TaskContext;
+import org.apache.spark.api.java.function.MapPartitionsFunction;
+import org.apache.spark.sql.Dataset;
+import org.apache.spark.sql.Encoders;
+import org.apache.spark.sql.Row;
+import org.apache.spark.sql.RowFactory;
+import org.apache.spark.sql.catalyst.encoders.ExpressionEncoder;
+import org.apache.spark.sql.catalyst.expressions.GenericInternalRow;
+import org.apache.spark.sql.catalyst.expressions.UnsafeProjection;
+import org.apache.spark.sql.catalyst.expressions.UnsafeRow;
+import org.apache.spark.sql.execution.streaming.operators.stateful.flatmapgroupswithstate.FlatMapGroupsWithStateExecHelper;
+import org.apache.spark.sql.execution.streaming.runtime.StreamExecution$;
+import org.apache.spark.sql.execution.streaming.state.NoPrefixKeyStateEncoderSpec;
+import org.apache.spark.sql.execution.streaming.state.StateStore;
+import org.apache.spark.sql.execution.streaming.state.StateStoreConf;
+import org.apache.spark.sql.execution.streaming.state.StateStoreId;
+import org.apache.spark.sql.execution.streaming.state.StateStoreProvider;
+import org.apache.spark.sql.execution.streaming.state.StateStoreProviderId;
+import org.apache.spark.sql.functions;
+import org.apache.spark.sql.internal.SQLConf;
+import org.apache.spark.sql.types.DataTypes;
+import org.apache.spark.sql.types.StructType;
+import org.apache.spark.unsafe.types.UTF8String;
+import org.apache.spark.util.SerializableConfiguration;
+
+import scala.Option;
+
+/**
+ * The canonical restore's state writer: a restored checkpoint's state written straight into its state store, in the
+ * executors, one task per state partition -- no batch, no initial state, no per-key operator call.
+ *
+ * <p>What it writes is what the first batch of a restored checkpoint would leave (SessionsOperator.restored: the rows
+ * loaded as the initial state and walked once at watermark 0), keyed as the operator keys it -- (xxhash64(user_id),
+ * user_id) -- and placed in the partition Spark's hash partitioning of those two columns gives (the stateful
+ * operator's distribution), so any partition count works. Values in flatMapGroupsWithState's own state format (the
+ * state manager Spark's operator uses: the encoded bytes and the event-time timeout).
+ *
+ * <p>Each partition's store is opened empty at version 0 through Spark's StateStore API (a provider of the
+ * checkpoint's class, as Spark's StatePartitionAllColumnFamiliesWriter opens it), given every key, and committed: that
+ * is store version 1, the state of batch 0. The caller (pipelines/job/operators/state_writer.py) runs batch 0 first
+ * with no state -- Spark writes the offset, commit and metadata logs and the state schema -- and this then replaces that
+ * batch's empty state: the partition's store files are removed (its `_metadata` kept) and written again.
+ */
+public final class StateWriter {
+    /** The stateful operator's key (SessionsOperator's grouping columns). */
+    static final StructType KEY_SCHEMA = new StructType()
+        .add("user_hash", DataTypes.LongType, false).add("user_id", DataTypes.StringType, true);
+    static final String FORMAT_VERSION = "spark.sql.streaming.flatMapGroupsWithState.stateFormatVersion";
+    private static final StructType DONE = new StructType().add("partition", DataTypes.IntegerType, false)
+        .add("keys", DataTypes.LongType, false).add("rows", DataTypes.LongType, false);
+
+    private StateWriter() {}
+
+    /** Writes store version 1 of the checkpoint's stateful operator (operator 0) in each of its `partitions` from
+     * `rows` (user_id and SessionsOperator.STATE_ROW's columns, any order; attributes optional), under the session
+     * rules `rulesJson` (Rules). Returns {keys, rows} written. Called from Python through py4j. */
+    public static long[] write(Dataset<Row> rows, String checkpoint, int partitions, String rulesJson)
+            throws IOException {
+        org.apache.spark.sql.classic.SparkSession spark = (org.apache.spark.sql.classic.SparkSession) rows.sparkSession();
+        SQLConf sql = spark.sessionState().conf();
+        Configuration hadoop = spark.sessionState().newHadoopConf();
+        String runId = UUID.randomUUID().toString();
+        hadoop.set(StreamExecution$.MODULE$.RUN_ID_KEY(), runId);  // the HDFS provider's init reads it
+        Path root = new Path(checkpoint);
+        String stateRoot = new Path(root.getFileSystem(hadoop).makeQualified(root), "state").toString();
+        int format = Integer.parseInt(sql.getConfString(FORMAT_VERSION, "2"));
+
+        Dataset<Row> hashed = rows.withColumn("user_hash", functions.xxhash64(rows.col("user_id")));
+        StructType schema = hashed.schema();
+        Task task = new Task(StateStoreConf.apply(sql), new SerializableConfiguration(hadoop), runId, stateRoot,
+                             rulesJson, format, SessionsOperator.stateRowColumns(schema),
+                             schema.fieldIndex("user_hash"), schema.fieldIndex("user_id"));
+        // The operator's own placement: hash partitioning of (user_hash, user_id) into the state partitions; each
+        // user's rows together in its partition.
+        List<Row> done = hashed.repartition(partitions, hashed.col("user_hash"), hashed.col("user_id"))
+            .sortWithinPartitions("user_hash", "user_id")
+            .mapPartitions(task, Encoders.row(DONE))
+            .collectAsList();
+        // A partition no task wrote (Spark runs none over an empty shuffle) has no row: batch 0's own empty store
+        // stays there, which is what it must hold. The caller's read-back checks the whole state.
+        long keys = 0;
+        long written = 0;
+        for (Row r : done) {
+            keys += r.getLong(1);
+            written += r.getLong(2);
+        }
+        return new long[] {keys, written};
+    }
+
+    /** flatMapGroupsWithState's state manager for a byte[] state with an event-time timeout: Spark's own value rows. */
+    @SuppressWarnings("unchecked")
+    static FlatMapGroupsWithStateExecHelper.StateManager stateManager(int formatVersion) {
+        ExpressionEncoder<?> encoder = org.apache.spark.sql.catalyst.encoders.package$.MODULE$.encoderFor(
+            Encoders.BINARY());
+        return FlatMapGroupsWithStateExecHelper.createStateManager((ExpressionEncoder<Object>) encoder, true,
+                                                                   formatVersion);
+    }
+
+    /** Writes one partition's store: removes what batch 0 left there, opens it empty at version 0, puts each user's
+     * value and commits version 1. `users` are sorted so that each user's rows are together. */
+    static long[] writePartition(Iterator<Row> users, int partition, StateStoreConf storeConf, Configuration hadoop,
+                                 String runId, String stateRoot, Rules rules, int format, int[] ix, int hashCol,
+                                 int userCol) throws IOException {
+        removeVersions(new Path(new Path(stateRoot, "0"), Integer.toString(partition)), hadoop);
+        FlatMapGroupsWithStateExecHelper.StateManager manager = stateManager(format);
+        StateStoreId id = StateStoreId.apply(stateRoot, 0L, partition, StateStoreId.DEFAULT_STORE_NAME());
+        StateStoreProvider provider = StateStoreProvider.createAndInit(
+            StateStoreProviderId.apply(id, UUID.fromString(runId)), KEY_SCHEMA, manager.stateSchema(),
+            NoPrefixKeyStateEncoderSpec.apply(KEY_SCHEMA), false, storeConf, hadoop, false, Option.empty());
+        List<Attributes.Attr> attrs = rules.attributes();
+        UnsafeProjection keys = UnsafeProjection.create(KEY_SCHEMA);
+        long written = 0;
+        long rowCount = 0;
+        try {
+            StateStore store = provider.getStore(0L, Option.empty(), false, false);
+            try {
+                String user = null;
+                long hash = 0;
+                List<SessionsOperator.R> open = new ArrayList<>();
+                while (true) {
+                    Row r = users.hasNext() ? users.next() : null;
+                    String next = r == null ? null : r.getString(userCol);
+                    if (user != null && (r == null || !user.equals(next))) {
+                        SessionsOperator.Stored kept = SessionsOperator.restored(user, open, rules);
+                        if (kept != null) {
+                            UnsafeRow key = keys.apply(new GenericInternalRow(
+                                new Object[] {hash, UTF8String.fromString(user)}));
+                            manager.putState(store, key, kept.value(), kept.timeout());
+                            written++;
+                        }
+                        open = new ArrayList<>();
+                    }
+                    if (r == null) {
+                        break;
+                    }
+                    user = next;
+                    hash = r.getLong(hashCol);
+                    open.add(SessionsOperator.openRow(r, ix, attrs));
+                    rowCount++;
+                }
+                store.commit();
+            } finally {
+                if (!store.hasCommitted()) {
+                    store.abort();
+                }
+            }
+        } finally {
+            provider.close();
+        }
+        return new long[] {written, rowCount};
+    }
+
+    /** Removes a partition's store files (batch 0's empty version), keeping `_metadata` (partition 0 holds the
+     * operator's state schema there). */
+    static void removeVersions(Path dir, Configuration hadoop) throws IOException {
+        FileSystem fs = dir.getFileSystem(hadoop);
+        if (!fs.exists(dir)) {
+            return;
+        }
+        for (FileStatus file : fs.listStatus(dir)) {
+            String name = file.getPath().getName();
+            if (!name.startsWith("_metadata") && !fs.delete(file.getPath(), true) && fs.exists(file.getPath())) {
+                throw new IOException("could not remove " + file.getPath() + " before writing the state");
+            }
+        }
+    }
+
+    /** One state partition's task (serialised to the executors). */
+    static final class Task implements MapPartitionsFunction<Row, Row> {
+        private static final long serialVersionUID = 1L;
+        private final StateStoreConf storeConf;
+        private final SerializableConfiguration hadoop;
+        private final String runId;
+        private final String stateRoot;
+        private final String rulesJson;
+        private final int format;
+        private final int[] ix;
+        private final int hashCol;
+        private final int userCol;
+
+        Task(StateStoreConf storeConf, SerializableConfiguration hadoop, String runId, String stateRoot,
+             String rulesJson, int format, int[] ix, int hashCol, int userCol) {
+            this.storeConf = storeConf;
+            this.hadoop = hadoop;
+            this.runId = runId;
+            this.stateRoot = stateRoot;
+            this.rulesJson = rulesJson;
+            this.format = format;
+            this.ix = ix.clone();
+            this.hashCol = hashCol;
+            this.userCol = userCol;
+        }
+
+        @Override
+        public Iterator<Row> call(Iterator<Row> users) throws IOException {
+            int partition = TaskContext.getPartitionId();
+            long[] done = writePartition(users, partition, storeConf, hadoop.value(), runId, stateRoot,
+                                         Rules.parse(rulesJson), format, ix, hashCol, userCol);
+            return List.of(RowFactory.create(partition, done[0], done[1])).iterator();
+        }
+    }
+}

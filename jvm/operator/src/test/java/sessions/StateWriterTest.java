@@ -1,0 +1,152 @@
+package sessions;
+
+import static org.junit.jupiter.api.Assertions.assertArrayEquals;
+import static org.junit.jupiter.api.Assertions.assertEquals;
+import static org.junit.jupiter.api.Assertions.assertNotNull;
+import static org.junit.jupiter.api.Assertions.assertNull;
+import static org.junit.jupiter.api.Assertions.assertTrue;
+
+import java.io.IOException;
+import java.nio.file.Files;
+import java.nio.file.Path;
+import java.util.ArrayList;
+import java.util.Collections;
+import java.util.List;
+import java.util.Random;
+import java.util.UUID;
+
+import org.apache.hadoop.conf.Configuration;
+import org.apache.spark.sql.Row;
+import org.apache.spark.sql.RowFactory;
+import org.apache.spark.sql.catalyst.expressions.GenericInternalRow;
+import org.apache.spark.sql.catalyst.expressions.UnsafeProjection;
+import org.apache.spark.sql.catalyst.expressions.UnsafeRow;
+import org.apache.spark.sql.execution.streaming.operators.stateful.flatmapgroupswithstate.FlatMapGroupsWithStateExecHelper;
+import org.apache.spark.sql.execution.streaming.runtime.StreamExecution$;
+import org.apache.spark.sql.execution.streaming.state.NoPrefixKeyStateEncoderSpec;
+import org.apache.spark.sql.execution.streaming.state.StateStore;
+import org.apache.spark.sql.execution.streaming.state.StateStoreConf;
+import org.apache.spark.sql.execution.streaming.state.StateStoreId;
+import org.apache.spark.sql.execution.streaming.state.StateStoreProvider;
+import org.apache.spark.sql.execution.streaming.state.StateStoreProviderId;
+import org.apache.spark.sql.types.DataTypes;
+import org.apache.spark.sql.types.StructType;
+import org.apache.spark.unsafe.types.UTF8String;
+import org.junit.jupiter.api.Test;
+import org.junit.jupiter.api.io.TempDir;
+
+import scala.Option;
+
+/** StateWriter: the value it writes for a user is the one the restore's initial-state batch left (the rows encoded
+ * as the initial state, decoded and walked by Fn at watermark 0), and a partition it writes is a store version 1 that
+ * Spark's HDFS-backed provider reads back, key by key, with flatMapGroupsWithState's state manager. */
+class StateWriterTest {
+    private static final long GAP = 30 * 60_000L;
+    private static final long T = 1_700_000_000_000L;
+    /** Open rows as the writer takes them: user_id, STATE_ROW's columns (attributes left out), user_hash. */
+    private static final StructType INPUT = new StructType().add("user_id", DataTypes.StringType)
+        .add("session_start_ms", DataTypes.LongType).add("event_id", DataTypes.StringType)
+        .add("event_time_ms", DataTypes.LongType).add("event_type", DataTypes.StringType)
+        .add("event_count", DataTypes.LongType).add("page_views", DataTypes.LongType)
+        .add("user_hash", DataTypes.LongType);
+
+    private static Rules rules(long gapMs) {
+        return Rules.parse("{\"gap_ms\": " + gapMs + ", \"attributes\": []}");
+    }
+
+    private static List<SessionsOperator.R> sample(Random random) {
+        List<SessionsOperator.R> rows = new ArrayList<>();
+        rows.add(new SessionsOperator.R(T, null, T + 60_000, "page_view", 4, 2, 0));  // a frozen prefix
+        long at = T + 120_000;
+        for (int i = 0; i < 1 + random.nextInt(5); i++) {
+            at += random.nextInt(3) == 0 ? GAP + 1 : random.nextInt(600_000);  // now and then a new session
+            rows.add(new SessionsOperator.R(T, "e" + i, at, i % 3 == 0 ? "logout" : "page_view", 1,
+                                            i % 3 == 0 ? 0 : 1, 0));
+        }
+        return rows;
+    }
+
+    /** The initial-state path: initialState encodes the rows in WALK_ORDER, Fn decodes them and walks them with no
+     * event at the first batch's watermark (0). */
+    private static SessionsOperator.Stored byInitialState(String user, List<SessionsOperator.R> rows, Rules rules) {
+        List<SessionsOperator.R> sorted = new ArrayList<>(rows);
+        sorted.sort(SessionsOperator.WALK_ORDER);
+        List<SessionsOperator.R> loaded = StateCodec.decode(StateCodec.encode(sorted, rules.attributes()),
+                                                            rules.attributes());
+        return SessionsOperator.stored(SessionsOperator.advance(user, loaded, List.of(), 0, rules),
+                                       rules.attributes());
+    }
+
+    @Test
+    void aRestoredValueIsWhatTheInitialStateBatchLeaves() {
+        Random random = new Random(63);
+        for (long gap : new long[] {GAP, 5 * 60_000L, 2 * GAP}) {  // the savepoint's gap, and a migrated one
+            for (int k = 0; k < 200; k++) {
+                List<SessionsOperator.R> rows = sample(random);
+                Collections.shuffle(rows, random);  // whatever order the savepoint's files give
+                SessionsOperator.Stored expected = byInitialState("u" + k, rows, rules(gap));
+                SessionsOperator.Stored got = SessionsOperator.restored("u" + k, new ArrayList<>(rows), rules(gap));
+                assertNotNull(got);
+                assertArrayEquals(expected.value(), got.value());
+                assertEquals(expected.timeout(), got.timeout());
+                assertTrue(got.timeout() > 0 && got.timeout() < Long.MAX_VALUE - 1, "a timer is set");
+            }
+        }
+        assertNull(SessionsOperator.restored("nobody", new ArrayList<>(), rules(GAP)));
+    }
+
+    @Test
+    void aWrittenPartitionReadsBackThroughSparksProvider(@TempDir Path dir) throws IOException {
+        Configuration hadoop = new Configuration();
+        String runId = UUID.randomUUID().toString();
+        hadoop.set(StreamExecution$.MODULE$.RUN_ID_KEY(), runId);
+        String stateRoot = dir.resolve("state").toUri().toString();
+        Path partition = dir.resolve("state/0/0");
+        // What batch 0 left: its (empty) version and partition 0's schema file, which must stay.
+        Files.createDirectories(partition.resolve("_metadata"));
+        Files.writeString(partition.resolve("_metadata/schema"), "kept");
+        Files.writeString(partition.resolve("1.delta"), "batch 0's empty version");
+        StateStoreConf conf = StateStoreConf.empty();  // Spark's default provider: HDFS-backed
+        Rules rules = rules(GAP);
+        Random random = new Random(7);
+        List<Row> input = new ArrayList<>();
+        List<String> users = List.of("a", "b", "ü-😀", "d");
+        List<List<SessionsOperator.R>> rowsOf = new ArrayList<>();
+        for (String user : users) {
+            List<SessionsOperator.R> rows = sample(random);
+            rowsOf.add(rows);
+            for (SessionsOperator.R r : rows) {  // each user's rows together, as the sort leaves them
+                input.add(RowFactory.create(user, r.start(), r.id(), r.time(), r.type(), r.count(), r.views(),
+                                            (long) user.hashCode()));
+            }
+        }
+        int[] ix = SessionsOperator.stateRowColumns(INPUT);
+        long[] done = StateWriter.writePartition(input.iterator(), 0, conf, hadoop, runId, stateRoot, rules, 2, ix,
+                                                 INPUT.fieldIndex("user_hash"), INPUT.fieldIndex("user_id"));
+        assertArrayEquals(new long[] {users.size(), input.size()}, done);
+        assertEquals("kept", Files.readString(partition.resolve("_metadata/schema")));
+
+        FlatMapGroupsWithStateExecHelper.StateManager manager = StateWriter.stateManager(2);
+        StateStoreProvider provider = StateStoreProvider.createAndInit(
+            StateStoreProviderId.apply(StateStoreId.apply(stateRoot, 0L, 0, StateStoreId.DEFAULT_STORE_NAME()),
+                                       UUID.randomUUID()),
+            StateWriter.KEY_SCHEMA, manager.stateSchema(), NoPrefixKeyStateEncoderSpec.apply(StateWriter.KEY_SCHEMA),
+            false, conf, hadoop, false, Option.empty());
+        try {
+            StateStore store = provider.getStore(1L, Option.empty(), false, false);
+            UnsafeProjection keys = UnsafeProjection.create(StateWriter.KEY_SCHEMA);
+            for (int i = 0; i < users.size(); i++) {
+                String user = users.get(i);
+                UnsafeRow key = keys.apply(new GenericInternalRow(
+                    new Object[] {(long) user.hashCode(), UTF8String.fromString(user)}));
+                FlatMapGroupsWithStateExecHelper.StateData state = manager.getState(store, key);
+                SessionsOperator.Stored expected = byInitialState(user, rowsOf.get(i), rules);
+                assertArrayEquals(expected.value(), (byte[]) state.stateObj(), user);
+                assertEquals(expected.timeout(), state.timeoutTimestamp(), user);
+            }
+            store.abort();
+        } finally {
+            provider.close();
+        }
+    }
+}

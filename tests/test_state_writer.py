@@ -1,0 +1,112 @@
+"""A canonical restore by the state writer (pipelines.job.operators.state_writer): the state written straight into
+the store by the executors, across partition counts and providers, from a chain of incremental savepoints. Held to
+the oracle (testkit/oracle.py) at the savepoint and after catch-ups, and to Spark's own placement of each key (the
+state data source's partition_id against Spark's hash of the grouping columns). A savepoint whose rows are not the
+ones its catalog row describes is refused in one line, before anything changed."""
+from __future__ import annotations
+
+import json
+from dataclasses import replace
+
+import pytest
+from pyspark.sql import functions as F
+
+from pipelines.core.sample_data import land
+from pipelines.errors import SavepointDamaged
+from pipelines.ingest import ingest
+from pipelines.job.checkpoint import inspect_checkpoint
+from pipelines.job.operators.seam import state_reader
+from pipelines.job.stream import catch_up
+from state_store.lifecycle import restore, take_savepoint
+from state_store.savepoint.catalog import SavepointStore
+from tests.kit.datagen import in_order_chunks
+from tests.kit.homes import make_config
+from tests.kit.savepoint_expectations import oracle_of
+from tests.kit.tables import read_open_sessions, read_sessions
+
+pytestmark = pytest.mark.tier("spark")
+
+GAP_MS, LATENESS_MS = 30 * 60_000, 10 * 60_000
+
+
+def _land(config, chunks: list[list[dict]], start: int) -> None:
+    for k, chunk in enumerate(chunks, start):
+        land(config.landing, f"part-{k:04d}.jsonl", [json.dumps(e) for e in chunk])
+        ingest(config, files_per_commit=1)
+
+
+def _placed_as_spark_places(spark, config, partitions: int) -> None:
+    """Every key in the partition the stateful operator's hash partitioning of (user_hash, user_id) gives it."""
+    state = state_reader(spark, config.checkpoint, None)
+    wrong = state.where(F.col("partition_id") != F.expr(f"pmod(hash(key.user_hash, key.user_id), {partitions})"))
+    assert state.count() > 0 and wrong.count() == 0
+    assert inspect_checkpoint(config.checkpoint).partitions == partitions
+
+
+def _at(spark, config, chunks: list[list[dict]]) -> None:
+    expected = oracle_of(chunks, GAP_MS, LATENESS_MS)
+    assert read_open_sessions(spark, config) == sorted(expected.open_sessions)
+    assert read_sessions(config) == sorted(expected.closed)
+
+
+def test_writer_restores_a_chain_across_partitions_and_providers(tmp_path, spark):
+    """A chain (full + two increments, RocksDB's change feed) at 4 partitions on RocksDB, restored on the HDFS-backed
+    provider at 3; the stream goes on from it; its savepoint restored on RocksDB at 8; the stream goes on again: the
+    oracle throughout, each key where Spark's partitioning puts it."""
+    first, second = "rocksdb", "hdfs"
+    config = make_config(tmp_path, first, SESSIONS_STATE_PARTITIONS=4, SESSIONS_SAVEPOINT_CHAIN_SHARE=100)
+    chunks = in_order_chunks(24, seed=63, parts=6)
+    taken = []
+    for k in range(3):
+        _land(config, [chunks[k]], k)
+        catch_up(config, spark)
+        taken.append(take_savepoint(config, spark=spark))
+    assert [s.kind for s in taken] == ["full", "incremental", "incremental"]
+    _land(config, [chunks[3]], 3)
+    catch_up(config, spark)  # past the savepoint: rolled back by the restore
+
+    other = config.with_(state_store=second)
+    restored = restore(other, taken[-1].savepoint_id, partitions=3, spark=spark)
+    assert (restored.method, restored.provider, restored.partitions) == ("canonical", second, 3), restored
+    assert "state_written" in restored.phases and "bootstrap_batch" not in restored.phases, restored.phases
+    assert (restored.rows, restored.checksum) == (taken[-1].rows, taken[-1].checksum)
+    _placed_as_spark_places(spark, other, 3)
+    _at(spark, other, chunks[:3])
+    _land(other, [chunks[3]], 3)
+    catch_up(other, spark)
+    _at(spark, other, chunks[:4])
+
+    saved = take_savepoint(other, spark=spark)
+    back = restore(config, saved.savepoint_id, partitions=8, spark=spark)
+    assert (back.provider, back.partitions) == (first, 8), back
+    _placed_as_spark_places(spark, config, 8)
+    _at(spark, config, chunks[:4])
+    _land(config, chunks[4:], 4)
+    catch_up(config, spark)
+    _at(spark, config, chunks)
+
+
+def test_a_savepoint_unlike_its_catalog_row_is_refused_before_anything_changes(tmp_path, spark, monkeypatch):
+    """The read-back of the written state is the savepoint's verification: rows that are not the ones the catalog
+    row describes refuse the savepoint as damaged (one line, its way out), with the old checkpoint back in place and
+    the tables untouched."""
+    config = make_config(tmp_path, "hdfs")
+    chunks = in_order_chunks(8, seed=5, parts=3)
+    _land(config, chunks[:2], 0)
+    catch_up(config, spark)
+    saved = take_savepoint(config, spark=spark)
+    _land(config, chunks[2:], 2)
+    catch_up(config, spark)
+    before = inspect_checkpoint(config.checkpoint).last_committed_batch, read_sessions(config)
+
+    got = SavepointStore.get
+    monkeypatch.setattr(SavepointStore, "get", lambda self, which: replace(got(self, which), checksum="0" * 32))
+    with pytest.raises(SavepointDamaged) as refused:
+        restore(config, saved.savepoint_id, spark=spark)
+    line = str(refused.value)
+    assert "\n" not in line and f"savepoint {saved.savepoint_id} is damaged" in line, line
+    assert refused.value.next_step, refused.value
+    assert (inspect_checkpoint(config.checkpoint).last_committed_batch, read_sessions(config)) == before
+    monkeypatch.undo()
+    restore(config, saved.savepoint_id, spark=spark)
+    _at(spark, config, chunks[:2])
