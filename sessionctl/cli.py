@@ -232,7 +232,10 @@ def cmd_forget(config: SessionsConfig, args: argparse.Namespace) -> int | None:
     if args.requests:
         from state_store.erasure_requests import forget_requested
 
-        _print(forget_requested(config).to_dict(), args.json)
+        done = forget_requested(config)
+        _print(done.to_dict(), args.json)
+        for name, why in done.refused.items():  # left for an operator; the others were erased
+            print(f"sessionctl forget: request file {name}: {why}", file=sys.stderr)
         return None
     users = _forget_users(args)
     if args.verify and len(users) == 1:

@@ -5,21 +5,18 @@ state data source's partition_id against Spark's hash of the grouping columns). 
 ones its catalog row describes is refused in one line, before anything changed."""
 from __future__ import annotations
 
-import json
 from dataclasses import replace
 
 import pytest
 from pyspark.sql import functions as F
 
-from pipelines.core.sample_data import land
 from pipelines.errors import SavepointDamaged
-from pipelines.ingest import ingest
 from pipelines.job.checkpoint import inspect_checkpoint
 from pipelines.job.operators.seam import state_reader
 from pipelines.job.stream import catch_up
 from state_store.lifecycle import restore, take_savepoint
 from state_store.savepoint.catalog import SavepointStore
-from tests.kit.datagen import in_order_chunks
+from tests.kit.datagen import in_order_chunks, land_batches
 from tests.kit.homes import make_config
 from tests.kit.savepoint_expectations import oracle_of
 from tests.kit.tables import read_open_sessions, read_sessions
@@ -27,12 +24,6 @@ from tests.kit.tables import read_open_sessions, read_sessions
 pytestmark = pytest.mark.tier("spark")
 
 GAP_MS, LATENESS_MS = 30 * 60_000, 10 * 60_000
-
-
-def _land(config, chunks: list[list[dict]], start: int) -> None:
-    for k, chunk in enumerate(chunks, start):
-        land(config.landing, f"part-{k:04d}.jsonl", [json.dumps(e) for e in chunk])
-        ingest(config, files_per_commit=1)
 
 
 def _placed_as_spark_places(spark, config, partitions: int) -> None:
@@ -58,11 +49,11 @@ def test_writer_restores_a_chain_across_partitions_and_providers(tmp_path, spark
     chunks = in_order_chunks(24, seed=63, parts=6)
     taken = []
     for k in range(3):
-        _land(config, [chunks[k]], k)
+        land_batches(config, [chunks[k]], start=k)
         catch_up(config, spark)
         taken.append(take_savepoint(config, spark=spark))
     assert [s.kind for s in taken] == ["full", "incremental", "incremental"]
-    _land(config, [chunks[3]], 3)
+    land_batches(config, [chunks[3]], start=3)
     catch_up(config, spark)  # past the savepoint: rolled back by the restore
 
     other = config.with_(state_store=second)
@@ -72,7 +63,7 @@ def test_writer_restores_a_chain_across_partitions_and_providers(tmp_path, spark
     assert (restored.rows, restored.checksum) == (taken[-1].rows, taken[-1].checksum)
     _placed_as_spark_places(spark, other, 3)
     _at(spark, other, chunks[:3])
-    _land(other, [chunks[3]], 3)
+    land_batches(other, [chunks[3]], start=3)
     catch_up(other, spark)
     _at(spark, other, chunks[:4])
 
@@ -81,7 +72,7 @@ def test_writer_restores_a_chain_across_partitions_and_providers(tmp_path, spark
     assert (back.provider, back.partitions) == (first, 8), back
     _placed_as_spark_places(spark, config, 8)
     _at(spark, config, chunks[:4])
-    _land(config, chunks[4:], 4)
+    land_batches(config, chunks[4:], start=4)
     catch_up(config, spark)
     _at(spark, config, chunks)
 
@@ -92,10 +83,10 @@ def test_a_savepoint_unlike_its_catalog_row_is_refused_before_anything_changes(t
     the tables untouched."""
     config = make_config(tmp_path, "hdfs")
     chunks = in_order_chunks(8, seed=5, parts=3)
-    _land(config, chunks[:2], 0)
+    land_batches(config, chunks[:2], start=0)
     catch_up(config, spark)
     saved = take_savepoint(config, spark=spark)
-    _land(config, chunks[2:], 2)
+    land_batches(config, chunks[2:], start=2)
     catch_up(config, spark)
     before = inspect_checkpoint(config.checkpoint).last_committed_batch, read_sessions(config)
 
