@@ -422,13 +422,26 @@ BASELINE_REV = "a3adb47"  # the last revision whose canonical restore loads the 
 
 
 def baseline_tree(rev: str, work: Path) -> Path:
-    """The Python of revision `rev` (git archive) beside this tree's build (the same operator jar, jars and class
-    archive: the old restore calls SessionsOperator.sessionize with an initial state, which this jar still has)."""
+    """Revision `rev` (git archive) with its own operator jar and class archive, beside this tree's other build
+    artifacts (Spark's runtime jars, S3A, Kafka, HDFS: build/ entries but jvm/ linked). The old restore calls
+    SessionsOperator.sessionize with an initial state, which this tree's jar no longer has: the revision's jar is built
+    as the Makefile's JVM_JAR rule builds it, offline (`make setup` has fetched what its pom needs, unchanged since
+    a3adb47), and its class archive made as `make setup` makes it, so that neither restore starts Spark without one."""
     tree = work / f"baseline-{rev}"
     tree.mkdir(parents=True)
     archive = subprocess.run(["git", "-C", str(REPO), "archive", rev], capture_output=True, check=True).stdout
     subprocess.run(["tar", "-x", "-C", str(tree)], input=archive, check=True)
-    (tree / "build").symlink_to((REPO / "build").resolve())
+    build = tree / "build"
+    (build / "jvm").mkdir(parents=True)
+    for entry in (REPO / "build").resolve().iterdir():
+        if entry.name != "jvm":
+            (build / entry.name).symlink_to(entry)
+    subprocess.run(["mvn", "-o", "-q", "-B", "-f", str(tree / "jvm" / "operator" / "pom.xml"), "-DskipTests",
+                    "package"], check=True)  # into the tree's build/jvm/operator/ (the pom's build directory)
+    shutil.copy2(build / "jvm" / "operator" / "sessions-operator.jar", build / "jvm" / "sessions-operator.jar")
+    subprocess.run([str(REPO / ".venv" / "bin" / "python"), "-m", "pipelines.job.class_archive",
+                    str(build / "jvm" / "spark-classes.jsa")], cwd=tree, env={**os.environ, "PYTHONPATH": str(tree)},
+                   check=True)
     return tree
 
 

@@ -224,7 +224,7 @@ def restore_unlocked(config: SessionsConfig, savepoint: str, *, partitions: int 
             phase("savepoint_verified")
         # The source's first batch carries the savepoint's watermark (a marker). That batch runs with no state (Spark
         # writes the checkpoint's logs and state schema), then the state writer writes its state in the executors:
-        # the rows as the operator would have loaded them as its initial state in that batch, no per-key call
+        # each user's rows walked once at watermark 0 as the operator walks a stored user, no per-key call
         # (pipelines.job.operators.state_writer).
         (config.checkpoint / BOOTSTRAP_FILE).write_text(json.dumps({
             "savepoint_id": saved.savepoint_id, "source_seq": saved.source_seq,

@@ -85,14 +85,12 @@ def raw_events_stream(spark: SparkSession, config: SessionsConfig, checkpoint: C
 
 def start_query(spark: SparkSession, config: SessionsConfig, meta: JobMetadata, operator: StateOperator,
                 *, trigger: dict[str, Any], source_options: dict[str, Any] | None = None,
-                initial_rows: DataFrame | None = None,
                 lease: Lease | None = None) -> tuple[StreamingQuery, MicroBatchSink]:
-    """The query of the checkpoint `meta` describes, run by `operator`; `initial_rows` (canonical) are a restored
-    checkpoint's state, loaded in its first batch (the restore's bootstrap). With `lease` (the job lease this process
+    """The query of the checkpoint `meta` describes, run by `operator`. With `lease` (the job lease this process
     holds) the sink checks it before every batch and fences every commit by it (pipelines.coordination.fencing)."""
     rules = meta.rules  # the run's own, recorded at its start (pipelines.job.startup)
     events = keyed_events(raw_events_stream(spark, config, config.checkpoint, source_options=source_options), rules)
-    output = operator.apply(events, rules, initial_rows)
+    output = operator.apply(events, rules)
     checkpoint = config.checkpoint
     sink = MicroBatchSink(config.sessions_table, config.quarantine_table, config.raw_events_table, meta.incarnation,
                           seq_range=lambda batch_id: batch_source_range(checkpoint, batch_id),

@@ -62,7 +62,7 @@ class BucketLayout(StateOperator):
     layout = state_format.SCHEMA_ID  # the id these checkpoints recorded (the canonical form's, at the time)
     retired = RETIRED
 
-    def apply(self, keyed: DataFrame, rules: SessionRules, initial_rows: DataFrame | None) -> DataFrame:
+    def apply(self, keyed: DataFrame, rules: SessionRules) -> DataFrame:
         raise CheckpointMismatch(RETIRED)
 
     def max_partitions(self, buckets: int) -> int | None:

@@ -68,23 +68,14 @@ def rules_json(rules: SessionRules) -> str:
          "event_types": list(a.event_types)} for a in rules.attributes]})
 
 
-def _in_ms(canonical: DataFrame) -> DataFrame:
-    attributes = ["attributes"] if "attributes" in canonical.columns else []
-    return canonical.select("user_id", F.unix_millis("session_start").alias("session_start_ms"), "event_id",
-                            F.unix_millis("event_time").alias("event_time_ms"), "event_type", "event_count",
-                            "page_views", *attributes)
-
-
 class JvmOperator(StateOperator):
     name = "jvm"
     layout = STATE_LAYOUT
 
-    def apply(self, keyed: DataFrame, rules: SessionRules, initial_rows: DataFrame | None) -> DataFrame:
+    def apply(self, keyed: DataFrame, rules: SessionRules) -> DataFrame:
         spark = keyed.sparkSession
         operator = _jvm(spark).sessions.SessionsOperator  # type: ignore[attr-defined]
-        initial = None if initial_rows is None else _in_ms(initial_rows)._jdf
-        return DataFrame(operator.sessionize(keyed._jdf, rules_json(rules), output_schema(rules.attributes), initial),
-                         spark)
+        return DataFrame(operator.sessionize(keyed._jdf, rules_json(rules), output_schema(rules.attributes)), spark)
 
     def stored_values(self, spark: SparkSession, checkpoint: CheckpointPath, batch_id: int | None) -> DataFrame:
         """One row per user: `user_id`, `rows` (array of its open rows, decoded by StateCodec through DecodeState)

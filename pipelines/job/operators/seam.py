@@ -1,10 +1,9 @@
 """The operator seam: everything that differs between stateful operators, behind one small typed interface.
 
-An operator owns its state layout (the id a checkpoint records in `_job.json`), applying a batch, the restore
-bootstrap (a restored checkpoint's open rows, loaded in its first batch), the decoding of its stored values into the
-canonical rows (savepoints, `status`, `state --user`) and the partition bound. Which operator a checkpoint runs is
-decided once -- by its metadata, or for a new checkpoint (pipelines.job.operators: `for_layout`,
-`for_new_checkpoint`) -- and the object is handed down; nothing below asks again.
+An operator owns its state layout (the id a checkpoint records in `_job.json`), applying a batch, the decoding of
+its stored values into the canonical rows (savepoints, `status`, `state --user`) and the partition bound. Which
+operator a checkpoint runs is decided once -- by its metadata, or for a new checkpoint (pipelines.job.operators:
+`for_layout`, `for_new_checkpoint`) -- and the object is handed down; nothing below asks again.
 
 Two implementations: `pipelines.job.operators.jvm.JvmOperator` (Spark's flatMapGroupsWithState keyed by user, the
 operator of every new checkpoint) and `pipelines.job.operators.buckets.BucketLayout` (the state of checkpoints made by
@@ -65,11 +64,9 @@ class StateOperator(ABC):
 
     # ---- running ----------------------------------------------------------------------------------------------
     @abstractmethod
-    def apply(self, keyed: DataFrame, rules: SessionRules, initial_rows: DataFrame | None) -> DataFrame:
+    def apply(self, keyed: DataFrame, rules: SessionRules) -> DataFrame:
         """`keyed` (see `keyed_events`, with the fields the rules' attributes read) -> rows of
-        `output_schema(rules.attributes)`: kind `session` (closed, with its attributes' values) or `late`.
-        `initial_rows` (canonical, a restored checkpoint's first run only) are loaded as the state before its first
-        batch."""
+        `output_schema(rules.attributes)`: kind `session` (closed, with its attributes' values) or `late`."""
 
     def max_partitions(self, buckets: int) -> int | None:
         """The most state partitions that can hold anything, for a checkpoint that recorded `buckets` (None: no

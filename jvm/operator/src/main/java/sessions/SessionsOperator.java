@@ -11,8 +11,6 @@ import java.util.List;
 import java.util.Set;
 
 import org.apache.spark.api.java.function.FlatMapGroupsWithStateFunction;
-import org.apache.spark.api.java.function.MapFunction;
-import org.apache.spark.api.java.function.MapGroupsFunction;
 import org.apache.spark.sql.Dataset;
 import org.apache.spark.sql.Encoder;
 import org.apache.spark.sql.Encoders;
@@ -35,7 +33,8 @@ import scala.Tuple2;
  * at most one frozen prefix per open session (event_id null) -- so a batch reads and writes only the users it
  * touches or whose timer is due. Input: the columns of pipelines.job.operators.seam's `keyed` frame; output: the schema
  * pipelines.job.operators.seam.OUTPUT_SCHEMA hands in (checked against OUTPUT_NAMES, the order this class builds rows in).
- * A restored checkpoint's state arrives as Spark's initial state (its first batch only), never through the events.
+ * A restored checkpoint's state is written into its store by StateWriter (the values `restored` gives), never
+ * through the events.
  */
 public final class SessionsOperator {
     public static final String LOGOUT = "logout";
@@ -63,12 +62,10 @@ public final class SessionsOperator {
 
     /** `keyed` grouped by user through the operator; called from Python through py4j. The key is (xxhash64(user_id),
      * user_id): Spark sorts a batch by the key before the call, and the hash first makes that sort decide on the
-     * long prefix instead of comparing ids that often share their first bytes. `initialRows` (null: none) are a
-     * restored checkpoint's open rows (STATE_ROW plus user_id), loaded by Spark in the first batch only.
-     * `rulesJson` (pipelines.job.operators.jvm.rules_json) are the session rules (Rules): the gap, and the attributes,
-     * whose partials live in each stored row and whose values follow OUTPUT_NAMES in a closed session's output. */
-    public static Dataset<Row> sessionize(Dataset<Row> keyed, String rulesJson, String outputDdl,
-                                          Dataset<Row> initialRows) {
+     * long prefix instead of comparing ids that often share their first bytes. `rulesJson`
+     * (pipelines.job.operators.jvm.rules_json) are the session rules (Rules): the gap, and the attributes, whose
+     * partials live in each stored row and whose values follow OUTPUT_NAMES in a closed session's output. */
+    public static Dataset<Row> sessionize(Dataset<Row> keyed, String rulesJson, String outputDdl) {
         Rules rules = Rules.parse(rulesJson);
         List<Attributes.Attr> attrs = rules.attributes();
         StructType output = StructType.fromDDL(outputDdl);
@@ -92,41 +89,12 @@ public final class SessionsOperator {
         KeyValueGroupedDataset<Tuple2<Long, String>, Row> grouped = hashed
             .groupBy(hashed.col("user_hash"), hashed.col("user_id"))
             .as(KEY, Encoders.row(schema));
-        if (initialRows == null) {
-            return grouped.flatMapGroupsWithState(fn, OutputMode.Append(), Encoders.BINARY(), Encoders.row(output),
-                                                  GroupStateTimeout.EventTimeTimeout());
-        }
         return grouped.flatMapGroupsWithState(fn, OutputMode.Append(), Encoders.BINARY(), Encoders.row(output),
-                                              GroupStateTimeout.EventTimeTimeout(), initialState(initialRows, attrs));
+                                              GroupStateTimeout.EventTimeTimeout());
     }
 
-    /** Open rows (user_id + STATE_ROW's columns, any order) -> one encoded state value per user, keyed as the
-     * stream's groups are. Spark calls the function for every such key in the first batch (watermark 0: nothing
-     * closes), which sets its timer. */
-    static KeyValueGroupedDataset<Tuple2<Long, String>, byte[]> initialState(Dataset<Row> rows,
-                                                                       List<Attributes.Attr> attrs) {
-        Dataset<Row> hashed = rows.withColumn("user_hash", functions.xxhash64(rows.col("user_id")));
-        StructType schema = hashed.schema();
-        int[] ix = stateRowColumns(schema);
-        StructType valueSchema = new StructType().add("user_hash", DataTypes.LongType, false)
-            .add("user_id", DataTypes.StringType, false).add("value", DataTypes.BinaryType, false);
-        Dataset<Row> values = hashed.groupBy(hashed.col("user_hash"), hashed.col("user_id"))
-            .as(KEY, Encoders.row(schema))
-            .mapGroups((MapGroupsFunction<Tuple2<Long, String>, Row, Row>) (key, it) -> {
-                List<R> open = new ArrayList<>();
-                while (it.hasNext()) {
-                    open.add(openRow(it.next(), ix, attrs));
-                }
-                open.sort(WALK_ORDER);  // a deterministic value whatever order the rows were read in
-                return RowFactory.create(key._1(), key._2(), StateCodec.encode(open, attrs));
-            }, Encoders.row(valueSchema));
-        return values.groupBy(values.col("user_hash"), values.col("user_id"))
-            .as(KEY, Encoders.row(valueSchema))
-            .mapValues((MapFunction<Row, byte[]>) r -> (byte[]) r.get(2), Encoders.BINARY());
-    }
-
-    /** Where STATE_ROW's columns are in `schema` (open rows with user_id; any order): -1 for `attributes` when the
-     * rows carry none. */
+    /** Where STATE_ROW's columns are in `schema` (open rows with user_id, as StateWriter takes them; any order): -1
+     * for `attributes` when the rows carry none. */
     static int[] stateRowColumns(StructType schema) {
         int[] ix = new int[STATE_ROW.size()];
         List<String> names = java.util.Arrays.asList(schema.fieldNames());
@@ -156,10 +124,9 @@ public final class SessionsOperator {
         return new Stored(StateCodec.encode(walk.open(), attrs), walk.due() - 1);  // Spark fires when timeout < watermark
     }
 
-    /** A restored user's stored value, as the first batch of a restored checkpoint leaves it: the user's `open` rows
-     * (a savepoint's, any order) loaded as the initial state -- in WALK_ORDER, as initialState encodes them -- then
-     * walked by Fn with no event at watermark 0 (nothing closes or freezes; v1 rows and a new gap settle). The state
-     * writer (StateWriter) writes this without a batch. */
+    /** A restored user's stored value: the user's `open` rows (a savepoint's, any order) put in WALK_ORDER (one value
+     * whatever order they were read in), then walked as Fn walks a stored user, with no event at watermark 0 (nothing
+     * closes or freezes; v1 rows and a new gap settle). The state writer (StateWriter) writes this without a batch. */
     static Stored restored(String user, List<R> open, Rules rules) {
         open.sort(WALK_ORDER);
         return stored(advance(user, open, List.of(), 0, rules), rules.attributes());

@@ -39,10 +39,10 @@ import scala.Option;
 
 /**
  * The canonical restore's state writer: a restored checkpoint's state written straight into its state store, in the
- * executors, one task per state partition -- no batch, no initial state, no per-key operator call.
+ * executors, one task per state partition -- no batch, no per-key operator call.
  *
- * <p>What it writes is what the first batch of a restored checkpoint would leave (SessionsOperator.restored: the rows
- * loaded as the initial state and walked once at watermark 0), keyed as the operator keys it -- (xxhash64(user_id),
+ * <p>What it writes for a user is SessionsOperator.restored's value (the user's rows walked once at watermark 0, as the
+ * operator walks a stored user) and timeout, keyed as the operator keys it -- (xxhash64(user_id),
  * user_id) -- and placed in the partition Spark's hash partitioning of those two columns gives (the stateful
  * operator's distribution), so any partition count works. Values in flatMapGroupsWithState's own state format (the
  * state manager Spark's operator uses: the encoded bytes and the event-time timeout).

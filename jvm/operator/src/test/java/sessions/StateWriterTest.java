@@ -37,9 +37,10 @@ import org.junit.jupiter.api.io.TempDir;
 
 import scala.Option;
 
-/** StateWriter: the value it writes for a user is the one the restore's initial-state batch left (the rows encoded
- * as the initial state, decoded and walked by Fn at watermark 0), and a partition it writes is a store version 1 that
- * Spark's HDFS-backed provider reads back, key by key, with flatMapGroupsWithState's state manager. */
+/** StateWriter: the value it writes for a user is the one the operator leaves for the user's rows stored and walked
+ * with no event at watermark 0 (encoded in WALK_ORDER, decoded and walked as Fn does), and a partition it writes is a
+ * store version 1 that Spark's HDFS-backed provider reads back, key by key, with flatMapGroupsWithState's state
+ * manager. */
 class StateWriterTest {
     private static final long GAP = 30 * 60_000L;
     private static final long T = 1_700_000_000_000L;
@@ -66,9 +67,9 @@ class StateWriterTest {
         return rows;
     }
 
-    /** The initial-state path: initialState encodes the rows in WALK_ORDER, Fn decodes them and walks them with no
-     * event at the first batch's watermark (0). */
-    private static SessionsOperator.Stored byInitialState(String user, List<SessionsOperator.R> rows, Rules rules) {
+    /** The operator's own path, step by step: the rows encoded as a stored value in WALK_ORDER (StateCodec), decoded
+     * as Fn decodes a user's state, and walked with no event at a first batch's watermark (0). */
+    private static SessionsOperator.Stored byStoreAndWalk(String user, List<SessionsOperator.R> rows, Rules rules) {
         List<SessionsOperator.R> sorted = new ArrayList<>(rows);
         sorted.sort(SessionsOperator.WALK_ORDER);
         List<SessionsOperator.R> loaded = StateCodec.decode(StateCodec.encode(sorted, rules.attributes()),
@@ -78,13 +79,13 @@ class StateWriterTest {
     }
 
     @Test
-    void aRestoredValueIsWhatTheInitialStateBatchLeaves() {
+    void aRestoredValueIsTheStoredRowsWalkedAtWatermarkZero() {
         Random random = new Random(63);
         for (long gap : new long[] {GAP, 5 * 60_000L, 2 * GAP}) {  // the savepoint's gap, and a migrated one
             for (int k = 0; k < 200; k++) {
                 List<SessionsOperator.R> rows = sample(random);
                 Collections.shuffle(rows, random);  // whatever order the savepoint's files give
-                SessionsOperator.Stored expected = byInitialState("u" + k, rows, rules(gap));
+                SessionsOperator.Stored expected = byStoreAndWalk("u" + k, rows, rules(gap));
                 SessionsOperator.Stored got = SessionsOperator.restored("u" + k, new ArrayList<>(rows), rules(gap));
                 assertNotNull(got);
                 assertArrayEquals(expected.value(), got.value());
@@ -140,7 +141,7 @@ class StateWriterTest {
                 UnsafeRow key = keys.apply(new GenericInternalRow(
                     new Object[] {(long) user.hashCode(), UTF8String.fromString(user)}));
                 FlatMapGroupsWithStateExecHelper.StateData state = manager.getState(store, key);
-                SessionsOperator.Stored expected = byInitialState(user, rowsOf.get(i), rules);
+                SessionsOperator.Stored expected = byStoreAndWalk(user, rowsOf.get(i), rules);
                 assertArrayEquals(expected.value(), (byte[]) state.stateObj(), user);
                 assertEquals(expected.timeout(), state.timeoutTimestamp(), user);
             }
