@@ -4,10 +4,12 @@ from __future__ import annotations
 
 import datetime as dt
 from collections.abc import Callable, Iterator, Mapping, Sequence
-from typing import Any
+from typing import Any, TypeVar
 
 import pyarrow as pa
 import pyarrow.compute as pc
+from py4j.protocol import Py4JError
+from pyspark.errors import PySparkException
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 
@@ -22,7 +24,7 @@ from pipelines.job.operators import for_layout, of_checkpoint
 from pipelines.job.operators.seam import StateOperator, StoredChunk, register_coordinator
 from pipelines.locations import CheckpointPath
 
-__all__ = ["lookup_user", "open_events_of", "read_state", "repartition_state", "session_json", "state_summary", "top_sessions"]
+__all__ = ["READ_ATTEMPTS", "at_newest_batch", "lookup_user", "open_events_of", "read_state", "repartition_state", "session_json", "state_summary", "top_sessions"]
 
 
 def repartition_state(spark: SparkSession, checkpoint: CheckpointPath, partitions: int) -> None:
@@ -106,17 +108,39 @@ def _job(config: SessionsConfig) -> tuple[CheckpointInfo, JobMetadata, int | Non
     return info, meta, watermark
 
 
+READ_ATTEMPTS = 3  # a live read whose batch a running stream's retention removed: the newest batch, this many times
+T = TypeVar("T")
+
+
+def at_newest_batch(config: SessionsConfig, read: Callable[[CheckpointInfo, JobMetadata, int | None], T]) -> T:
+    """`read` of the last committed batch (its info, the job's metadata, the watermark). These reads are short and
+    hold no lease, so they pin nothing (state_store.savepoint.pin is for the long reads of a savepoint): when one
+    fails after a running stream committed past its batch -- whose retention may have removed the batch's files
+    during the read --, the newest committed batch is read instead, READ_ATTEMPTS times in all. A failure with no
+    newer batch is raised at once."""
+    for attempt in range(1, READ_ATTEMPTS + 1):
+        info, meta, watermark = _job(config)
+        try:
+            return read(info, meta, watermark)
+        except (PySparkException, Py4JError):
+            newest = inspect_checkpoint(config.checkpoint).last_committed_batch
+            if attempt == READ_ATTEMPTS or newest is None or newest <= (info.last_committed_batch or 0):
+                raise
+    raise AssertionError("unreachable")  # the loop returns or raises
+
+
 def lookup_user(spark: SparkSession, config: SessionsConfig, user_id: str) -> dict[str, Any]:
     """One user's open session(s) at the last committed batch: only the key(s) that can hold the user are decoded."""
-    info, meta, watermark = _job(config)
-    op = for_layout(meta.state_layout)
-    found = op.user_values(spark, config.checkpoint, info.last_committed_batch, user_id, meta.buckets).toArrow()
-    chunks = [chunk.rows for batch in found.to_batches() for chunk in op.decode(batch)]
-    rows = pa.concat_tables(chunks) if chunks else state_format.empty_store()
-    rows = rows.filter(pc.equal(rows["user_id"], user_id))
-    return {"user_id": user_id, "batch_id": info.last_committed_batch, "watermark": _iso(watermark),
-            "open_sessions": open_sessions_json({name: rows[name] for name in rows.column_names}, meta.rules,
-                                                watermark)}
+    def read(info: CheckpointInfo, meta: JobMetadata, watermark: int | None) -> dict[str, Any]:
+        op = for_layout(meta.state_layout)
+        found = op.user_values(spark, config.checkpoint, info.last_committed_batch, user_id, meta.buckets).toArrow()
+        chunks = [chunk.rows for batch in found.to_batches() for chunk in op.decode(batch)]
+        rows = pa.concat_tables(chunks) if chunks else state_format.empty_store()
+        rows = rows.filter(pc.equal(rows["user_id"], user_id))
+        return {"user_id": user_id, "batch_id": info.last_committed_batch, "watermark": _iso(watermark),
+                "open_sessions": open_sessions_json({name: rows[name] for name in rows.column_names}, meta.rules,
+                                                    watermark)}
+    return at_newest_batch(config, read)
 
 
 def open_events_of(spark: SparkSession, config: SessionsConfig, user_ids: Sequence[str]) -> dict[str, int]:
@@ -152,19 +176,21 @@ def open_sessions_json(rows: Mapping[str, Any], rules: SessionRules, watermark_m
 
 def top_sessions(spark: SparkSession, config: SessionsConfig, n: int) -> dict[str, Any]:
     """The n largest open sessions by events (a hot-key view), decoded in the executors."""
-    info, meta, watermark = _job(config)
-    gap_ms = meta.rules.gap_ms
-    op = for_layout(meta.state_layout)
-    decode = op.decode
+    def read(info: CheckpointInfo, meta: JobMetadata, watermark: int | None) -> dict[str, Any]:
+        gap_ms = meta.rules.gap_ms
+        op = for_layout(meta.state_layout)
+        decode = op.decode
 
-    def sessions_of(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
-        for batch in batches:
-            for chunk in decode(batch):
-                found = open_sessions(chunk.rows, gap_ms)
-                if len(found):
-                    yield pa.RecordBatch.from_pandas(found, preserve_index=False)
+        def sessions_of(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
+            for batch in batches:
+                for chunk in decode(batch):
+                    found = open_sessions(chunk.rows, gap_ms)
+                    if len(found):
+                        yield pa.RecordBatch.from_pandas(found, preserve_index=False)
 
-    values = op.stored_values(spark, config.checkpoint, info.last_committed_batch)
-    top = values.mapInArrow(sessions_of, _SESSION_DDL).orderBy(F.desc("event_count"), "user_id").limit(n).collect()
-    return {"batch_id": info.last_committed_batch, "watermark": _iso(watermark),
-            "top": [{"user_id": r["user_id"], **session_json(r.asDict(), watermark)} for r in top]}
+        values = op.stored_values(spark, config.checkpoint, info.last_committed_batch)
+        top = (values.mapInArrow(sessions_of, _SESSION_DDL).orderBy(F.desc("event_count"), "user_id").limit(n)
+               .collect())
+        return {"batch_id": info.last_committed_batch, "watermark": _iso(watermark),
+                "top": [{"user_id": r["user_id"], **session_json(r.asDict(), watermark)} for r in top]}
+    return at_newest_batch(config, read)

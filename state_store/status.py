@@ -14,6 +14,8 @@ from pipelines.data_files import row_count
 from pipelines.errors import SessionsError
 from pipelines.ingest.kafka import kafka_lag
 from pipelines.job.checkpoint import (
+    CheckpointInfo,
+    JobMetadata,
     directory_size,
     inspect_checkpoint,
     read_job_metadata,
@@ -24,7 +26,7 @@ from pipelines.job.runtime import get_spark, spark_failures
 from pipelines.job.sink import table_rows
 from pipelines.storage import open_table, storage_options, table_exists
 from state_store.results import StatusReport, TableFacts
-from state_store.state import state_summary
+from state_store.state import at_newest_batch, state_summary
 
 __all__ = ["status", "table_facts"]
 
@@ -46,10 +48,16 @@ def status(config: SessionsConfig, *, spark: SparkSession | None = None, with_st
     files, size = directory_size(config.checkpoint / "state")
     state: dict[str, int] = {}  # StatusReport's state fields default to 0: nothing read
     if with_state and info.last_committed_batch is not None:
-        meta = read_job_metadata(config.checkpoint)
+        def summary(read: CheckpointInfo, meta: JobMetadata, _watermark: int | None
+                    ) -> tuple[CheckpointInfo, dict[str, int]]:
+            return read, state_summary(spark or get_spark(config), config.checkpoint, meta.rules,
+                                       batch_id=read.last_committed_batch)
+
         with spark_failures(config):
-            state = state_summary(spark or get_spark(config), config.checkpoint,
-                                  meta.rules if meta else config.rules)
+            if read_job_metadata(config.checkpoint) is None:  # a checkpoint older than the job's metadata
+                state = state_summary(spark or get_spark(config), config.checkpoint, config.rules)
+            else:  # the batch the figures are of (a running stream may have committed past `info`'s)
+                info, state = at_newest_batch(config, summary)
     return StatusReport(
         checkpoint=info.path,
         provider=info.provider or config.state_store,

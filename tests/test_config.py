@@ -52,6 +52,16 @@ def test_the_jvm_jar_and_the_no_fork_file_system_by_master(tmp_path, master, in_
     assert all((conf.get(key) == value) is in_process for key, value in LOCAL_FS_NO_FORK.items())
 
 
+@pytest.mark.parametrize("master,partitions", [("local", "1"), ("local[2]", "2"), ("local[3,2]", "3"),
+                                                ("local[64]", "50"), ("local-cluster[2,1,1024]", None),
+                                                ("spark://127.0.0.1:7077", None)])
+def test_delta_replays_a_tables_log_in_a_local_masters_threads(tmp_path, master, partitions):
+    """Delta's log replay in as many partitions as a local master has threads (at most Delta's default, 50); a
+    cluster keeps Delta's own default (the key unset)."""
+    conf = spark_conf(SessionsConfig.from_env({"SESSIONS_HOME": str(tmp_path), "SESSIONS_SPARK_MASTER": master}))
+    assert conf.get("spark.databricks.delta.snapshotPartitions") == partitions
+
+
 @pytest.mark.parametrize("name,value,says", [
     ("SESSIONS_STATE_STORE", "memory", "expected one of rocksdb, hdfs"),
     ("SESSIONS_STATE_PARTITIONS", "0", "must be >= 1"),

@@ -57,6 +57,10 @@ RUNTIME_JARS_DIR = REPO_ROOT / "build" / "jars"  # filled by `make setup` from j
 S3A_JARS_DIR = REPO_ROOT / "build" / "jars-s3a"  # jvm/s3a/pom.xml: only for a checkpoint on S3
 
 
+DELTA_SNAPSHOT_PARTITIONS = "spark.databricks.delta.snapshotPartitions"
+DELTA_DEFAULT_SNAPSHOT_PARTITIONS = 50  # Delta Spark's Snapshot.defaultNumSnapshotPartitions
+
+
 def java_options(config: SessionsConfig, class_archive_dump: Path | None = None) -> str:
     """The driver JVM's options (in local mode it runs the tasks too)."""
     options = [f"-Dlog4j2.configurationFile=file:{LOG4J2}", f"-Dsessions.log.dir={config.log_dir}",
@@ -91,7 +95,7 @@ def spark_conf(config: SessionsConfig, class_archive_dump: Path | None = None) -
         **cluster_conf(config.spark_master),
         **jvm_jar_conf(config.spark_master, s3a=config.checkpoint_uri.startswith("s3a://")),
         **s3a_conf(),
-        **delta_sql_conf(),
+        **delta_sql_conf(config.spark_master),
         # A client of a NameNode without HA retries a call when the NameNode restarts (Hadoop's default for such a
         # client: fail at once): 1 s apart for 30 s, then 10 s apart for 5 min more.
         "spark.hadoop.dfs.client.retry.policy.enabled": "true",
@@ -99,14 +103,33 @@ def spark_conf(config: SessionsConfig, class_archive_dump: Path | None = None) -
     }
 
 
-def delta_sql_conf() -> dict[str, str]:
+def delta_sql_conf(master: str) -> dict[str, str]:
     """Delta Spark's SQL in the job's session -- OPTIMIZE, DELETE, UPDATE, ZORDER BY, VACUUM on `delta.`<uri>`` -- as
     Delta documents it, so that users (and Dagster assets sharing the session) run Delta's commands on the product's
     tables where the product runs. Nothing without the Delta Spark jar `make setup` fetches."""
     if not any("delta-spark" in jar.name for jar in runtime_jars()):
         return {}
-    return {"spark.sql.extensions": "io.delta.sql.DeltaSparkSessionExtension",
+    conf = {"spark.sql.extensions": "io.delta.sql.DeltaSparkSessionExtension",
             "spark.sql.catalog.spark_catalog": "org.apache.spark.sql.delta.catalog.DeltaCatalog"}
+    threads = local_threads(master)
+    if threads is not None:
+        # Delta replays a table's log into 50 partitions by default (a cluster's figure): on a local master every
+        # commit and every read of a table then runs 50 tasks on a few threads, which tripled the time of a small
+        # table's append and read here. A local master replays it in as many partitions as it has threads; a
+        # cluster keeps Delta's default.
+        conf[DELTA_SNAPSHOT_PARTITIONS] = str(min(threads, DELTA_DEFAULT_SNAPSHOT_PARTITIONS))
+    return conf
+
+
+def local_threads(master: str) -> int | None:
+    """The task threads of a local master (`local`, `local[4]`, `local[*]`, `local[4,2]`); None for any other."""
+    found = re.fullmatch(r"local(?:\[(\*|\d+)(?:,\d+)?\])?", master.strip())
+    if found is None:
+        return None
+    threads = found.group(1)
+    if threads is None:
+        return 1
+    return os.cpu_count() or 1 if threads == "*" else max(1, int(threads))
 
 
 def s3a_conf() -> dict[str, str]:
