@@ -6,7 +6,9 @@ Variants, run side by side in one SparkSession in alternating order (A B C A B C
   rocksdb-snapshot   the job on RocksDB uploading a snapshot every commit (Spark's own default)
   hdfs               the job on the HDFS-backed provider
 With `--buckets 64,8` each variant runs once per bucket count (SESSIONS_STATE_BUCKETS), named `<variant>/<buckets>`:
-the Python operator pays a fixed cost per bucket it calls, and a small batch touches most buckets.
+the Python operator pays a fixed cost per bucket it calls, and a small batch touches most buckets. With
+`--delta-snapshot-partitions 50,2` each runs once per count of partitions Delta replays a table's log in
+(`spark.databricks.delta.snapshotPartitions`; the job sets a local master's threads), named `.../dsp<N>`.
 Per variant: median trigger ms of the data batches after the first (the first pays the query's start), and the
 medians of Spark's durationMs phases and of the state operator's updates / removals (timeouts) / commit ms.
 
@@ -32,7 +34,7 @@ from benchmarks.throughput import OPERATOR_TIMES, PHASES, batch_record, log, mac
 from pipelines.config import SessionsConfig  # noqa: E402
 from pipelines.core.sample_data import land  # noqa: E402
 from pipelines.ingest import ingest  # noqa: E402
-from pipelines.job.runtime import get_spark  # noqa: E402
+from pipelines.job.runtime import DELTA_SNAPSHOT_PARTITIONS, get_spark  # noqa: E402
 from pipelines.job.startup import checkpoint_metadata, ensure_tables  # noqa: E402
 from pipelines.job.stream import start_query  # noqa: E402
 
@@ -41,7 +43,7 @@ T0 = dt.datetime(2026, 11, 1, 8, tzinfo=dt.timezone.utc)
 
 
 def _config(home: Path, variant: str) -> SessionsConfig:
-    name, _, buckets = variant.partition("/")
+    name, _, buckets = variant.split("/dsp")[0].partition("/")
     provider, changelog = VARIANTS[name]
     return SessionsConfig.from_env({"SESSIONS_HOME": str(home), "SESSIONS_STATE_STORE": provider,
                                     "SESSIONS_ROCKSDB_CHANGELOG": changelog, "SESSIONS_STATE_PARTITIONS": "2",
@@ -62,6 +64,8 @@ def _land(config: SessionsConfig, batches: int, events: int) -> None:
 
 def run_variant(spark, variant: str, work: Path, args: argparse.Namespace) -> dict:
     config = _config(Path(tempfile.mkdtemp(dir=work)), variant)
+    if "/dsp" in variant:
+        spark.conf.set(DELTA_SNAPSHOT_PARTITIONS, variant.split("/dsp")[1])
     _land(config, args.batches, args.events)
     ensure_tables(config)
     meta, operator = checkpoint_metadata(config)
@@ -80,6 +84,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--events", type=int, default=200)
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--buckets", default="64", help="SESSIONS_STATE_BUCKETS, a comma list to compare (default 64)")
+    parser.add_argument("--delta-snapshot-partitions", default="",
+                        help="a comma list of Delta's log replay partitions to compare (default: the job's setting)")
     parser.add_argument("--results-dir", type=Path, default=HERE / "results")
     args = parser.parse_args(argv)
     work = Path(tempfile.mkdtemp(prefix="batch-overhead-"))
@@ -87,8 +93,10 @@ def main(argv: list[str] | None = None) -> int:
     load = [os.getloadavg()[0]]
     counts = args.buckets.split(",")
     names = [f"{v}/{b}" for b in counts for v in VARIANTS]
+    if args.delta_snapshot_partitions:
+        names = [f"{n}/dsp{d}" for d in args.delta_snapshot_partitions.split(",") for n in names]
     runs: dict[str, list[dict]] = {v: [] for v in names}
-    run_variant(spark, f"hdfs/{counts[0]}", work, args)  # priming: JIT and Python workers warm before anything counts
+    run_variant(spark, names[-1], work, args)  # priming: JIT and Python workers warm before anything counts
     for repeat in range(args.repeats):
         for variant in names:
             runs[variant].append(run_variant(spark, variant, work, args))
@@ -105,7 +113,7 @@ def main(argv: list[str] | None = None) -> int:
            "settings": vars(args) | {"results_dir": str(args.results_dir)}, "loadavg_1m": load, "variants": summary}
     args.results_dir.mkdir(parents=True, exist_ok=True)
     (args.results_dir / "batch_overhead.json").write_text(json.dumps(out, indent=2) + "\n")
-    base_name = f"rocksdb-snapshot/{counts[0]}"
+    base_name = next(n for n in names if n.startswith("rocksdb-snapshot/"))
     base = summary[base_name]["median_trigger_ms"]
     lines = ["# Fixed cost of a micro-batch (`benchmarks/batch_overhead.py`)", "",
              f"{out['date']}, {args.batches} batches of {args.events} events per run (the first batch of each run "
