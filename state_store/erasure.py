@@ -245,6 +245,12 @@ def _live_events(spark: SparkSession, config: SessionsConfig, user_ids: Sequence
         return dict.fromkeys(user_ids, 0)
 
 
+def _checkpoint_names(config: SessionsConfig, spark: SparkSession, users: Sequence[UserSpelling]) -> bool:
+    """Whether a file of the live checkpoint names one of the users, or cannot be read (then it may)."""
+    findings = scan_for(str(config.checkpoint), users, store_files=StoreFiles(spark))
+    return any(found.total() or found.unreadable for found in findings.values())
+
+
 def forget_unlocked(config: SessionsConfig, spark: SparkSession, users: str | Sequence[str], *,
                     lease: Lease | None = None) -> ForgetResult:
     """The erasure of one user or several at once, for a caller that holds the job and lifecycle leases (the stream
@@ -264,15 +270,20 @@ def forget_unlocked(config: SessionsConfig, spark: SparkSession, users: str | Se
     committed = inspect_checkpoint(config.checkpoint).last_committed_batch is not None
     if committed:
         per_user["live_state_events"] = _live_events(spark, config, ids)
-    # The live checkpoint is rebuilt whether or not a user is in its current state: the versions it retains (RocksDB
-    # changelogs and snapshots, the HDFS provider's delta files) may hold them from earlier batches. Once for all.
-    if committed:
+    # The live checkpoint is rebuilt (once for all users) when a user is in its current state, or when one of its files
+    # names a user: the versions it retains (RocksDB changelogs and snapshots, the HDFS provider's delta files) may
+    # hold them from earlier batches. A checkpoint none of whose files names any of them, read as `forget --verify`
+    # reads it, is left as it is: no savepoint and restore of the whole state for users it never held or no longer
+    # holds in any file.
+    rebuild = committed and (any(per_user["live_state_events"].values()) or _checkpoint_names(config, spark, spelled))
+    removed["state_rebuilt"] = int(rebuild)
+    if rebuild:
         erased_at = savepoint_last_batch(config, "erasure", spark, native_copy=False)  # every native copy goes below
     erased_savepoints, per_user["savepoint_rows"], savepoint_tables, damaged_tables = \
         _erase_savepoints(config, spark, spelled)
     removed.update(erased_savepoints)
     removed["native_copies"] = _drop_native_copies(config)
-    if committed:
+    if rebuild:
         result = restore_unlocked(config, erased_at.savepoint_id, partitions=None, migrate=False, spark=spark, lease=lease)
         if result.previous_checkpoint:  # the replaced checkpoint's state files hold the users
             remove_tree(checkpoint_path(result.previous_checkpoint, webhdfs=config.webhdfs_address))
@@ -300,7 +311,7 @@ def forget_unlocked(config: SessionsConfig, spark: SparkSession, users: str | Se
 
 def _in_order(removed: dict[str, int]) -> dict[str, int]:
     """The places as a single-user erasure always listed them."""
-    order = ("live_state_events", "savepoint_rows", "savepoints_changed", "savepoints_damaged",
+    order = ("live_state_events", "state_rebuilt", "savepoint_rows", "savepoints_changed", "savepoints_damaged",
              "savepoint_files_removed", "native_copies", "raw_events", "sessions", "quarantine", "landed_lines",
              "set_aside_checkpoints", "log_files_scrubbed")
     return {place: removed[place] for place in (*order, *sorted(set(removed) - set(order))) if place in removed}

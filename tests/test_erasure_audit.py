@@ -23,6 +23,7 @@ from pyspark.sql import SparkSession
 
 from pipelines.core.sample_data import land
 from pipelines.ingest.erased import user_hash
+from pipelines.job.checkpoint import inspect_checkpoint
 from pipelines.job.stream import catch_up
 from state_store.erasure import forget, verify_forgotten, verify_forgotten_many
 from state_store.lifecycle import take_savepoint
@@ -428,7 +429,9 @@ def test_savepoints_and_landing_on_s3_keep_no_byte_of_the_user(spark, tmp_path, 
 def test_a_damaged_savepoint_neither_blocks_the_erasure_nor_keeps_the_user(spark, tmp_path):
     """One savepoint of a chain with a truncated data file: forget still erases U everywhere (the damaged table's
     files that name U go: it cannot be restored anyway), counts it, takes one savepoint only, and a second forget of
-    another user works too."""
+    another user works too. The live checkpoint is rebuilt only when a file of it names a user: a user with closed
+    sessions only is not in the live state but in the versions the checkpoint retains (rebuilt); one landed after
+    the last batch is in none of its files (left as it is), and the auditor finds no byte of either."""
     from state_store.savepoint.catalog import SavepointStore
 
     config = make_config(tmp_path, "rocksdb")
@@ -444,10 +447,20 @@ def test_a_damaged_savepoint_neither_blocks_the_erasure_nor_keeps_the_user(spark
     victim.write_bytes(victim.read_bytes()[:40])  # truncated
 
     count = len(store.list())
-    result = forget(config, OPEN_USER, spark=spark)
+    result = forget(config, CLOSED_USER, spark=spark)
     assert result.removed["savepoints_damaged"] >= 1
+    assert (result.removed["live_state_events"], result.removed["state_rebuilt"]) == (0, 1)
     assert len(store.list()) == count + 1  # the erasure's own savepoint, nothing more
-    assert auditor_grep(Path(config.home), OPEN_USER) == {}
-    assert verify_forgotten(config, spark, OPEN_USER).clean
-    forget(config, CLOSED_USER, spark=spark)
     assert auditor_grep(Path(config.home), CLOSED_USER) == {}
+    assert verify_forgotten(config, spark, CLOSED_USER).clean
+    assert forget(config, OPEN_USER, spark=spark).removed["state_rebuilt"] == 1
+    assert auditor_grep(Path(config.home), OPEN_USER) == {}
+
+    late = "landed-after-9"
+    land_files(config, [[line(make_event(late, f"late-{i}", BASE_MS + i * 60_000, "page_view")) for i in range(3)]],
+               start=3)
+    count, batch = len(store.list()), inspect_checkpoint(config.checkpoint).last_committed_batch
+    result = forget(config, late, spark=spark)
+    assert (result.removed["state_rebuilt"], result.removed["landed_lines"]) == (0, 3)
+    assert len(store.list()) == count and inspect_checkpoint(config.checkpoint).last_committed_batch == batch
+    assert auditor_grep(Path(config.home), late) == {}
