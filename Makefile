@@ -26,7 +26,9 @@ check-javac:
 $(STAMP): pyproject.toml
 	python3 -m venv $(VENV)
 	$(PY) -m pip install -q $(UV)
-	$(VENV)/bin/uv pip install --python $(PY) -q -e '.[test]'
+	# Compiled at install, as pip does: with PYTHONDONTWRITEBYTECODE set (CI machines often set it) every process
+	# would otherwise compile every module it imports, each time.
+	$(VENV)/bin/uv pip install --python $(PY) --compile-bytecode -q -e '.[test]'
 	touch $(STAMP)
 
 # Headless Chromium for the Dagster UI test and PostgreSQL 15 for the Postgres-backed Dagster instance
