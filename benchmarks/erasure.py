@@ -1,7 +1,7 @@
 """`sessionctl forget` as whole commands (process start to exit), alternating in one run on one home: a user with an
 open session (the live state is rebuilt: a savepoint and a restore of all of it) and a user no file of the checkpoint
-names (landed after the last batch: the checkpoint is left as it is). Users x 2 events, RocksDB, `local[2]`, 4 state
-partitions (benchmarks/lifecycle.py's state).
+names (landed after the last batch: the checkpoint is left as it is); with `--bulk N`, also N open users in one
+request. Users x 2 events, RocksDB, `local[2]`, 4 state partitions (benchmarks/lifecycle.py's state).
 
     .venv/bin/python benchmarks/erasure.py [--users 10000] [--rounds 2] [--provider rocksdb]
 """
@@ -31,6 +31,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--users", type=int, default=10_000)
     parser.add_argument("--rounds", type=int, default=2)
     parser.add_argument("--provider", default="rocksdb")
+    parser.add_argument("--bulk", type=int, default=0, help="also N open users erased in one request")
     parser.add_argument("--results-dir", type=Path, default=HERE / "results" / "erasure")
     args = parser.parse_args(argv)
     home = Path(tempfile.mkdtemp(prefix="erasure-bench-"))
@@ -39,6 +40,8 @@ def main(argv: list[str] | None = None) -> int:
     build_state(config, args.users, spark)
     stop_spark(spark)  # the commands below start their own
     runs: dict[str, list[float]] = {"open user": [], "user not in the checkpoint": []}
+    if args.bulk:
+        runs[f"{args.bulk} open users"] = []
     rebuilt: dict[str, list[int]] = {name: [] for name in runs}
     load = [os.getloadavg()[0]]
     for round_ in range(args.rounds):
@@ -46,8 +49,13 @@ def main(argv: list[str] | None = None) -> int:
         land(config.landing, f"absent-{round_}.jsonl", [json.dumps(
             {"event_id": f"a{round_}", "user_id": absent, "event_time": "2026-11-01T10:05:00Z",
              "event_type": "page_view", "page": "/"})])
-        for name, user in (("open user", f"u{round_ * 7:07d}"), ("user not in the checkpoint", absent)):
-            seconds, answer = _sessionctl(home, args.provider, "forget", "--user", user, "--json")
+        requests = [("open user", [f"u{round_ * 7:07d}"]), ("user not in the checkpoint", [absent])]
+        if args.bulk:  # every 13th user from an offset of this round's own: none erased before
+            requests.append((f"{args.bulk} open users",
+                             [f"u{1 + round_ + 13 * k:07d}" for k in range(args.bulk)]))
+        for name, users in requests:
+            seconds, answer = _sessionctl(home, args.provider, "forget", *(a for u in users for a in ("--user", u)),
+                                          "--json")
             runs[name].append(seconds)
             rebuilt[name].append(answer["removed"]["state_rebuilt"])
             load.append(os.getloadavg()[0])
