@@ -11,14 +11,13 @@ from pyspark.sql import SparkSession
 
 from pipelines.config import SessionsConfig
 from pipelines.data_files import row_count
-from pipelines.errors import SessionsError
+from pipelines.errors import NoCommittedBatch, SessionsError
 from pipelines.ingest.kafka import kafka_lag
 from pipelines.job.checkpoint import (
     CheckpointInfo,
     JobMetadata,
     directory_size,
     inspect_checkpoint,
-    read_job_metadata,
     read_restore_marker,
     rescale_command,
 )
@@ -54,10 +53,10 @@ def status(config: SessionsConfig, *, spark: SparkSession | None = None, with_st
                                        batch_id=read.last_committed_batch)
 
         with spark_failures(config):
-            if read_job_metadata(config.checkpoint) is None:  # a checkpoint older than the job's metadata
-                state = state_summary(spark or get_spark(config), config.checkpoint, config.rules)
-            else:  # the batch the figures are of (a running stream may have committed past `info`'s)
+            try:  # the batch the figures are of (a running stream may have committed past `info`'s)
                 info, state = at_newest_batch(config, summary)
+            except NoCommittedBatch:  # a checkpoint older than the job's metadata
+                state = state_summary(spark or get_spark(config), config.checkpoint, config.rules)
     return StatusReport(
         checkpoint=info.path,
         provider=info.provider or config.state_store,

@@ -114,8 +114,8 @@ def delta_sql_conf(master: str) -> dict[str, str]:
     threads = local_threads(master)
     if threads is not None:
         # Delta replays a table's log into 50 partitions by default (a cluster's figure): on a local master every
-        # commit and every read of a table then runs 50 tasks on a few threads, which tripled the time of a small
-        # table's append and read here. A local master replays it in as many partitions as it has threads; a
+        # commit and every read of a table then runs 50 tasks on a few threads: a small table's append and read took
+        # 5-6x as long on local[2] (benchmarks/delta_log_replay.py). A local master replays it in as many partitions as it has threads; a
         # cluster keeps Delta's default.
         conf[DELTA_SNAPSHOT_PARTITIONS] = str(min(threads, DELTA_DEFAULT_SNAPSHOT_PARTITIONS))
     return conf
@@ -129,7 +129,9 @@ def local_threads(master: str) -> int | None:
     threads = found.group(1)
     if threads is None:
         return 1
-    return os.cpu_count() or 1 if threads == "*" else max(1, int(threads))
+    if threads == "*":
+        return os.cpu_count() or 1
+    return max(1, int(threads))
 
 
 def s3a_conf() -> dict[str, str]:
