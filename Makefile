@@ -7,7 +7,9 @@ STAMP := $(VENV)/.installed
 # training run, mypy), so on 2 cores a fresh clone's setup takes ~100 s instead of ~130 s. Maven's runs stay one at a
 # time (order-only prerequisites below: they share ~/.m2 and the operator's build directory). The suite's own run
 # is one job (the recipe after every prerequisite), its output as it comes.
+ifeq ($(MAKELEVEL),0)  # set once: a sub-make that sets it again leaves the jobserver ("-j2 forced in makefile")
 MAKEFLAGS += --jobs=2
+endif
 UV := uv==0.13.9
 
 .PHONY: setup check-mvn system-deps demo test test-long test-fast lint bench clean-data check-java check-javac peers \

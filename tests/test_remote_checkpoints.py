@@ -122,6 +122,58 @@ def test_a_sessionctl_process_runs_a_checkpoint_on_s3(s3_endpoint, tmp_path):
     _assert_exactly_once(config, batches)
 
 
+@pytest.mark.tier("e2e")
+def test_a_checkpoint_on_s3_survives_the_garbage_collector(spark, s3_endpoint, tmp_path):
+    """Spark's own checkpoint file manager reads S3 through a FileContext, whose S3A binding closes its file system
+    when it is finalized: a read still under way then fails ("Connection pool shut down", "Client manager is
+    closed"), at random in a long run. The product's manager (sessions.CheckpointFiles, every session's
+    spark.sql.streaming.checkpointFileManagerClass) reads S3 through Hadoop's cached file system, and keeps Spark's
+    choice elsewhere."""
+    import gc
+
+    from py4j.protocol import Py4JJavaError
+
+    s3a_session(spark, s3_endpoint)
+    bucket = _s3_bucket(s3_endpoint, "checkpoint-files")
+    jvm = spark.sparkContext._jvm
+    hadoop = spark._jsparkSession.sessionState().newHadoopConf()  # the conf Spark's streaming code reads
+    create = jvm.org.apache.spark.sql.execution.streaming.checkpointing.CheckpointFileManager.create
+    Path = jvm.org.apache.hadoop.fs.Path
+    assert create(Path(f"s3a://{bucket}/a"), hadoop).delegate().getClass().getSimpleName() == \
+        "FileSystemBasedCheckpointFileManager"
+    assert create(Path(f"file://{tmp_path}/a"), hadoop).delegate().getClass().getSimpleName() == \
+        "FileContextBasedCheckpointFileManager"
+
+    # A stream of the product's manager, the manager let go of and collected: the stream reads on.
+    path = Path(f"s3a://{bucket}/{tmp_path.name}/1")
+    data = b"state" * 800_000  # 4 MB: past what one GET reads ahead
+    manager = create(path.getParent(), hadoop)
+    out = manager.createAtomic(path, True)
+    out.write(bytearray(data))
+    out.close()
+    stream = manager.open(path)
+    assert stream.read() == data[0]  # the first GET
+    del manager, out
+    gc.collect()  # py4j drops the JVM's reference of a collected proxy
+    for _ in range(3):  # an object with a finalizer is freed by the collection after the one that found it
+        jvm.java.lang.System.gc()
+        jvm.java.lang.System.runFinalization()
+    stream.seek(3_000_000)  # a new GET
+    assert bytes(jvm.org.apache.commons.io.IOUtils.toByteArray(stream)) == data[3_000_000:]
+    stream.close()
+
+    # Why: a stream opened through S3A's FileContext binding, the binding finalized (called here rather than left to
+    # a collection's timing). A Hadoop without this finalizer fails here, and the manager can go back to Spark's.
+    binding = jvm.org.apache.hadoop.fs.AbstractFileSystem.get(path.toUri(), hadoop)
+    stream = binding.open(path)
+    finalize = jvm.java.lang.Class.forName("org.apache.hadoop.fs.s3a.S3A").getDeclaredMethod("finalize", None)
+    finalize.setAccessible(True)
+    finalize.invoke(binding, None)
+    with pytest.raises(Py4JJavaError, match="closed|shut down"):
+        stream.seek(3_000_000)
+        stream.read()
+
+
 def _hdfs_env(hdfs, name: str) -> dict[str, str]:
     """The checkpoint on HDFS, and with it the leases (no SESSIONS_LEASE_URI: `_leases` beside the checkpoint)."""
     return {"SESSIONS_CHECKPOINT_URI": f"{hdfs.uri}/jobs/{name}",

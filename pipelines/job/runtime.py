@@ -165,16 +165,22 @@ def jvm_jar_conf(master: str, *, s3a: bool = False) -> dict[str, str]:
     if not jars:
         return {}
     class_path = ":".join(str(jar) for jar in jars)
+    checkpoint_files = CHECKPOINT_FILES if JVM_JAR.exists() else {}
     local_fs = LOCAL_FS_NO_FORK if JVM_JAR.exists() else {}
     if master == "local" or master.startswith("local["):  # not local-cluster[...]: its executors are other JVMs
-        return {"spark.driver.extraClassPath": class_path, **local_fs}
-    return {"spark.driver.extraClassPath": class_path, "spark.jars": ",".join(str(jar) for jar in jars)}
+        return {"spark.driver.extraClassPath": class_path, **checkpoint_files, **local_fs}
+    return {"spark.driver.extraClassPath": class_path, "spark.jars": ",".join(str(jar) for jar in jars),
+            **checkpoint_files}
 
 
 def runtime_jars() -> list[Path]:
     """The JVM artifacts `make setup` fetched with Maven (jvm/deps/pom.xml: Delta Spark), in a fixed order."""
     return sorted(RUNTIME_JARS_DIR.glob("*.jar"))
 
+
+# Spark's checkpoint file manager, but through Hadoop's cached FileSystem on S3 (jvm/operator/src/main/java/sessions/
+# CheckpointFiles.java): a FileContext's S3A file system is closed by the garbage collector, under a read at random.
+CHECKPOINT_FILES = {"spark.sql.streaming.checkpointFileManagerClass": "sessions.CheckpointFiles"}
 
 # file:// paths through Hadoop's local file system minus its child processes (jvm/operator/src/main/java/sessions/
 # LocalFileSystemNoFork.java: without Hadoop's native library every chmod and link-status read forks a process).
