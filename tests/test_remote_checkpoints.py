@@ -139,7 +139,7 @@ def test_a_checkpoint_on_s3_survives_the_garbage_collector(spark, s3_endpoint, t
     hadoop = spark._jsparkSession.sessionState().newHadoopConf()  # the conf Spark's streaming code reads
     create = jvm.org.apache.spark.sql.execution.streaming.checkpointing.CheckpointFileManager.create
     Path = jvm.org.apache.hadoop.fs.Path
-    assert create(Path(f"s3a://{bucket}/a"), hadoop).delegate().getClass().getSimpleName() == \
+    assert create(Path(f"s3a://{bucket}/a"), hadoop).delegate().getClass().getSuperclass().getSimpleName() == \
         "FileSystemBasedCheckpointFileManager"
     assert create(Path(f"file://{tmp_path}/a"), hadoop).delegate().getClass().getSimpleName() == \
         "FileContextBasedCheckpointFileManager"
@@ -161,6 +161,19 @@ def test_a_checkpoint_on_s3_survives_the_garbage_collector(spark, s3_endpoint, t
     stream.seek(3_000_000)  # a new GET
     assert bytes(jvm.org.apache.commons.io.IOUtils.toByteArray(stream)) == data[3_000_000:]
     stream.close()
+
+    # An overwrite overwrites (a batch run again writes its state file again): S3A's own rename refuses an existing
+    # destination, and Spark's FileSystem-based manager would keep the old file without a word.
+    manager = create(path.getParent(), hadoop)
+    again = Path(f"s3a://{bucket}/{tmp_path.name}/2")
+    for content in (b"first", b"again"):
+        out = manager.createAtomic(again, True)
+        out.write(bytearray(content))
+        out.close()
+    stream = manager.open(again)
+    assert bytes(jvm.org.apache.commons.io.IOUtils.toByteArray(stream)) == b"again"
+    stream.close()
+    assert sorted(status.getPath().getName() for status in manager.list(path.getParent())) == ["1", "2"]  # no temp
 
     # Why: a stream opened through S3A's FileContext binding, the binding finalized (called here rather than left to
     # a collection's timing). A Hadoop without this finalizer fails here, and the manager can go back to Spark's.

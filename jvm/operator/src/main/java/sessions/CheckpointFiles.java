@@ -20,6 +20,8 @@ import org.apache.spark.sql.execution.streaming.checkpointing.FileSystemBasedChe
  * under a read by the next GC: "IllegalStateException: Connection pool shut down", at random. It also costs an
  * S3AFileSystem start (thread pools, credential chain, metrics) per manager: hundreds in a short run.
  *
+ * On S3 an overwrite deletes the old file first, as a FileContext's rename does (OnS3).
+ *
  * Every other scheme keeps Spark's own choice: FileContext (atomic rename on HDFS and local files), FileSystem where
  * a scheme has no FileContext binding. S3 has no atomic rename either way, so nothing is lost there.
  */
@@ -33,7 +35,7 @@ public final class CheckpointFiles implements CheckpointFileManager {
   static CheckpointFileManager choose(Path path, Configuration hadoopConf) {
     String scheme = path.toUri().getScheme();
     if ("s3a".equalsIgnoreCase(scheme)) {
-      return new FileSystemBasedCheckpointFileManager(path, hadoopConf);
+      return new OnS3(path, hadoopConf);
     }
     try {
       return new FileContextBasedCheckpointFileManager(path, hadoopConf);
@@ -49,6 +51,24 @@ public final class CheckpointFiles implements CheckpointFileManager {
   @SuppressWarnings("unchecked")
   private static <E extends Exception> E rethrow(Exception e) throws E {
     throw (E) e;
+  }
+
+  /** Spark's FileSystem-based manager, with an overwrite that overwrites: S3A's rename refuses an existing
+   * destination (returns false), which Spark's manager takes as "kept the old file" -- a re-run batch would keep its
+   * first run's state file. What a FileContext's rename with OVERWRITE does instead: the destination deleted, then the
+   * rename. */
+  static final class OnS3 extends FileSystemBasedCheckpointFileManager {
+    OnS3(Path path, Configuration hadoopConf) {
+      super(path, hadoopConf);
+    }
+
+    @Override
+    public void renameTempFile(Path srcPath, Path dstPath, boolean overwriteIfPossible) {
+      if (overwriteIfPossible && exists(dstPath)) {
+        delete(dstPath);
+      }
+      super.renameTempFile(srcPath, dstPath, overwriteIfPossible);
+    }
   }
 
   /** The manager this one delegates to (tests check which). */
