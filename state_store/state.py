@@ -133,10 +133,10 @@ def lookup_user(spark: SparkSession, config: SessionsConfig, user_id: str) -> di
     """One user's open session(s) at the last committed batch: only the key(s) that can hold the user are decoded."""
     def read(info: CheckpointInfo, meta: JobMetadata, watermark: int | None) -> dict[str, Any]:
         op = for_layout(meta.state_layout)
-        found = op.user_values(spark, config.checkpoint, info.last_committed_batch, user_id, meta.buckets).toArrow()
-        chunks = [chunk.rows for batch in found.to_batches() for chunk in op.decode(batch)]
-        rows = pa.concat_tables(chunks) if chunks else state_format.empty_store()
-        rows = rows.filter(pc.equal(rows["user_id"], user_id))
+        assert info.last_committed_batch is not None  # at_newest_batch reads committed batches only
+        rows = op.users_rows(spark, config.checkpoint, info.last_committed_batch, [user_id], meta.buckets)
+        if rows.num_rows == 0:
+            rows = state_format.empty_store()
         return {"user_id": user_id, "batch_id": info.last_committed_batch, "watermark": _iso(watermark),
                 "open_sessions": open_sessions_json({name: rows[name] for name in rows.column_names}, meta.rules,
                                                     watermark)}
@@ -144,16 +144,18 @@ def lookup_user(spark: SparkSession, config: SessionsConfig, user_id: str) -> di
 
 
 def open_events_of(spark: SparkSession, config: SessionsConfig, user_ids: Sequence[str]) -> dict[str, int]:
-    """Open events (frozen ones counted) of each of `user_ids` at the last committed batch, in one pass over the state
-    whatever their number (lookup_user's session events, summed); 0 for a user with none."""
+    """Open events (frozen ones counted) of each of `user_ids` at the last committed batch (lookup_user's session
+    events, summed), read by point lookups: the state partitions that hold them; 0 for a user with none."""
     found = dict.fromkeys(user_ids, 0)
     if not found:
         return found
     info, meta, _ = _job(config)
-    rows = read_state(spark, config.checkpoint, batch_id=info.last_committed_batch, op=for_layout(meta.state_layout))
-    # Their rows only (few: open ones), summed here -- no shuffle for a count.
-    for row in rows.where(F.col("user_id").isin(list(found))).select("user_id", "event_count").collect():
-        found[row["user_id"]] += int(row["event_count"] or 0)
+    assert info.last_committed_batch is not None  # _job refuses a checkpoint without one
+    rows = for_layout(meta.state_layout).users_rows(spark, config.checkpoint, info.last_committed_batch, list(found),
+                                                    meta.buckets)
+    if rows.num_rows:
+        for user_id, events in zip(rows["user_id"].to_pylist(), rows["event_count"].to_pylist()):
+            found[user_id] += int(events or 0)
     return found
 
 

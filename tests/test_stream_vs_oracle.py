@@ -176,5 +176,36 @@ def test_live_state_lookup_equals_the_oracle(spark, tmp_path, provider):
         assert printed["user_id"] == user
         assert [s["events"] for s in printed["open_sessions"]] == \
             [s["events"] for s in lookup_user(spark, config, user)["open_sessions"]]
+    _lookups_open_only_their_partition(spark, config, biggest[1])
+
+
+def _lookups_open_only_their_partition(spark, config, user: str) -> None:
+    """A point lookup's partition of each user (sessions.StateLookup) is where Spark's state data source finds the
+    user's key; and the lookup opens that partition's store only: with another partition's files gone, the user's
+    answer is unchanged, while a user of the removed partition can no longer be read."""
+    import shutil
+
+    from pipelines.job.checkpoint import inspect_checkpoint
+    from pipelines.job.operators.seam import state_reader
+    from state_store.state import lookup_user
+
+    info = inspect_checkpoint(config.checkpoint)
+    placed = {row["user_id"]: row["partition_id"] for row in state_reader(
+        spark, config.checkpoint, info.last_committed_batch).select("key.user_id", "partition_id").collect()}
+    users = sorted(placed)
+    jvm = spark.sparkContext._jvm
+    names = spark.sparkContext._gateway.new_array(jvm.java.lang.String, len(users))
+    for i, name in enumerate(users):
+        names[i] = name
+    assert list(jvm.sessions.StateLookup.partitionsOf(spark._jsparkSession, names, info.partitions)) == \
+        [placed[name] for name in users]
+    others = sorted({p for p in placed.values() if p != placed[user]})
+    assert others, placed  # the scenario's users are in more than one partition
+    before = lookup_user(spark, config, user)
+    shutil.rmtree(str(config.checkpoint / "state" / "0" / str(others[0])))
+    assert lookup_user(spark, config, user) == before
+    gone = next(name for name in users if placed[name] == others[0])
+    with pytest.raises(Exception):  # noqa: B017, PT011 -- Spark's own error for a store with no files
+        lookup_user(spark, config, gone)
 
 

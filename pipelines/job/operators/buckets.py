@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import json
 import struct
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 
 import pyarrow as pa
 import pyarrow.compute as pc
@@ -79,7 +79,8 @@ class BucketLayout(StateOperator):
         for value in batch.column(0).to_pylist():
             yield StoredChunk(decode_bucket(value), 1, len(value))
 
-    def user_values(self, spark: SparkSession, checkpoint: CheckpointPath, batch_id: int | None, user_id: str,
-                    buckets: int) -> DataFrame:
-        bucket = F.pmod(F.xxhash64(F.lit(user_id)), F.lit(buckets)).cast("int")  # the operator's bucket of a user
-        return self.stored_values(spark, checkpoint, batch_id).where(F.col("bucket") == bucket)
+    def users_values(self, spark: SparkSession, checkpoint: CheckpointPath, batch_id: int, user_ids: Sequence[str],
+                     buckets: int) -> DataFrame:
+        # the operator's bucket of each user
+        wanted = [F.pmod(F.xxhash64(F.lit(user_id)), F.lit(buckets)).cast("int") for user_id in user_ids]
+        return self.stored_values(spark, checkpoint, batch_id).where(F.col("bucket").isin(wanted))

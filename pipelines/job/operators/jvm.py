@@ -5,7 +5,8 @@ two together). A user's state value is their open rows in StateCodec's format, w
 from __future__ import annotations
 
 import json
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
+from typing import Any
 
 import pyarrow as pa
 import pyarrow.compute as pc
@@ -18,7 +19,7 @@ from pipelines.core.rules import SessionRules
 from pipelines.core.spec import FIELD_COLUMN_PREFIX
 from pipelines.errors import ConfigError
 from pipelines.job.checkpoint import read_job_metadata
-from pipelines.job.operators.seam import StateOperator, StoredChunk, output_schema, state_reader
+from pipelines.job.operators.seam import StateOperator, StoredChunk, output_schema, register_coordinator, state_reader
 from pipelines.locations import CheckpointPath
 
 __all__ = ["JVM_JAR", "STATE_LAYOUT", "JvmOperator", "has_attributes", "register_decoder", "rules_json"]
@@ -95,9 +96,20 @@ class JvmOperator(StateOperator):
                           **{name: flat.field(name) for name in state_format.DECODED_ROW_SCHEMA.names}})
         yield StoredChunk(table, batch.num_rows, int(pc.sum(batch.column(2)).as_py() or 0))
 
-    def user_values(self, spark: SparkSession, checkpoint: CheckpointPath, batch_id: int | None, user_id: str,
-                    buckets: int) -> DataFrame:
-        return self.stored_values(spark, checkpoint, batch_id).where(F.col("user_id") == user_id)
+    def users_values(self, spark: SparkSession, checkpoint: CheckpointPath, batch_id: int, user_ids: Sequence[str],
+                     buckets: int) -> DataFrame:
+        """Point lookups (sessions.StateLookup): only the state partitions that hold the users are read, in the
+        driver, at the batch's store version, with the checkpoint's own provider and settings."""
+        decode = register_decoder(spark, checkpoint)
+        register_coordinator(spark)  # a provider loading a version reports to it
+        jvm: Any = _jvm(spark)
+        users = spark.sparkContext._gateway.new_array(jvm.java.lang.String, len(user_ids))  # type: ignore[union-attr]
+        for i, user_id in enumerate(user_ids):
+            users[i] = user_id
+        found = DataFrame(jvm.sessions.StateLookup.values(
+            spark._jsparkSession, str(checkpoint), batch_id, users), spark)
+        return found.select("user_id", F.call_function(decode, F.col("value")).alias("rows"),
+                            F.length("value").alias("bytes"))
 
     def canonical_rows(self, spark: SparkSession, checkpoint: CheckpointPath, batch_id: int | None) -> DataFrame:
         # In SQL, no Python worker: the rows are already columns after DecodeState.

@@ -16,6 +16,7 @@ from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 
 import pyarrow as pa
+import pyarrow.compute as pc
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 
@@ -85,9 +86,21 @@ class StateOperator(ABC):
         """A batch of `stored_values` -> its stored rows (runs in the executors: no state on self)."""
 
     @abstractmethod
-    def user_values(self, spark: SparkSession, checkpoint: CheckpointPath, batch_id: int | None, user_id: str,
-                    buckets: int) -> DataFrame:
-        """The `stored_values` row(s) that can hold `user_id` (a point lookup reads only those)."""
+    def users_values(self, spark: SparkSession, checkpoint: CheckpointPath, batch_id: int, user_ids: Sequence[str],
+                     buckets: int) -> DataFrame:
+        """The `stored_values` rows that can hold any of `user_ids` at committed batch `batch_id` (a point lookup
+        reads only those)."""
+
+    def users_rows(self, spark: SparkSession, checkpoint: CheckpointPath, batch_id: int, user_ids: Sequence[str],
+                   buckets: int) -> pa.Table:
+        """The stored rows (decoded, `decode`'s columns) of `user_ids` at committed batch `batch_id`, in the driver:
+        a point lookup's few rows."""
+        found = self.users_values(spark, checkpoint, batch_id, user_ids, buckets).toArrow()
+        chunks = [chunk.rows for batch in found.to_batches() for chunk in self.decode(batch)]
+        if not chunks:
+            return pa.table({"user_id": pa.array([], pa.string())})
+        rows = pa.concat_tables(chunks)
+        return rows.filter(pc.is_in(rows["user_id"], pa.array(list(user_ids), pa.string())))
 
     def canonical_rows(self, spark: SparkSession, checkpoint: CheckpointPath, batch_id: int | None) -> DataFrame:
         """The state's rows in canonical form (CANONICAL_DDL): per open session at most one frozen prefix (event_id
