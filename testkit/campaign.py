@@ -19,9 +19,11 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from pipelines.config import SessionsConfig
-from pipelines.coordination.job_leases import running_stream
+from pipelines.coordination.job_leases import JOB, LIFECYCLE, running_stream
+from pipelines.coordination.leases import live_holder
 from pipelines.core.sample_data import arrival_order, generate_events, land
 from pipelines.errors import SessionsError
+from pipelines.job.checkpoint import inspect_checkpoint
 from pipelines.storage import open_table, read_rows, table_exists
 from testkit.lifecycle_expectations import expected_closed_sessions
 
@@ -31,6 +33,11 @@ if TYPE_CHECKING:
 REPO = Path(__file__).resolve().parent.parent
 PHASES = ("catch-up", "savepoint", "restore", "rescale", "compact", "online-savepoint", "stop-savepoint")
 GAP_MS, LATENESS_MS = 30 * 60_000, 10 * 60_000
+# How long after taking its lease each command on the stopped job may be killed: below its shortest run after the
+# lease on a quiet machine (its JVM start-up and its work; CI's timelines: a savepoint ~8-14 s, a restore ~20-40 s, a
+# catch-up ~15-40 s, a rescale ~15 s and more, a compaction with nothing to fold well under a second), so the kill
+# lands inside the command, anywhere from its JVM start to deep in the operation.
+KILL_WITHIN_S = {"catch-up": 8.0, "savepoint": 6.0, "restore": 10.0, "rescale": 8.0, "compact": 0.3}
 SESSIONCTL = str(Path(sys.executable).parent / "sessionctl")
 
 
@@ -92,17 +99,30 @@ def _step(env: dict[str, str], config: SessionsConfig, spark: SparkSession | Non
     return result
 
 
-def _kill_during(env: dict[str, str], args: list[str], delay_s: float) -> bool:
-    """Run `sessionctl args` and SIGKILL its process group after delay_s; True if it was still running."""
+def _holds_a_lease(config: SessionsConfig, pid: int) -> bool:
+    """`pid` holds the job or the lifecycle lease (every command the campaign kills on the stopped job takes one)."""
+    holders = (live_holder(config.lease_uri, name, config.lease_ttl_s) for name in (JOB, LIFECYCLE))
+    return any(holder is not None and holder.pid == pid for holder in holders)
+
+
+def _kill_during(env: dict[str, str], config: SessionsConfig, args: list[str], delay_s: float) -> bool:
+    """Run `sessionctl args` and SIGKILL its process group delay_s after it took its lease (its Python start-up and
+    the lease itself are proved by the named `lease:taken` kills; a kill drawn past its end proves nothing and costs
+    the whole command); True if it was still running."""
     started = time.monotonic()
     proc = subprocess.Popen([SESSIONCTL, *args], env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
                             start_new_session=True)
+    deadline = started + 120
+    while proc.poll() is None and not _holds_a_lease(config, proc.pid) and time.monotonic() < deadline:
+        _wait(proc, 0.05)
+    leased = time.monotonic() - started
     _wait(proc, delay_s)
     killed = proc.poll() is None
     with contextlib.suppress(ProcessLookupError):
         os.killpg(proc.pid, signal.SIGKILL)
     proc.wait(timeout=60)
-    _timed(env, args, started, f"killed after {delay_s:.1f} s" if killed else "finished first")
+    _timed(env, args, started, f"killed {delay_s:.1f} s after its lease ({leased:.1f} s)" if killed
+           else f"finished first (lease at {leased:.1f} s, kill drawn {delay_s:.1f} s after it)")
     return killed
 
 
@@ -126,7 +146,8 @@ def _wait(proc: subprocess.Popen[bytes], seconds: float) -> None:
         proc.wait(timeout=seconds)
 
 
-def _online(env: dict[str, str], config: SessionsConfig, phase: str, rng: random.Random) -> str:
+def _online(env: dict[str, str], config: SessionsConfig, phase: str, startup_s: float, kill_after_s: float,
+            victim: str) -> str:
     """A kill beside a running stream: a savepoint (or the stream under it), or a stop-with-savepoint (the stopper or
     the stream). The stream is then stopped (or left dead) and the next phase starts from whatever it left."""
     started = time.monotonic()
@@ -135,10 +156,9 @@ def _online(env: dict[str, str], config: SessionsConfig, phase: str, rng: random
     while running_stream(config) is None and stream.poll() is None and time.monotonic() < deadline:
         time.sleep(0.2)
     _timed(env, ["run (until it holds the lease)"], started, stream.poll())
-    time.sleep(rng.uniform(0.0, 8.0))  # the stream's start-up to its batches
+    time.sleep(startup_s)  # the stream's start-up to its batches
     other = _start(env, ["savepoint", "--json"] if phase == "online-savepoint" else ["stop", "--savepoint"])
-    _wait(other, rng.uniform(1.0, 25.0))
-    victim = rng.choice(("stream", "other"))
+    _wait(other, kill_after_s)
     killed = _kill(stream if victim == "stream" else other)
     _wait(other, 300)  # a stopper whose stream is gone answers by itself
     _kill(other)
@@ -178,12 +198,35 @@ def _final_catch_up(env: dict[str, str]) -> list[str]:
     raise RuntimeError(f"the job did not recover: {steps}")
 
 
+def plan(seed: int, kill_points: int) -> list[tuple[str, tuple[Any, ...]]]:
+    """The seed's kills, drawn before any runs: each phase and its moments -- on the stopped job, the delay after
+    the command took its lease (within KILL_WITHIN_S); beside the stream, the stream's start-up before the other
+    command starts, the delay to the kill and the victim (_online). The tests pick their seeds from it."""
+    rng = random.Random(seed)
+    drawn: list[tuple[str, tuple[Any, ...]]] = []
+    for _ in range(kill_points):
+        phase = rng.choice(PHASES)
+        if phase.startswith(("online", "stop")):
+            drawn.append((phase, (rng.uniform(0.0, 8.0), rng.uniform(1.0, 25.0), rng.choice(("stream", "other")))))
+        else:
+            drawn.append((phase, (rng.uniform(0.0, KILL_WITHIN_S[phase]),)))
+    return drawn
+
+
+def _other_count(config: SessionsConfig) -> str:
+    """The partition count the job does not have (2 <-> 3): a rescale to the count it has is a no-op without a JVM."""
+    try:
+        partitions = inspect_checkpoint(config.checkpoint).partitions
+    except SessionsError:  # unreadable: the rescale's own one-line answer and the recovery after it say why
+        partitions = 2
+    return "3" if partitions == 2 else "2"
+
+
 def run_campaign(work: Path, provider: str, seed: int, kill_points: int,
                  spark: SparkSession | None = None, *, settings: dict[str, str] | None = None) -> dict[str, Any]:
     """`kill_points` kills at random phases and moments (the seed decides), the operator's recoveries, a final catch-up;
     the sessions against the oracle. With `spark`, the setup (a catch-up and a savepoint) runs in it (_step).
     `settings`: more SESSIONS_* variables (e.g. a checkpoint on HDFS)."""
-    rng = random.Random(seed)
     started = time.monotonic()
     home = work / f"{provider}-{seed}"
     env = {**_env(home, provider), **(settings or {})}
@@ -199,19 +242,18 @@ def run_campaign(work: Path, provider: str, seed: int, kill_points: int,
     for setup in (("catch-up",), ("savepoint", "--json")):
         _step(env, config, spark, *setup)
     landed = 1
-    for k in range(kill_points):
+    for k, (phase, draws) in enumerate(plan(seed, kill_points)):
         if landed < len(chunks) and k % 2 == 0:
             land(config.landing, f"part-{landed:04d}.jsonl", [json.dumps(e) for e in chunks[landed]])
             landed += 1
-        phase = rng.choice(PHASES)
         if phase.startswith(("online", "stop")):
-            by_phase[f"{phase}:{_online(env, config, phase, rng)}"] += 1
+            by_phase[f"{phase}:{_online(env, config, phase, *draws)}"] += 1
             recoveries += _recover(env)
             continue
         args = {"catch-up": ["catch-up"], "savepoint": ["savepoint", "--json"],
-                "restore": ["restore", "--savepoint", "latest"], "rescale": ["rescale", "--partitions", str(rng.choice((2, 3)))],
+                "restore": ["restore", "--savepoint", "latest"], "rescale": ["rescale", "--partitions", _other_count(config)],
                 "compact": ["compact"]}[phase]
-        killed = _kill_during(env, args, rng.uniform(2.0, 30.0))  # JVM start-up to deep in the operation
+        killed = _kill_during(env, config, args, draws[0])
         by_phase[f"{phase}:{'killed' if killed else 'finished first'}"] += 1
         recoveries += _recover(env)
     for i in range(landed, len(chunks)):
@@ -292,7 +334,7 @@ def _chains_whole(config: SessionsConfig, catalog: list[dict[str, Any]]) -> bool
 
 
 def run_kill_points(work: Path, provider: str, seed: int, spark: SparkSession | None = None, *,
-                    settings: dict[str, str] | None = None) -> dict[str, Any]:
+                    settings: dict[str, str] | None = None, ingest_kill: bool = True) -> dict[str, Any]:
     """A chain of incremental savepoints, killed at each named point in turn -- between a savepoint's task files and
     its Delta commit, between that commit and its catalog row, inside a chain fold before and after the folded
     table's commit -- each followed by checks that nothing is half-listed as complete (the complete savepoints are
@@ -305,7 +347,7 @@ def run_kill_points(work: Path, provider: str, seed: int, spark: SparkSession | 
     savepoint, one increment, changes), the kills share it, the lease kills sit where a catch-up is due anyway (that
     catch-up is the command that must take the lease over), and with `spark` the steps that are not killed (the
     chain, the compaction, the catch-ups that take a dead holder's lease over, the savepoint and restore after it)
-    run in that session (_step): the takeover is the library's lease acquisition, the same in any process. `settings`: more SESSIONS_* variables (e.g. a checkpoint on HDFS)."""
+    run in that session (_step): the takeover is the library's lease acquisition, the same in any process. `settings`: more SESSIONS_* variables (e.g. a checkpoint on HDFS); `ingest_kill` False: no ingest kill (see below)."""
     started = time.monotonic()
     home = work / f"{provider}-kill-points-{seed}"
     env = {**_env(home, provider), "SESSIONS_SAVEPOINT_FULL_EVERY": "10", "SESSIONS_SAVEPOINT_CHAIN_SHARE": "100",
@@ -356,15 +398,19 @@ def run_kill_points(work: Path, provider: str, seed: int, spark: SparkSession | 
     folded = _step(env, config, spark, "compact", "--keep-last", "1", "--keep-daily-days", "0")["savepoints_folded"]
     # A part past SESSIONS_INGEST_TASK_MIB (an extra field, ignored by the line rules) and a catch-up whose Spark tasks
     # read it, killed between their raw_events files and the ingest commit: files in no version, the part unmoved.
-    land_next(pad=-(-(1 << 20) // len(chunks[landed])) + 100)
-    tasks_env = {**env, "SESSIONS_INGEST_BY_TASKS": "always", "SESSIONS_INGEST_TASK_MIB": "1"}
-    killed = _killed_at(tasks_env, "ingest:files-written", ["catch-up"]) == -signal.SIGKILL
-    raw_in_version = {Path(uri).name for uri in open_table(config, config.raw_events_table).file_uris()}
-    ingest_kill = {"point": "ingest:files-written", "killed": killed,
-                   "files_in_no_version": len({p.name for p in Path(config.raw_events_table).glob("*.parquet")}
-                                              - raw_in_version),
-                   "part_still_landed": (config.landing / f"part-{landed - 1:04d}.jsonl").exists()}
-    # The same part, read here this time: a catch-up killed between its tasks' session files and the sink's commit;
+    # (raw_events and landing are local paths with any checkpoint, which the ingest does not touch: `ingest_kill`
+    # False leaves it to the local run; the dead holder of a remote job lease is the lease kills' below.)
+    land_next(pad=-(-(1 << 20) // len(chunks[landed])) + 100 if ingest_kill else 0)
+    ingest: dict[str, Any] | None = None
+    if ingest_kill:
+        tasks_env = {**env, "SESSIONS_INGEST_BY_TASKS": "always", "SESSIONS_INGEST_TASK_MIB": "1"}
+        killed = _killed_at(tasks_env, "ingest:files-written", ["catch-up"]) == -signal.SIGKILL
+        raw_in_version = {Path(uri).name for uri in open_table(config, config.raw_events_table).file_uris()}
+        ingest = {"point": "ingest:files-written", "killed": killed,
+                  "files_in_no_version": len({p.name for p in Path(config.raw_events_table).glob("*.parquet")}
+                                             - raw_in_version),
+                  "part_still_landed": (config.landing / f"part-{landed - 1:04d}.jsonl").exists()}
+    # The same part, read here this time (or first): a catch-up killed between its tasks' session files and the sink's commit;
     # the next one redoes it.
     killed = _killed_at(env, "sink:files-written", ["catch-up"]) == -signal.SIGKILL
     in_version = {Path(uri).name for uri in open_table(config, config.sessions_table).file_uris()}
@@ -378,7 +424,7 @@ def run_kill_points(work: Path, provider: str, seed: int, spark: SparkSession | 
     expected = {row[0] for row in expected_closed_sessions(chunks, GAP_MS, LATENESS_MS)}
     got = read_rows(open_table(config, config.sessions_table), columns=["session_id"])["session_id"].to_pylist()
     catalog = _catalog(config)
-    return {"provider": provider, "seed": seed, "kill_points": outcomes, "ingest_kill": ingest_kill,
+    return {"provider": provider, "seed": seed, "kill_points": outcomes, "ingest_kill": ingest,
             "sink_kill": sink_kill, "lease_kills": taken,
             "compact_after_kills_folded": folded,
             "chains_whole_at_end": _chains_whole(config, catalog),
