@@ -181,8 +181,9 @@ def test_live_state_lookup_equals_the_oracle(spark, tmp_path, provider):
 
 def _lookups_open_only_their_partition(spark, config, user: str) -> None:
     """A point lookup's partition of each user (sessions.StateLookup) is where Spark's state data source finds the
-    user's key; and the lookup opens that partition's store only: with another partition's files gone, the user's
-    answer is unchanged, while a user of the removed partition can no longer be read."""
+    user's key; the lookup writes nothing into the checkpoint; and it opens that partition's store only: with another
+    partition's files gone, the user's answer is unchanged, while a user of the removed partition can no longer be
+    read."""
     import shutil
 
     from pipelines.job.checkpoint import inspect_checkpoint
@@ -201,7 +202,10 @@ def _lookups_open_only_their_partition(spark, config, user: str) -> None:
         [placed[name] for name in users]
     others = sorted({p for p in placed.values() if p != placed[user]})
     assert others, placed  # the scenario's users are in more than one partition
+    files = sorted(p.relative_to(config.checkpoint) for p in (config.checkpoint / "state").rglob("*"))
     before = lookup_user(spark, config, user)
+    assert sorted(p.relative_to(config.checkpoint) for p in (config.checkpoint / "state").rglob("*")) == files, \
+        "a lookup left a file in the checkpoint"
     shutil.rmtree(str(config.checkpoint / "state" / "0" / str(others[0])))
     assert lookup_user(spark, config, user) == before
     gone = next(name for name in users if placed[name] == others[0])

@@ -20,6 +20,7 @@ import org.apache.spark.sql.execution.streaming.checkpointing.OffsetSeqMetadataB
 import org.apache.spark.sql.execution.streaming.operators.stateful.flatmapgroupswithstate.FlatMapGroupsWithStateExecHelper;
 import org.apache.spark.sql.execution.streaming.runtime.StreamExecution$;
 import org.apache.spark.sql.execution.streaming.state.NoPrefixKeyStateEncoderSpec;
+import org.apache.spark.sql.execution.streaming.state.ReadStateStore;
 import org.apache.spark.sql.execution.streaming.state.StateStore;
 import org.apache.spark.sql.execution.streaming.state.StateStoreConf;
 import org.apache.spark.sql.execution.streaming.state.StateStoreId;
@@ -40,9 +41,8 @@ import scala.Option;
  *
  * <p>A user's partition is where the stateful operator puts its key: Spark's hash partitioning of (xxhash64(user_id),
  * user_id) into the checkpoint's partitions (SessionsOperator's grouping; StateWriter places keys the same way). Each
- * such partition's store is opened in this JVM at the batch's version through a provider of the checkpoint's own class
- * and settings (the batch's offset log entry, as the state data source reads them), read, and aborted: nothing is
- * written.
+ * such partition's store is opened read-only in this JVM at the batch's version through a provider of the checkpoint's
+ * own class and settings (the batch's offset log entry, as the state data source reads them): nothing is written.
  */
 public final class StateLookup {
     private static final StructType FOUND = new StructType()
@@ -102,6 +102,10 @@ public final class StateLookup {
         }
         int format = Integer.parseInt(conf.getConfString(StateWriter.FORMAT_VERSION, "2"));
         FlatMapGroupsWithStateExecHelper.StateManager manager = StateWriter.stateManager(format);
+        // The stored row: format 2 nests the value as groupState.value (the state data source's
+        // value.groupState.value), format 1 keeps it as the row's first column.
+        StructType stateSchema = manager.stateSchema();
+        int nested = stateSchema.fields()[0].dataType() instanceof StructType inner ? inner.size() : -1;
         StateStoreConf storeConf = StateStoreConf.apply(conf);
         UnsafeProjection keys = UnsafeProjection.create(StateWriter.KEY_SCHEMA);
         List<Row> found = new ArrayList<>();
@@ -113,18 +117,23 @@ public final class StateLookup {
                 NoPrefixKeyStateEncoderSpec.apply(StateWriter.KEY_SCHEMA), false, storeConf, hadoop, false,
                 Option.empty());
             try {
-                StateStore store = provider.getStore(batchId + 1, Option.empty(), false, false);
+                // A read store: nothing is created in the checkpoint (a store opened for an update would start the
+                // next version's changelog file there), so a lookup beside a running stream, on a read-only home or
+                // killed midway leaves nothing behind.
+                ReadStateStore store = provider.getReadStore(batchId + 1, Option.empty());
                 try {
                     for (Row user : entry.getValue()) {
                         UnsafeRow key = keys.apply(new GenericInternalRow(new Object[] {
                             user.getLong(1), UTF8String.fromString(user.getString(0))}));
-                        Object value = manager.getState(store, key).stateObj();
+                        UnsafeRow stored = store.get(key, StateStore.DEFAULT_COL_FAMILY_NAME());
+                        byte[] value = stored == null || stored.isNullAt(0) ? null
+                            : nested >= 0 ? stored.getStruct(0, nested).getBinary(0) : stored.getBinary(0);
                         if (value != null) {
-                            found.add(RowFactory.create(user.getString(0), (byte[]) value, partition));
+                            found.add(RowFactory.create(user.getString(0), value, partition));
                         }
                     }
                 } finally {
-                    store.abort();  // read only
+                    store.release();
                 }
             } finally {
                 provider.close();
