@@ -13,7 +13,6 @@ import json
 import os
 import statistics
 import sys
-import tempfile
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
@@ -21,9 +20,8 @@ REPO = HERE.parent
 if str(REPO) not in sys.path:
     sys.path.insert(0, str(REPO))
 
-from benchmarks.lifecycle import _config, _sessionctl, build_state  # noqa: E402
+from benchmarks.lifecycle import _sessionctl, state_home  # noqa: E402
 from pipelines.core.sample_data import land  # noqa: E402
-from pipelines.job.runtime import get_spark, stop_spark  # noqa: E402
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -34,11 +32,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--bulk", type=int, default=0, help="also N open users erased in one request")
     parser.add_argument("--results-dir", type=Path, default=HERE / "results" / "erasure")
     args = parser.parse_args(argv)
-    home = Path(tempfile.mkdtemp(prefix="erasure-bench-"))
-    config = _config(home, args.provider, None)
-    spark = get_spark(config)
-    build_state(config, args.users, spark)
-    stop_spark(spark)  # the commands below start their own
+    home, config = state_home("erasure-bench-", args.provider, args.users)
     runs: dict[str, list[float]] = {"open user": [], "user not in the checkpoint": []}
     if args.bulk:
         runs[f"{args.bulk} open users"] = []

@@ -63,7 +63,7 @@ sys.path.insert(0, str(REPO))
 
 from pipelines.config import SessionsConfig  # noqa: E402
 from pipelines.core.sample_data import land  # noqa: E402
-from pipelines.job.runtime import get_spark, stop_state_stores  # noqa: E402
+from pipelines.job.runtime import get_spark, stop_spark, stop_state_stores  # noqa: E402
 from pipelines.job.stream import catch_up  # noqa: E402
 from state_store.lifecycle import restore, take_savepoint  # noqa: E402
 from state_store.rescale import rescale  # noqa: E402
@@ -147,6 +147,16 @@ def process_ids(spark) -> dict[str, int]:
     if not spark.sparkContext.master.startswith("local"):
         ids.update({f"executor{i}": pid for i, pid in enumerate(_executor_pids(), 1)})
     return ids
+
+
+def state_home(prefix: str, provider: str, users: int) -> tuple[Path, SessionsConfig]:
+    """A new home holding `users` open users (build_state), its Spark stopped: for benchmarks of whole commands."""
+    home = Path(tempfile.mkdtemp(prefix=prefix))
+    config = _config(home, provider, None)
+    spark = get_spark(config)
+    build_state(config, users, spark)
+    stop_spark(spark)  # the commands measured start their own
+    return home, config
 
 
 def build_state(config: SessionsConfig, users: int, spark, users_per_file: int = 100_000) -> None:

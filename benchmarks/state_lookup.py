@@ -13,7 +13,6 @@ import json
 import os
 import statistics
 import sys
-import tempfile
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
@@ -21,8 +20,7 @@ REPO = HERE.parent
 if str(REPO) not in sys.path:
     sys.path.insert(0, str(REPO))
 
-from benchmarks.lifecycle import _config, _sessionctl, build_state  # noqa: E402
-from pipelines.job.runtime import get_spark, stop_spark  # noqa: E402
+from benchmarks.lifecycle import _sessionctl, state_home  # noqa: E402
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -33,11 +31,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--baseline", type=Path, required=True, help="the other revision's tree")
     parser.add_argument("--results-dir", type=Path, default=HERE / "results" / "state_lookup")
     args = parser.parse_args(argv)
-    home = Path(tempfile.mkdtemp(prefix="lookup-bench-"))
-    config = _config(home, args.provider, None)
-    spark = get_spark(config)
-    build_state(config, args.users, spark)
-    stop_spark(spark)  # the commands below start their own
+    home, config = state_home("lookup-bench-", args.provider, args.users)
     runs: dict[str, list[float]] = {"this tree: state --user": [], "baseline: state --user": [],
                                     "this tree: state --top 1": []}
     answers: dict[str, list[int]] = {name: [] for name in runs}

@@ -135,8 +135,6 @@ def lookup_user(spark: SparkSession, config: SessionsConfig, user_id: str) -> di
         op = for_layout(meta.state_layout)
         assert info.last_committed_batch is not None  # at_newest_batch reads committed batches only
         rows = op.users_rows(spark, config.checkpoint, info.last_committed_batch, [user_id], meta.buckets)
-        if rows.num_rows == 0:
-            rows = state_format.empty_store()
         return {"user_id": user_id, "batch_id": info.last_committed_batch, "watermark": _iso(watermark),
                 "open_sessions": open_sessions_json({name: rows[name] for name in rows.column_names}, meta.rules,
                                                     watermark)}
@@ -153,9 +151,8 @@ def open_events_of(spark: SparkSession, config: SessionsConfig, user_ids: Sequen
     assert info.last_committed_batch is not None  # _job refuses a checkpoint without one
     rows = for_layout(meta.state_layout).users_rows(spark, config.checkpoint, info.last_committed_batch, list(found),
                                                     meta.buckets)
-    if rows.num_rows:
-        for user_id, events in zip(rows["user_id"].to_pylist(), rows["event_count"].to_pylist()):
-            found[user_id] += int(events or 0)
+    for user_id, events in zip(rows["user_id"].to_pylist(), rows["event_count"].to_pylist()):
+        found[user_id] += int(events or 0)
     return found
 
 

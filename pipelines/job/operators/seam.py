@@ -23,7 +23,7 @@ from pyspark.sql import functions as F
 from pipelines.config import MAX_PARTITIONS
 from pipelines.core.rules import SessionRules
 from pipelines.core.spec import Attribute
-from pipelines.core.state_format import CANONICAL_DDL, CANONICAL_SCHEMA
+from pipelines.core.state_format import CANONICAL_DDL, CANONICAL_SCHEMA, empty_store
 from pipelines.core.state_format import to_canonical as canonical
 from pipelines.locations import CheckpointPath
 
@@ -98,7 +98,7 @@ class StateOperator(ABC):
         found = self.users_values(spark, checkpoint, batch_id, user_ids, buckets).toArrow()
         chunks = [chunk.rows for batch in found.to_batches() for chunk in self.decode(batch)]
         if not chunks:
-            return pa.table({"user_id": pa.array([], pa.string())})
+            return empty_store()
         rows = pa.concat_tables(chunks)
         return rows.filter(pc.is_in(rows["user_id"], pa.array(list(user_ids), pa.string())))
 
