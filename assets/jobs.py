@@ -19,7 +19,7 @@ from pydantic import Field
 
 from assets import erasure_runs
 from assets.resources import SessionsResource, SessionsSpark, expected_errors
-from assets.tables import LIFECYCLE_TAGS, SESSIONS, STATE, STREAM_TAGS, only_new, written
+from assets.tables import LIFECYCLE_TAGS, REPORTS_VERSIONS_TAGS, SESSIONS, STATE, STREAM_TAGS, only_new, written
 from pipelines.config_checks import positive_seconds
 from pipelines.coordination.job_leases import running_stream
 from pipelines.job import stream
@@ -48,8 +48,9 @@ def catch_up_op(context: OpExecutionContext, sessions: SessionsResource, pyspark
         context.log_event(event)
 
 
-@job(tags=LIFECYCLE_TAGS, description="Process everything landed, then stop (catch-up: the stream with trigger "
-                                      "availableNow). Materializes raw_events, sessions, quarantine, session_state.")
+@job(tags={**LIFECYCLE_TAGS, **REPORTS_VERSIONS_TAGS},
+     description="Process everything landed, then stop (catch-up: the stream with trigger availableNow). "
+                 "Materializes raw_events, sessions, quarantine, session_state.")
 def session_catch_up() -> None:
     catch_up_op()
 

@@ -33,6 +33,7 @@ from assets.tables import (
     STATE,
     bar_table,
     only_new,
+    reporting_run_in_progress,
     series_table,
     state_metadata,
     written,
@@ -159,7 +160,9 @@ def observation_sensor(context: SensorEvaluationContext, sessions: SessionsResou
     counted = next((dict(r.asset_observation.metadata) for r in passes
                     if r.asset_observation and _is_state_pass(r.asset_observation.metadata)), None)
     observed, batch, newest = observe(sessions, now, counted)
-    fresh = only_new(context.instance, [e for e in observed if isinstance(e, AssetMaterialization)])
+    # A run that reports what it writes reports it when it ends; the next tick reports what it did not.
+    fresh = [] if reporting_run_in_progress(context.instance) else only_new(
+        context.instance, [e for e in observed if isinstance(e, AssetMaterialization)])
     events: list[AssetMaterialization | AssetObservation | AssetCheckEvaluation] = [
         *fresh, *(e for e in observed if isinstance(e, AssetObservation))]
     cursor = json.loads(context.cursor) if context.cursor else {}

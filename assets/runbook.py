@@ -25,7 +25,7 @@ from dagster import (
 from pydantic import Field
 
 from assets.resources import SessionsResource, SessionsSpark, expected_errors
-from assets.tables import LIFECYCLE_TAGS, only_new, written
+from assets.tables import LIFECYCLE_TAGS, REPORTS_VERSIONS_TAGS, only_new, written
 from pipelines.coordination.job_leases import job_lock, running_stream
 from pipelines.errors import JobRunning
 from state_store import lifecycle, stream_control
@@ -222,7 +222,7 @@ def verify_restore_op(context: OpExecutionContext, sessions: SessionsResource, p
     return outcome
 
 
-@job(tags=LIFECYCLE_TAGS, description=(
+@job(tags={**LIFECYCLE_TAGS, **REPORTS_VERSIONS_TAGS}, description=(
     "Runbook: validate -> stop stream -> restore -> verify (-> resume via sensor); a running stream restores in "
     "place between two batches instead (online). Launched unchanged it is a dry "
     "run (validate -> report; the other steps skipped): set dry_run: false to restore."))

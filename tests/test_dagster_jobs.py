@@ -5,6 +5,7 @@ from __future__ import annotations
 import datetime as dt
 import itertools
 import subprocess
+import uuid
 from pathlib import Path
 
 import pyarrow as pa
@@ -14,6 +15,8 @@ from dagster import (
     AssetMaterialization,
     AssetObservation,
     DagsterInstance,
+    DagsterRun,
+    DagsterRunStatus,
     RunRequest,
     SkipReason,
     build_run_status_sensor_context,
@@ -160,6 +163,17 @@ def _observations_reflect_what_exists(resources, config, landed, savepoint_id, s
     """Without running a job: the sensor observes tables, checkpoint and catalog and asks for one pass over
     the state per new batch; that pass reports the open sessions and a plot of recent batches."""
     with DagsterInstance.ephemeral() as instance:
+        # While a catch-up (which reports the versions it writes when it ends) is running, the sensor observes but
+        # leaves the versions to it: a version is never reported by both at once. Once it ended, they are the sensor's.
+        catching_up = DagsterRun(job_name="session_catch_up", run_id=str(uuid.uuid4()), status=DagsterRunStatus.STARTED,
+                                 tags=defs.resolve_job_def("session_catch_up").tags)
+        instance.add_run(catching_up)
+        with build_sensor_context(resources={"sessions": resources["sessions"]}, instance=instance) as context:
+            deferred = observation_sensor(context)
+        assert not [e for e in deferred.asset_events if isinstance(e, AssetMaterialization)], deferred.asset_events
+        assert {e.asset_key.path[0] for e in deferred.asset_events if isinstance(e, AssetObservation)} >= {
+            "session_state", "savepoint_catalog"}
+        instance.report_run_failed(catching_up)
         with build_sensor_context(resources={"sessions": resources["sessions"]}, instance=instance) as context:
             result = observation_sensor(context)
         observed = {e.asset_key.path[0]: e.metadata for e in result.asset_events if isinstance(e, AssetObservation)}
