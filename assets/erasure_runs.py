@@ -28,7 +28,6 @@ from dagster import (
 )
 
 from assets.resources import SessionsResource
-from assets.tables import IN_PROGRESS
 from pipelines.ingest.erased import UserSpelling
 from state_store.erasure_requests import pending_files
 
@@ -93,6 +92,8 @@ def erasure_runs_cleanup(context: SensorEvaluationContext) -> SkipReason:
     return SkipReason(f"deleted {len(runs)} finished {FORGET_JOB} run(s)")
 
 
+IN_PROGRESS = [DagsterRunStatus.QUEUED, DagsterRunStatus.NOT_STARTED, DagsterRunStatus.STARTING,
+               DagsterRunStatus.STARTED]
 REQUESTS_RETRY_S = 3600.0  # a set of request files whose run did not erase them is asked again after this
 
 

@@ -36,11 +36,9 @@ TABLE_KEYS = {"raw_events": RAW_EVENTS, "sessions": SESSIONS, "quarantine": QUAR
 LIFECYCLE_TAGS = {"sessions/lifecycle": "true"}
 STREAM_TAGS = {"sessions/stream": "true"}
 DATA_VERSION_TAG = "dagster/data_version"  # Dagster's own tag: the version a materialization made
-# A run of a job with this tag reports the versions it wrote when it ends (only_new); while one is in progress the
+# A run of a job with this tag reports the versions it wrote when it ends (only_new); while one is running the
 # observation sensor leaves the versions to it, so that a version is reported once, not by both at the same moment.
 REPORTS_VERSIONS_TAGS = {"sessions/reports_versions": "true"}
-IN_PROGRESS = [DagsterRunStatus.QUEUED, DagsterRunStatus.NOT_STARTED, DagsterRunStatus.STARTING,
-               DagsterRunStatus.STARTED]
 
 _TABLE_KEYS_TEXT = ("Metadata: delta_version (the table version, also the data version), rows, data_files, bytes "
                     "(live data files), stream_batch (the stream's newest committed batch when the version was "
@@ -155,8 +153,10 @@ def written(config: SessionsConfig, report: StatusReport, *, now: dt.datetime,
 
 
 def reporting_run_in_progress(instance: DagsterInstance) -> bool:
-    """Whether a run that reports the versions it writes (REPORTS_VERSIONS_TAGS) is queued or running."""
-    return bool(instance.get_runs(filters=RunsFilter(statuses=IN_PROGRESS, tags=REPORTS_VERSIONS_TAGS), limit=1))
+    """Whether a run that reports the versions it writes (REPORTS_VERSIONS_TAGS) is running. A queued one is not: it
+    reports nothing before it has started Spark and done its work, long after a tick's events are stored."""
+    running = [DagsterRunStatus.STARTING, DagsterRunStatus.STARTED]
+    return bool(instance.get_runs(filters=RunsFilter(statuses=running, tags=REPORTS_VERSIONS_TAGS), limit=1))
 
 
 def only_new(instance: DagsterInstance, events: Sequence[AssetMaterialization]) -> list[AssetMaterialization]:

@@ -174,6 +174,10 @@ def _observations_reflect_what_exists(resources, config, landed, savepoint_id, s
         assert {e.asset_key.path[0] for e in deferred.asset_events if isinstance(e, AssetObservation)} >= {
             "session_state", "savepoint_catalog"}
         instance.report_run_failed(catching_up)
+        # One not started yet reports nothing before it has run: the sensor does not wait for it.
+        instance.add_run(DagsterRun(job_name="session_catch_up", run_id=str(uuid.uuid4()),
+                                    status=DagsterRunStatus.NOT_STARTED,
+                                    tags=defs.resolve_job_def("session_catch_up").tags))
         with build_sensor_context(resources={"sessions": resources["sessions"]}, instance=instance) as context:
             result = observation_sensor(context)
         observed = {e.asset_key.path[0]: e.metadata for e in result.asset_events if isinstance(e, AssetObservation)}
