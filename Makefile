@@ -84,7 +84,7 @@ JVM_POM := jvm/operator/pom.xml
 JVM_BUILD := build/jvm/operator
 JVM_JAR := build/jvm/sessions-operator.jar
 JVM_TESTS_JAR := build/jvm/sessions-operator-tests.jar
-JVM_SRC := $(shell find jvm/operator/src -name '*.java')
+JVM_SRC := $(shell find jvm/operator/src -type f)
 $(JVM_BUILD)/.packaged: $(JVM_SRC) $(JVM_POM) $(STAMP) | $(KAFKA_JARS)
 	@$(MAKE) -s check-mvn check-javac check-spark-version
 	mvn -q -B -f $(JVM_POM) -DskipTests package

@@ -190,9 +190,12 @@ def s3_errors(uri: str, probe: bool = True) -> Iterator[None]:
 
 # What an S3 client's failure says, in whichever process it happened (the driver; or a Spark Python worker, whose
 # traceback reaches the query's failure as text): delta-rs/object_store's, pyarrow's (the AWS SDK's), botocore's,
-# and this module's own StorageUnavailable line.
+# Hadoop's S3A (the stream's source on an S3 warehouse, a checkpoint on S3) and the AWS SDK under it, and this
+# module's own StorageUnavailable line.
 _OBJECT_STORE_MARKERS = ("Generic S3 error", "AWS Error", "curlCode", "EndpointConnectionError",
-                         "Could not connect to the endpoint URL", "StorageUnavailable")
+                         "Could not connect to the endpoint URL", "StorageUnavailable",
+                         "org.apache.hadoop.fs.s3a.AWS", "SdkClientException", "ApiCallTimeoutException",
+                         "ApiCallAttemptTimeoutException")
 
 
 def is_object_store_failure(error: BaseException | str) -> bool:

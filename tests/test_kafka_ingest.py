@@ -898,16 +898,3 @@ def test_kafka_settings(tmp_path):
                           '"ssl.ca.location": "/ca.pem", "group.id": "g", "client.id": "c", "session.timeout.ms": 9000, '
                           '"fetch.max.bytes": 1, "socket.timeout.ms": 1, "isolation.level": "read_committed"}')
     assert len(allowed.kafka_consumer_settings) == 9
-
-
-@pytest.mark.tier("pure")
-def test_the_streams_source_imports_neither_the_kafka_client_nor_pandas():
-    """Spark starts ~4 Python processes per query start that import pipelines.job.source (the source and its schema, the
-    streaming runner, the read planner, the readers); each paid ~0.3 s for pandas (via pyarrow.dataset), the Kafka
-    client and the landing sources before they were imported where used (benchmarks/README.md, end_to_end.py)."""
-    heavy = ("pandas", "confluent_kafka", "boto3", "pyarrow.dataset",
-             "pipelines.ingest.kafka", "pipelines.ingest.kafka_client", "pipelines.ingest.kafka_offsets",
-             "pipelines.ingest.s3", "pipelines.ingest.local")
-    probe = f"import sys, pipelines.job.source; print([m for m in {heavy!r} if m in sys.modules])"
-    out = subprocess.run([sys.executable, "-c", probe], cwd=REPO, capture_output=True, text=True, check=True)
-    assert out.stdout.strip() == "[]", out.stdout

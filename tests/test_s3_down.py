@@ -263,15 +263,19 @@ def test_run_summary_counts_each_batch_that_ran_once_in_constant_memory():
 def test_object_store_failures_are_told_from_other_failures_by_what_the_clients_say():
     from pipelines.storage import is_object_store_failure, s3_failure
 
-    said = {  # as delta-rs and pyarrow (the AWS SDK) say it
-        "timed out": "Kernel error -> Generic S3 error\n \x1b[31m↳\x1b[0m Error performing GET "
-                     "http://h/b/t/_delta_log/_last_checkpoint in 5.0s - HTTP error\n \x1b[31m↳\x1b[0m error "
-                     "sending request\n operation timed out",
-        "connection refused": "When listing objects under key 'land/' in bucket 'b': AWS Error NETWORK_CONNECTION "
-                              "during ListObjectsV2 operation: curlCode: 7, Could not connect to server",
-    }
+    said = [  # (cause, text) as delta-rs, pyarrow (the AWS SDK) and Hadoop's S3A (the stream's source on an S3
+        # warehouse: a query's failure, through py4j) say it
+        ("timed out", "Kernel error -> Generic S3 error\n \x1b[31m↳\x1b[0m Error performing GET "
+                      "http://h/b/t/_delta_log/_last_checkpoint in 5.0s - HTTP error\n \x1b[31m↳\x1b[0m error "
+                      "sending request\n operation timed out"),
+        ("connection refused", "When listing objects under key 'land/' in bucket 'b': AWS Error NETWORK_CONNECTION "
+                               "during ListObjectsV2 operation: curlCode: 7, Could not connect to server"),
+        ("timed out", "[STREAM_FAILED] Query [id = 1] terminated with exception: org.apache.hadoop.fs.s3a."
+                      "AWSClientIOException: open s3a://b/t/_delta_log/00000000000000000003.json: software.amazon."
+                      "awssdk.core.exception.SdkClientException: Unable to execute HTTP request: Read timed out"),
+    ]
     endpoint = os.environ.get("AWS_ENDPOINT_URL") or "the AWS S3 endpoint"
-    for cause, text in said.items():
+    for cause, text in said:
         assert is_object_store_failure(OSError(text)), text
         line = str(s3_failure(OSError(text), "s3://b/t"))
         assert line.startswith(f"S3 at {endpoint} failed for s3://b/t ({cause}): "), line

@@ -31,9 +31,9 @@ from pipelines.errors import (
 from pipelines.job.checkpoint import PROVIDER_CLASSES, inspect_checkpoint, rescale_command
 from pipelines.job.operators.jvm import JVM_JAR
 from pipelines.job.shipping import cluster_conf
-from pipelines.job.source import RawEventsSource
 from pipelines.job.task_files import share_aws_env
 from pipelines.locations import hdfs_outage
+from pipelines.storage import is_s3, seconds
 
 __all__ = ["CLASS_ARCHIVE", "ERRORS_LOG", "JVM_STDERR_LOG", "LOCAL_FS_NO_FORK", "error_line", "explain_spark_failure", "get_spark", "log_traceback", "prepare_session", "rescale_incomplete", "runtime_jars", "spark_conf", "spark_failures", "stop_spark", "stop_state_stores", "yield_cpu"]
 
@@ -93,8 +93,10 @@ def spark_conf(config: SessionsConfig, class_archive_dump: Path | None = None) -
         # Spark's log to a file (pipelines/log4j2.properties): the terminal gets sessionctl's one line.
         "spark.driver.extraJavaOptions": java_options(config, class_archive_dump),
         **cluster_conf(config.spark_master),
-        **jvm_jar_conf(config.spark_master, s3a=config.checkpoint_uri.startswith("s3a://")),
-        **s3a_conf(),
+        # Hadoop's S3A for a checkpoint on S3, and for the stream's source reading raw_events from an S3 warehouse.
+        **jvm_jar_conf(config.spark_master,
+                       s3a=config.checkpoint_uri.startswith("s3a://") or is_s3(config.warehouse_uri)),
+        **s3a_conf(config),
         **delta_sql_conf(config.spark_master),
         # A client of a NameNode without HA retries a call when the NameNode restarts (Hadoop's default for such a
         # client: fail at once): 1 s apart for 30 s, then 10 s apart for 5 min more.
@@ -134,9 +136,12 @@ def local_threads(master: str) -> int | None:
     return max(1, int(threads))
 
 
-def s3a_conf() -> dict[str, str]:
-    """Hadoop's S3A filesystem (a checkpoint on S3) on the endpoint and region of the standard AWS_* variables, as
-    every other S3 client here; credentials from the same variables (S3A's default provider chain reads them)."""
+def s3a_conf(config: SessionsConfig | None = None) -> dict[str, str]:
+    """Hadoop's S3A filesystem (a checkpoint on S3; the stream's source on an S3 warehouse) on the endpoint and region
+    of the standard AWS_* variables, as every other S3 client here; credentials from the same variables (S3A's default
+    provider chain reads them). With `config`, its requests wait and retry as SESSIONS_S3_TIMEOUT and
+    SESSIONS_S3_MAX_RETRIES say, as delta-rs's do: S3A's defaults (a 200 s socket timeout, 7 retries of 5 attempts)
+    would hold a stream minutes on an endpoint that stopped answering before `run` can ride the outage out."""
     env = os.environ
     conf = {"spark.hadoop.fs.s3a.endpoint.region": env.get("AWS_REGION") or env.get("AWS_DEFAULT_REGION") or "us-east-1",
             # S3A's classic input stream, not Hadoop 3.5's default "analytics" one: the analytics accelerator gives up
@@ -153,6 +158,14 @@ def s3a_conf() -> dict[str, str]:
                      # rescale's state commit).
                      "spark.hadoop.fs.s3a.connection.expect.continue": "false",
                      "spark.hadoop.fs.s3a.optimized.copy.from.local.enabled": "false"})
+    if config is not None:
+        # Hadoop reads "ms" but not object_store's "min": the durations in milliseconds. Uploads keep their own
+        # (part upload) timeout: a large RocksDB file takes longer than one small request.
+        timeout_ms = f"{round(seconds(config.s3_timeout) * 1000)}ms"
+        retries = str(config.s3_max_retries)
+        conf.update({"spark.hadoop.fs.s3a.connection.timeout": timeout_ms,
+                     "spark.hadoop.fs.s3a.connection.establish.timeout": "5s",  # as delta-rs's connect_timeout
+                     "spark.hadoop.fs.s3a.attempts.maximum": retries, "spark.hadoop.fs.s3a.retry.limit": retries})
     return conf
 
 
@@ -197,8 +210,8 @@ JVM_STDERR_LOG = "jvm-stderr.log"  # what the JVM and the Python processes it st
 @contextmanager
 def _stderr_to(path: Path) -> Iterator[None]:
     """fd 2 pointed at `path` while the JVM is launched: the JVM inherits it, and so do the Python processes it starts
-    (workers, the Python data source's runner), whose own output -- e.g. the source runner's traceback when a Ctrl-C
-    stops the query under it -- then lands in the log instead of on the operator's terminal. Our fd 2 is restored."""
+    (workers), whose own output -- e.g. a worker's traceback when a Ctrl-C stops the query under it -- then lands in
+    the log instead of on the operator's terminal. Our fd 2 is restored."""
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
         target = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
@@ -253,10 +266,8 @@ def prepare_session(spark: SparkSession, config: SessionsConfig) -> None:
     spark.conf.set("spark.sql.streaming.stateStore.providerClass", PROVIDER_CLASSES[config.state_store])
     spark.conf.set(ROCKSDB_CHANGELOG, str(config.rocksdb_changelog).lower())
     spark.conf.set("spark.sql.session.timeZone", "UTC")
-    # The query's Python functions (the source's readers, the sink's and the quarantine's writers) with this
-    # process's AWS_* variables; before the source is registered: its function is wrapped then.
+    # The query's Python functions (the sink's and the quarantine's writers) with this process's AWS_* variables.
     share_aws_env(spark, config.warehouse_uri)
-    spark.dataSource.register(RawEventsSource)
 
 
 def stop_spark(spark: SparkSession | None = None) -> None:
