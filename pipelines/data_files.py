@@ -1,7 +1,7 @@
 """A Delta table's data files as every reader of them takes them, whichever engine wrote them.
 
-The product reads some tables file by file, in Spark tasks (the stream's source and the quarantine's lines read
-raw_events files where they are; savepoints read their state files). Those files may have been rewritten by anyone:
+The product reads some tables file by file, in Spark tasks (the quarantine's lines read raw_events files where they
+are; savepoints read their state files). Those files may have been rewritten by anyone:
 delta-rs (`forget`, `compact`, a user's DELETE or OPTIMIZE) stores strings as `string_view`; Delta Spark (OPTIMIZE,
 ZORDER BY, UPDATE, DELETE) may leave rows of a file deleted by a deletion vector instead of rewriting it; either may
 dictionary-encode. This module owns that: `data_files` lists a version's files with their statistics and the rows their
@@ -59,7 +59,7 @@ class DataFile:
 
 def data_files(table: DeltaTable, *, stats_of: Sequence[str] = ()) -> list[DataFile]:
     """The loaded version's data files, with their row counts and the statistics of the columns `stats_of` (only
-    those: the stream's source lists the files every micro-batch and ships each one's to its read task), and their
+    those: the quarantine lists the files every micro-batch and ships each one's to its read task), and their
     deletion vectors (read only when the table has the feature: a table without it pays nothing)."""
     adds = pa.table(table.get_add_actions(flatten=True))
     root = table.table_uri.rstrip("/")

@@ -44,7 +44,7 @@ def aws_env() -> dict[str, str]:
 
 def s3_options(uri: str, *, max_retries: int = 3, retry_timeout: str = "15s",
                timeout: str = "30s") -> dict[str, str] | None:
-    """storage_options without a configuration at hand (the stream source, in Spark): default timeouts."""
+    """storage_options without a configuration at hand: default timeouts (storage_options passes the configured)."""
     if not is_s3(uri):
         return None
     options = aws_env()

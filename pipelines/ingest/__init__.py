@@ -41,8 +41,8 @@ __all__ = [
 def _source(config: SessionsConfig) -> Source:
     """The source the configuration names: a Kafka topic (SESSIONS_KAFKA_BOOTSTRAP and SESSIONS_KAFKA_TOPIC), else
     the landing directory, or landing objects on S3."""
-    # Imported here: the stream's source imports this package in every Python worker Spark starts for it, and
-    # needs none of the sources (confluent_kafka, boto3).
+    # Imported here: a home reads one source, and the others' clients (confluent_kafka, boto3) stay out of
+    # every process that does not.
     if config.uses_kafka:
         from pipelines.ingest import kafka
         return kafka

@@ -2,7 +2,7 @@
 events with the provenance (file, line) of their very line.
 
 Rejected lines never enter the stateful operator: the tasks read them from the raw_events data files of the batch's
-ingest_seq range, as the stream's source reads the events (pipelines.job.source). The driver only picks those files
+ingest_seq range, the files the stream's source reads the events from. The driver only picks those files
 from the Delta log (their statistics: the ingest_seq range, and whether any row of the file was rejected); a late
 event is joined to its line in Spark, on (ingest_seq, line_key) plus its own ids.
 """

@@ -165,7 +165,7 @@ def remove_files(uri: str, paths: Iterable[str]) -> None:
 
 
 def share_aws_env(spark: SparkSession, uri: str) -> None:
-    """When `uri` is on S3: the Python functions Spark wraps from now on (mapInArrow, the stream's source) run with
+    """When `uri` is on S3: the Python functions Spark wraps from now on (mapInArrow) run with
     this process's AWS_* variables, as spark.executorEnv passes them on a cluster (pipelines.job.shipping). In local
     mode the Python workers inherit the JVM's environment, fixed when it started: in a long-lived process maybe before
     the variables were set. Spark hands a wrapped function the SparkContext's environment of that moment."""
