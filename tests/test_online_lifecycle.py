@@ -118,10 +118,14 @@ def test_savepoints_of_a_running_stream_and_stop_with_savepoint_restore_exactly_
     config = make_config(tmp_path, provider, SESSIONS_SAVEPOINT_URI=savepoints, SESSIONS_MIN_BATCHES_TO_RETAIN=RETAIN)
     chunks = in_order_chunks(users=60, seed=31, parts=10)
     run = _start_run(config)
-    Feeder(config.landing, chunks[:5], every=1.5, prefix="early").start()
+    early = Feeder(config.landing, chunks[:5], every=1.5, prefix="early")
+    early.start()
     try:
         wait_until(lambda: still_running(run) and _committed(config) >= 1, timeout_s=180, interval_s=0.5,
                    what="the stream's first batches")
+        # the early files all landed first: a later file ingested before an earlier one would make the
+        # earlier one's events late (in order only as a whole)
+        early.join()
         feeder = Feeder(config.landing, chunks[5:], every=1.5)
         feeder.start()  # files keep landing while the savepoint reads
         online = take_savepoint(config, spark=spark)  # beside the running stream
@@ -277,10 +281,14 @@ def test_rescale_of_a_running_stream_between_two_batches(tmp_path, spark, provid
     # Files land a second apart for longer than the rescale takes beside the stream: one is waiting after it.
     chunks = in_order_chunks(users=60, seed=41, parts=60)
     run = _start_run(config)
-    Feeder(config.landing, chunks[:4], every=1.0, prefix="early").start()
+    early = Feeder(config.landing, chunks[:4], every=1.0, prefix="early")
+    early.start()
     try:
         wait_until(lambda: still_running(run) and _committed(config) >= 1, timeout_s=180, interval_s=0.5,
                    what="the stream's first batches")
+        # the early files all landed first: a later file ingested before an earlier one would make the
+        # earlier one's events late (in order only as a whole)
+        early.join()
         feeder = Feeder(config.landing, chunks[4:], every=1.0)
         feeder.start()  # files keep landing through the rescale: a batch is waiting when the stream resumes
         # The rescale the operator asks for, from this process: the library call `sessionctl rescale` makes, its
@@ -327,11 +335,15 @@ def test_restore_of_a_running_stream_between_two_batches(tmp_path, spark):
     config = make_config(tmp_path, "rocksdb", SESSIONS_STATE_PARTITIONS=2)
     chunks = in_order_chunks(users=60, seed=47, parts=10)
     run = _start_run(config)
-    Feeder(config.landing, chunks[:4], every=0.5, prefix="early").start()
+    early = Feeder(config.landing, chunks[:4], every=0.5, prefix="early")
+    early.start()
     try:
         wait_until(lambda: still_running(run) and _committed(config) >= 1 and _all_processed(config), timeout_s=180,
                    interval_s=0.5, what="the early files processed")
         saved = take_savepoint(config, spark=spark).to_dict()  # beside the running stream, from this process
+        # the early files all landed first: a later file ingested before an earlier one would make the
+        # earlier one's events late (in order only as a whole)
+        early.join()
         feeder = Feeder(config.landing, chunks[4:], every=1.0)
         feeder.start()  # files keep landing through the restore
         wait_until(lambda: still_running(run) and _committed(config) >= saved["batch_id"] + 3, timeout_s=180,
@@ -478,7 +490,9 @@ def test_a_running_stream_killed_inside_its_restore_loses_nothing(tmp_path, spar
     chunks = in_order_chunks(users=60, seed=53, parts=8)
     env = config_env(config)
     with _run_killed_at(config, point) as run:
-        Feeder(config.landing, chunks[:3], every=0.5, prefix="early").start()
+        early = Feeder(config.landing, chunks[:3], every=0.5, prefix="early")
+        early.start()
+        early.join()  # all landed before they are awaited: the files after the savepoint must come after them
         wait_until(lambda: still_running(run) and _all_processed(config), timeout_s=180, interval_s=0.5,
                    what="the early files processed")
         saved = take_savepoint(config, spark=spark)  # beside the running stream, from this process
