@@ -378,7 +378,9 @@ def _sessionctl(home: Path, provider: str, *args: str, master: str | None = None
     env = {**os.environ, **_env(home, provider, master), **({"PYTHONPATH": str(code)} if code else {})}
     began = time.monotonic()
     done = subprocess.run([str(REPO / ".venv" / "bin" / "sessionctl"), *args], capture_output=True, text=True,
-                          env=env, timeout=1800, check=True)
+                          env=env, timeout=1800)
+    if done.returncode != 0:  # its one line says why
+        raise SystemExit(f"sessionctl {' '.join(args)} (code {code or REPO}) failed: {done.stderr.strip()[-2000:]}")
     return round(time.monotonic() - began, 3), json.loads(done.stdout.strip().splitlines()[-1])
 
 
