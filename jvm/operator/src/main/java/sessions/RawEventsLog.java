@@ -8,6 +8,7 @@ import java.net.URI;
 import java.net.URISyntaxException;
 import java.nio.charset.StandardCharsets;
 import java.util.ArrayList;
+import java.util.HashMap;
 import java.util.LinkedHashMap;
 import java.util.List;
 import java.util.Map;
@@ -105,6 +106,7 @@ final class RawEventsLog {
         }
         long newest = -1;
         TreeMap<Long, List<Path>> checkpoints = new TreeMap<>();
+        Map<Long, Integer> declaredParts = new HashMap<>();
         for (FileStatus status : listed) {
             String name = status.getPath().getName();
             Matcher commit = COMMIT.matcher(name);
@@ -112,12 +114,17 @@ final class RawEventsLog {
             if (commit.matches()) {
                 newest = Math.max(newest, Long.parseLong(commit.group(1)));
             } else if (checkpoint.matches()) {
-                checkpoints.computeIfAbsent(Long.parseLong(checkpoint.group(1)), v -> new ArrayList<>())
-                    .add(status.getPath());
+                long at = Long.parseLong(checkpoint.group(1));
+                checkpoints.computeIfAbsent(at, v -> new ArrayList<>()).add(status.getPath());
+                // "NNN.checkpoint.PPPPPPPPPP.TTTTTTTTTT.parquet": part P of T; a single file is its own whole
+                declaredParts.put(at, checkpoint.group(2) == null ? 1 : Integer.parseInt(checkpoint.group(2).substring(12)));
             } else if (OTHER_CHECKPOINT.matcher(name).matches()) {
                 plain = false;  // a v2 checkpoint: Delta Spark's to read
             }
         }
+        // A multi-part checkpoint whose writer died between its parts is not one: read from an older one, or from
+        // the first commit (Delta's readers skip it alike).
+        checkpoints.entrySet().removeIf(e -> e.getValue().size() != declaredParts.get(e.getKey()));
         if (newest < 0 && checkpoints.isEmpty()) {
             return;
         }
@@ -130,6 +137,10 @@ final class RawEventsLog {
         }
         for (long v = from; apply(fs, v); v++) {
             version = v;
+        }
+        if (version < newest) {  // a gap: never read what is left as the whole table
+            throw new IOException("the Delta log of " + table + " lists commit " + newest + " but not commit "
+                + (version + 1) + " after its newest complete checkpoint: not a log this source can read");
         }
     }
 

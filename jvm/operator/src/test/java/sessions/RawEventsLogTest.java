@@ -2,6 +2,7 @@ package sessions;
 
 import static org.junit.jupiter.api.Assertions.assertEquals;
 import static org.junit.jupiter.api.Assertions.assertFalse;
+import static org.junit.jupiter.api.Assertions.assertThrows;
 import static org.junit.jupiter.api.Assertions.assertTrue;
 
 import java.io.IOException;
@@ -65,6 +66,27 @@ class RawEventsLogTest {
         assertEquals(List.of("b.parquet"),
             log.filesFor(5, 9).stream().map(f -> new Path(f.path()).getName()).toList());
         assertEquals(12, log.latestSeq());
+    }
+
+    @Test
+    void aMultiPartCheckpointMissingAPartIsNotRead() throws IOException {
+        commit(0, add("a.parquet", 1, 5));
+        commit(1, add("b.parquet", 6, 9));
+        commit(2, remove("a.parquet"));
+        // part 1 of 2 only (its writer died): the log is read from its commits (Spark, null here, is not asked)
+        Files.writeString(dir.resolve("_delta_log").resolve(String.format("%020d.checkpoint.%010d.%010d.parquet", 1, 1, 2)),
+            "not read");
+        RawEventsLog log = read();
+        assertEquals(List.of("b.parquet"),
+            log.filesFor(0, 100).stream().map(f -> new Path(f.path()).getName()).toList());
+        assertEquals(9, log.latestSeq());
+    }
+
+    @Test
+    void aGapInTheLogIsAnErrorNotAnEmptyTable() throws IOException {
+        commit(1, add("b.parquet", 6, 9));  // commit 0 gone, and no checkpoint to start from
+        IOException error = assertThrows(IOException.class, this::read);
+        assertTrue(error.getMessage().contains("not commit 0"), error.getMessage());
     }
 
     @Test
