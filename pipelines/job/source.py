@@ -1,5 +1,6 @@
 """The stream's source over the raw_events Delta table: `sessions.RawEvents` in the operator's jar
-(jvm/operator/src/main/java/sessions/RawEvents.java), read by Delta Spark in the executors.
+(jvm/operator/src/main/java/sessions/RawEvents.java): each batch planned from raw_events' Delta log in the driver,
+its files read by Spark's Parquet reader in the executors (Delta Spark where a file has a deletion vector).
 
 Offsets are `{"seq": N, "boot": bool, "settled": bool}`: N is the raw table's ingest sequence number; rows with
 ingest_seq in (start, end] make a micro-batch. A checkpoint made by a restore starts with `boot: false`: its first

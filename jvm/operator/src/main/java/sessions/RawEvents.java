@@ -22,7 +22,8 @@ import scala.Tuple2;
 
 /**
  * The stream's source over the raw_events Delta table ({@code spark.readStream.format("sessions_raw")}): the rows
- * with ingest_seq in (start, end] make a micro-batch, read by Delta Spark in the executors (RawEventsStream).
+ * with ingest_seq in (start, end] make a micro-batch, planned from the table's Delta log in the driver and read by
+ * Spark's Parquet reader in the executors (RawEventsStream, RawEventsLog).
  *
  * <p>Options:
  * <ul>
