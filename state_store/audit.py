@@ -19,6 +19,7 @@ import io
 import json
 import os
 import re
+import tempfile
 import uuid
 import zipfile
 from collections.abc import Iterator, Sequence
@@ -62,15 +63,21 @@ class StoreFiles:
             raise Unreadable("a state store file is read through Spark, which this audit has not started")
         jvm = self._spark.sparkContext._jvm
         assert jvm is not None
-        try:
-            text = jvm.sessions.StoreFileText
-            if name.endswith(".sst"):
-                return bytes(text.sst(bytearray(data)))
-            return bytes(text.stream(bytearray(data), self._spark.sparkContext._jsc.sc().conf()))
-        except Exception as error:  # py4j's error, or the class missing (the operator's jar not built)
-            from pipelines.job.runtime import error_line  # pyspark: never for a scan that reads no state file
+        # The JVM writes the plain bytes to a local file: py4j hands a returned byte array over a byte at a time.
+        with tempfile.TemporaryDirectory(prefix="audit-") as work:
+            out = os.path.join(work, "plain")
+            try:
+                text = jvm.sessions.StoreFileText
+                if name.endswith(".sst"):
+                    text.sstTo(bytearray(data), out)
+                else:
+                    text.streamTo(bytearray(data), self._spark.sparkContext._jsc.sc().conf(), out)
+            except Exception as error:  # py4j's error, or the class missing (the operator's jar not built)
+                from pipelines.job.runtime import error_line  # pyspark: never for a scan that reads no state file
 
-            raise Unreadable(error_line(error)) from None
+                raise Unreadable(error_line(error)) from None
+            with open(out, "rb") as handle:
+                return handle.read()
 
 
 @dataclass
@@ -151,10 +158,11 @@ def _json_lines_mentions(data: bytes, users: Sequence[UserSpelling]) -> dict[str
 
 
 def _landed_mentions(data: bytes, users: Sequence[UserSpelling]) -> dict[str, int]:
-    """Landed lines by their decoded user_id (UserGroup.line_user), each line decoded once."""
+    """Landed lines by their decoded user_id (UserGroup.line_user), each line that may name one decoded once."""
     group = UserGroup.of(user.user_id for user in users)
     found = dict.fromkeys((user.user_id for user in users), 0)
-    for line in data.split(b"\n"):
+    for start, end in group.lines_to_read(data):
+        line = data[start:end]
         named = group.line_user(line) if line.strip() else None
         if named is not None:
             found[named] += 1

@@ -22,7 +22,7 @@ from deltalake import DeltaTable
 from pyspark.sql import SparkSession
 
 from pipelines.core.sample_data import land
-from pipelines.ingest.erased import user_hash
+from pipelines.ingest.erased import UserGroup, user_hash
 from pipelines.job.checkpoint import inspect_checkpoint
 from pipelines.job.stream import catch_up
 from state_store.erasure import forget, verify_forgotten, verify_forgotten_many
@@ -276,6 +276,25 @@ SPELLINGS = [
     ('a"b\\c', lambda e: json.dumps({**e, "user_id": 'a"b\\c'}, ensure_ascii=False)),
     ("u-10", lambda e: json.dumps({**e, "user_id": "u-10"}).replace('"u-10"', '"u\\u002d10"')),
 ]
+
+
+@pytest.mark.tier("pure")
+def test_the_lines_searched_for_are_the_lines_every_line_decoded_names():
+    """UserGroup.lines_to_read finds lines by searching the bytes: what it hands over, decoded, names exactly the
+    users that decoding every line finds -- every spelling, broken lines, an unfinished last line, and past 150
+    users (every line)."""
+    spelled = [spell({"event_id": f"e{n}", "page": "/"}) for n, (_, spell) in enumerate(SPELLINGS)]
+    others = [json.dumps({"user_id": f"n{i}", "page": "/caf\u00e9"}) for i in range(5)]  # escapes, other users
+    broken = ['{"user_id": "12345", "page": ', "not json 12345", '{"user_id": "u\\u002d10" oops']
+    data = "\n".join([*others[:2], *spelled, *broken, *others[2:], '{"user_id": "jörg-ö"']).encode()  # unfinished
+    for users in ([u for u, _ in SPELLINGS], ["12345"], ["u-10", "nobody"], [f"x{i}" for i in range(200)] + ["u-10"]):
+        group = UserGroup.of(users)
+        every = [(line, group.line_user(line)) for line in data.split(b"\n")]
+        searched = [data[start:end] for start, end in group.lines_to_read(data)]
+        assert [(line, group.line_user(line)) for line in searched if group.line_user(line)] == \
+            [(line, user) for line, user in every if user]
+        if len(users) > 150:
+            assert searched == data.split(b"\n")
 
 
 def test_landed_lines_of_any_spelling_are_erased_and_neighbours_kept(spark, tmp_path):

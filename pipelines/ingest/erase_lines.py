@@ -35,18 +35,15 @@ def _landed_files(config: SessionsConfig) -> Iterator[tuple[pafs.FileSystem, str
 
 
 def _spans(data: bytes, users: UserGroup) -> list[tuple[int, int, str]]:
-    """(start, end, user) of each complete line (ending with a newline) that names one of `users`."""
+    """(start, end, user) of each complete line (ending with a newline) that names one of `users`; an unfinished last
+    line is left to the writer (ingest drops it if it names U)."""
     spans: list[tuple[int, int, str]] = []
-    start = 0
-    while True:
-        end = data.find(b"\n", start)
-        if end < 0:
-            return spans  # an unfinished last line is left to the writer; ingest drops it if it names U
+    for start, end in users.lines_to_read(data):
         line = data[start:end]
-        named = users.line_user(line) if line.strip() else None
+        named = users.line_user(line) if end < len(data) and line.strip() else None
         if named is not None:
             spans.append((start, end, named))
-        start = end + 1
+    return spans
 
 
 def erase_landed_lines(config: SessionsConfig, user_ids: Sequence[str], *, count_only: bool = False) -> int:

@@ -232,6 +232,27 @@ class UserGroup:
             return True
         return any(form in data for user in self.users for form in user.byte_forms())
 
+    def lines_to_read(self, data: bytes) -> list[tuple[int, int]]:
+        """(start, end) of each line of `data` (end: its newline, or the end of `data`) that may name a user of the
+        group, in order: a line holding a spelling of one of them or an escape (could_be_in's test, line by line).
+        Found by searching the bytes, so the file's other lines are never decoded; past 150 users, every line."""
+        if len(self.users) > 150:
+            needles = [b"\n"]  # every line: found by its newline
+        else:
+            needles = list({b"\\", *(form for user in self.users for form in user.byte_forms())})
+        found: set[tuple[int, int]] = set()
+        for needle in needles:
+            at = data.find(needle)
+            while at >= 0:
+                start = data.rfind(b"\n", 0, at) + 1
+                end = at if needle == b"\n" else data.find(b"\n", at)
+                end = len(data) if end < 0 else end
+                found.add((start, end))
+                at = data.find(needle, end + 1)
+        if needles == [b"\n"] and data and not data.endswith(b"\n"):
+            found.add((data.rfind(b"\n") + 1, len(data)))  # an unfinished last line
+        return sorted(found)
+
     def line_user(self, line: bytes) -> str | None:
         """The user of the group one landed line names (UserSpelling.line_names), else None."""
         try:

@@ -1,9 +1,10 @@
 package sessions;
 
+import java.io.BufferedOutputStream;
 import java.io.ByteArrayInputStream;
-import java.io.ByteArrayOutputStream;
 import java.io.IOException;
 import java.io.InputStream;
+import java.io.OutputStream;
 import java.nio.charset.StandardCharsets;
 import java.nio.file.Files;
 import java.nio.file.Path;
@@ -43,43 +44,43 @@ public final class StoreFileText {
         throw new IllegalArgumentException("not a stream of any codec Spark's state store writes");
     }
 
-    /** A compressed state file (delta, snapshot, changelog) decompressed with Spark's codec. */
-    public static byte[] stream(byte[] data, SparkConf conf) throws IOException {
+    /** A compressed state file (delta, snapshot, changelog) decompressed with Spark's codec into the local file
+     * `out`; its length. A file, not a return value: py4j hands a byte array back to Python a byte at a time. */
+    public static long streamTo(byte[] data, SparkConf conf, String out) throws IOException {
         CompressionCodec codec = CompressionCodec$.MODULE$.createCodec(conf, codec(data));
-        try (InputStream in = codec.compressedInputStream(new ByteArrayInputStream(data))) {
-            return in.readAllBytes();
+        try (InputStream in = codec.compressedInputStream(new ByteArrayInputStream(data));
+             OutputStream sink = new BufferedOutputStream(Files.newOutputStream(Path.of(out)))) {
+            return in.transferTo(sink);
         }
     }
 
-    /** Every key and value of an SST file (a local copy), each followed by a zero byte. */
-    public static byte[] sst(String localPath) throws RocksDBException, IOException {
+    /** Every key and value of an SST file (its bytes, read from any filesystem by the caller), each followed by a zero
+     * byte, into the local file `out`; its length. */
+    public static long sstTo(byte[] data, String out) throws RocksDBException, IOException {
         RocksDB.loadLibrary();
-        ByteArrayOutputStream out = new ByteArrayOutputStream();
-        try (Options options = new Options();
+        Path local = Files.createTempFile("audit-", ".sst");
+        long written = 0;
+        try (OutputStream sink = new BufferedOutputStream(Files.newOutputStream(Path.of(out)));
+             Options options = new Options();
              SstFileReader reader = new SstFileReader(options);
              ReadOptions read = new ReadOptions()) {
-            reader.open(localPath);
+            Files.write(local, data);
+            reader.open(local.toString());
             try (SstFileReaderIterator it = reader.newIterator(read)) {
                 for (it.seekToFirst(); it.isValid(); it.next()) {
-                    out.write(it.key());
-                    out.write(0);
-                    out.write(it.value());
-                    out.write(0);
+                    byte[] key = it.key();
+                    byte[] value = it.value();
+                    sink.write(key);
+                    sink.write(0);
+                    sink.write(value);
+                    sink.write(0);
+                    written += key.length + value.length + 2;
                 }
                 it.status();  // a read error ends the loop as an invalid iterator: raise it
             }
-        }
-        return out.toByteArray();
-    }
-
-    /** The same for an SST file's bytes (read from HDFS or S3 by the caller). */
-    public static byte[] sst(byte[] data) throws RocksDBException, IOException {
-        Path local = Files.createTempFile("audit-", ".sst");
-        try {
-            Files.write(local, data);
-            return sst(local.toString());
         } finally {
             Files.deleteIfExists(local);
         }
+        return written;
     }
 }
