@@ -239,7 +239,7 @@ def cmd_forget(config: SessionsConfig, args: argparse.Namespace) -> int | None:
         return None
     users = _forget_users(args)
     if args.verify and len(users) == 1:
-        verification = verify(config, users[0])
+        verification = verify(config, users[0], full=args.full)
         _print(verification.to_dict(), args.json)
         if not verification.clean:
             places = ", ".join(f"{place} ({n})" for place, n in verification.found.items() if n)
@@ -250,7 +250,7 @@ def cmd_forget(config: SessionsConfig, args: argparse.Namespace) -> int | None:
                                                            f"so may still name the user: {first} ({why})")
         return None
     if args.verify:
-        checked = verify_many(config, users)
+        checked = verify_many(config, users, full=args.full)
         _print(checked.to_dict(), args.json)
         if not checked.clean:
             found = [n for n, answer in enumerate(checked.users, 1) if any(answer.found.values())]
@@ -343,11 +343,15 @@ def build_parser() -> argparse.ArgumentParser:
                       "deleted once it is done")
     fg.add_argument("--verify", action="store_true", help="only say where the users still appear, per user. Exit 0: "
                     f"clean; {NOT_SO}: still found somewhere (the answer still on stdout, the places on stderr)")
+    fg.add_argument("--full", action="store_true", help="with --verify: read every file, as an auditor does, "
+                    "instead of skipping the large files the audit's index says cannot name the users")
     fg.add_argument("--json", action="store_true")
 
     def some_user(args: argparse.Namespace) -> None:
         if args.requests and (args.user or args.users_file or args.verify):
             fg.error("--requests takes the users from the request files: not with --user, --users-file or --verify")
+        if args.full and not args.verify:
+            fg.error("--full goes with --verify (an erasure always goes through every file)")
         if not (args.user or args.users_file or args.requests):
             fg.error("the following arguments are required: --user, --users-file or --requests")
     fg.set_defaults(fn=cmd_forget, after_parse=some_user)

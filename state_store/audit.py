@@ -15,6 +15,7 @@ positions kept in commit metadata and both Delta engines read the table as befor
 """
 from __future__ import annotations
 
+import contextlib
 import io
 import json
 import os
@@ -31,13 +32,14 @@ import pyarrow.compute as pc
 import pyarrow.fs as pafs
 import pyarrow.parquet as pq
 
-from pipelines.ingest.erased import UserGroup, UserSpelling
+from pipelines.ingest.erased import UserGroup, UserSpelling, text_tokens, value_tokens
 from pipelines.storage import filesystem, is_s3
+from state_store.audit_index import AuditIndex, may_name
 
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession
 
-__all__ = ["Findings", "StoreFiles", "Unreadable", "mentions", "mentions_of", "scan", "scan_for", "scrub_delta_log"]
+__all__ = ["Findings", "StoreFiles", "Unreadable", "mentions", "mentions_of", "scan", "scan_for", "scrub_delta_log", "token_texts"]
 
 LOG_DIR = "_delta_log"
 # Spark's state store files, version first (`12.delta`; checkpoint format v2 adds `_<unique id>`): the HDFS-backed
@@ -95,7 +97,7 @@ class Findings:
         return sum(self.files.values())
 
 
-def _files(uri: str) -> Iterator[tuple[pafs.FileSystem, str]]:
+def _file_infos(uri: str) -> Iterator[tuple[pafs.FileSystem, pafs.FileInfo]]:
     fs, root = filesystem(uri)
     try:
         infos = fs.get_file_info(pafs.FileSelector(root, recursive=True, allow_not_found=True))
@@ -103,7 +105,12 @@ def _files(uri: str) -> Iterator[tuple[pafs.FileSystem, str]]:
         return
     for info in infos:
         if info.type == pafs.FileType.File:
-            yield fs, info.path
+            yield fs, info
+
+
+def _files(uri: str) -> Iterator[tuple[pafs.FileSystem, str]]:
+    for fs, info in _file_infos(uri):
+        yield fs, info.path
 
 
 def _read(fs: pafs.FileSystem, path: str) -> bytes:
@@ -124,7 +131,8 @@ def _parquet_mentions(data: bytes, users: Sequence[UserSpelling], *, nested: boo
             # One pass for all users: the values that are a user's id or could spell one (an id inside, or an
             # escape), counted once each; then each such distinct value judged per user (UserSpelling.matching).
             text = pc.fill_null(column.cast(pa.string()), "")
-            maybe = pc.match_substring_regex(text, "|".join([re.escape("\\"), *(re.escape(u.user_id) for u in users)]))
+            spellings = [re.escape(form.decode()) for user in users for form in user.byte_forms()]  # '' ones too
+            maybe = pc.match_substring_regex(text, "|".join([re.escape("\\"), *spellings]))
             for item in pc.value_counts(pc.filter(text, maybe)).to_pylist():
                 value, times = item["values"], item["counts"]
                 for user in users:
@@ -208,6 +216,56 @@ def mentions_of(path: str, data: bytes, users: Sequence[UserSpelling], *, store_
     return {**none, **{user.user_id: user.in_bytes(data) for user in candidates}}
 
 
+def token_texts(path: str, data: bytes, *, store_files: StoreFiles | None = None) -> list[bytes]:
+    """Texts whose runs of id bytes are the tokens by which one file can name a user, read as mentions_of reads it:
+    whenever mentions_of finds U in it, every run of one of U's spellings is a run of these texts
+    (UserSpelling.pieces). For the audit's index."""
+    name = path.rsplit("/", 1)[-1]
+    if _STATE_STREAM.match(name) or name.endswith(".sst"):
+        return [(store_files or StoreFiles(None)).plain(name, data)]
+    if _STATE_ZIP.match(name):
+        try:
+            with zipfile.ZipFile(io.BytesIO(data)) as archive:
+                return [text for member in archive.namelist()
+                        for text in token_texts(f"{path}/{member}", archive.read(member), store_files=store_files)]
+        except (zipfile.BadZipFile, OSError) as error:
+            raise Unreadable(f"not a readable zip: {error}") from None
+    decoded: set[bytes] = {b"0"} if b"-0" in data else set()  # JSON's -0 is the integer 0
+    if name.endswith(".parquet"):
+        return [data, *_parquet_texts(data)]  # its bytes too: what in_bytes reads when it is not Parquet after all
+    if b"\\" in data or b"''" in data or not data.isascii():
+        # JSON lines (landed, Delta commits) and any text: a line that decodes to other bytes than its own (an escape,
+        # a doubled quote, another encoding) decoded as UserGroup.line_user and UserSpelling.names decode it.
+        for line in data.split(b"\n"):
+            if b"\\" in line or b"''" in line or not line.isascii():
+                with contextlib.suppress(ValueError, RecursionError):
+                    value_tokens(json.loads(line), decoded)
+                text_tokens(line.decode("utf-8", "replace"), decoded)
+    return [data, b"\n".join(decoded)]
+
+
+def _parquet_texts(data: bytes) -> list[bytes]:
+    """Parquet's string values as _parquet_mentions reads them (nested ones decoded)."""
+    try:
+        table = pq.read_table(pa.BufferReader(data))
+    except Exception:  # noqa: BLE001 -- not Parquet after all: its bytes are read as they are
+        return []
+    texts: list[bytes] = []
+    decoded: set[bytes] = set()
+    for column in table.columns:
+        kind = column.type
+        if pa.types.is_string(kind) or pa.types.is_large_string(kind) or pa.types.is_string_view(kind):
+            values = pc.unique(pc.fill_null(column.cast(pa.string()), ""))
+            escaped = pc.match_substring_regex(values, r"\\|''")
+            texts.append("\n".join(pc.filter(values, pc.invert(escaped)).to_pylist()).encode())
+            for value in pc.filter(values, escaped).to_pylist():
+                text_tokens(value, decoded)
+        elif pa.types.is_struct(kind) or pa.types.is_list(kind) or pa.types.is_map(kind):
+            for value in column.to_pylist():
+                value_tokens(value, decoded)
+    return [*texts, b"0" if any(b"-0" in text for text in texts) else b"", b"\n".join(decoded)]
+
+
 def scan(uri: str, user: UserSpelling, *, seen: set[str] | None = None, store_files: StoreFiles | None = None
          ) -> Findings:
     """Every file under `uri`, read for the user (`seen`: paths read already under another root, skipped;
@@ -216,20 +274,32 @@ def scan(uri: str, user: UserSpelling, *, seen: set[str] | None = None, store_fi
 
 
 def scan_for(uri: str, users: Sequence[UserSpelling], *, seen: set[str] | None = None,
-             store_files: StoreFiles | None = None) -> dict[str, Findings]:
+             store_files: StoreFiles | None = None, index: AuditIndex | None = None) -> dict[str, Findings]:
     """Every file under `uri`, read once for all of `users` (user id -> findings; a file that cannot be read is
-    unreadable for each of them). `seen` and `store_files` as for `scan`."""
+    unreadable for each of them). `seen` and `store_files` as for `scan`. With `index`, a file its entry says names
+    none of them is not read, and a large file read in full gets an entry (state_store.audit_index); the index's own
+    files are not read."""
     findings = {user.user_id: Findings() for user in users}
     _, root = filesystem(uri)
-    for fs, path in _files(uri):
+    for fs, info in _file_infos(uri):
+        path = info.path
+        if index is not None and path.startswith(str(index.root) + "/"):
+            continue
         if seen is not None:
             if path in seen:
                 continue
             seen.add(path)
         relative = os.path.relpath(path, root) if not is_s3(uri) else path[len(root):].lstrip("/")
+        bloom = index.lookup(path, info) if index is not None else None
+        if bloom is not None and not any(may_name(bloom, user) for user in users):
+            index.skipped += 1  # type: ignore[union-attr]  # bloom is only found through an index
+            continue
         try:
-            for user_id, count in mentions_of(path, _read(fs, path), users, store_files=store_files).items():
+            data = _read(fs, path)
+            for user_id, count in mentions_of(path, data, users, store_files=store_files).items():
                 findings[user_id].add(relative, count)
+            if index is not None and bloom is None and index.covers(path, info):
+                index.add(path, info, token_texts(path, data, store_files=store_files))
         except Unreadable as why:
             for found in findings.values():
                 found.unreadable[relative] = str(why)

@@ -43,6 +43,7 @@ from pipelines.job.runtime import spark_failures
 from pipelines.locations import checkpoint_path, remove_tree
 from pipelines.storage import filesystem, join, read_rows, sql_literal, storage_options, table_exists
 from state_store.audit import StoreFiles, mentions_of, scan_for, scrub_delta_log
+from state_store.audit_index import MIN_BYTES, AuditIndex
 from state_store.kernel import exclusive, replaced_checkpoints, session
 from state_store.restore import restore_unlocked
 from state_store.savepoint import native
@@ -94,6 +95,8 @@ class ForgetVerification(Result):
     found: dict[str, int]
     files: dict[str, int] = field(default_factory=dict)  # location/relative path -> mentions, where found
     unreadable: dict[str, str] = field(default_factory=dict)  # location/relative path -> why: never clean while any
+    files_read: int = 0     # files read for the verify (all the users of one at once)
+    files_skipped: int = 0  # files not read: the audit's index says they cannot name any of the users (not --full)
 
 
 @dataclass(frozen=True)
@@ -246,8 +249,9 @@ def _live_events(spark: SparkSession, config: SessionsConfig, user_ids: Sequence
 
 
 def _checkpoint_names(config: SessionsConfig, spark: SparkSession, users: Sequence[UserSpelling]) -> bool:
-    """Whether a file of the live checkpoint names one of the users, or cannot be read (then it may)."""
-    findings = scan_for(str(config.checkpoint), users, store_files=StoreFiles(spark))
+    """Whether a file of the live checkpoint names one of the users, or cannot be read (then it may); a large file
+    the audit's index says names none of them is not read."""
+    findings = scan_for(str(config.checkpoint), users, store_files=StoreFiles(spark), index=AuditIndex(config.home))
     return any(found.total() or found.unreadable for found in findings.values())
 
 
@@ -349,17 +353,20 @@ def _places(config: SessionsConfig) -> list[tuple[str, str]]:
     return [(place, uri) for place, uri in places if uri]
 
 
-def verify_forgotten(config: SessionsConfig, spark: SparkSession, user_id: str) -> ForgetVerification:
+def verify_forgotten(config: SessionsConfig, spark: SparkSession, user_id: str, *, full: bool = False
+                     ) -> ForgetVerification:
     """As an auditor would: every file under every location the product writes (tables with every version and their
     logs, savepoints, the checkpoint and those set aside, landing, leases, the home), each read for every spelling
-    of U (state_store.audit), and the live state asked through Spark."""
-    return verify_forgotten_many(config, spark, [user_id])[0]
+    of U (state_store.audit), and the live state asked through Spark. A large file the audit's index says cannot
+    name U is not read (state_store.audit_index); `full`: every file is, the index's own too."""
+    return verify_forgotten_many(config, spark, [user_id], full=full)[0]
 
 
-def verify_forgotten_many(config: SessionsConfig, spark: SparkSession, users: Sequence[str]
-                          ) -> list[ForgetVerification]:
-    """verify_forgotten for several users at once, in the order given: every file read once for all of them, the
-    live state asked once."""
+def verify_forgotten_many(config: SessionsConfig, spark: SparkSession, users: Sequence[str], *, full: bool = False,
+                          index_min_bytes: int = MIN_BYTES) -> list[ForgetVerification]:
+    """verify_forgotten for several users at once, in the order given: every file read once for all of them (or
+    skipped by the index for all of them), the live state asked once. `index_min_bytes`: the smallest file the index
+    covers."""
     ids = user_ids_of(users)
     spelled = [UserSpelling(user_id) for user_id in ids]
     found: dict[str, dict[str, int]] = {user_id: {} for user_id in ids}
@@ -367,21 +374,26 @@ def verify_forgotten_many(config: SessionsConfig, spark: SparkSession, users: Se
     unreadable: dict[str, str] = {}
     seen: set[str] = set()
     store_files = StoreFiles(spark)  # state store files are compressed: read decoded, or named as unreadable
+    index = None if full else AuditIndex(config.home, min_bytes=index_min_bytes)
     # Checkpoints restores set aside live beside the checkpoint (outside it when the home is elsewhere).
     places = [(place, uri, f"{place}:") for place, uri in _places(config)]
     places += [("set_aside_checkpoints", str(path), f"set_aside:{path.name}/") for path in replaced_checkpoints(config)]
     for place, uri, label in places:
-        for user_id, findings in scan_for(uri, spelled, seen=seen, store_files=store_files).items():
+        for user_id, findings in scan_for(uri, spelled, seen=seen, store_files=store_files, index=index).items():
             found[user_id][place] = found[user_id].get(place, 0) + findings.total()
             files[user_id].update({f"{label}{path}": count for path, count in findings.files.items()})
             unreadable.update({f"{label}{path}": why for path, why in findings.unreadable.items()})
+    skipped = 0
+    if index is not None:
+        index.finish()  # every location was scanned: entries no file had are of files gone or changed
+        skipped = index.skipped
     live = _live_events(spark, config, ids)
     answers = []
     for user_id in ids:
         found[user_id]["live_state_events"] = live[user_id]
         clean = not any(found[user_id].values()) and not unreadable
         answers.append(ForgetVerification(user_hash(config, user_id), clean, found[user_id], files[user_id],
-                                          dict(unreadable)))
+                                          dict(unreadable), files_read=len(seen) - skipped, files_skipped=skipped))
     return answers
 
 
@@ -408,14 +420,16 @@ def forget(config: SessionsConfig, users: str | Sequence[str], *, spark: SparkSe
     return ForgetResult.from_dict(answer.erased)
 
 
-def verify(config: SessionsConfig, user_id: str, *, spark: SparkSession | None = None) -> ForgetVerification:
-    """`forget --verify` of one user (verify_forgotten)."""
+def verify(config: SessionsConfig, user_id: str, *, spark: SparkSession | None = None, full: bool = False
+           ) -> ForgetVerification:
+    """`forget --verify [--full]` of one user (verify_forgotten)."""
     with spark_failures(config):
-        return verify_forgotten(config, session(config, spark), user_id)
+        return verify_forgotten(config, session(config, spark), user_id, full=full)
 
 
-def verify_many(config: SessionsConfig, users: Sequence[str], *, spark: SparkSession | None = None) -> Verifications:
-    """`forget --verify` of several users: every file read once for all of them (verify_forgotten_many)."""
+def verify_many(config: SessionsConfig, users: Sequence[str], *, spark: SparkSession | None = None,
+                full: bool = False) -> Verifications:
+    """`forget --verify [--full]` of several users: every file read once for all of them (verify_forgotten_many)."""
     ids = user_ids_of(users)
     with spark_failures(config):
-        return Verifications.of(verify_forgotten_many(config, session(config, spark), ids))
+        return Verifications.of(verify_forgotten_many(config, session(config, spark), ids, full=full))

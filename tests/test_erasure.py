@@ -125,12 +125,14 @@ def test_the_cli_forgets_and_verifies_in_json(spark, tmp_path):
     assert result["removed"]["raw_events"] == sum(u["removed"]["raw_events"] for u in result["users"])
     given = [USER, OPENED[0], *CLOSED, *OPENED[1:]]  # each once, in the order given (--user first, then the file)
     assert [u["user_hash"] for u in result["users"]] == [user_hash(config, user) for user in given]
-    checked = subprocess.run([tool("sessionctl"), "forget", "--verify", *(a for u in USERS for a in ("--user", u)),
-                              "--json"], env=env, capture_output=True, text=True, timeout=600)
+    checked = subprocess.run([tool("sessionctl"), "forget", "--verify", "--full",
+                              *(a for u in USERS for a in ("--user", u)), "--json"],
+                             env=env, capture_output=True, text=True, timeout=600)
     assert checked.returncode == 0, checked.stderr[-2000:]
     answer = json.loads(checked.stdout)
     assert answer["clean"] is True and set(answer["found"].values()) == {0}
     assert [u["user_hash"] for u in answer["users"]] == [user_hash(config, user) for user in USERS]
+    assert answer["users"][0]["files_skipped"] == 0 and answer["users"][0]["files_read"] > 10  # --full: every file
 
 
 def test_forget_twice_is_a_no_op_the_second_time(spark, tmp_path):

@@ -95,6 +95,8 @@ CASES = {
                           code=2),
     "forget requests and a user": Case(("forget", "--requests", "--user", "u1"), r"--requests takes the users from "
                                        r"the request files: not with --user, --users-file or --verify", code=2),
+    "forget full without verify": Case(("forget", "--full", "--user", "u1"), r"--full goes with --verify \(an "
+                                       r"erasure always goes through every file\)", code=2),
     "forget users file missing": Case(("forget", "--users-file", "home/users.txt"),
                                       r"argument --users-file: no such file: home/users.txt", code=2),
     "forget users file empty": Case(("forget", "--verify", "--users-file", "home/users.txt"),

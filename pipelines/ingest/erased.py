@@ -9,6 +9,7 @@ identifier character on either side (so forgetting `u-1` never counts `u-10`).
 """
 from __future__ import annotations
 
+import contextlib
 import datetime as dt
 import functools
 import hashlib
@@ -21,6 +22,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Final, Literal
 
+import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 from deltalake import DeltaTable, write_deltalake
@@ -28,8 +30,8 @@ from deltalake import DeltaTable, write_deltalake
 from pipelines.config import SessionsConfig
 from pipelines.storage import read_rows, storage_options, table_exists
 
-__all__ = ["LOG_SCHEMA", "LOG_TABLE", "ErasedUsers", "UserGroup", "UserSpelling", "erasures_recorded", "log_erasure",
-           "log_erasures", "user_hash"]
+__all__ = ["ID_BYTES", "LOG_SCHEMA", "LOG_TABLE", "ErasedUsers", "UserGroup", "UserSpelling", "erasures_recorded",
+           "id_tokens", "is_id_byte", "log_erasure", "log_erasures", "text_tokens", "user_hash", "value_tokens"]
 
 KEY_FILE = "erasure.key"
 LOG_TABLE = "erasure_log"
@@ -42,7 +44,14 @@ DROPPED: Final = "dropped_at_ingest"   # a standing erasure's drops: events of a
 ErasureStatus = Literal["started", "complete", "dropped_at_ingest"]  # an erasure log row's status
 ERASED = "[erased]"             # what a scrubbed Delta log value says instead of the id
 
-_ID_CHAR = re.compile(rb"[0-9A-Za-z_.\-@+]")
+_ID_CLASS = rb"[0-9A-Za-z_.\-@+]"  # the bytes an id is made of: a mention is bounded by others on both sides
+_ID_CHAR = re.compile(_ID_CLASS)
+_ID_RUN = re.compile(_ID_CLASS + b"+")
+ID_BYTES = np.array([bool(_ID_CHAR.match(bytes([b]))) for b in range(256)])  # the same class, as a lookup table
+
+
+def is_id_byte(byte: int) -> bool:
+    return bool(ID_BYTES[byte])
 _SQL_LITERAL = re.compile(r"'((?:[^']|'')*)'")
 _USER_FIELD = re.compile(r'"user_id"\s*:\s*("(?:[^"\\]|\\.)*"|-?\d+)')
 
@@ -94,6 +103,52 @@ def normalized_user(value: object) -> str | None:
     return None
 
 
+def id_tokens(data: bytes) -> set[bytes]:
+    """The maximal runs of id bytes in `data`. Where UserSpelling.in_bytes finds a spelling, every run of id bytes of
+    that spelling (UserSpelling.pieces) is one of them: the spelling is bounded by other bytes on both sides."""
+    return set(_ID_RUN.findall(data))
+
+
+def text_tokens(text: str, into: set[bytes]) -> None:
+    """Adds to `into` the tokens by which a string can name a user (UserSpelling.names): the runs of its own bytes and,
+    where it holds an escape or a doubled quote, those of every string it decodes to (a JSON document, a SQL literal,
+    a `"user_id":` token). Whenever names(text) is true for U, one of U's pieces sets is within them."""
+    raw = text.encode()
+    into.update(id_tokens(raw))
+    if b"-0" in raw:
+        into.add(b"0")  # JSON's -0 decodes to the integer 0, whose text is "0"
+    if "\\" not in text and "''" not in text:
+        return  # what it decodes to is its own text, in quotes: runs of it already
+    stripped = text.strip()
+    if stripped[:1] in ("{", "["):
+        with contextlib.suppress(ValueError, RecursionError):
+            value_tokens(json.loads(stripped), into)
+    for literal in _SQL_LITERAL.findall(text):
+        unquoted = literal.replace("''", "'")
+        if unquoted != text:
+            text_tokens(unquoted, into)
+    for token in _USER_FIELD.findall(text):
+        try:
+            value_tokens(json.loads(token), into)
+        except (ValueError, RecursionError):
+            continue
+
+
+def value_tokens(value: Any, into: set[bytes]) -> None:
+    """text_tokens for a decoded JSON value (UserSpelling.in_value): its keys, its strings, its integers' text."""
+    if isinstance(value, dict):
+        for key, item in value.items():
+            text_tokens(str(key), into)
+            value_tokens(item, into)
+    elif isinstance(value, (list, tuple)):  # a tuple: a Parquet map's (key, value)
+        for item in value:
+            value_tokens(item, into)
+    elif isinstance(value, str):
+        text_tokens(value, into)
+    elif isinstance(value, int) and not isinstance(value, bool):
+        into.update(id_tokens(str(value).encode()))
+
+
 @functools.lru_cache(maxsize=4096)
 def _byte_forms(user_id: str) -> tuple[bytes, ...]:
     base = {user_id, json.dumps(user_id)[1:-1], json.dumps(user_id, ensure_ascii=False)[1:-1],
@@ -112,6 +167,11 @@ class UserSpelling:
         """U as bytes in text and binary files: UTF-8, JSON-escaped (ASCII and UTF-8), SQL-quoted, and each of those
         escaped once more (a predicate or stats string inside a JSON document)."""
         return list(_byte_forms(self.user_id))
+
+    def pieces(self) -> list[frozenset[bytes]]:
+        """For each spelling, its runs of id bytes: a file can name U only where every run of one spelling is a token
+        of it (id_tokens, text_tokens). An empty set (a spelling with no id byte) can be anywhere."""
+        return [frozenset(id_tokens(form)) for form in self.byte_forms()]
 
     def in_bytes(self, data: bytes) -> int:
         """Occurrences of U in raw bytes, bounded by non-identifier bytes on both sides."""
@@ -162,7 +222,7 @@ class UserSpelling:
             if "user_id" in value and normalized_user(value["user_id"]) == self.user_id:
                 return True
             return any(self.names(str(k)) or self.in_value(v) for k, v in value.items())
-        if isinstance(value, list):
+        if isinstance(value, (list, tuple)):  # a tuple: a Parquet map's (key, value)
             return any(self.in_value(v) for v in value)
         return isinstance(value, str) and self.names(value)
 
