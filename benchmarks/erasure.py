@@ -3,7 +3,13 @@ open session (the live state is rebuilt: a savepoint and a restore of all of it)
 names (landed after the last batch: the checkpoint is left as it is); with `--bulk N`, also N open users in one
 request. Users x 2 events, RocksDB, `local[2]`, 4 state partitions (benchmarks/lifecycle.py's state).
 
+With `--verify`, `sessionctl forget --verify` instead, as whole commands: reading every file (`--full`), the first
+verify with the audit's index (which builds it), then indexed verifies of an open user and of a forgotten one; then
+the warehouse is grown `--grow` times over (other users' events, ingested) and the same again. The indexed verify
+should cost about the same at both sizes, reading only the files that may hold the user.
+
     .venv/bin/python benchmarks/erasure.py [--users 10000] [--rounds 2] [--provider rocksdb]
+    .venv/bin/python benchmarks/erasure.py --verify [--users 1000000] [--grow 3]
 """
 from __future__ import annotations
 
@@ -12,7 +18,9 @@ import datetime as dt
 import json
 import os
 import statistics
+import subprocess
 import sys
+import time
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
@@ -20,8 +28,9 @@ REPO = HERE.parent
 if str(REPO) not in sys.path:
     sys.path.insert(0, str(REPO))
 
-from benchmarks.lifecycle import _sessionctl, state_home  # noqa: E402
+from benchmarks.lifecycle import _env, _sessionctl, build_state, state_home  # noqa: E402
 from pipelines.core.sample_data import land  # noqa: E402
+from pipelines.job.runtime import get_spark, stop_spark  # noqa: E402
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -30,8 +39,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--rounds", type=int, default=2)
     parser.add_argument("--provider", default="rocksdb")
     parser.add_argument("--bulk", type=int, default=0, help="also N open users erased in one request")
+    parser.add_argument("--verify", action="store_true", help="measure forget --verify instead (see above)")
+    parser.add_argument("--grow", type=int, default=3, help="with --verify: the warehouse's second size, in times")
     parser.add_argument("--results-dir", type=Path, default=HERE / "results" / "erasure")
     args = parser.parse_args(argv)
+    if args.verify:
+        return measure_verify(args)
     home, config = state_home("erasure-bench-", args.provider, args.users)
     runs: dict[str, list[float]] = {"open user": [], "user not in the checkpoint": []}
     if args.bulk:
@@ -58,6 +71,53 @@ def main(argv: list[str] | None = None) -> int:
     args.results_dir.mkdir(parents=True, exist_ok=True)
     (args.results_dir / f"forget-{args.provider}-{args.users}.json").write_text(json.dumps(out, indent=2) + "\n")
     print(json.dumps({name: statistics.median(s) for name, s in runs.items()}), json.dumps(out))
+    return 0
+
+
+def _verify(home: Path, provider: str, user: str, *full: str) -> dict:
+    """`forget --verify` as a whole command; its exit code 3 (not clean: the user is there) is an answer too."""
+    env = {**os.environ, **_env(home, provider, None)}
+    began = time.monotonic()
+    done = subprocess.run([str(REPO / ".venv" / "bin" / "sessionctl"), "forget", "--verify", *full, "--user", user,
+                           "--json"], capture_output=True, text=True, env=env, timeout=1800)
+    seconds = round(time.monotonic() - began, 3)
+    if done.returncode not in (0, 3):
+        raise SystemExit(f"forget --verify {user} failed: {done.stderr.strip()[-2000:]}")
+    answer = json.loads(done.stdout.strip().splitlines()[-1])
+    return {"seconds": seconds, "clean": answer["clean"], "files_read": answer["files_read"],
+            "files_skipped": answer["files_skipped"]}
+
+
+def _bytes_under(root: Path) -> int:
+    return sum(path.stat().st_size for path in root.rglob("*") if path.is_file())
+
+
+def measure_verify(args: argparse.Namespace) -> int:
+    """forget --verify, full and indexed, at the built size and `--grow` times it (see the module docstring)."""
+    home, config = state_home("verify-bench-", args.provider, args.users)
+    forgotten = "u0000003"
+    _sessionctl(home, args.provider, "forget", "--user", forgotten, "--json")
+    sizes = []
+    for size in (1, args.grow):
+        if size > 1:  # other users' events, ingested: more files in every table, landing and the state
+            spark = get_spark(config)
+            build_state(config, args.users * size, spark, start=args.users)
+            stop_spark(spark)
+        load = [os.getloadavg()[0]]
+        runs = {"full, open user": _verify(home, args.provider, "u0000007", "--full"),
+                "indexed, first (builds the index)": _verify(home, args.provider, "u0000007"),
+                "indexed, open user": _verify(home, args.provider, "u0000011"),
+                "indexed, forgotten user": _verify(home, args.provider, forgotten),
+                "full, forgotten user": _verify(home, args.provider, forgotten, "--full")}
+        load.append(os.getloadavg()[0])
+        index = home / "audit-index"
+        sizes.append({"open_users": args.users * size, "home_bytes": _bytes_under(home) - _bytes_under(index),
+                      "index_bytes": _bytes_under(index), "runs": runs, "loadavg_1m": load})
+        print(json.dumps(sizes[-1]))
+    out = {"date": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"), "provider": args.provider,
+           "sizes": sizes}
+    args.results_dir.mkdir(parents=True, exist_ok=True)
+    (args.results_dir / f"verify-{args.provider}-{args.users}.json").write_text(json.dumps(out, indent=2) + "\n")
     return 0
 
 

@@ -159,10 +159,11 @@ def state_home(prefix: str, provider: str, users: int) -> tuple[Path, SessionsCo
     return home, config
 
 
-def build_state(config: SessionsConfig, users: int, spark, users_per_file: int = 100_000) -> None:
-    """users x 2 events, landed in files of `users_per_file` users (this process never holds them all)."""
+def build_state(config: SessionsConfig, users: int, spark, users_per_file: int = 100_000, *, start: int = 0) -> None:
+    """Users `start` .. `users` - 1 x 2 events, landed in files of `users_per_file` users (this process never holds
+    them all)."""
     base = dt.datetime(2026, 11, 1, 10, tzinfo=dt.timezone.utc)
-    for first in range(0, users, users_per_file):
+    for first in range(start, users, users_per_file):
         lines = []
         for u in range(first, min(users, first + users_per_file)):
             for k in range(2):
