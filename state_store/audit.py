@@ -23,7 +23,7 @@ import re
 import tempfile
 import uuid
 import zipfile
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
@@ -39,7 +39,8 @@ from state_store.audit_index import AuditIndex, may_name
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession
 
-__all__ = ["Findings", "StoreFiles", "Unreadable", "mentions", "mentions_of", "scan", "scan_for", "scrub_delta_log", "token_texts"]
+__all__ = ["Findings", "StoreFiles", "Unreadable", "is_state_file", "mentions", "mentions_of", "scan", "scan_for",
+           "scrub_delta_log", "token_texts"]
 
 LOG_DIR = "_delta_log"
 # Spark's state store files, version first (`12.delta`; checkpoint format v2 adds `_<unique id>`): the HDFS-backed
@@ -57,13 +58,28 @@ class StoreFiles:
     """Spark's state store files as plain bytes, decoded by the libraries that wrote them, in the driver's JVM
     (sessions.StoreFileText: Spark's compression codec by the stream's magic bytes, RocksDB's SST reader)."""
 
-    def __init__(self, spark: SparkSession | None) -> None:
-        self._spark = spark
+    def __init__(self, spark: SparkSession | Callable[[], SparkSession] | None) -> None:
+        self._spark = spark  # a callable: Spark started when the first state store file is read
+        self._last: tuple[bytes, bytes] | None = None
+
+    def session(self) -> SparkSession | None:
+        if callable(self._spark):
+            self._spark = self._spark()
+        return self._spark
 
     def plain(self, name: str, data: bytes) -> bytes:
-        if self._spark is None:
+        """The file's plain bytes; the last file's kept (the scan and the index read one file in turn)."""
+        if self._last is not None and self._last[0] is data:
+            return self._last[1]
+        plain = self._decode(name, data)
+        self._last = (data, plain)
+        return plain
+
+    def _decode(self, name: str, data: bytes) -> bytes:
+        spark = self.session()
+        if spark is None:
             raise Unreadable("a state store file is read through Spark, which this audit has not started")
-        jvm = self._spark.sparkContext._jvm
+        jvm = spark.sparkContext._jvm
         assert jvm is not None
         # The JVM writes the plain bytes to a local file: py4j hands a returned byte array over a byte at a time.
         with tempfile.TemporaryDirectory(prefix="audit-") as work:
@@ -73,7 +89,7 @@ class StoreFiles:
                 if name.endswith(".sst"):
                     text.sstTo(bytearray(data), out)
                 else:
-                    text.streamTo(bytearray(data), self._spark.sparkContext._jsc.sc().conf(), out)
+                    text.streamTo(bytearray(data), spark.sparkContext._jsc.sc().conf(), out)
             except Exception as error:  # py4j's error, or the class missing (the operator's jar not built)
                 from pipelines.job.runtime import error_line  # pyspark: never for a scan that reads no state file
 
@@ -118,10 +134,33 @@ def _read(fs: pafs.FileSystem, path: str) -> bytes:
         return bytes(handle.read())
 
 
+_DECODED: list[tuple[bytes, pa.Table]] = []  # the last Parquet file decoded: the scan and the index read it in turn
+
+
+def _parquet_table(data: bytes) -> pa.Table:
+    if _DECODED and _DECODED[0][0] is data:
+        return _DECODED[0][1]
+    _DECODED.clear()  # the previous file's table goes before this one is decoded
+    table = pq.read_table(pa.BufferReader(data))
+    _DECODED.append((data, table))
+    return table
+
+
+def _holding_any(text: pa.Array | pa.ChunkedArray, needles: list[str]) -> pa.Array | pa.ChunkedArray:
+    """Which strings hold any of `needles`: a literal search each (faster than a regex), one regex past eight."""
+    needles = list(dict.fromkeys(needles))
+    if len(needles) > 8:
+        return pc.match_substring_regex(text, "|".join(re.escape(needle) for needle in needles))
+    found = pc.match_substring(text, needles[0])
+    for needle in needles[1:]:
+        found = pc.or_(found, pc.match_substring(text, needle))
+    return found
+
+
 def _parquet_mentions(data: bytes, users: Sequence[UserSpelling], *, nested: bool) -> dict[str, int]:
     """Mentions of each user in one Parquet file, decoded once (its bytes, when it is not Parquet after all)."""
     try:
-        table = pq.read_table(pa.BufferReader(data))
+        table = _parquet_table(data)
     except Exception:  # noqa: BLE001 -- not Parquet after all (or damaged): judged by its bytes
         return {user.user_id: user.in_bytes(data) for user in users}
     found = dict.fromkeys((user.user_id for user in users), 0)
@@ -131,8 +170,7 @@ def _parquet_mentions(data: bytes, users: Sequence[UserSpelling], *, nested: boo
             # One pass for all users: the values that are a user's id or could spell one (an id inside, or an
             # escape), counted once each; then each such distinct value judged per user (UserSpelling.matching).
             text = pc.fill_null(column.cast(pa.string()), "")
-            spellings = [re.escape(form.decode()) for user in users for form in user.byte_forms()]  # '' ones too
-            maybe = pc.match_substring_regex(text, "|".join([re.escape("\\"), *spellings]))
+            maybe = _holding_any(text, ["\\", *(form.decode() for user in users for form in user.byte_forms())])
             for item in pc.value_counts(pc.filter(text, maybe)).to_pylist():
                 value, times = item["values"], item["counts"]
                 for user in users:
@@ -216,6 +254,12 @@ def mentions_of(path: str, data: bytes, users: Sequence[UserSpelling], *, store_
     return {**none, **{user.user_id: user.in_bytes(data) for user in candidates}}
 
 
+def is_state_file(path: str) -> bool:
+    """Whether a file is one of Spark's state store files (read decoded, through the JVM)."""
+    name = path.rsplit("/", 1)[-1]
+    return bool(_STATE_STREAM.match(name) or _STATE_ZIP.match(name)) or name.endswith(".sst")
+
+
 def token_texts(path: str, data: bytes, *, store_files: StoreFiles | None = None) -> list[bytes]:
     """Texts whose runs of id bytes are the tokens by which one file can name a user, read as mentions_of reads it:
     whenever mentions_of finds U in it, every run of one of U's spellings is a run of these texts
@@ -247,7 +291,7 @@ def token_texts(path: str, data: bytes, *, store_files: StoreFiles | None = None
 def _parquet_texts(data: bytes) -> list[bytes]:
     """Parquet's string values as _parquet_mentions reads them (nested ones decoded)."""
     try:
-        table = pq.read_table(pa.BufferReader(data))
+        table = _parquet_table(data)
     except Exception:  # noqa: BLE001 -- not Parquet after all: its bytes are read as they are
         return []
     texts: list[bytes] = []
@@ -256,7 +300,7 @@ def _parquet_texts(data: bytes) -> list[bytes]:
         kind = column.type
         if pa.types.is_string(kind) or pa.types.is_large_string(kind) or pa.types.is_string_view(kind):
             values = pc.unique(pc.fill_null(column.cast(pa.string()), ""))
-            escaped = pc.match_substring_regex(values, r"\\|''")
+            escaped = _holding_any(values, ["\\", "''"])
             texts.append("\n".join(pc.filter(values, pc.invert(escaped)).to_pylist()).encode())
             for value in pc.filter(values, escaped).to_pylist():
                 text_tokens(value, decoded)
@@ -290,7 +334,7 @@ def scan_for(uri: str, users: Sequence[UserSpelling], *, seen: set[str] | None =
                 continue
             seen.add(path)
         relative = os.path.relpath(path, root) if not is_s3(uri) else path[len(root):].lstrip("/")
-        bloom = index.lookup(path, info) if index is not None else None
+        bloom = index.lookup(path, info, any_size=is_state_file(path)) if index is not None else None
         if bloom is not None and not any(may_name(bloom, user) for user in users):
             index.skipped += 1  # type: ignore[union-attr]  # bloom is only found through an index
             continue
@@ -298,7 +342,7 @@ def scan_for(uri: str, users: Sequence[UserSpelling], *, seen: set[str] | None =
             data = _read(fs, path)
             for user_id, count in mentions_of(path, data, users, store_files=store_files).items():
                 findings[user_id].add(relative, count)
-            if index is not None and bloom is None and index.covers(path, info):
+            if index is not None and bloom is None and index.covers(path, info, any_size=is_state_file(path)):
                 index.add(path, info, token_texts(path, data, store_files=store_files))
         except Unreadable as why:
             for found in findings.values():

@@ -28,6 +28,7 @@ __all__ = ["INDEX_DIR", "MIN_BYTES", "AuditIndex", "Bloom"]
 
 INDEX_DIR = "audit-index"
 MIN_BYTES = 256 * 1024   # smaller files are read every time: an entry would save little and a listing costs the same
+_FORMAT = "bloom-v1"  # in every entry's name: entries of another hashing are never read, and are deleted
 _HASHES = 5               # with 10 to 20 bits a run: 1% to 0.1% false "maybe" per run
 _BITS_PER_TOKEN = 10
 _CHUNK = 1 << 20          # bytes tokenized at once (the arrays are a few times this)
@@ -57,8 +58,7 @@ def _run_hashes(data: bytes) -> np.ndarray:
 
 @functools.lru_cache(maxsize=8)
 def _powers(base: int, count: int) -> np.ndarray:
-    """base**0 .. base**(count-1) modulo 2**64, by doubling (numpy's cumprod is slow on uint64); the last few kept
-    (every chunk but a file's last is about _CHUNK long)."""
+    """base**0 .. base**(count-1) modulo 2**64, by doubling (numpy's cumprod is slow on uint64); the last few kept."""
     out = np.ones(max(count, 1), dtype=np.uint64)
     filled = 1
     with np.errstate(over="ignore"):
@@ -71,7 +71,8 @@ def _powers(base: int, count: int) -> np.ndarray:
 
 
 def _powers_for(base: int, count: int) -> np.ndarray:
-    return _powers(base, _CHUNK)[:count] if count <= _CHUNK else _powers(base, count)
+    # A chunk runs on past _CHUNK to the end of its last run: a few bytes, or a long run's length (then computed).
+    return _powers(base, 2 * _CHUNK)[:count] if count <= 2 * _CHUNK else _powers(base, count)
 
 
 def _chunk_hashes(chunk: np.ndarray) -> np.ndarray:
@@ -111,17 +112,18 @@ class Bloom:
         """The filter of every run of id bytes in `texts`."""
         hashes = np.concatenate([np.empty((0, 2), dtype=np.uint64), *map(_run_hashes, texts)])
         # Sized by the distinct runs, a power of two (positions by a mask): 10 to 20 bits a run.
-        size = 1 << max(10, (_BITS_PER_TOKEN * _distinct(hashes[:, 0]) - 1).bit_length())
+        size = 1 << min(32, max(10, (_BITS_PER_TOKEN * _distinct(hashes[:, 0]) - 1).bit_length()))
         marks = np.zeros(size, dtype=bool)
         marks[cls._positions(hashes, size).ravel()] = True
         return cls(np.packbits(marks, bitorder="little"))
 
     @staticmethod
     def _positions(hashes: np.ndarray, size: int) -> np.ndarray:
-        mask = np.uint64(size - 1)  # size: a power of two
-        first, step = hashes[:, 0] & mask, hashes[:, 1] | np.uint64(1)
+        # size: a power of two up to 2**32, so arithmetic modulo 2**32 then the mask is arithmetic modulo size
+        mask = np.uint32(size - 1)
+        first, step = hashes[:, 0].astype(np.uint32) & mask, hashes[:, 1].astype(np.uint32) | np.uint32(1)
         with np.errstate(over="ignore"):
-            return (first[:, None] + np.arange(_HASHES, dtype=np.uint64)[None, :] * step[:, None]) & mask
+            return (first[:, None] + np.arange(_HASHES, dtype=np.uint32)[None, :] * step[:, None]) & mask
 
     def may_hold(self, runs: Iterable[bytes]) -> bool:
         """False only if one of `runs` (each a run of id bytes) was never added."""
@@ -129,7 +131,7 @@ class Bloom:
         if not len(hashes):
             return True
         positions = self._positions(hashes, len(self.bits) * 8).ravel()
-        return bool(np.all((self.bits[positions >> np.uint64(3)] >> (positions & np.uint64(7)).astype(np.uint8)) & 1))
+        return bool(np.all((self.bits[positions >> np.uint32(3)] >> (positions & np.uint32(7)).astype(np.uint8)) & 1))
 
     def hex(self) -> bytes:
         return self.bits.tobytes().hex().encode()
@@ -162,13 +164,15 @@ class AuditIndex:
     def _name(path: str, info: pafs.FileInfo) -> str | None:
         if info.size is None or info.mtime_ns is None:
             return None  # no identity to trust: read every time
-        return hashlib.sha256(f"{path}\0{info.size}\0{info.mtime_ns}".encode()).hexdigest()[:40]
+        return hashlib.sha256(f"{_FORMAT}\0{path}\0{info.size}\0{info.mtime_ns}".encode()).hexdigest()[:40]
 
-    def covers(self, path: str, info: pafs.FileInfo) -> bool:
-        return (info.size or 0) >= self.min_bytes and self._name(path, info) is not None
+    def covers(self, path: str, info: pafs.FileInfo, *, any_size: bool = False) -> bool:
+        """Whether the file has (or gets) an entry: a large one, or any size with `any_size` (Spark's state files,
+        whose reading starts a JVM)."""
+        return (any_size or (info.size or 0) >= self.min_bytes) and self._name(path, info) is not None
 
-    def lookup(self, path: str, info: pafs.FileInfo) -> Bloom | None:
-        name = self._name(path, info) if self.covers(path, info) else None
+    def lookup(self, path: str, info: pafs.FileInfo, *, any_size: bool = False) -> Bloom | None:
+        name = self._name(path, info) if self.covers(path, info, any_size=any_size) else None
         if name is None or name not in self._names:
             return None
         try:

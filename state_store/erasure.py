@@ -2,8 +2,9 @@
 raw_events, sessions, quarantine, the live state and the versions its checkpoint retains, every savepoint, the files
 of older table versions (within SESSIONS_ERASURE_DEADLINE_HOURS), the tables' Delta logs (predicates and statistics
 scrubbed) and every landed file (pending, still being written or archived; any spelling of the id) -- and `forget
---verify` reads every file under every location the product writes, as an auditor would, and says where U still
-appears. Events of U that arrive later are dropped at ingest (the standing erasure, pipelines.ingest.erased.ErasedUsers).
+--verify` reads the files under every location the product writes, as an auditor would (skipping only those the
+audit's index says cannot name U; `--full`: every one), and says where U still appears. Events of U that arrive
+later are dropped at ingest (the standing erasure, pipelines.ingest.erased.ErasedUsers).
 
 Several users are one erasure that costs about what one user costs: one state rewrite, one DELETE per table (`user_id
 IN (...)`), one pass over each landed file, each savepoint and each Delta log, one scan of every file for verify;
@@ -19,7 +20,7 @@ from __future__ import annotations
 import datetime as dt
 import time
 import uuid
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
 
@@ -38,7 +39,8 @@ from pipelines.coordination.requests import await_answer, request_erasure
 from pipelines.errors import NoCommittedBatch, Result, SessionsError, StopIncomplete
 from pipelines.ingest.erase_lines import erase_landed_lines_of
 from pipelines.ingest.erased import COMPLETE, STARTED, UserSpelling, log_erasures, user_hash
-from pipelines.job.checkpoint import inspect_checkpoint, read_restore_marker
+from pipelines.job.checkpoint import inspect_checkpoint, read_job_metadata, read_restore_marker
+from pipelines.job.operators.jvm import STATE_LAYOUT
 from pipelines.job.runtime import spark_failures
 from pipelines.locations import checkpoint_path, remove_tree
 from pipelines.storage import filesystem, join, read_rows, sql_literal, storage_options, table_exists
@@ -95,6 +97,7 @@ class ForgetVerification(Result):
     found: dict[str, int]
     files: dict[str, int] = field(default_factory=dict)  # location/relative path -> mentions, where found
     unreadable: dict[str, str] = field(default_factory=dict)  # location/relative path -> why: never clean while any
+    live_state_asked: bool = True  # false: no file of the checkpoint names the users, so its state cannot hold them
     files_read: int = 0     # files read for the verify (all the users of one at once)
     files_skipped: int = 0  # files not read: the audit's index says they cannot name any of the users (not --full)
 
@@ -353,20 +356,23 @@ def _places(config: SessionsConfig) -> list[tuple[str, str]]:
     return [(place, uri) for place, uri in places if uri]
 
 
-def verify_forgotten(config: SessionsConfig, spark: SparkSession, user_id: str, *, full: bool = False
-                     ) -> ForgetVerification:
+def verify_forgotten(config: SessionsConfig, spark: SparkSession | Callable[[], SparkSession], user_id: str, *,
+                     full: bool = False) -> ForgetVerification:
     """As an auditor would: every file under every location the product writes (tables with every version and their
     logs, savepoints, the checkpoint and those set aside, landing, leases, the home), each read for every spelling
-    of U (state_store.audit), and the live state asked through Spark. A large file the audit's index says cannot
-    name U is not read (state_store.audit_index); `full`: every file is, the index's own too."""
+    of U (state_store.audit), and the live state asked through Spark where a file of the checkpoint names U. A large
+    file the audit's index says cannot name U is not read (state_store.audit_index); `full`: every file is, the
+    index's own too, and the live state is always asked. `spark` may be a callable: Spark is then started only
+    if a state store file must be decoded or the live state asked."""
     return verify_forgotten_many(config, spark, [user_id], full=full)[0]
 
 
-def verify_forgotten_many(config: SessionsConfig, spark: SparkSession, users: Sequence[str], *, full: bool = False,
-                          index_min_bytes: int = MIN_BYTES) -> list[ForgetVerification]:
+def verify_forgotten_many(config: SessionsConfig, spark: SparkSession | Callable[[], SparkSession],
+                          users: Sequence[str], *, full: bool = False, index_min_bytes: int = MIN_BYTES
+                          ) -> list[ForgetVerification]:
     """verify_forgotten for several users at once, in the order given: every file read once for all of them (or
     skipped by the index for all of them), the live state asked once. `index_min_bytes`: the smallest file the index
-    covers."""
+    covers (Spark's state files: any size)."""
     ids = user_ids_of(users)
     spelled = [UserSpelling(user_id) for user_id in ids]
     found: dict[str, dict[str, int]] = {user_id: {} for user_id in ids}
@@ -375,10 +381,12 @@ def verify_forgotten_many(config: SessionsConfig, spark: SparkSession, users: Se
     seen: set[str] = set()
     store_files = StoreFiles(spark)  # state store files are compressed: read decoded, or named as unreadable
     index = None if full else AuditIndex(config.home, min_bytes=index_min_bytes)
+    # The checkpoint first: whatever other location holds it, its files count under it (the live state's check below).
+    places = sorted(_places(config), key=lambda place: place[0] != "checkpoint")
+    labelled = [(place, uri, f"{place}:") for place, uri in places]
     # Checkpoints restores set aside live beside the checkpoint (outside it when the home is elsewhere).
-    places = [(place, uri, f"{place}:") for place, uri in _places(config)]
-    places += [("set_aside_checkpoints", str(path), f"set_aside:{path.name}/") for path in replaced_checkpoints(config)]
-    for place, uri, label in places:
+    labelled += [("set_aside_checkpoints", str(path), f"set_aside:{path.name}/") for path in replaced_checkpoints(config)]
+    for place, uri, label in labelled:
         for user_id, findings in scan_for(uri, spelled, seen=seen, store_files=store_files, index=index).items():
             found[user_id][place] = found[user_id].get(place, 0) + findings.total()
             files[user_id].update({f"{label}{path}": count for path, count in findings.files.items()})
@@ -387,14 +395,30 @@ def verify_forgotten_many(config: SessionsConfig, spark: SparkSession, users: Se
     if index is not None:
         index.finish()  # every location was scanned: entries no file had are of files gone or changed
         skipped = index.skipped
-    live = _live_events(spark, config, ids)
+    # The live state is made of the checkpoint's state files, just read decoded (or skipped by an index entry built
+    # from them decoded): in the layout keyed by user, each key row holds the user's id between non-id bytes, so
+    # where no file of the checkpoint names any of the users, the state holds none of them, and Spark is not asked.
+    named = any(found[user_id].get("checkpoint") for user_id in ids) or any(
+        path.startswith("checkpoint:") for path in unreadable)
+    ask = full or named or _layout(config) != STATE_LAYOUT
+    live = dict.fromkeys(ids, 0)
+    if ask:
+        started = store_files.session()  # the Spark the state files were read with, or started now
+        assert started is not None  # verify is always given Spark or a way to start it
+        live = _live_events(started, config, ids)
     answers = []
     for user_id in ids:
         found[user_id]["live_state_events"] = live[user_id]
         clean = not any(found[user_id].values()) and not unreadable
         answers.append(ForgetVerification(user_hash(config, user_id), clean, found[user_id], files[user_id],
-                                          dict(unreadable), files_read=len(seen) - skipped, files_skipped=skipped))
+                                          dict(unreadable), files_read=len(seen) - skipped, files_skipped=skipped,
+                                          live_state_asked=ask))
     return answers
+
+
+def _layout(config: SessionsConfig) -> str | None:
+    meta = read_job_metadata(config.checkpoint)
+    return meta.state_layout if meta is not None else STATE_LAYOUT  # no job yet: no state to ask
 
 
 def forget(config: SessionsConfig, users: str | Sequence[str], *, spark: SparkSession | None = None,
@@ -422,9 +446,9 @@ def forget(config: SessionsConfig, users: str | Sequence[str], *, spark: SparkSe
 
 def verify(config: SessionsConfig, user_id: str, *, spark: SparkSession | None = None, full: bool = False
            ) -> ForgetVerification:
-    """`forget --verify [--full]` of one user (verify_forgotten)."""
+    """`forget --verify [--full]` of one user (verify_forgotten; Spark started only if it is needed)."""
     with spark_failures(config):
-        return verify_forgotten(config, session(config, spark), user_id, full=full)
+        return verify_forgotten(config, lambda: session(config, spark), user_id, full=full)
 
 
 def verify_many(config: SessionsConfig, users: Sequence[str], *, spark: SparkSession | None = None,
@@ -432,4 +456,4 @@ def verify_many(config: SessionsConfig, users: Sequence[str], *, spark: SparkSes
     """`forget --verify [--full]` of several users: every file read once for all of them (verify_forgotten_many)."""
     ids = user_ids_of(users)
     with spark_failures(config):
-        return Verifications.of(verify_forgotten_many(config, session(config, spark), ids, full=full))
+        return Verifications.of(verify_forgotten_many(config, lambda: session(config, spark), ids, full=full))

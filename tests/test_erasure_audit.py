@@ -177,14 +177,15 @@ def _assert_oracle_without(spark, config, batches, *users: str) -> None:
 
 def _verify_indexed_as_full(spark, config, users: list[str]) -> list:
     """`forget --verify` of `users` with the audit index over every file (built by the first run, used by the
-    second) says exactly what reading every file says (--full); and a user no file names is verified clean with most
-    files not read."""
+    second) says exactly what reading every file and asking the live state says (--full); and a user no file names
+    is verified clean with most files not read and the live state not asked."""
     full = verify_forgotten_many(config, spark, users, full=True)
     for _ in range(2):
         indexed = verify_forgotten_many(config, spark, users, index_min_bytes=0)
         assert [(c.clean, c.found, c.files) for c in indexed] == [(c.clean, c.found, c.files) for c in full]
     nobody = verify_forgotten_many(config, spark, ["nobody-at-all"], index_min_bytes=0)[0]
     assert nobody.clean and nobody.files_skipped > 2 * nobody.files_read, (nobody.files_skipped, nobody.files_read)
+    assert not nobody.live_state_asked  # no file of the checkpoint names the user: its state cannot hold them
     return full
 
 
