@@ -375,13 +375,14 @@ def verify_forgotten_many(config: SessionsConfig, spark: SparkSession | Callable
     covers (Spark's state files: any size)."""
     ids = user_ids_of(users)
     spelled = [UserSpelling(user_id) for user_id in ids]
-    found: dict[str, dict[str, int]] = {user_id: {} for user_id in ids}
+    # Said in _places' order (the tables first), whatever order they are read in.
+    found: dict[str, dict[str, int]] = {user_id: dict.fromkeys(dict(_places(config)), 0) for user_id in ids}
     files: dict[str, dict[str, int]] = {user_id: {} for user_id in ids}
     unreadable: dict[str, str] = {}
     seen: set[str] = set()
     store_files = StoreFiles(spark)  # state store files are compressed: read decoded, or named as unreadable
     index = None if full else AuditIndex(config.home, min_bytes=index_min_bytes)
-    # The checkpoint first: whatever other location holds it, its files count under it (the live state's check below).
+    # The checkpoint read first: whatever other location holds it, its files count under it (the live state's check).
     places = sorted(_places(config), key=lambda place: place[0] != "checkpoint")
     labelled = [(place, uri, f"{place}:") for place, uri in places]
     # Checkpoints restores set aside live beside the checkpoint (outside it when the home is elsewhere).
