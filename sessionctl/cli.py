@@ -343,8 +343,8 @@ def build_parser() -> argparse.ArgumentParser:
                       "deleted once it is done")
     fg.add_argument("--verify", action="store_true", help="only say where the users still appear, per user. Exit 0: "
                     f"clean; {NOT_SO}: still found somewhere (the answer still on stdout, the places on stderr)")
-    fg.add_argument("--full", action="store_true", help="with --verify: read every file, as an auditor does, "
-                    "instead of skipping the large files the audit's index says cannot name the users")
+    fg.add_argument("--full", action="store_true", help="with --verify: read every file and ask the live state, as "
+                    "an auditor does, instead of skipping what the audit's index says cannot name the users")
     fg.add_argument("--json", action="store_true")
 
     def some_user(args: argparse.Namespace) -> None:

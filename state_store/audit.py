@@ -21,6 +21,7 @@ import json
 import os
 import re
 import tempfile
+import threading
 import uuid
 import zipfile
 from collections.abc import Callable, Iterator, Sequence
@@ -134,15 +135,16 @@ def _read(fs: pafs.FileSystem, path: str) -> bytes:
         return bytes(handle.read())
 
 
-_DECODED: list[tuple[bytes, pa.Table]] = []  # the last Parquet file decoded: the scan and the index read it in turn
+_decoded = threading.local()  # the file being scanned, decoded once for the scan and the index (scan_for clears it)
 
 
 def _parquet_table(data: bytes) -> pa.Table:
-    if _DECODED and _DECODED[0][0] is data:
-        return _DECODED[0][1]
-    _DECODED.clear()  # the previous file's table goes before this one is decoded
+    last = getattr(_decoded, "parquet", None)
+    if last is not None and last[0] is data:
+        return last[1]
+    _decoded.parquet = None  # the previous file's table goes before this one is decoded
     table = pq.read_table(pa.BufferReader(data))
-    _DECODED.append((data, table))
+    _decoded.parquet = (data, table)
     return table
 
 
@@ -274,9 +276,9 @@ def token_texts(path: str, data: bytes, *, store_files: StoreFiles | None = None
                         for text in token_texts(f"{path}/{member}", archive.read(member), store_files=store_files)]
         except (zipfile.BadZipFile, OSError) as error:
             raise Unreadable(f"not a readable zip: {error}") from None
-    decoded: set[bytes] = {b"0"} if b"-0" in data else set()  # JSON's -0 is the integer 0
     if name.endswith(".parquet"):
         return [data, *_parquet_texts(data)]  # its bytes too: what in_bytes reads when it is not Parquet after all
+    decoded: set[bytes] = {b"0"} if b"-0" in data else set()  # JSON's -0 is the integer 0
     if b"\\" in data or b"''" in data or not data.isascii():
         # JSON lines (landed, Delta commits) and any text: a line that decodes to other bytes than its own (an escape,
         # a doubled quote, another encoding) decoded as UserGroup.line_user and UserSpelling.names decode it.
@@ -335,8 +337,8 @@ def scan_for(uri: str, users: Sequence[UserSpelling], *, seen: set[str] | None =
             seen.add(path)
         relative = os.path.relpath(path, root) if not is_s3(uri) else path[len(root):].lstrip("/")
         bloom = index.lookup(path, info, any_size=is_state_file(path)) if index is not None else None
-        if bloom is not None and not any(may_name(bloom, user) for user in users):
-            index.skipped += 1  # type: ignore[union-attr]  # bloom is only found through an index
+        if index is not None and bloom is not None and not any(may_name(bloom, user) for user in users):
+            index.skipped += 1
             continue
         try:
             data = _read(fs, path)
@@ -347,6 +349,8 @@ def scan_for(uri: str, users: Sequence[UserSpelling], *, seen: set[str] | None =
         except Unreadable as why:
             for found in findings.values():
                 found.unreadable[relative] = str(why)
+        finally:
+            _decoded.parquet = None  # not kept past its file
     return findings
 
 

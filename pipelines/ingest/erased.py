@@ -48,12 +48,12 @@ _ID_CLASS = rb"[0-9A-Za-z_.\-@+]"  # the bytes an id is made of: a mention is bo
 _ID_CHAR = re.compile(_ID_CLASS)
 _ID_RUN = re.compile(_ID_CLASS + b"+")
 ID_BYTES = np.array([bool(_ID_CHAR.match(bytes([b]))) for b in range(256)])  # the same class, as a lookup table
+_SQL_LITERAL = re.compile(r"'((?:[^']|'')*)'")
+_USER_FIELD = re.compile(r'"user_id"\s*:\s*("(?:[^"\\]|\\.)*"|-?\d+)')
 
 
 def is_id_byte(byte: int) -> bool:
     return bool(ID_BYTES[byte])
-_SQL_LITERAL = re.compile(r"'((?:[^']|'')*)'")
-_USER_FIELD = re.compile(r'"user_id"\s*:\s*("(?:[^"\\]|\\.)*"|-?\d+)')
 
 
 def user_hash(config: SessionsConfig, user_id: str) -> str:
