@@ -27,8 +27,8 @@ ALL_CLI = os.environ.get("SESSIONS_TEST_CAMPAIGN_ALL_CLI") == "1"  # see the mod
 # provider by test_crash_restart.py. 166: a savepoint, a rescale (to the count the job does not have: a real one, a
 # pre-rescale savepoint and the repartition or restore), a restore. 662: a savepoint beside the stream (the savepoint
 # killed), a stop --savepoint (the stream killed under it), a compaction. Each kill on the stopped job is drawn after
-# the command took its lease, within its shortest run (campaign.KILL_WITHIN_S): it lands inside the command, which
-# the test checks. The moment of each kill is still random (wall clock), the phases are not: a change to the
+# the command took its lease, within its shortest run (campaign.KILL_WITHIN_S); a command that still finished first (a
+# faster machine) is run again with its kill sooner, so it lands inside the command, which the test checks. The moment of each kill is still random (wall clock), the phases are not: a change to the
 # campaign's use of its random generator shows up here instead of quietly moving the coverage.
 CAMPAIGNS = [("rocksdb", 166, {"savepoint", "rescale", "restore"}),
              ("hdfs", 662, {"compact", "stop-savepoint", "online-savepoint"})]
