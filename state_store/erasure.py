@@ -11,9 +11,11 @@ IN (...)`), one pass over each landed file, each savepoint and each Delta log, o
 the erasure log still has one row per user.
 
 Every step is idempotent, so a forget that was killed is finished by running it again. The live state of a stopped
-job is erased by a savepoint, that savepoint erased like every other, and a restore from it (the checkpoint it
-replaces, which holds U, is removed); a running stream does the same between two batches when it finds the request
-(state_store.stream_control). The erasure log (a Delta table beside the others) records when, what and how many rows,
+job is erased in place: the state partitions the users are placed in are rewritten without them at the version the
+stream resumes from, and every other file of those partitions (the versions they retained) removed -- the stream
+resumes at its own position, nothing replayed. A checkpoint of an older layout is rebuilt whole instead: a savepoint,
+that savepoint erased like every other, a restore from it. A running stream does the same between two batches when
+it finds the request (state_store.stream_control). The erasure log (a Delta table beside the others) records when, what and how many rows,
 with a keyed hash of U (HMAC-SHA256, SESSIONS_ERASURE_KEY or a key generated once in $SESSIONS_HOME), never U."""
 from __future__ import annotations
 
@@ -39,9 +41,10 @@ from pipelines.coordination.requests import await_answer, request_erasure
 from pipelines.errors import NoCommittedBatch, Result, SessionsError, StopIncomplete
 from pipelines.ingest.erase_lines import erase_landed_lines_of
 from pipelines.ingest.erased import COMPLETE, STARTED, UserSpelling, log_erasures, user_hash
-from pipelines.job.checkpoint import inspect_checkpoint, read_job_metadata, read_restore_marker
+from pipelines.job.checkpoint import PROVIDER_CLASSES, inspect_checkpoint, read_job_metadata, read_restore_marker
 from pipelines.job.operators.jvm import STATE_LAYOUT
-from pipelines.job.runtime import spark_failures
+from pipelines.job.operators.state_writer import erase_state, purge_erased
+from pipelines.job.runtime import spark_failures, stop_state_stores
 from pipelines.locations import checkpoint_path, remove_tree
 from pipelines.storage import filesystem, join, read_rows, sql_literal, storage_options, table_exists
 from state_store.audit import StoreFiles, mentions_of, scan_for, scrub_delta_log
@@ -251,11 +254,33 @@ def _live_events(spark: SparkSession, config: SessionsConfig, user_ids: Sequence
         return dict.fromkeys(user_ids, 0)
 
 
-def _checkpoint_names(config: SessionsConfig, spark: SparkSession, users: Sequence[UserSpelling]) -> bool:
-    """Whether a file of the live checkpoint names one of the users, or cannot be read (then it may); a large file
-    the audit's index says names none of them is not read."""
+def _checkpoint_names(config: SessionsConfig, spark: SparkSession, users: Sequence[UserSpelling]) -> set[str]:
+    """The files of the live checkpoint (relative paths) that name one of the users, or cannot be read (then they
+    may); a large file the audit's index says names none of them is not read."""
     findings = scan_for(str(config.checkpoint), users, store_files=StoreFiles(spark), index=AuditIndex(config.home))
-    return any(found.total() or found.unreadable for found in findings.values())
+    return {path for found in findings.values() for path in (*found.files, *found.unreadable)}
+
+
+def _erase_in_place(config: SessionsConfig, spark: SparkSession, user_ids: Sequence[str]) -> int | None:
+    """The users erased from the live state where it is (pipelines.job.operators.state_writer.erase_state): only the
+    state partitions they are placed in are rewritten, at the version the stream resumes from, and everything else
+    those partitions held -- older versions, changelogs, SSTs, an uncommitted newer version -- is removed. Returns the
+    partitions rewritten; None where the checkpoint's layout is not the one keyed by user (then the whole state is
+    rebuilt)."""
+    meta = read_job_metadata(config.checkpoint)
+    info = inspect_checkpoint(config.checkpoint)
+    if meta is None or meta.state_layout != STATE_LAYOUT or info.provider not in PROVIDER_CLASSES \
+            or not info.partitions or info.last_committed_batch is None:
+        return None
+    stop_state_stores(spark)  # a provider this JVM holds would serve its loaded version, users and all
+    try:
+        rewritten = erase_state(spark, config.checkpoint, user_ids, partitions=info.partitions,
+                                version=info.last_committed_batch + 1, provider_class=PROVIDER_CLASSES[info.provider])
+        kill_point("forget:state-installed")
+        purge_erased(spark, config.checkpoint, rewritten)
+    finally:
+        stop_state_stores(spark)
+    return len(rewritten)
 
 
 def forget_unlocked(config: SessionsConfig, spark: SparkSession, users: str | Sequence[str], *,
@@ -271,26 +296,34 @@ def forget_unlocked(config: SessionsConfig, spark: SparkSession, users: str | Se
     log_erasures(config, erasure_id=erasure_id, status=STARTED, rows=[(hashed, {}) for hashed in hashes])
     per_user: dict[str, dict[str, int]] = {place: dict.fromkeys(ids, 0) for place in PER_USER}
     removed: dict[str, int] = {}
+    named: set[str] = set()
     marker = read_restore_marker(config.checkpoint)
     if marker is not None:  # a forget killed inside its restore: finish that restore first
         restore_unlocked(config, marker["savepoint_id"], partitions=None, migrate=True, spark=spark, lease=lease)
     committed = inspect_checkpoint(config.checkpoint).last_committed_batch is not None
     if committed:
         per_user["live_state_events"] = _live_events(spark, config, ids)
-    # The live checkpoint is rebuilt (once for all users) when a user is in its current state, or when one of its files
+    # The live state is rewritten (once for all users) when a user is in its current state, or when one of its files
     # names a user: the versions it retains (RocksDB changelogs and snapshots, the HDFS provider's delta files) may
     # hold them from earlier batches. A checkpoint none of whose files names any of them, read as `forget --verify`
-    # reads it, is left as it is: no savepoint and restore of the whole state for users it never held or no longer
-    # holds in any file.
-    rebuild = committed and (any(per_user["live_state_events"].values()) or _checkpoint_names(config, spark, spelled))
+    # reads it, is left as it is: no rewrite for users it never held or no longer holds in any file.
+    if committed and not any(per_user["live_state_events"].values()):
+        named = _checkpoint_names(config, spark, spelled)
+    rebuild = committed and (any(per_user["live_state_events"].values()) or bool(named))
     removed["state_rebuilt"] = int(rebuild)
-    if rebuild:
+    # In place where only state files name the users (the rest of a checkpoint -- logs, offsets, metadata -- holds no
+    # user id); else, or in an older layout, the whole state is rebuilt: an erasure savepoint and a restore from it.
+    rewritten = _erase_in_place(config, spark, ids) if rebuild and all(p.startswith("state/") for p in named) else None
+    in_place = rewritten is not None
+    if rewritten is not None:
+        removed["state_partitions_rewritten"] = rewritten
+    if rebuild and not in_place:
         erased_at = savepoint_last_batch(config, "erasure", spark, native_copy=False)  # every native copy goes below
     erased_savepoints, per_user["savepoint_rows"], savepoint_tables, damaged_tables = \
         _erase_savepoints(config, spark, spelled)
     removed.update(erased_savepoints)
     removed["native_copies"] = _drop_native_copies(config)
-    if rebuild:
+    if rebuild and not in_place:
         result = restore_unlocked(config, erased_at.savepoint_id, partitions=None, migrate=False, spark=spark, lease=lease)
         if result.previous_checkpoint:  # the replaced checkpoint's state files hold the users
             remove_tree(checkpoint_path(result.previous_checkpoint, webhdfs=config.webhdfs_address))

@@ -13,6 +13,7 @@ from pipelines.ingest.erased import LOG_TABLE, user_hash
 from pipelines.job.stream import catch_up
 from state_store.erasure import forget, verify_forgotten, verify_forgotten_many
 from state_store.lifecycle import restore, take_savepoint
+from state_store.savepoint.catalog import SavepointStore
 from testkit.oracle import run_oracle
 from tests.kit.datagen import land_batches, stream_scenario, with_users
 from tests.kit.homes import config_env, make_config, tool
@@ -78,6 +79,9 @@ def test_forget_a_user_of_a_stopped_job(spark, tmp_path, provider):
     assert all(result.removed[place] > 0 for place in ("raw_events", "sessions", "quarantine", "savepoint_rows")), \
         result.removed
     assert USER not in json.dumps(result.to_dict())
+    # In place: only the state partition U is placed in was rewritten (no erasure savepoint, no restore).
+    assert result.removed["state_partitions_rewritten"] == 1, result.removed
+    assert not [s for s in SavepointStore.of(config).list() if s.trigger == "erasure"]
     after = verify_forgotten(config, spark, USER)
     assert after.clean and set(after.found.values()) == {0}, after.found
     assert USER not in _log_text(config) and result.user_hash in _log_text(config)
@@ -196,11 +200,11 @@ def test_forget_beside_a_running_stream(spark, tmp_path):
 
 
 @pytest.mark.tier("subprocess")
-@pytest.mark.parametrize("kill_at", ["restore:aside", "forget:rows-erased"])
+@pytest.mark.parametrize("kill_at", ["forget:state-installed", "forget:rows-erased"])
 def test_a_bulk_forget_killed_midway_is_finished_by_running_it_again(spark, tmp_path, kill_at):
-    """`sessionctl forget` of several users killed (its named kill points: SESSIONS_KILL_AT) inside its restore, or
-    with raw_events erased and the other tables, landed files and logs not yet; then the same erasure again: none of
-    the users is anywhere, and the job is the oracle's without them -- never a half-applied erasure left looking done.
+    """`sessionctl forget` of several users killed (its named kill points: SESSIONS_KILL_AT) with the rewritten state
+    installed and the older state files not removed yet, or with raw_events erased and the other tables, landed files
+    and logs not yet; then the same erasure again: none of the users is anywhere, and the job is the oracle's without them -- never a half-applied erasure left looking done.
     The second one is the library call `sessionctl forget` makes, in the tests' session: what finishes the erasure is
     what the killed one left on disk, and a second process would add only a JVM start (the CLI's own exit and JSON:
     test_the_cli_forgets_and_verifies_in_json)."""
@@ -228,13 +232,12 @@ def test_a_bulk_forget_killed_midway_is_finished_by_running_it_again(spark, tmp_
     _assert_is_the_oracle_without_the_user(spark, config, batches, tuple(USERS))
 
 
-def test_a_batch_ingested_between_the_erasure_savepoint_and_its_restore_is_replayed_once(spark, tmp_path,
-                                                                                        monkeypatch):
+def test_a_file_landed_while_the_erasure_rewrites_the_state_is_processed_once(spark, tmp_path, monkeypatch):
     """The stream erasing between two batches, with the worst moment for new data forced by a hook (no sleeps): a
-    file lands and is ingested after the erasure's savepoint of the last committed batch, before the restore from
-    it. The restored checkpoint starts at the savepoint's source position and watermark, so that batch is processed
-    once, after the restore, as its own micro-batch (neither skipped nor judged against another watermark); the rest
-    follows one file at a time. The job is the oracle's without U, and U is nowhere."""
+    file lands after the erasure rewrote the state partitions at the stream's last committed batch, before their older
+    files are removed. The stream resumes at its own source position and watermark, so that file is processed once,
+    after the erasure, as its own micro-batch (neither skipped nor judged against another watermark); the rest follows
+    one file at a time. The job is the oracle's without U, and U is nowhere."""
     import threading
 
     import state_store.erasure as erasure
@@ -244,16 +247,16 @@ def test_a_batch_ingested_between_the_erasure_savepoint_and_its_restore_is_repla
     batches = stream_scenario(SEED, 6, False, GAP_MS, LATENESS_MS)
     rest = _without(batches[CUT:], USER)
     land_batches(config, batches[:CUT])
-    savepoint_taken = erasure.savepoint_last_batch
+    rewrite = erasure.erase_state
     landed = threading.Event()
 
-    def savepoint_then_land(*args, **kwargs):
-        saved = savepoint_taken(*args, **kwargs)
-        land_batches(config, rest[:1], start=CUT)  # after the savepoint's batch, before the restore
+    def rewrite_then_land(*args, **kwargs):
+        rewritten = rewrite(*args, **kwargs)
+        land_batches(config, rest[:1], start=CUT)  # after the state's rewrite, before its older files go
         landed.set()
-        return saved
+        return rewritten
 
-    monkeypatch.setattr(erasure, "savepoint_last_batch", savepoint_then_land)
+    monkeypatch.setattr(erasure, "erase_state", rewrite_then_land)
     stop, failures = threading.Event(), []
 
     def run() -> None:
@@ -274,7 +277,7 @@ def test_a_batch_ingested_between_the_erasure_savepoint_and_its_restore_is_repla
     try:
         wait_for(lambda: stream_caught_up(config), "the first batches")
         assert forget(config, USER, spark=spark).removed["live_state_events"] > 0
-        assert landed.is_set(), "the erasure took no savepoint"
+        assert landed.is_set(), "the erasure did not rewrite the state in place"
         for i, batch in enumerate(rest[1:], start=1):
             land_batches(config, [batch], start=CUT + i)
         wait_for(lambda: stream_caught_up(config), "the rest of the data")

@@ -16,8 +16,10 @@ repartitioned or restored, the stream not running again yet: the requester not a
 marker written and the old checkpoint set aside, nothing else changed) and `restore:rolled-back` (the outputs rolled
 back to the savepoint, the new checkpoint's bootstrap batch not run); `savepoint:native-copied` (a savepoint's native copy
 written, its catalog row not recorded), `restore:native-copied` (a native copy put back as the checkpoint, its job
-metadata not written and the outputs not rolled back) and `forget:rows-erased` (an erasure's live state rewritten and
-its users' raw_events rows deleted; sessions, quarantine, landed files and Delta logs not yet)."""
+metadata not written and the outputs not rolled back), `forget:state-installed` (an erasure's rewritten state partitions
+installed as the live version, their older files that hold the users not removed yet) and `forget:rows-erased` (an
+erasure's live state rewritten and its users' raw_events rows deleted; sessions, quarantine, landed files and Delta
+logs not yet)."""
 from __future__ import annotations
 
 import os
@@ -28,7 +30,7 @@ __all__ = ["kill_point"]
 ENV = "SESSIONS_KILL_AT"
 POINTS = ("savepoint:files-written", "savepoint:committed", "fold:written", "fold:committed", "sink:files-written",
           "ingest:files-written", "lease:taken", "rescale:saved", "rescale:moved", "restore:aside", "restore:rolled-back",
-          "savepoint:native-copied", "restore:native-copied", "forget:rows-erased")
+          "savepoint:native-copied", "restore:native-copied", "forget:state-installed", "forget:rows-erased")
 
 
 def kill_point(name: str) -> None:

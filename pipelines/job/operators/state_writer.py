@@ -10,7 +10,10 @@ user_id) and placed by Spark's hash partitioning of those columns, in flatMapGro
 partition count and either provider (RocksDB, HDFS-backed)."""
 from __future__ import annotations
 
-from pyspark.sql import DataFrame
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 
 from pipelines.core.rules import SessionRules
@@ -18,7 +21,7 @@ from pipelines.job.operators.jvm import _jvm, rules_json
 from pipelines.job.operators.seam import register_coordinator
 from pipelines.locations import CheckpointPath
 
-__all__ = ["write_state"]
+__all__ = ["PartitionErased", "erase_state", "purge_erased", "write_state"]
 
 
 def _in_ms(canonical: DataFrame) -> DataFrame:
@@ -37,3 +40,42 @@ def write_state(rows: DataFrame, checkpoint: CheckpointPath, *, partitions: int,
     writer = _jvm(rows.sparkSession).sessions.StateWriter  # type: ignore[attr-defined]
     keys, written = writer.write(_in_ms(rows)._jdf, str(checkpoint), partitions, rules_json(rules))
     return int(keys), int(written)
+
+
+@dataclass(frozen=True)
+class PartitionErased:
+    """One state partition the erasure rewrote: keys kept and removed, the files its version is now made of."""
+    partition: int
+    kept: int
+    removed: int
+    files: tuple[str, ...]
+
+
+def erase_state(spark: SparkSession, checkpoint: CheckpointPath, user_ids: Sequence[str], *, partitions: int,
+                version: int, provider_class: str) -> list[PartitionErased]:
+    """Rewrites store `version` of each state partition of `checkpoint` that holds one of `user_ids`, without them
+    (StateEraser.rewrite: the partition read at that version, its other keys put into a fresh store, installed as
+    that version). The partitions no user is placed in are not read. The checkpoint's query must be stopped and this
+    JVM's providers of it unloaded (pipelines.job.runtime.stop_state_stores); purge_erased removes what the
+    partitions held before."""
+    register_coordinator(spark)  # the RocksDB provider reports to it
+    users = spark.createDataFrame([(user_id,) for user_id in user_ids], "user_id string")
+    rows = _jvm(spark).sessions.StateEraser.rewrite(  # type: ignore[attr-defined]
+        users._jdf, str(checkpoint), partitions, version, provider_class)
+    done = [PartitionErased(int(r.getInt(0)), int(r.getLong(1)), int(r.getLong(2)), tuple(str(r.getString(3)).split("\n")))
+            for r in rows]
+    return sorted(done, key=lambda p: p.partition)
+
+
+def purge_erased(spark: SparkSession, checkpoint: CheckpointPath, rewritten: Sequence[PartitionErased]) -> int:
+    """Every file of each rewritten partition but its new version's (and the partition's `_metadata`), removed: the
+    older versions, changelogs and SSTs that held the users. Returns the files removed."""
+    jvm = _jvm(spark)
+    removed = 0
+    for part in rewritten:
+        keep = jvm.java.util.ArrayList()  # type: ignore[attr-defined]
+        for name in part.files:
+            keep.add(name)
+        removed += int(jvm.sessions.StateEraser.purge(  # type: ignore[attr-defined]
+            spark._jsparkSession, str(checkpoint), part.partition, keep))
+    return removed
