@@ -100,8 +100,12 @@ public final class StateEraser {
      * checksum files) and its `_metadata`. Returns the files removed. */
     public static long purge(org.apache.spark.sql.SparkSession spark, String checkpoint, int partition,
                              List<String> keep) throws IOException {
-        Configuration hadoop = spark.sessionState().newHadoopConf();
         Path dir = new Path(new Path(new Path(checkpoint, "state"), "0"), Integer.toString(partition));
+        return purgeDir(dir, spark.sessionState().newHadoopConf(), keep);
+    }
+
+    /** {@link #purge} of one partition's directory `dir`. */
+    static long purgeDir(Path dir, Configuration hadoop, List<String> keep) throws IOException {
         FileSystem fs = dir.getFileSystem(hadoop);
         Set<String> kept = new HashSet<>(keep);
         for (String name : keep) {
@@ -278,14 +282,5 @@ public final class StateEraser {
             return List.of(RowFactory.create(partition, done.kept(), done.removed(), String.join("\n", done.files())))
                 .iterator();
         }
-    }
-
-    /** For tests: the keys of a store version's rows, as user ids. */
-    static List<String> users(Iterator<UnsafeRowPair> pairs) {
-        List<String> out = new ArrayList<>();
-        while (pairs.hasNext()) {
-            out.add(pairs.next().key().getUTF8String(1).toString());
-        }
-        return out;
     }
 }
