@@ -51,6 +51,7 @@ from state_store.audit import StoreFiles, mentions_of, scan_for, scrub_delta_log
 from state_store.audit_index import MIN_BYTES, AuditIndex
 from state_store.kernel import exclusive, replaced_checkpoints, session
 from state_store.restore import restore_unlocked
+from state_store.results import Phases
 from state_store.savepoint import native
 from state_store.savepoint.catalog import SavepointStore
 from state_store.savepoint.chain import savepoint_checksum
@@ -84,12 +85,14 @@ class ForgetResult(Result):
     purged_files: int      # files of older table versions deleted now (the rest within the deadline)
     seconds: float
     users: list[UserErased] = field(default_factory=list)
+    phases: dict[str, float] = field(default_factory=dict)  # seconds per step, in the order they ran
 
     @classmethod
     def from_dict(cls, found: Mapping[str, Any]) -> ForgetResult:
         """A ForgetResult from its to_dict() (a running stream's answer)."""
         return cls(found["erasure_id"], found["user_hash"], dict(found["removed"]), found["purged_files"],
-                   found["seconds"], [UserErased(u["user_hash"], dict(u["removed"])) for u in found.get("users", [])])
+                   found["seconds"], [UserErased(u["user_hash"], dict(u["removed"])) for u in found.get("users", [])],
+                   dict(found.get("phases", {})))
 
 
 @dataclass(frozen=True)
@@ -290,10 +293,12 @@ def forget_unlocked(config: SessionsConfig, spark: SparkSession, users: str | Se
     leases = [lease] if lease else []
     ids = user_ids_of(users)
     started = time.monotonic()
+    phase = Phases(started)
     spelled = [UserSpelling(user_id) for user_id in ids]
     hashes = [user_hash(config, user_id) for user_id in ids]
     erasure_id = f"er-{dt.datetime.now(dt.timezone.utc):%Y%m%dT%H%M%S}-{uuid.uuid4().hex[:6]}"
     log_erasures(config, erasure_id=erasure_id, status=STARTED, rows=[(hashed, {}) for hashed in hashes])
+    phase("log_started")
     per_user: dict[str, dict[str, int]] = {place: dict.fromkeys(ids, 0) for place in PER_USER}
     removed: dict[str, int] = {}
     named: set[str] = set()
@@ -303,12 +308,14 @@ def forget_unlocked(config: SessionsConfig, spark: SparkSession, users: str | Se
     committed = inspect_checkpoint(config.checkpoint).last_committed_batch is not None
     if committed:
         per_user["live_state_events"] = _live_events(spark, config, ids)
+        phase("live_state_asked")
     # The live state is rewritten (once for all users) when a user is in its current state, or when one of its files
     # names a user: the versions it retains (RocksDB changelogs and snapshots, the HDFS provider's delta files) may
     # hold them from earlier batches. A checkpoint none of whose files names any of them, read as `forget --verify`
     # reads it, is left as it is: no rewrite for users it never held or no longer holds in any file.
     if committed and not any(per_user["live_state_events"].values()):
         named = _checkpoint_names(config, spark, spelled)
+        phase("checkpoint_scanned")
     rebuild = committed and (any(per_user["live_state_events"].values()) or bool(named))
     removed["state_rebuilt"] = int(rebuild)
     # In place where only state files name the users (the rest of a checkpoint -- logs, offsets, metadata -- holds no
@@ -317,36 +324,44 @@ def forget_unlocked(config: SessionsConfig, spark: SparkSession, users: str | Se
     in_place = rewritten is not None
     if rewritten is not None:
         removed["state_partitions_rewritten"] = rewritten
+        phase("state_rewritten")
     if rebuild and not in_place:
         erased_at = savepoint_last_batch(config, "erasure", spark, native_copy=False)  # every native copy goes below
     erased_savepoints, per_user["savepoint_rows"], savepoint_tables, damaged_tables = \
         _erase_savepoints(config, spark, spelled)
     removed.update(erased_savepoints)
     removed["native_copies"] = _drop_native_copies(config)
+    phase("savepoints_erased")
     if rebuild and not in_place:
         result = restore_unlocked(config, erased_at.savepoint_id, partitions=None, migrate=False, spark=spark, lease=lease)
         if result.previous_checkpoint:  # the replaced checkpoint's state files hold the users
             remove_tree(checkpoint_path(result.previous_checkpoint, webhdfs=config.webhdfs_address))
+        phase("state_restored")
     per_user["raw_events"] = _erase_rows(config, config.raw_events_table, spelled, has_raw=True, leases=leases)
     kill_point("forget:rows-erased")
     per_user["sessions"] = _erase_rows(config, config.sessions_table, spelled, has_raw=False, leases=leases)
     per_user["quarantine"] = _erase_rows(config, config.quarantine_table, spelled, has_raw=True, leases=leases)
+    phase("tables_erased")
     per_user["landed_lines"] = erase_landed_lines_of(config, ids)
+    phase("landed_lines_erased")
     removed["set_aside_checkpoints"] = _remove_set_aside(config)
     tables = (config.raw_events_table, config.sessions_table, config.quarantine_table, *savepoint_tables)
     purged = sum(_purge_old_versions(config, uri) for uri in tables)
+    phase("old_versions_purged")
     # Last: the DELETE predicates above and older statistics are in the logs until now.
     removed["log_files_scrubbed"] = sum(scrub_delta_log(uri, ids) for uri in
                                         (*tables, *damaged_tables, SavepointStore.of(config).catalog_uri)
                                         if uri in damaged_tables or table_exists(config, uri))
+    phase("logs_scrubbed")
     users_erased = [UserErased(hashed, {place: per_user[place][user_id] for place in PER_USER})
                     for user_id, hashed in zip(ids, hashes)]
     removed.update({place: sum(per_user[place].values()) for place in PER_USER})
     shared = {place: count for place, count in removed.items() if place not in PER_USER}
     log_erasures(config, erasure_id=erasure_id, status=COMPLETE,
                  rows=[(user.user_hash, {**shared, **user.removed, "users_erased": len(ids)}) for user in users_erased])
+    phase("log_completed")
     return ForgetResult(erasure_id, hashes[0], _in_order(removed), purged, round(time.monotonic() - started, 3),
-                        users_erased)
+                        users_erased, phase.seconds)
 
 
 def _in_order(removed: dict[str, int]) -> dict[str, int]:

@@ -39,7 +39,7 @@ from pipelines.job.runtime import error_line, stop_state_stores
 from pipelines.locations import remove_tree
 from state_store.kernel import SIDE_SUFFIX, await_change, beside_stream, check_partitions, exclusive, session
 from state_store.restore import restore_unlocked
-from state_store.results import RescaleMethod, RescaleResult, SavepointInfo
+from state_store.results import Phases, RescaleMethod, RescaleResult, SavepointInfo
 from state_store.savepoint import native
 from state_store.savepoint.catalog import SavepointStore
 from state_store.savepoint.checksum import frame_checksum
@@ -75,12 +75,7 @@ def prepare_rescale(config: SessionsConfig, partitions: int, *, spark: SparkSess
     """The pre-rescale savepoint of the running stream's last committed batch, with a native copy at `partitions`
     built and checked beside the stream, which goes on undisturbed (under the lifecycle lease, not the job lease:
     the stream holds that). RescaleNotPrepared (one line) when the side checkpoint cannot be built or copied."""
-    phases: dict[str, float] = {}
-    mark = [time.monotonic()]
-
-    def phase(name: str) -> None:
-        now = time.monotonic()
-        phases[name], mark[0] = round(now - mark[0], 3), now
+    phase = Phases()
 
     store = SavepointStore.of(config)
     with beside_stream(config, "rescale"):
@@ -107,7 +102,7 @@ def prepare_rescale(config: SessionsConfig, partitions: int, *, spark: SparkSess
         finally:  # (a failed restore stopped its stores itself)
             remove_tree(side.checkpoint.parent)
         kill_point("rescale:prepared")
-    return PreparedRescale(saved, before, phases)
+    return PreparedRescale(saved, before, phase.seconds)
 
 
 def rescale(config: SessionsConfig, partitions: int, *, spark: SparkSession | None = None,
@@ -209,12 +204,7 @@ def rescale_unlocked(config: SessionsConfig, partitions: int, *, spark: SparkSes
                              method="none" if before == partitions else "repartition",
                              savepoint_id=None, rows=None, seconds=0.0)
     spark = session(config, spark)
-    phases: dict[str, float] = {}
-    mark = [time.monotonic()]
-
-    def phase(name: str) -> None:
-        now = time.monotonic()
-        phases[name], mark[0] = round(now - mark[0], 3), now
+    phase = Phases()
 
     saved = savepoint_last_batch(config, "pre-rescale", spark)
     phase("pre_rescale_savepoint")
@@ -235,11 +225,11 @@ def rescale_unlocked(config: SessionsConfig, partitions: int, *, spark: SparkSes
     else:
         restored = restore_unlocked(config.with_(state_store=info.provider), saved.savepoint_id,
                                     partitions=partitions, migrate=False, spark=spark, lease=lease)
-        phases.update({f"restore_{name}": seconds for name, seconds in restored.phases.items()})
+        phase.seconds.update({f"restore_{name}": seconds for name, seconds in restored.phases.items()})
     kill_point("rescale:moved")
     return RescaleResult(partitions_before=before,
                          partitions_after=inspect_checkpoint(config.checkpoint).partitions,
                          method=method, savepoint_id=saved.savepoint_id, rows=saved.rows,
-                         seconds=round(time.monotonic() - started, 3), phases=phases)
+                         seconds=round(time.monotonic() - started, 3), phases=phase.seconds)
 
 

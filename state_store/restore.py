@@ -44,7 +44,7 @@ from pipelines.locations import CheckpointPath, move, remove_tree, set_aside
 from pipelines.storage import filesystem
 from state_store.kernel import FAILED_SUFFIX, REPLACED_SUFFIX
 from state_store.preflight import native_refusal, record_restore, refusals
-from state_store.results import RestoreResult, SavepointInfo
+from state_store.results import Phases, RestoreResult, SavepointInfo
 from state_store.savepoint import native
 from state_store.savepoint.catalog import SavepointStore
 from state_store.savepoint.chain import savepoint_checksum, savepoint_rows
@@ -125,12 +125,7 @@ def _restore_native(config: SessionsConfig, store: SavepointStore, saved: Savepo
     """The savepoint's native copy put back as the checkpoint (state_store.savepoint.native): the stream resumes at
     the batch after it, no Spark job here. A copy that turns out damaged while copied leaves everything as it was
     and returns why (the caller restores the canonical rows instead)."""
-    phases: dict[str, float] = {}
-    last = [started]
-
-    def phase(name: str) -> None:
-        now = time.monotonic()
-        phases[name], last[0] = round(now - last[0], 3), now
+    phase = Phases(started)
 
     phase("preflight")
     write_restore_marker(config.checkpoint, saved.savepoint_id, partitions)  # before the first change
@@ -167,7 +162,7 @@ def _restore_native(config: SessionsConfig, store: SavepointStore, saved: Savepo
         savepoint_id=saved.savepoint_id, batch_id=saved.batch_id, rows=saved.rows, checksum=saved.checksum,
         verified=True, source_seq=saved.source_seq, watermark_ms=saved.watermark_ms, provider=info.provider,
         partitions=info.partitions, rolled_back=removed, previous_checkpoint=str(replaced) if replaced else None,
-        seconds=round(time.monotonic() - started, 3), phases=phases, method="native",
+        seconds=round(time.monotonic() - started, 3), phases=phase.seconds, method="native",
     )
 
 
@@ -182,12 +177,7 @@ def restore_unlocked(config: SessionsConfig, savepoint: str, *, partitions: int 
     (its watermark is not yet the savepoint's) -- the stream that resumes from it closes them in its first batch,
     after its own rollback."""
     started = time.monotonic()
-    phases: dict[str, float] = {}
-    last = [started]  # when the previous phase ended
-
-    def phase(name: str) -> None:
-        now = time.monotonic()
-        phases[name], last[0] = round(now - last[0], 3), now
+    phase = Phases(started)
 
     store = SavepointStore.of(config)
     saved = store.get(savepoint)
@@ -273,7 +263,7 @@ def restore_unlocked(config: SessionsConfig, savepoint: str, *, partitions: int 
         savepoint_id=saved.savepoint_id, batch_id=saved.batch_id, rows=saved.rows,
         checksum=got[1], verified=True, source_seq=saved.source_seq,
         watermark_ms=saved.watermark_ms, provider=info.provider, partitions=info.partitions,
-        rolled_back=removed, previous_checkpoint=str(replaced) if replaced else None, seconds=seconds, phases=phases,
+        rolled_back=removed, previous_checkpoint=str(replaced) if replaced else None, seconds=seconds, phases=phase.seconds,
         note=f"the native copy was not used: {note}" if note else None,
     )
 

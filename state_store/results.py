@@ -4,6 +4,7 @@ dataclass's fields, in order."""
 from __future__ import annotations
 
 import datetime as dt
+import time
 from dataclasses import dataclass, field, fields
 from typing import Any, ClassVar, Literal
 
@@ -11,7 +12,7 @@ from pipelines.config import Provider
 from pipelines.core.rules import SessionRules
 from pipelines.errors import Result
 
-__all__ = ["CATALOG_COLUMNS", "CompactionResult", "MaintenanceDue", "OperatorTrigger", "RescaleMethod", "RescaleResult", "RestoreResult", "SavepointInfo", "SavepointKind", "StatusReport", "StopResult", "TableFacts", "Trigger"]
+__all__ = ["CATALOG_COLUMNS", "CompactionResult", "MaintenanceDue", "OperatorTrigger", "Phases", "RescaleMethod", "RescaleResult", "RestoreResult", "SavepointInfo", "SavepointKind", "StatusReport", "StopResult", "TableFacts", "Trigger"]
 
 RestoreMethod = Literal["canonical", "native"]
 # What asked for a savepoint: an operator (sessionctl, Dagster's savepoint job: OperatorTrigger), or an operation
@@ -269,3 +270,16 @@ class StopResult(Result):
         if self.savepoint is not None:
             out.update(self.savepoint.to_dict())
         return out
+
+
+class Phases:
+    """Seconds per phase of an operation, each from the end of the one before: `phase("name")` closes a phase; a
+    result's `phases` is `phase.seconds`."""
+
+    def __init__(self, started: float | None = None) -> None:
+        self.seconds: dict[str, float] = {}
+        self._last = time.monotonic() if started is None else started
+
+    def __call__(self, name: str) -> None:
+        now = time.monotonic()
+        self.seconds[name], self._last = round(now - self._last, 3), now

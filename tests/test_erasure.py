@@ -17,6 +17,7 @@ from state_store.savepoint.catalog import SavepointStore
 from testkit.oracle import run_oracle
 from tests.kit.datagen import land_batches, stream_scenario, with_users
 from tests.kit.homes import config_env, make_config, tool
+from tests.kit.storages import checkpoint_env
 from tests.kit.tables import assert_late_keys, read_open_sessions, read_sessions
 from tests.kit.waits import still_running, stream_caught_up, wait_until
 
@@ -289,13 +290,12 @@ def test_a_file_landed_while_the_erasure_rewrites_the_state_is_processed_once(sp
     assert verify_forgotten(config, spark, USER).clean
 
 
-@pytest.mark.parametrize("provider", ["rocksdb", "hdfs"])
-def test_forget_with_the_checkpoint_on_hdfs(spark, hdfs, tmp_path, provider):
-    """The same erasure with the Spark checkpoint on the real HDFS: the auditor's scan reads the checkpoint's files
-    there (through WebHDFS) as it reads a local one, a restore's set-aside checkpoint on HDFS is removed, and the
-    stream goes on exactly once without U."""
-    config = make_config(tmp_path, provider, SESSIONS_CHECKPOINT_URI=f"{hdfs.uri}/erasure/{tmp_path.name}",
-                         SESSIONS_WEBHDFS_ADDRESS=hdfs.webhdfs.removeprefix("http://"),
+@pytest.mark.parametrize("storage,provider", [("hdfs", "rocksdb"), ("hdfs", "hdfs"), ("s3", "rocksdb")])
+def test_forget_with_the_checkpoint_on_hdfs_or_s3(spark, request, tmp_path, storage, provider):
+    """The same erasure with the Spark checkpoint on the real HDFS or on S3: the state partition rewritten and
+    purged there, the auditor's scan reads the checkpoint's files there (HDFS through WebHDFS) as it reads a local one,
+    a restore's set-aside checkpoint there is removed, and the stream goes on exactly once without U."""
+    config = make_config(tmp_path, provider, **checkpoint_env(request, spark, storage, tmp_path),
                          SESSIONS_LEASE_URI=str(tmp_path / "leases"))
     batches = stream_scenario(SEED, 6, False, GAP_MS, LATENESS_MS)
     land_batches(config, batches[:CUT])
@@ -306,7 +306,7 @@ def test_forget_with_the_checkpoint_on_hdfs(spark, hdfs, tmp_path, provider):
     found = verify_forgotten(config, spark, USER)
     assert not found.clean and found.found["live_state_events"] > 0, found.found
     assert found.found.get("set_aside_checkpoints", 0) + found.found.get("checkpoint", 0) > 0, found.found
-    forget(config, USER, spark=spark)
+    assert forget(config, USER, spark=spark).removed["state_partitions_rewritten"] == 1
     after = verify_forgotten(config, spark, USER)
     assert after.clean and set(after.found.values()) == {0}, after.found
 

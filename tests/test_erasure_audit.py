@@ -357,10 +357,12 @@ def test_the_audit_index_never_skips_a_file_that_names_the_user():
 
 
 @pytest.mark.tier("pure")
-def test_the_lines_searched_for_are_the_lines_every_line_decoded_names():
+def test_the_lines_searched_for_are_the_lines_every_line_decoded_names(monkeypatch):
     """UserGroup.lines_to_read finds lines by searching the bytes: what it hands over, decoded, names exactly the
-    users that decoding every line finds -- every spelling, broken lines, an unfinished last line, and past 150
-    users (every line)."""
+    users that decoding every line finds -- every spelling, broken lines, an unfinished last line, 200 users -- and a
+    search per needle and the one-pass automaton hand over the same lines."""
+    import pipelines.ingest.erased as erased
+
     spelled = [spell({"event_id": f"e{n}", "page": "/"}) for n, (_, spell) in enumerate(SPELLINGS)]
     others = [json.dumps({"user_id": f"n{i}", "page": "/caf\u00e9"}) for i in range(5)]  # escapes, other users
     broken = ['{"user_id": "12345", "page": ', "not json 12345", '{"user_id": "u\\u002d10" oops']
@@ -371,8 +373,11 @@ def test_the_lines_searched_for_are_the_lines_every_line_decoded_names():
         searched = [data[start:end] for start, end in group.lines_to_read(data)]
         assert [(line, group.line_user(line)) for line in searched if group.line_user(line)] == \
             [(line, user) for line, user in every if user]
-        if len(users) > 150:
-            assert searched == data.split(b"\n")
+        by_way = {}
+        for way, most in (("find", 10**6), ("automaton", 0)):
+            monkeypatch.setattr(erased, "_FIND_NEEDLES", most)
+            by_way[way] = UserGroup.of(users).lines_to_read(data)
+        assert by_way["find"] == by_way["automaton"] and by_way["find"], users
 
 
 def test_landed_lines_of_any_spelling_are_erased_and_neighbours_kept(spark, tmp_path):

@@ -18,10 +18,11 @@ import json
 import os
 import re
 import secrets
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Final, Literal
 
+import ahocorasick
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
@@ -44,6 +45,7 @@ DROPPED: Final = "dropped_at_ingest"   # a standing erasure's drops: events of a
 ErasureStatus = Literal["started", "complete", "dropped_at_ingest"]  # an erasure log row's status
 ERASED = "[erased]"             # what a scrubbed Delta log value says instead of the id
 
+_FIND_NEEDLES = 8  # up to this many needles, a bytes.find per needle (UserGroup._found); past it, one automaton
 _ID_CLASS = rb"[0-9A-Za-z_.\-@+]"  # the bytes an id is made of: a mention is bounded by others on both sides
 _ID_CHAR = re.compile(_ID_CLASS)
 _ID_RUN = re.compile(_ID_CLASS + b"+")
@@ -285,32 +287,52 @@ class UserGroup:
         users = tuple(UserSpelling(u) for u in dict.fromkeys(user_ids) if u)
         return cls(users, frozenset(u.user_id for u in users))
 
+    @functools.cached_property
+    def _needles(self) -> tuple[bytes, ...]:
+        """What a line that may name a user holds: a spelling of one of them, or an escape (which may hide one)."""
+        return tuple({b"\\", *(form for user in self.users for form in user.byte_forms())})
+
+    @functools.cached_property
+    def _automaton(self) -> Any:
+        """The needles as one Aho-Corasick automaton: the bytes are read once whatever the number of users (a
+        search per needle costs what the data costs, times the needles: 0.84 s against 0.095 s for 100 users on 25 MB
+        of landed lines). Over bytes decoded as latin-1, so that a position in the text is the same in the bytes."""
+        automaton = ahocorasick.Automaton()
+        for needle in self._needles:
+            text = needle.decode("latin-1")
+            automaton.add_word(text, len(text))
+        automaton.make_automaton()
+        return automaton
+
+    def _found(self, data: bytes) -> Iterator[int]:
+        """Where a needle starts in `data`, each line's first at least (in order, per needle or overall)."""
+        if len(self._needles) <= _FIND_NEEDLES:  # a few needles: bytes.find each is faster than one automaton pass
+            for needle in self._needles:
+                at = data.find(needle)
+                while at >= 0:
+                    yield at
+                    end = data.find(b"\n", at)
+                    at = -1 if end < 0 else data.find(needle, end + 1)
+            return
+        for end, length in self._automaton.iter(data.decode("latin-1")):
+            yield end - length + 1
+
     def could_be_in(self, data: bytes) -> bool:
-        """A first test: False only where no user of the group can be. A search per spelling of each user is cheaper
-        than decoding every line up to about 150 users (measured on landed JSON lines); past that, True."""
-        if b"\\" in data or len(self.users) > 150:
-            return True
-        return any(form in data for user in self.users for form in user.byte_forms())
+        """A first test: False only where no user of the group can be (a spelling of one of them, or an escape)."""
+        return next(self._found(data), None) is not None
 
     def lines_to_read(self, data: bytes) -> list[tuple[int, int]]:
         """(start, end) of each line of `data` (end: its newline, or the end of `data`) that may name a user of the
         group, in order: a line holding a spelling of one of them or an escape (could_be_in's test, line by line).
-        Found by searching the bytes, so the file's other lines are never decoded; past 150 users, every line."""
-        if len(self.users) > 150:
-            needles = [b"\n"]  # every line: found by its newline
-        else:
-            needles = list({b"\\", *(form for user in self.users for form in user.byte_forms())})
+        Found by searching the bytes, so the file's other lines are never decoded."""
         found: set[tuple[int, int]] = set()
-        for needle in needles:
-            at = data.find(needle)
-            while at >= 0:
-                start = data.rfind(b"\n", 0, at) + 1
-                end = at if needle == b"\n" else data.find(b"\n", at)
-                end = len(data) if end < 0 else end
-                found.add((start, end))
-                at = data.find(needle, end + 1)
-        if needles == [b"\n"] and data and not data.endswith(b"\n"):
-            found.add((data.rfind(b"\n") + 1, len(data)))  # an unfinished last line
+        line = (0, -1)
+        for at in self._found(data):
+            if line[0] <= at <= line[1]:  # in the line just found (an automaton finds a line's needles in a row)
+                continue
+            end = data.find(b"\n", at)
+            line = (data.rfind(b"\n", 0, at) + 1, len(data) if end < 0 else end)
+            found.add(line)
         return sorted(found)
 
     def line_user(self, line: bytes) -> str | None:
