@@ -1,7 +1,8 @@
 """`sessionctl forget` as whole commands (process start to exit), alternating in one run on one home: a user with an
-open session (the live state is rebuilt: a savepoint and a restore of all of it) and a user no file of the checkpoint
-names (landed after the last batch: the checkpoint is left as it is); with `--bulk N`, also N open users in one
-request. Users x 2 events, RocksDB, `local[2]`, 4 state partitions (benchmarks/lifecycle.py's state).
+open session (the state partition it is placed in is rewritten in place) and a user no file of the checkpoint names
+(landed after the last batch: the checkpoint is left as it is); with `--bulk N`, also N open users in one request
+(every partition rewritten). Users x 2 events, `--provider` (RocksDB by default), `local[2]`, 4 state partitions
+(benchmarks/lifecycle.py's state). Each forget's `phases` (seconds per step) are kept in the results.
 
 With `--verify`, `sessionctl forget --verify` instead, as whole commands: reading every file (`--full`), the first
 verify with the audit's index (which builds it), an indexed verify of an open user, then a `forget` of an open user
@@ -51,13 +52,15 @@ def main(argv: list[str] | None = None) -> int:
     if args.bulk:
         runs[f"{args.bulk} open users"] = []
     rebuilt: dict[str, list[int]] = {name: [] for name in runs}
+    phases: dict[str, list[dict[str, float]]] = {name: [] for name in runs}
     load = [os.getloadavg()[0]]
     for round_ in range(args.rounds):
         absent = f"absent-{round_}"
         land(config.landing, f"absent-{round_}.jsonl", [json.dumps(
             {"event_id": f"a{round_}", "user_id": absent, "event_time": "2026-11-01T10:05:00Z",
              "event_type": "page_view", "page": "/"})])
-        requests = [("open user", [f"u{round_ * 7:07d}"]), ("user not in the checkpoint", [absent])]
+        # The open user of a round is none that a bulk request of any round names (those are below 13 * bulk + rounds).
+        requests = [("open user", [f"u{args.users // 2 + round_:07d}"]), ("user not in the checkpoint", [absent])]
         if args.bulk:  # every 13th user from an offset of this round's own: none erased before
             requests.append((f"{args.bulk} open users",
                              [f"u{1 + round_ + 13 * k:07d}" for k in range(args.bulk)]))
@@ -66,9 +69,10 @@ def main(argv: list[str] | None = None) -> int:
                                           "--json")
             runs[name].append(seconds)
             rebuilt[name].append(answer["removed"]["state_rebuilt"])
+            phases[name].append(answer.get("phases", {}))
             load.append(os.getloadavg()[0])
     out = {"date": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"), "users": args.users,
-           "provider": args.provider, "seconds": runs, "state_rebuilt": rebuilt, "loadavg_1m": load}
+           "provider": args.provider, "seconds": runs, "state_rebuilt": rebuilt, "phases": phases, "loadavg_1m": load}
     args.results_dir.mkdir(parents=True, exist_ok=True)
     (args.results_dir / f"forget-{args.provider}-{args.users}.json").write_text(json.dumps(out, indent=2) + "\n")
     print(json.dumps({name: statistics.median(s) for name, s in runs.items()}), json.dumps(out))
