@@ -290,6 +290,7 @@ def test_a_file_landed_while_the_erasure_rewrites_the_state_is_processed_once(sp
     assert verify_forgotten(config, spark, USER).clean
 
 
+@pytest.mark.tier("e2e")  # the HDFS cluster or the S3 endpoint, taken through checkpoint_env: the long depth
 @pytest.mark.parametrize("storage,provider", [("hdfs", "rocksdb"), ("hdfs", "hdfs"), ("s3", "rocksdb")])
 def test_forget_with_the_checkpoint_on_hdfs_or_s3(spark, request, tmp_path, storage, provider):
     """The same erasure with the Spark checkpoint on the real HDFS or on S3: the state partition rewritten and
