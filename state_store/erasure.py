@@ -15,8 +15,9 @@ job is erased in place: the state partitions the users are placed in are rewritt
 stream resumes from, and every other file of those partitions (the versions they retained) removed -- the stream
 resumes at its own position, nothing replayed. A checkpoint of an older layout is rebuilt whole instead: a savepoint,
 that savepoint erased like every other, a restore from it. A running stream does the same between two batches when
-it finds the request (state_store.stream_control). The erasure log (a Delta table beside the others) records when, what and how many rows,
-with a keyed hash of U (HMAC-SHA256, SESSIONS_ERASURE_KEY or a key generated once in $SESSIONS_HOME), never U."""
+it finds the request (state_store.stream_control). The erasure log (a Delta table beside the others) records when,
+what and how many rows, with a keyed hash of U (HMAC-SHA256, SESSIONS_ERASURE_KEY or a key generated once in
+$SESSIONS_HOME), never U."""
 from __future__ import annotations
 
 import datetime as dt
@@ -41,7 +42,13 @@ from pipelines.coordination.requests import await_answer, request_erasure
 from pipelines.errors import NoCommittedBatch, Result, SessionsError, StopIncomplete
 from pipelines.ingest.erase_lines import erase_landed_lines_of
 from pipelines.ingest.erased import COMPLETE, STARTED, UserSpelling, log_erasures, user_hash
-from pipelines.job.checkpoint import PROVIDER_CLASSES, inspect_checkpoint, read_job_metadata, read_restore_marker
+from pipelines.job.checkpoint import (
+    PROVIDER_CLASSES,
+    CheckpointInfo,
+    inspect_checkpoint,
+    read_job_metadata,
+    read_restore_marker,
+)
 from pipelines.job.operators.jvm import STATE_LAYOUT
 from pipelines.job.operators.state_writer import erase_state, purge_erased
 from pipelines.job.runtime import spark_failures, stop_state_stores
@@ -264,16 +271,15 @@ def _checkpoint_names(config: SessionsConfig, spark: SparkSession, users: Sequen
     return {path for found in findings.values() for path in (*found.files, *found.unreadable)}
 
 
-def _erase_in_place(config: SessionsConfig, spark: SparkSession, user_ids: Sequence[str]) -> int | None:
+def _erase_in_place(config: SessionsConfig, spark: SparkSession, user_ids: Sequence[str], info: CheckpointInfo
+                    ) -> int | None:
     """The users erased from the live state where it is (pipelines.job.operators.state_writer.erase_state): only the
     state partitions they are placed in are rewritten, at the version the stream resumes from, and everything else
     those partitions held -- older versions, changelogs, SSTs, an uncommitted newer version -- is removed. Returns the
     partitions rewritten; None where the checkpoint's layout is not the one keyed by user (then the whole state is
     rebuilt)."""
-    meta = read_job_metadata(config.checkpoint)
-    info = inspect_checkpoint(config.checkpoint)
-    if meta is None or meta.state_layout != STATE_LAYOUT or info.provider not in PROVIDER_CLASSES \
-            or not info.partitions or info.last_committed_batch is None:
+    if _layout(config) != STATE_LAYOUT or info.provider not in PROVIDER_CLASSES or not info.partitions \
+            or info.last_committed_batch is None:
         return None
     stop_state_stores(spark)  # a provider this JVM holds would serve its loaded version, users and all
     try:
@@ -305,7 +311,8 @@ def forget_unlocked(config: SessionsConfig, spark: SparkSession, users: str | Se
     marker = read_restore_marker(config.checkpoint)
     if marker is not None:  # a forget killed inside its restore: finish that restore first
         restore_unlocked(config, marker["savepoint_id"], partitions=None, migrate=True, spark=spark, lease=lease)
-    committed = inspect_checkpoint(config.checkpoint).last_committed_batch is not None
+    info = inspect_checkpoint(config.checkpoint)
+    committed = info.last_committed_batch is not None
     if committed:
         per_user["live_state_events"] = _live_events(spark, config, ids)
         phase("live_state_asked")
@@ -320,7 +327,8 @@ def forget_unlocked(config: SessionsConfig, spark: SparkSession, users: str | Se
     removed["state_rebuilt"] = int(rebuild)
     # In place where only state files name the users (the rest of a checkpoint -- logs, offsets, metadata -- holds no
     # user id); else, or in an older layout, the whole state is rebuilt: an erasure savepoint and a restore from it.
-    rewritten = _erase_in_place(config, spark, ids) if rebuild and all(p.startswith("state/") for p in named) else None
+    only_state = all(path.startswith("state/") for path in named)
+    rewritten = _erase_in_place(config, spark, ids, info) if rebuild and only_state else None
     in_place = rewritten is not None
     if rewritten is not None:
         removed["state_partitions_rewritten"] = rewritten

@@ -62,8 +62,8 @@ def erase_state(spark: SparkSession, checkpoint: CheckpointPath, user_ids: Seque
     users = spark.createDataFrame([(user_id,) for user_id in user_ids], "user_id string")
     rows = _jvm(spark).sessions.StateEraser.rewrite(  # type: ignore[attr-defined]
         users._jdf, str(checkpoint), partitions, version, provider_class)
-    done = [PartitionErased(int(r.getInt(0)), int(r.getLong(1)), int(r.getLong(2)), tuple(str(r.getString(3)).split("\n")))
-            for r in rows]
+    done = [PartitionErased(int(r.getInt(0)), int(r.getLong(1)), int(r.getLong(2)),
+                            tuple(str(r.getString(3)).split("\n"))) for r in rows]
     return sorted(done, key=lambda p: p.partition)
 
 

@@ -10,7 +10,6 @@ import java.util.HashSet;
 import java.util.Iterator;
 import java.util.List;
 import java.util.Set;
-import java.util.UUID;
 
 import org.apache.commons.io.FileUtils;
 import org.apache.hadoop.conf.Configuration;
@@ -24,17 +23,12 @@ import org.apache.spark.sql.Encoders;
 import org.apache.spark.sql.Row;
 import org.apache.spark.sql.RowFactory;
 import org.apache.spark.sql.execution.streaming.checkpointing.CheckpointFileManager;
-import org.apache.spark.sql.execution.streaming.runtime.StreamExecution$;
-import org.apache.spark.sql.execution.streaming.state.NoPrefixKeyStateEncoderSpec;
 import org.apache.spark.sql.execution.streaming.state.ReadStateStore;
 import org.apache.spark.sql.execution.streaming.state.StateStore;
 import org.apache.spark.sql.execution.streaming.state.StateStoreConf;
-import org.apache.spark.sql.execution.streaming.state.StateStoreId;
 import org.apache.spark.sql.execution.streaming.state.StateStoreIterator;
 import org.apache.spark.sql.execution.streaming.state.StateStoreProvider;
-import org.apache.spark.sql.execution.streaming.state.StateStoreProviderId;
 import org.apache.spark.sql.execution.streaming.state.UnsafeRowPair;
-import org.apache.spark.sql.functions;
 import org.apache.spark.sql.internal.SQLConf;
 import org.apache.spark.sql.types.DataTypes;
 import org.apache.spark.sql.types.StructType;
@@ -75,25 +69,16 @@ public final class StateEraser {
      * (relative to the partition's directory, newline-separated: what {@link #purge} keeps). Called through py4j. */
     public static List<Row> rewrite(Dataset<Row> users, String checkpoint, int partitions, long version,
                                     String providerClass) throws IOException {
-        org.apache.spark.sql.classic.SparkSession spark =
-            (org.apache.spark.sql.classic.SparkSession) users.sparkSession();
-        SQLConf sql = spark.sessionState().conf().clone();
+        SQLConf sql = ((org.apache.spark.sql.classic.SparkSession) users.sparkSession()).sessionState().conf().clone();
         sql.setConfString(PROVIDER, providerClass);
         sql.setConfString(CHANGELOG, "false");  // the fresh store's commit writes its snapshot (1.zip) at once
-        Configuration hadoop = spark.sessionState().newHadoopConf();
-        String runId = UUID.randomUUID().toString();
-        hadoop.set(StreamExecution$.MODULE$.RUN_ID_KEY(), runId);  // the HDFS provider's init reads it
-        Path root = new Path(checkpoint);
-        String stateRoot = new Path(root.getFileSystem(hadoop).makeQualified(root), "state").toString();
-        int format = Integer.parseInt(sql.getConfString(StateWriter.FORMAT_VERSION, "2"));
-        Dataset<Row> hashed = users.select(users.col("user_id"))
-            .withColumn("user_hash", functions.xxhash64(users.col("user_id")));
-        // The operator's placement (StateWriter): the users land in the partitions whose stores hold them; a
-        // partition no user lands in is not touched.
-        Task task = new Task(StateStoreConf.apply(sql), new SerializableConfiguration(hadoop), runId, stateRoot,
-                             format, version, ROCKSDB.equals(providerClass));
-        return hashed.repartition(partitions, hashed.col("user_hash"), hashed.col("user_id"))
-            .mapPartitions(task, Encoders.row(DONE)).collectAsList();
+        StateWriter.Stores stores = StateWriter.Stores.of(users.sparkSession(), sql, checkpoint);
+        Task task = new Task(StateStoreConf.apply(sql), new SerializableConfiguration(stores.hadoop()), stores.runId(),
+                             stores.stateRoot(), stores.format(), version, ROCKSDB.equals(providerClass));
+        // The users land in the tasks of the partitions whose stores hold them; a partition no user lands in is not
+        // touched.
+        return StateWriter.placed(users.select("user_id"), partitions).mapPartitions(task, Encoders.row(DONE))
+            .collectAsList();
     }
 
     /** Removes every file of state partition `partition` of `checkpoint` but `keep` (relative paths, and their
@@ -146,8 +131,8 @@ public final class StateEraser {
         File local = Files.createTempDirectory("sessions-erasure-").toFile();
         try {
             String freshRoot = new Path(local.toURI().toString(), "state").toString();
-            StateStoreProvider live = provider(stateRoot, partition, runId, valueSchema, storeConf, hadoop);
-            StateStoreProvider fresh = provider(freshRoot, partition, runId, valueSchema, storeConf, hadoop);
+            StateStoreProvider live = StateWriter.provider(stateRoot, partition, runId, valueSchema, storeConf, hadoop);
+            StateStoreProvider fresh = StateWriter.provider(freshRoot, partition, runId, valueSchema, storeConf, hadoop);
             long kept = 0;
             long removed = 0;
             try {
@@ -183,15 +168,6 @@ public final class StateEraser {
         } finally {
             FileUtils.deleteQuietly(local);
         }
-    }
-
-    private static StateStoreProvider provider(String root, int partition, String runId, StructType valueSchema,
-                                               StateStoreConf storeConf, Configuration hadoop) {
-        StateStoreId id = StateStoreId.apply(root, 0L, partition, StateStoreId.DEFAULT_STORE_NAME());
-        return StateStoreProvider.createAndInit(
-            StateStoreProviderId.apply(id, UUID.fromString(runId)), StateWriter.KEY_SCHEMA, valueSchema,
-            NoPrefixKeyStateEncoderSpec.apply(StateWriter.KEY_SCHEMA), false, storeConf, hadoop, false,
-            Option.empty());
     }
 
     /** The fresh store's version 1 (in `from`) installed as version `version` in `to`: RocksDB's immutable files first

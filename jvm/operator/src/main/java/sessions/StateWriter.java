@@ -68,24 +68,14 @@ public final class StateWriter {
      * rules `rulesJson` (Rules). Returns {keys, rows} written. Called from Python through py4j. */
     public static long[] write(Dataset<Row> rows, String checkpoint, int partitions, String rulesJson)
             throws IOException {
-        org.apache.spark.sql.classic.SparkSession spark = (org.apache.spark.sql.classic.SparkSession) rows.sparkSession();
-        SQLConf sql = spark.sessionState().conf();
-        Configuration hadoop = spark.sessionState().newHadoopConf();
-        String runId = UUID.randomUUID().toString();
-        hadoop.set(StreamExecution$.MODULE$.RUN_ID_KEY(), runId);  // the HDFS provider's init reads it
-        Path root = new Path(checkpoint);
-        String stateRoot = new Path(root.getFileSystem(hadoop).makeQualified(root), "state").toString();
-        int format = Integer.parseInt(sql.getConfString(FORMAT_VERSION, "2"));
-
-        Dataset<Row> hashed = rows.withColumn("user_hash", functions.xxhash64(rows.col("user_id")));
-        StructType schema = hashed.schema();
-        Task task = new Task(StateStoreConf.apply(sql), new SerializableConfiguration(hadoop), runId, stateRoot,
-                             rulesJson, format, SessionsOperator.stateRowColumns(schema),
+        SQLConf sql = ((org.apache.spark.sql.classic.SparkSession) rows.sparkSession()).sessionState().conf();
+        Stores stores = Stores.of(rows.sparkSession(), sql, checkpoint);
+        Dataset<Row> placed = placed(rows, partitions);
+        StructType schema = placed.schema();
+        Task task = new Task(StateStoreConf.apply(sql), new SerializableConfiguration(stores.hadoop()), stores.runId(),
+                             stores.stateRoot(), rulesJson, stores.format(), SessionsOperator.stateRowColumns(schema),
                              schema.fieldIndex("user_hash"), schema.fieldIndex("user_id"));
-        // The operator's own placement: hash partitioning of (user_hash, user_id) into the state partitions; each
-        // user's rows together in its partition.
-        List<Row> done = hashed.repartition(partitions, hashed.col("user_hash"), hashed.col("user_id"))
-            .sortWithinPartitions("user_hash", "user_id")
+        List<Row> done = placed.sortWithinPartitions("user_hash", "user_id")
             .mapPartitions(task, Encoders.row(DONE))
             .collectAsList();
         // A partition no task wrote (Spark runs none over an empty shuffle) has no row: batch 0's own empty store
@@ -97,6 +87,37 @@ public final class StateWriter {
             written += r.getLong(2);
         }
         return new long[] {keys, written};
+    }
+
+    /** The stores of a checkpoint's stateful operator as a job over them sees them from the driver: the Hadoop
+     * configuration (with the run id the HDFS provider's init reads), the run id, the qualified state root and
+     * flatMapGroupsWithState's state format version. */
+    record Stores(Configuration hadoop, String runId, String stateRoot, int format) {
+        static Stores of(org.apache.spark.sql.SparkSession session, SQLConf sql, String checkpoint) throws IOException {
+            Configuration hadoop = ((org.apache.spark.sql.classic.SparkSession) session).sessionState().newHadoopConf();
+            String runId = UUID.randomUUID().toString();
+            hadoop.set(StreamExecution$.MODULE$.RUN_ID_KEY(), runId);
+            Path root = new Path(checkpoint);
+            String stateRoot = new Path(root.getFileSystem(hadoop).makeQualified(root), "state").toString();
+            return new Stores(hadoop, runId, stateRoot, Integer.parseInt(sql.getConfString(FORMAT_VERSION, "2")));
+        }
+    }
+
+    /** `rows` (with a user_id column) and their user_hash, in the operator's own placement: hash partitioning of
+     * (user_hash, user_id) into the `partitions` state partitions, so each user's rows land in the task of the
+     * partition whose store holds the user. */
+    static Dataset<Row> placed(Dataset<Row> rows, int partitions) {
+        Dataset<Row> hashed = rows.withColumn("user_hash", functions.xxhash64(rows.col("user_id")));
+        return hashed.repartition(partitions, hashed.col("user_hash"), hashed.col("user_id"));
+    }
+
+    /** A provider of store `partition` of operator 0 under `stateRoot`, keyed as the operator keys its state. */
+    static StateStoreProvider provider(String stateRoot, int partition, String runId, StructType valueSchema,
+                                       StateStoreConf storeConf, Configuration hadoop) {
+        StateStoreId id = StateStoreId.apply(stateRoot, 0L, partition, StateStoreId.DEFAULT_STORE_NAME());
+        return StateStoreProvider.createAndInit(
+            StateStoreProviderId.apply(id, UUID.fromString(runId)), KEY_SCHEMA, valueSchema,
+            NoPrefixKeyStateEncoderSpec.apply(KEY_SCHEMA), false, storeConf, hadoop, false, Option.empty());
     }
 
     /** flatMapGroupsWithState's state manager for a byte[] state with an event-time timeout: Spark's own value rows. */
@@ -115,10 +136,7 @@ public final class StateWriter {
                                  int userCol) throws IOException {
         removeVersions(new Path(new Path(stateRoot, "0"), Integer.toString(partition)), hadoop);
         FlatMapGroupsWithStateExecHelper.StateManager manager = stateManager(format);
-        StateStoreId id = StateStoreId.apply(stateRoot, 0L, partition, StateStoreId.DEFAULT_STORE_NAME());
-        StateStoreProvider provider = StateStoreProvider.createAndInit(
-            StateStoreProviderId.apply(id, UUID.fromString(runId)), KEY_SCHEMA, manager.stateSchema(),
-            NoPrefixKeyStateEncoderSpec.apply(KEY_SCHEMA), false, storeConf, hadoop, false, Option.empty());
+        StateStoreProvider provider = provider(stateRoot, partition, runId, manager.stateSchema(), storeConf, hadoop);
         List<Attributes.Attr> attrs = rules.attributes();
         UnsafeProjection keys = UnsafeProjection.create(KEY_SCHEMA);
         long written = 0;

@@ -11,24 +11,17 @@ import java.util.List;
 import java.util.Random;
 import java.util.Set;
 import java.util.TreeSet;
-import java.util.UUID;
 import java.util.stream.Collectors;
 import java.util.stream.Stream;
 
-import org.apache.hadoop.conf.Configuration;
 import org.apache.spark.sql.Row;
 import org.apache.spark.sql.RowFactory;
 import org.apache.spark.sql.catalyst.expressions.GenericInternalRow;
 import org.apache.spark.sql.catalyst.expressions.UnsafeProjection;
 import org.apache.spark.sql.catalyst.expressions.UnsafeRow;
-import org.apache.spark.sql.execution.streaming.runtime.StreamExecution$;
-import org.apache.spark.sql.execution.streaming.state.NoPrefixKeyStateEncoderSpec;
 import org.apache.spark.sql.execution.streaming.state.StateStore;
-import org.apache.spark.sql.execution.streaming.state.StateStoreConf;
-import org.apache.spark.sql.execution.streaming.state.StateStoreId;
 import org.apache.spark.sql.execution.streaming.state.StateStoreIterator;
 import org.apache.spark.sql.execution.streaming.state.StateStoreProvider;
-import org.apache.spark.sql.execution.streaming.state.StateStoreProviderId;
 import org.apache.spark.sql.execution.streaming.state.UnsafeRowPair;
 import org.apache.spark.sql.types.DataTypes;
 import org.apache.spark.sql.types.StructType;
@@ -49,21 +42,13 @@ class StateEraserTest {
         .add("user_hash", DataTypes.LongType);
     private static final long T = 1_700_000_000_000L;
 
-    private static StateStoreProvider provider(String stateRoot, StateStoreConf conf, Configuration hadoop) {
-        return StateStoreProvider.createAndInit(
-            StateStoreProviderId.apply(StateStoreId.apply(stateRoot, 0L, 0, StateStoreId.DEFAULT_STORE_NAME()),
-                                       UUID.randomUUID()),
-            StateWriter.KEY_SCHEMA, StateWriter.stateManager(2).stateSchema(),
-            NoPrefixKeyStateEncoderSpec.apply(StateWriter.KEY_SCHEMA), false, conf, hadoop, false, Option.empty());
-    }
-
     private static UnsafeRow key(String user) {
         return UnsafeProjection.create(StateWriter.KEY_SCHEMA).apply(new GenericInternalRow(
             new Object[] {(long) user.hashCode(), UTF8String.fromString(user)})).copy();
     }
 
-    private static Set<String> usersAt(String stateRoot, long version, StateStoreConf conf, Configuration hadoop) {
-        StateStoreProvider provider = provider(stateRoot, conf, hadoop);
+    private static Set<String> usersAt(StoreDir dir, long version) {
+        StateStoreProvider provider = dir.provider();
         try {
             StateStore store = provider.getStore(version, Option.empty(), false, false);
             Set<String> users = new TreeSet<>();
@@ -80,14 +65,8 @@ class StateEraserTest {
 
     @Test
     void theErasedUserIsInNoVersionLeftAndTheOthersAreAsTheyWere(@TempDir Path dir) throws IOException {
-        Configuration hadoop = new Configuration();
-        String runId = UUID.randomUUID().toString();
-        hadoop.set(StreamExecution$.MODULE$.RUN_ID_KEY(), runId);
-        String stateRoot = dir.resolve("state").toUri().toString();
-        Path partition = dir.resolve("state/0/0");
-        Files.createDirectories(partition.resolve("_metadata"));
-        Files.writeString(partition.resolve("_metadata/schema"), "kept");
-        StateStoreConf conf = StateStoreConf.empty();  // Spark's default provider: HDFS-backed
+        StoreDir store = StoreDir.under(dir);
+        Path partition = store.partition();
         List<Row> input = new ArrayList<>();
         List<String> users = List.of("a", "b", "ü-😀", "c", "d");
         Random random = new Random(3);
@@ -96,11 +75,11 @@ class StateEraserTest {
                                         (long) user.hashCode()));
         }
         int[] ix = SessionsOperator.stateRowColumns(INPUT);
-        StateWriter.writePartition(input.iterator(), 0, conf, hadoop, runId, stateRoot,
+        StateWriter.writePartition(input.iterator(), 0, store.conf(), store.hadoop(), store.runId(), store.stateRoot(),
                                    Rules.parse("{\"gap_ms\": 1800000, \"attributes\": []}"), 2, ix,
                                    INPUT.fieldIndex("user_hash"), INPUT.fieldIndex("user_id"));
         // Versions 2 and 3: c removed (its removal record names it), b's value written again (history holds b twice).
-        StateStoreProvider history = provider(stateRoot, conf, hadoop);
+        StateStoreProvider history = store.provider();
         try {
             StateStore two = history.getStore(1L, Option.empty(), false, false);
             two.remove(key("c"), StateStore.DEFAULT_COL_FAMILY_NAME());
@@ -114,21 +93,23 @@ class StateEraserTest {
         }
         Files.writeString(partition.resolve("4.delta"), "an uncommitted batch's version: it may hold b");
 
-        StateEraser.Rewritten done = StateEraser.rewritePartition(Set.of("b", "c"), 0, 3L, conf, hadoop, runId,
-                                                                  stateRoot, 2, false);
+        StateEraser.Rewritten done = StateEraser.rewritePartition(Set.of("b", "c"), 0, 3L, store.conf(),
+                                                                  store.hadoop(), store.runId(), store.stateRoot(), 2,
+                                                                  false);
         assertEquals(3, done.kept());
         assertEquals(1, done.removed());  // c was gone at version 3 already
         assertEquals(List.of("3.snapshot"), done.files());
-        assertEquals(Set.of("a", "d", "ü-😀"), usersAt(stateRoot, 3L, conf, hadoop));
+        assertEquals(Set.of("a", "d", "ü-😀"), usersAt(store, 3L));
 
-        long removed = StateEraser.purgeDir(new org.apache.hadoop.fs.Path(partition.toUri()), hadoop, done.files());
+        long removed = StateEraser.purgeDir(new org.apache.hadoop.fs.Path(partition.toUri()), store.hadoop(),
+                                            done.files());
         try (Stream<Path> left = Files.walk(partition)) {
             Set<String> names = left.filter(Files::isRegularFile).map(p -> partition.relativize(p).toString())
                 .collect(Collectors.toCollection(TreeSet::new));
             assertEquals(new TreeSet<>(List.of("3.snapshot", ".3.snapshot.crc", "_metadata/schema")), names);
         }
         assertEquals(4, removed);  // 1-3.delta and 4.delta (the local store drops their checksum files with them)
-        assertEquals(Set.of("a", "d", "ü-😀"), usersAt(stateRoot, 3L, conf, hadoop));
-        assertThrows(Exception.class, () -> usersAt(stateRoot, 2L, conf, hadoop));
+        assertEquals(Set.of("a", "d", "ü-😀"), usersAt(store, 3L));
+        assertThrows(Exception.class, () -> usersAt(store, 2L));
     }
 }

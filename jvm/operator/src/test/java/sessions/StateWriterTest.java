@@ -13,22 +13,15 @@ import java.util.ArrayList;
 import java.util.Collections;
 import java.util.List;
 import java.util.Random;
-import java.util.UUID;
 
-import org.apache.hadoop.conf.Configuration;
 import org.apache.spark.sql.Row;
 import org.apache.spark.sql.RowFactory;
 import org.apache.spark.sql.catalyst.expressions.GenericInternalRow;
 import org.apache.spark.sql.catalyst.expressions.UnsafeProjection;
 import org.apache.spark.sql.catalyst.expressions.UnsafeRow;
 import org.apache.spark.sql.execution.streaming.operators.stateful.flatmapgroupswithstate.FlatMapGroupsWithStateExecHelper;
-import org.apache.spark.sql.execution.streaming.runtime.StreamExecution$;
-import org.apache.spark.sql.execution.streaming.state.NoPrefixKeyStateEncoderSpec;
 import org.apache.spark.sql.execution.streaming.state.StateStore;
-import org.apache.spark.sql.execution.streaming.state.StateStoreConf;
-import org.apache.spark.sql.execution.streaming.state.StateStoreId;
 import org.apache.spark.sql.execution.streaming.state.StateStoreProvider;
-import org.apache.spark.sql.execution.streaming.state.StateStoreProviderId;
 import org.apache.spark.sql.types.DataTypes;
 import org.apache.spark.sql.types.StructType;
 import org.apache.spark.unsafe.types.UTF8String;
@@ -98,16 +91,10 @@ class StateWriterTest {
 
     @Test
     void aWrittenPartitionReadsBackThroughSparksProvider(@TempDir Path dir) throws IOException {
-        Configuration hadoop = new Configuration();
-        String runId = UUID.randomUUID().toString();
-        hadoop.set(StreamExecution$.MODULE$.RUN_ID_KEY(), runId);
-        String stateRoot = dir.resolve("state").toUri().toString();
-        Path partition = dir.resolve("state/0/0");
+        StoreDir dirs = StoreDir.under(dir);
+        Path partition = dirs.partition();
         // What batch 0 left: its (empty) version and partition 0's schema file, which must stay.
-        Files.createDirectories(partition.resolve("_metadata"));
-        Files.writeString(partition.resolve("_metadata/schema"), "kept");
         Files.writeString(partition.resolve("1.delta"), "batch 0's empty version");
-        StateStoreConf conf = StateStoreConf.empty();  // Spark's default provider: HDFS-backed
         Rules rules = rules(GAP);
         Random random = new Random(7);
         List<Row> input = new ArrayList<>();
@@ -122,17 +109,14 @@ class StateWriterTest {
             }
         }
         int[] ix = SessionsOperator.stateRowColumns(INPUT);
-        long[] done = StateWriter.writePartition(input.iterator(), 0, conf, hadoop, runId, stateRoot, rules, 2, ix,
-                                                 INPUT.fieldIndex("user_hash"), INPUT.fieldIndex("user_id"));
+        long[] done = StateWriter.writePartition(input.iterator(), 0, dirs.conf(), dirs.hadoop(), dirs.runId(),
+                                                 dirs.stateRoot(), rules, 2, ix, INPUT.fieldIndex("user_hash"),
+                                                 INPUT.fieldIndex("user_id"));
         assertArrayEquals(new long[] {users.size(), input.size()}, done);
         assertEquals("kept", Files.readString(partition.resolve("_metadata/schema")));
 
         FlatMapGroupsWithStateExecHelper.StateManager manager = StateWriter.stateManager(2);
-        StateStoreProvider provider = StateStoreProvider.createAndInit(
-            StateStoreProviderId.apply(StateStoreId.apply(stateRoot, 0L, 0, StateStoreId.DEFAULT_STORE_NAME()),
-                                       UUID.randomUUID()),
-            StateWriter.KEY_SCHEMA, manager.stateSchema(), NoPrefixKeyStateEncoderSpec.apply(StateWriter.KEY_SCHEMA),
-            false, conf, hadoop, false, Option.empty());
+        StateStoreProvider provider = dirs.provider();
         try {
             StateStore store = provider.getStore(1L, Option.empty(), false, false);
             UnsafeProjection keys = UnsafeProjection.create(StateWriter.KEY_SCHEMA);
