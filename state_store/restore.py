@@ -10,7 +10,7 @@ import json
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager, suppress
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from functools import partial
 
 import pyarrow as pa
@@ -24,7 +24,13 @@ from pipelines.core import state_format
 from pipelines.core.attributes import partials_from_json, partials_to_json
 from pipelines.core.rules import SessionRules
 from pipelines.core.sessionize import rewalk, rows_table
-from pipelines.errors import RestoreIncomplete, SavepointDamaged, StateMismatch, savepoint_way_out
+from pipelines.errors import (
+    RestoreIncomplete,
+    SavepointDamaged,
+    StateMismatch,
+    savepoint_way_out,
+    unreadable_savepoint_file,
+)
 from pipelines.job.checkpoint import (
     BOOTSTRAP_FILE,
     JobMetadata,
@@ -35,7 +41,7 @@ from pipelines.job.checkpoint import (
 )
 from pipelines.job.operators import for_new_checkpoint
 from pipelines.job.operators.seam import StateOperator
-from pipelines.job.operators.state_writer import write_state
+from pipelines.job.operators.state_writer import StateWritten, write_state
 from pipelines.job.runtime import error_line, get_spark, stop_state_stores
 from pipelines.job.sink import roll_back
 from pipelines.job.startup import ensure_tables
@@ -47,7 +53,7 @@ from state_store.preflight import native_refusal, record_restore, refusals
 from state_store.results import Phases, RestoreResult, SavepointInfo
 from state_store.savepoint import native
 from state_store.savepoint.catalog import SavepointStore
-from state_store.savepoint.chain import savepoint_checksum, savepoint_rows
+from state_store.savepoint.chain import savepoint_checksum, savepoint_rows, savepoint_rows_by_spark
 from state_store.savepoint.checksum import frame_checksum, state_checksum
 
 __all__ = ["restore_unlocked", "verified_savepoint"]
@@ -85,8 +91,17 @@ def expected_restored_state(state: pa.Table, rules: SessionRules) -> pa.Table:
         [partials_to_json(attributes, partials) for partials in walked["partials"]], pa.string()))
 
 
+@dataclass(frozen=True)
+class _Bootstrap:
+    """The rows the restored operator starts from (`rows`; `by_spark`: the same read by Spark's Parquet reader, tried
+    first when there is one), and the (rows, checksum) its state must then hold."""
+    rows: DataFrame
+    expected: tuple[int, str]
+    by_spark: DataFrame | None = None
+
+
 def _bootstrap_rows(config: SessionsConfig, spark: SparkSession, store: SavepointStore, saved: SavepointInfo
-                    ) -> tuple[DataFrame, tuple[int, str]]:
+                    ) -> _Bootstrap:
     """The rows the restored operator starts from, and the (rows, checksum) its state must then hold.
 
     A v2 savepoint under its own gap is loaded as it is, straight from its files by the executors: the walk at
@@ -96,9 +111,11 @@ def _bootstrap_rows(config: SessionsConfig, spark: SparkSession, store: Savepoin
         rows = savepoint_rows(spark, store, saved.savepoint_id)
         kept = {a.key for a in config.rules.attributes}
         if {a.key for a in saved.rules.attributes} <= kept:
-            return rows, (saved.rows, saved.checksum)
+            return _Bootstrap(rows, (saved.rows, saved.checksum),
+                              savepoint_rows_by_spark(spark, store, saved.savepoint_id))
         # The spec dropped or changed an attribute: the restored rows hold the partials of the others only.
-        return rows, frame_checksum(rows.mapInArrow(partial(_keep_partials, keys=frozenset(kept)), state_format.SAVED_DDL))
+        return _Bootstrap(rows, frame_checksum(rows.mapInArrow(partial(_keep_partials, keys=frozenset(kept)),
+                                                               state_format.SAVED_DDL)))
     state = store.read_state(saved.savepoint_id)
     if saved.state_schema == state_format.V1_SCHEMA_ID:
         state = state_format.upgrade_v1(state)
@@ -107,7 +124,7 @@ def _bootstrap_rows(config: SessionsConfig, spark: SparkSession, store: Savepoin
     fs, path = filesystem(str(staged))
     pq.write_table(state, path, filesystem=fs)
     expected = expected_restored_state(state, config.rules)
-    return spark.read.parquet(str(staged)), (expected.num_rows, state_checksum(expected))
+    return _Bootstrap(spark.read.parquet(str(staged)), (expected.num_rows, state_checksum(expected)))
 
 
 def _keep_partials(batches: Iterator[pa.RecordBatch], *, keys: frozenset[str]) -> Iterator[pa.RecordBatch]:
@@ -207,7 +224,8 @@ def restore_unlocked(config: SessionsConfig, savepoint: str, *, partitions: int 
         meta = JobMetadata.new(config.rules, config.state_buckets, state_layout=operator.layout,
                                created_from=saved.savepoint_id)
         write_job_metadata(config.checkpoint, meta)
-        initial, expected = _bootstrap_rows(config, spark, store, saved)
+        initial = _bootstrap_rows(config, spark, store, saved)
+        expected = initial.expected
         by_catalog = expected == (saved.rows, saved.checksum)
         if not by_catalog:  # the read-back checks a re-walk: the savepoint's files are checked against the catalog first
             saved = verified_savepoint(config, spark, savepoint=saved.savepoint_id)
@@ -224,8 +242,8 @@ def restore_unlocked(config: SessionsConfig, savepoint: str, *, partitions: int 
         _run_batches(spark, target, meta, operator, saved, lease, settle=False)
         phase("marker_batch")
         stop_state_stores(spark)  # the marker batch's providers hold its empty state
-        write_state(initial, config.checkpoint, rules=config.rules,
-                    partitions=inspect_checkpoint(config.checkpoint).partitions or target.state_partitions)
+        written = _write_state(initial, config, watermark_ms=saved.watermark_ms,
+                               partitions=inspect_checkpoint(config.checkpoint).partitions or target.state_partitions)
         phase("state_written")
         got = frame_checksum(operator.canonical_rows(spark, config.checkpoint, 0))
         phase("state_checked")
@@ -243,17 +261,20 @@ def restore_unlocked(config: SessionsConfig, savepoint: str, *, partitions: int 
         ensure_tables(config)
         phase("outputs_rolled_back")
         kill_point("restore:rolled-back")
-        if not side:
+        if not side and written.due:
             # The stream's batch after the marker, with the savepoint's watermark: it closes the sessions the
-            # savepoint holds as due, into the rolled-back tables. A side checkpoint leaves it to the stream.
+            # savepoint holds as due, into the rolled-back tables. With none due it would write nothing and is left
+            # to the stream's first batch, as a side checkpoint leaves it: no query (nor Python worker) for it here.
             _run_batches(spark, target, meta, operator, saved, lease, settle=True)
             phase("settle_batch")
     except Exception as error:  # noqa: BLE001 -- whatever broke, leave the operator a known next step
         with suppress(Exception):  # the restore's own failure is what to report
             stop_state_stores(spark)  # nor the failed restore's into the checkpoint moved back
         failed = _failed_restore(config, saved.savepoint_id, replaced, outputs_rolled_back, error)
-        if isinstance(error, SavepointDamaged) and not outputs_rolled_back:
-            raise error from None  # nothing changed: the savepoint's own line, with its way out
+        # (an executor that could not read one of the savepoint's files names it)
+        damage = error if isinstance(error, SavepointDamaged) else unreadable_savepoint_file(str(error))
+        if damage is not None and not outputs_rolled_back:
+            raise damage from None  # nothing changed: the savepoint's own line, with its way out
         raise failed from None
     clear_restore_marker(config.checkpoint)
     info = inspect_checkpoint(config.checkpoint)
@@ -268,6 +289,20 @@ def restore_unlocked(config: SessionsConfig, savepoint: str, *, partitions: int 
     )
 
 
+def _write_state(initial: _Bootstrap, config: SessionsConfig, *, partitions: int, watermark_ms: int) -> StateWritten:
+    """The restored state written by the executors (state_writer), from the rows Spark's reader reads when it can --
+    no Python worker then -- else, or when that reader refuses a file, from the rows the savepoint's own reader reads
+    (which names a damaged file)."""
+    if initial.by_spark is not None:
+        try:
+            return write_state(initial.by_spark, config.checkpoint, rules=config.rules, partitions=partitions,
+                               watermark_ms=watermark_ms)
+        except Exception:  # noqa: BLE001 -- any refusal: the savepoint's own reader says what it is
+            pass
+    return write_state(initial.rows, config.checkpoint, rules=config.rules, partitions=partitions,
+                       watermark_ms=watermark_ms)
+
+
 def _run_batches(spark: SparkSession, config: SessionsConfig, meta: JobMetadata, operator: StateOperator,
                  saved: SavepointInfo, lease: Lease | None, *, settle: bool) -> None:
     """The restored checkpoint's query up to the savepoint's source position: its marker batch only (`settle`
@@ -275,7 +310,7 @@ def _run_batches(spark: SparkSession, config: SessionsConfig, meta: JobMetadata,
     with _no_batch_after_the_marker(spark, not settle):
         query, _ = start_query(spark, config, meta, operator, trigger={"availableNow": True},
                                source_options={"targetSeq": saved.source_seq, "settle": str(settle).lower()},
-                               lease=lease)
+                               lease=lease, writes=settle)
     query.awaitTermination()
     failure = query.exception()
     if failure is not None:

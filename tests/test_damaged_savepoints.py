@@ -14,6 +14,7 @@ import pytest
 from pipelines.core.sample_data import land
 from pipelines.errors import SavepointDamaged, StreamFailed
 from pipelines.ingest import ingest
+from pipelines.job.checkpoint import inspect_checkpoint
 from pipelines.job.runtime import error_line, explain_spark_failure, spark_failures
 from pipelines.job.stream import catch_up
 from state_store.history import diff_savepoints
@@ -139,6 +140,17 @@ def test_a_truncated_or_overwritten_data_file_is_named_and_a_savepoint_on_it_is_
     _land(config, [chunks[3]], 3)
     catch_up(config, spark)
     _assert_full_on_damage(config, spark, take_savepoint(config, spark=spark), first.savepoint_id)
+
+    # A full savepoint's file overwritten the same way: its restore reads it with Spark's Parquet reader first, which
+    # refuses it; the savepoint's own reader then names the file, and nothing changed.
+    batch_before, sessions_before = inspect_checkpoint(config.checkpoint).last_committed_batch, read_sessions(config)
+    full_file = Path(store.data_files(full.savepoint_id).files[0].removeprefix("file://"))
+    full_file.write_bytes(b"\0" * full_file.stat().st_size)
+    with pytest.raises(SavepointDamaged, match=f"savepoint {full.savepoint_id} is damaged") as refused:
+        restore(config, full.savepoint_id, spark=spark)
+    assert full_file.name in str(refused.value) and "\n" not in str(refused.value)
+    assert inspect_checkpoint(config.checkpoint).last_committed_batch == batch_before
+    assert read_sessions(config) == sessions_before
 
 
 _RAISED = ("An exception was thrown from the Python worker. Please see the stack trace below.\n"

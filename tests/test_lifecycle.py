@@ -203,15 +203,14 @@ def test_failed_restore_leaves_a_known_next_step(tmp_path, spark, monkeypatch):
     assert inspect_checkpoint(config.checkpoint).last_committed_batch == batch_before
     assert read_sessions(config) == sessions_before
 
-    starts = restoring.start_query
+    rolls_back = restoring.roll_back
 
-    def broken_settle(*args, **kwargs):  # the batch after the roll-back (the state is written and checked before it)
-        if kwargs["source_options"]["settle"] == "true":
-            broken()
-        return starts(*args, **kwargs)
+    def broken_after_roll_back(*args, **kwargs):  # the tables changed (the state is written and checked before it)
+        rolls_back(*args, **kwargs)
+        broken()
 
     with monkeypatch.context() as patch:
-        patch.setattr(restoring, "start_query", broken_settle)
+        patch.setattr(restoring, "roll_back", broken_after_roll_back)
         with pytest.raises(RestoreIncomplete, match="run the same restore again") as incomplete:
             restore(config, "latest", spark=spark)
     assert incomplete.value.next_step == "run the same restore again"

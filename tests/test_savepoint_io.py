@@ -26,6 +26,7 @@ from state_store.savepoint import stats as savepoint_stats
 from state_store.savepoint import take as savepointing
 from state_store.savepoint.catalog import SavepointStore
 from state_store.savepoint.checksum import combine_checksum, partial_checksum, signed, state_checksum
+from state_store.savepoint.checksum import frame_checksum as io_checksum
 from state_store.state import read_state
 from testkit.lifecycle_expectations import live_state
 from testkit.oracle import run_oracle
@@ -210,6 +211,37 @@ def test_checksum_equals_an_independent_siphash_of_the_documented_framing():
     # the recorded values (test_checksums_of_existing_savepoints_are_unchanged) follow from the documentation alone
     assert _reference_checksum(rows) == "siphash64:3:c7c38eb32ee540a7"
     assert _reference_checksum(v1) == "siphash64:2:75eab36e8fdfe9a2"
+
+
+def test_the_jvm_checksum_equals_pythons(spark):
+    """frame_checksum (the operator jar's sessions.Checksum, in the tasks) against state_checksum (pandas' SipHash in
+    this process) and the test's own reference, on rows built where the two could part: the framing's edge values, and
+    attributes whose JSON Python and Jackson spell differently (key order, blanks, doubles, escapes, big integers, NaN,
+    empty objects)."""
+    rows, _ = _known_rows()
+    first, last = -62_135_596_800_000_000, 253_402_300_799_999_999
+    edges = pa.table({
+        "user_id": ["", "ü" * 40 + "\U0001f600", "a\x1fb", "x" * 8],
+        "session_start": pa.array([0, -1, first, last], UTC_US),
+        "event_id": [None, "", "e\x00", "e" * 16],
+        "event_time": pa.array([None, -86_400_000_001, 1, 1_790_000_000_000_001], UTC_US),
+        "event_type": [None, "\x00", "", "page_view"],
+        "event_count": [2**63 - 1, -(2**63), 0, None],
+        "page_views": [None, 0, -1, 1],
+    }, schema=state_format.CANONICAL_SCHEMA)
+    rng = random.Random(5)
+    texts = [None, "{}", '{"b": 1, "a": [0.5, 1e-7]}', '{"x": 5e-324, "y": 1e16, "z": -0.0, "w": 1234567890123456789012}',
+             '{"s": "tab\\tquote\\"\u00e9\\u0001", "n": null, "t": true, "f": false}', '{"a": NaN, "i": -Infinity}',
+             '{"\\ud834\\udd1e": 1, "\\uffff": 2}', '{"l": 12345678.9, "m": 0.0001, "k": 1.0E-5, "j": 1.0E7}', "[]",
+             *(json.dumps({f"k{i}": rng.uniform(-1e6, 1e6) * 10 ** rng.randrange(-30, 30), "c": [rng.random(), 2.0]})
+               for i in range(300))]
+    n = len(texts)
+    canonical = _canonical_rows(n, seed=8)
+    with_attributes = canonical.append_column("attributes", pa.array(texts, pa.string()))
+    for table in (rows, edges, canonical, with_attributes, rows.slice(0, 0)):
+        frame = spark.createDataFrame(table).repartition(3)
+        assert io_checksum(frame) == (table.num_rows, state_checksum(table)), table.schema.names
+    assert io_checksum(spark.createDataFrame(edges)) == (4, _reference_checksum(edges))
 
 
 @pytest.mark.tier("pure")

@@ -85,9 +85,11 @@ def raw_events_stream(spark: SparkSession, config: SessionsConfig, checkpoint: C
 
 def start_query(spark: SparkSession, config: SessionsConfig, meta: JobMetadata, operator: StateOperator,
                 *, trigger: dict[str, Any], source_options: dict[str, Any] | None = None,
-                lease: Lease | None = None) -> tuple[StreamingQuery, MicroBatchSink]:
+                lease: Lease | None = None, writes: bool = True) -> tuple[StreamingQuery, MicroBatchSink]:
     """The query of the checkpoint `meta` describes, run by `operator`. With `lease` (the job lease this process
-    holds) the sink checks it before every batch and fences every commit by it (pipelines.coordination.fencing)."""
+    holds) the sink checks it before every batch and fences every commit by it (pipelines.coordination.fencing).
+    Without `writes` (a restore's marker batch, which has no row to write) the batches go to Spark's noop sink: the
+    checkpoint's logs and state are the same, and no Python worker starts."""
     rules = meta.rules  # the run's own, recorded at its start (pipelines.job.startup)
     events = keyed_events(raw_events_stream(spark, config, config.checkpoint, source_options=source_options), rules)
     output = operator.apply(events, rules)
@@ -96,11 +98,9 @@ def start_query(spark: SparkSession, config: SessionsConfig, meta: JobMetadata, 
                           seq_range=lambda batch_id: batch_source_range(checkpoint, batch_id),
                           storage_options=storage_options(config, config.warehouse_uri), lease=lease,
                           attributes=rules.attributes)
-    query = (output.writeStream.queryName("sessions")
-             .option("checkpointLocation", str(config.checkpoint))
-             .trigger(**trigger)
-             .foreachBatch(sink)
-             .start())
+    writer = output.writeStream.queryName("sessions").option("checkpointLocation", str(config.checkpoint)) \
+        .trigger(**trigger)
+    query = (writer.foreachBatch(sink) if writes else writer.format("noop")).start()
     return query, sink
 
 

@@ -38,9 +38,10 @@ from pipelines.job.task_files import share_aws_env
 from pipelines.locations import CheckpointPath
 from state_store.savepoint.catalog import DELETED, INCREMENT_SCHEMA, SavepointStore, StateFiles
 from state_store.savepoint.checksum import MOD64, combine_checksum, frame_checksum, row_hashes, signed
-from state_store.savepoint.files import file_batches, files_checksum, table_rows
+from state_store.savepoint.files import file_batches, files_checksum, table_rows, table_rows_by_spark
 
-__all__ = ["change_feed", "check_increment", "latest_per_user", "resolved_rows", "savepoint_checksum", "savepoint_rows"]
+__all__ = ["change_feed", "check_increment", "latest_per_user", "resolved_rows", "savepoint_checksum", "savepoint_rows",
+           "savepoint_rows_by_spark"]
 
 INCREMENT_DDL = state_format.spark_ddl(INCREMENT_SCHEMA)
 _POSITIONED_DDL = INCREMENT_DDL + ", pos int"
@@ -240,6 +241,14 @@ def _chain_members(store: SavepointStore, savepoint_id: str) -> list[str]:
         raise SavepointDamaged(f"{store.state_uri(savepoint_id)} is an incremental savepoint's table, but the "
                                "catalog has no row for it: its chain is unknown")
     return store.chain_members(saved)
+
+
+def savepoint_rows_by_spark(spark: SparkSession, store: SavepointStore, savepoint_id: str) -> DataFrame | None:
+    """savepoint_rows read by Spark's Parquet reader, with no Python worker, for a full savepoint of the current
+    canonical rows on a local or HDFS store (files.table_rows_by_spark); None for any other. Its job fails on a file
+    that reader refuses, where savepoint_rows reads it or names the damage: a caller falls back on it."""
+    files = store.data_files(savepoint_id)
+    return None if DELETED in files.columns else table_rows_by_spark(spark, files)
 
 
 def savepoint_rows(spark: SparkSession, store: SavepointStore, savepoint_id: str) -> DataFrame:

@@ -36,10 +36,18 @@ from pipelines.errors import UNREADABLE_SAVEPOINT_FILE, SavepointDamaged
 from pipelines.job.task_files import share_aws_env
 from pipelines.storage import filesystem, is_object_store_failure, s3_errors
 from state_store.savepoint.catalog import DELETED, SavepointStore, StateFiles
-from state_store.savepoint.checksum import MOD64, checksum_parts, combine_checksum, partial_checksum, signed
+from state_store.savepoint.checksum import (
+    MOD64,
+    checksum_parts,
+    combine_checksum,
+    frame_checksum,
+    partial_checksum,
+    signed,
+)
 from state_store.savepoint.stats import FileStats
 
-__all__ = ["CANONICAL_DDL", "WrittenFiles", "commit_state_files", "file_batches", "files_checksum", "table_rows", "verify_state_files", "write_state_files"]
+__all__ = ["CANONICAL_DDL", "WrittenFiles", "commit_state_files", "file_batches", "files_checksum", "table_rows",
+           "table_rows_by_spark", "verify_state_files", "write_state_files"]
 
 FILE_ROWS = 2_000_000      # rows per data file at most: a task's share beyond it goes on in a new file
 ROW_GROUP_ROWS = 131_072   # rows buffered per Parquet row group (a task holds about this many rows at a time)
@@ -284,6 +292,12 @@ def files_checksum(spark: SparkSession, files: StateFiles) -> tuple[int, str]:
     as a Delta reader returns them."""
     if not files.files:
         return 0, combine_checksum([])
+    by_spark = table_rows_by_spark(spark, files)
+    if by_spark is not None:  # no Python worker: Spark's reader and the JVM's checksum
+        try:
+            return frame_checksum(by_spark)
+        except Exception:  # noqa: BLE001 -- a file that reader refuses: the reader below reads it or names the damage
+            pass
     parts = _files_frame(spark, files, _checksum_files(files.columns), _PARTIAL_DDL).collect()
     return sum(int(p["rows"]) for p in parts), combine_checksum((p["rows"], p["hash_sum"]) for p in parts)
 
@@ -298,6 +312,19 @@ def verify_state_files(spark: SparkSession, store: SavepointStore, savepoint_id:
         raise SavepointDamaged(f"re-read of {files.uri} does not match the live state: {got_rows} rows / {got} in "
                                f"{len(files.files)} files, written {rows} / {checksum}")
     return files
+
+
+def table_rows_by_spark(spark: SparkSession, files: StateFiles) -> DataFrame | None:
+    """A full state table's rows read by Spark's own Parquet reader (no Python worker), in CANONICAL_DDL with
+    `attributes` (null where a file predates it): for a table of the current canonical columns whose files Spark's
+    filesystems reach without this process's object-store credentials (local, HDFS). None for any other table. A file
+    this reader refuses (a unit it does not read, damage) fails the job: the caller then reads with table_rows, which
+    reads what the Delta engines write and names a damaged file."""
+    if "session_start" not in files.columns or any(uri.startswith("s3") for uri in files.files):
+        return None
+    if not files.files:
+        return spark.createDataFrame([], state_format.SAVED_DDL)
+    return spark.read.schema(state_format.SAVED_DDL).parquet(*files.files)
 
 
 def table_rows(spark: SparkSession, files: StateFiles) -> DataFrame:

@@ -21,7 +21,7 @@ from pipelines.job.operators.jvm import _jvm, rules_json
 from pipelines.job.operators.seam import register_coordinator
 from pipelines.locations import CheckpointPath
 
-__all__ = ["PartitionErased", "erase_state", "purge_erased", "write_state"]
+__all__ = ["PartitionErased", "StateWritten", "erase_state", "purge_erased", "write_state"]
 
 
 def _in_ms(canonical: DataFrame) -> DataFrame:
@@ -32,14 +32,24 @@ def _in_ms(canonical: DataFrame) -> DataFrame:
                             "page_views", *attributes)
 
 
-def write_state(rows: DataFrame, checkpoint: CheckpointPath, *, partitions: int, rules: SessionRules) -> tuple[int, int]:
+@dataclass(frozen=True)
+class StateWritten:
+    """What write_state wrote: keys (users) and rows, and the keys whose event-time timer fires in the first batch at
+    the watermark it was given (the sessions that batch closes)."""
+    keys: int
+    rows: int
+    due: int
+
+
+def write_state(rows: DataFrame, checkpoint: CheckpointPath, *, partitions: int, rules: SessionRules,
+                watermark_ms: int) -> StateWritten:
     """Writes batch 0's state (store version 1 of operator 0, each of `partitions`) of `checkpoint` from canonical
-    `rows` under `rules`, replacing what the batch left there. Returns the (keys, rows) written. The checkpoint's
+    `rows` under `rules`, replacing what the batch left there; counts the keys due at `watermark_ms`. The checkpoint's
     query must be stopped and this JVM's providers of it unloaded (pipelines.job.runtime.stop_state_stores)."""
     register_coordinator(rows.sparkSession)  # the RocksDB provider reports to it
     writer = _jvm(rows.sparkSession).sessions.StateWriter  # type: ignore[attr-defined]
-    keys, written = writer.write(_in_ms(rows)._jdf, str(checkpoint), partitions, rules_json(rules))
-    return int(keys), int(written)
+    keys, written, due = writer.write(_in_ms(rows)._jdf, str(checkpoint), partitions, rules_json(rules), watermark_ms)
+    return StateWritten(int(keys), int(written), int(due))
 
 
 @dataclass(frozen=True)

@@ -59,22 +59,24 @@ public final class StateWriter {
         .add("user_hash", DataTypes.LongType, false).add("user_id", DataTypes.StringType, true);
     static final String FORMAT_VERSION = "spark.sql.streaming.flatMapGroupsWithState.stateFormatVersion";
     private static final StructType DONE = new StructType().add("partition", DataTypes.IntegerType, false)
-        .add("keys", DataTypes.LongType, false).add("rows", DataTypes.LongType, false);
+        .add("keys", DataTypes.LongType, false).add("rows", DataTypes.LongType, false)
+        .add("due", DataTypes.LongType, false);
 
     private StateWriter() {}
 
     /** Writes store version 1 of the checkpoint's stateful operator (operator 0) in each of its `partitions` from
      * `rows` (user_id and SessionsOperator.STATE_ROW's columns, any order; attributes optional), under the session
-     * rules `rulesJson` (Rules). Returns {keys, rows} written. Called from Python through py4j. */
-    public static long[] write(Dataset<Row> rows, String checkpoint, int partitions, String rulesJson)
-            throws IOException {
+     * rules `rulesJson` (Rules). Returns {keys, rows} written and the keys whose timer fires at `watermarkMs` (the
+     * sessions the first batch at that watermark closes). Called from Python through py4j. */
+    public static long[] write(Dataset<Row> rows, String checkpoint, int partitions, String rulesJson,
+                               long watermarkMs) throws IOException {
         SQLConf sql = ((org.apache.spark.sql.classic.SparkSession) rows.sparkSession()).sessionState().conf();
         Stores stores = Stores.of(rows.sparkSession(), sql, checkpoint);
         Dataset<Row> placed = placed(rows, partitions);
         StructType schema = placed.schema();
         Task task = new Task(StateStoreConf.apply(sql), new SerializableConfiguration(stores.hadoop()), stores.runId(),
                              stores.stateRoot(), rulesJson, stores.format(), SessionsOperator.stateRowColumns(schema),
-                             schema.fieldIndex("user_hash"), schema.fieldIndex("user_id"));
+                             schema.fieldIndex("user_hash"), schema.fieldIndex("user_id"), watermarkMs);
         List<Row> done = placed.sortWithinPartitions("user_hash", "user_id")
             .mapPartitions(task, Encoders.row(DONE))
             .collectAsList();
@@ -82,11 +84,13 @@ public final class StateWriter {
         // stays there, which is what it must hold. The caller's read-back checks the whole state.
         long keys = 0;
         long written = 0;
+        long due = 0;
         for (Row r : done) {
             keys += r.getLong(1);
             written += r.getLong(2);
+            due += r.getLong(3);
         }
-        return new long[] {keys, written};
+        return new long[] {keys, written, due};
     }
 
     /** The stores of a checkpoint's stateful operator as a job over them sees them from the driver: the Hadoop
@@ -130,10 +134,11 @@ public final class StateWriter {
     }
 
     /** Writes one partition's store: removes what batch 0 left there, opens it empty at version 0, puts each user's
-     * value and commits version 1. `users` are sorted so that each user's rows are together. */
+     * value and commits version 1. `users` are sorted so that each user's rows are together. Returns {keys, rows,
+     * keys whose timer fires at watermarkMs}. */
     static long[] writePartition(Iterator<Row> users, int partition, StateStoreConf storeConf, Configuration hadoop,
                                  String runId, String stateRoot, Rules rules, int format, int[] ix, int hashCol,
-                                 int userCol) throws IOException {
+                                 int userCol, long watermarkMs) throws IOException {
         removeVersions(new Path(new Path(stateRoot, "0"), Integer.toString(partition)), hadoop);
         FlatMapGroupsWithStateExecHelper.StateManager manager = stateManager(format);
         StateStoreProvider provider = provider(stateRoot, partition, runId, manager.stateSchema(), storeConf, hadoop);
@@ -141,6 +146,7 @@ public final class StateWriter {
         UnsafeProjection keys = UnsafeProjection.create(KEY_SCHEMA);
         long written = 0;
         long rowCount = 0;
+        long due = 0;
         try {
             StateStore store = provider.getStore(0L, Option.empty(), false, false);
             try {
@@ -157,6 +163,9 @@ public final class StateWriter {
                                 new Object[] {hash, UTF8String.fromString(user)}));
                             manager.putState(store, key, kept.value(), kept.timeout());
                             written++;
+                            if (kept.timeout() < watermarkMs) {  // Spark fires an event-time timer below the watermark
+                                due++;
+                            }
                         }
                         open = new ArrayList<>();
                     }
@@ -177,7 +186,7 @@ public final class StateWriter {
         } finally {
             provider.close();
         }
-        return new long[] {written, rowCount};
+        return new long[] {written, rowCount, due};
     }
 
     /** Removes a partition's store files (batch 0's empty version), keeping `_metadata` (partition 0 holds the
@@ -207,9 +216,10 @@ public final class StateWriter {
         private final int[] ix;
         private final int hashCol;
         private final int userCol;
+        private final long watermarkMs;
 
         Task(StateStoreConf storeConf, SerializableConfiguration hadoop, String runId, String stateRoot,
-             String rulesJson, int format, int[] ix, int hashCol, int userCol) {
+             String rulesJson, int format, int[] ix, int hashCol, int userCol, long watermarkMs) {
             this.storeConf = storeConf;
             this.hadoop = hadoop;
             this.runId = runId;
@@ -219,14 +229,15 @@ public final class StateWriter {
             this.ix = ix.clone();
             this.hashCol = hashCol;
             this.userCol = userCol;
+            this.watermarkMs = watermarkMs;
         }
 
         @Override
         public Iterator<Row> call(Iterator<Row> users) throws IOException {
             int partition = TaskContext.getPartitionId();
             long[] done = writePartition(users, partition, storeConf, hadoop.value(), runId, stateRoot,
-                                         Rules.parse(rulesJson), format, ix, hashCol, userCol);
-            return List.of(RowFactory.create(partition, done[0], done[1])).iterator();
+                                         Rules.parse(rulesJson), format, ix, hashCol, userCol, watermarkMs);
+            return List.of(RowFactory.create(partition, done[0], done[1], done[2])).iterator();
         }
     }
 }

@@ -77,7 +77,7 @@ class StateEraserTest {
         int[] ix = SessionsOperator.stateRowColumns(INPUT);
         StateWriter.writePartition(input.iterator(), 0, store.conf(), store.hadoop(), store.runId(), store.stateRoot(),
                                    Rules.parse("{\"gap_ms\": 1800000, \"attributes\": []}"), 2, ix,
-                                   INPUT.fieldIndex("user_hash"), INPUT.fieldIndex("user_id"));
+                                   INPUT.fieldIndex("user_hash"), INPUT.fieldIndex("user_id"), 0L);
         // Versions 2 and 3: c removed (its removal record names it), b's value written again (history holds b twice).
         StateStoreProvider history = store.provider();
         try {

@@ -109,10 +109,19 @@ class StateWriterTest {
             }
         }
         int[] ix = SessionsOperator.stateRowColumns(INPUT);
+        // A watermark at the latest timer: every other user's timer fires in the first batch at it (timeout < it).
+        long watermark = Long.MIN_VALUE;
+        for (int i = 0; i < users.size(); i++) {
+            watermark = Math.max(watermark, byStoreAndWalk(users.get(i), rowsOf.get(i), rules).timeout());
+        }
+        long due = 0;
+        for (int i = 0; i < users.size(); i++) {
+            due += byStoreAndWalk(users.get(i), rowsOf.get(i), rules).timeout() < watermark ? 1 : 0;
+        }
         long[] done = StateWriter.writePartition(input.iterator(), 0, dirs.conf(), dirs.hadoop(), dirs.runId(),
                                                  dirs.stateRoot(), rules, 2, ix, INPUT.fieldIndex("user_hash"),
-                                                 INPUT.fieldIndex("user_id"));
-        assertArrayEquals(new long[] {users.size(), input.size()}, done);
+                                                 INPUT.fieldIndex("user_id"), watermark);
+        assertArrayEquals(new long[] {users.size(), input.size(), due}, done);
         assertEquals("kept", Files.readString(partition.resolve("_metadata/schema")));
 
         FlatMapGroupsWithStateExecHelper.StateManager manager = StateWriter.stateManager(2);
