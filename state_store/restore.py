@@ -54,7 +54,7 @@ from state_store.results import Phases, RestoreResult, SavepointInfo
 from state_store.savepoint import native
 from state_store.savepoint.catalog import SavepointStore
 from state_store.savepoint.chain import savepoint_checksum, savepoint_rows, savepoint_rows_by_spark
-from state_store.savepoint.checksum import frame_checksum, state_checksum
+from state_store.savepoint.checksum import combine_checksum, frame_checksum, state_checksum
 
 __all__ = ["restore_unlocked", "verified_savepoint"]
 
@@ -245,7 +245,8 @@ def restore_unlocked(config: SessionsConfig, savepoint: str, *, partitions: int 
         written = _write_state(initial, config, watermark_ms=saved.watermark_ms,
                                partitions=inspect_checkpoint(config.checkpoint).partitions or target.state_partitions)
         phase("state_written")
-        got = frame_checksum(operator.canonical_rows(spark, config.checkpoint, 0))
+        # The read-back: each partition's committed store loaded by a fresh provider in the task that wrote it.
+        got = written.read_rows, combine_checksum([(written.read_rows, written.read_sum)])
         phase("state_checked")
         if got != expected and by_catalog:  # checked before any table changed: the savepoint is refused as it is
             raise SavepointDamaged(f"savepoint {saved.savepoint_id} is damaged: its state restored as {got[0]} rows / "

@@ -34,11 +34,15 @@ def _in_ms(canonical: DataFrame) -> DataFrame:
 
 @dataclass(frozen=True)
 class StateWritten:
-    """What write_state wrote: keys (users) and rows, and the keys whose event-time timer fires in the first batch at
-    the watermark it was given (the sessions that batch closes)."""
+    """What write_state wrote: keys (users) and rows, the keys whose event-time timer fires in the first batch at the
+    watermark it was given (the sessions that batch closes), and the state read back from the committed stores by
+    fresh providers in the same tasks: its canonical rows' count and the savepoint checksum's wrapping sum of them
+    (a signed long)."""
     keys: int
     rows: int
     due: int
+    read_rows: int
+    read_sum: int
 
 
 def write_state(rows: DataFrame, checkpoint: CheckpointPath, *, partitions: int, rules: SessionRules,
@@ -48,8 +52,8 @@ def write_state(rows: DataFrame, checkpoint: CheckpointPath, *, partitions: int,
     query must be stopped and this JVM's providers of it unloaded (pipelines.job.runtime.stop_state_stores)."""
     register_coordinator(rows.sparkSession)  # the RocksDB provider reports to it
     writer = _jvm(rows.sparkSession).sessions.StateWriter  # type: ignore[attr-defined]
-    keys, written, due = writer.write(_in_ms(rows)._jdf, str(checkpoint), partitions, rules_json(rules), watermark_ms)
-    return StateWritten(int(keys), int(written), int(due))
+    done = writer.write(_in_ms(rows)._jdf, str(checkpoint), partitions, rules_json(rules), watermark_ms)
+    return StateWritten(*(int(value) for value in done))
 
 
 @dataclass(frozen=True)

@@ -148,6 +148,39 @@ public final class Checksum {
         }
     }
 
+    /** The hash of one canonical row (CANONICAL_DDL's columns, then `attributes` when the job has any) of `user`'s
+     * stored row `r` under the attributes `attrs`: what a frame of the state's canonical rows hashes for it. */
+    static long canonicalRow(String user, SessionsOperator.R r, List<Attributes.Attr> attrs) throws IOException {
+        Text text = new Text();
+        text.separate();
+        text.writeBytes(user.getBytes(StandardCharsets.UTF_8));
+        text.separate();
+        text.writeBytes(Long.toString(Math.multiplyExact(r.start(), 1000L)).getBytes(StandardCharsets.US_ASCII));
+        text.separate();
+        if (r.id() != null) {
+            text.writeBytes(r.id().getBytes(StandardCharsets.UTF_8));
+        }
+        text.separate();
+        text.writeBytes(Long.toString(Math.multiplyExact(r.time(), 1000L)).getBytes(StandardCharsets.US_ASCII));
+        text.separate();
+        if (r.type() == null) {
+            text.write(0);
+        } else {
+            text.writeBytes(r.type().getBytes(StandardCharsets.UTF_8));
+        }
+        text.separate();
+        text.writeBytes(Long.toString(r.count()).getBytes(StandardCharsets.US_ASCII));
+        text.separate();
+        text.writeBytes(Long.toString(r.views()).getBytes(StandardCharsets.US_ASCII));
+        String json = Attributes.toJson(attrs, r.parts());
+        String hashed = json == null ? null : attributesText(json);
+        if (hashed != null) {
+            text.separate();
+            text.writeBytes(hashed.getBytes(StandardCharsets.UTF_8));
+        }
+        return mix(sipHash24(text.bytes(), text.size()));
+    }
+
     /** One row's hash of its text (state_store.savepoint.checksum.row_hashes). */
     public static long rowHash(String text) {
         byte[] bytes = text.getBytes(StandardCharsets.UTF_8);

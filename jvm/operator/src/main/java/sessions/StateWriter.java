@@ -60,14 +60,17 @@ public final class StateWriter {
     static final String FORMAT_VERSION = "spark.sql.streaming.flatMapGroupsWithState.stateFormatVersion";
     private static final StructType DONE = new StructType().add("partition", DataTypes.IntegerType, false)
         .add("keys", DataTypes.LongType, false).add("rows", DataTypes.LongType, false)
-        .add("due", DataTypes.LongType, false);
+        .add("due", DataTypes.LongType, false).add("read_rows", DataTypes.LongType, false)
+        .add("read_sum", DataTypes.LongType, false);
 
     private StateWriter() {}
 
     /** Writes store version 1 of the checkpoint's stateful operator (operator 0) in each of its `partitions` from
      * `rows` (user_id and SessionsOperator.STATE_ROW's columns, any order; attributes optional), under the session
-     * rules `rulesJson` (Rules). Returns {keys, rows} written and the keys whose timer fires at `watermarkMs` (the
-     * sessions the first batch at that watermark closes). Called from Python through py4j. */
+     * rules `rulesJson` (Rules). Returns {keys, rows} written, the keys whose timer fires at `watermarkMs` (the
+     * sessions the first batch at that watermark closes), and the canonical rows read back from the committed stores
+     * by fresh providers with their checksum's wrapping sum (Checksum: the savepoint checksum's algorithm). Called
+     * from Python through py4j. */
     public static long[] write(Dataset<Row> rows, String checkpoint, int partitions, String rulesJson,
                                long watermarkMs) throws IOException {
         SQLConf sql = ((org.apache.spark.sql.classic.SparkSession) rows.sparkSession()).sessionState().conf();
@@ -85,12 +88,16 @@ public final class StateWriter {
         long keys = 0;
         long written = 0;
         long due = 0;
+        long readRows = 0;
+        long readSum = 0;
         for (Row r : done) {
             keys += r.getLong(1);
             written += r.getLong(2);
             due += r.getLong(3);
+            readRows += r.getLong(4);
+            readSum += r.getLong(5);
         }
-        return new long[] {keys, written, due};
+        return new long[] {keys, written, due, readRows, readSum};
     }
 
     /** The stores of a checkpoint's stateful operator as a job over them sees them from the driver: the Hadoop
@@ -135,7 +142,7 @@ public final class StateWriter {
 
     /** Writes one partition's store: removes what batch 0 left there, opens it empty at version 0, puts each user's
      * value and commits version 1. `users` are sorted so that each user's rows are together. Returns {keys, rows,
-     * keys whose timer fires at watermarkMs}. */
+     * keys whose timer fires at watermarkMs, rows read back, their checksum's sum} (readBack). */
     static long[] writePartition(Iterator<Row> users, int partition, StateStoreConf storeConf, Configuration hadoop,
                                  String runId, String stateRoot, Rules rules, int format, int[] ix, int hashCol,
                                  int userCol, long watermarkMs) throws IOException {
@@ -186,7 +193,37 @@ public final class StateWriter {
         } finally {
             provider.close();
         }
-        return new long[] {written, rowCount, due};
+        long[] read = readBack(partition, storeConf, hadoop, runId, stateRoot, attrs, format);
+        return new long[] {written, rowCount, due, read[0], read[1]};
+    }
+
+    /** Version 1 of a partition's store as a fresh provider loads it from the checkpoint's files (not the writer's
+     * open store): its canonical rows' count and checksum sum, the restore's read-back. */
+    static long[] readBack(int partition, StateStoreConf storeConf, Configuration hadoop, String runId,
+                           String stateRoot, List<Attributes.Attr> attrs, int format) throws IOException {
+        FlatMapGroupsWithStateExecHelper.StateManager manager = stateManager(format);
+        StateStoreProvider provider = provider(stateRoot, partition, runId, manager.stateSchema(), storeConf, hadoop);
+        long rows = 0;
+        long sum = 0;
+        try {
+            StateStore store = provider.getStore(1L, Option.empty(), false, false);
+            try {
+                scala.collection.Iterator<FlatMapGroupsWithStateExecHelper.StateData> all = manager.getAllState(store);
+                while (all.hasNext()) {
+                    FlatMapGroupsWithStateExecHelper.StateData data = all.next();
+                    String user = data.keyRow().getUTF8String(1).toString();
+                    for (SessionsOperator.R r : StateCodec.decode((byte[]) data.stateObj(), attrs)) {
+                        sum += Checksum.canonicalRow(user, r, attrs);
+                        rows++;
+                    }
+                }
+            } finally {
+                store.abort();
+            }
+        } finally {
+            provider.close();
+        }
+        return new long[] {rows, sum};
     }
 
     /** Removes a partition's store files (batch 0's empty version), keeping `_metadata` (partition 0 holds the
@@ -237,7 +274,7 @@ public final class StateWriter {
             int partition = TaskContext.getPartitionId();
             long[] done = writePartition(users, partition, storeConf, hadoop.value(), runId, stateRoot,
                                          Rules.parse(rulesJson), format, ix, hashCol, userCol, watermarkMs);
-            return List.of(RowFactory.create(partition, done[0], done[1], done[2])).iterator();
+            return List.of(RowFactory.create(partition, done[0], done[1], done[2], done[3], done[4])).iterator();
         }
     }
 }

@@ -115,13 +115,22 @@ class StateWriterTest {
             watermark = Math.max(watermark, byStoreAndWalk(users.get(i), rowsOf.get(i), rules).timeout());
         }
         long due = 0;
+        long stored = 0;
+        long sum = 0;  // the read-back's checksum, from each stored row's text framed here (Checksum.rowHash's input)
         for (int i = 0; i < users.size(); i++) {
-            due += byStoreAndWalk(users.get(i), rowsOf.get(i), rules).timeout() < watermark ? 1 : 0;
+            SessionsOperator.Stored expected = byStoreAndWalk(users.get(i), rowsOf.get(i), rules);
+            due += expected.timeout() < watermark ? 1 : 0;
+            for (SessionsOperator.R r : StateCodec.decode(expected.value(), List.of())) {
+                sum += Checksum.rowHash(String.join("\u001f", users.get(i), Long.toString(r.start() * 1000),
+                    r.id() == null ? "" : r.id(), Long.toString(r.time() * 1000), r.type() == null ? "\0" : r.type(),
+                    Long.toString(r.count()), Long.toString(r.views())));
+                stored++;
+            }
         }
         long[] done = StateWriter.writePartition(input.iterator(), 0, dirs.conf(), dirs.hadoop(), dirs.runId(),
                                                  dirs.stateRoot(), rules, 2, ix, INPUT.fieldIndex("user_hash"),
                                                  INPUT.fieldIndex("user_id"), watermark);
-        assertArrayEquals(new long[] {users.size(), input.size(), due}, done);
+        assertArrayEquals(new long[] {users.size(), input.size(), due, stored, sum}, done);
         assertEquals("kept", Files.readString(partition.resolve("_metadata/schema")));
 
         FlatMapGroupsWithStateExecHelper.StateManager manager = StateWriter.stateManager(2);
