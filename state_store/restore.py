@@ -16,6 +16,7 @@ from functools import partial
 import pyarrow as pa
 import pyarrow.parquet as pq
 from pyspark.sql import DataFrame, SparkSession
+from pyspark.sql.streaming import StreamingQuery
 
 from pipelines.config import SessionsConfig
 from pipelines.coordination import kill_point
@@ -41,7 +42,7 @@ from pipelines.job.checkpoint import (
 )
 from pipelines.job.operators import for_new_checkpoint
 from pipelines.job.operators.seam import StateOperator
-from pipelines.job.operators.state_writer import StateWritten, write_state
+from pipelines.job.operators.state_writer import StateWritten, install_state, write_state
 from pipelines.job.runtime import error_line, get_spark, stop_state_stores
 from pipelines.job.sink import roll_back
 from pipelines.job.startup import ensure_tables
@@ -231,19 +232,29 @@ def restore_unlocked(config: SessionsConfig, savepoint: str, *, partitions: int 
             saved = verified_savepoint(config, spark, savepoint=saved.savepoint_id)
             phase("savepoint_verified")
         # The source's first batch carries the savepoint's watermark (a marker). That batch runs with no state (Spark
-        # writes the checkpoint's logs and state schema), then the state writer writes its state in the executors:
-        # each user's rows walked once at watermark 0 as the operator walks a stored user, no per-key call
-        # (pipelines.job.operators.state_writer).
+        # writes the checkpoint's logs and state schema); beside it the state writer writes the state in the
+        # executors into a staging directory -- each user's rows walked once at watermark 0 as the operator walks a
+        # stored user, no per-key call (pipelines.job.operators.state_writer) -- which then replaces the batch's
+        # empty stores.
         (config.checkpoint / BOOTSTRAP_FILE).write_text(json.dumps({
             "savepoint_id": saved.savepoint_id, "source_seq": saved.source_seq,
             "watermark_ms": saved.watermark_ms, "lateness_ms": config.rules.lateness_ms,
         }))
         ensure_tables(config)  # the marker batch's sink reads them (it writes nothing)
-        _run_batches(spark, target, meta, operator, saved, lease, settle=False)
-        phase("marker_batch")
+        partitions = target.state_partitions
+        marker = _start_batches(spark, target, meta, operator, saved, lease, settle=False)
+        try:
+            written = _write_state(initial, config, watermark_ms=saved.watermark_ms, partitions=partitions)
+        except BaseException:
+            with suppress(Exception):
+                marker.stop()
+            raise
+        _finish(marker)
         stop_state_stores(spark)  # the marker batch's providers hold its empty state
-        written = _write_state(initial, config, watermark_ms=saved.watermark_ms,
-                               partitions=inspect_checkpoint(config.checkpoint).partitions or target.state_partitions)
+        if inspect_checkpoint(config.checkpoint).partitions != partitions:
+            raise StateMismatch(f"the restored checkpoint's first batch ran with "
+                                f"{inspect_checkpoint(config.checkpoint).partitions} state partitions, not {partitions}")
+        install_state(spark, config.checkpoint, partitions=partitions)
         phase("state_written")
         # The read-back: each partition's committed store loaded by a fresh provider in the task that wrote it.
         got = written.read_rows, combine_checksum([(written.read_rows, written.read_sum)])
@@ -266,7 +277,7 @@ def restore_unlocked(config: SessionsConfig, savepoint: str, *, partitions: int 
             # The stream's batch after the marker, with the savepoint's watermark: it closes the sessions the
             # savepoint holds as due, into the rolled-back tables. With none due it would write nothing and is left
             # to the stream's first batch, as a side checkpoint leaves it: no query (nor Python worker) for it here.
-            _run_batches(spark, target, meta, operator, saved, lease, settle=True)
+            _finish(_start_batches(spark, target, meta, operator, saved, lease, settle=True))
             phase("settle_batch")
     except Exception as error:  # noqa: BLE001 -- whatever broke, leave the operator a known next step
         with suppress(Exception):  # the restore's own failure is what to report
@@ -291,27 +302,32 @@ def restore_unlocked(config: SessionsConfig, savepoint: str, *, partitions: int 
 
 
 def _write_state(initial: _Bootstrap, config: SessionsConfig, *, partitions: int, watermark_ms: int) -> StateWritten:
-    """The restored state written by the executors (state_writer), from the rows Spark's reader reads when it can --
-    no Python worker then -- else, or when that reader refuses a file, from the rows the savepoint's own reader reads
-    (which names a damaged file)."""
+    """The restored state written by the executors (state_writer) into the checkpoint's staging directory, from the
+    rows Spark's reader reads when it can -- no Python worker then -- else, or when that reader refuses a file, from
+    the rows the savepoint's own reader reads (which names a damaged file)."""
     if initial.by_spark is not None:
         try:
             return write_state(initial.by_spark, config.checkpoint, rules=config.rules, partitions=partitions,
-                               watermark_ms=watermark_ms)
+                               watermark_ms=watermark_ms, staged=True)
         except Exception:  # noqa: BLE001 -- any refusal: the savepoint's own reader says what it is
             pass
     return write_state(initial.rows, config.checkpoint, rules=config.rules, partitions=partitions,
-                       watermark_ms=watermark_ms)
+                       watermark_ms=watermark_ms, staged=True)
 
 
-def _run_batches(spark: SparkSession, config: SessionsConfig, meta: JobMetadata, operator: StateOperator,
-                 saved: SavepointInfo, lease: Lease | None, *, settle: bool) -> None:
-    """The restored checkpoint's query up to the savepoint's source position: its marker batch only (`settle`
-    false: no batch of Spark's own after it either), or the empty batch after it (`settle`)."""
+def _start_batches(spark: SparkSession, config: SessionsConfig, meta: JobMetadata, operator: StateOperator,
+                   saved: SavepointInfo, lease: Lease | None, *, settle: bool) -> StreamingQuery:
+    """The restored checkpoint's query up to the savepoint's source position, started: its marker batch only
+    (`settle` false: to Spark's noop sink, and no batch of Spark's own after it either), or the empty batch after it
+    (`settle`)."""
     with _no_batch_after_the_marker(spark, not settle):
         query, _ = start_query(spark, config, meta, operator, trigger={"availableNow": True},
                                source_options={"targetSeq": saved.source_seq, "settle": str(settle).lower()},
                                lease=lease, writes=settle)
+    return query
+
+
+def _finish(query: StreamingQuery) -> None:
     query.awaitTermination()
     failure = query.exception()
     if failure is not None:

@@ -236,8 +236,13 @@ def test_incompatible_savepoint_is_refused_unless_migrating(tmp_path, spark):
         restore(other, saved.savepoint_id, spark=spark)
     with pytest.raises(SavepointNotFound, match="no such savepoint"):
         restore(config, "sp-does-not-exist", spark=spark)
+    at_savepoint = read_sessions(config)
     migrated = restore(other, saved.savepoint_id, migrate=True, spark=spark)
     assert migrated.savepoint_id == saved.savepoint_id
+    # The new gap makes sessions of the savepoint due at its watermark: the restore's own batch after the marker
+    # closes them, into the rolled-back table (a savepoint with none due leaves that batch to the stream).
+    after_restore = read_sessions(other)
+    assert "settle_batch" in migrated.phases and len(after_restore) > len(at_savepoint), migrated.phases
     # The rest of the data under the new gap ends as docs/operations.md ("Savepoints") promises for --migrate: the sessions closed before the
     # savepoint as written, then the savepoint's rows (checked against the oracle) and the later events walked with the
     # new gap, each frozen prefix one piece (the new gap would split some of them).
@@ -247,6 +252,7 @@ def test_incompatible_savepoint_is_refused_unless_migrating(tmp_path, spark):
     catch_up(other, spark)
     closed, still_open = after_migration(saved_rows, chunks, 1, GAP_MIN * 60_000, LATENESS_MIN * 60_000, 3 * 60_000)
     assert read_sessions(other) == closed and closed != _expected(chunks)  # the new gap changed sessions
+    assert set(after_restore) <= set(closed)
     assert read_open_sessions(spark, other) == still_open
 
 

@@ -21,7 +21,8 @@ from pipelines.job.operators.jvm import _jvm, rules_json
 from pipelines.job.operators.seam import register_coordinator
 from pipelines.locations import CheckpointPath
 
-__all__ = ["PartitionErased", "StateWritten", "erase_state", "purge_erased", "write_state"]
+__all__ = ["STAGED_STATE", "PartitionErased", "StateWritten", "erase_state", "install_state", "purge_erased",
+           "write_state"]
 
 
 def _in_ms(canonical: DataFrame) -> DataFrame:
@@ -45,15 +46,28 @@ class StateWritten:
     read_sum: int
 
 
+STAGED_STATE = "state-restored"  # beside the checkpoint's `state`: where a staged write puts its stores
+
+
 def write_state(rows: DataFrame, checkpoint: CheckpointPath, *, partitions: int, rules: SessionRules,
-                watermark_ms: int) -> StateWritten:
+                watermark_ms: int, staged: bool = False) -> StateWritten:
     """Writes batch 0's state (store version 1 of operator 0, each of `partitions`) of `checkpoint` from canonical
     `rows` under `rules`, replacing what the batch left there; counts the keys due at `watermark_ms`. The checkpoint's
-    query must be stopped and this JVM's providers of it unloaded (pipelines.job.runtime.stop_state_stores)."""
+    query must be stopped and this JVM's providers of it unloaded (pipelines.job.runtime.stop_state_stores). With
+    `staged`, the stores go to the checkpoint's staging directory instead, while batch 0 may still run; install_state
+    then puts them in place."""
     register_coordinator(rows.sparkSession)  # the RocksDB provider reports to it
     writer = _jvm(rows.sparkSession).sessions.StateWriter  # type: ignore[attr-defined]
-    done = writer.write(_in_ms(rows)._jdf, str(checkpoint), partitions, rules_json(rules), watermark_ms)
+    done = writer.write(_in_ms(rows)._jdf, str(checkpoint), STAGED_STATE if staged else "state", partitions,
+                        rules_json(rules), watermark_ms)
     return StateWritten(*(int(value) for value in done))
+
+
+def install_state(spark: SparkSession, checkpoint: CheckpointPath, *, partitions: int) -> int:
+    """The stores a staged write_state wrote, moved into `checkpoint`'s state in place of batch 0's (StateWriter.install).
+    Batch 0 must be over and this JVM's providers of the checkpoint unloaded. Returns the files moved."""
+    return int(_jvm(spark).sessions.StateWriter.install(  # type: ignore[attr-defined]
+        spark._jsparkSession, str(checkpoint), STAGED_STATE, partitions))
 
 
 @dataclass(frozen=True)

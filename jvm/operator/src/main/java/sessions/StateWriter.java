@@ -58,6 +58,8 @@ public final class StateWriter {
     static final StructType KEY_SCHEMA = new StructType()
         .add("user_hash", DataTypes.LongType, false).add("user_id", DataTypes.StringType, true);
     static final String FORMAT_VERSION = "spark.sql.streaming.flatMapGroupsWithState.stateFormatVersion";
+    /** A checkpoint's state directory (Spark's). */
+    static final String STATE = "state";
     private static final StructType DONE = new StructType().add("partition", DataTypes.IntegerType, false)
         .add("keys", DataTypes.LongType, false).add("rows", DataTypes.LongType, false)
         .add("due", DataTypes.LongType, false).add("read_rows", DataTypes.LongType, false)
@@ -73,8 +75,15 @@ public final class StateWriter {
      * from Python through py4j. */
     public static long[] write(Dataset<Row> rows, String checkpoint, int partitions, String rulesJson,
                                long watermarkMs) throws IOException {
+        return write(rows, checkpoint, STATE, partitions, rulesJson, watermarkMs);
+    }
+
+    /** write, into the stores under `stateDir` of the checkpoint instead of its `state` (a staging directory that
+     * `install` then moves into place: the writer runs beside the query that writes batch 0's logs). */
+    public static long[] write(Dataset<Row> rows, String checkpoint, String stateDir, int partitions,
+                               String rulesJson, long watermarkMs) throws IOException {
         SQLConf sql = ((org.apache.spark.sql.classic.SparkSession) rows.sparkSession()).sessionState().conf();
-        Stores stores = Stores.of(rows.sparkSession(), sql, checkpoint);
+        Stores stores = Stores.of(rows.sparkSession(), sql, checkpoint, stateDir);
         Dataset<Row> placed = placed(rows, partitions);
         StructType schema = placed.schema();
         Task task = new Task(StateStoreConf.apply(sql), new SerializableConfiguration(stores.hadoop()), stores.runId(),
@@ -105,11 +114,16 @@ public final class StateWriter {
      * flatMapGroupsWithState's state format version. */
     record Stores(Configuration hadoop, String runId, String stateRoot, int format) {
         static Stores of(org.apache.spark.sql.SparkSession session, SQLConf sql, String checkpoint) throws IOException {
+            return of(session, sql, checkpoint, STATE);
+        }
+
+        static Stores of(org.apache.spark.sql.SparkSession session, SQLConf sql, String checkpoint, String stateDir)
+                throws IOException {
             Configuration hadoop = ((org.apache.spark.sql.classic.SparkSession) session).sessionState().newHadoopConf();
             String runId = UUID.randomUUID().toString();
             hadoop.set(StreamExecution$.MODULE$.RUN_ID_KEY(), runId);
             Path root = new Path(checkpoint);
-            String stateRoot = new Path(root.getFileSystem(hadoop).makeQualified(root), "state").toString();
+            String stateRoot = new Path(root.getFileSystem(hadoop).makeQualified(root), stateDir).toString();
             return new Stores(hadoop, runId, stateRoot, Integer.parseInt(sql.getConfString(FORMAT_VERSION, "2")));
         }
     }
@@ -224,6 +238,40 @@ public final class StateWriter {
             provider.close();
         }
         return new long[] {rows, sum};
+    }
+
+    /** Moves the stores `write` put under `stagedDir` of the checkpoint into its state directory, partition by
+     * partition, in place of batch 0's (each partition's files removed first, its `_metadata` kept), then removes
+     * `stagedDir`. A partition the writer wrote nothing for keeps batch 0's empty store. The checkpoint's query must
+     * be stopped and this JVM's providers of it unloaded. Returns the files moved. */
+    public static long install(org.apache.spark.sql.SparkSession session, String checkpoint, String stagedDir,
+                               int partitions) throws IOException {
+        Configuration hadoop = ((org.apache.spark.sql.classic.SparkSession) session).sessionState().newHadoopConf();
+        Path root = new Path(checkpoint);
+        FileSystem fs = root.getFileSystem(hadoop);
+        Path staged = new Path(new Path(root, stagedDir), "0");
+        long moved = 0;
+        for (int partition = 0; partition < partitions; partition++) {
+            Path from = new Path(staged, Integer.toString(partition));
+            if (!fs.exists(from)) {
+                continue;
+            }
+            Path to = new Path(new Path(new Path(root, STATE), "0"), Integer.toString(partition));
+            removeVersions(to, hadoop);
+            org.apache.hadoop.fs.RemoteIterator<org.apache.hadoop.fs.LocatedFileStatus> files = fs.listFiles(from, true);
+            String prefix = fs.makeQualified(from).toUri().getPath();
+            while (files.hasNext()) {
+                Path file = files.next().getPath();
+                Path target = new Path(to, file.toUri().getPath().substring(prefix.length() + 1));
+                fs.mkdirs(target.getParent());
+                if (!fs.rename(file, target)) {
+                    throw new IOException("could not move " + file + " to " + target + " while installing the state");
+                }
+                moved++;
+            }
+        }
+        fs.delete(new Path(root, stagedDir), true);
+        return moved;
     }
 
     /** Removes a partition's store files (batch 0's empty version), keeping `_metadata` (partition 0 holds the
