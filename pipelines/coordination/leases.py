@@ -26,7 +26,7 @@ import os
 import threading
 import time
 import uuid
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import asdict, dataclass, fields, replace
 from pathlib import Path
@@ -174,6 +174,7 @@ class Lease:
         self._mutex = threading.Lock()
         self._stop = threading.Event()
         self._renewer: threading.Thread | None = None
+        self._observer: Callable[[float], None] | None = None
 
     def describe(self) -> str:
         return self.info.describe()
@@ -259,6 +260,24 @@ class Lease:
         with self._mutex:
             if self._lost is None:
                 self.info, self._renewed_at = renewed, began
+                self._tell(self._observer)
+
+    def observe(self, observer: Callable[[float], None] | None) -> None:
+        """`observer(seconds)` now and after every renewal: for how long this holder may still write (the TTL less the
+        time since the renewal began, never past the record's expiry) -- a writer outside Python (Spark's JVM) fences
+        itself by it. None: no more calls once this returns."""
+        with self._mutex:
+            self._observer = observer
+            if self._lost is None:
+                self._tell(observer)
+
+    def _tell(self, observer: Callable[[float], None] | None) -> None:
+        if observer is None:
+            return
+        try:
+            observer(max(0.0, self.ttl_s - (time.monotonic() - self._renewed_at)))
+        except Exception as error:  # noqa: BLE001 -- the renewal stands; the observer's own deadline then runs out
+            log.warning("could not pass the %s lease's renewal on (%s)", self.name, error)
 
     def _renew_loop(self) -> None:
         interval = min(self.ttl_s / 3, MAX_RENEW_INTERVAL_S)

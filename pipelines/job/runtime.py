@@ -20,6 +20,7 @@ from pyspark.errors import PySparkException, PythonException
 from pyspark.sql import SparkSession
 
 from pipelines.config import REPO_ROOT, SessionsConfig
+from pipelines.coordination.leases import Lease
 from pipelines.errors import (
     CheckpointDamaged,
     RescaleIncomplete,
@@ -32,7 +33,7 @@ from pipelines.job.checkpoint import PROVIDER_CLASSES, inspect_checkpoint, resca
 from pipelines.job.operators.jvm import JVM_JAR
 from pipelines.job.shipping import cluster_conf
 from pipelines.job.task_files import share_aws_env
-from pipelines.locations import hdfs_outage
+from pipelines.locations import CheckpointPath, hdfs_outage
 from pipelines.storage import is_s3, seconds
 
 __all__ = ["CLASS_ARCHIVE", "ERRORS_LOG", "JVM_STDERR_LOG", "LOCAL_FS_NO_FORK", "error_line", "explain_spark_failure", "get_spark", "log_traceback", "prepare_session", "rescale_incomplete", "runtime_jars", "spark_conf", "spark_failures", "stop_spark", "stop_state_stores", "yield_cpu"]
@@ -193,7 +194,8 @@ def runtime_jars() -> list[Path]:
 
 # Spark's checkpoint file manager, but through Hadoop's cached FileSystem on S3 (jvm/operator/src/main/java/sessions/
 # CheckpointFiles.java): a FileContext's S3A file system is closed by the garbage collector, under a read at random.
-CHECKPOINT_FILES = {"spark.sql.streaming.checkpointFileManagerClass": "sessions.CheckpointFiles"}
+_CHECKPOINT_FILE_MANAGER = "spark.sql.streaming.checkpointFileManagerClass"
+CHECKPOINT_FILES = {_CHECKPOINT_FILE_MANAGER: "sessions.CheckpointFiles"}
 
 # file:// paths through Hadoop's local file system minus its child processes (jvm/operator/src/main/java/sessions/
 # LocalFileSystemNoFork.java: without Hadoop's native library every chmod and link-status read forks a process).
@@ -202,6 +204,26 @@ LOCAL_FS_NO_FORK = {
     "spark.hadoop.fs.file.impl": "sessions.LocalFileSystemNoFork$Checked",
     "spark.hadoop.fs.AbstractFileSystem.file.impl": "sessions.LocalFileSystemNoFork$CheckedFs",
 }
+
+
+@contextmanager
+def fenced_logs(spark: SparkSession, checkpoint: CheckpointPath, lease: Lease) -> Iterator[None]:
+    """Spark's own writes of `checkpoint`'s query logs (offsets, commits) fenced by `lease` in the JVM (jvm/operator/
+    src/main/java/sessions/Fence.java): refused once the lease's last renewal is older than its TTL. A process
+    resumed after a pause past its TTL thus plans no batch into a checkpoint that another holder took over, whichever
+    of Spark's thread and the lease's wakes first. Where the session has not our checkpoint file manager, nothing."""
+    if spark.conf.get(_CHECKPOINT_FILE_MANAGER, "") != CHECKPOINT_FILES[_CHECKPOINT_FILE_MANAGER]:
+        yield
+        return
+    fence: Any = spark.sparkContext._jvm.sessions.Fence  # type: ignore[union-attr]
+    where = str(checkpoint)
+    lease.observe(lambda seconds: fence.hold(where, int(seconds * 1000)))
+    try:
+        yield
+    finally:
+        lease.observe(None)
+        with suppress(Py4JError):
+            fence.release(where)
 
 
 JVM_STDERR_LOG = "jvm-stderr.log"  # what the JVM and the Python processes it starts write to their stderr

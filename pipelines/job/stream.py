@@ -43,6 +43,7 @@ from pipelines.job.run_summary import RunSummary
 from pipelines.job.runtime import (
     ERRORS_LOG,
     explain_spark_failure,
+    fenced_logs,
     get_spark,
     prepare_session,
     spark_failures,
@@ -146,7 +147,8 @@ def _job(config: SessionsConfig, what: str, spark: SparkSession | None,
         run = _Run(spark, meta, operator, held, summary)
         summary.lease_epoch = held.epoch
         try:
-            yield run
+            with fenced_logs(spark, config.checkpoint, held):  # Spark's own log writes too, in its JVM
+                yield run
         except Exception:
             if held.lost is not None:  # whatever it failed of (the query, a commit), it is the lost lease to report
                 raise held.lost from None

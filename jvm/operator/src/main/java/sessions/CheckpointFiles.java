@@ -78,6 +78,7 @@ public final class CheckpointFiles implements CheckpointFileManager {
 
   @Override
   public CancellableFSDataOutputStream createAtomic(Path path, boolean overwriteIfPossible) {
+    Fence.check(path);  // a query's offset and commit logs: not after the job lease lapsed (Fence)
     return delegate.createAtomic(path, overwriteIfPossible);
   }
 
