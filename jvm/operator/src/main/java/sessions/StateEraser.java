@@ -73,7 +73,7 @@ public final class StateEraser {
         sql.setConfString(PROVIDER, providerClass);
         sql.setConfString(CHANGELOG, "false");  // the fresh store's commit writes its snapshot (1.zip) at once
         StateWriter.Stores stores = StateWriter.Stores.of(users.sparkSession(), sql, checkpoint);
-        Task task = new Task(StateStoreConf.apply(sql), new SerializableConfiguration(stores.hadoop()), stores.runId(),
+        Task task = new Task(StateWriter.storeConf(sql), new SerializableConfiguration(stores.hadoop()), stores.runId(),
                              stores.stateRoot(), stores.format(), version, ROCKSDB.equals(providerClass));
         // The users land in the tasks of the partitions whose stores hold them; a partition no user lands in is not
         // touched.

@@ -86,7 +86,7 @@ public final class StateWriter {
         Stores stores = Stores.of(rows.sparkSession(), sql, checkpoint, stateDir);
         Dataset<Row> placed = placed(rows, partitions);
         StructType schema = placed.schema();
-        Task task = new Task(StateStoreConf.apply(sql), new SerializableConfiguration(stores.hadoop()), stores.runId(),
+        Task task = new Task(storeConf(sql), new SerializableConfiguration(stores.hadoop()), stores.runId(),
                              stores.stateRoot(), rulesJson, stores.format(), SessionsOperator.stateRowColumns(schema),
                              schema.fieldIndex("user_hash"), schema.fieldIndex("user_id"), watermarkMs);
         List<Row> done = placed.sortWithinPartitions("user_hash", "user_id")
@@ -107,6 +107,18 @@ public final class StateWriter {
             readSum += r.getLong(5);
         }
         return new long[] {keys, written, due, readRows, readSum};
+    }
+
+    static final String TRACK_ROWS = "spark.sql.streaming.stateStore.rocksdb.trackTotalNumberOfRows";
+
+    /** The session's state store configuration for a store written whole by a job of ours (StateWriter, StateEraser):
+     * without RocksDB's row count, which reads every key before it puts it (half of a fresh store's put time at 1M
+     * keys). The version it commits then records no count, and the stream's provider counts the keys once when it
+     * loads that version (Spark's way when the option was off before a restart); the HDFS-backed provider has none. */
+    static StateStoreConf storeConf(SQLConf sql) {
+        SQLConf conf = sql.clone();
+        conf.setConfString(TRACK_ROWS, "false");
+        return StateStoreConf.apply(conf);
     }
 
     /** The stores of a checkpoint's stateful operator as a job over them sees them from the driver: the Hadoop

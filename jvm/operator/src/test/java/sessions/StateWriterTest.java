@@ -13,14 +13,17 @@ import java.util.ArrayList;
 import java.util.Collections;
 import java.util.List;
 import java.util.Random;
+import java.util.UUID;
 
 import org.apache.spark.sql.Row;
 import org.apache.spark.sql.RowFactory;
 import org.apache.spark.sql.catalyst.expressions.GenericInternalRow;
 import org.apache.spark.sql.catalyst.expressions.UnsafeProjection;
 import org.apache.spark.sql.catalyst.expressions.UnsafeRow;
+import org.apache.spark.sql.internal.SQLConf;
 import org.apache.spark.sql.execution.streaming.operators.stateful.flatmapgroupswithstate.FlatMapGroupsWithStateExecHelper;
 import org.apache.spark.sql.execution.streaming.state.StateStore;
+import org.apache.spark.sql.execution.streaming.state.StateStoreConf;
 import org.apache.spark.sql.execution.streaming.state.StateStoreProvider;
 import org.apache.spark.sql.types.DataTypes;
 import org.apache.spark.sql.types.StructType;
@@ -148,6 +151,52 @@ class StateWriterTest {
                 assertEquals(expected.timeout(), state.timeoutTimestamp(), user);
             }
             store.abort();
+        } finally {
+            provider.close();
+        }
+    }
+    /** On RocksDB the writer's stores skip the provider's row count (StateWriter.storeConf): the stream's provider,
+     * which counts rows, counts them when it loads the version and then keeps counting from there. */
+    @Test
+    void aRocksDbStoreWrittenWithoutItsRowCountIsCountedByTheStreamsProvider(@TempDir Path dir) throws IOException {
+        StoreDir dirs = StoreDir.under(dir);
+        SQLConf sql = new SQLConf();
+        sql.setConfString("spark.sql.streaming.stateStore.providerClass",
+                          "org.apache.spark.sql.execution.streaming.state.RocksDBStateStoreProvider");
+        sql.setConfString("spark.sql.streaming.stateStore.rocksdb.changelogCheckpointing.enabled", "false");
+        Rules rules = rules(GAP);
+        Random random = new Random(11);
+        List<Row> input = new ArrayList<>();
+        int users = 50;
+        for (int u = 0; u < users; u++) {
+            for (SessionsOperator.R r : sample(random)) {
+                input.add(RowFactory.create("u" + u, r.start(), r.id(), r.time(), r.type(), r.count(), r.views(),
+                                            (long) u));
+            }
+        }
+        int[] ix = SessionsOperator.stateRowColumns(INPUT);
+        long[] done = StateWriter.writePartition(input.iterator(), 0, StateWriter.storeConf(sql), dirs.hadoop(),
+                                                 dirs.runId(), dirs.stateRoot(), rules, 2, ix,
+                                                 INPUT.fieldIndex("user_hash"), INPUT.fieldIndex("user_id"), 0L);
+        assertEquals(users, done[0]);
+        assertEquals("false", StateWriter.storeConf(sql).sqlConfs().get(StateWriter.TRACK_ROWS).get());
+        StateStoreConf counting = StateStoreConf.apply(sql);  // the stream's: rows counted (Spark's default)
+        StateStoreProvider provider = StateWriter.provider(dirs.stateRoot(), 0, UUID.randomUUID().toString(),
+                                                           StateWriter.stateManager(2).stateSchema(), counting,
+                                                           dirs.hadoop());
+        try {
+            StateStore store = provider.getStore(1L, Option.empty(), false, false);
+            try {  // the stream's next batch: one user's key removed, version 2 committed with its count
+                UnsafeRow key = UnsafeProjection.create(StateWriter.KEY_SCHEMA).apply(new GenericInternalRow(
+                    new Object[] {0L, UTF8String.fromString("u0")}));
+                store.remove(key, StateStore.DEFAULT_COL_FAMILY_NAME());
+                assertEquals(2L, store.commit());
+                assertEquals(users - 1, store.metrics().numKeys());
+            } finally {
+                if (!store.hasCommitted()) {
+                    store.abort();
+                }
+            }
         } finally {
             provider.close();
         }
