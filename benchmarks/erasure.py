@@ -10,7 +10,7 @@ and its verifies (the first after the forget, again, and `--full`); then the war
 (other users' events, ingested) and the same again. The indexed verify of a forgotten user should cost about the same
 at both sizes, reading only the files that may hold the user.
 
-    .venv/bin/python benchmarks/erasure.py [--users 10000] [--rounds 2] [--provider rocksdb]
+    .venv/bin/python benchmarks/erasure.py [--users 10000] [--rounds 2] [--provider rocksdb] [--baseline REV]
     .venv/bin/python benchmarks/erasure.py --verify [--users 1000000] [--grow 3]
 """
 from __future__ import annotations
@@ -22,6 +22,7 @@ import os
 import statistics
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -30,7 +31,7 @@ REPO = HERE.parent
 if str(REPO) not in sys.path:
     sys.path.insert(0, str(REPO))
 
-from benchmarks.lifecycle import _env, _sessionctl, build_state, state_home  # noqa: E402
+from benchmarks.lifecycle import _env, _sessionctl, baseline_tree, build_state, state_home  # noqa: E402
 from pipelines.core.sample_data import land  # noqa: E402
 from pipelines.job.runtime import get_spark, stop_spark  # noqa: E402
 
@@ -41,6 +42,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--rounds", type=int, default=2)
     parser.add_argument("--provider", default="rocksdb")
     parser.add_argument("--bulk", type=int, default=0, help="also N open users erased in one request")
+    parser.add_argument("--baseline", help="also an open user's forget by this revision's build, alternating with "
+                        "this tree's (another open user each time)")
     parser.add_argument("--verify", action="store_true", help="measure forget --verify instead (see above)")
     parser.add_argument("--grow", type=int, default=3, help="with --verify: the warehouse's second size, in times")
     parser.add_argument("--results-dir", type=Path, default=HERE / "results" / "erasure")
@@ -51,6 +54,10 @@ def main(argv: list[str] | None = None) -> int:
     runs: dict[str, list[float]] = {"open user": [], "user not in the checkpoint": []}
     if args.bulk:
         runs[f"{args.bulk} open users"] = []
+    baseline = None
+    if args.baseline:
+        baseline = baseline_tree(args.baseline, Path(tempfile.mkdtemp(prefix="erasure-baseline-")))
+        runs[f"open user, revision {args.baseline}"] = []
     rebuilt: dict[str, list[int]] = {name: [] for name in runs}
     phases: dict[str, list[dict[str, float]]] = {name: [] for name in runs}
     load = [os.getloadavg()[0]]
@@ -61,12 +68,14 @@ def main(argv: list[str] | None = None) -> int:
              "event_type": "page_view", "page": "/"})])
         # The open user of a round is none that a bulk request of any round names (those are below 13 * bulk + rounds).
         requests = [("open user", [f"u{args.users // 2 + round_:07d}"]), ("user not in the checkpoint", [absent])]
+        if baseline is not None:  # before this tree's, every round: A B A B
+            requests.insert(0, (f"open user, revision {args.baseline}", [f"u{args.users // 3 + round_:07d}"]))
         if args.bulk:  # every 13th user from an offset of this round's own: none erased before
             requests.append((f"{args.bulk} open users",
                              [f"u{1 + round_ + 13 * k:07d}" for k in range(args.bulk)]))
         for name, users in requests:
             seconds, answer = _sessionctl(home, args.provider, "forget", *(a for u in users for a in ("--user", u)),
-                                          "--json")
+                                          "--json", code=baseline if name.startswith("open user, revision") else None)
             runs[name].append(seconds)
             rebuilt[name].append(answer["removed"]["state_rebuilt"])
             phases[name].append(answer.get("phases", {}))

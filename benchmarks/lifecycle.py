@@ -30,7 +30,7 @@ Results: benchmarks/results/lifecycle.json and lifecycle.md. Usage:
                  savepoint taken beside it a little earlier: the restore's phases and the downtime the stream reports
   canonical restore (--canonical-restore) only `sessionctl restore --canonical` of one full savepoint as whole
                  commands, the restore of a baseline revision (--baseline, default the one before the state writer:
-                 its bootstrap batch loads the rows as Spark's initial state) and of this tree (the state writer)
+                 its bootstrap batch loads the rows as Spark's initial state) and of this tree,
                  alternating, twice each, each followed by the catch-up of one small file; every answer's checksum
                  must be the savepoint's
   scale          (--scale) only a full savepoint and its restore, with the peak memory of the driver's Python
@@ -458,11 +458,10 @@ def baseline_tree(rev: str, work: Path) -> Path:
     return tree
 
 
-def measure_canonical_restore(provider: str, users: int, spark, work: Path, baseline: Path) -> dict:
-    """`sessionctl restore --canonical` of one full savepoint as whole commands: the baseline's restore (its
-    bootstrap batch loads the rows as Spark's initial state, one operator call per key) and this tree's (the state
-    writer), alternating, twice each, in the same run; the catch-up of one small file after each (its first batch
-    loads the restored state and closes what the savepoint held as due)."""
+def measure_canonical_restore(provider: str, users: int, spark, work: Path, baseline: Path, rev: str) -> dict:
+    """`sessionctl restore --canonical` of one full savepoint as whole commands: the baseline revision's restore
+    (`rev`, built in `baseline`) and this tree's, alternating, twice each, in the same run; the catch-up of one small
+    file after each (its first batch loads the restored state and closes what the savepoint held as due)."""
     home = work / f"canonical-{provider}-{users}"
     config = _config(home, provider, None)
     began = time.monotonic()
@@ -470,11 +469,11 @@ def measure_canonical_restore(provider: str, users: int, spark, work: Path, base
     build_s = time.monotonic() - began
     saved = take_savepoint(config, spark=spark, full=True)
     restores = []
-    for path in ("initial-state batch", "state writer") * 2:
+    for path in (f"revision {rev}", "this tree") * 2:
         stop_state_stores(spark)  # this process's stores of the checkpoint: nothing uploaded into the restored one
         load = _load()
         wall, answer = _sessionctl(home, provider, "restore", "--savepoint", saved.savepoint_id, "--canonical",
-                                   code=baseline if path == "initial-state batch" else REPO)
+                                   code=baseline if path != "this tree" else REPO)
         assert (answer["method"], answer["rows"], answer["checksum"]) == ("canonical", saved.rows, saved.checksum), \
             answer
         land(config.landing, f"after-{len(restores)}.jsonl", [json.dumps(
@@ -739,7 +738,7 @@ def main() -> None:
                       if args.running_rescale else
                       measure_running_restore(provider, users, spark, work) if args.running_restore else
                       measure_native(provider, users, spark, work, args.master) if args.native else
-                      measure_canonical_restore(provider, users, spark, work, baseline)
+                      measure_canonical_restore(provider, users, spark, work, baseline, args.baseline)
                       if baseline is not None else
                       measure_online_priority(provider, users, spark, work) if args.online_priority else
                       measure(provider, users, spark, work, online=args.online, savepoint_only=args.savepoint_only))
@@ -804,10 +803,8 @@ def main() -> None:
                   for r in results for x in r["restores"]]
     elif args.canonical_restore:
         lines += [f"`sessionctl restore --canonical` of one full savepoint as whole commands (process start to exit), "
-                  f"local[2], same state, same run: revision {args.baseline}'s restore (its bootstrap batch loads the "
-                  "rows as Spark's initial state: one operator call per key) and the state writer's (the marker "
-                  "batch with no state, then the state written by the executors), alternating, twice each; each "
-                  "followed by the catch-up of one small file (its first batch loads the restored state). Every "
+                  f"local[2], same state, same run: revision {args.baseline}'s restore and this tree's, alternating, "
+                  "twice each; each followed by the catch-up of one small file (its first batch loads the restored state). Every "
                   "restore's answer carries the savepoint's rows and checksum.", "",
                   "| provider | users | state rows | partitions | path | command s | its own s | its phases (s) | "
                   "first catch-up after s | load (1 min) before -> after |",
