@@ -42,7 +42,7 @@ from pipelines.job.checkpoint import (
 )
 from pipelines.job.operators import for_new_checkpoint
 from pipelines.job.operators.seam import StateOperator
-from pipelines.job.operators.state_writer import StateWritten, install_state, write_state
+from pipelines.job.operators.state_writer import StateWritten, install_state, write_placed_state, write_state
 from pipelines.job.runtime import error_line, get_spark, stop_state_stores
 from pipelines.job.sink import roll_back
 from pipelines.job.startup import ensure_tables
@@ -54,7 +54,12 @@ from state_store.preflight import native_refusal, record_restore, refusals
 from state_store.results import Phases, RestoreResult, SavepointInfo
 from state_store.savepoint import native
 from state_store.savepoint.catalog import SavepointStore
-from state_store.savepoint.chain import savepoint_checksum, savepoint_rows, savepoint_rows_by_spark
+from state_store.savepoint.chain import (
+    savepoint_checksum,
+    savepoint_rows,
+    savepoint_rows_by_spark,
+    savepoint_rows_placed,
+)
 from state_store.savepoint.checksum import combine_checksum, frame_checksum, state_checksum
 
 __all__ = ["restore_unlocked", "verified_savepoint"]
@@ -95,14 +100,16 @@ def expected_restored_state(state: pa.Table, rules: SessionRules) -> pa.Table:
 @dataclass(frozen=True)
 class _Bootstrap:
     """The rows the restored operator starts from (`rows`; `by_spark`: the same read by Spark's Parquet reader, tried
-    first when there is one), and the (rows, checksum) its state must then hold."""
+    first when there is one; `placed`: the same in the state's placement, tried before it), and the (rows, checksum)
+    its state must then hold."""
     rows: DataFrame
     expected: tuple[int, str]
     by_spark: DataFrame | None = None
+    placed: list[DataFrame] | None = None
 
 
-def _bootstrap_rows(config: SessionsConfig, spark: SparkSession, store: SavepointStore, saved: SavepointInfo
-                    ) -> _Bootstrap:
+def _bootstrap_rows(config: SessionsConfig, spark: SparkSession, store: SavepointStore, saved: SavepointInfo, *,
+                    partitions: int) -> _Bootstrap:
     """The rows the restored operator starts from, and the (rows, checksum) its state must then hold.
 
     A v2 savepoint under its own gap is loaded as it is, straight from its files by the executors: the walk at
@@ -112,8 +119,10 @@ def _bootstrap_rows(config: SessionsConfig, spark: SparkSession, store: Savepoin
         rows = savepoint_rows(spark, store, saved.savepoint_id)
         kept = {a.key for a in config.rules.attributes}
         if {a.key for a in saved.rules.attributes} <= kept:
+            placed = (savepoint_rows_placed(spark, store, saved.savepoint_id, partitions)
+                      if saved.partitions == partitions else None)  # a savepoint's files follow its partitions
             return _Bootstrap(rows, (saved.rows, saved.checksum),
-                              savepoint_rows_by_spark(spark, store, saved.savepoint_id))
+                              savepoint_rows_by_spark(spark, store, saved.savepoint_id), placed)
         # The spec dropped or changed an attribute: the restored rows hold the partials of the others only.
         return _Bootstrap(rows, frame_checksum(rows.mapInArrow(partial(_keep_partials, keys=frozenset(kept)),
                                                                state_format.SAVED_DDL)))
@@ -225,7 +234,7 @@ def restore_unlocked(config: SessionsConfig, savepoint: str, *, partitions: int 
         meta = JobMetadata.new(config.rules, config.state_buckets, state_layout=operator.layout,
                                created_from=saved.savepoint_id)
         write_job_metadata(config.checkpoint, meta)
-        initial = _bootstrap_rows(config, spark, store, saved)
+        initial = _bootstrap_rows(config, spark, store, saved, partitions=target.state_partitions)
         expected = initial.expected
         by_catalog = expected == (saved.rows, saved.checksum)
         if not by_catalog:  # the read-back checks a re-walk: the savepoint's files are checked against the catalog first
@@ -303,8 +312,17 @@ def restore_unlocked(config: SessionsConfig, savepoint: str, *, partitions: int 
 
 def _write_state(initial: _Bootstrap, config: SessionsConfig, *, partitions: int, watermark_ms: int) -> StateWritten:
     """The restored state written by the executors (state_writer) into the checkpoint's staging directory, from the
-    rows Spark's reader reads when it can -- no Python worker then -- else, or when that reader refuses a file, from
-    the rows the savepoint's own reader reads (which names a damaged file)."""
+    rows Spark's reader reads when it can -- no Python worker then; with no shuffle either where the savepoint's files
+    are in the restored state's placement -- else, or when that reader refuses a file, from the rows the savepoint's
+    own reader reads (which names a damaged file)."""
+    if initial.placed is not None:
+        try:  # the savepoint's files as its state partitions wrote them: no shuffle (each row checked)
+            placed = write_placed_state(initial.placed, config.checkpoint, rules=config.rules,
+                                        watermark_ms=watermark_ms)
+            if placed is not None:
+                return placed
+        except Exception:  # noqa: BLE001 -- any refusal: the ways below say what it is
+            pass
     if initial.by_spark is not None:
         try:
             return write_state(initial.by_spark, config.checkpoint, rules=config.rules, partitions=partitions,

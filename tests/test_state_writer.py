@@ -101,3 +101,41 @@ def test_a_savepoint_unlike_its_catalog_row_is_refused_before_anything_changes(t
     monkeypatch.undo()
     restore(config, saved.savepoint_id, spark=spark)
     _at(spark, config, chunks[:2])
+
+
+def test_a_restore_at_the_savepoints_partitions_takes_its_files_as_placed(tmp_path, spark, monkeypatch):
+    """At the savepoint's own partition count the writer reads each state partition's files in its own task, with no
+    shuffle (StateWriter.writePlaced); rows that are not so placed -- here each partition's files given to the next
+    partition's task -- are found out by the tasks, and the restore writes them with the shuffle instead: the oracle and
+    Spark's placement both times."""
+    import state_store.restore as restoring
+
+    config = make_config(tmp_path, "rocksdb", SESSIONS_STATE_PARTITIONS=4)
+    chunks = in_order_chunks(24, seed=17, parts=3)
+    land_batches(config, chunks[:2], start=0)
+    catch_up(config, spark)
+    saved = take_savepoint(config, spark=spark, full=True)
+    land_batches(config, chunks[2:], start=2)
+    catch_up(config, spark)
+
+    placed_writes: list[object] = []
+    real_write = restoring.write_placed_state
+    monkeypatch.setattr(restoring, "write_placed_state",
+                        lambda *a, **k: placed_writes.append(real_write(*a, **k)) or placed_writes[-1])
+    done = restore(config, saved.savepoint_id, spark=spark, canonical=True)
+    assert (done.rows, done.checksum, done.partitions) == (saved.rows, saved.checksum, 4), done
+    assert len(placed_writes) == 1 and placed_writes[0] is not None  # written as placed
+    _placed_as_spark_places(spark, config, 4)
+    _at(spark, config, chunks[:2])
+
+    real_rows = restoring.savepoint_rows_placed
+    monkeypatch.setattr(restoring, "savepoint_rows_placed",  # not placed: each partition's rows in the next one's frame
+                        lambda *a, **k: (lambda parts: parts[1:] + parts[:1])(real_rows(*a, **k)))
+    again = restore(config, saved.savepoint_id, spark=spark, canonical=True)
+    assert (again.rows, again.checksum) == (saved.rows, saved.checksum), again
+    assert len(placed_writes) == 2 and placed_writes[1] is None  # refused by the tasks, written with the shuffle
+    _placed_as_spark_places(spark, config, 4)
+    _at(spark, config, chunks[:2])
+    land_batches(config, chunks[2:], start=2)
+    catch_up(config, spark)
+    _at(spark, config, chunks)

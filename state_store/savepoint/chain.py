@@ -38,10 +38,10 @@ from pipelines.job.task_files import share_aws_env
 from pipelines.locations import CheckpointPath
 from state_store.savepoint.catalog import DELETED, INCREMENT_SCHEMA, SavepointStore, StateFiles
 from state_store.savepoint.checksum import MOD64, combine_checksum, frame_checksum, row_hashes, signed
-from state_store.savepoint.files import file_batches, files_checksum, table_rows, table_rows_by_spark
+from state_store.savepoint.files import file_batches, files_checksum, table_rows, table_rows_by_spark, table_rows_placed
 
 __all__ = ["change_feed", "check_increment", "latest_per_user", "resolved_rows", "savepoint_checksum", "savepoint_rows",
-           "savepoint_rows_by_spark"]
+           "savepoint_rows_by_spark", "savepoint_rows_placed"]
 
 INCREMENT_DDL = state_format.spark_ddl(INCREMENT_SCHEMA)
 _POSITIONED_DDL = INCREMENT_DDL + ", pos int"
@@ -249,6 +249,14 @@ def savepoint_rows_by_spark(spark: SparkSession, store: SavepointStore, savepoin
     that reader refuses, where savepoint_rows reads it or names the damage: a caller falls back on it."""
     files = store.data_files(savepoint_id)
     return None if DELETED in files.columns else table_rows_by_spark(spark, files)
+
+
+def savepoint_rows_placed(spark: SparkSession, store: SavepointStore, savepoint_id: str, partitions: int
+                          ) -> list[DataFrame] | None:
+    """savepoint_rows_by_spark as one frame per state partition, frame i the files of a full savepoint written from
+    state partition i of `partitions` (files.table_rows_placed); None where that cannot be said."""
+    files = store.data_files(savepoint_id)
+    return None if DELETED in files.columns else table_rows_placed(spark, files, partitions)
 
 
 def savepoint_rows(spark: SparkSession, store: SavepointStore, savepoint_id: str) -> DataFrame:

@@ -15,6 +15,7 @@ rows themselves for a restore (savepoint_rows).
 """
 from __future__ import annotations
 
+import re
 import time
 import uuid
 from collections.abc import Callable, Iterator
@@ -47,7 +48,7 @@ from state_store.savepoint.checksum import (
 from state_store.savepoint.stats import FileStats
 
 __all__ = ["CANONICAL_DDL", "WrittenFiles", "commit_state_files", "file_batches", "files_checksum", "table_rows",
-           "table_rows_by_spark", "verify_state_files", "write_state_files"]
+           "table_rows_by_spark", "table_rows_placed", "verify_state_files", "write_state_files"]
 
 FILE_ROWS = 2_000_000      # rows per data file at most: a task's share beyond it goes on in a new file
 ROW_GROUP_ROWS = 131_072   # rows buffered per Parquet row group (a task holds about this many rows at a time)
@@ -93,7 +94,7 @@ class _DataFile:
     """One Parquet data file being written by a task: rows, partial checksum and statistics as they go in."""
 
     def __init__(self, fs: Any, root: str, partition: int, schema: pa.Schema) -> None:
-        self.name = f"part-{partition:05d}-{uuid.uuid4()}.zstd.parquet"  # unique per task attempt
+        self.name = f"part-{partition:05d}-{uuid.uuid4()}.zstd.parquet"  # unique per task attempt (_PLACED_NAME)
         self.stream = fs.open_output_stream(f"{root}/{self.name}")
         self.writer = pq.ParquetWriter(self.stream, schema, compression=COMPRESSION)
         self.rows, self.hash_sum, self.stats = 0, 0, FileStats(schema)
@@ -325,6 +326,29 @@ def table_rows_by_spark(spark: SparkSession, files: StateFiles) -> DataFrame | N
     if not files.files:
         return spark.createDataFrame([], state_format.SAVED_DDL)
     return spark.read.schema(state_format.SAVED_DDL).parquet(*files.files)
+
+
+# A data file's name as _DataFile writes it: the partition of the task that wrote it (for a savepoint, the state
+# partition it read) -- not a Delta engine's rewrite of it.
+_PLACED_NAME = re.compile(r"/part-(\d{5})-[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}\.zstd\.parquet$")
+
+
+def table_rows_placed(spark: SparkSession, files: StateFiles, partitions: int) -> list[DataFrame] | None:
+    """table_rows_by_spark in the state's own placement: frame i reads the files the savepoint's task of state
+    partition i wrote (their names say which), so a checkpoint of `partitions` partitions takes them with no shuffle
+    (the state writer's writePlaced, which checks every row). None when a file's name does not say (a table rewritten
+    by a Delta engine), a partition has no file, or table_rows_by_spark reads none."""
+    if not files.files or table_rows_by_spark(spark, files) is None:
+        return None
+    groups: list[list[str]] = [[] for _ in range(partitions)]
+    for uri in files.files:
+        named = _PLACED_NAME.search(uri)
+        if named is None or int(named.group(1)) >= partitions:
+            return None
+        groups[int(named.group(1))].append(uri)
+    if not all(groups):
+        return None
+    return [spark.read.schema(state_format.SAVED_DDL).parquet(*group) for group in groups]
 
 
 def table_rows(spark: SparkSession, files: StateFiles) -> DataFrame:

@@ -22,7 +22,7 @@ from pipelines.job.operators.seam import register_coordinator
 from pipelines.locations import CheckpointPath
 
 __all__ = ["STAGED_STATE", "PartitionErased", "StateWritten", "erase_state", "install_state", "purge_erased",
-           "write_state"]
+           "write_placed_state", "write_state"]
 
 
 def _in_ms(canonical: DataFrame) -> DataFrame:
@@ -61,6 +61,19 @@ def write_state(rows: DataFrame, checkpoint: CheckpointPath, *, partitions: int,
     done = writer.write(_in_ms(rows)._jdf, str(checkpoint), STAGED_STATE if staged else "state", partitions,
                         rules_json(rules), watermark_ms)
     return StateWritten(*(int(value) for value in done))
+
+
+def write_placed_state(parts: Sequence[DataFrame], checkpoint: CheckpointPath, *, rules: SessionRules,
+                       watermark_ms: int) -> StateWritten | None:
+    """write_state (staged) from canonical rows already in the state's placement -- `parts[i]` holds the users of
+    state partition i, each user's rows together -- with no shuffle and no sort (StateWriter.writePlaced). None when
+    the rows were not so placed (each task checks every row; nothing of such an attempt stays staged once write_state
+    runs): the caller then writes with write_state."""
+    spark = parts[0].sparkSession
+    register_coordinator(spark)
+    done = _jvm(spark).sessions.StateWriter.writePlaced(  # type: ignore[attr-defined]
+        [_in_ms(part)._jdf for part in parts], str(checkpoint), STAGED_STATE, rules_json(rules), watermark_ms)
+    return None if done is None else StateWritten(*(int(value) for value in done))
 
 
 def install_state(spark: SparkSession, checkpoint: CheckpointPath, *, partitions: int) -> int:

@@ -2,8 +2,10 @@ package sessions;
 
 import java.io.IOException;
 import java.util.ArrayList;
+import java.util.HashSet;
 import java.util.Iterator;
 import java.util.List;
+import java.util.Set;
 import java.util.UUID;
 
 import org.apache.hadoop.conf.Configuration;
@@ -11,6 +13,8 @@ import org.apache.hadoop.fs.FileStatus;
 import org.apache.hadoop.fs.FileSystem;
 import org.apache.hadoop.fs.Path;
 import org.apache.spark.TaskContext;
+import org.apache.spark.api.java.JavaRDD;
+import org.apache.spark.api.java.JavaSparkContext;
 import org.apache.spark.api.java.function.MapPartitionsFunction;
 import org.apache.spark.sql.Dataset;
 import org.apache.spark.sql.Encoders;
@@ -58,6 +62,8 @@ public final class StateWriter {
     static final StructType KEY_SCHEMA = new StructType()
         .add("user_hash", DataTypes.LongType, false).add("user_id", DataTypes.StringType, true);
     static final String FORMAT_VERSION = "spark.sql.streaming.flatMapGroupsWithState.stateFormatVersion";
+    /** writePlaced's column: the state partition Spark's hash partitioning gives the row's key. */
+    static final String PLACED_AT = "placed_at";
     /** A checkpoint's state directory (Spark's). */
     static final String STATE = "state";
     private static final StructType DONE = new StructType().add("partition", DataTypes.IntegerType, false)
@@ -82,16 +88,78 @@ public final class StateWriter {
      * `install` then moves into place: the writer runs beside the query that writes batch 0's logs). */
     public static long[] write(Dataset<Row> rows, String checkpoint, String stateDir, int partitions,
                                String rulesJson, long watermarkMs) throws IOException {
-        SQLConf sql = ((org.apache.spark.sql.classic.SparkSession) rows.sparkSession()).sessionState().conf();
-        Stores stores = Stores.of(rows.sparkSession(), sql, checkpoint, stateDir);
-        Dataset<Row> placed = placed(rows, partitions);
-        StructType schema = placed.schema();
-        Task task = new Task(storeConf(sql), new SerializableConfiguration(stores.hadoop()), stores.runId(),
-                             stores.stateRoot(), rulesJson, stores.format(), SessionsOperator.stateRowColumns(schema),
-                             schema.fieldIndex("user_hash"), schema.fieldIndex("user_id"), watermarkMs);
-        List<Row> done = placed.sortWithinPartitions("user_hash", "user_id")
-            .mapPartitions(task, Encoders.row(DONE))
-            .collectAsList();
+        List<Row> done = run(placed(rows, partitions).sortWithinPartitions("user_hash", "user_id"), checkpoint,
+                             stateDir, rulesJson, watermarkMs);
+        return totals(done);
+    }
+
+    /** write, from rows already in the operator's placement: `parts.get(i)` holds exactly the users of state
+     * partition i, each user's rows together -- a full savepoint of a checkpoint with as many partitions, each
+     * partition's files read by one task (a savepoint writes one file set per state partition, each key's rows
+     * together). No shuffle and no sort. Each task checks that every row belongs to its partition and that no user's
+     * rows resume after another's; a task that finds otherwise commits nothing. Returns null when the rows were not
+     * so placed: the caller then writes with `write`. (An RDD union: a Dataset union of single-partition children is
+     * one partition under spark.sql.unionOutputPartitioning.) */
+    public static long[] writePlaced(List<Dataset<Row>> parts, String checkpoint, String stateDir, String rulesJson,
+                                     long watermarkMs) throws IOException {
+        int partitions = parts.size();
+        List<JavaRDD<Row>> placed = new ArrayList<>();
+        StructType schema = null;
+        for (Dataset<Row> part : parts) {
+            Dataset<Row> hashed = part.withColumn("user_hash", functions.xxhash64(part.col("user_id")));
+            // Spark's hash partitioning of the key: pmod(murmur3 of (user_hash, user_id), partitions) -- what
+            // placed()'s repartition computes for each row.
+            Dataset<Row> checked = hashed.withColumn(PLACED_AT, functions.pmod(
+                functions.hash(hashed.col("user_hash"), hashed.col("user_id")), functions.lit(partitions)))
+                .coalesce(1);
+            JavaRDD<Row> rdd = checked.javaRDD();
+            if (rdd.getNumPartitions() != 1) {
+                return null;
+            }
+            schema = checked.schema();
+            placed.add(rdd);
+        }
+        if (schema == null) {
+            return null;
+        }
+        org.apache.spark.sql.SparkSession session = parts.get(0).sparkSession();
+        Task task = task(session, schema, checkpoint, stateDir, rulesJson, watermarkMs, true);
+        @SuppressWarnings({"unchecked", "rawtypes"})  // a generic array
+        JavaRDD<Row>[] all = placed.toArray(new JavaRDD[0]);
+        List<Row> done = JavaSparkContext.fromSparkContext(session.sparkContext()).union(all)
+            .mapPartitions(task::call).collect();
+        for (Row r : done) {
+            if (r.getLong(1) < 0) {
+                return null;
+            }
+        }
+        return done.size() == partitions ? totals(done) : null;
+    }
+
+    private static List<Row> run(Dataset<Row> rows, String checkpoint, String stateDir, String rulesJson,
+                                 long watermarkMs) throws IOException {
+        Task task = task(rows.sparkSession(), rows.schema(), checkpoint, stateDir, rulesJson, watermarkMs, false);
+        return rows.mapPartitions(task, Encoders.row(DONE)).collectAsList();
+    }
+
+    /** The tasks' function for rows of `schema` (with PLACED_AT when `checkPlacement`). A staged write starts from an
+     * empty staging directory: no earlier attempt's store stays there. */
+    private static Task task(org.apache.spark.sql.SparkSession session, StructType schema, String checkpoint,
+                             String stateDir, String rulesJson, long watermarkMs, boolean checkPlacement)
+            throws IOException {
+        SQLConf sql = ((org.apache.spark.sql.classic.SparkSession) session).sessionState().conf();
+        Stores stores = Stores.of(session, sql, checkpoint, stateDir);
+        if (!STATE.equals(stateDir)) {
+            Path staged = new Path(stores.stateRoot());
+            staged.getFileSystem(stores.hadoop()).delete(staged, true);
+        }
+        return new Task(storeConf(sql), new SerializableConfiguration(stores.hadoop()), stores.runId(),
+                        stores.stateRoot(), rulesJson, stores.format(), SessionsOperator.stateRowColumns(schema),
+                        schema.fieldIndex("user_hash"), schema.fieldIndex("user_id"), watermarkMs,
+                        checkPlacement ? schema.fieldIndex(PLACED_AT) : -1);
+    }
+
+    private static long[] totals(List<Row> done) {
         // A partition no task wrote (Spark runs none over an empty shuffle) has no row: batch 0's own empty store
         // stays there, which is what it must hold. The caller's read-back checks the whole state.
         long keys = 0;
@@ -172,6 +240,15 @@ public final class StateWriter {
     static long[] writePartition(Iterator<Row> users, int partition, StateStoreConf storeConf, Configuration hadoop,
                                  String runId, String stateRoot, Rules rules, int format, int[] ix, int hashCol,
                                  int userCol, long watermarkMs) throws IOException {
+        return writePartition(users, partition, storeConf, hadoop, runId, stateRoot, rules, format, ix, hashCol,
+                              userCol, watermarkMs, -1);
+    }
+
+    /** writePartition, checking with `placedCol` >= 0 (writePlaced's) that each row's key belongs to `partition` and
+     * that no user's rows resume after another's; when one does not, nothing is committed and the keys are -1. */
+    static long[] writePartition(Iterator<Row> users, int partition, StateStoreConf storeConf, Configuration hadoop,
+                                 String runId, String stateRoot, Rules rules, int format, int[] ix, int hashCol,
+                                 int userCol, long watermarkMs, int placedCol) throws IOException {
         removeVersions(new Path(new Path(stateRoot, "0"), Integer.toString(partition)), hadoop);
         FlatMapGroupsWithStateExecHelper.StateManager manager = stateManager(format);
         StateStoreProvider provider = provider(stateRoot, partition, runId, manager.stateSchema(), storeConf, hadoop);
@@ -186,10 +263,18 @@ public final class StateWriter {
                 String user = null;
                 long hash = 0;
                 List<SessionsOperator.R> open = new ArrayList<>();
+                Set<Long> done = placedCol >= 0 ? new HashSet<>() : null;  // users passed (by hash: a clash, a refusal)
                 while (true) {
                     Row r = users.hasNext() ? users.next() : null;
                     String next = r == null ? null : r.getString(userCol);
+                    if (done != null && r != null && (r.getInt(placedCol) != partition
+                            || (!java.util.Objects.equals(next, user) && done.contains(r.getLong(hashCol))))) {
+                        return new long[] {-1, 0, 0, 0, 0};  // not placed: the finally aborts the store
+                    }
                     if (user != null && (r == null || !user.equals(next))) {
+                        if (done != null) {
+                            done.add(hash);
+                        }
                         SessionsOperator.Stored kept = SessionsOperator.restored(user, open, rules);
                         if (kept != null) {
                             UnsafeRow key = keys.apply(new GenericInternalRow(
@@ -314,9 +399,10 @@ public final class StateWriter {
         private final int hashCol;
         private final int userCol;
         private final long watermarkMs;
+        private final int placedCol;
 
         Task(StateStoreConf storeConf, SerializableConfiguration hadoop, String runId, String stateRoot,
-             String rulesJson, int format, int[] ix, int hashCol, int userCol, long watermarkMs) {
+             String rulesJson, int format, int[] ix, int hashCol, int userCol, long watermarkMs, int placedCol) {
             this.storeConf = storeConf;
             this.hadoop = hadoop;
             this.runId = runId;
@@ -327,13 +413,15 @@ public final class StateWriter {
             this.hashCol = hashCol;
             this.userCol = userCol;
             this.watermarkMs = watermarkMs;
+            this.placedCol = placedCol;
         }
 
         @Override
         public Iterator<Row> call(Iterator<Row> users) throws IOException {
             int partition = TaskContext.getPartitionId();
             long[] done = writePartition(users, partition, storeConf, hadoop.value(), runId, stateRoot,
-                                         Rules.parse(rulesJson), format, ix, hashCol, userCol, watermarkMs);
+                                         Rules.parse(rulesJson), format, ix, hashCol, userCol, watermarkMs,
+                                         placedCol);
             return List.of(RowFactory.create(partition, done[0], done[1], done[2], done[3], done[4])).iterator();
         }
     }

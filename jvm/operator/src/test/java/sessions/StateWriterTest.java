@@ -201,4 +201,52 @@ class StateWriterTest {
             provider.close();
         }
     }
+    /** writePlaced's check in each task: rows all of the task's partition, each user's together, are written as
+     * without it; a row of another partition, or a user whose rows resume after another's, and nothing is committed. */
+    @Test
+    void aPlacedPartitionIsCheckedRowByRow(@TempDir Path dir) throws IOException {
+        StructType placed = INPUT.add(StateWriter.PLACED_AT, DataTypes.IntegerType);
+        int[] ix = SessionsOperator.stateRowColumns(placed);
+        Rules rules = rules(GAP);
+        Random random = new Random(5);
+        List<List<Row>> byUser = new ArrayList<>();
+        for (String user : List.of("a", "b", "c")) {
+            List<Row> rows = new ArrayList<>();
+            for (SessionsOperator.R r : sample(random)) {
+                rows.add(RowFactory.create(user, r.start(), r.id(), r.time(), r.type(), r.count(), r.views(),
+                                           (long) user.hashCode(), 0));
+            }
+            byUser.add(rows);
+        }
+        List<Row> together = new ArrayList<>();
+        byUser.forEach(together::addAll);
+        List<Row> resumed = new ArrayList<>(together);  // a's last row after c's
+        resumed.add(resumed.remove(byUser.get(0).size() - 1));
+        List<Row> elsewhere = new ArrayList<>(together);  // b's first row placed in partition 1
+        Row b = elsewhere.get(byUser.get(0).size());
+        elsewhere.set(byUser.get(0).size(), RowFactory.create(b.get(0), b.get(1), b.get(2), b.get(3), b.get(4), b.get(5),
+                                                              b.get(6), b.get(7), 1));
+        long[] expected = null;
+        for (List<Row> input : List.of(together, resumed, elsewhere)) {
+            StoreDir dirs = StoreDir.under(dir.resolve("case-" + (expected == null ? 0 : input == resumed ? 1 : 2)));
+            long[] done = StateWriter.writePartition(input.iterator(), 0, dirs.conf(), dirs.hadoop(), dirs.runId(),
+                                                     dirs.stateRoot(), rules, 2, ix, placed.fieldIndex("user_hash"),
+                                                     placed.fieldIndex("user_id"), 0L,
+                                                     placed.fieldIndex(StateWriter.PLACED_AT));
+            if (expected == null) {  // the unchecked write of the same rows
+                StoreDir plain = StoreDir.under(dir.resolve("unchecked"));
+                expected = StateWriter.writePartition(together.iterator(), 0, plain.conf(), plain.hadoop(),
+                                                      plain.runId(), plain.stateRoot(), rules, 2, ix,
+                                                      placed.fieldIndex("user_hash"), placed.fieldIndex("user_id"), 0L);
+                assertEquals(3L, expected[0]);
+                assertArrayEquals(expected, done);
+                assertTrue(Files.exists(dirs.partition().resolve("1.delta")));
+            } else {
+                assertArrayEquals(new long[] {-1, 0, 0, 0, 0}, done);
+                try (var files = Files.list(dirs.partition())) {  // nothing committed: only _metadata
+                    assertEquals(List.of("_metadata"), files.map(f -> f.getFileName().toString()).toList());
+                }
+            }
+        }
+    }
 }
