@@ -19,6 +19,7 @@ import argparse
 import datetime as dt
 import json
 import os
+import shutil
 import statistics
 import subprocess
 import sys
@@ -80,6 +81,8 @@ def main(argv: list[str] | None = None) -> int:
             rebuilt[name].append(answer["removed"]["state_rebuilt"])
             phases[name].append(answer.get("phases", {}))
             load.append(os.getloadavg()[0])
+    if baseline is not None:
+        shutil.rmtree(baseline.parent, ignore_errors=True)
     out = {"date": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"), "users": args.users,
            "provider": args.provider, "seconds": runs, "state_rebuilt": rebuilt, "phases": phases, "loadavg_1m": load}
     args.results_dir.mkdir(parents=True, exist_ok=True)
