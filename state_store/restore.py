@@ -54,12 +54,7 @@ from state_store.preflight import native_refusal, record_restore, refusals
 from state_store.results import Phases, RestoreResult, SavepointInfo
 from state_store.savepoint import native
 from state_store.savepoint.catalog import SavepointStore
-from state_store.savepoint.chain import (
-    savepoint_checksum,
-    savepoint_rows,
-    savepoint_rows_by_spark,
-    savepoint_rows_placed,
-)
+from state_store.savepoint.chain import savepoint_checksum, savepoint_rows, savepoint_rows_by_spark
 from state_store.savepoint.checksum import combine_checksum, frame_checksum, state_checksum
 
 __all__ = ["restore_unlocked", "verified_savepoint"]
@@ -119,10 +114,9 @@ def _bootstrap_rows(config: SessionsConfig, spark: SparkSession, store: Savepoin
         rows = savepoint_rows(spark, store, saved.savepoint_id)
         kept = {a.key for a in config.rules.attributes}
         if {a.key for a in saved.rules.attributes} <= kept:
-            placed = (savepoint_rows_placed(spark, store, saved.savepoint_id, partitions)
-                      if saved.partitions == partitions else None)  # a savepoint's files follow its partitions
-            return _Bootstrap(rows, (saved.rows, saved.checksum),
-                              savepoint_rows_by_spark(spark, store, saved.savepoint_id), placed)
+            by_spark, placed = savepoint_rows_by_spark(  # a savepoint's files follow its own partitions
+                spark, store, saved.savepoint_id, placed_in=partitions if saved.partitions == partitions else None)
+            return _Bootstrap(rows, (saved.rows, saved.checksum), by_spark, placed)
         # The spec dropped or changed an attribute: the restored rows hold the partials of the others only.
         return _Bootstrap(rows, frame_checksum(rows.mapInArrow(partial(_keep_partials, keys=frozenset(kept)),
                                                                state_format.SAVED_DDL)))

@@ -128,9 +128,13 @@ def test_a_restore_at_the_savepoints_partitions_takes_its_files_as_placed(tmp_pa
     _placed_as_spark_places(spark, config, 4)
     _at(spark, config, chunks[:2])
 
-    real_rows = restoring.savepoint_rows_placed
-    monkeypatch.setattr(restoring, "savepoint_rows_placed",  # not placed: each partition's rows in the next one's frame
-                        lambda *a, **k: (lambda parts: parts[1:] + parts[:1])(real_rows(*a, **k)))
+    real_rows = restoring.savepoint_rows_by_spark
+
+    def not_placed(*args, **kwargs):  # each partition's files handed to the next partition's task
+        rows, parts = real_rows(*args, **kwargs)
+        return rows, parts[1:] + parts[:1]
+
+    monkeypatch.setattr(restoring, "savepoint_rows_by_spark", not_placed)
     again = restore(config, saved.savepoint_id, spark=spark, canonical=True)
     assert (again.rows, again.checksum) == (saved.rows, saved.checksum), again
     assert len(placed_writes) == 2 and placed_writes[1] is None  # refused by the tasks, written with the shuffle

@@ -41,7 +41,7 @@ from state_store.savepoint.checksum import MOD64, combine_checksum, frame_checks
 from state_store.savepoint.files import file_batches, files_checksum, table_rows, table_rows_by_spark, table_rows_placed
 
 __all__ = ["change_feed", "check_increment", "latest_per_user", "resolved_rows", "savepoint_checksum", "savepoint_rows",
-           "savepoint_rows_by_spark", "savepoint_rows_placed"]
+           "savepoint_rows_by_spark"]
 
 INCREMENT_DDL = state_format.spark_ddl(INCREMENT_SCHEMA)
 _POSITIONED_DDL = INCREMENT_DDL + ", pos int"
@@ -243,20 +243,18 @@ def _chain_members(store: SavepointStore, savepoint_id: str) -> list[str]:
     return store.chain_members(saved)
 
 
-def savepoint_rows_by_spark(spark: SparkSession, store: SavepointStore, savepoint_id: str) -> DataFrame | None:
+def savepoint_rows_by_spark(spark: SparkSession, store: SavepointStore, savepoint_id: str, *,
+                            placed_in: int | None = None) -> tuple[DataFrame | None, list[DataFrame] | None]:
     """savepoint_rows read by Spark's Parquet reader, with no Python worker, for a full savepoint of the current
     canonical rows on a local or HDFS store (files.table_rows_by_spark); None for any other. Its job fails on a file
-    that reader refuses, where savepoint_rows reads it or names the damage: a caller falls back on it."""
+    that reader refuses, where savepoint_rows reads it or names the damage: a caller falls back on it. With
+    `placed_in`, the same rows also as one frame per state partition of that many (files.table_rows_placed: frame i
+    the files written from state partition i), or None where that cannot be said. One read of the Delta log."""
     files = store.data_files(savepoint_id)
-    return None if DELETED in files.columns else table_rows_by_spark(spark, files)
-
-
-def savepoint_rows_placed(spark: SparkSession, store: SavepointStore, savepoint_id: str, partitions: int
-                          ) -> list[DataFrame] | None:
-    """savepoint_rows_by_spark as one frame per state partition, frame i the files of a full savepoint written from
-    state partition i of `partitions` (files.table_rows_placed); None where that cannot be said."""
-    files = store.data_files(savepoint_id)
-    return None if DELETED in files.columns else table_rows_placed(spark, files, partitions)
+    if DELETED in files.columns:
+        return None, None
+    placed = table_rows_placed(spark, files, placed_in) if placed_in is not None else None
+    return table_rows_by_spark(spark, files), placed
 
 
 def savepoint_rows(spark: SparkSession, store: SavepointStore, savepoint_id: str) -> DataFrame:

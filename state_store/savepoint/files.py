@@ -321,11 +321,16 @@ def table_rows_by_spark(spark: SparkSession, files: StateFiles) -> DataFrame | N
     filesystems reach without this process's object-store credentials (local, HDFS). None for any other table. A file
     this reader refuses (a unit it does not read, damage) fails the job: the caller then reads with table_rows, which
     reads what the Delta engines write and names a damaged file."""
-    if "session_start" not in files.columns or any(uri.startswith("s3") for uri in files.files):
+    if not _spark_reads(files):
         return None
     if not files.files:
         return spark.createDataFrame([], state_format.SAVED_DDL)
     return spark.read.schema(state_format.SAVED_DDL).parquet(*files.files)
+
+
+def _spark_reads(files: StateFiles) -> bool:
+    """Whether table_rows_by_spark reads the table: its current canonical columns, its files off S3."""
+    return "session_start" in files.columns and not any(uri.startswith("s3") for uri in files.files)
 
 
 # A data file's name as _DataFile writes it: the partition of the task that wrote it (for a savepoint, the state
@@ -338,7 +343,7 @@ def table_rows_placed(spark: SparkSession, files: StateFiles, partitions: int) -
     partition i wrote (their names say which), so a checkpoint of `partitions` partitions takes them with no shuffle
     (the state writer's writePlaced, which checks every row). None when a file's name does not say (a table rewritten
     by a Delta engine), a partition has no file, or table_rows_by_spark reads none."""
-    if not files.files or table_rows_by_spark(spark, files) is None:
+    if not files.files or not _spark_reads(files):
         return None
     groups: list[list[str]] = [[] for _ in range(partitions)]
     for uri in files.files:
