@@ -9,7 +9,7 @@ from __future__ import annotations
 import json
 import time
 from collections.abc import Iterator
-from contextlib import contextmanager, suppress
+from contextlib import ExitStack, contextmanager, suppress
 from dataclasses import dataclass, replace
 from functools import partial
 
@@ -26,6 +26,7 @@ from pipelines.core.attributes import partials_from_json, partials_to_json
 from pipelines.core.rules import SessionRules
 from pipelines.core.sessionize import rewalk, rows_table
 from pipelines.errors import (
+    LeaseLost,
     RestoreIncomplete,
     SavepointDamaged,
     StateMismatch,
@@ -43,7 +44,7 @@ from pipelines.job.checkpoint import (
 from pipelines.job.operators import for_new_checkpoint
 from pipelines.job.operators.seam import StateOperator
 from pipelines.job.operators.state_writer import StateWritten, install_state, write_placed_state, write_state
-from pipelines.job.runtime import error_line, get_spark, stop_state_stores
+from pipelines.job.runtime import error_line, fenced_logs, get_spark, stop_state_stores
 from pipelines.job.sink import roll_back
 from pipelines.job.startup import ensure_tables
 from pipelines.job.stream import start_query
@@ -156,9 +157,11 @@ def _restore_native(config: SessionsConfig, store: SavepointStore, saved: Savepo
     kill_point("restore:aside")
     outputs_rolled_back = False
     try:
+        _still_held(lease)
         try:
             native.copy_in(store.uri, saved.savepoint_id, str(saved.native_checksum), config.checkpoint)
         except SavepointDamaged as damage:
+            _still_held(lease)
             remove_tree(config.checkpoint)
             if replaced is not None:
                 move(replaced, config.checkpoint)
@@ -166,6 +169,7 @@ def _restore_native(config: SessionsConfig, store: SavepointStore, saved: Savepo
             return f"its native copy is damaged ({damage})"
         phase("native_copied")
         kill_point("restore:native-copied")
+        _still_held(lease)
         write_job_metadata(config.checkpoint, JobMetadata.new(
             config.rules, config.state_buckets, state_layout=for_new_checkpoint().layout,
             created_from=saved.savepoint_id))  # a new incarnation: fresh idempotency keys
@@ -176,6 +180,7 @@ def _restore_native(config: SessionsConfig, store: SavepointStore, saved: Savepo
         phase("outputs_rolled_back")
         kill_point("restore:rolled-back")
     except Exception as error:  # noqa: BLE001 -- whatever broke, leave the operator a known next step
+        _lost_lease(lease, error)
         raise _failed_restore(config, saved.savepoint_id, replaced, outputs_rolled_back, error) from None
     clear_restore_marker(config.checkpoint)
     info = inspect_checkpoint(config.checkpoint)
@@ -223,7 +228,11 @@ def restore_unlocked(config: SessionsConfig, savepoint: str, *, partitions: int 
     replaced = set_aside(config.checkpoint, REPLACED_SUFFIX)
     kill_point("restore:aside")
     outputs_rolled_back = False
+    fence = ExitStack()
     try:
+        _still_held(lease)
+        if lease is not None:  # Spark's own writes of the new checkpoint's logs (its queries' batches) too
+            fence.enter_context(fenced_logs(spark, config.checkpoint, lease))
         operator = for_new_checkpoint()
         meta = JobMetadata.new(config.rules, config.state_buckets, state_layout=operator.layout,
                                created_from=saved.savepoint_id)
@@ -239,6 +248,7 @@ def restore_unlocked(config: SessionsConfig, savepoint: str, *, partitions: int 
         # executors into a staging directory -- each user's rows walked once at watermark 0 as the operator walks a
         # stored user, no per-key call (pipelines.job.operators.state_writer) -- which then replaces the batch's
         # empty stores.
+        _still_held(lease)
         (config.checkpoint / BOOTSTRAP_FILE).write_text(json.dumps({
             "savepoint_id": saved.savepoint_id, "source_seq": saved.source_seq,
             "watermark_ms": saved.watermark_ms, "lateness_ms": config.rules.lateness_ms,
@@ -257,6 +267,7 @@ def restore_unlocked(config: SessionsConfig, savepoint: str, *, partitions: int 
         if inspect_checkpoint(config.checkpoint).partitions != partitions:
             raise StateMismatch(f"the restored checkpoint's first batch ran with "
                                 f"{inspect_checkpoint(config.checkpoint).partitions} state partitions, not {partitions}")
+        _still_held(lease)
         install_state(spark, config.checkpoint, partitions=partitions)
         phase("state_written")
         # The read-back: each partition's committed store loaded by a fresh provider in the task that wrote it.
@@ -283,14 +294,17 @@ def restore_unlocked(config: SessionsConfig, savepoint: str, *, partitions: int 
             _finish(_start_batches(spark, target, meta, operator, saved, lease, settle=True))
             phase("settle_batch")
     except Exception as error:  # noqa: BLE001 -- whatever broke, leave the operator a known next step
+        fence.close()
         with suppress(Exception):  # the restore's own failure is what to report
             stop_state_stores(spark)  # nor the failed restore's into the checkpoint moved back
+        _lost_lease(lease, error)
         failed = _failed_restore(config, saved.savepoint_id, replaced, outputs_rolled_back, error)
         # (an executor that could not read one of the savepoint's files names it)
         damage = error if isinstance(error, SavepointDamaged) else unreadable_savepoint_file(str(error))
         if damage is not None and not outputs_rolled_back:
             raise damage from None  # nothing changed: the savepoint's own line, with its way out
         raise failed from None
+    fence.close()
     clear_restore_marker(config.checkpoint)
     info = inspect_checkpoint(config.checkpoint)
     seconds = round(time.monotonic() - started, 3)
@@ -363,6 +377,24 @@ def _no_batch_after_the_marker(spark: SparkSession, side: bool) -> Iterator[None
             spark.conf.unset(NO_DATA_BATCHES)
         else:
             spark.conf.set(NO_DATA_BATCHES, before)
+
+
+def _still_held(lease: Lease | None) -> None:
+    """LeaseLost unless this process still holds the job lease: a restore paused past the lease's TTL (another
+    process may have restored meanwhile) writes nothing more into the checkpoint."""
+    if lease is not None:
+        lease.check()
+
+
+def _lost_lease(lease: Lease | None, error: BaseException) -> None:
+    """A failed restore whose job lease is lost raises that (LeaseLost), touching nothing: the way back
+    (_failed_restore) moves checkpoints, and the one in place may now be another holder's."""
+    if isinstance(error, LeaseLost):
+        raise error
+    try:
+        _still_held(lease)
+    except LeaseLost as lost:
+        raise lost from None
 
 
 def _failed_restore(config: SessionsConfig, savepoint_id: str, replaced: CheckpointPath | None,

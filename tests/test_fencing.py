@@ -352,3 +352,65 @@ def test_a_frozen_run_is_fenced_after_a_restore_from_another_process(tmp_path, s
              _batch_files(config))
     assert after == before, (before, after)
     assert read_sessions(config) == expected  # every session exactly once
+
+
+def _paused(pid: int) -> bool:
+    """The process is stopped (SIGSTOP): its state in /proc is T."""
+    stat = Path(f"/proc/{pid}/stat").read_text()
+    return stat[stat.rindex(")") + 2] == "T"
+
+
+def _tree(root: Path) -> dict[str, tuple[int, int, bytes | None]]:
+    """Every file under `root`: (size, modification time, the bytes of the small ones)."""
+    return {str(p.relative_to(root)): (p.stat().st_size, p.stat().st_mtime_ns,
+                                       p.read_bytes() if p.stat().st_size < 4096 else None)
+            for p in sorted(root.rglob("*")) if p.is_file()}
+
+
+@pytest.mark.tier("e2e")
+def test_a_restore_paused_midway_writes_nothing_after_another_restore(tmp_path, spark):
+    """`sessionctl restore --canonical` frozen (its process group SIGSTOPped at its kill point `restore:aside`: the old
+    checkpoint set aside, nothing else written) past the job lease's TTL; meanwhile another process restores a later
+    savepoint and catches up. Resumed, the frozen restore writes nothing -- not its job metadata into the new holder's
+    checkpoint, not its way back of a failed restore (which moves checkpoints) -- and exits 1 with one line naming the
+    lost lease; the checkpoint's files, the tables and the sessions (the oracle's) are as the new holder left them."""
+    from pipelines.core.sample_data import arrival_order, generate_events, land
+
+    ttl = "6"
+    config = make_config(tmp_path, SESSIONS_LEASE_TTL_S=ttl)
+    events = arrival_order(generate_events(60, 3, seed=9), seed=9, jitter_seconds=120)
+    thirds = [events[i * len(events) // 3:(i + 1) * len(events) // 3] for i in range(3)]
+    savepoints = []
+    for i in range(2):
+        land(config.landing, f"{i}.jsonl", [json.dumps(e) for e in thirds[i]])
+        catch_up(config, spark)
+        savepoints.append(take_savepoint(config, spark=spark).savepoint_id)
+    err = tmp_path / "restore.err"
+    with err.open("w") as sink:
+        frozen = subprocess.Popen([tool("sessionctl"), "restore", "--savepoint", savepoints[0], "--canonical"],
+                                  env=config_env(config, SESSIONS_LEASE_TTL_S=ttl, SESSIONS_PAUSE_AT="restore:aside"),
+                                  start_new_session=True, stdout=subprocess.PIPE, stderr=sink, text=True, cwd=tmp_path)
+    try:
+        wait_until(lambda: frozen.poll() is not None or _paused(frozen.pid), timeout_s=300, interval_s=0.2,
+                   what="the restore to pause with the checkpoint set aside")
+        assert frozen.poll() is None, err.read_text()[-3000:]
+        _frozen_past_the_ttl(config)
+        restore(config, savepoints[1], spark=spark)  # takes the expired lease over
+        land(config.landing, "2.jsonl", [json.dumps(e) for e in thirds[2]])
+        catch_up(config, spark)
+        expected = sorted(expected_closed_sessions(thirds, 30 * 60_000, 10 * 60_000))
+        assert read_sessions(config) == expected
+        before = (_tree(config.checkpoint), DeltaTable(config.sessions_table).version())
+        os.killpg(frozen.pid, signal.SIGCONT)
+        out, _ = frozen.communicate(timeout=180)
+    finally:
+        if frozen.poll() is None:
+            os.killpg(frozen.pid, signal.SIGCONT)
+            os.killpg(frozen.pid, signal.SIGKILL)
+            frozen.wait()
+    text = err.read_text()
+    assert frozen.returncode == 1 and "Traceback" not in text, (out[-2000:], text[-3000:])
+    last = text.strip().splitlines()[-1]
+    assert last.startswith("sessionctl restore: the job lease ") and " was lost by restore (pid " in last, text[-3000:]
+    assert (_tree(config.checkpoint), DeltaTable(config.sessions_table).version()) == before
+    assert read_sessions(config) == expected

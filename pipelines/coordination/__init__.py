@@ -2,8 +2,9 @@
 fenced Delta commits -- and, here, the crash campaign's named kill points.
 
 Named kill points for the crash campaign (testkit/campaign.py): with SESSIONS_KILL_AT=<name> in its environment,
-a process SIGKILLs itself when it reaches that point -- a crash at an exact moment instead of a random one. Unset (as
-in production), a kill point does nothing.
+a process SIGKILLs itself when it reaches that point -- a crash at an exact moment instead of a random one; with
+SESSIONS_PAUSE_AT=<name> it SIGSTOPs itself there instead -- a process frozen at an exact moment (a long GC pause, a
+stopped VM), which SIGCONT resumes. Unset (as in production), a kill point does nothing.
 
 Points: `savepoint:files-written` (the executors wrote a savepoint's files, the Delta commit not made),
 `savepoint:committed` (its table committed, no catalog row yet), `fold:written` (compaction wrote a folded table's
@@ -28,16 +29,23 @@ import signal
 __all__ = ["kill_point"]
 
 ENV = "SESSIONS_KILL_AT"
+PAUSE_ENV = "SESSIONS_PAUSE_AT"
 POINTS = ("savepoint:files-written", "savepoint:committed", "fold:written", "fold:committed", "sink:files-written",
           "ingest:files-written", "lease:taken", "rescale:saved", "rescale:moved", "restore:aside", "restore:rolled-back",
           "savepoint:native-copied", "restore:native-copied", "forget:state-installed", "forget:rows-erased")
 
 
 def kill_point(name: str) -> None:
-    if os.environ.get(ENV) != name:
-        return
-    # The process group when this process leads it (sessionctl started by the campaign: its JVM dies with it), else
-    # this process alone.
+    if os.environ.get(ENV) == name:
+        _signal_self(signal.SIGKILL)
+    elif os.environ.get(PAUSE_ENV) == name:
+        _signal_self(signal.SIGSTOP)
+
+
+def _signal_self(sig: signal.Signals) -> None:
+    # The process group when this process leads it (sessionctl started by the campaign: its JVM dies or freezes with
+    # it), else this process alone.
     if os.getpgid(0) == os.getpid():
-        os.killpg(os.getpid(), signal.SIGKILL)
-    os.kill(os.getpid(), signal.SIGKILL)
+        os.killpg(os.getpid(), sig)
+    else:
+        os.kill(os.getpid(), sig)

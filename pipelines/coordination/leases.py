@@ -271,6 +271,11 @@ class Lease:
             if self._lost is None:
                 self._tell(observer)
 
+    @property
+    def observed(self) -> bool:
+        """Whether an observer (observe) is set."""
+        return self._observer is not None
+
     def _tell(self, observer: Callable[[float], None] | None) -> None:
         if observer is None:
             return

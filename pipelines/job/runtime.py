@@ -211,8 +211,10 @@ def fenced_logs(spark: SparkSession, checkpoint: CheckpointPath, lease: Lease) -
     """Spark's own writes of `checkpoint`'s query logs (offsets, commits) fenced by `lease` in the JVM (jvm/operator/
     src/main/java/sessions/Fence.java): refused once the lease's last renewal is older than its TTL. A process
     resumed after a pause past its TTL thus plans no batch into a checkpoint that another holder took over, whichever
-    of Spark's thread and the lease's wakes first. Where the session has not our checkpoint file manager, nothing."""
-    if spark.conf.get(_CHECKPOINT_FILE_MANAGER, "") != CHECKPOINT_FILES[_CHECKPOINT_FILE_MANAGER]:
+    of Spark's thread and the lease's wakes first. Where the session has not our checkpoint file manager, nothing; nor
+    inside a block of this kind with the same lease (a restore between a running stream's batches): the outer one
+    fences and stays in charge."""
+    if lease.observed or spark.conf.get(_CHECKPOINT_FILE_MANAGER, "") != CHECKPOINT_FILES[_CHECKPOINT_FILE_MANAGER]:
         yield
         return
     fence: Any = spark.sparkContext._jvm.sessions.Fence  # type: ignore[union-attr]
