@@ -385,6 +385,38 @@ def _sessionctl(home: Path, provider: str, *args: str, master: str | None = None
     return round(time.monotonic() - began, 3), json.loads(done.stdout.strip().splitlines()[-1])
 
 
+@contextlib.contextmanager
+def savepoint_phases() -> Iterator[dict[str, float]]:
+    """Seconds of a savepoint's parts taken in this process (state_store.savepoint.take's calls, timed): the state
+    read and written by the executors, the Delta commit, the re-read that verifies it, the native copy."""
+    from state_store.savepoint import take
+
+    phases: dict[str, float] = {}
+    names = {"write_state_files": "read_and_write", "commit_state_files": "commit",
+             "verify_state_files": "verify"}
+    saved = {name: getattr(take, name) for name in names}
+    saved_copy = take.native.copy_out
+
+    def timed(label: str, function):
+        def call(*args, **kwargs):
+            began = time.monotonic()
+            try:
+                return function(*args, **kwargs)
+            finally:
+                phases[label] = round(phases.get(label, 0.0) + time.monotonic() - began, 3)
+        return call
+
+    for name, label in names.items():
+        setattr(take, name, timed(label, saved[name]))
+    take.native.copy_out = timed("native_copy", saved_copy)
+    try:
+        yield phases
+    finally:
+        for name, function in saved.items():
+            setattr(take, name, function)
+        take.native.copy_out = saved_copy
+
+
 def measure_native(provider: str, users: int, spark, work: Path, master: str | None = None) -> dict:
     """Native vs canonical, same state, same run: a full savepoint with and without the native copy (and the copy
     alone), then `sessionctl restore` of it as a whole command, native, canonical, native again (each restore's own
@@ -400,8 +432,15 @@ def measure_native(provider: str, users: int, spark, work: Path, master: str | N
     build_state(config, users, spark)
     build_s = time.monotonic() - began
     load_start = _load()
-    canonical = take_savepoint(config, spark=spark, full=True)
-    with_native = take_savepoint(config, spark=spark, full=True, native_copy=True)
+    with savepoint_phases() as phases:
+        canonical = take_savepoint(config, spark=spark, full=True)
+    canonical_phases = dict(phases)
+    with savepoint_phases() as phases:
+        with_native = take_savepoint(config, spark=spark, full=True, native_copy=True)
+    native_phases = dict(phases)
+    stop_state_stores(spark)  # the commands below are other processes
+    commands = [_sessionctl(home, provider, "savepoint", "--full", "--native", "--json", master=master)
+                for _ in range(2)]
     began = time.monotonic()
     native.copy_out(config.checkpoint, with_native.batch_id, partitions=int(with_native.partitions or 0),
                     provider=provider, store_uri=str(work / f"scratch-{provider}-{users}"), savepoint_id="copy")
@@ -426,6 +465,9 @@ def measure_native(provider: str, users: int, spark, work: Path, master: str | N
                          "phases": answer["phases"], "first_catch_up_s": round(time.monotonic() - began, 3)})
     return {"provider": provider, "users": users, "build_s": round(build_s, 1), "state_rows": canonical.rows,
             "canonical_savepoint_s": canonical.seconds, "savepoint_native_s": with_native.seconds,
+            "canonical_savepoint_phases": canonical_phases, "savepoint_native_phases": native_phases,
+            "savepoint_command_s": [wall for wall, _ in commands],
+            "savepoint_command_own_s": [answer.get("seconds") for _, answer in commands],
             "native_copy_s": copy_s, "native_files": with_native.native_files,
             "native_mb": round((with_native.native_bytes or 0) / 1e6, 1), "restores": restores,
             "master": master or "local[2]", "load_start": load_start, "load_end": _load()}
@@ -828,6 +870,14 @@ def main() -> None:
                   + ", ".join(f"{x['method']} {x['command_s']} ({x['restore_s']})" for x in r["restores"]) + " | "
                   + ", ".join(f"{x['method']} {x['first_catch_up_s']}" for x in r["restores"])
                   + f" | {r['load_start'][0]} -> {r['load_end'][0]} |" for r in results]
+        lines += ["", "The savepoints' parts in this process (seconds; read_and_write = the executors read the state "
+                  "and write the table's files), and `sessionctl savepoint --full --native` as whole commands "
+                  "(process start to exit; its own seconds in brackets):", "",
+                  "| provider | savepoint parts | with native: parts | command s (own s) |", "|---|---|---|---|"]
+        lines += [f"| {r['provider']} | " + ", ".join(f"{k} {v}" for k, v in r["canonical_savepoint_phases"].items())
+                  + " | " + ", ".join(f"{k} {v}" for k, v in r["savepoint_native_phases"].items()) + " | "
+                  + ", ".join(f"{w} ({o})" for w, o in zip(r["savepoint_command_s"], r["savepoint_command_own_s"]))
+                  + " |" for r in results]
     elif not (args.savepoint_only or args.scale):
         lines += ["Savepoint = the executors read the state through Spark's state data source and write the Delta "
                   "table's files, the driver commits their metadata, the executors re-read the files and verify the "
