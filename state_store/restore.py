@@ -150,6 +150,8 @@ def _restore_native(config: SessionsConfig, store: SavepointStore, saved: Savepo
     phase = Phases(started)
 
     phase("preflight")
+    kill_point("restore:checked")
+    _still_held(lease)
     write_restore_marker(config.checkpoint, saved.savepoint_id, partitions)  # before the first change
     if spark is not None:
         stop_state_stores(spark)  # a stopped query's store uploads nothing into the restored checkpoint
@@ -223,6 +225,8 @@ def restore_unlocked(config: SessionsConfig, savepoint: str, *, partitions: int 
                           rocksdb_changelog=False)
     spark = spark or get_spark(target)
     phase("preflight")
+    kill_point("restore:checked")
+    _still_held(lease)
     write_restore_marker(config.checkpoint, saved.savepoint_id, partitions)  # before the first change
     stop_state_stores(spark)  # a stopped query's store uploads no snapshot into the new checkpoint
     replaced = set_aside(config.checkpoint, REPLACED_SUFFIX)

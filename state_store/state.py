@@ -33,26 +33,11 @@ def repartition_state(spark: SparkSession, checkpoint: CheckpointPath, partition
     spark._streamingCheckpointManager.repartition(str(checkpoint), partitions)
 
 
-# Spark's RocksDB provider gets every key before it replays a put of the changelog, to keep the store's row count;
-# a store loaded only to be read whole needs no count. Without it a full read of 1M keys (4 partitions, local[2])
-# took 3.4-3.5 s against 6.2-6.3 s.
-_ROW_COUNT = "spark.sql.streaming.stateStore.rocksdb.trackTotalNumberOfRows"
-
-
-def _reading_session(spark: SparkSession) -> SparkSession:
-    """A clone of `spark` (its settings and functions; the same SparkContext) whose state stores keep no row count: a
-    read there leaves the caller's session -- which may run the stream -- as it is."""
-    clone = SparkSession(spark.sparkContext, jsparkSession=spark._jsparkSession.cloneSession())
-    clone.conf.set(_ROW_COUNT, "false")
-    return clone
-
-
 def read_state(spark: SparkSession, checkpoint: CheckpointPath, *, batch_id: int | None = None,
                op: StateOperator | None = None) -> DataFrame:
     """The state's rows in canonical form: per open session at most one frozen prefix (event_id null) and
-    its events above the watermark, each row with its session's start (a frame of a clone of `spark`, whose stores
-    skip RocksDB's row count: _reading_session)."""
-    return (op or of_checkpoint(checkpoint)).canonical_rows(_reading_session(spark), checkpoint, batch_id)
+    its events above the watermark, each row with its session's start."""
+    return (op or of_checkpoint(checkpoint)).canonical_rows(spark, checkpoint, batch_id)
 
 
 _SUMMARY_DDL = "keys long, users long, sessions long, events long, rows long, prefixes long, bytes long"

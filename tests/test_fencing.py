@@ -21,6 +21,7 @@ from pipelines.coordination.leases import acquire, lease, live_holder
 from pipelines.core.sample_data import arrival_order, generate_events, land
 from pipelines.errors import LeaseLost
 from pipelines.ingest import ingest
+from pipelines.job.checkpoint import restore_marker
 from pipelines.job.sink import SESSIONS_SCHEMA, ensure_table, idempotent_append
 from pipelines.job.stream import catch_up
 from state_store.lifecycle import restore, take_savepoint
@@ -368,14 +369,14 @@ def _tree(root: Path) -> dict[str, tuple[int, int, bytes | None]]:
 
 
 @pytest.mark.tier("e2e")
-def test_a_restore_paused_midway_writes_nothing_after_another_restore(tmp_path, spark):
-    """`sessionctl restore --canonical` frozen (its process group SIGSTOPped at its kill point `restore:aside`: the old
-    checkpoint set aside, nothing else written) past the job lease's TTL; meanwhile another process restores a later
-    savepoint and catches up. Resumed, the frozen restore writes nothing -- not its job metadata into the new holder's
-    checkpoint, not its way back of a failed restore (which moves checkpoints) -- and exits 1 with one line naming the
-    lost lease; the checkpoint's files, the tables and the sessions (the oracle's) are as the new holder left them."""
-    from pipelines.core.sample_data import arrival_order, generate_events, land
-
+@pytest.mark.parametrize("point", ["restore:checked", "restore:aside"])
+def test_a_restore_paused_midway_writes_nothing_after_another_restore(tmp_path, spark, point):
+    """`sessionctl restore --canonical` frozen (its process group SIGSTOPped at a kill point: `restore:checked`, its
+    checks done and nothing written; `restore:aside`, the old checkpoint set aside) past the job lease's TTL;
+    meanwhile another process restores a later savepoint and catches up. Resumed, the frozen restore writes nothing --
+    not its marker, not a set-aside of the new holder's checkpoint, not its job metadata into it, not its way back of
+    a failed restore (which moves checkpoints) -- and exits 1 with one line naming the lost lease; the checkpoint's
+    files, the tables and the sessions (the oracle's) are as the new holder left them."""
     ttl = "6"
     config = make_config(tmp_path, SESSIONS_LEASE_TTL_S=ttl)
     events = arrival_order(generate_events(60, 3, seed=9), seed=9, jitter_seconds=120)
@@ -388,11 +389,11 @@ def test_a_restore_paused_midway_writes_nothing_after_another_restore(tmp_path, 
     err = tmp_path / "restore.err"
     with err.open("w") as sink:
         frozen = subprocess.Popen([tool("sessionctl"), "restore", "--savepoint", savepoints[0], "--canonical"],
-                                  env=config_env(config, SESSIONS_LEASE_TTL_S=ttl, SESSIONS_PAUSE_AT="restore:aside"),
+                                  env=config_env(config, SESSIONS_LEASE_TTL_S=ttl, SESSIONS_PAUSE_AT=point),
                                   start_new_session=True, stdout=subprocess.PIPE, stderr=sink, text=True, cwd=tmp_path)
     try:
         wait_until(lambda: frozen.poll() is not None or _paused(frozen.pid), timeout_s=300, interval_s=0.2,
-                   what="the restore to pause with the checkpoint set aside")
+                   what=f"the restore to pause at {point}")
         assert frozen.poll() is None, err.read_text()[-3000:]
         _frozen_past_the_ttl(config)
         restore(config, savepoints[1], spark=spark)  # takes the expired lease over
@@ -401,6 +402,7 @@ def test_a_restore_paused_midway_writes_nothing_after_another_restore(tmp_path, 
         expected = sorted(expected_closed_sessions(thirds, 30 * 60_000, 10 * 60_000))
         assert read_sessions(config) == expected
         before = (_tree(config.checkpoint), DeltaTable(config.sessions_table).version())
+        assert not restore_marker(config.checkpoint).exists()
         os.killpg(frozen.pid, signal.SIGCONT)
         out, _ = frozen.communicate(timeout=180)
     finally:
@@ -413,4 +415,5 @@ def test_a_restore_paused_midway_writes_nothing_after_another_restore(tmp_path, 
     last = text.strip().splitlines()[-1]
     assert last.startswith("sessionctl restore: the job lease ") and " was lost by restore (pid " in last, text[-3000:]
     assert (_tree(config.checkpoint), DeltaTable(config.sessions_table).version()) == before
+    assert not restore_marker(config.checkpoint).exists()  # `status` shows no restore in progress
     assert read_sessions(config) == expected

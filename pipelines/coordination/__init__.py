@@ -13,7 +13,8 @@ batch's session or quarantine files, the sink's Delta commit for them not made),
 tasks wrote a large landed file's raw_events files, the ingest commit not made), `lease:taken` (a lease's
 new epoch record written, nothing done under it yet: the next command must take it over, not wait or wedge),
 `rescale:saved` (a rescale's pre-rescale savepoint taken, the state not moved yet), `rescale:moved` (the state
-repartitioned or restored, the stream not running again yet: the requester not answered), `restore:aside` (a restore's
+repartitioned or restored, the stream not running again yet: the requester not answered), `restore:checked` (a
+restore's checks done, nothing written), `restore:aside` (a restore's
 marker written and the old checkpoint set aside, nothing else changed) and `restore:rolled-back` (the outputs rolled
 back to the savepoint, the new checkpoint's bootstrap batch not run); `savepoint:native-copied` (a savepoint's native copy
 written, its catalog row not recorded), `restore:native-copied` (a native copy put back as the checkpoint, its job
@@ -31,8 +32,8 @@ __all__ = ["kill_point"]
 ENV = "SESSIONS_KILL_AT"
 PAUSE_ENV = "SESSIONS_PAUSE_AT"
 POINTS = ("savepoint:files-written", "savepoint:committed", "fold:written", "fold:committed", "sink:files-written",
-          "ingest:files-written", "lease:taken", "rescale:saved", "rescale:moved", "restore:aside", "restore:rolled-back",
-          "savepoint:native-copied", "restore:native-copied", "forget:state-installed", "forget:rows-erased")
+          "ingest:files-written", "lease:taken", "rescale:saved", "rescale:moved", "restore:checked", "restore:aside",
+          "restore:rolled-back", "savepoint:native-copied", "restore:native-copied", "forget:state-installed", "forget:rows-erased")
 
 
 def kill_point(name: str) -> None:

@@ -121,10 +121,25 @@ def register_coordinator(spark: SparkSession) -> None:
     spark.streams.active  # noqa: B018 -- the access itself registers the coordinator
 
 
+# Spark's RocksDB provider gets every key before it replays a put of the changelog, to keep the store's row count;
+# a store loaded only to be read needs no count. Without it a read of 1M keys (4 partitions, local[2]) took 3.4-3.5 s
+# against 6.2-6.3 s. (The JVM's stores written or read by jobs of ours: sessions.StateWriter.storeConf.)
+_ROW_COUNT = "spark.sql.streaming.stateStore.rocksdb.trackTotalNumberOfRows"
+
+
+def _reading_session(spark: SparkSession) -> SparkSession:
+    """A clone of `spark` (its settings and registered functions; the same SparkContext) whose state stores keep no
+    row count: a read there leaves the caller's session -- which may run the stream -- as it is."""
+    clone = SparkSession(spark.sparkContext, jsparkSession=spark._jsparkSession.cloneSession())
+    clone.conf.set(_ROW_COUNT, "false")
+    return clone
+
+
 def state_reader(spark: SparkSession, checkpoint: CheckpointPath, batch_id: int | None) -> DataFrame:
-    """Spark's state data source over the checkpoint's one stateful operator (at `batch_id`, else the newest)."""
+    """Spark's state data source over the checkpoint's one stateful operator (at `batch_id`, else the newest): a
+    frame of a clone of `spark` whose stores skip RocksDB's row count (_reading_session)."""
     register_coordinator(spark)
-    reader = spark.read.format("statestore")
+    reader = _reading_session(spark).read.format("statestore")
     if batch_id is not None:
         reader = reader.option("batchId", batch_id)
     return reader.load(str(checkpoint))

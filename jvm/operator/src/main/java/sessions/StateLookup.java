@@ -106,7 +106,7 @@ public final class StateLookup {
         // value.groupState.value), format 1 keeps it as the row's first column.
         StructType stateSchema = manager.stateSchema();
         int nested = stateSchema.fields()[0].dataType() instanceof StructType inner ? inner.size() : -1;
-        StateStoreConf storeConf = StateStoreConf.apply(conf);
+        StateStoreConf storeConf = StateWriter.storeConf(conf);  // a read store: RocksDB's row count is of no use
         UnsafeProjection keys = UnsafeProjection.create(StateWriter.KEY_SCHEMA);
         List<Row> found = new ArrayList<>();
         for (Map.Entry<Integer, List<Row>> entry : byPartition.entrySet()) {
