@@ -10,8 +10,13 @@ and its verifies (the first after the forget, again, and `--full`); then the war
 (other users' events, ingested) and the same again. The indexed verify of a forgotten user should cost about the same
 at both sizes, reading only the files that may hold the user.
 
+With `--verify --baseline REV`, the first verify after a forget by REV's build and by this tree's, A B A B: two homes
+built alike (an index names its files by path, so each build keeps its own home and index), each index built by its
+own build's first verify, then `--rounds` rounds of: a forget of an open user and the verify after it, REV's build in
+its home, then this tree's in the other.
+
     .venv/bin/python benchmarks/erasure.py [--users 10000] [--rounds 2] [--provider rocksdb] [--baseline REV]
-    .venv/bin/python benchmarks/erasure.py --verify [--users 1000000] [--grow 3]
+    .venv/bin/python benchmarks/erasure.py --verify [--users 1000000] [--grow 3] [--baseline REV --rounds 3]
 """
 from __future__ import annotations
 
@@ -50,7 +55,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--results-dir", type=Path, default=HERE / "results" / "erasure")
     args = parser.parse_args(argv)
     if args.verify:
-        return measure_verify(args)
+        return measure_verify_ab(args) if args.baseline else measure_verify(args)
     home, config = state_home("erasure-bench-", args.provider, args.users)
     runs: dict[str, list[float]] = {"open user": [], "user not in the checkpoint": []}
     if args.bulk:
@@ -91,9 +96,10 @@ def main(argv: list[str] | None = None) -> int:
     return 0
 
 
-def _verify(home: Path, provider: str, user: str, *full: str) -> dict:
-    """`forget --verify` as a whole command; its exit code 3 (not clean: the user is there) is an answer too."""
-    env = {**os.environ, **_env(home, provider, None)}
+def _verify(home: Path, provider: str, user: str, *full: str, code: Path | None = None) -> dict:
+    """`forget --verify` as a whole command (`code`: the tree whose Python runs it); its exit code 3 (not clean: the
+    user is there) is an answer too."""
+    env = {**os.environ, **_env(home, provider, None), **({"PYTHONPATH": str(code)} if code else {})}
     began = time.monotonic()
     done = subprocess.run([str(REPO / ".venv" / "bin" / "sessionctl"), "forget", "--verify", *full, "--user", user,
                            "--json"], capture_output=True, text=True, env=env, timeout=1800)
@@ -137,6 +143,38 @@ def measure_verify(args: argparse.Namespace) -> int:
            "sizes": sizes}
     args.results_dir.mkdir(parents=True, exist_ok=True)
     (args.results_dir / f"verify-{args.provider}-{args.users}.json").write_text(json.dumps(out, indent=2) + "\n")
+    return 0
+
+
+def measure_verify_ab(args: argparse.Namespace) -> int:
+    """The first verify after a forget, REV's build against this tree's, alternating (see the module docstring)."""
+    baseline = baseline_tree(args.baseline, Path(tempfile.mkdtemp(prefix="verify-baseline-")))
+    builds = {f"revision {args.baseline}": baseline, "this tree": None}
+    homes = {name: state_home("verify-ab-", args.provider, args.users)[0] for name in builds}
+    runs: dict[str, dict[str, list]] = {name: {"first indexed": [], "forget": [], "verify after the forget": [],
+                                               "again": []} for name in builds}
+    for name, code in builds.items():
+        runs[name]["first indexed"].append(_verify(homes[name], args.provider, "u0000007", code=code))
+    load = [os.getloadavg()[0]]
+    for round_ in range(args.rounds):
+        for name, code in builds.items():
+            forgotten = f"u{args.users // 2 + round_:07d}"  # the same user in both homes
+            seconds, _ = _sessionctl(homes[name], args.provider, "forget", "--user", forgotten, "--json", code=code)
+            runs[name]["forget"].append(seconds)
+            runs[name]["verify after the forget"].append(_verify(homes[name], args.provider, forgotten, code=code))
+            runs[name]["again"].append(_verify(homes[name], args.provider, forgotten, code=code))
+            load.append(os.getloadavg()[0])
+    after = {name: [run["seconds"] for run in done["verify after the forget"]] for name, done in runs.items()}
+    ratios = [round(new / old, 3) for old, new in zip(*after.values())]
+    out = {"date": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"), "provider": args.provider,
+           "users": args.users, "baseline": args.baseline, "runs": runs, "verify_after_forget_ratio": ratios,
+           "loadavg_1m": load}
+    args.results_dir.mkdir(parents=True, exist_ok=True)
+    (args.results_dir / f"verify-ab-{args.provider}-{args.users}.json").write_text(json.dumps(out, indent=2) + "\n")
+    print(json.dumps({"verify after the forget": after, "ratios": ratios}))
+    for home in homes.values():
+        shutil.rmtree(home, ignore_errors=True)
+    shutil.rmtree(baseline.parent, ignore_errors=True)
     return 0
 
 

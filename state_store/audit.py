@@ -40,6 +40,9 @@ from state_store.audit_index import AuditIndex, may_name
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession
 
+    from pipelines.config import SessionsConfig
+    from pipelines.job.store_file_text import StoreFileDecoder
+
 __all__ = ["Findings", "StoreFiles", "Unreadable", "is_state_file", "mentions", "mentions_of", "scan", "scan_for",
            "scrub_delta_log", "token_texts"]
 
@@ -56,12 +59,23 @@ class Unreadable(Exception):
 
 
 class StoreFiles:
-    """Spark's state store files as plain bytes, decoded by the libraries that wrote them, in the driver's JVM
-    (sessions.StoreFileText: Spark's compression codec by the stream's magic bytes, RocksDB's SST reader)."""
+    """Spark's state store files as plain bytes, decoded by the libraries that wrote them (sessions.StoreFileText:
+    Spark's compression codec by the stream's magic bytes, RocksDB's SST reader): in the driver's JVM where Spark
+    runs, else -- given `config` -- in a JVM of their own with no Spark session (pipelines.job.store_file_text),
+    which starts in a fraction of a session's time. `close` stops that JVM."""
 
-    def __init__(self, spark: SparkSession | Callable[[], SparkSession] | None) -> None:
-        self._spark = spark  # a callable: Spark started when the first state store file is read
+    def __init__(self, spark: SparkSession | Callable[[], SparkSession] | None, *,
+                 config: SessionsConfig | None = None) -> None:
+        self._spark = spark  # a callable: Spark started when the live state is asked (or a file read without config)
+        self._config = config
+        self._decoder: StoreFileDecoder | None = None
         self._last: tuple[bytes, bytes] | None = None
+
+    def __enter__(self) -> StoreFiles:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
 
     def session(self) -> SparkSession | None:
         if callable(self._spark):
@@ -76,7 +90,21 @@ class StoreFiles:
         self._last = (data, plain)
         return plain
 
+    def close(self) -> None:
+        if self._decoder is not None:
+            self._decoder.close()
+            self._decoder = None
+
     def _decode(self, name: str, data: bytes) -> bytes:
+        if self._config is not None and (self._spark is None or callable(self._spark)):
+            from pipelines.job.store_file_text import StoreFileDecoder, StoreFileError  # a JVM: only when needed
+
+            if self._decoder is None:
+                self._decoder = StoreFileDecoder(self._config)
+            try:
+                return self._decoder.decode(name, data)
+            except StoreFileError as error:
+                raise Unreadable(str(error)) from None
         spark = self.session()
         if spark is None:
             raise Unreadable("a state store file is read through Spark, which this audit has not started")
@@ -277,7 +305,8 @@ def token_texts(path: str, data: bytes, *, store_files: StoreFiles | None = None
         except (zipfile.BadZipFile, OSError) as error:
             raise Unreadable(f"not a readable zip: {error}") from None
     if name.endswith(".parquet"):
-        return [data, *_parquet_texts(data)]  # its bytes too: what in_bytes reads when it is not Parquet after all
+        # Its values as _parquet_mentions reads them; its bytes where they are not Parquet after all (then read so)
+        return _parquet_texts(data) or [data]
     decoded: set[bytes] = {b"0"} if b"-0" in data else set()  # JSON's -0 is the integer 0
     if b"\\" in data or b"''" in data or not data.isascii():
         # JSON lines (landed, Delta commits) and any text: a line that decodes to other bytes than its own (an escape,
@@ -291,7 +320,8 @@ def token_texts(path: str, data: bytes, *, store_files: StoreFiles | None = None
 
 
 def _parquet_texts(data: bytes) -> list[bytes]:
-    """Parquet's string values as _parquet_mentions reads them (nested ones decoded)."""
+    """Parquet's string values as _parquet_mentions reads them (nested ones decoded); none where `data` is not
+    Parquet."""
     try:
         table = _parquet_table(data)
     except Exception:  # noqa: BLE001 -- not Parquet after all: its bytes are read as they are
@@ -301,15 +331,26 @@ def _parquet_texts(data: bytes) -> list[bytes]:
     for column in table.columns:
         kind = column.type
         if pa.types.is_string(kind) or pa.types.is_large_string(kind) or pa.types.is_string_view(kind):
-            values = pc.unique(pc.fill_null(column.cast(pa.string()), ""))
-            escaped = _holding_any(values, ["\\", "''"])
-            texts.append("\n".join(pc.filter(values, pc.invert(escaped)).to_pylist()).encode())
-            for value in pc.filter(values, escaped).to_pylist():
-                text_tokens(value, decoded)
+            values = pc.fill_null(column.cast(pa.large_string()), "").combine_chunks()
+            texts.append(_joined(values))
+            if b"\\" in texts[-1] or b"''" in texts[-1]:  # the lines keep each value apart: '\n' + "'" is not "''"
+                for value in pc.unique(pc.filter(values, _holding_any(values, ["\\", "''"]))).to_pylist():
+                    text_tokens(value, decoded)
         elif pa.types.is_struct(kind) or pa.types.is_list(kind) or pa.types.is_map(kind):
             for value in column.to_pylist():
                 value_tokens(value, decoded)
     return [*texts, b"0" if any(b"-0" in text for text in texts) else b"", b"\n".join(decoded)]
+
+
+def _joined(values: pa.LargeStringArray) -> bytes:
+    """The values, one per line, in Arrow (no Python string each); each once where a sample of them repeats (a
+    column of a few distinct values), all of them where most are distinct (finding the distinct ones costs more
+    than hashing the repeats)."""
+    sample = values.slice(0, 1 << 16)
+    if len(pc.unique(sample)) * 4 < len(sample):
+        values = pc.unique(values)
+    listed = pa.LargeListArray.from_arrays(pa.array([0, len(values)], pa.int64()), values)
+    return pc.binary_join(listed, pa.scalar("\n", pa.large_string()))[0].as_buffer().to_pybytes()
 
 
 def scan(uri: str, user: UserSpelling, *, seen: set[str] | None = None, store_files: StoreFiles | None = None

@@ -15,7 +15,8 @@ import functools
 import hashlib
 import os
 import uuid
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -28,11 +29,14 @@ __all__ = ["INDEX_DIR", "MIN_BYTES", "AuditIndex", "Bloom"]
 
 INDEX_DIR = "audit-index"
 MIN_BYTES = 256 * 1024   # smaller files are read every time: an entry would save little and a listing costs the same
-_FORMAT = "bloom-v1"  # in every entry's name: entries of another hashing are never read, and are deleted
+_FORMAT = "bloom-v2"  # in every entry's name: entries of another hashing are never read, and are deleted
 _HASHES = 5               # with 10 to 20 bits a run: 1% to 0.1% false "maybe" per run
 _BITS_PER_TOKEN = 10
 _CHUNK = 1 << 20          # bytes tokenized at once (the arrays are a few times this)
-_BASES = (0x100000001B3, 0x9E3779B97F4A7C15)  # odd
+_BASE = 0x100000001B3     # odd: invertible modulo 2**64
+_UNBASE = pow(_BASE, -1, 1 << 64)
+# Each byte's value in a run's polynomial (its value + 1), 0 for the bytes between runs: one lookup gives both.
+_VALUES = np.where(ID_BYTES, np.arange(1, 257, dtype=np.uint64), np.uint64(0))
 
 
 def _mix(x: np.ndarray) -> np.ndarray:
@@ -43,9 +47,9 @@ def _mix(x: np.ndarray) -> np.ndarray:
 
 
 def _run_hashes(data: bytes) -> np.ndarray:
-    """Two 64-bit hashes (columns) of each run of id bytes in `data` (the runs of pipelines.ingest.erased.id_tokens),
-    found and hashed by numpy rather than as one Python object per token; a run found twice is there twice."""
-    found = [np.empty((0, 2), dtype=np.uint64)]
+    """A 64-bit hash of each run of id bytes in `data` (the runs of pipelines.ingest.erased.id_tokens), found and hashed
+    by numpy rather than as one Python object per token; a run found twice is there twice."""
+    found = [np.empty(0, dtype=np.uint64)]
     start = 0
     while start < len(data):
         end = min(len(data), start + _CHUNK)
@@ -76,62 +80,63 @@ def _powers_for(base: int, count: int) -> np.ndarray:
 
 
 def _chunk_hashes(chunk: np.ndarray) -> np.ndarray:
-    inside = ID_BYTES[chunk]
-    begins = inside.copy()
-    begins[1:] &= ~inside[:-1]
-    starts = np.flatnonzero(begins)
+    values = _VALUES[chunk]
+    edges = np.diff((values != 0).view(np.int8), prepend=np.int8(0), append=np.int8(0))
+    starts, ends = np.flatnonzero(edges == 1), np.flatnonzero(edges == -1)
     if not len(starts):
-        return np.empty((0, 2), dtype=np.uint64)
-    lengths = np.add.reduceat(inside.astype(np.uint64), starts)
-    values = (chunk.astype(np.uint64) + np.uint64(1)) * inside  # 0 between runs: each sum is its run's alone
-    hashes = []
+        return np.empty(0, dtype=np.uint64)
     with np.errstate(over="ignore"):  # arithmetic modulo 2**64 is the point
-        for base in _BASES:
-            # sum(v_i * base**i) over a run, times base**-start: sum(v_i * base**(i - start)), its polynomial
-            # (odd bases are invertible modulo 2**64)
-            sums = np.add.reduceat(values * _powers_for(base, len(chunk)), starts)
-            hashes.append(_mix(sums * _powers_for(pow(base, -1, 1 << 64), len(chunk))[starts] ^ lengths))
-    return np.stack(hashes, axis=1)
+        # sum(v_i * base**i) over a run, times base**-start: sum(v_i * base**(i - start)), its polynomial
+        values *= _powers_for(_BASE, len(chunk))
+        sums = np.add.reduceat(values, starts)  # 0 between runs: each sum is its run's alone
+        return _mix(sums * _powers_for(_UNBASE, len(chunk))[starts] ^ (ends - starts).astype(np.uint64))
 
 
-def _distinct(first: np.ndarray) -> int:
+def _distinct(hashes: np.ndarray) -> int:
     """How many distinct runs: counted, or past a million runs estimated from the 1/64 whose hash starts with six
     zero bits (a sample of the distinct runs, by value). A low estimate costs only false "maybe"s."""
-    if len(first) < 1 << 20:
-        return len(np.unique(first))
-    return 64 * len(np.unique(first[first >> np.uint64(58) == 0]))
+    if len(hashes) < 1 << 20:
+        return len(np.unique(hashes))
+    return 64 * len(np.unique(hashes[hashes >> np.uint64(58) == 0]))
 
 
 @dataclass(frozen=True)
 class Bloom:
-    """A Bloom filter over runs of id bytes: `_HASHES` positions per run from its two hashes (double hashing)."""
+    """A Bloom filter over runs of id bytes: `_HASHES` positions per run from the two halves of its hash (double
+    hashing)."""
     bits: np.ndarray  # uint8, little bit order
 
     @classmethod
     def of(cls, texts: Iterable[bytes]) -> Bloom:
         """The filter of every run of id bytes in `texts`."""
-        hashes = np.concatenate([np.empty((0, 2), dtype=np.uint64), *map(_run_hashes, texts)])
+        hashes = np.concatenate([np.empty(0, dtype=np.uint64), *map(_run_hashes, texts)])
         # Sized by the distinct runs, a power of two (positions by a mask): 10 to 20 bits a run.
-        size = 1 << min(32, max(10, (_BITS_PER_TOKEN * _distinct(hashes[:, 0]) - 1).bit_length()))
+        size = 1 << min(32, max(10, (_BITS_PER_TOKEN * _distinct(hashes) - 1).bit_length()))
         marks = np.zeros(size, dtype=bool)
-        marks[cls._positions(hashes, size).ravel()] = True
+        for positions in cls._positions(hashes, size):
+            marks[positions] = True
         return cls(np.packbits(marks, bitorder="little"))
 
     @staticmethod
-    def _positions(hashes: np.ndarray, size: int) -> np.ndarray:
+    def _positions(hashes: np.ndarray, size: int) -> Iterator[np.ndarray]:
+        """The runs' k-th positions, for each k: one pass each (faster than all at once, whose arrays are k times
+        larger)."""
         # size: a power of two up to 2**32, so arithmetic modulo 2**32 then the mask is arithmetic modulo size
         mask = np.uint32(size - 1)
-        first, step = hashes[:, 0].astype(np.uint32) & mask, hashes[:, 1].astype(np.uint32) | np.uint32(1)
+        at = hashes.astype(np.uint32)
+        step = (hashes >> np.uint64(32)).astype(np.uint32) | np.uint32(1)
         with np.errstate(over="ignore"):
-            return (first[:, None] + np.arange(_HASHES, dtype=np.uint32)[None, :] * step[:, None]) & mask
+            for _ in range(_HASHES):
+                yield at & mask
+                at += step
 
     def may_hold(self, runs: Iterable[bytes]) -> bool:
         """False only if one of `runs` (each a run of id bytes) was never added."""
         hashes = _run_hashes(b"\n".join(runs))
         if not len(hashes):
             return True
-        positions = self._positions(hashes, len(self.bits) * 8).ravel()
-        return bool(np.all((self.bits[positions >> np.uint32(3)] >> (positions & np.uint32(7)).astype(np.uint8)) & 1))
+        return all(bool(np.all((self.bits[at >> np.uint32(3)] >> (at & np.uint32(7)).astype(np.uint8)) & 1))
+                   for at in self._positions(hashes, len(self.bits) * 8))
 
     def hex(self) -> bytes:
         return self.bits.tobytes().hex().encode()
@@ -147,14 +152,17 @@ def may_name(bloom: Bloom, user: UserSpelling) -> bool:
 
 
 class AuditIndex:
-    """The entries of one home's index: looked up by a file's identity, added for files read in full, and the ones
-    no current file has dropped at the end (`finish`)."""
+    """The entries of one home's index: looked up by a file's identity, added for files read in full (written by the
+    time `close` or `finish` returns: `with AuditIndex(home) as index`), and the ones no current file has dropped at
+    the end (`finish`)."""
 
     def __init__(self, home: Path, *, min_bytes: int = MIN_BYTES) -> None:
         self.root = home / INDEX_DIR
         self.min_bytes = min_bytes
         self.skipped = 0  # files not read: their entry says no user of the scan can be in them
         self._used: set[str] = set()
+        self._pool: ThreadPoolExecutor | None = None
+        self._pending: list[Future[None]] = []
         try:
             self._names = {entry.name for entry in os.scandir(self.root)}
         except OSError:
@@ -183,11 +191,18 @@ class AuditIndex:
         return bloom
 
     def add(self, path: str, info: pafs.FileInfo, texts: list[bytes]) -> None:
-        """The entry of a file just read in full (not kept when the home cannot be written)."""
+        """The entry of a file just read in full (not kept when the home cannot be written), made in a thread of its
+        own while the scan reads on (numpy's hashing leaves the interpreter free); at most one file's behind."""
         name = self._name(path, info)
         if name is None:
             return
         self._used.add(name)
+        if self._pool is None:
+            self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="audit-index")
+        self._wait(keep=0)
+        self._pending.append(self._pool.submit(self._write, name, texts))
+
+    def _write(self, name: str, texts: list[bytes]) -> None:
         try:
             self.root.mkdir(parents=True, exist_ok=True)
             tmp = self.root / f".{name}.{uuid.uuid4().hex}.tmp"
@@ -197,8 +212,29 @@ class AuditIndex:
             return
         self._names.add(name)
 
+    def _wait(self, *, keep: int) -> None:
+        while len(self._pending) > keep:
+            self._pending.pop(0).result()
+
+    def close(self) -> None:
+        """Every entry added, written (or not kept); the thread gone."""
+        try:
+            self._wait(keep=0)
+        finally:
+            if self._pool is not None:
+                self._pool.shutdown()
+                self._pool = None
+
+    def __enter__(self) -> AuditIndex:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
     def finish(self) -> None:
-        """Drops the entries of files that are gone or changed (none of this scan's files had them)."""
+        """Every entry added, written; then the entries of files that are gone or changed (none of this scan's files
+        had them) dropped."""
+        self.close()
         for name in self._names - self._used:
             try:
                 (self.root / name).unlink()

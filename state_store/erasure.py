@@ -20,6 +20,7 @@ what and how many rows, with a keyed hash of U (HMAC-SHA256, SESSIONS_ERASURE_KE
 $SESSIONS_HOME), never U."""
 from __future__ import annotations
 
+import contextlib
 import datetime as dt
 import time
 import uuid
@@ -267,7 +268,8 @@ def _live_events(spark: SparkSession, config: SessionsConfig, user_ids: Sequence
 def _checkpoint_names(config: SessionsConfig, spark: SparkSession, users: Sequence[UserSpelling]) -> set[str]:
     """The files of the live checkpoint (relative paths) that name one of the users, or cannot be read (then they
     may); a large file the audit's index says names none of them is not read."""
-    findings = scan_for(str(config.checkpoint), users, store_files=StoreFiles(spark), index=AuditIndex(config.home))
+    with AuditIndex(config.home) as index:
+        findings = scan_for(str(config.checkpoint), users, store_files=StoreFiles(spark), index=index)
     return {path for found in findings.values() for path in (*found.files, *found.unreadable)}
 
 
@@ -436,18 +438,23 @@ def verify_forgotten_many(config: SessionsConfig, spark: SparkSession | Callable
     files: dict[str, dict[str, int]] = {user_id: {} for user_id in ids}
     unreadable: dict[str, str] = {}
     seen: set[str] = set()
-    store_files = StoreFiles(spark)  # state store files are compressed: read decoded, or named as unreadable
     index = None if full else AuditIndex(config.home, min_bytes=index_min_bytes)
     # The checkpoint read first: whatever other location holds it, its files count under it (the live state's check).
     places = sorted(_places(config), key=lambda place: place[0] != "checkpoint")
     labelled = [(place, uri, f"{place}:") for place, uri in places]
     # Checkpoints restores set aside live beside the checkpoint (outside it when the home is elsewhere).
     labelled += [("set_aside_checkpoints", str(path), f"set_aside:{path.name}/") for path in replaced_checkpoints(config)]
-    for place, uri, label in labelled:
-        for user_id, findings in scan_for(uri, spelled, seen=seen, store_files=store_files, index=index).items():
-            found[user_id][place] = found[user_id].get(place, 0) + findings.total()
-            files[user_id].update({f"{label}{path}": count for path, count in findings.files.items()})
-            unreadable.update({f"{label}{path}": why for path, why in findings.unreadable.items()})
+    # State store files are compressed: read decoded, or named as unreadable. Where the live state is asked whatever
+    # the files say, through the Spark that asks it; else in a JVM of their own, with no Spark session, unless Spark
+    # was given.
+    always_ask = full or _layout(config) != STATE_LAYOUT
+    store_files = StoreFiles(spark, config=None if always_ask else config)
+    with store_files, index if index is not None else contextlib.nullcontext():
+        for place, uri, label in labelled:
+            for user_id, findings in scan_for(uri, spelled, seen=seen, store_files=store_files, index=index).items():
+                found[user_id][place] = found[user_id].get(place, 0) + findings.total()
+                files[user_id].update({f"{label}{path}": count for path, count in findings.files.items()})
+                unreadable.update({f"{label}{path}": why for path, why in findings.unreadable.items()})
     skipped = 0
     if index is not None:
         index.finish()  # every location was scanned: entries no file had are of files gone or changed
@@ -457,10 +464,10 @@ def verify_forgotten_many(config: SessionsConfig, spark: SparkSession | Callable
     # where no file of the checkpoint names any of the users, the state holds none of them, and Spark is not asked.
     named = any(found[user_id].get("checkpoint") for user_id in ids) or any(
         path.startswith("checkpoint:") for path in unreadable)
-    ask = full or named or _layout(config) != STATE_LAYOUT
+    ask = always_ask or named
     live = dict.fromkeys(ids, 0)
     if ask:
-        started = store_files.session()  # the Spark the state files were read with, or started now
+        started = store_files.session()  # the Spark given, or started now
         assert started is not None  # verify is always given Spark or a way to start it
         live = _live_events(started, config, ids)
     answers = []
@@ -505,7 +512,7 @@ def verify(config: SessionsConfig, user_id: str, *, spark: SparkSession | None =
            ) -> ForgetVerification:
     """`forget --verify [--full]` of one user (verify_forgotten; Spark started only if it is needed)."""
     with spark_failures(config):
-        return verify_forgotten(config, lambda: session(config, spark), user_id, full=full)
+        return verify_forgotten(config, _given_or_started(config, spark), user_id, full=full)
 
 
 def verify_many(config: SessionsConfig, users: Sequence[str], *, spark: SparkSession | None = None,
@@ -513,4 +520,10 @@ def verify_many(config: SessionsConfig, users: Sequence[str], *, spark: SparkSes
     """`forget --verify [--full]` of several users: every file read once for all of them (verify_forgotten_many)."""
     ids = user_ids_of(users)
     with spark_failures(config):
-        return Verifications.of(verify_forgotten_many(config, lambda: session(config, spark), ids, full=full))
+        return Verifications.of(verify_forgotten_many(config, _given_or_started(config, spark), ids, full=full))
+
+
+def _given_or_started(config: SessionsConfig, spark: SparkSession | None
+                      ) -> SparkSession | Callable[[], SparkSession]:
+    """The caller's Spark (state files decoded in its JVM), or a way to start this process's if it is needed."""
+    return spark if spark is not None else (lambda: session(config, None))

@@ -268,8 +268,10 @@ def test_verify_reads_the_compressed_state_files(spark, tmp_path, provider, chan
     assert state_files
     sample = users[::25]
     hidden = 0
-    for user in sample:
-        check = verify_forgotten(config, spark, user)
+    for n, user in enumerate(sample):
+        # Decoded in this Spark's JVM (given), or in a JVM of their own (Spark only to be started: then it is, to ask
+        # the live state, since the files name the user)
+        check = verify_forgotten(config, spark if n % 2 else (lambda: spark), user)
         assert any(f.startswith("checkpoint:state/") and f.endswith(kind) for f in check.files), (user, check.files)
         assert not check.clean and check.unreadable == {}
         spelled = re.compile(re.escape(user.encode()) + rb"(?![0-9])")
@@ -277,13 +279,17 @@ def test_verify_reads_the_compressed_state_files(spark, tmp_path, provider, chan
     assert hidden > len(sample) // 2, "the raw bytes alone would have shown most users: the case is not exercised"
 
     forget(config, sample[1], spark=spark)
-    assert verify_forgotten(config, spark, sample[1]).clean
+    started = []
+    check = verify_forgotten(config, lambda: started.append(1) or spark, sample[1])
+    assert check.clean and not check.live_state_asked and not started, check  # the forget's new files: no Spark
+    assert verify_forgotten(config, spark, sample[1], full=True).clean
     assert auditor_grep(Path(config.home), sample[1]) == {}
     stray = Path(config.home) / "copied" / "state" / "0" / "0" / "7.delta"
     stray.parent.mkdir(parents=True)
     stray.write_bytes(b"LZ4Block" + bytes(40))  # a truncated or foreign file where a state file would be
-    check = verify_forgotten(config, spark, sample[1])
-    assert not check.clean and list(check.unreadable) == ["home:copied/state/0/0/7.delta"], check.unreadable
+    for given in (spark, lambda: spark):
+        check = verify_forgotten(config, given, sample[1])
+        assert not check.clean and list(check.unreadable) == ["home:copied/state/0/0/7.delta"], check.unreadable
 
 
 SPELLINGS = [

@@ -1,10 +1,13 @@
 package sessions;
 
 import java.io.BufferedOutputStream;
+import java.io.BufferedReader;
 import java.io.ByteArrayInputStream;
 import java.io.IOException;
 import java.io.InputStream;
+import java.io.InputStreamReader;
 import java.io.OutputStream;
+import java.io.PrintStream;
 import java.nio.charset.StandardCharsets;
 import java.nio.file.Files;
 import java.nio.file.Path;
@@ -23,7 +26,8 @@ import org.rocksdb.SstFileReaderIterator;
 /** A state store file's contents as plain bytes, for an audit that searches them for a user id (state_store/audit.py,
  * `forget --verify`): the files are compressed, so their raw bytes hide most ids. Decoded by the libraries that wrote
  * them: Spark's own compression codec (HDFS-backed `.delta`/`.snapshot`, RocksDB `.changelog`; the codec named by the
- * stream's magic bytes) and RocksDB's SST reader (every key and value, each followed by a zero byte). */
+ * stream's magic bytes) and RocksDB's SST reader (every key and value, each followed by a zero byte). Called in a
+ * Spark driver through py4j, or as a JVM of its own with no Spark session (`main`). */
 public final class StoreFileText {
     private static final byte[] LZ4 = "LZ4Block".getBytes(StandardCharsets.US_ASCII);
     private static final byte[] ZSTD = {0x28, (byte) 0xB5, 0x2F, (byte) 0xFD};
@@ -31,6 +35,37 @@ public final class StoreFileText {
     private static final byte[] LZF = {'Z', 'V'};
 
     private StoreFileText() {
+    }
+
+    /** Decodes the local files named on standard input, one request a line -- `sst` or `stream`, the file, the file to
+     * write, tab-separated -- answering each on standard output with `ok <length>` or `error <why, one line>`; ends
+     * with its input. For an audit that needs no Spark session: such a JVM starts in a fraction of a session's time. */
+    public static void main(String[] args) throws IOException {
+        PrintStream answers = new PrintStream(System.out, true, StandardCharsets.UTF_8);
+        System.setOut(System.err);  // whatever a library prints is not an answer
+        serve(new BufferedReader(new InputStreamReader(System.in, StandardCharsets.UTF_8)), answers);
+    }
+
+    /** Answers each request of `requests` (as `main` says) on `answers`, until the requests end. */
+    static void serve(BufferedReader requests, PrintStream answers) throws IOException {
+        SparkConf conf = new SparkConf(false);
+        for (String line = requests.readLine(); line != null; line = requests.readLine()) {
+            String[] request = line.split("\t", -1);
+            try {
+                if (request.length != 3) {
+                    throw new IllegalArgumentException("expected: kind, file, output (tab-separated)");
+                }
+                byte[] data = Files.readAllBytes(Path.of(request[1]));
+                long length = switch (request[0]) {
+                    case "sst" -> sstTo(data, request[2]);
+                    case "stream" -> streamTo(data, conf, request[2]);
+                    default -> throw new IllegalArgumentException("unknown kind: " + request[0]);
+                };
+                answers.println("ok " + length);
+            } catch (Exception | LinkageError error) {
+                answers.println("error " + String.valueOf(error).replaceAll("\\s+", " "));
+            }
+        }
     }
 
     /** The codec Spark's state store wrote `data` with, from its first bytes. */
