@@ -25,7 +25,7 @@ from pipelines.coordination.job_leases import running_stream
 from pipelines.job import stream
 from pipelines.job.run_summary import RunSummary
 from pipelines.job.sink import MicroBatchSink
-from state_store import erasure, erasure_requests, kernel, lifecycle, maintenance, state, stream_control
+from state_store import erasure, erasure_requests, kernel, lifecycle, maintenance, state, stream_control, verification
 from state_store import rescale as rescaling
 from state_store.results import OperatorTrigger, SavepointInfo
 from state_store.status import status
@@ -281,7 +281,7 @@ def forget_user_op(context: OpExecutionContext, sessions: SessionsResource, pysp
                       metadata={"next_step": "set users: [<a user>, ...] in ops.forget_user_op.config"})
     spark = pyspark.spark_session
     if config.verify_only:
-        found = expected_errors(erasure.verify_many, settings, users, spark=spark)
+        found = expected_errors(verification.verify_many, settings, users, spark=spark)
         runs = erasure_runs.runs_naming(context.instance, users, besides=context.run_id)
         context.add_output_metadata({"clean": found.clean and not runs,
                                      **{f"found_{k}": v for k, v in found.found.items()},

@@ -1,14 +1,13 @@
 """Erasure: `sessionctl forget --user U [--user V ...]` removes users from everything the product keeps --
 raw_events, sessions, quarantine, the live state and the versions its checkpoint retains, every savepoint, the files
 of older table versions (within SESSIONS_ERASURE_DEADLINE_HOURS), the tables' Delta logs (predicates and statistics
-scrubbed) and every landed file (pending, still being written or archived; any spelling of the id) -- and `forget
---verify` reads the files under every location the product writes, as an auditor would (skipping only those the
-audit's index says cannot name U; `--full`: every one), and says where U still appears. Events of U that arrive
-later are dropped at ingest (the standing erasure, pipelines.ingest.erased.ErasedUsers).
+scrubbed) and every landed file (pending, still being written or archived; any spelling of the id); `forget
+--verify` (state_store.verification) says where U still appears. Events of U that arrive later are dropped at ingest
+(the standing erasure, pipelines.ingest.erased.ErasedUsers).
 
 Several users are one erasure that costs about what one user costs: one state rewrite, one DELETE per table (`user_id
-IN (...)`), one pass over each landed file, each savepoint and each Delta log, one scan of every file for verify;
-the erasure log still has one row per user.
+IN (...)`), one pass over each landed file, each savepoint and each Delta log; the erasure log still has one row per
+user.
 
 Every step is idempotent, so a forget that was killed is finished by running it again. The live state of a stopped
 job is erased in place: the state partitions the users are placed in are rewritten without them at the version the
@@ -20,11 +19,10 @@ what and how many rows, with a keyed hash of U (HMAC-SHA256, SESSIONS_ERASURE_KE
 $SESSIONS_HOME), never U."""
 from __future__ import annotations
 
-import contextlib
 import datetime as dt
 import time
 import uuid
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
 
@@ -40,23 +38,22 @@ from pipelines.coordination.fencing import fenced_delete
 from pipelines.coordination.job_leases import running_stream
 from pipelines.coordination.leases import Lease
 from pipelines.coordination.requests import await_answer, request_erasure
-from pipelines.errors import NoCommittedBatch, Result, SessionsError, StopIncomplete
+from pipelines.errors import Result, StopIncomplete
 from pipelines.ingest.erase_lines import erase_landed_lines_of
 from pipelines.ingest.erased import COMPLETE, STARTED, UserSpelling, log_erasures, user_hash
 from pipelines.job.checkpoint import (
     PROVIDER_CLASSES,
     CheckpointInfo,
     inspect_checkpoint,
-    read_job_metadata,
     read_restore_marker,
 )
 from pipelines.job.operators.jvm import STATE_LAYOUT
 from pipelines.job.operators.state_writer import erase_state, purge_erased
-from pipelines.job.runtime import spark_failures, stop_state_stores
+from pipelines.job.runtime import stop_state_stores
 from pipelines.locations import checkpoint_path, remove_tree
 from pipelines.storage import filesystem, join, read_rows, sql_literal, storage_options, table_exists
 from state_store.audit import StoreFiles, mentions_of, scan_for, scrub_delta_log
-from state_store.audit_index import MIN_BYTES, AuditIndex
+from state_store.audit_index import AuditIndex
 from state_store.kernel import exclusive, replaced_checkpoints, session
 from state_store.restore import restore_unlocked
 from state_store.results import Phases
@@ -65,10 +62,9 @@ from state_store.savepoint.catalog import SavepointStore
 from state_store.savepoint.chain import savepoint_checksum
 from state_store.savepoint.damage import damaged_members, table_damage
 from state_store.savepoint.take import savepoint_last_batch
-from state_store.state import open_events_of
+from state_store.verification import live_events, state_layout, user_ids_of
 
-__all__ = ["ForgetResult", "ForgetVerification", "UserErased", "Verifications", "forget",
-           "forget_unlocked", "user_ids_of", "verify", "verify_forgotten", "verify_forgotten_many", "verify_many"]
+__all__ = ["ForgetResult", "UserErased", "forget", "forget_unlocked"]
 
 # The places counted per user (rows, events or lines of that user); the other places of `removed` are the erasure's
 # own (savepoints rewritten, native copies and set-aside checkpoints dropped, log files scrubbed).
@@ -101,45 +97,6 @@ class ForgetResult(Result):
         return cls(found["erasure_id"], found["user_hash"], dict(found["removed"]), found["purged_files"],
                    found["seconds"], [UserErased(u["user_hash"], dict(u["removed"])) for u in found.get("users", [])],
                    dict(found.get("phases", {})))
-
-
-@dataclass(frozen=True)
-class ForgetVerification(Result):
-    """What `sessionctl forget --verify --user U` prints: where U still appears (place -> rows, lines or files)."""
-    user_hash: str
-    clean: bool
-    found: dict[str, int]
-    files: dict[str, int] = field(default_factory=dict)  # location/relative path -> mentions, where found
-    unreadable: dict[str, str] = field(default_factory=dict)  # location/relative path -> why: never clean while any
-    live_state_asked: bool = True  # false: no file of the checkpoint names the users, so its state cannot hold them
-    files_read: int = 0     # files read for the verify (all the users of one at once)
-    files_skipped: int = 0  # files not read: the audit's index says they cannot name any of the users (not --full)
-
-
-@dataclass(frozen=True)
-class Verifications(Result):
-    """What `sessionctl forget --verify` prints for several users: clean only if every one is; `found` summed per
-    place; each user's answer in `users`, in the order given (by keyed hash, never the id)."""
-    clean: bool
-    found: dict[str, int]
-    users: list[ForgetVerification]
-
-    @classmethod
-    def of(cls, answers: Sequence[ForgetVerification]) -> Verifications:
-        found: dict[str, int] = {}
-        for answer in answers:
-            for place, count in answer.found.items():
-                found[place] = found.get(place, 0) + count
-        return cls(all(answer.clean for answer in answers), found, list(answers))
-
-
-def user_ids_of(users: str | Sequence[str]) -> list[str]:
-    """The users of an erasure: one id or several, each once, in the order given (SessionsError: none)."""
-    ids = list(dict.fromkeys([users] if isinstance(users, str) else users))
-    if not ids or not all(ids):
-        raise SessionsError("forget needs user ids: --user U (repeatable) or --users-file PATH; an empty id erases "
-                            "nobody")
-    return ids
 
 
 def _in_list(users: Sequence[UserSpelling]) -> str:
@@ -257,14 +214,6 @@ def _remove_files_naming(uri: str, users: Sequence[UserSpelling]) -> int:
     return removed
 
 
-def _live_events(spark: SparkSession, config: SessionsConfig, user_ids: Sequence[str]) -> dict[str, int]:
-    """Each user's open events in the live state (one pass over it, whatever the number of users)."""
-    try:
-        return open_events_of(spark, config, user_ids)
-    except NoCommittedBatch:
-        return dict.fromkeys(user_ids, 0)
-
-
 def _checkpoint_names(config: SessionsConfig, spark: SparkSession, users: Sequence[UserSpelling]) -> set[str]:
     """The files of the live checkpoint (relative paths) that name one of the users, or cannot be read (then they
     may); a large file the audit's index says names none of them is not read."""
@@ -280,7 +229,7 @@ def _erase_in_place(config: SessionsConfig, spark: SparkSession, user_ids: Seque
     those partitions held -- older versions, changelogs, SSTs, an uncommitted newer version -- is removed. Returns the
     partitions rewritten; None where the checkpoint's layout is not the one keyed by user (then the whole state is
     rebuilt)."""
-    if _layout(config) != STATE_LAYOUT or info.provider not in PROVIDER_CLASSES or not info.partitions \
+    if state_layout(config) != STATE_LAYOUT or info.provider not in PROVIDER_CLASSES or not info.partitions \
             or info.last_committed_batch is None:
         return None
     stop_state_stores(spark)  # a provider this JVM holds would serve its loaded version, users and all
@@ -316,7 +265,7 @@ def forget_unlocked(config: SessionsConfig, spark: SparkSession, users: str | Se
     info = inspect_checkpoint(config.checkpoint)
     committed = info.last_committed_batch is not None
     if committed:
-        per_user["live_state_events"] = _live_events(spark, config, ids)
+        per_user["live_state_events"] = live_events(spark, config, ids)
         phase("live_state_asked")
     # The live state is rewritten (once for all users) when a user is in its current state, or when one of its files
     # names a user: the versions it retains (RocksDB changelogs and snapshots, the HDFS provider's delta files) may
@@ -404,87 +353,6 @@ def _remove_set_aside(config: SessionsConfig) -> int:
     return len(found)
 
 
-def _places(config: SessionsConfig) -> list[tuple[str, str]]:
-    """(place, location) of everything the product writes, the tables first (so their files count under them)."""
-    places = [("raw_events", config.raw_events_table), ("sessions", config.sessions_table),
-              ("quarantine", config.quarantine_table), ("savepoints", config.savepoint_uri),
-              ("checkpoint", str(config.checkpoint)), ("landed_lines", config.landing_uri),
-              ("leases", config.lease_uri), ("warehouse", config.warehouse_uri),
-              ("erasure_requests", config.erasure_requests_uri), ("home", str(config.home))]
-    return [(place, uri) for place, uri in places if uri]
-
-
-def verify_forgotten(config: SessionsConfig, spark: SparkSession | Callable[[], SparkSession], user_id: str, *,
-                     full: bool = False) -> ForgetVerification:
-    """As an auditor would: every file under every location the product writes (tables with every version and their
-    logs, savepoints, the checkpoint and those set aside, landing, leases, the home), each read for every spelling
-    of U (state_store.audit), and the live state asked through Spark where a file of the checkpoint names U. A large
-    file the audit's index says cannot name U is not read (state_store.audit_index); `full`: every file is, the
-    index's own too, and the live state is always asked. `spark` may be a callable: Spark is then started only
-    if a state store file must be decoded or the live state asked."""
-    return verify_forgotten_many(config, spark, [user_id], full=full)[0]
-
-
-def verify_forgotten_many(config: SessionsConfig, spark: SparkSession | Callable[[], SparkSession],
-                          users: Sequence[str], *, full: bool = False, index_min_bytes: int = MIN_BYTES
-                          ) -> list[ForgetVerification]:
-    """verify_forgotten for several users at once, in the order given: every file read once for all of them (or
-    skipped by the index for all of them), the live state asked once. `index_min_bytes`: the smallest file the index
-    covers (Spark's state files: any size)."""
-    ids = user_ids_of(users)
-    spelled = [UserSpelling(user_id) for user_id in ids]
-    # Said in _places' order (the tables first), whatever order they are read in.
-    found: dict[str, dict[str, int]] = {user_id: dict.fromkeys(dict(_places(config)), 0) for user_id in ids}
-    files: dict[str, dict[str, int]] = {user_id: {} for user_id in ids}
-    unreadable: dict[str, str] = {}
-    seen: set[str] = set()
-    index = None if full else AuditIndex(config.home, min_bytes=index_min_bytes)
-    # The checkpoint read first: whatever other location holds it, its files count under it (the live state's check).
-    places = sorted(_places(config), key=lambda place: place[0] != "checkpoint")
-    labelled = [(place, uri, f"{place}:") for place, uri in places]
-    # Checkpoints restores set aside live beside the checkpoint (outside it when the home is elsewhere).
-    labelled += [("set_aside_checkpoints", str(path), f"set_aside:{path.name}/") for path in replaced_checkpoints(config)]
-    # State store files are compressed: read decoded, or named as unreadable. Where the live state is asked whatever
-    # the files say, through the Spark that asks it; else in a JVM of their own, with no Spark session, unless Spark
-    # was given.
-    always_ask = full or _layout(config) != STATE_LAYOUT
-    store_files = StoreFiles(spark, config=None if always_ask else config)
-    with store_files, index if index is not None else contextlib.nullcontext():
-        for place, uri, label in labelled:
-            for user_id, findings in scan_for(uri, spelled, seen=seen, store_files=store_files, index=index).items():
-                found[user_id][place] = found[user_id].get(place, 0) + findings.total()
-                files[user_id].update({f"{label}{path}": count for path, count in findings.files.items()})
-                unreadable.update({f"{label}{path}": why for path, why in findings.unreadable.items()})
-    skipped = 0
-    if index is not None:
-        index.finish()  # every location was scanned: entries no file had are of files gone or changed
-        skipped = index.skipped
-    # The live state is made of the checkpoint's state files, just read decoded (or skipped by an index entry built
-    # from them decoded): in the layout keyed by user, each key row holds the user's id between non-id bytes, so
-    # where no file of the checkpoint names any of the users, the state holds none of them, and Spark is not asked.
-    named = any(found[user_id].get("checkpoint") for user_id in ids) or any(
-        path.startswith("checkpoint:") for path in unreadable)
-    ask = always_ask or named
-    live = dict.fromkeys(ids, 0)
-    if ask:
-        started = store_files.session()  # the Spark given, or started now
-        assert started is not None  # verify is always given Spark or a way to start it
-        live = _live_events(started, config, ids)
-    answers = []
-    for user_id in ids:
-        found[user_id]["live_state_events"] = live[user_id]
-        clean = not any(found[user_id].values()) and not unreadable
-        answers.append(ForgetVerification(user_hash(config, user_id), clean, found[user_id], files[user_id],
-                                          dict(unreadable), files_read=len(seen) - skipped, files_skipped=skipped,
-                                          live_state_asked=ask))
-    return answers
-
-
-def _layout(config: SessionsConfig) -> str | None:
-    meta = read_job_metadata(config.checkpoint)
-    return meta.state_layout if meta is not None else STATE_LAYOUT  # no job yet: no state to ask
-
-
 def forget(config: SessionsConfig, users: str | Sequence[str], *, spark: SparkSession | None = None,
            timeout_s: float | None = None) -> ForgetResult:
     """Erase one user or several everywhere (see the module docstring), several at about the cost of one. A running
@@ -506,24 +374,3 @@ def forget(config: SessionsConfig, users: str | Sequence[str], *, spark: SparkSe
         raise StopIncomplete(f"the stream could not erase {whom} ({answer.error}): run the same forget again",
                              next_step="run the same forget again")
     return ForgetResult.from_dict(answer.erased)
-
-
-def verify(config: SessionsConfig, user_id: str, *, spark: SparkSession | None = None, full: bool = False
-           ) -> ForgetVerification:
-    """`forget --verify [--full]` of one user (verify_forgotten; Spark started only if it is needed)."""
-    with spark_failures(config):
-        return verify_forgotten(config, _given_or_started(config, spark), user_id, full=full)
-
-
-def verify_many(config: SessionsConfig, users: Sequence[str], *, spark: SparkSession | None = None,
-                full: bool = False) -> Verifications:
-    """`forget --verify [--full]` of several users: every file read once for all of them (verify_forgotten_many)."""
-    ids = user_ids_of(users)
-    with spark_failures(config):
-        return Verifications.of(verify_forgotten_many(config, _given_or_started(config, spark), ids, full=full))
-
-
-def _given_or_started(config: SessionsConfig, spark: SparkSession | None
-                      ) -> SparkSession | Callable[[], SparkSession]:
-    """The caller's Spark (state files decoded in its JVM), or a way to start this process's if it is needed."""
-    return spark if spark is not None else (lambda: session(config, None))

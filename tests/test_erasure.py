@@ -11,9 +11,10 @@ import pytest
 
 from pipelines.ingest.erased import LOG_TABLE, user_hash
 from pipelines.job.stream import catch_up
-from state_store.erasure import forget, verify_forgotten, verify_forgotten_many
+from state_store.erasure import forget
 from state_store.lifecycle import restore, take_savepoint
 from state_store.savepoint.catalog import SavepointStore
+from state_store.verification import verify_forgotten, verify_forgotten_many
 from testkit.oracle import run_oracle
 from tests.kit.datagen import land_batches, stream_scenario, with_users
 from tests.kit.homes import config_env, make_config, tool

@@ -28,8 +28,9 @@ from pipelines.job.stream import catch_up
 from pipelines.storage import sql_literal
 from state_store.audit import mentions_of, token_texts
 from state_store.audit_index import Bloom, may_name
-from state_store.erasure import forget, verify_forgotten, verify_forgotten_many
+from state_store.erasure import forget
 from state_store.lifecycle import take_savepoint
+from state_store.verification import verify_forgotten, verify_forgotten_many
 from testkit.oracle import run_oracle
 from tests.kit.datagen import BASE_MS, land_files, line, make_event, stream_scenario, with_users
 from tests.kit.homes import make_config

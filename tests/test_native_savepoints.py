@@ -14,11 +14,12 @@ from pipelines.errors import SavepointFailed
 from pipelines.job.checkpoint import inspect_checkpoint, read_job_metadata
 from pipelines.job.stream import catch_up
 from pipelines.locations import checkpoint_path
-from state_store.erasure import forget, verify
+from state_store.erasure import forget
 from state_store.lifecycle import restore, take_savepoint
 from state_store.maintenance import compact
 from state_store.savepoint.catalog import SavepointStore
 from state_store.savepoint.native import MANIFEST, native_uri
+from state_store.verification import verify
 from tests.kit.homes import make_config
 from tests.kit.savepoint_expectations import oracle_of
 from tests.kit.tables import read_open_sessions, read_sessions
