@@ -10,6 +10,7 @@ import subprocess
 import tempfile
 from pathlib import Path
 from types import TracebackType
+from typing import BinaryIO
 
 import pyspark
 
@@ -74,14 +75,21 @@ class StoreFileDecoder:
 
     def _started(self) -> tuple[subprocess.Popen[str], str]:
         if self._process is None or self._work is None:
-            self._config.log_dir.mkdir(parents=True, exist_ok=True)
             self._work = tempfile.TemporaryDirectory(prefix="store-files-")
-            with open(self._config.log_dir / JVM_STDERR_LOG, "ab") as log:
+            with self._log() as log:
                 self._process = subprocess.Popen(
                     [_java(), f"-Dlog4j2.configurationFile=file:{LOG4J2}",
                      f"-Dsessions.log.dir={self._config.log_dir}", "-cp", _class_path(), "sessions.StoreFileText"],
                     stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=log, text=True, encoding="utf-8")
         return self._process, self._work.name
+
+    def _log(self) -> BinaryIO:
+        """The JVM's log (its stderr), as the Spark JVM's: a read-only home's audit still runs, its output dropped."""
+        try:
+            self._config.log_dir.mkdir(parents=True, exist_ok=True)
+            return open(self._config.log_dir / JVM_STDERR_LOG, "ab")  # closed by the caller's with
+        except OSError:
+            return open(os.devnull, "wb")
 
     def close(self) -> None:
         if self._process is not None:
