@@ -162,7 +162,7 @@ class AuditIndex:
         self.skipped = 0  # files not read: their entry says no user of the scan can be in them
         self._used: set[str] = set()
         self._pool: ThreadPoolExecutor | None = None
-        self._pending: list[Future[None]] = []
+        self._pending: Future[None] | None = None  # the entry being written: one at a time
         try:
             self._names = {entry.name for entry in os.scandir(self.root)}
         except OSError:
@@ -199,8 +199,8 @@ class AuditIndex:
         self._used.add(name)
         if self._pool is None:
             self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="audit-index")
-        self._wait(keep=0)
-        self._pending.append(self._pool.submit(self._write, name, texts))
+        self._wait()
+        self._pending = self._pool.submit(self._write, name, texts)
 
     def _write(self, name: str, texts: list[bytes]) -> None:
         try:
@@ -212,14 +212,15 @@ class AuditIndex:
             return
         self._names.add(name)
 
-    def _wait(self, *, keep: int) -> None:
-        while len(self._pending) > keep:
-            self._pending.pop(0).result()
+    def _wait(self) -> None:
+        pending, self._pending = self._pending, None
+        if pending is not None:
+            pending.result()
 
     def close(self) -> None:
         """Every entry added, written (or not kept); the thread gone."""
         try:
-            self._wait(keep=0)
+            self._wait()
         finally:
             if self._pool is not None:
                 self._pool.shutdown()
