@@ -1,6 +1,5 @@
 package sessions;
 
-import java.io.ByteArrayOutputStream;
 import java.io.IOException;
 import java.math.BigDecimal;
 import java.math.MathContext;
@@ -29,6 +28,8 @@ import org.apache.spark.sql.types.StringType;
 import org.apache.spark.sql.types.StructField;
 import org.apache.spark.sql.types.TimestampNTZType;
 import org.apache.spark.sql.types.TimestampType;
+import org.apache.spark.unsafe.Platform;
+import org.apache.spark.unsafe.types.UTF8String;
 
 /**
  * The savepoint checksum in the JVM: a frame's rows hashed where they are, with no Python worker. The algorithm's
@@ -43,6 +44,10 @@ import org.apache.spark.sql.types.TimestampType;
  * "0123456789123456", then the splitmix64 finalizer; a frame's checksum is its row count and the wrapping sum.
  */
 public final class Checksum {
+    // (before K0 and K1, which it reads)
+    private static final java.lang.invoke.VarHandle WORD =
+        java.lang.invoke.MethodHandles.byteArrayViewVarHandle(long[].class, java.nio.ByteOrder.LITTLE_ENDIAN);
+
     private static final long K0 = littleEndian("01234567".getBytes(StandardCharsets.US_ASCII), 0);
     private static final long K1 = littleEndian("89123456".getBytes(StandardCharsets.US_ASCII), 0);
     private static final byte SEPARATOR = 0x1f;
@@ -105,80 +110,141 @@ public final class Checksum {
                     String json = isNull ? null : attributesText(row.getUTF8String(i).toString());
                     if (json != null) {  // null: neither the field nor its separator
                         text.separate();
-                        text.writeBytes(json.getBytes(StandardCharsets.UTF_8));
+                        text.utf8(json);
                     }
                     continue;
                 }
                 text.separate();
                 if (isNull) {
                     if (kinds[i] == Kind.EVENT_TYPE) {
-                        text.write(0);
+                        text.put((byte) 0);
                     }
                 } else if (kinds[i] == Kind.LONG) {
-                    text.writeBytes(Long.toString(row.getLong(i)).getBytes(StandardCharsets.US_ASCII));
+                    text.decimal(row.getLong(i));
                 } else {
-                    text.writeBytes(row.getUTF8String(i).getBytes());
+                    text.utf8(row.getUTF8String(i));
                 }
             }
-            sum += mix(sipHash24(text.bytes(), text.size()));
+            sum += mix(text.sipHash24());
             count++;
         }
         return List.of(new long[] {count, sum}).iterator();
     }
 
-    /** A row's text under construction: the separator goes before every field but the first. */
-    private static final class Text extends ByteArrayOutputStream {
+    /** A row's text under construction, one buffer reused row after row (no lock, no copy per field): the separator
+     * goes before every field but the first; numbers are written as decimal digits in place. */
+    static final class Text {
+        private byte[] buf = new byte[256];
+        private int size;
         private boolean first = true;
 
-        @Override
-        public synchronized void reset() {
-            super.reset();
+        void reset() {
+            size = 0;
             first = true;
         }
 
         void separate() {
             if (!first) {
-                write(SEPARATOR);
+                put(SEPARATOR);
             }
             first = false;
         }
 
-        byte[] bytes() {
-            return buf;
+        private void room(int more) {
+            if (size + more > buf.length) {
+                buf = java.util.Arrays.copyOf(buf, Math.max(buf.length * 2, size + more));
+            }
+        }
+
+        void put(byte b) {
+            room(1);
+            buf[size++] = b;
+        }
+
+        void utf8(UTF8String s) {
+            int n = s.numBytes();
+            room(n);
+            s.writeToMemory(buf, Platform.BYTE_ARRAY_OFFSET + size);
+            size += n;
+        }
+
+        void utf8(String s) {
+            int n = s.length();
+            room(n);
+            for (int i = 0; i < n; i++) {  // ASCII, the usual case, byte by byte; else the JDK's encoder
+                char c = s.charAt(i);
+                if (c >= 0x80) {
+                    byte[] bytes = s.getBytes(StandardCharsets.UTF_8);
+                    room(bytes.length);
+                    System.arraycopy(bytes, 0, buf, size, bytes.length);
+                    size += bytes.length;
+                    return;
+                }
+                buf[size + i] = (byte) c;
+            }
+            size += n;
+        }
+
+        /** `v` as Long.toString spells it. */
+        void decimal(long v) {
+            if (v == Long.MIN_VALUE) {
+                utf8(Long.toString(v));
+                return;
+            }
+            room(20);
+            if (v < 0) {
+                buf[size++] = '-';
+                v = -v;
+            }
+            int digits = 1;
+            for (long t = v; t >= 10; t /= 10) {
+                digits++;
+            }
+            for (int at = size + digits - 1; at >= size; at--) {
+                buf[at] = (byte) ('0' + (v % 10));
+                v /= 10;
+            }
+            size += digits;
+        }
+
+        long sipHash24() {
+            return Checksum.sipHash24(buf, size);
         }
     }
 
     /** The hash of one canonical row (CANONICAL_DDL's columns, then `attributes` when the job has any) of `user`'s
-     * stored row `r` under the attributes `attrs`: what a frame of the state's canonical rows hashes for it. */
-    static long canonicalRow(String user, SessionsOperator.R r, List<Attributes.Attr> attrs) throws IOException {
-        Text text = new Text();
+     * stored row `r` under the attributes `attrs`: what a frame of the state's canonical rows hashes for it. Its text
+     * is built in `text`, a buffer the caller reuses row after row. */
+    static long canonicalRow(Text text, String user, SessionsOperator.R r, List<Attributes.Attr> attrs)
+            throws IOException {
+        text.reset();
         text.separate();
-        text.writeBytes(user.getBytes(StandardCharsets.UTF_8));
+        text.utf8(user);
         text.separate();
-        text.writeBytes(Long.toString(Math.multiplyExact(r.start(), 1000L)).getBytes(StandardCharsets.US_ASCII));
+        text.decimal(Math.multiplyExact(r.start(), 1000L));
         text.separate();
         if (r.id() != null) {
-            text.writeBytes(r.id().getBytes(StandardCharsets.UTF_8));
+            text.utf8(r.id());
         }
         text.separate();
-        text.writeBytes(Long.toString(Math.multiplyExact(r.time(), 1000L)).getBytes(StandardCharsets.US_ASCII));
+        text.decimal(Math.multiplyExact(r.time(), 1000L));
         text.separate();
         if (r.type() == null) {
-            text.write(0);
+            text.put((byte) 0);
         } else {
-            text.writeBytes(r.type().getBytes(StandardCharsets.UTF_8));
+            text.utf8(r.type());
         }
         text.separate();
-        text.writeBytes(Long.toString(r.count()).getBytes(StandardCharsets.US_ASCII));
+        text.decimal(r.count());
         text.separate();
-        text.writeBytes(Long.toString(r.views()).getBytes(StandardCharsets.US_ASCII));
+        text.decimal(r.views());
         String json = Attributes.toJson(attrs, r.parts());
         String hashed = json == null ? null : attributesText(json);
         if (hashed != null) {
             text.separate();
-            text.writeBytes(hashed.getBytes(StandardCharsets.UTF_8));
+            text.utf8(hashed);
         }
-        return mix(sipHash24(text.bytes(), text.size()));
+        return mix(text.sipHash24());
     }
 
     /** One row's hash of its text (state_store.savepoint.checksum.row_hashes). */
@@ -204,53 +270,37 @@ public final class Checksum {
         long v2 = K0 ^ 0x6c7967656e657261L;
         long v3 = K1 ^ 0x7465646279746573L;
         int whole = length - (length % 8);
-        long[] v = {v0, v1, v2, v3};
-        for (int at = 0; at < whole; at += 8) {
-            long m = littleEndian(data, at);
-            v[3] ^= m;
-            round(v);
-            round(v);
-            v[0] ^= m;
+        for (int at = 0; at <= whole; at += 8) {
+            long m;
+            if (at < whole) {
+                m = (long) WORD.get(data, at);
+            } else {  // the last, partial word with the length in its top byte
+                m = ((long) length) << 56;
+                for (int i = 0; i < length % 8; i++) {
+                    m |= (data[whole + i] & 0xFFL) << (8 * i);
+                }
+            }
+            v3 ^= m;
+            for (int round = 0; round < 2; round++) {
+                v0 += v1; v1 = Long.rotateLeft(v1, 13); v1 ^= v0; v0 = Long.rotateLeft(v0, 32);
+                v2 += v3; v3 = Long.rotateLeft(v3, 16); v3 ^= v2;
+                v0 += v3; v3 = Long.rotateLeft(v3, 21); v3 ^= v0;
+                v2 += v1; v1 = Long.rotateLeft(v1, 17); v1 ^= v2; v2 = Long.rotateLeft(v2, 32);
+            }
+            v0 ^= m;
         }
-        long last = ((long) length) << 56;
-        for (int i = 0; i < length % 8; i++) {
-            last |= (data[whole + i] & 0xFFL) << (8 * i);
+        v2 ^= 0xff;
+        for (int round = 0; round < 4; round++) {
+            v0 += v1; v1 = Long.rotateLeft(v1, 13); v1 ^= v0; v0 = Long.rotateLeft(v0, 32);
+            v2 += v3; v3 = Long.rotateLeft(v3, 16); v3 ^= v2;
+            v0 += v3; v3 = Long.rotateLeft(v3, 21); v3 ^= v0;
+            v2 += v1; v1 = Long.rotateLeft(v1, 17); v1 ^= v2; v2 = Long.rotateLeft(v2, 32);
         }
-        v[3] ^= last;
-        round(v);
-        round(v);
-        v[0] ^= last;
-        v[2] ^= 0xff;
-        round(v);
-        round(v);
-        round(v);
-        round(v);
-        return v[0] ^ v[1] ^ v[2] ^ v[3];
-    }
-
-    private static void round(long[] v) {
-        v[0] += v[1];
-        v[1] = Long.rotateLeft(v[1], 13);
-        v[1] ^= v[0];
-        v[0] = Long.rotateLeft(v[0], 32);
-        v[2] += v[3];
-        v[3] = Long.rotateLeft(v[3], 16);
-        v[3] ^= v[2];
-        v[0] += v[3];
-        v[3] = Long.rotateLeft(v[3], 21);
-        v[3] ^= v[0];
-        v[2] += v[1];
-        v[1] = Long.rotateLeft(v[1], 17);
-        v[1] ^= v[2];
-        v[2] = Long.rotateLeft(v[2], 32);
+        return v0 ^ v1 ^ v2 ^ v3;
     }
 
     private static long littleEndian(byte[] data, int at) {
-        long m = 0;
-        for (int i = 7; i >= 0; i--) {
-            m = (m << 8) | (data[at + i] & 0xFFL);
-        }
-        return m;
+        return (long) WORD.get(data, at);
     }
 
     /** A row's `attributes` as hashed: its JSON as Python's json.loads then json.dumps(sort_keys=True,

@@ -2,10 +2,8 @@ package sessions;
 
 import java.io.IOException;
 import java.util.ArrayList;
-import java.util.HashSet;
 import java.util.Iterator;
 import java.util.List;
-import java.util.Set;
 import java.util.UUID;
 
 import org.apache.hadoop.conf.Configuration;
@@ -263,7 +261,7 @@ public final class StateWriter {
                 String user = null;
                 long hash = 0;
                 List<SessionsOperator.R> open = new ArrayList<>();
-                Set<Long> done = placedCol >= 0 ? new HashSet<>() : null;  // users passed (by hash: a clash, a refusal)
+                LongSet done = placedCol >= 0 ? new LongSet() : null;  // users passed (by hash: a clash, a refusal)
                 while (true) {
                     Row r = users.hasNext() ? users.next() : null;
                     String next = r == null ? null : r.getString(userCol);
@@ -316,6 +314,7 @@ public final class StateWriter {
         StateStoreProvider provider = provider(stateRoot, partition, runId, manager.stateSchema(), storeConf, hadoop);
         long rows = 0;
         long sum = 0;
+        Checksum.Text text = new Checksum.Text();
         try {
             StateStore store = provider.getStore(1L, Option.empty(), false, false);
             try {
@@ -324,7 +323,7 @@ public final class StateWriter {
                     FlatMapGroupsWithStateExecHelper.StateData data = all.next();
                     String user = data.keyRow().getUTF8String(1).toString();
                     for (SessionsOperator.R r : StateCodec.decode((byte[]) data.stateObj(), attrs)) {
-                        sum += Checksum.canonicalRow(user, r, attrs);
+                        sum += Checksum.canonicalRow(text, user, r, attrs);
                         rows++;
                     }
                 }

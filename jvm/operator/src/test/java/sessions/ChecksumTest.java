@@ -42,4 +42,39 @@ class ChecksumTest {
                                              + "\"n\": null, \"t\": true}"));
         assertEquals("{\"\uffff\":2,\"𝄞\":1}", Checksum.attributesText("{\"\\ud834\\udd1e\": 1, \"\\uffff\": 2}"));
     }
+
+    @Test
+    void aRowTextIsItsFieldsAsPythonSpellsThem() throws Exception {
+        Checksum.Text text = new Checksum.Text();
+        for (int round = 0; round < 2; round++) {  // the buffer reused: the second row's hash is its own
+            text.reset();
+            text.separate();
+            text.utf8("u0000001");
+            text.separate();
+            text.decimal(1793527229000000L);
+            text.separate();
+            text.utf8(org.apache.spark.unsafe.types.UTF8String.fromString("e1-0"));
+            text.separate();
+            text.decimal(1793527229000000L);
+            text.separate();
+            text.utf8("page_view");
+            text.separate();
+            text.decimal(1);
+            text.separate();
+            text.decimal(1);
+            assertEquals(-5450980178988134103L, Checksum.mix(text.sipHash24()));
+        }
+        long[] numbers = {0, 7, -7, 10, 99, -100, Long.MAX_VALUE, Long.MIN_VALUE, 1793527229000000L};
+        for (long n : numbers) {
+            text.reset();
+            text.decimal(n);
+            assertEquals(Checksum.rowHash(Long.toString(n)), Checksum.mix(text.sipHash24()), "digits of " + n);
+        }
+        String long_ = "naïve ✓ 𝄞 ".repeat(40);  // past the first buffer, not ASCII
+        text.reset();
+        text.utf8("x");
+        text.separate();
+        text.utf8(long_);
+        assertEquals(Checksum.rowHash("x" + long_), Checksum.mix(text.sipHash24()));
+    }
 }
