@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import json
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import ExitStack, contextmanager, suppress
 from dataclasses import dataclass, replace
 from functools import partial
@@ -95,10 +95,11 @@ def expected_restored_state(state: pa.Table, rules: SessionRules) -> pa.Table:
 
 @dataclass(frozen=True)
 class _Bootstrap:
-    """The rows the restored operator starts from (`rows`; `by_spark`: the same read by Spark's Parquet reader, tried
-    first when there is one; `placed`: the same in the state's placement, tried before it), and the (rows, checksum)
-    its state must then hold."""
-    rows: DataFrame
+    """The rows the restored operator starts from (`rows()`, the savepoint's own reader, planned only when asked: the
+    ways below usually take the rows; `by_spark`: the same read by Spark's Parquet reader, tried first when there is
+    one; `placed`: the same in the state's placement, tried before it), and the (rows, checksum) its state must then
+    hold."""
+    rows: Callable[[], DataFrame]
     expected: tuple[int, str]
     by_spark: DataFrame | None = None
     placed: list[DataFrame] | None = None
@@ -112,15 +113,16 @@ def _bootstrap_rows(config: SessionsConfig, spark: SparkSession, store: Savepoin
     watermark 0 changes nothing, so the expectation is the catalog's. A v1 savepoint or a new gap (--migrate) is
     upgraded and re-walked by the pure core here, on the driver, and staged next to the checkpoint."""
     if saved.state_schema == state_format.SCHEMA_ID and saved.gap_ms == config.rules.gap_ms:
-        rows = savepoint_rows(spark, store, saved.savepoint_id)
         kept = {a.key for a in config.rules.attributes}
         if {a.key for a in saved.rules.attributes} <= kept:
             by_spark, placed = savepoint_rows_by_spark(  # a savepoint's files follow its own partitions
                 spark, store, saved.savepoint_id, placed_in=partitions if saved.partitions == partitions else None)
-            return _Bootstrap(rows, (saved.rows, saved.checksum), by_spark, placed)
+            return _Bootstrap(partial(savepoint_rows, spark, store, saved.savepoint_id), (saved.rows, saved.checksum),
+                              by_spark, placed)
         # The spec dropped or changed an attribute: the restored rows hold the partials of the others only.
-        return _Bootstrap(rows, frame_checksum(rows.mapInArrow(partial(_keep_partials, keys=frozenset(kept)),
-                                                               state_format.SAVED_DDL)))
+        rows = savepoint_rows(spark, store, saved.savepoint_id)
+        return _Bootstrap(lambda: rows, frame_checksum(rows.mapInArrow(partial(_keep_partials, keys=frozenset(kept)),
+                                                                       state_format.SAVED_DDL)))
     state = store.read_state(saved.savepoint_id)
     if saved.state_schema == state_format.V1_SCHEMA_ID:
         state = state_format.upgrade_v1(state)
@@ -129,7 +131,8 @@ def _bootstrap_rows(config: SessionsConfig, spark: SparkSession, store: Savepoin
     fs, path = filesystem(str(staged))
     pq.write_table(state, path, filesystem=fs)
     expected = expected_restored_state(state, config.rules)
-    return _Bootstrap(spark.read.parquet(str(staged)), (expected.num_rows, state_checksum(expected)))
+    restored = spark.read.parquet(str(staged))
+    return _Bootstrap(lambda: restored, (expected.num_rows, state_checksum(expected)))
 
 
 def _keep_partials(batches: Iterator[pa.RecordBatch], *, keys: frozenset[str]) -> Iterator[pa.RecordBatch]:
@@ -241,17 +244,11 @@ def restore_unlocked(config: SessionsConfig, savepoint: str, *, partitions: int 
         meta = JobMetadata.new(config.rules, config.state_buckets, state_layout=operator.layout,
                                created_from=saved.savepoint_id)
         write_job_metadata(config.checkpoint, meta)
-        initial = _bootstrap_rows(config, spark, store, saved, partitions=target.state_partitions)
-        expected = initial.expected
-        by_catalog = expected == (saved.rows, saved.checksum)
-        if not by_catalog:  # the read-back checks a re-walk: the savepoint's files are checked against the catalog first
-            saved = verified_savepoint(config, spark, savepoint=saved.savepoint_id)
-            phase("savepoint_verified")
         # The source's first batch carries the savepoint's watermark (a marker). That batch runs with no state (Spark
         # writes the checkpoint's logs and state schema); beside it the state writer writes the state in the
         # executors into a staging directory -- each user's rows walked once at watermark 0 as the operator walks a
         # stored user, no per-key call (pipelines.job.operators.state_writer) -- which then replaces the batch's
-        # empty stores.
+        # empty stores. The writer's input is planned while the marker batch starts.
         _still_held(lease)
         (config.checkpoint / BOOTSTRAP_FILE).write_text(json.dumps({
             "savepoint_id": saved.savepoint_id, "source_seq": saved.source_seq,
@@ -261,6 +258,12 @@ def restore_unlocked(config: SessionsConfig, savepoint: str, *, partitions: int 
         partitions = target.state_partitions
         marker = _start_batches(spark, target, meta, operator, saved, lease, settle=False)
         try:
+            initial = _bootstrap_rows(config, spark, store, saved, partitions=partitions)
+            expected = initial.expected
+            by_catalog = expected == (saved.rows, saved.checksum)
+            if not by_catalog:  # the read-back checks a re-walk: the savepoint's files are checked against the catalog first
+                saved = verified_savepoint(config, spark, savepoint=saved.savepoint_id)
+                phase("savepoint_verified")
             written = _write_state(initial, config, watermark_ms=saved.watermark_ms, partitions=partitions)
         except BaseException:
             with suppress(Exception):
@@ -341,7 +344,7 @@ def _write_state(initial: _Bootstrap, config: SessionsConfig, *, partitions: int
                                watermark_ms=watermark_ms, staged=True)
         except Exception:  # noqa: BLE001 -- any refusal: the savepoint's own reader says what it is
             pass
-    return write_state(initial.rows, config.checkpoint, rules=config.rules, partitions=partitions,
+    return write_state(initial.rows(), config.checkpoint, rules=config.rules, partitions=partitions,
                        watermark_ms=watermark_ms, staged=True)
 
 

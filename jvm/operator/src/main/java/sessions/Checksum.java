@@ -135,6 +135,7 @@ public final class Checksum {
      * goes before every field but the first; numbers are written as decimal digits in place. */
     static final class Text {
         private byte[] buf = new byte[256];
+        private final byte[] digits = new byte[19];  // Long.MAX_VALUE's
         private int size;
         private boolean first = true;
 
@@ -185,7 +186,7 @@ public final class Checksum {
             size += n;
         }
 
-        /** `v` as Long.toString spells it. */
+        /** `v` as Long.toString spells it: its digits from the last, one division each. */
         void decimal(long v) {
             if (v == Long.MIN_VALUE) {
                 utf8(Long.toString(v));
@@ -196,15 +197,14 @@ public final class Checksum {
                 buf[size++] = '-';
                 v = -v;
             }
-            int digits = 1;
-            for (long t = v; t >= 10; t /= 10) {
-                digits++;
-            }
-            for (int at = size + digits - 1; at >= size; at--) {
-                buf[at] = (byte) ('0' + (v % 10));
-                v /= 10;
-            }
-            size += digits;
+            int at = digits.length;
+            do {
+                long q = v / 10;
+                digits[--at] = (byte) ('0' + (v - q * 10));
+                v = q;
+            } while (v != 0);
+            System.arraycopy(digits, at, buf, size, digits.length - at);
+            size += digits.length - at;
         }
 
         long sipHash24() {
