@@ -503,13 +503,24 @@ def baseline_tree(rev: str, work: Path) -> Path:
 def measure_canonical_restore(provider: str, users: int, spark, work: Path, baseline: Path, rev: str) -> dict:
     """`sessionctl restore --canonical` of one full savepoint as whole commands: the baseline revision's restore
     (`rev`, built in `baseline`) and this tree's, alternating, twice each, in the same run; the catch-up of one small
-    file after each (its first batch loads the restored state and closes what the savepoint held as due)."""
+    file after each (its first batch loads the restored state and closes what the savepoint held as due). Before
+    them, `sessionctl savepoint --full --native` of the same state the same way (each answer the state's rows and
+    checksum)."""
     home = work / f"canonical-{provider}-{users}"
     config = _config(home, provider, None)
     began = time.monotonic()
     build_state(config, users, spark)
     build_s = time.monotonic() - began
     saved = take_savepoint(config, spark=spark, full=True)
+    savepoints = []
+    for path in (f"revision {rev}", "this tree") * 2:
+        stop_state_stores(spark)
+        load = _load()
+        wall, answer = _sessionctl(home, provider, "savepoint", "--full", "--native", "--json",
+                                   code=baseline if path != "this tree" else REPO)
+        assert (answer["rows"], answer["checksum"]) == (saved.rows, saved.checksum), answer
+        savepoints.append({"path": path, "command_s": wall, "savepoint_s": answer["seconds"], "load_before": load,
+                           "load_after": _load()})
     restores = []
     for path in (f"revision {rev}", "this tree") * 2:
         stop_state_stores(spark)  # this process's stores of the checkpoint: nothing uploaded into the restored one
@@ -527,7 +538,7 @@ def measure_canonical_restore(provider: str, users: int, spark, work: Path, base
                          "first_catch_up_s": round(time.monotonic() - began, 3), "load_before": load,
                          "load_after": _load()})
     return {"provider": provider, "users": users, "build_s": round(build_s, 1), "state_rows": saved.rows,
-            "partitions": saved.partitions, "restores": restores}
+            "partitions": saved.partitions, "savepoints": savepoints, "restores": restores}
 
 
 def measure_online_priority(provider: str, users: int, spark, work: Path, quiet_s: float = 20.0) -> dict:
@@ -855,6 +866,11 @@ def main() -> None:
                   f"{x['command_s']} | {x['restore_s']} | " + ", ".join(f"{k} {v}" for k, v in x["phases"].items())
                   + f" | {x['first_catch_up_s']} | {x['load_before'][0]} -> {x['load_after'][0]} |"
                   for r in results for x in r["restores"]]
+        lines += ["", "`sessionctl savepoint --full --native` of the same state before the restores, the same way "
+                  "(process start to exit; its own seconds as it answers):", "",
+                  "| provider | path | command s | its own s | load (1 min) before -> after |", "|---|---|---:|---:|---|"]
+        lines += [f"| {r['provider']} | {x['path']} | {x['command_s']} | {x['savepoint_s']} | "
+                  f"{x['load_before'][0]} -> {x['load_after'][0]} |" for r in results for x in r.get("savepoints", [])]
     elif args.native:
         lines += [f"Native vs canonical, same state, same run (RocksDB or HDFS-backed, 4 partitions, "
                   f"{args.master or 'local[2]'}): a full "
