@@ -9,14 +9,13 @@ from __future__ import annotations
 import json
 import time
 from collections.abc import Callable, Iterator
-from contextlib import ExitStack, contextmanager, suppress
+from contextlib import ExitStack, suppress
 from dataclasses import dataclass, replace
 from functools import partial
 
 import pyarrow as pa
 import pyarrow.parquet as pq
 from pyspark.sql import DataFrame, SparkSession
-from pyspark.sql.streaming import StreamingQuery
 
 from pipelines.config import SessionsConfig
 from pipelines.coordination import kill_point
@@ -43,7 +42,13 @@ from pipelines.job.checkpoint import (
 )
 from pipelines.job.operators import for_new_checkpoint
 from pipelines.job.operators.seam import StateOperator
-from pipelines.job.operators.state_writer import StateWritten, install_state, write_placed_state, write_state
+from pipelines.job.operators.state_writer import (
+    StateWritten,
+    install_state,
+    write_placed_state,
+    write_restored_batch,
+    write_state,
+)
 from pipelines.job.runtime import error_line, fenced_logs, get_spark, stop_state_stores
 from pipelines.job.sink import roll_back
 from pipelines.job.startup import ensure_tables
@@ -60,7 +65,6 @@ from state_store.savepoint.checksum import combine_checksum, frame_checksum, sta
 
 __all__ = ["restore_unlocked", "verified_savepoint"]
 
-NO_DATA_BATCHES = "spark.sql.streaming.noDataMicroBatches.enabled"
 
 
 def verified_savepoint(config: SessionsConfig, spark: SparkSession, *, savepoint: str = "latest") -> SavepointInfo:
@@ -204,9 +208,8 @@ def restore_unlocked(config: SessionsConfig, savepoint: str, *, partitions: int 
     job lease) its writes are fenced by it. From the savepoint's native copy when it has one this restore can use
     and not `canonical`; else from its canonical rows. A `side` checkpoint (built beside a running stream to become
     the savepoint's native copy: state_store.rescale) writes nothing to the output tables: they are not
-    rolled back, and its query stops after the marker batch (whose state the writer writes), which closes no session
-    (its watermark is not yet the savepoint's) -- the stream that resumes from it closes them in its first batch,
-    after its own rollback."""
+    rolled back, and no batch runs after batch 0 (which closes no session: the savepoint's watermark is the next
+    batch's) -- the stream that resumes from it closes them in its first batch, after its own rollback."""
     started = time.monotonic()
     phase = Phases(started)
 
@@ -244,35 +247,27 @@ def restore_unlocked(config: SessionsConfig, savepoint: str, *, partitions: int 
         meta = JobMetadata.new(config.rules, config.state_buckets, state_layout=operator.layout,
                                created_from=saved.savepoint_id)
         write_job_metadata(config.checkpoint, meta)
-        # The source's first batch carries the savepoint's watermark (a marker). That batch runs with no state (Spark
-        # writes the checkpoint's logs and state schema); beside it the state writer writes the state in the
-        # executors into a staging directory -- each user's rows walked once at watermark 0 as the operator walks a
-        # stored user, no per-key call (pipelines.job.operators.state_writer) -- which then replaces the batch's
-        # empty stores. The writer's input is planned while the marker batch starts.
+        # Batch 0 -- the source at the savepoint's position, its watermark the next batch's -- written as the stream's
+        # query would leave it (its logs, the operator's metadata and state schema; no query run); its state written
+        # by the state writer in the executors into a staging directory -- each user's rows walked once at watermark
+        # 0 as the operator walks a stored user, no per-key call (pipelines.job.operators.state_writer) -- and then
+        # moved into place.
         _still_held(lease)
         (config.checkpoint / BOOTSTRAP_FILE).write_text(json.dumps({
             "savepoint_id": saved.savepoint_id, "source_seq": saved.source_seq,
             "watermark_ms": saved.watermark_ms, "lateness_ms": config.rules.lateness_ms,
         }))
-        ensure_tables(config)  # the marker batch's sink reads them (it writes nothing)
         partitions = target.state_partitions
-        marker = _start_batches(spark, target, meta, operator, saved, lease, settle=False)
-        try:
-            initial = _bootstrap_rows(config, spark, store, saved, partitions=partitions)
-            expected = initial.expected
-            by_catalog = expected == (saved.rows, saved.checksum)
-            if not by_catalog:  # the read-back checks a re-walk: the savepoint's files are checked against the catalog first
-                saved = verified_savepoint(config, spark, savepoint=saved.savepoint_id)
-                phase("savepoint_verified")
-            written = _write_state(initial, config, watermark_ms=saved.watermark_ms, partitions=partitions)
-        except BaseException:
-            with suppress(Exception):
-                marker.stop()
-            raise
-        _finish(marker)
-        stop_state_stores(spark)  # the marker batch's providers hold its empty state
+        write_restored_batch(spark, target, source_seq=saved.source_seq, watermark_ms=saved.watermark_ms)
+        initial = _bootstrap_rows(config, spark, store, saved, partitions=partitions)
+        expected = initial.expected
+        by_catalog = expected == (saved.rows, saved.checksum)
+        if not by_catalog:  # the read-back checks a re-walk: the savepoint's files are checked against the catalog first
+            saved = verified_savepoint(config, spark, savepoint=saved.savepoint_id)
+            phase("savepoint_verified")
+        written = _write_state(initial, config, watermark_ms=saved.watermark_ms, partitions=partitions)
         if inspect_checkpoint(config.checkpoint).partitions != partitions:
-            raise StateMismatch(f"the restored checkpoint's first batch ran with "
+            raise StateMismatch(f"the restored checkpoint's batch 0 records "
                                 f"{inspect_checkpoint(config.checkpoint).partitions} state partitions, not {partitions}")
         _still_held(lease)
         install_state(spark, config.checkpoint, partitions=partitions)
@@ -295,10 +290,10 @@ def restore_unlocked(config: SessionsConfig, savepoint: str, *, partitions: int 
         phase("outputs_rolled_back")
         kill_point("restore:rolled-back")
         if not side and written.due:
-            # The stream's batch after the marker, with the savepoint's watermark: it closes the sessions the
-            # savepoint holds as due, into the rolled-back tables. With none due it would write nothing and is left
-            # to the stream's first batch, as a side checkpoint leaves it: no query (nor Python worker) for it here.
-            _finish(_start_batches(spark, target, meta, operator, saved, lease, settle=True))
+            # The stream's batch after batch 0, with the savepoint's watermark: it closes the sessions the savepoint
+            # holds as due, into the rolled-back tables. With none due it would write nothing and is left to the
+            # stream's first batch, as a side checkpoint leaves it: no query (nor Python worker) for it here.
+            _settle_batch(spark, target, meta, operator, saved, lease)
             phase("settle_batch")
     except Exception as error:  # noqa: BLE001 -- whatever broke, leave the operator a known next step
         fence.close()
@@ -348,42 +343,16 @@ def _write_state(initial: _Bootstrap, config: SessionsConfig, *, partitions: int
                        watermark_ms=watermark_ms, staged=True)
 
 
-def _start_batches(spark: SparkSession, config: SessionsConfig, meta: JobMetadata, operator: StateOperator,
-                   saved: SavepointInfo, lease: Lease | None, *, settle: bool) -> StreamingQuery:
-    """The restored checkpoint's query up to the savepoint's source position, started: its marker batch only
-    (`settle` false: to Spark's noop sink, and no batch of Spark's own after it either), or the empty batch after it
-    (`settle`)."""
-    with _no_batch_after_the_marker(spark, not settle):
-        query, _ = start_query(spark, config, meta, operator, trigger={"availableNow": True},
-                               source_options={"targetSeq": saved.source_seq, "settle": str(settle).lower()},
-                               lease=lease, writes=settle)
-    return query
-
-
-def _finish(query: StreamingQuery) -> None:
+def _settle_batch(spark: SparkSession, config: SessionsConfig, meta: JobMetadata, operator: StateOperator,
+                  saved: SavepointInfo, lease: Lease | None) -> None:
+    """The restored checkpoint's batch after batch 0, up to the savepoint's source position: no event, the
+    savepoint's watermark, so it closes the sessions the savepoint holds as due into the output tables."""
+    query, _ = start_query(spark, config, meta, operator, trigger={"availableNow": True},
+                           source_options={"targetSeq": saved.source_seq, "settle": "true"}, lease=lease)
     query.awaitTermination()
     failure = query.exception()
     if failure is not None:
         raise failure
-
-
-@contextmanager
-def _no_batch_after_the_marker(spark: SparkSession, side: bool) -> Iterator[None]:
-    """For a side checkpoint's query (read when it starts): no batch of Spark's own after the marker batch (a no-data
-    batch runs when the watermark moved, and would close the sessions the savepoint holds as due). Not a setting
-    the checkpoint records: the stream that resumes from it runs them as usual."""
-    if not side:
-        yield
-        return
-    before = spark.conf.get(NO_DATA_BATCHES, None)
-    spark.conf.set(NO_DATA_BATCHES, "false")
-    try:
-        yield
-    finally:
-        if before is None:
-            spark.conf.unset(NO_DATA_BATCHES)
-        else:
-            spark.conf.set(NO_DATA_BATCHES, before)
 
 
 def _still_held(lease: Lease | None) -> None:

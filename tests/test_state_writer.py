@@ -5,6 +5,7 @@ state data source's partition_id against Spark's hash of the grouping columns). 
 ones its catalog row describes is refused in one line, before anything changed."""
 from __future__ import annotations
 
+import json
 from dataclasses import replace
 
 import pytest
@@ -141,5 +142,44 @@ def test_a_restore_at_the_savepoints_partitions_takes_its_files_as_placed(tmp_pa
     _placed_as_spark_places(spark, config, 4)
     _at(spark, config, chunks[:2])
     land_batches(config, chunks[2:], start=2)
+    catch_up(config, spark)
+    _at(spark, config, chunks)
+
+
+def _batch_zero(checkpoint) -> dict:
+    """What a checkpoint's batch 0 leaves besides the state: its offset log entry (settings, source offset), its
+    commit, the operator's metadata and state schema."""
+    offsets = (checkpoint / "offsets" / "0").read_text().splitlines()
+    meta = json.loads(offsets[1])
+    return {"conf": meta["conf"], "batch_watermark": meta["batchWatermarkMs"], "source": json.loads(offsets[2]),
+            "commit": (checkpoint / "commits" / "0").read_text().splitlines(),
+            "operator": (checkpoint / "state" / "0" / "_metadata" / "metadata").read_bytes(),
+            "schema": (checkpoint / "state" / "0" / "0" / "_metadata" / "schema").read_bytes(),
+            "query_id": json.loads((checkpoint / "metadata").read_text())["id"]}
+
+
+def test_the_restored_batch_zero_is_the_one_the_streams_query_writes(tmp_path, spark):
+    """A restore writes batch 0 without running a query: its settings, operator metadata and state schema are
+    byte for byte what the stream's own first batch wrote, its source offset the savepoint's position after the
+    marker, its commit the savepoint's watermark; a new query id. At 8 partitions from 2 users, the partitions no
+    user lands in still get their (empty) store: the stream goes on from it and meets the oracle."""
+    config = make_config(tmp_path, "hdfs", SESSIONS_STATE_PARTITIONS=8)
+    chunks = in_order_chunks(2, seed=29, parts=2)
+    land_batches(config, chunks[:1], start=0)
+    catch_up(config, spark)
+    streams = _batch_zero(config.checkpoint)
+    saved = take_savepoint(config, spark=spark, full=True)
+
+    done = restore(config, saved.savepoint_id, spark=spark, canonical=True)
+    assert (done.rows, done.checksum, done.partitions) == (saved.rows, saved.checksum, 8), done
+    restored = _batch_zero(config.checkpoint)
+    assert restored["conf"] == streams["conf"] and restored["conf"]["spark.sql.shuffle.partitions"] == "8"
+    assert (restored["operator"], restored["schema"]) == (streams["operator"], streams["schema"])
+    assert restored["batch_watermark"] == 0 and restored["query_id"] != streams["query_id"]
+    assert restored["source"] == {"seq": saved.source_seq, "boot": True, "settled": False}
+    assert json.loads(restored["commit"][1]) == {"nextBatchWatermarkMs": saved.watermark_ms}
+    assert {p.name for p in (config.checkpoint / "state" / "0").iterdir()} >= {str(p) for p in range(8)}
+    _at(spark, config, chunks[:1])
+    land_batches(config, chunks[1:], start=1)
     catch_up(config, spark)
     _at(spark, config, chunks)

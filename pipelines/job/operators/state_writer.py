@@ -2,12 +2,12 @@
 checkpoint's state written straight into its state store by the executors, one task per state partition, with no
 batch loading it and no per-key operator call.
 
-The checkpoint's batch 0 is run first by the stream itself with no state (its source's watermark marker only):
-Spark writes the offset, commit and metadata logs and the operator's state schema as for any first batch. The writer
-then replaces that batch's empty state (store version 1 of every partition) with what the operator leaves for a user
-whose stored rows it walks with no event at watermark 0 (SessionsOperator.restored), keyed (xxhash64(user_id),
-user_id) and placed by Spark's hash partitioning of those columns, in flatMapGroupsWithState's own state format. Any
-partition count and either provider (RocksDB, HDFS-backed)."""
+The checkpoint's batch 0 -- the query id, its offset and commit log entries, the operator's metadata and state
+schema -- is written with Spark's own log classes as the stream's query would leave it (write_restored_batch,
+RestoredBatch.java), with no query run. Its state (store version 1 of every partition) is what the operator leaves
+for a user whose stored rows it walks with no event at watermark 0 (SessionsOperator.restored), keyed
+(xxhash64(user_id), user_id) and placed by Spark's hash partitioning of those columns, in flatMapGroupsWithState's
+own state format. Any partition count and either provider (RocksDB, HDFS-backed)."""
 from __future__ import annotations
 
 from collections.abc import Sequence
@@ -16,13 +16,15 @@ from dataclasses import dataclass
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 
+from pipelines.config import SessionsConfig
 from pipelines.core.rules import SessionRules
 from pipelines.job.operators.jvm import _jvm, rules_json
 from pipelines.job.operators.seam import register_coordinator
+from pipelines.job.runtime import prepare_session
 from pipelines.locations import CheckpointPath
 
 __all__ = ["STAGED_STATE", "PartitionErased", "StateWritten", "erase_state", "install_state", "purge_erased",
-           "write_placed_state", "write_state"]
+           "write_placed_state", "write_restored_batch", "write_state"]
 
 
 def _in_ms(canonical: DataFrame) -> DataFrame:
@@ -76,9 +78,18 @@ def write_placed_state(parts: Sequence[DataFrame], checkpoint: CheckpointPath, *
     return None if done is None else StateWritten(*(int(value) for value in done))
 
 
+def write_restored_batch(spark: SparkSession, config: SessionsConfig, *, source_seq: int, watermark_ms: int) -> None:
+    """Batch 0 of `config`'s new checkpoint as the stream's query would leave it after a restore's marker batch (the
+    source at `source_seq`, `watermark_ms` the next batch's watermark), its settings the session's as a query of
+    `config` records them (RestoredBatch.write): the stream that resumes from it runs batch 1 at that watermark."""
+    prepare_session(spark, config)  # what the query would set before recording the session's settings
+    _jvm(spark).sessions.RestoredBatch.write(  # type: ignore[attr-defined]
+        spark._jsparkSession, str(config.checkpoint), source_seq, watermark_ms, config.state_partitions)
+
+
 def install_state(spark: SparkSession, checkpoint: CheckpointPath, *, partitions: int) -> int:
-    """The stores a staged write_state wrote, moved into `checkpoint`'s state in place of batch 0's (StateWriter.install).
-    Batch 0 must be over and this JVM's providers of the checkpoint unloaded. Returns the files moved."""
+    """The stores a staged write_state wrote, moved into `checkpoint`'s state (StateWriter.install); this JVM's
+    providers of the checkpoint unloaded. Returns the files moved."""
     return int(_jvm(spark).sessions.StateWriter.install(  # type: ignore[attr-defined]
         spark._jsparkSession, str(checkpoint), STAGED_STATE, partitions))
 

@@ -51,9 +51,8 @@ import scala.Option;
  *
  * <p>Each partition's store is opened empty at version 0 through Spark's StateStore API (a provider of the
  * checkpoint's class, as Spark's StatePartitionAllColumnFamiliesWriter opens it), given every key, and committed: that
- * is store version 1, the state of batch 0. The caller (pipelines/job/operators/state_writer.py) runs batch 0 first
- * with no state -- Spark writes the offset, commit and metadata logs and the state schema -- and this then replaces that
- * batch's empty state: the partition's store files are removed (its `_metadata` kept) and written again.
+ * is store version 1, the state of batch 0, whose logs, operator metadata and state schema RestoredBatch writes. A
+ * partition's store files already there are removed first (its `_metadata` kept).
  */
 public final class StateWriter {
     /** The stateful operator's key (SessionsOperator's grouping columns). */
@@ -86,8 +85,20 @@ public final class StateWriter {
      * `install` then moves into place: the writer runs beside the query that writes batch 0's logs). */
     public static long[] write(Dataset<Row> rows, String checkpoint, String stateDir, int partitions,
                                String rulesJson, long watermarkMs) throws IOException {
-        List<Row> done = run(placed(rows, partitions).sortWithinPartitions("user_hash", "user_id"), checkpoint,
-                             stateDir, rulesJson, watermarkMs);
+        Dataset<Row> sorted = placed(rows, partitions).sortWithinPartitions("user_hash", "user_id");
+        Task task = task(sorted.sparkSession(), sorted.schema(), checkpoint, stateDir, rulesJson, watermarkMs, false);
+        List<Row> done = new ArrayList<>(sorted.mapPartitions(task, Encoders.row(DONE)).collectAsList());
+        // A partition no task wrote (Spark runs none over an empty shuffle: an empty state) gets its empty store
+        // here, in the driver: batch 0's state is version 1 of every partition.
+        java.util.Set<Integer> wrote = new java.util.HashSet<>();
+        for (Row r : done) {
+            wrote.add(r.getInt(0));
+        }
+        for (int partition = 0; partition < partitions; partition++) {
+            if (!wrote.contains(partition)) {
+                done.add(task.write(java.util.Collections.emptyIterator(), partition));
+            }
+        }
         return totals(done);
     }
 
@@ -134,12 +145,6 @@ public final class StateWriter {
         return done.size() == partitions ? totals(done) : null;
     }
 
-    private static List<Row> run(Dataset<Row> rows, String checkpoint, String stateDir, String rulesJson,
-                                 long watermarkMs) throws IOException {
-        Task task = task(rows.sparkSession(), rows.schema(), checkpoint, stateDir, rulesJson, watermarkMs, false);
-        return rows.mapPartitions(task, Encoders.row(DONE)).collectAsList();
-    }
-
     /** The tasks' function for rows of `schema` (with PLACED_AT when `checkPlacement`). A staged write starts from an
      * empty staging directory: no earlier attempt's store stays there. */
     private static Task task(org.apache.spark.sql.SparkSession session, StructType schema, String checkpoint,
@@ -158,8 +163,6 @@ public final class StateWriter {
     }
 
     private static long[] totals(List<Row> done) {
-        // A partition no task wrote (Spark runs none over an empty shuffle) has no row: batch 0's own empty store
-        // stays there, which is what it must hold. The caller's read-back checks the whole state.
         long keys = 0;
         long written = 0;
         long due = 0;
@@ -337,9 +340,8 @@ public final class StateWriter {
     }
 
     /** Moves the stores `write` put under `stagedDir` of the checkpoint into its state directory, partition by
-     * partition, in place of batch 0's (each partition's files removed first, its `_metadata` kept), then removes
-     * `stagedDir`. A partition the writer wrote nothing for keeps batch 0's empty store. The checkpoint's query must
-     * be stopped and this JVM's providers of it unloaded. Returns the files moved. */
+     * partition (each partition's store files there removed first, its `_metadata` kept), then removes `stagedDir`.
+     * The checkpoint's query must be stopped and this JVM's providers of it unloaded. Returns the files moved. */
     public static long install(org.apache.spark.sql.SparkSession session, String checkpoint, String stagedDir,
                                int partitions) throws IOException {
         Configuration hadoop = ((org.apache.spark.sql.classic.SparkSession) session).sessionState().newHadoopConf();
@@ -417,11 +419,15 @@ public final class StateWriter {
 
         @Override
         public Iterator<Row> call(Iterator<Row> users) throws IOException {
-            int partition = TaskContext.getPartitionId();
+            return List.of(write(users, TaskContext.getPartitionId())).iterator();
+        }
+
+        /** Store `partition` written from `users`: its DONE row. */
+        Row write(Iterator<Row> users, int partition) throws IOException {
             long[] done = writePartition(users, partition, storeConf, hadoop.value(), runId, stateRoot,
                                          Rules.parse(rulesJson), format, ix, hashCol, userCol, watermarkMs,
                                          placedCol);
-            return List.of(RowFactory.create(partition, done[0], done[1], done[2], done[3], done[4])).iterator();
+            return RowFactory.create(partition, done[0], done[1], done[2], done[3], done[4]);
         }
     }
 }
