@@ -299,9 +299,9 @@ def start_native(spark, config: SessionsConfig, target_seq: int | None = None):
     attributes = config.session_spec.attributes
     ensure_table(out_uri, native_schema(attributes))
 
-    # The job's own source and session settings; a fresh checkpoint (no restore bootstrap in it).
+    # The job's own source and session settings.
     events = raw_events_stream(spark, config.with_(max_versions_per_batch=config.max_versions_per_batch or 1),
-                               checkpoint, source_options=_source_options(target_seq))
+                               source_options=_source_options(target_seq))
     valid = (events.withWatermark("event_time", f"{config.rules.lateness_ms} milliseconds")
              .where(F.col("origin") == "event"))  # the source hands over no rejected line (pipelines.job.source)
     sessions = (valid.groupBy(F.session_window("event_time", f"{config.rules.gap_ms} milliseconds").alias("w"), "user_id")

@@ -1,11 +1,10 @@
 """The stream's source (`sessions_raw`, the operator jar's RawEvents) on its own: a stream over a raw_events table the
 test wrote hands over exactly the well-formed rows of each batch's ingest_seq range -- checked against the rows the
-test wrote (rejected lines stay out: the sink takes them from raw_events) --, clock rows as markers, a restore's
-first batch as its one watermark marker, and offsets in the text the offset logs of existing checkpoints hold."""
+test wrote (rejected lines stay out: the sink takes them from raw_events) --, clock rows as markers, a checkpoint
+resumed after its last position, and offsets in the text the offset logs of existing checkpoints hold."""
 from __future__ import annotations
 
 import datetime as dt
-import json
 from pathlib import Path
 
 import pyarrow as pa
@@ -83,17 +82,18 @@ def test_each_batch_is_its_ingest_seq_range_of_well_formed_rows_and_clock_rows_a
     assert batches == [_expected(rows, 3, 4), []]
 
 
-def test_a_restores_first_batch_is_its_marker_then_the_rows_after_its_position(spark, tmp_path):
+def test_a_stream_stopped_at_a_position_resumes_after_it(spark, tmp_path):
+    """A checkpoint resumes at its last offset (as a restored one resumes after the batch 0 its restore wrote at the
+    savepoint's position): the rows after it, then one empty batch; the offsets in the logs' text."""
     uri = str(tmp_path / "raw_events")
     rows = [row for seq in (1, 2, 3) for row in _commit(uri, seq, 20, rejected_every=6, row_group=100)]
-    boot = {"source_seq": 1, "watermark_ms": 1_000_000, "lateness_ms": 60_000}
-    batches, offsets = _stream(spark, uri, tmp_path / "restored", bootstrap=json.dumps(boot), targetSeq="2")
-    assert batches == [[(None, None, None, "marker")], _expected(rows, 1, 2), []]
-    assert offsets[0] == '{"seq": 1, "boot": true, "settled": false}'
-    # The marker is at the savepoint's max event time (its watermark plus the allowed lateness), and alone.
-    first, _ = _stream(spark, uri, tmp_path / "marker", ("ingest_seq", "origin", "unix_millis(event_time)"),
-                       bootstrap=json.dumps(boot), targetSeq="1", settle="false")
-    assert first == [[(None, "marker", 1_060_000)]]
+    checkpoint = tmp_path / "resumed"
+    batches, offsets = _stream(spark, uri, checkpoint, targetSeq="1")
+    assert batches == [_expected(rows, 0, 1), []]
+    assert offsets == ['{"seq": 1, "boot": true, "settled": false}', '{"seq": 1, "boot": true, "settled": true}']
+    batches, offsets = _stream(spark, uri, checkpoint, targetSeq="2")
+    assert batches == [_expected(rows, 1, 2), []]
+    assert offsets[2:] == ['{"seq": 2, "boot": true, "settled": false}', '{"seq": 2, "boot": true, "settled": true}']
 
 
 def test_rows_outside_the_batch_in_a_merged_file_are_not_handed_over(spark, tmp_path):
@@ -103,9 +103,9 @@ def test_rows_outside_the_batch_in_a_merged_file_are_not_handed_over(spark, tmp_
     rows = _commit(str(tmp_path / "a"), 1, 100, 10, 100) + _commit(str(tmp_path / "a"), 2, 100, 10, 100)
     write_deltalake(uri, pa.Table.from_pylist(rows, schema=TABLE_SCHEMA),
                     writer_properties=WriterProperties(max_row_group_size=50))
-    boot = {"source_seq": 1, "watermark_ms": 0, "lateness_ms": 0}
-    batches, _ = _stream(spark, uri, tmp_path / "merged", bootstrap=json.dumps(boot))
-    assert batches[1:] == [_expected(rows, 1, 2), []]
+    first, _ = _stream(spark, uri, tmp_path / "merged", targetSeq="1")
+    batches, _ = _stream(spark, uri, tmp_path / "merged")
+    assert (first, batches) == ([_expected(rows, 0, 1), []], [_expected(rows, 1, 2), []])
 
 
 @pytest.mark.parametrize("missing", [("line_key",), ("line_key", "row_kind")])

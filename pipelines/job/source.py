@@ -3,10 +3,8 @@
 its files read by Spark's Parquet reader in the executors (Delta Spark where a file has a deletion vector).
 
 Offsets are `{"seq": N, "boot": bool, "settled": bool}`: N is the raw table's ingest sequence number; rows with
-ingest_seq in (start, end] make a micro-batch. A checkpoint made by a restore starts with `boot: false`: its first
-micro-batch carries only one watermark marker (origin "marker") at the savepoint's watermark, and the savepoint's
-state is written for that batch by the state writer (pipelines.job.operators.state_writer), so no event is judged late
-or on time before both are in place. Events after the savepoint's source position follow from the next batch on.
+ingest_seq in (start, end] make a micro-batch. A checkpoint made by a restore resumes after its batch 0, which the
+restore wrote at the savepoint's source position and watermark (pipelines.job.operators.state_writer).
 An idle-close clock row of raw_events is read as a marker too (README "Idle close").
 """
 from __future__ import annotations

@@ -34,7 +34,7 @@ from pipelines.coordination.requests import (
 from pipelines.core.rules import compare
 from pipelines.errors import ConfigError, LeaseLost, SessionsError, StorageUnavailable
 from pipelines.ingest import LargeInput, ingest
-from pipelines.job.checkpoint import JobMetadata, batch_source_range, inspect_checkpoint, read_bootstrap
+from pipelines.job.checkpoint import JobMetadata, batch_source_range, inspect_checkpoint
 from pipelines.job.ingest_tasks import SparkIngestTasks
 from pipelines.job.operators.seam import StateOperator, keyed_events
 from pipelines.job.run_retries import RetryingIngest as _RetryingIngest
@@ -53,7 +53,7 @@ from pipelines.job.sink import MicroBatchSink
 from pipelines.job.source import SOURCE_NAME, fields_option
 from pipelines.job.startup import checkpoint_metadata, ensure_tables
 from pipelines.job.state_changes import OnStateChange, Resumed, batch_end, change_state, first_line
-from pipelines.locations import CheckpointPath, hdfs_outage
+from pipelines.locations import hdfs_outage
 from pipelines.spec_file import read_spec
 from pipelines.storage import (
     is_object_store_failure,
@@ -69,13 +69,12 @@ __all__ = ["catch_up", "raw_events_stream", "run_continuously", "start_query"]
 log = logging.getLogger(__name__)
 
 
-def raw_events_stream(spark: SparkSession, config: SessionsConfig, checkpoint: CheckpointPath,
+def raw_events_stream(spark: SparkSession, config: SessionsConfig,
                       *, source_options: dict[str, Any] | None = None) -> DataFrame:
-    """The stream of raw_events rows for a query checkpointed at `checkpoint` (a restore's bootstrap there)."""
+    """The stream of raw_events rows of `config`'s table, with its session settings."""
     prepare_session(spark, config)
     reader = (spark.readStream.format(SOURCE_NAME)
               .option("path", config.raw_events_table)
-              .option("bootstrap", read_bootstrap(checkpoint) or "")
               .option("fields", fields_option(config.session_spec.operator_fields)))
     if config.max_versions_per_batch:
         reader = reader.option("maxVersionsPerTrigger", str(config.max_versions_per_batch))
@@ -86,13 +85,11 @@ def raw_events_stream(spark: SparkSession, config: SessionsConfig, checkpoint: C
 
 def start_query(spark: SparkSession, config: SessionsConfig, meta: JobMetadata, operator: StateOperator,
                 *, trigger: dict[str, Any], source_options: dict[str, Any] | None = None,
-                lease: Lease | None = None, writes: bool = True) -> tuple[StreamingQuery, MicroBatchSink]:
+                lease: Lease | None = None) -> tuple[StreamingQuery, MicroBatchSink]:
     """The query of the checkpoint `meta` describes, run by `operator`. With `lease` (the job lease this process
-    holds) the sink checks it before every batch and fences every commit by it (pipelines.coordination.fencing).
-    Without `writes` (a restore's marker batch, which has no row to write) the batches go to Spark's noop sink: the
-    checkpoint's logs and state are the same, and no Python worker starts."""
+    holds) the sink checks it before every batch and fences every commit by it (pipelines.coordination.fencing)."""
     rules = meta.rules  # the run's own, recorded at its start (pipelines.job.startup)
-    events = keyed_events(raw_events_stream(spark, config, config.checkpoint, source_options=source_options), rules)
+    events = keyed_events(raw_events_stream(spark, config, source_options=source_options), rules)
     output = operator.apply(events, rules)
     checkpoint = config.checkpoint
     sink = MicroBatchSink(config.sessions_table, config.quarantine_table, config.raw_events_table, meta.incarnation,
@@ -101,7 +98,7 @@ def start_query(spark: SparkSession, config: SessionsConfig, meta: JobMetadata, 
                           attributes=rules.attributes)
     writer = output.writeStream.queryName("sessions").option("checkpointLocation", str(config.checkpoint)) \
         .trigger(**trigger)
-    query = (writer.foreachBatch(sink) if writes else writer.format("noop")).start()
+    query = writer.foreachBatch(sink).start()
     return query, sink
 
 

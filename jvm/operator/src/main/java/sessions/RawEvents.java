@@ -30,9 +30,8 @@ import scala.Tuple2;
  *   <li>{@code path}: the table (s3:// is read as s3a://);</li>
  *   <li>{@code fields}: JSON {@code [[column, type], ...]}, the typed input fields (raw_events' field_* columns) the
  *   stream carries to the operator for the session spec's attributes;</li>
- *   <li>{@code bootstrap}: a restore's bootstrap JSON (its source_seq, watermark_ms, lateness_ms);</li>
  *   <li>{@code maxVersionsPerTrigger}: at most this many ingest_seq per batch;</li>
- *   <li>{@code targetSeq}: stop at this ingest_seq (a restore's marker-only run);</li>
+ *   <li>{@code targetSeq}: stop at this ingest_seq (the batch a restore runs after the restored batch 0);</li>
  *   <li>{@code settle}: "false": no empty batch after data.</li>
  * </ul>
  */
@@ -71,7 +70,7 @@ public final class RawEvents implements StreamSourceProvider, DataSourceRegister
     }
 
     /** The source's options, read once. */
-    record Options(String table, List<Tuple2<String, DataType>> fields, String bootstrap, long maxVersions,
+    record Options(String table, List<Tuple2<String, DataType>> fields, long maxVersions,
                    Long targetSeq, boolean settle) {
         private static final ObjectMapper JSON = new ObjectMapper();
 
@@ -86,8 +85,7 @@ public final class RawEvents implements StreamSourceProvider, DataSourceRegister
             String table = path.startsWith("s3://") ? "s3a://" + path.substring("s3://".length()) : path;
             String max = options.getOrDefault("maxversionspertrigger", "");
             String target = options.getOrDefault("targetseq", "");
-            return new Options(table, fields(options.getOrDefault("fields", "")),
-                options.getOrDefault("bootstrap", ""), max.isEmpty() ? 0 : Long.parseLong(max),
+            return new Options(table, fields(options.getOrDefault("fields", "")), max.isEmpty() ? 0 : Long.parseLong(max),
                 target.isEmpty() ? null : Long.valueOf(target),
                 !"false".equalsIgnoreCase(options.getOrDefault("settle", "true")));
         }

@@ -4,7 +4,6 @@ import static org.apache.spark.sql.functions.coalesce;
 import static org.apache.spark.sql.functions.col;
 import static org.apache.spark.sql.functions.lit;
 import static org.apache.spark.sql.functions.negate;
-import static org.apache.spark.sql.functions.timestamp_micros;
 import static org.apache.spark.sql.functions.when;
 
 import java.io.IOException;
@@ -13,8 +12,6 @@ import java.util.ArrayList;
 import java.util.List;
 import java.util.Set;
 
-import com.fasterxml.jackson.databind.JsonNode;
-import com.fasterxml.jackson.databind.ObjectMapper;
 
 import org.apache.hadoop.fs.Path;
 import org.apache.spark.sql.Column;
@@ -39,13 +36,11 @@ import scala.reflect.ClassTag$;
  * read of the table, filtered to the batch's ingest_seq range -- files skipped by their statistics, deletion vectors
  * applied, large files split -- run in the executors like any table scan.
  *
- * <p>Offsets (RawEventsOffset): a new checkpoint starts at seq 0; a restored one at its savepoint's source position
- * with {@code boot: false}, and its first batch carries only one watermark marker (origin "marker") at the savepoint's
- * watermark, while the state writer writes the savepoint's state for that batch, so that no event is judged late or
- * on time before both are in place. An idle-close clock row of raw_events (row_kind "clock") is a marker too.
+ * <p>Offsets (RawEventsOffset): a new checkpoint starts at seq 0; a restored one resumes after its batch 0, which the
+ * restore wrote at the savepoint's source position and watermark (RestoredBatch). An idle-close clock row of
+ * raw_events (row_kind "clock") is read as a watermark marker (origin "marker").
  */
 final class RawEventsStream implements Source, SupportsTriggerAvailableNow {
-    private static final ObjectMapper JSON = new ObjectMapper();
     private static final String CLOCK_KIND = "clock";  // pipelines.ingest.table.CLOCK_KIND
 
     /** What a batch reads of raw_events' data files, before the fields' columns. */
@@ -90,24 +85,17 @@ final class RawEventsStream implements Source, SupportsTriggerAvailableNow {
         targetSeq = targetSeq == null ? latest : Math.min(targetSeq, latest);
     }
 
-    private RawEventsOffset initial() {
-        JsonNode boot = bootstrap();
-        return boot == null ? new RawEventsOffset(0, true, true)
-            : new RawEventsOffset(boot.get("source_seq").asLong(), false, true);
-    }
+    private static final RawEventsOffset INITIAL = new RawEventsOffset(0, true);
 
     @Override
     public org.apache.spark.sql.connector.read.streaming.Offset latestOffset(
             org.apache.spark.sql.connector.read.streaming.Offset start, ReadLimit limit) {
         // Spark hands a v1 source null before its first batch: it starts where a v2 source's initialOffset would (and,
         // as for one, a new checkpoint's batch 0 runs even on an empty table).
-        return next(start == null ? initial() : RawEventsOffset.parse(start.json()), limit);
+        return next(start == null ? INITIAL : RawEventsOffset.parse(start.json()), limit);
     }
 
     private RawEventsOffset next(RawEventsOffset start, ReadLimit limit) {
-        if (!start.boot()) {
-            return new RawEventsOffset(start.seq(), true, false);  // the restore's marker-only batch
-        }
         long latest = latestSeq();
         if (targetSeq != null) {
             latest = Math.min(latest, targetSeq);
@@ -116,21 +104,18 @@ final class RawEventsStream implements Source, SupportsTriggerAvailableNow {
             latest = Math.min(latest, start.seq() + files.maxFiles());
         }
         if (latest > start.seq()) {
-            return new RawEventsOffset(latest, true, false);
+            return new RawEventsOffset(latest, false);
         }
         if (!start.settled() && options.settle()) {
-            return new RawEventsOffset(start.seq(), true, true);
+            return new RawEventsOffset(start.seq(), true);
         }
         return start;
     }
 
     @Override
     public Dataset<Row> getBatch(Option<Offset> start, Offset end) {
-        RawEventsOffset from = start.isDefined() ? RawEventsOffset.parse(start.get().json()) : initial();
+        RawEventsOffset from = start.isDefined() ? RawEventsOffset.parse(start.get().json()) : INITIAL;
         RawEventsOffset to = RawEventsOffset.parse(end.json());
-        if (!from.boot() && to.boot()) {
-            return streaming(marker());
-        }
         if (to.seq() <= from.seq()) {
             return spark.internalCreateDataFrame(
                 spark.sparkContext().emptyRDD(ClassTag$.MODULE$.apply(InternalRow.class)), schema, true);
@@ -179,37 +164,9 @@ final class RawEventsStream implements Source, SupportsTriggerAvailableNow {
         return rows.select(out.toArray(new Column[0]));
     }
 
-    /** A restore's first batch: one marker at the savepoint's max event time, so the restored watermark equals the
-     * original. */
-    private Dataset<Row> marker() {
-        JsonNode boot = bootstrap();
-        long markerUs = (boot.get("watermark_ms").asLong() + boot.get("lateness_ms").asLong()) * 1000L;
-        List<Column> out = new ArrayList<>();
-        for (StructField field : schema.fields()) {
-            Column value = switch (field.name()) {
-                case "event_time" -> timestamp_micros(lit(markerUs));
-                case "origin" -> lit("marker");
-                default -> lit(null);
-            };
-            out.add(value.cast(field.dataType()).as(field.name()));
-        }
-        return spark.range(1).select(out.toArray(new Column[0]));
-    }
-
     private Dataset<Row> streaming(Dataset<Row> batch) {
         return spark.internalCreateDataFrame(
             ((org.apache.spark.sql.classic.Dataset<Row>) batch).queryExecution().toRdd(), schema, true);
-    }
-
-    private JsonNode bootstrap() {
-        if (options.bootstrap().isEmpty()) {
-            return null;
-        }
-        try {
-            return JSON.readTree(options.bootstrap());
-        } catch (IOException e) {
-            throw new IllegalArgumentException("a restore's bootstrap that is not JSON: " + options.bootstrap(), e);
-        }
     }
 
     /** The newest ingest_seq of the table, from its log's new commits. */

@@ -31,7 +31,7 @@ import scala.jdk.javaapi.CollectionConverters;
 /**
  * A restored checkpoint's batch 0 as the stream's query would leave it, written with Spark's own log and metadata
  * classes instead of by running that query: the query id (`metadata`), the offset log entry of batch 0 (the source at
- * the savepoint's position, its marker batch done: `{"seq": N, "boot": true, "settled": false}`, and the session's
+ * the savepoint's position, as after a batch with data: `{"seq": N, "boot": true, "settled": false}`, and the session's
  * relevant SQL settings, as MicroBatchExecution records them), its commit (the savepoint's watermark as the next
  * batch's), the stateful operator's metadata and its state schema. The state itself is the state writer's (store
  * version 1 of each partition: StateWriter). The stream that resumes from it runs batch 1 at the savepoint's watermark.
@@ -61,7 +61,7 @@ public final class RestoredBatch {
         forStream.conf().set(SQLConf.STATEFUL_SHUFFLE_PARTITIONS_INTERNAL().key(), Integer.toString(partitions));
         OffsetSeqMetadata metadata = OffsetSeqMetadata$.MODULE$.apply(0L, System.currentTimeMillis(),
                                                                       forStream.conf());
-        org.apache.spark.sql.connector.read.streaming.Offset source = new RawEventsOffset(sourceSeq, true, false);
+        org.apache.spark.sql.connector.read.streaming.Offset source = new RawEventsOffset(sourceSeq, false);
         boolean added = new OffsetSeqLog(session, new Path(root, "offsets").toString(), false).add(0L,
             OffsetSeq$.MODULE$.fill(Option.apply(metadata.json()),
                                     CollectionConverters.asScala(java.util.List.of(source)).toList()));
