@@ -384,6 +384,28 @@ def _logs_to_file(config: SessionsConfig) -> None:
 READ_ONLY_COMMANDS = ("status", "savepoints", "state")  # plus restore --dry-run and forget --verify (_writes)
 
 
+def _spark_ahead(config: SessionsConfig, args: argparse.Namespace) -> None:
+    """For a command that will start a Spark session here once its imports and checks are done, the JVM launched
+    now, beside them (about a second of a command, pipelines.job.runtime.start_jvm). `state` always; the others only
+    where no stream holds the job: beside one they hand their work to it, are refused, or first give way to it at a
+    lower CPU priority, which their JVM must inherit. A restore only where its savepoint is likely canonical (a
+    native one starts no JVM)."""
+    command = args.command
+    if command != "state" and not (
+            command in ("catch-up", "run", "savepoint", "rescale")
+            or (command == "restore" and not args.dry_run and (args.canonical or not config.savepoint_native))
+            or (command == "forget" and not args.verify and not args.requests)):
+        return
+    if command != "state":
+        from pipelines.coordination.job_leases import running_stream
+
+        if running_stream(config) is not None:
+            return
+    from pipelines.job.runtime import start_jvm
+
+    start_jvm(config)
+
+
 def _writes(args: argparse.Namespace) -> bool:
     """Whether the command writes to the data locations (checked writable before it starts; the others run on a
     read-only home)."""
@@ -414,6 +436,7 @@ def main(argv: list[str] | None = None) -> int:
         if _writes(args):
             check_writable(config, command=_label(args))
         _logs_to_file(config)
+        _spark_ahead(config, args)
         code = args.fn(config, args) or 0  # a check's "no" (NOT_SO) is its answer, not an error
     except SessionsError as error:  # the one place an expected error (ConfigError too) becomes one line
         print(f"sessionctl {args.command}: {error}", file=sys.stderr)

@@ -239,7 +239,7 @@ def test_incompatible_savepoint_is_refused_unless_migrating(tmp_path, spark):
     at_savepoint = read_sessions(config)
     migrated = restore(other, saved.savepoint_id, migrate=True, spark=spark)
     assert migrated.savepoint_id == saved.savepoint_id
-    # The new gap makes sessions of the savepoint due at its watermark: the restore's own batch after the marker
+    # The new gap makes sessions of the savepoint due at its watermark: the restore's own batch after batch 0
     # closes them, into the rolled-back table (a savepoint with none due leaves that batch to the stream).
     after_restore = read_sessions(other)
     assert "settle_batch" in migrated.phases and len(after_restore) > len(at_savepoint), migrated.phases

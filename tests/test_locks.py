@@ -646,3 +646,44 @@ def test_work_beside_a_stream_on_this_host_gives_way_and_its_children_inherit_it
         assert beside() == f"False {base}"
     _plant(config.lease_dir, "job", what="run")  # a stream on another host: its cores are not ours to free
     assert beside() == f"False {base}"
+
+
+@pytest.mark.tier("subprocess")
+def test_a_commands_jvm_launched_ahead_is_its_sessions_and_beside_a_stream_it_waits_to_give_way(tmp_path):
+    """sessionctl launches a command's JVM as the command starts, beside its imports: the session it asks for later
+    runs in that JVM, and a command that ends before asking leaves none behind. Beside a stream on this host it
+    launches none ahead: the session's JVM starts after the process gave way, at the lowered priority."""
+    config = make_config(tmp_path)
+    probe = ("import os\n"
+             "from pipelines.config import SessionsConfig\n"
+             "from pipelines.job import runtime\n"
+             "from sessionctl.cli import _spark_ahead, build_parser\n"
+             "from state_store.kernel import session\n"
+             "config = SessionsConfig.from_env()\n"
+             "_spark_ahead(config, build_parser().parse_args(['savepoint']))\n"
+             "ahead = runtime._AHEAD.launched().proc if runtime._AHEAD else None\n"
+             "spark = session(config, None)\n"
+             "jvm = spark.sparkContext._gateway.proc\n"
+             "print(ahead is not None, ahead is None or ahead.pid == jvm.pid, os.getpriority(os.PRIO_PROCESS, jvm.pid))\n"
+             "runtime.stop_spark(spark)\n")
+    ends_early = ("from pipelines.config import SessionsConfig\n"
+                  "from pipelines.job import runtime\n"
+                  "from sessionctl.cli import _spark_ahead, build_parser\n"
+                  "_spark_ahead(SessionsConfig.from_env(), build_parser().parse_args(['state', '--user', 'u1']))\n"
+                  "jvm = runtime._AHEAD.launched().proc\n"
+                  "runtime.stop_spark()\n"
+                  "print(jvm.poll() is not None)\n")
+
+    def run(script: str) -> str:
+        done = subprocess.run([sys.executable, "-c", script], env={**os.environ, **config_env(config)},
+                              capture_output=True, text=True, timeout=300)
+        assert done.returncode == 0, done.stderr
+        return done.stdout.strip()
+
+    base = os.getpriority(os.PRIO_PROCESS, 0)
+    assert run(probe) == f"True True {base}"
+    assert run(ends_early) == "True"
+    if base >= 10:
+        return  # nothing to lower to: the rest is about the priority
+    with job_lock(config, "run"):
+        assert run(probe) == "False True 10"

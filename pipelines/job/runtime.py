@@ -10,13 +10,14 @@ import threading
 import time
 import traceback
 from collections.abc import Iterator
-from contextlib import contextmanager, nullcontext, suppress
+from contextlib import contextmanager, suppress
 from pathlib import Path
 from typing import Any
 
 from py4j.protocol import Py4JError
-from pyspark import SparkContext
+from pyspark import SparkConf, SparkContext
 from pyspark.errors import PySparkException, PythonException
+from pyspark.java_gateway import launch_gateway
 from pyspark.sql import SparkSession
 
 from pipelines.config import REPO_ROOT, SessionsConfig
@@ -36,7 +37,7 @@ from pipelines.job.task_files import share_aws_env
 from pipelines.locations import CheckpointPath, hdfs_outage
 from pipelines.storage import is_s3, seconds
 
-__all__ = ["CLASS_ARCHIVE", "ERRORS_LOG", "JVM_STDERR_LOG", "LOCAL_FS_NO_FORK", "error_line", "explain_spark_failure", "get_spark", "log_traceback", "prepare_session", "rescale_incomplete", "runtime_jars", "spark_conf", "spark_failures", "stop_spark", "stop_state_stores", "yield_cpu"]
+__all__ = ["CLASS_ARCHIVE", "ERRORS_LOG", "JVM_STDERR_LOG", "LOCAL_FS_NO_FORK", "error_line", "explain_spark_failure", "get_spark", "log_traceback", "prepare_session", "rescale_incomplete", "runtime_jars", "spark_conf", "spark_failures", "start_jvm", "stop_spark", "stop_state_stores", "yield_cpu"]
 
 LOG4J2 = Path(__file__).resolve().parent / "log4j2.properties"
 ERRORS_LOG = "errors.log"  # Python tracebacks of Spark failures, beside Spark's own spark.log
@@ -231,43 +232,91 @@ def fenced_logs(spark: SparkSession, checkpoint: CheckpointPath, lease: Lease) -
 JVM_STDERR_LOG = "jvm-stderr.log"  # what the JVM and the Python processes it starts write to their stderr
 
 
-@contextmanager
-def _stderr_to(path: Path) -> Iterator[None]:
-    """fd 2 pointed at `path` while the JVM is launched: the JVM inherits it, and so do the Python processes it starts
-    (workers), whose own output -- e.g. a worker's traceback when a Ctrl-C stops the query under it -- then lands in
-    the log instead of on the operator's terminal. Our fd 2 is restored."""
+def _launch(config: SessionsConfig, class_archive_dump: Path | None = None) -> Any:
+    """This process's Spark JVM (pyspark's gateway to it), launched with the job's settings. Its stderr -- and so that
+    of the Python processes it starts (workers), whose own output, e.g. a worker's traceback when a Ctrl-C stops the
+    query under it, would otherwise land on the operator's terminal -- goes to the log."""
+    conf = SparkConf(loadDefaults=False)
+    for key, value in spark_conf(config, class_archive_dump).items():
+        conf.set(key, value)
+    path = config.log_dir / JVM_STDERR_LOG
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
-        target = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+        stderr = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
     except OSError:  # a read-only home: a command that only reads still runs, its JVM's output dropped
-        target = os.open(os.devnull, os.O_WRONLY)
-    sys.stderr.flush()
-    saved = os.dup(2)
+        stderr = os.open(os.devnull, os.O_WRONLY)
     try:
-        os.dup2(target, 2)
-        yield
+        return launch_gateway(conf, popen_kwargs={"stderr": stderr})
     finally:
-        sys.stderr.flush()
-        os.dup2(saved, 2)
-        os.close(saved)
-        os.close(target)
+        os.close(stderr)
 
 
 def yield_cpu(nice: int) -> bool:
     """Lower this process's CPU priority to `nice` before it starts its JVM, which inherits it with its Python
     workers (the thread that starts them does: Linux keeps nice per thread). False where nothing changed: `nice` 0,
-    already that low, or a JVM already running here (it would not inherit it)."""
+    already that low, or a JVM already running or launched here (it would not inherit it)."""
 
     current = os.getpriority(os.PRIO_PROCESS, 0)
-    if nice <= current or SparkContext._active_spark_context is not None:
+    if nice <= current or SparkContext._active_spark_context is not None or _AHEAD is not None:
         return False
     os.setpriority(os.PRIO_PROCESS, 0, nice)
     return True
 
 
-def get_spark(config: SessionsConfig, class_archive_dump: Path | None = None) -> SparkSession:
+class _JvmAhead:
+    """This process's Spark JVM launched in a thread before its first session is asked for (start_jvm)."""
+
+    def __init__(self, config: SessionsConfig) -> None:
+        self.gateway: Any = None
+        self.taken = False
+        self._thread = threading.Thread(target=self._run, args=(config,), name="spark-jvm-ahead", daemon=True)
+        self._thread.start()
+
+    def _run(self, config: SessionsConfig) -> None:
+        with suppress(Exception):  # a launch that failed is launched again by get_spark, which reports it
+            self.gateway = _launch(config)
+
+    def launched(self) -> Any:
+        """The gateway once launched, or None if that failed."""
+        self._thread.join()
+        return self.gateway
+
+    def take(self) -> Any:
+        """launched(), now this process's (a session's) and not to be discarded."""
+        self.taken = True
+        return self.launched()
+
+    def discard(self) -> None:
+        """A JVM no session took (the command ended before it needed one): stopped now, not left to notice its
+        closed stdin after this process is gone."""
+        self._thread.join(timeout=60)
+        process = getattr(self.gateway, "proc", None)
+        if process is not None:
+            with suppress(Exception):
+                process.kill()
+                process.wait(timeout=10)
+
+
+_AHEAD: _JvmAhead | None = None
+
+
+def start_jvm(config: SessionsConfig) -> None:
+    """Launch this process's Spark JVM now, in the background, for a command that will ask for a session of `config`
+    (get_spark) after its imports and checks: the JVM's own start (about a second) runs beside them. After any CPU
+    priority change (yield_cpu): the JVM inherits the launching thread's. Nothing when a JVM is up or on its way."""
+    global _AHEAD
+    if _AHEAD is None and SparkContext._gateway is None:
+        _python_for_workers()
+        _AHEAD = _JvmAhead(config)
+
+
+def _python_for_workers() -> None:
     os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
     os.environ.setdefault("PYSPARK_DRIVER_PYTHON", sys.executable)
+
+
+def get_spark(config: SessionsConfig, class_archive_dump: Path | None = None) -> SparkSession:
+    _python_for_workers()
     builder = SparkSession.builder
     for key, value in spark_conf(config, class_archive_dump).items():
         builder = builder.config(key, value)
@@ -275,9 +324,12 @@ def get_spark(config: SessionsConfig, class_archive_dump: Path | None = None) ->
     # the caller's own (sessionctl run: Ctrl-C = stop between batches) is kept.
     own = signal.getsignal(signal.SIGINT) if threading.current_thread() is threading.main_thread() else None
 
-    launching = SparkContext._gateway is None  # the first session of this process starts the JVM
-    with _stderr_to(config.log_dir / JVM_STDERR_LOG) if launching else nullcontext():
-        spark = builder.getOrCreate()
+    with SparkContext._lock:
+        if SparkContext._gateway is None:  # the first session of this process: its JVM, unless start_jvm launched it
+            ahead = _AHEAD.take() if _AHEAD is not None and not _AHEAD.taken and class_archive_dump is None else None
+            SparkContext._gateway = ahead or _launch(config, class_archive_dump)
+            SparkContext._jvm = SparkContext._gateway.jvm
+    spark = builder.getOrCreate()
     if callable(own) and own is not signal.default_int_handler:
         signal.signal(signal.SIGINT, own)
     spark.sparkContext.setLogLevel("ERROR")
@@ -298,6 +350,8 @@ def stop_spark(spark: SparkSession | None = None) -> None:
     """Stop the session in order before the process exits: the queries, then the state stores (RocksDB instances
     and the maintenance thread that works on them), then the context. A JVM left to exit on its own when Python
     goes away runs its shutdown hooks while that native code still runs, and can crash with a fatal-error banner."""
+    if _AHEAD is not None and not _AHEAD.taken:
+        _AHEAD.discard()
     spark = spark or SparkSession.getActiveSession()
     if spark is None:
         return
